@@ -1,0 +1,299 @@
+//! Reading CES messages back: decoding one message and reassembling segments.
+//!
+//! Feed [`Reassembler`] the messages of one ordered stream (one Kafka partition, one
+//! file) in arrival order; it yields each logical event once its final segment has
+//! arrived. Segments of one event are contiguous in such a stream (the sink sends them
+//! to one partition, in order), so another event's segment arriving in the middle, a
+//! gap in the indexes or a stream that ends mid-event are errors. One thing is not an
+//! error: segment 0 of the event already open, which is what an at-least-once producer
+//! re-sends after a crash; the partial event is dropped and assembly starts again.
+
+use apache_avro::types::Value as AvroValue;
+use serde::Deserialize;
+
+use super::{Encoding, avro};
+
+/// One decoded message: the 11 CloudEvent attributes.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudEvent {
+    pub specversion: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub source: String,
+    pub id: String,
+    pub logicalid: String,
+    pub time: String,
+    pub datacontenttype: String,
+    pub operation: String,
+    pub segmentindex: u32,
+    pub finalsegment: bool,
+    /// JSON: the UTF-8 bytes of the `data` string; Avro: the `data` bytes.
+    #[serde(deserialize_with = "string_as_bytes")]
+    pub data: Vec<u8>,
+}
+
+fn string_as_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    String::deserialize(d).map(String::into_bytes)
+}
+
+/// A whole event rebuilt from its segments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogicalEvent {
+    /// The attributes of the first segment, with `data` replaced by the whole data.
+    pub event: CloudEvent,
+    /// Ids of the segments, in order.
+    pub segment_ids: Vec<String>,
+}
+
+impl LogicalEvent {
+    /// The Data record as JSON, whichever the encoding.
+    pub fn data_json(&self, encoding: Encoding) -> Result<serde_json::Value, ReadError> {
+        decode_data(&self.event.data, encoding)
+    }
+}
+
+/// Why messages could not be read back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    #[error("message is not a CES JSON event: {reason}")]
+    Json { reason: String },
+    #[error("message is not a CES Avro event: {reason}")]
+    Avro { reason: String },
+    #[error("{logicalid}: expected segment {expected}, got segment {found} (a segment is missing)")]
+    SegmentGap {
+        logicalid: String,
+        expected: u32,
+        found: u32,
+    },
+    #[error(
+        "{open}: segment {found_index} of another event ({found}) arrived before its final segment"
+    )]
+    Interleaved {
+        open: String,
+        found: String,
+        found_index: u32,
+    },
+    #[error("{logicalid}: segment {index} has a different `{attribute}` than segment 0")]
+    Inconsistent {
+        logicalid: String,
+        index: u32,
+        attribute: &'static str,
+    },
+    #[error("{logicalid}: the stream ended after {received} segment(s), before the final one")]
+    Incomplete { logicalid: String, received: u32 },
+}
+
+/// Decodes one message in the given encoding.
+pub fn decode_message(bytes: &[u8], encoding: Encoding) -> Result<CloudEvent, ReadError> {
+    match encoding {
+        Encoding::Json => decode_json_message(bytes),
+        Encoding::Avro => decode_avro_message(bytes),
+    }
+}
+
+/// Decodes one JSON (structured-mode) message.
+pub fn decode_json_message(bytes: &[u8]) -> Result<CloudEvent, ReadError> {
+    serde_json::from_slice(bytes).map_err(|e| ReadError::Json {
+        reason: e.to_string(),
+    })
+}
+
+/// Decodes one Avro message (a raw `ChangeEvent` datum).
+pub fn decode_avro_message(bytes: &[u8]) -> Result<CloudEvent, ReadError> {
+    let avro_err = |reason: String| ReadError::Avro { reason };
+    let schema = avro::change_event_schema().map_err(|e| avro_err(e.to_string()))?;
+    let mut reader = bytes;
+    let value = avro::read_datum(schema, &mut reader).map_err(|e| avro_err(e.to_string()))?;
+    if !reader.is_empty() {
+        return Err(avro_err(format!("{} bytes after the datum", reader.len())));
+    }
+    let AvroValue::Record(fields) = value else {
+        return Err(avro_err("not a record".into()));
+    };
+    let mut event = CloudEvent {
+        specversion: String::new(),
+        event_type: String::new(),
+        source: String::new(),
+        id: String::new(),
+        logicalid: String::new(),
+        time: String::new(),
+        datacontenttype: String::new(),
+        operation: String::new(),
+        segmentindex: 0,
+        finalsegment: false,
+        data: Vec::new(),
+    };
+    for (name, value) in fields {
+        let target = match name.as_str() {
+            "specversion" => &mut event.specversion,
+            "type" => &mut event.event_type,
+            "source" => &mut event.source,
+            "id" => &mut event.id,
+            "logicalid" => &mut event.logicalid,
+            "time" => &mut event.time,
+            "datacontenttype" => &mut event.datacontenttype,
+            "operation" => &mut event.operation,
+            _ => {
+                match (name.as_str(), value) {
+                    ("segmentindex", AvroValue::Int(i)) => {
+                        event.segmentindex = u32::try_from(i)
+                            .map_err(|_| avro_err(format!("segmentindex {i} is negative")))?;
+                    }
+                    ("finalsegment", AvroValue::Boolean(b)) => event.finalsegment = b,
+                    ("data", AvroValue::Bytes(b)) => event.data = b,
+                    (other, _) => return Err(avro_err(format!("unexpected field `{other}`"))),
+                }
+                continue;
+            }
+        };
+        match value {
+            AvroValue::String(s) => *target = s,
+            _ => return Err(avro_err(format!("`{name}` is not a string"))),
+        }
+    }
+    Ok(event)
+}
+
+/// Decodes a whole `data` payload into JSON.
+pub fn decode_data(data: &[u8], encoding: Encoding) -> Result<serde_json::Value, ReadError> {
+    match encoding {
+        Encoding::Json => serde_json::from_slice(data).map_err(|e| ReadError::Json {
+            reason: format!("data: {e}"),
+        }),
+        Encoding::Avro => {
+            let avro_err = |reason: String| ReadError::Avro { reason };
+            let schema = avro::data_schema().map_err(|e| avro_err(e.to_string()))?;
+            let mut reader = data;
+            let value = avro::read_datum(schema, &mut reader)
+                .map_err(|e| avro_err(format!("data: {e}")))?;
+            if !reader.is_empty() {
+                return Err(avro_err(format!(
+                    "data: {} bytes after the datum",
+                    reader.len()
+                )));
+            }
+            serde_json::Value::try_from(value).map_err(|e| avro_err(format!("data: {e}")))
+        }
+    }
+}
+
+/// Rebuilds logical events from the messages of one ordered stream.
+#[derive(Debug, Default)]
+pub struct Reassembler {
+    open: Option<LogicalEvent>,
+}
+
+impl Reassembler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes the next message; returns the logical event it completes, if any.
+    pub fn push(&mut self, message: CloudEvent) -> Result<Option<LogicalEvent>, ReadError> {
+        let open = match self.open.take() {
+            None => {
+                if message.segmentindex != 0 {
+                    return Err(ReadError::SegmentGap {
+                        logicalid: message.logicalid,
+                        expected: 0,
+                        found: message.segmentindex,
+                    });
+                }
+                return Ok(self.start(message));
+            }
+            Some(open) => open,
+        };
+        if message.logicalid != open.event.logicalid {
+            return Err(ReadError::Interleaved {
+                open: open.event.logicalid,
+                found: message.logicalid,
+                found_index: message.segmentindex,
+            });
+        }
+        if message.segmentindex == 0 {
+            // The producer re-sent the event from its start (at-least-once delivery).
+            return Ok(self.start(message));
+        }
+        let mut open = open;
+        let expected = u32::try_from(open.segment_ids.len()).unwrap_or(u32::MAX);
+        if message.segmentindex != expected {
+            return Err(ReadError::SegmentGap {
+                logicalid: message.logicalid,
+                expected,
+                found: message.segmentindex,
+            });
+        }
+        let inconsistent = |attribute| ReadError::Inconsistent {
+            logicalid: message.logicalid.clone(),
+            index: message.segmentindex,
+            attribute,
+        };
+        let first = &open.event;
+        for (attribute, same) in [
+            ("specversion", first.specversion == message.specversion),
+            ("type", first.event_type == message.event_type),
+            ("source", first.source == message.source),
+            ("time", first.time == message.time),
+            (
+                "datacontenttype",
+                first.datacontenttype == message.datacontenttype,
+            ),
+            ("operation", first.operation == message.operation),
+        ] {
+            if !same {
+                return Err(inconsistent(attribute));
+            }
+        }
+        open.event.data.extend_from_slice(&message.data);
+        open.segment_ids.push(message.id);
+        if message.finalsegment {
+            open.event.finalsegment = true;
+            Ok(Some(open))
+        } else {
+            self.open = Some(open);
+            Ok(None)
+        }
+    }
+
+    fn start(&mut self, message: CloudEvent) -> Option<LogicalEvent> {
+        let complete = message.finalsegment;
+        let event = LogicalEvent {
+            segment_ids: vec![message.id.clone()],
+            event: message,
+        };
+        if complete {
+            Some(event)
+        } else {
+            self.open = Some(event);
+            None
+        }
+    }
+
+    /// Ends the stream: an event still waiting for segments is an error.
+    pub fn finish(self) -> Result<(), ReadError> {
+        match self.open {
+            None => Ok(()),
+            Some(open) => Err(ReadError::Incomplete {
+                received: u32::try_from(open.segment_ids.len()).unwrap_or(u32::MAX),
+                logicalid: open.event.logicalid,
+            }),
+        }
+    }
+}
+
+/// Decodes and reassembles a whole ordered stream of messages.
+pub fn reassemble<'a>(
+    messages: impl IntoIterator<Item = &'a [u8]>,
+    encoding: Encoding,
+) -> Result<Vec<LogicalEvent>, ReadError> {
+    let mut reassembler = Reassembler::new();
+    let mut events = Vec::new();
+    for bytes in messages {
+        if let Some(event) = reassembler.push(decode_message(bytes, encoding)?)? {
+            events.push(event);
+        }
+    }
+    reassembler.finish()?;
+    Ok(events)
+}

@@ -1,0 +1,125 @@
+//! Builders shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use chrono::{DateTime, NaiveDate, TimeZone, Utc};
+use mssql_ces::event::{
+    Change, ColumnDescription, EncoderOptions, Encoding, FinalEventMode, Length, MessageSizeLimit,
+    Operation, Row, SqlType, TableDescription, Value,
+};
+use mssql_ces::lsn::Lsn;
+use uuid::Uuid;
+
+/// The stream GUID of the CES documentation's examples.
+pub const DOCS_STREAM_GUID: &str = "1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0";
+
+pub fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
+    ColumnDescription {
+        name: name.into(),
+        sql_type,
+        index,
+    }
+}
+
+/// `EmployeesDb.dbo.Employees` of the CES documentation's examples.
+pub fn employees() -> Arc<TableDescription> {
+    Arc::new(
+        TableDescription::new(
+            "EmployeesDb",
+            "dbo",
+            "Employees",
+            vec![
+                column("Id", SqlType::Int, 0),
+                column("FirstName", SqlType::NVarChar(Length::Bounded(50)), 1),
+                column("LastName", SqlType::NVarChar(Length::Bounded(50)), 2),
+                column("SignupDate", SqlType::DateTime2 { scale: 7 }, 3),
+            ],
+            vec![0],
+        )
+        .expect("valid table"),
+    )
+}
+
+pub fn employee(id: i32, first: &str, last: &str) -> Row {
+    let signup = NaiveDate::from_ymd_opt(2026, 8, 7)
+        .and_then(|d| d.and_hms_nano_opt(16, 25, 0, 883_333_300))
+        .expect("valid date");
+    vec![
+        Value::Int(id),
+        Value::Text(first.into()),
+        Value::Text(last.into()),
+        Value::DateTime2 {
+            value: signup,
+            scale: 7,
+        },
+    ]
+}
+
+/// A UTC instant from `2026-08-07T16:25:00.890`-style text.
+pub fn utc(text: &str) -> DateTime<Utc> {
+    let naive = chrono::NaiveDateTime::parse_from_str(text, "%Y-%m-%dT%H:%M:%S%.f")
+        .expect("valid timestamp");
+    Utc.from_utc_datetime(&naive)
+}
+
+pub fn lsn(text: &str) -> Lsn {
+    Lsn::parse(text).expect("valid LSN")
+}
+
+/// A change with the given images; positions and time are set by the caller.
+pub struct ChangeBuilder {
+    change: Change,
+}
+
+impl ChangeBuilder {
+    pub fn new(table: Arc<TableDescription>, operation: Operation) -> Self {
+        ChangeBuilder {
+            change: Change {
+                table,
+                operation,
+                commit_lsn: Lsn::from_parts(1, 2, 3),
+                begin_lsn: Lsn::from_parts(1, 2, 1),
+                sequence_number: 1,
+                last_in_transaction: true,
+                commit_time: utc("2026-01-01T00:00:00.000"),
+                old: None,
+                current: None,
+            },
+        }
+    }
+    pub fn lsns(mut self, commit: &str, begin: &str) -> Self {
+        self.change.commit_lsn = lsn(commit);
+        self.change.begin_lsn = lsn(begin);
+        self
+    }
+    pub fn sequence(mut self, n: u64, last: bool) -> Self {
+        self.change.sequence_number = n;
+        self.change.last_in_transaction = last;
+        self
+    }
+    pub fn time(mut self, text: &str) -> Self {
+        self.change.commit_time = utc(text);
+        self
+    }
+    pub fn old(mut self, row: Row) -> Self {
+        self.change.old = Some(row);
+        self
+    }
+    pub fn current(mut self, row: Row) -> Self {
+        self.change.current = Some(row);
+        self
+    }
+    pub fn build(self) -> Change {
+        self.change
+    }
+}
+
+pub fn options(encoding: Encoding, final_event: FinalEventMode, kb: u32) -> EncoderOptions {
+    EncoderOptions {
+        stream_guid: Uuid::parse_str(DOCS_STREAM_GUID).expect("valid GUID"),
+        encoding,
+        final_event,
+        max_message_size: MessageSizeLimit::from_kb(kb).expect("valid size"),
+    }
+}

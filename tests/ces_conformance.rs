@@ -70,7 +70,7 @@ fn json_events_match_the_documented_examples() {
     // CES writes finalevent = false always; the option restores that.
     let encoder = Encoder::new(options(Encoding::Json, FinalEventMode::AlwaysFalse, 256));
     for (name, change) in the_three_examples() {
-        let encoded = encoder.encode(change).expect("encodes");
+        let encoded = encoder.encode(&change).expect("encodes");
         assert_eq!(encoded.messages.len(), 1, "{name}: one segment");
         let ours: Json = serde_json::from_slice(&encoded.messages[0].bytes).expect("JSON");
         let expected = documented(name);
@@ -101,7 +101,7 @@ fn data_text_keeps_the_documented_key_order() {
     // Consumers that compare text (or hash it) see the same layout as CES's.
     let encoder = Encoder::new(options(Encoding::Json, FinalEventMode::AlwaysFalse, 256));
     for (name, change) in the_three_examples() {
-        let encoded = encoder.encode(change).expect("encodes");
+        let encoded = encoder.encode(&change).expect("encodes");
         let ours: Json = serde_json::from_slice(&encoded.messages[0].bytes).expect("JSON");
         assert_eq!(
             ours["data"],
@@ -122,7 +122,7 @@ fn finalevent_is_true_on_the_last_event_by_default() {
     let mut not_last = change.clone();
     not_last.last_in_transaction = false;
     for (change, expected) in [(change, true), (not_last, false)] {
-        let encoded = encoder.encode(change).expect("encodes");
+        let encoded = encoder.encode(&change).expect("encodes");
         let event = unfold(serde_json::from_slice(&encoded.messages[0].bytes).unwrap());
         assert_eq!(
             event["data"]["eventsource"]["transaction"]["finalevent"],
@@ -136,8 +136,8 @@ fn avro_events_carry_the_same_content_as_json() {
     let json = Encoder::new(options(Encoding::Json, FinalEventMode::AlwaysFalse, 256));
     let avro = Encoder::new(options(Encoding::Avro, FinalEventMode::AlwaysFalse, 256));
     for (name, change) in the_three_examples() {
-        let from_json = json.encode(change.clone()).expect("encodes");
-        let from_avro = avro.encode(change).expect("encodes");
+        let from_json = json.encode(&change).expect("encodes");
+        let from_avro = avro.encode(&change).expect("encodes");
         let json_event: Json = serde_json::from_slice(&from_json.messages[0].bytes).unwrap();
         let avro_event = decode_avro_message(&from_avro.messages[0].bytes).expect("decodes");
         assert_eq!(avro_event.datacontenttype, "application/avro");

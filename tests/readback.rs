@@ -20,7 +20,7 @@ fn segmented(seq: u64, text_len: usize) -> Vec<Message> {
         FinalEventMode::LastInTransaction,
         128,
     ))
-    .encode(change)
+    .encode(&change)
     .expect("encodes")
     .messages
 }

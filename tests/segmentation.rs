@@ -117,8 +117,8 @@ fn expected_data(change: &Change, encoding: Encoding) -> Vec<u8> {
 fn check_event(change: Change, encoding: Encoding, kb: u32) -> Result<(), TestCaseError> {
     let encoder = Encoder::new(options(encoding, FinalEventMode::LastInTransaction, kb));
     let expected = expected_data(&change, encoding);
-    let encoded = encoder.encode(change.clone()).expect("encodes");
-    let again = encoder.encode(change).expect("encodes");
+    let encoded = encoder.encode(&change).expect("encodes");
+    let again = encoder.encode(&change).expect("encodes");
     prop_assert_eq!(&encoded, &again, "encoding is deterministic");
 
     let limit = kb as usize * 1024;
@@ -202,7 +202,7 @@ fn values_over_one_mib_are_truncated_and_counted() {
         FinalEventMode::LastInTransaction,
         1024,
     ));
-    let encoded = encoder.encode(change).expect("encodes");
+    let encoded = encoder.encode(&change).expect("encodes");
     assert_eq!(encoded.truncated_values, 2, "FirstName in old and current");
     assert!(encoded.messages.len() > 4);
     let bytes: Vec<&[u8]> = encoded

@@ -143,8 +143,8 @@ pub fn data_datum(
     final_event: bool,
 ) -> Result<Vec<u8>, EventError> {
     let table = &change.table;
-    let old = super::json::row_text(table.row_keys_json(), change.old.as_deref());
-    let current = super::json::row_text(table.row_keys_json(), change.current.as_deref());
+    let old = super::json::row_text(table, change.old.as_deref());
+    let current = super::json::row_text(table, change.current.as_deref());
     let mut out = Vec::with_capacity(table.avro_prefix().len() + 128 + old.len() + current.len());
     out.extend_from_slice(table.avro_prefix());
     let keys: Vec<(&str, &Value)> = change.key_values().collect();

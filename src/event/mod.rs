@@ -95,9 +95,12 @@ pub struct TableDescription {
     table: String,
     columns: Vec<ColumnDescription>,
     key: Vec<usize>,
-    json_prefix: String,
+    /// The start of `data` at depth 0 and 1 (see [`json::push_string_at`]).
+    json_prefix: [String; 2],
+    /// `"Name":` of each column, written 0, 1 and 2 strings deep (row objects sit one
+    /// level deeper than the `data` that holds them).
+    row_keys: [Vec<String>; 3],
     avro_prefix: Vec<u8>,
-    row_keys_json: Vec<String>,
 }
 
 /// Why a table description or change is malformed.
@@ -148,9 +151,15 @@ impl TableDescription {
                 columns: columns.len(),
             });
         }
-        let json_prefix = json::eventsource_prefix(&database, &schema, &table, &columns);
+        let json_prefix = [0, 1]
+            .map(|depth| json::eventsource_prefix(&database, &schema, &table, &columns, depth));
         let avro_prefix = avro::eventsource_prefix(&database, &schema, &table, &columns);
-        let row_keys_json = columns.iter().map(|c| json::object_key(&c.name)).collect();
+        let row_keys = [0, 1, 2].map(|depth| {
+            columns
+                .iter()
+                .map(|c| json::object_key(&c.name, depth))
+                .collect()
+        });
         Ok(TableDescription {
             database,
             schema,
@@ -158,8 +167,8 @@ impl TableDescription {
             columns,
             key,
             json_prefix,
+            row_keys,
             avro_prefix,
-            row_keys_json,
         })
     }
 
@@ -183,14 +192,16 @@ impl TableDescription {
     pub fn qualified_name(&self) -> String {
         format!("{}.{}", self.schema, self.table)
     }
-    pub(crate) fn json_prefix(&self) -> &str {
-        &self.json_prefix
+    /// Depth 0 or 1; the depth is always one of the two (a constant at each call).
+    pub(crate) fn json_prefix(&self, depth: usize) -> &str {
+        &self.json_prefix[depth.min(1)]
+    }
+    /// The row-object keys written `depth` (0 to 2) strings deep.
+    pub(crate) fn row_keys(&self, depth: usize) -> &[String] {
+        &self.row_keys[depth.min(2)]
     }
     pub(crate) fn avro_prefix(&self) -> &[u8] {
         &self.avro_prefix
-    }
-    pub(crate) fn row_keys_json(&self) -> &[String] {
-        &self.row_keys_json
     }
 }
 
@@ -349,16 +360,30 @@ impl Encoder {
         &self.options
     }
 
-    /// Encodes one change: truncate, serialize `data`, then segment.
-    pub fn encode(&self, mut change: Change) -> Result<EncodedEvent, EventError> {
+    /// Encodes one change: truncate, serialize `data`, then segment. The change is
+    /// copied only when one of its values has to be truncated.
+    pub fn encode(&self, change: &Change) -> Result<EncodedEvent, EventError> {
         change.validate()?;
         let mut truncated_values = 0;
-        for row in [change.old.as_mut(), change.current.as_mut()]
+        let needs_cut = [change.old.as_ref(), change.current.as_ref()]
             .into_iter()
             .flatten()
-        {
-            truncated_values += segment::truncate_row(row);
-        }
+            .flatten()
+            .any(segment::exceeds_value_limit);
+        let owned;
+        let change = if needs_cut {
+            let mut copy = change.clone();
+            for row in [copy.old.as_mut(), copy.current.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                truncated_values += segment::truncate_row(row);
+            }
+            owned = copy;
+            &owned
+        } else {
+            change
+        };
         let final_event = match self.options.final_event {
             FinalEventMode::LastInTransaction => change.last_in_transaction,
             FinalEventMode::AlwaysFalse => false,
@@ -384,15 +409,35 @@ impl Encoder {
             )
         };
         let limit = self.options.max_message_size.bytes();
-        let messages = match self.options.encoding {
-            Encoding::Json => {
-                let data = json::data_text(&change, &time, final_event);
-                segment::segment_json(&fields, &data, limit, id_for)?
-            }
+        let first_id = id_for(0);
+        let whole = match self.options.encoding {
+            Encoding::Json => json::single_message(&fields, &first_id, change, final_event),
             Encoding::Avro => {
-                let data = avro::data_datum(&change, &time, final_event)?;
-                segment::segment_avro(&fields, &data, limit, id_for)?
+                let data = avro::data_datum(change, &time, final_event)?;
+                let whole = avro::envelope(&fields, &first_id, 0, true, &data)?;
+                if whole.len() > limit {
+                    let messages = segment::split_avro(&fields, &data, limit, id_for)?;
+                    return Ok(EncodedEvent {
+                        logical_id,
+                        messages,
+                        truncated_values,
+                    });
+                }
+                whole
             }
+        };
+        let messages = if whole.len() <= limit {
+            vec![Message {
+                id: first_id,
+                segment_index: 0,
+                final_segment: true,
+                bytes: whole,
+            }]
+        } else {
+            // Only JSON reaches here: the data text is needed to cut it.
+            drop(whole);
+            let data = json::data_text(change, &time, final_event);
+            segment::split_json(&fields, &data, limit, id_for)?
         };
         Ok(EncodedEvent {
             logical_id,
@@ -404,12 +449,17 @@ impl Encoder {
 
 /// `<stream GUID>:<commit LSN, 20 hex>:<sequence number, 20 digits>`.
 pub fn logical_id(stream_guid: Uuid, commit_lsn: Lsn, sequence_number: u64) -> String {
-    format!(
-        "{}:{}:{:020}",
-        stream_guid.hyphenated(),
-        commit_lsn.to_compact_string(),
-        sequence_number
-    )
+    let mut out = String::with_capacity(36 + 1 + 20 + 1 + 20);
+    let mut buf = Uuid::encode_buffer();
+    out.push_str(stream_guid.hyphenated().encode_lower(&mut buf));
+    out.push(':');
+    crate::lsn::push_hex(&mut out, commit_lsn.as_bytes());
+    out.push(':');
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(sequence_number);
+    out.extend(std::iter::repeat_n('0', 20 - digits.len()));
+    out.push_str(digits);
+    out
 }
 
 /// The deterministic message id: UUID v5 of (stream GUID, commit LSN, sequence number,

@@ -77,6 +77,15 @@ impl<'de> serde::Deserialize<'de> for MessageSizeLimit {
     }
 }
 
+/// True when the value's text form is longer than [`MAX_VALUE_TEXT_BYTES`].
+pub fn exceeds_value_limit(value: &Value) -> bool {
+    match value {
+        Value::Text(s) => s.len() > MAX_VALUE_TEXT_BYTES,
+        Value::Binary(b) => 2 + 2 * b.len() > MAX_VALUE_TEXT_BYTES,
+        _ => false,
+    }
+}
+
 /// Cuts every value in `row` whose text form exceeds [`MAX_VALUE_TEXT_BYTES`]; returns
 /// how many were cut. Text is cut at a character boundary; binary is cut on whole
 /// bytes so that `0x` plus the hex digits is at most 1 MiB.
@@ -114,24 +123,14 @@ fn capacity(limit: usize, overhead: usize) -> Result<usize, EventError> {
     }
 }
 
-/// Splits a JSON event into messages of at most `limit` bytes.
-pub(crate) fn segment_json(
+/// Splits a JSON event whose single message would exceed `limit` bytes into messages
+/// of at most `limit` bytes.
+pub(crate) fn split_json(
     fields: &EnvelopeFields<'_>,
     data: &str,
     limit: usize,
     id_for: impl Fn(u32) -> Uuid,
 ) -> Result<Vec<Message>, EventError> {
-    let id = id_for(0);
-    let whole = json::envelope(fields, &id, 0, true, data);
-    if whole.len() <= limit {
-        return Ok(vec![Message {
-            id,
-            segment_index: 0,
-            final_segment: true,
-            bytes: whole,
-        }]);
-    }
-    drop(whole);
     let mut messages = Vec::new();
     let mut rest = data;
     let mut index = 0u32;
@@ -163,24 +162,14 @@ pub(crate) fn segment_json(
     Ok(messages)
 }
 
-/// Splits an Avro event into messages of at most `limit` bytes.
-pub(crate) fn segment_avro(
+/// Splits an Avro event whose single message would exceed `limit` bytes into
+/// messages of at most `limit` bytes.
+pub(crate) fn split_avro(
     fields: &EnvelopeFields<'_>,
     data: &[u8],
     limit: usize,
     id_for: impl Fn(u32) -> Uuid,
 ) -> Result<Vec<Message>, EventError> {
-    let id = id_for(0);
-    let whole = avro::envelope(fields, &id, 0, true, data)?;
-    if whole.len() <= limit {
-        return Ok(vec![Message {
-            id,
-            segment_index: 0,
-            final_segment: true,
-            bytes: whole,
-        }]);
-    }
-    drop(whole);
     let mut messages = Vec::new();
     let mut rest = data;
     let mut index = 0u32;

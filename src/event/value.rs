@@ -290,10 +290,10 @@ impl Value {
         match self {
             Value::Null => {}
             Value::Bit(b) => out.push(if *b { '1' } else { '0' }),
-            Value::TinyInt(v) => push_display(out, v),
-            Value::SmallInt(v) => push_display(out, v),
-            Value::Int(v) => push_display(out, v),
-            Value::BigInt(v) => push_display(out, v),
+            Value::TinyInt(v) => push_int(out, *v),
+            Value::SmallInt(v) => push_int(out, *v),
+            Value::Int(v) => push_int(out, *v),
+            Value::BigInt(v) => push_int(out, *v),
             Value::Decimal { unscaled, scale } => write_decimal(out, *unscaled, *scale),
             Value::Float(v) => write_float(out, *v),
             Value::Real(v) => write_real(out, *v),
@@ -346,15 +346,20 @@ fn push_display(out: &mut String, value: impl fmt::Display) {
     let _ = write!(out, "{value}");
 }
 
+fn push_int(out: &mut String, value: impl itoa::Integer) {
+    out.push_str(itoa::Buffer::new().format(value));
+}
+
 /// Plain decimal with exactly `scale` fraction digits and no exponent.
 pub fn write_decimal(out: &mut String, unscaled: i128, scale: u8) {
     if unscaled < 0 {
         out.push('-');
     }
-    let digits = unscaled.unsigned_abs().to_string();
+    let mut buffer = itoa::Buffer::new();
+    let digits = buffer.format(unscaled.unsigned_abs());
     let scale = usize::from(scale);
     if scale == 0 {
-        out.push_str(&digits);
+        out.push_str(digits);
         return;
     }
     if digits.len() > scale {
@@ -365,7 +370,7 @@ pub fn write_decimal(out: &mut String, unscaled: i128, scale: u8) {
     } else {
         out.push_str("0.");
         out.extend(std::iter::repeat_n('0', scale - digits.len()));
-        out.push_str(&digits);
+        out.push_str(digits);
     }
 }
 
@@ -403,8 +408,30 @@ fn push_exponent(out: &mut String, text: String) {
     }
 }
 
+/// "00" to "99".
+const TWO_DIGITS: &str = "00010203040506070809101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+
+/// `value % 100` as two digits.
+fn push_two(out: &mut String, value: u32) {
+    let at = (value % 100) as usize * 2;
+    out.push_str(&TWO_DIGITS[at..at + 2]);
+}
+
+/// `value` with at least `width` digits, zero-padded.
 fn push_padded(out: &mut String, value: u32, width: usize) {
-    let _ = write!(out, "{value:0width$}");
+    match (width, value) {
+        (2, 0..=99) => push_two(out, value),
+        (4, 0..=9999) => {
+            push_two(out, value / 100);
+            push_two(out, value);
+        }
+        _ => {
+            let mut buffer = itoa::Buffer::new();
+            let digits = buffer.format(value);
+            out.extend(std::iter::repeat_n('0', width.saturating_sub(digits.len())));
+            out.push_str(digits);
+        }
+    }
 }
 
 /// `2026-08-07`.
@@ -640,6 +667,22 @@ mod tests {
             at(0, "2026-01-01 00:00:00", 0),
             "2026-01-01 00:00:00 +00:00"
         );
+    }
+
+    #[test]
+    fn padding() {
+        let pad = |v, w| {
+            let mut out = String::new();
+            push_padded(&mut out, v, w);
+            out
+        };
+        assert_eq!(pad(0, 0), "0");
+        assert_eq!(pad(0, 4), "0000");
+        assert_eq!(pad(7, 2), "07");
+        assert_eq!(pad(12345, 2), "12345");
+        assert_eq!(pad(8833333, 7), "8833333");
+        assert_eq!(pad(5, 7), "0000005");
+        assert_eq!(pad(u32::MAX, 3), "4294967295");
     }
 
     #[test]

@@ -1,0 +1,303 @@
+//! The SQL Server side: what the poll loop needs from a CDC database.
+//!
+//! [`ChangeSource`] is the seam between the poll loop ([`poller`]) and a database. Two
+//! implementations exist: [`sqlserver::SqlServerSource`] talks to a real SQL Server
+//! over TDS (tiberius), and [`simulator::CdcSimulator`] is an in-memory model of SQL
+//! Server's documented CDC behaviour, used by the tests and by the deterministic
+//! [`synthetic`] workload. Neither the poll loop nor the merge knows which is behind
+//! the seam.
+//!
+//! CDC facts honoured here (SPEC §2): rows of a capture instance are read from its
+//! change table `cdc.<ci>_CT` in (`__$start_lsn`, `__$command_id`, `__$seqval`,
+//! `__$operation`) order ([`RowKey`]); `__$start_lsn` is the commit LSN, shared by every
+//! row of a transaction; op 3 (before image) is immediately followed by its op 4.
+
+pub mod decode;
+pub mod filter;
+pub mod merge;
+pub mod poller;
+pub mod queries;
+pub mod simulator;
+pub mod sqlserver;
+pub mod synthetic;
+pub mod timezone;
+
+use std::future::Future;
+
+use chrono::NaiveDateTime;
+use uuid::Uuid;
+
+use crate::event::value::{SqlType, TypeError};
+use crate::event::Value;
+use crate::lsn::Lsn;
+
+/// CDC's `__$operation` codes.
+pub mod op {
+    pub const DELETE: u8 = 1;
+    pub const INSERT: u8 = 2;
+    pub const UPDATE_BEFORE: u8 = 3;
+    pub const UPDATE_AFTER: u8 = 4;
+}
+
+/// The position of a change row: its sort key within a capture instance, and the
+/// keyset that pages resume after. The derived `Ord` is the CDC order because the
+/// fields are declared in (`__$start_lsn`, `__$command_id`, `__$seqval`,
+/// `__$operation`) order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RowKey {
+    pub start_lsn: Lsn,
+    pub command_id: i32,
+    pub seqval: Lsn,
+    pub operation: u8,
+}
+
+impl RowKey {
+    /// A key after every row whose `__$start_lsn` is at most `lsn`: reading after it
+    /// yields the rows of later transactions only.
+    pub fn after_lsn(lsn: Lsn) -> Self {
+        RowKey {
+            start_lsn: lsn,
+            command_id: i32::MAX,
+            seqval: Lsn::MAX,
+            operation: u8::MAX,
+        }
+    }
+}
+
+/// One row of a change table, with the columns the events carry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangeRow {
+    pub key: RowKey,
+    /// `__$update_mask`: bit `n - 1` (counting from the least significant bit of the
+    /// last byte) is set when the column with `column_ordinal` `n` changed.
+    pub update_mask: Vec<u8>,
+    /// `tran_begin_lsn` from `cdc.lsn_time_mapping`.
+    pub begin_lsn: Lsn,
+    /// `tran_end_time` from `cdc.lsn_time_mapping`: server-local commit time.
+    pub end_time: NaiveDateTime,
+    /// One value per emitted column of the capture instance, in column order.
+    pub values: Vec<Value>,
+}
+
+impl ChangeRow {
+    pub fn operation(&self) -> u8 {
+        self.key.operation
+    }
+}
+
+/// Whether `__$update_mask` marks the column with CDC ordinal `ordinal` (1-based) as
+/// changed, as `sys.fn_cdc_is_bit_set` reads it.
+pub fn is_bit_set(update_mask: &[u8], ordinal: u32) -> bool {
+    if ordinal == 0 {
+        return false;
+    }
+    let bit = (ordinal - 1) as usize;
+    let from_end = bit / 8;
+    if from_end >= update_mask.len() {
+        return false;
+    }
+    let byte = update_mask[update_mask.len() - 1 - from_end];
+    byte & (1 << (bit % 8)) != 0
+}
+
+/// A captured column of a capture instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapturedColumn {
+    pub name: String,
+    /// `cdc.captured_columns.column_ordinal`: 1-based, the bit in `__$update_mask`.
+    pub ordinal: u32,
+    /// 0-based position of the column in the source table (`cols[].index`).
+    pub table_index: u32,
+    /// The type, or why CES does not stream it.
+    pub sql_type: Result<SqlType, TypeError>,
+}
+
+/// A CDC capture instance and its source table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureInstance {
+    pub name: String,
+    pub schema: String,
+    pub table: String,
+    /// `cdc.change_tables.start_lsn`: changes at or after it are in this instance.
+    pub start_lsn: Lsn,
+    /// `cdc.change_tables.create_date`.
+    pub create_date: NaiveDateTime,
+    /// Every captured column, in `column_ordinal` order.
+    pub columns: Vec<CapturedColumn>,
+    /// Names of the key columns in key order: the primary key, else the unique index
+    /// named by `cdc.change_tables.index_name`; empty when neither exists.
+    pub key_columns: Vec<String>,
+}
+
+impl CaptureInstance {
+    /// `schema.table`.
+    pub fn qualified_table(&self) -> String {
+        format!("{}.{}", self.schema, self.table)
+    }
+
+    /// The columns CES streams, in column order.
+    pub fn emitted_columns(&self) -> impl Iterator<Item = (&CapturedColumn, SqlType)> {
+        self.columns
+            .iter()
+            .filter_map(|c| c.sql_type.as_ref().ok().map(|t| (c, *t)))
+    }
+}
+
+/// Everything the poll loop knows about the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Catalog {
+    pub database: String,
+    /// `sys.database_recovery_status.database_guid`: the default stream GUID.
+    pub database_guid: Uuid,
+    /// The server's UTC offset in minutes, as it reports it now.
+    pub server_utc_offset_minutes: i32,
+    pub instances: Vec<CaptureInstance>,
+}
+
+/// What one probe asks about a capture instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub capture_instance: String,
+    /// Changes strictly after this LSN are of interest.
+    pub after: Lsn,
+}
+
+/// What a probe answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub capture_instance: String,
+    /// `sys.fn_cdc_get_min_lsn`: `None` when it is NULL or zero (not available yet).
+    pub min_lsn: Option<Lsn>,
+    /// The first `__$start_lsn` in (`after`, `to`], if any.
+    pub next_change: Option<Lsn>,
+}
+
+/// A schema change recorded in `cdc.ddl_history`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DdlEvent {
+    pub capture_instance: String,
+    pub ddl_lsn: Lsn,
+    pub ddl_time: NaiveDateTime,
+    pub ddl_command: String,
+}
+
+/// Why the source failed, and whether trying again can help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// Connection loss, time-out, deadlock victim: retry with backoff.
+    #[error("transient database error: {message}")]
+    Transient { message: String },
+    #[error("login failed for the configured user: check source.connection_string (user and password)")]
+    LoginFailed,
+    #[error("CDC is not enabled on database `{database}`: run `EXEC sys.sp_cdc_enable_db` in it")]
+    CdcNotEnabled { database: String },
+    #[error(
+        "no captured table matches source.include/source.exclude in `{database}`: enable CDC on a table with `EXEC sys.sp_cdc_enable_table @source_schema = N'dbo', @source_name = N'<table>', @role_name = NULL`"
+    )]
+    NoCapturedTables { database: String },
+    #[error("permission denied: {message}. Grant the poller's user what `sql/03_least_privilege_login.sql` grants")]
+    PermissionDenied { message: String },
+    #[error(
+        "changes of capture instance `{capture_instance}` from LSN {first_lost} to {last_lost} were purged by the CDC cleanup job before they were delivered; set source.on_gap = \"skip\" to continue past the loss"
+    )]
+    Gap {
+        capture_instance: String,
+        first_lost: Lsn,
+        last_lost: Lsn,
+    },
+    #[error(
+        "capture instance `{capture_instance}`: an update before-image (op 3) at {key:?} is not followed by its after-image (op 4)"
+    )]
+    UnpairedUpdate {
+        capture_instance: String,
+        key: RowKey,
+    },
+    #[error("capture instance `{capture_instance}`: {message}")]
+    Malformed {
+        capture_instance: String,
+        message: String,
+    },
+    #[error("database error: {message}")]
+    Definite { message: String },
+}
+
+impl SourceError {
+    /// True when retrying the same request can succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SourceError::Transient { .. })
+    }
+}
+
+/// What the poll loop needs from a CDC database.
+///
+/// Every method is one round trip to the database (or none), so the cost of a poll
+/// is known: an idle poll is [`max_lsn`](Self::max_lsn) alone, and a poll with work is
+/// that, one [`probe`](Self::probe) for all capture instances, and the pages read.
+pub trait ChangeSource: Send {
+    /// The database, its GUID and its capture instances.
+    fn catalog(&mut self) -> impl Future<Output = Result<Catalog, SourceError>> + Send;
+
+    /// `sys.fn_cdc_get_max_lsn()`; `None` when it is NULL or zero (CDC has not
+    /// recorded anything yet).
+    fn max_lsn(&mut self) -> impl Future<Output = Result<Option<Lsn>, SourceError>> + Send;
+
+    /// For every probe at once: the instance's `min_lsn` and its first change in
+    /// (`after`, `to`].
+    fn probe(
+        &mut self,
+        probes: &[Probe],
+        to: Lsn,
+    ) -> impl Future<Output = Result<Vec<ProbeResult>, SourceError>> + Send;
+
+    /// Up to `limit` rows of `instance` strictly after `after` with
+    /// `__$start_lsn <= to`, in [`RowKey`] order. Values are in the order of
+    /// [`CaptureInstance::emitted_columns`].
+    fn read_changes(
+        &mut self,
+        instance: &CaptureInstance,
+        after: RowKey,
+        to: Lsn,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<ChangeRow>, SourceError>> + Send;
+
+    /// The DDL recorded for a capture instance's source table.
+    fn ddl_history(
+        &mut self,
+        capture_instance: &str,
+    ) -> impl Future<Output = Result<Vec<DdlEvent>, SourceError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_mask_bits_count_from_the_last_byte() {
+        // One byte: ordinal 3 is 0x04.
+        assert!(is_bit_set(&[0x04], 3));
+        assert!(!is_bit_set(&[0x04], 1));
+        // Two bytes: ordinal 9 is the lowest bit of the first byte.
+        assert!(is_bit_set(&[0x01, 0x00], 9));
+        assert!(!is_bit_set(&[0x01, 0x00], 1));
+        assert!(is_bit_set(&[0x00, 0x80], 8));
+        assert!(!is_bit_set(&[0xFF], 9));
+        assert!(!is_bit_set(&[], 1));
+        assert!(!is_bit_set(&[0xFF], 0));
+    }
+
+    #[test]
+    fn row_keys_order_by_lsn_then_command_then_seqval_then_operation() {
+        let key = |lsn, cmd, seq, op| RowKey {
+            start_lsn: Lsn::from_parts(0, lsn, 0),
+            command_id: cmd,
+            seqval: Lsn::from_parts(0, seq, 0),
+            operation: op,
+        };
+        // A later command sorts after an earlier one even with a lower seqval.
+        assert!(key(1, 1, 9, 2) < key(1, 2, 5, 2));
+        assert!(key(1, 2, 5, 3) < key(1, 2, 5, 4));
+        assert!(key(1, 9, 9, 4) < key(2, 1, 1, 1));
+        assert!(key(1, 9, 9, 4) < RowKey::after_lsn(Lsn::from_parts(0, 1, 0)));
+        assert!(RowKey::after_lsn(Lsn::from_parts(0, 1, 0)) < key(2, 0, 0, 1));
+    }
+}

@@ -411,7 +411,26 @@ impl Encoder {
         let limit = self.options.max_message_size.bytes();
         let first_id = id_for(0);
         let whole = match self.options.encoding {
-            Encoding::Json => json::single_message(&fields, &first_id, change, final_event),
+            Encoding::Json => {
+                // When the values alone exceed the limit, the message cannot fit:
+                // go straight to splitting instead of writing it whole first.
+                let value_bytes: usize = [change.old.as_ref(), change.current.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(Value::text_len)
+                    .sum();
+                if value_bytes > limit {
+                    let data = json::data_text(change, &time, final_event);
+                    let messages = segment::split_json(&fields, &data, limit, id_for)?;
+                    return Ok(EncodedEvent {
+                        logical_id,
+                        messages,
+                        truncated_values,
+                    });
+                }
+                json::single_message(&fields, &first_id, change, final_event)
+            }
             Encoding::Avro => {
                 let data = avro::data_datum(change, &time, final_event)?;
                 let whole = avro::envelope(&fields, &first_id, 0, true, &data)?;
@@ -572,6 +591,17 @@ mod tests {
         assert_eq!(
             logical_id(guid, Lsn::MAX, u64::MAX).rsplit(':').next(),
             Some("18446744073709551615")
+        );
+    }
+
+    #[test]
+    fn message_id_matches_the_documented_derivation() {
+        // Computed outside this code base (Python's hashlib) from the README's recipe:
+        // SHA-1 over namespace ‖ GUID ‖ LSN ‖ u64 BE sequence ‖ u32 BE segment.
+        let guid = Uuid::parse_str("1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0").unwrap();
+        assert_eq!(
+            message_id(guid, Lsn::from_parts(0xB1, 0x8A8, 7), 1, 0).to_string(),
+            "d7a586db-c0ad-5681-900d-c7440c7ad456"
         );
     }
 

@@ -16,3 +16,4 @@
 
 pub mod event;
 pub mod lsn;
+pub mod source;

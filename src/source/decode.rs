@@ -127,13 +127,12 @@ pub fn decode_value(
         (T::SmallInt, C::I16(v)) => v.map(Value::SmallInt),
         (T::Int, C::I32(v)) => v.map(Value::Int),
         (T::BigInt, C::I64(v)) => v.map(Value::BigInt),
-        (
-            T::Decimal { .. } | T::Numeric { .. } | T::Money | T::SmallMoney,
-            C::Numeric(v),
-        ) => v.map(|n| Value::Decimal {
-            unscaled: n.value(),
-            scale: n.scale(),
-        }),
+        (T::Decimal { .. } | T::Numeric { .. } | T::Money | T::SmallMoney, C::Numeric(v)) => {
+            v.map(|n| Value::Decimal {
+                unscaled: n.value(),
+                scale: n.scale(),
+            })
+        }
         // Money read without the decimal(19,4) cast arrives as a lossy f64; it is only
         // accepted when it converts back exactly to a whole number of 1/10000 units.
         (T::Money | T::SmallMoney, C::F64(v)) => match v {
@@ -199,7 +198,10 @@ pub fn decode_value(
             Some(dto) => {
                 let dt = dto.datetime2();
                 let utc = date_from_days(dt.date().days())
-                    .zip(time_from_increments(dt.time().increments(), dt.time().scale()))
+                    .zip(time_from_increments(
+                        dt.time().increments(),
+                        dt.time().scale(),
+                    ))
                     .map(|(d, t)| d.and_time(t))
                     .ok_or_else(|| out_of_range(column, "datetimeoffset"))?;
                 let offset = FixedOffset::east_opt(i32::from(dto.offset()) * 60)
@@ -224,12 +226,12 @@ pub fn decode_value(
 pub fn decode_lsn(column: &str, data: ColumnData<'_>) -> Result<Option<Lsn>, DecodeError> {
     match data {
         ColumnData::Binary(None) => Ok(None),
-        ColumnData::Binary(Some(bytes)) => Lsn::from_bytes(&bytes)
-            .map(Some)
-            .map_err(|e| DecodeError {
+        ColumnData::Binary(Some(bytes)) => {
+            Lsn::from_bytes(&bytes).map(Some).map_err(|e| DecodeError {
                 column: column.to_owned(),
                 message: e.to_string(),
-            }),
+            })
+        }
         other => Err(DecodeError {
             column: column.to_owned(),
             message: format!("an LSN arrived as {}", variant_name(&other)),
@@ -333,8 +335,14 @@ mod tests {
     fn integers_bit_and_null() {
         assert_eq!(text(SqlType::TinyInt, ColumnData::U8(Some(255))), "255");
         assert_eq!(text(SqlType::SmallInt, ColumnData::I16(Some(-5))), "-5");
-        assert_eq!(text(SqlType::Int, ColumnData::I32(Some(i32::MIN))), "-2147483648");
-        assert_eq!(text(SqlType::BigInt, ColumnData::I64(Some(i64::MAX))), i64::MAX.to_string());
+        assert_eq!(
+            text(SqlType::Int, ColumnData::I32(Some(i32::MIN))),
+            "-2147483648"
+        );
+        assert_eq!(
+            text(SqlType::BigInt, ColumnData::I64(Some(i64::MAX))),
+            i64::MAX.to_string()
+        );
         assert_eq!(text(SqlType::Bit, ColumnData::Bit(Some(true))), "1");
         assert_eq!(text(SqlType::Int, ColumnData::I32(None)), "<null>");
     }
@@ -347,15 +355,24 @@ mod tests {
             scale: s,
         };
         assert_eq!(
-            text(decimal(38, 0), ColumnData::Numeric(Some(Numeric::new_with_scale(max, 0)))),
+            text(
+                decimal(38, 0),
+                ColumnData::Numeric(Some(Numeric::new_with_scale(max, 0)))
+            ),
             "9".repeat(38)
         );
         assert_eq!(
-            text(decimal(38, 38), ColumnData::Numeric(Some(Numeric::new_with_scale(-max, 38)))),
+            text(
+                decimal(38, 38),
+                ColumnData::Numeric(Some(Numeric::new_with_scale(-max, 38)))
+            ),
             format!("-0.{}", "9".repeat(38))
         );
         assert_eq!(
-            text(decimal(18, 2), ColumnData::Numeric(Some(Numeric::new_with_scale(-1050, 2)))),
+            text(
+                decimal(18, 2),
+                ColumnData::Numeric(Some(Numeric::new_with_scale(-1050, 2)))
+            ),
             "-10.50"
         );
         // money cast to decimal(19,4) in the query.
@@ -366,7 +383,10 @@ mod tests {
             ),
             "-922337203685477.5808"
         );
-        assert_eq!(text(SqlType::SmallMoney, ColumnData::F64(Some(-1.5))), "-1.5000");
+        assert_eq!(
+            text(SqlType::SmallMoney, ColumnData::F64(Some(-1.5))),
+            "-1.5000"
+        );
     }
 
     #[test]
@@ -380,19 +400,31 @@ mod tests {
     fn dates_and_times_from_wire_forms() {
         // 2026-08-07 is day 739_834 since 0001-01-01.
         let days = (NaiveDate::from_ymd_opt(2026, 8, 7).unwrap() - epoch_0001()).num_days() as u32;
-        assert_eq!(text(SqlType::Date, ColumnData::Date(Some(Date::new(days)))), "2026-08-07");
-        assert_eq!(text(SqlType::Date, ColumnData::Date(Some(Date::new(0)))), "0001-01-01");
+        assert_eq!(
+            text(SqlType::Date, ColumnData::Date(Some(Date::new(days)))),
+            "2026-08-07"
+        );
+        assert_eq!(
+            text(SqlType::Date, ColumnData::Date(Some(Date::new(0)))),
+            "0001-01-01"
+        );
         let t7 = Time::new(164_208_833_333, 7);
         assert_eq!(
             text(SqlType::Time { scale: 7 }, ColumnData::Time(Some(t7))),
             "04:33:40.8833333"
         );
         assert_eq!(
-            text(SqlType::Time { scale: 0 }, ColumnData::Time(Some(Time::new(86_399, 0)))),
+            text(
+                SqlType::Time { scale: 0 },
+                ColumnData::Time(Some(Time::new(86_399, 0)))
+            ),
             "23:59:59"
         );
         assert_eq!(
-            text(SqlType::Time { scale: 3 }, ColumnData::Time(Some(Time::new(1, 3)))),
+            text(
+                SqlType::Time { scale: 3 },
+                ColumnData::Time(Some(Time::new(1, 3)))
+            ),
             "00:00:00.001"
         );
         let t = Time::new(591_008_833_333, 7); // 16:25:00.8833333
@@ -488,26 +520,46 @@ mod tests {
             "😀 x"
         );
         assert_eq!(
-            text(SqlType::Char(Length::Bounded(4)), ColumnData::String(Some("ab  ".into()))),
+            text(
+                SqlType::Char(Length::Bounded(4)),
+                ColumnData::String(Some("ab  ".into()))
+            ),
             "ab  "
         );
         assert_eq!(
-            text(SqlType::VarBinary(Length::Max), ColumnData::Binary(Some(vec![].into()))),
+            text(
+                SqlType::VarBinary(Length::Max),
+                ColumnData::Binary(Some(vec![].into()))
+            ),
             "0x"
         );
         assert_eq!(
-            text(SqlType::Binary(Length::Bounded(2)), ColumnData::Binary(Some(vec![0xAB, 1].into()))),
+            text(
+                SqlType::Binary(Length::Bounded(2)),
+                ColumnData::Binary(Some(vec![0xAB, 1].into()))
+            ),
             "0xAB01"
         );
     }
 
     #[test]
     fn mismatched_and_malformed_values_are_errors() {
-        let err = decode_value("Amount", &SqlType::Int, ColumnData::String(Some("1".into())))
-            .unwrap_err();
+        let err = decode_value(
+            "Amount",
+            &SqlType::Int,
+            ColumnData::String(Some("1".into())),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("Amount"));
         assert!(err.to_string().contains("int column arrived as String"));
-        assert!(decode_value("t", &SqlType::Time { scale: 7 }, ColumnData::Time(Some(Time::new(u64::MAX, 7)))).is_err());
+        assert!(
+            decode_value(
+                "t",
+                &SqlType::Time { scale: 7 },
+                ColumnData::Time(Some(Time::new(u64::MAX, 7)))
+            )
+            .is_err()
+        );
         assert!(decode_lsn("lsn", ColumnData::Binary(Some(vec![1, 2].into()))).is_err());
         assert_eq!(
             decode_lsn("lsn", ColumnData::Binary(Some(vec![0; 10].into()))),

@@ -1,0 +1,92 @@
+//! Which tables to stream: include and exclude patterns on `schema.table`.
+//!
+//! A pattern is matched case-insensitively (SQL Server's default collations are) against
+//! `schema.table`; `*` matches any run of characters and `?` one character. A table is
+//! streamed when it matches some include pattern (or none are given) and no exclude
+//! pattern.
+
+/// Include and exclude patterns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableFilter {
+    include: Vec<String>,
+    exclude: Vec<String>,
+}
+
+impl TableFilter {
+    pub fn new(include: Vec<String>, exclude: Vec<String>) -> Self {
+        let lower = |v: Vec<String>| v.into_iter().map(|p| p.to_lowercase()).collect();
+        TableFilter {
+            include: lower(include),
+            exclude: lower(exclude),
+        }
+    }
+
+    pub fn allows(&self, schema: &str, table: &str) -> bool {
+        let name = format!("{schema}.{table}").to_lowercase();
+        let name: Vec<char> = name.chars().collect();
+        let matches = |pattern: &String| {
+            let pattern: Vec<char> = pattern.chars().collect();
+            glob_match(&pattern, &name)
+        };
+        (self.include.is_empty() || self.include.iter().any(matches))
+            && !self.exclude.iter().any(matches)
+    }
+}
+
+/// `*`/`?` matching, iterative with backtracking to the last star.
+fn glob_match(pattern: &[char], text: &[char]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some('*') => {
+                star = Some((p, t));
+                p += 1;
+            }
+            Some(c) if *c == '?' || *c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    p = sp + 1;
+                    t = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(include: &[&str], exclude: &[&str]) -> TableFilter {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        TableFilter::new(own(include), own(exclude))
+    }
+
+    #[test]
+    fn empty_filter_allows_everything() {
+        assert!(filter(&[], &[]).allows("dbo", "Orders"));
+    }
+
+    #[test]
+    fn include_and_exclude_patterns() {
+        let f = filter(&["dbo.*", "sales.Order?"], &["dbo.tmp_*"]);
+        assert!(f.allows("dbo", "Orders"));
+        assert!(f.allows("DBO", "orders"));
+        assert!(f.allows("sales", "Orders"));
+        assert!(!f.allows("sales", "OrderLines"));
+        assert!(!f.allows("dbo", "tmp_import"));
+        assert!(!f.allows("hr", "People"));
+        let awkward = filter(&["dbo.order details", "dbo.x]y"], &[]);
+        assert!(awkward.allows("dbo", "order details"));
+        assert!(awkward.allows("dbo", "x]y"));
+        assert!(filter(&["*.*a*b*"], &[]).allows("s", "xaxxbx"));
+        assert!(!filter(&["*.*a*b"], &[]).allows("s", "xaxxbx"));
+    }
+}

@@ -18,8 +18,8 @@ pub mod merge;
 pub mod poller;
 pub mod queries;
 pub mod simulator;
-// pub mod sqlserver;
-// pub mod synthetic;
+pub mod sqlserver;
+pub mod synthetic;
 pub mod timezone;
 
 use std::future::Future;

@@ -278,6 +278,7 @@ impl Transaction {
                 }
             }
         }
+        let tails: Vec<usize> = state.instances.iter().map(|i| i.rows.len()).collect();
         for (table, operation, command_id, seqval, old, new, changed) in images {
             let columns = state
                 .tables
@@ -346,8 +347,10 @@ impl Transaction {
                 }
             }
         }
-        for instance in &mut state.instances {
-            instance.rows.sort_by_key(|r| r.key);
+        // This commit's rows all sort after every earlier row (its LSN is the highest),
+        // so only the new tail needs ordering.
+        for (instance, start) in state.instances.iter_mut().zip(tails) {
+            instance.rows[start..].sort_by_key(|r| r.key);
         }
         state.mapping.push(MappingRow {
             start_lsn: commit_lsn,
@@ -591,11 +594,14 @@ impl ChangeSource for CdcSimulator {
                     .instances
                     .iter()
                     .find(|i| i.info.name == p.capture_instance)?;
+                let first = instance
+                    .rows
+                    .partition_point(|r| r.key.start_lsn <= p.after);
                 let next_change = instance
                     .rows
-                    .iter()
+                    .get(first)
                     .map(|r| r.key.start_lsn)
-                    .find(|lsn| *lsn > p.after && *lsn <= to);
+                    .filter(|lsn| *lsn <= to);
                 Some(ProbeResult {
                     capture_instance: p.capture_instance.clone(),
                     min_lsn: state.min_lsn_available.then_some(instance.min_lsn),
@@ -630,10 +636,10 @@ impl ChangeSource for CdcSimulator {
             .filter(|(_, c)| c.sql_type.is_ok())
             .map(|(i, _)| i)
             .collect();
-        let rows: Vec<ChangeRow> = sim
-            .rows
+        let first = sim.rows.partition_point(|r| r.key <= after);
+        let rows: Vec<ChangeRow> = sim.rows[first..]
             .iter()
-            .filter(|r| r.key > after && r.key.start_lsn <= to)
+            .take_while(|r| r.key.start_lsn <= to)
             .take(limit)
             .map(|r| ChangeRow {
                 values: emitted.iter().map(|&i| r.values[i].clone()).collect(),

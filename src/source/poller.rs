@@ -369,7 +369,10 @@ impl<S: ChangeSource> Poller<S> {
                 continue;
             };
             let Some(min_lsn) = result.min_lsn.filter(|l| !l.is_zero()) else {
-                tracing::warn!(capture_instance = %name, "sys.fn_cdc_get_min_lsn is not available yet (CDC just enabled?); retrying");
+                tracing::warn!(
+                    capture_instance = %name,
+                    "sys.fn_cdc_get_min_lsn returned NULL or 0x00: CDC was just enabled (the capture job has not run yet), or the login cannot SELECT every captured column of the source table (see sql/03_least_privilege_login.sql); retrying"
+                );
                 return Ok(false);
             };
             let mut through = self.complete_through(t);

@@ -1,0 +1,515 @@
+//! Integration tests against a real SQL Server (the docker test bed).
+//!
+//! Run `docker compose up -d --wait`, then
+//! `MSSQL_CES_TEST_URL='Server=tcp:localhost,1433;Database=CesDemo;User Id=sa;Password=Ces_Dev_Passw0rd!;TrustServerCertificate=true' cargo test --test sqlserver_integration`.
+//! When the variable is unset or the server cannot be reached, every test prints
+//! `SKIPPED: SQL Server not reachable (docker compose up -d --wait)` and passes.
+//!
+//! Each test creates its own CDC-enabled tables with a unique suffix and drops them at
+//! the end, so tests can run in parallel and again. The CDC capture job scans the log
+//! every 5 seconds by default, so each test waits (up to a minute) for its changes.
+
+use std::time::{Duration, Instant};
+
+use mssql_ces::event::{Change, Operation};
+use mssql_ces::lsn::Lsn;
+use mssql_ces::source::SourceError;
+use mssql_ces::source::filter::TableFilter;
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig, Position, StartPosition};
+use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
+use tiberius::{Client, Config};
+use tokio::net::TcpStream;
+use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+type Admin = Client<Compat<TcpStream>>;
+
+const SKIPPED: &str = "SKIPPED: SQL Server not reachable (docker compose up -d --wait)";
+
+/// Prints a SKIPPED line where a plain `cargo test` shows it: straight to the
+/// process's stderr, past the test harness's output capture.
+fn skipped(reason: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{SKIPPED}{reason}");
+}
+
+/// An admin connection, or `None` (after printing the SKIPPED line).
+async fn admin() -> Option<(Admin, String)> {
+    let Ok(url) = std::env::var("MSSQL_CES_TEST_URL") else {
+        skipped(": MSSQL_CES_TEST_URL is not set");
+        return None;
+    };
+    let connect = async {
+        let config = Config::from_ado_string(&url).ok()?;
+        let tcp = TcpStream::connect(config.get_addr()).await.ok()?;
+        tcp.set_nodelay(true).ok()?;
+        Client::connect(config, tcp.compat_write()).await.ok()
+    };
+    match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Some(client)) => Some((client, url)),
+        _ => {
+            skipped("");
+            None
+        }
+    }
+}
+
+async fn exec(db: &mut Admin, sql: &str) {
+    db.simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_results()
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+async fn max_lsn(db: &mut Admin) -> Lsn {
+    let row = db
+        .simple_query("SELECT sys.fn_cdc_get_max_lsn()")
+        .await
+        .unwrap()
+        .into_row()
+        .await
+        .unwrap()
+        .unwrap();
+    Lsn::from_bytes(row.get::<&[u8], _>(0).unwrap()).unwrap()
+}
+
+fn suffix() -> String {
+    format!("{:08x}", uuid::Uuid::new_v4().as_u128() as u32)
+}
+
+/// Creates `dbo.<name>` from `columns` and enables CDC on it.
+async fn cdc_table(db: &mut Admin, name: &str, columns: &str, instance: Option<&str>) {
+    exec(db, &format!("CREATE TABLE dbo.[{name}] ({columns})")).await;
+    let instance = instance.map_or("NULL".to_owned(), |i| format!("N'{i}'"));
+    exec(
+        db,
+        &format!(
+            "EXEC sys.sp_cdc_enable_table @source_schema = N'dbo', @source_name = N'{name}', \
+             @capture_instance = {instance}, @role_name = NULL, @supports_net_changes = 0"
+        ),
+    )
+    .await;
+}
+
+async fn drop_table(db: &mut Admin, name: &str) {
+    exec(
+        db,
+        &format!(
+            "EXEC sys.sp_cdc_disable_table @source_schema = N'dbo', @source_name = N'{name}', \
+             @capture_instance = N'all'; DROP TABLE dbo.[{name}]"
+        ),
+    )
+    .await;
+}
+
+fn poller(url: &str, tables: &[&str], position: Option<Position>) -> Poller<SqlServerSource> {
+    let source = SqlServerSource::new(SqlServerConfig {
+        connection_string: ConnectionString::new(url),
+        trust_server_certificate: false,
+        encrypt: true,
+        connect_timeout: Duration::from_secs(5),
+    });
+    let config = PollerConfig {
+        filter: TableFilter::new(tables.iter().map(|t| format!("dbo.{t}")).collect(), vec![]),
+        start_position: StartPosition::Latest,
+        catalog_refresh: Duration::ZERO,
+        ..PollerConfig::default()
+    };
+    Poller::new(source, config, position)
+}
+
+/// Polls until `count` changes arrived (or a minute passed).
+async fn collect(poller: &mut Poller<SqlServerSource>, count: usize) -> Vec<Change> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut changes = Vec::new();
+    while changes.len() < count && Instant::now() < deadline {
+        match poller.poll().await.expect("poll") {
+            PollOutcome::Batch(batch) => changes.extend(batch.changes),
+            PollOutcome::Idle => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    assert_eq!(changes.len(), count, "changes captured within a minute");
+    changes
+}
+
+/// Starts a poller at the current end of the log.
+async fn started(url: &str, tables: &[&str]) -> Poller<SqlServerSource> {
+    let mut p = poller(url, tables, None);
+    p.poll().await.expect("first poll");
+    p
+}
+
+fn value(change: &Change, image: &str, column: &str) -> String {
+    let row = if image == "old" {
+        &change.old
+    } else {
+        &change.current
+    };
+    let position = change
+        .table
+        .columns()
+        .iter()
+        .position(|c| c.name == column)
+        .unwrap_or_else(|| panic!("no column {column}"));
+    row.as_ref().expect("image")[position]
+        .to_text()
+        .unwrap_or_else(|| "NULL".into())
+}
+
+const ALL_TYPES: &str = "id int NOT NULL PRIMARY KEY, c_bit bit, c_tinyint tinyint, \
+c_smallint smallint, c_bigint bigint, c_decimal decimal(18,2), c_numeric38 numeric(38,10), \
+c_money money, c_smallmoney smallmoney, c_float float, c_real real, c_date date, \
+c_time0 time(0), c_time7 time(7), c_datetime datetime, c_smalldatetime smalldatetime, \
+c_datetime2_3 datetime2(3), c_datetime2_7 datetime2(7), c_dto datetimeoffset(7), \
+c_guid uniqueidentifier, c_char char(10), c_varchar varchar(50), c_nchar nchar(5), \
+c_nvarchar nvarchar(50), c_binary binary(4), c_varbinary varbinary(16), \
+c_geography geography, c_xml xml";
+
+#[tokio::test]
+async fn every_type_has_its_exact_text_form() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_types_{}", suffix());
+    cdc_table(&mut db, &table, ALL_TYPES, None).await;
+    let mut p = started(&url, &[&table]).await;
+    exec(
+        &mut db,
+        &format!(
+            "INSERT INTO dbo.[{table}] VALUES (1, 1, 255, -32768, 9223372036854775807, -12345.67, \
+             1234567890123456789012345678.0123456789, -922337203685477.5808, 214748.3647, 0.1, 0.5, \
+             '2026-08-07', '16:25:00', '16:25:00.8833333', '2025-03-14 16:45:01.997', \
+             '2025-03-14 16:45:00', '2026-08-07 16:25:00.883', '2026-08-07 16:25:00.8833333', \
+             '2026-08-07 16:25:00.8833333 +02:00', '6F9619FF-8B86-D011-B42D-00C04FD430C8', 'ab', \
+             'hello', N'é', N'😀 Zoë', 0x00AB0F, 0x, geography::Point(47.6, -122.3, 4326), '<a/>'); \
+             UPDATE dbo.[{table}] SET c_varchar = 'bye', c_float = -1.5E+300 WHERE id = 1; \
+             DELETE FROM dbo.[{table}] WHERE id = 1;"
+        ),
+    )
+    .await;
+    let changes = collect(&mut p, 3).await;
+    let ops: Vec<_> = changes.iter().map(|c| c.operation).collect();
+    assert_eq!(
+        ops,
+        [Operation::Insert, Operation::Update, Operation::Delete]
+    );
+    let insert = &changes[0];
+    for (column, expected) in [
+        ("c_bit", "1"),
+        ("c_tinyint", "255"),
+        ("c_smallint", "-32768"),
+        ("c_bigint", "9223372036854775807"),
+        ("c_decimal", "-12345.67"),
+        ("c_numeric38", "1234567890123456789012345678.0123456789"),
+        ("c_money", "-922337203685477.5808"),
+        ("c_smallmoney", "214748.3647"),
+        ("c_float", "0.1"),
+        ("c_real", "0.5"),
+        ("c_date", "2026-08-07"),
+        ("c_time0", "16:25:00"),
+        ("c_time7", "16:25:00.8833333"),
+        ("c_datetime", "2025-03-14 16:45:01.997"),
+        ("c_smalldatetime", "2025-03-14 16:45:00"),
+        ("c_datetime2_3", "2026-08-07 16:25:00.883"),
+        ("c_datetime2_7", "2026-08-07 16:25:00.8833333"),
+        ("c_dto", "2026-08-07 16:25:00.8833333 +02:00"),
+        ("c_guid", "6F9619FF-8B86-D011-B42D-00C04FD430C8"),
+        ("c_char", "ab        "),
+        ("c_varchar", "hello"),
+        ("c_nchar", "é    "),
+        ("c_nvarchar", "😀 Zoë"),
+        ("c_binary", "0x00AB0F00"),
+        ("c_varbinary", "0x"),
+    ] {
+        assert_eq!(value(insert, "current", column), expected, "{column}");
+    }
+    let types: Vec<String> = insert
+        .table
+        .columns()
+        .iter()
+        .map(|c| c.sql_type.to_string())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "int",
+            "bit",
+            "tinyint",
+            "smallint",
+            "bigint",
+            "decimal(18,2)",
+            "numeric(38,10)",
+            "money",
+            "smallmoney",
+            "float",
+            "real",
+            "date",
+            "time(0)",
+            "time(7)",
+            "datetime",
+            "smalldatetime",
+            "datetime2(3)",
+            "datetime2(7)",
+            "datetimeoffset(7)",
+            "uniqueidentifier",
+            "char(10)",
+            "varchar(50)",
+            "nchar(5)",
+            "nvarchar(50)",
+            "binary(4)",
+            "varbinary(16)"
+        ],
+        "geography and xml are left out"
+    );
+    assert_eq!(value(&changes[1], "old", "c_varchar"), "hello");
+    assert_eq!(value(&changes[1], "current", "c_varchar"), "bye");
+    assert_eq!(value(&changes[1], "current", "c_float"), "-1.5E+300");
+    assert_eq!(value(&changes[2], "old", "c_varchar"), "bye");
+    assert_eq!(
+        insert.key_values().map(|(n, _)| n).collect::<Vec<_>>(),
+        ["id"]
+    );
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn a_transaction_across_tables_keeps_order_and_sequence_numbers() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let (a, b) = (
+        format!("it_txa_{}", suffix()),
+        format!("it_txb_{}", suffix()),
+    );
+    cdc_table(
+        &mut db,
+        &a,
+        "id int NOT NULL PRIMARY KEY, v nvarchar(20)",
+        None,
+    )
+    .await;
+    cdc_table(
+        &mut db,
+        &b,
+        "id int NOT NULL PRIMARY KEY, v nvarchar(20)",
+        None,
+    )
+    .await;
+    let mut p = started(&url, &[&a, &b]).await;
+    exec(
+        &mut db,
+        &format!(
+            "BEGIN TRAN; INSERT INTO dbo.[{a}] VALUES (1, 'a1'); INSERT INTO dbo.[{b}] VALUES (1, 'b1'); \
+             UPDATE dbo.[{a}] SET v = 'a2' WHERE id = 1; INSERT INTO dbo.[{b}] VALUES (2, 'b2'); COMMIT; \
+             INSERT INTO dbo.[{a}] VALUES (2, 'next');"
+        ),
+    )
+    .await;
+    let changes = collect(&mut p, 5).await;
+    let summary: Vec<_> = changes
+        .iter()
+        .map(|c| {
+            (
+                c.table.table().to_owned(),
+                c.operation,
+                c.sequence_number,
+                c.last_in_transaction,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (a.clone(), Operation::Insert, 1, false),
+            (b.clone(), Operation::Insert, 2, false),
+            (a.clone(), Operation::Update, 3, false),
+            (b.clone(), Operation::Insert, 4, true),
+            (a.clone(), Operation::Insert, 1, true),
+        ]
+    );
+    assert!(
+        changes[..4]
+            .iter()
+            .all(|c| c.commit_lsn == changes[0].commit_lsn)
+    );
+    assert!(changes[0].begin_lsn < changes[0].commit_lsn);
+    drop_table(&mut db, &a).await;
+    drop_table(&mut db, &b).await;
+}
+
+#[tokio::test]
+async fn an_update_that_leaves_a_lob_unchanged_keeps_its_value_in_old() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_lob_{}", suffix());
+    cdc_table(
+        &mut db,
+        &table,
+        "id int NOT NULL PRIMARY KEY, title nvarchar(50), body nvarchar(max), blob varbinary(max)",
+        None,
+    )
+    .await;
+    let mut p = started(&url, &[&table]).await;
+    exec(
+        &mut db,
+        &format!(
+            "INSERT INTO dbo.[{table}] VALUES (1, N't', REPLICATE(CAST(N'x' AS nvarchar(max)), 10000), 0xABCD); \
+             UPDATE dbo.[{table}] SET title = N't2' WHERE id = 1;"
+        ),
+    )
+    .await;
+    let changes = collect(&mut p, 2).await;
+    let update = &changes[1];
+    assert_eq!(value(update, "old", "title"), "t");
+    assert_eq!(
+        value(update, "old", "body").len(),
+        10_000,
+        "CDC's NULL replaced by the value"
+    );
+    assert_eq!(value(update, "old", "blob"), "0xABCD");
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn a_schema_change_moves_to_the_second_capture_instance() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_ddl_{}", suffix());
+    let v1 = format!("{table}_v1");
+    cdc_table(
+        &mut db,
+        &table,
+        "id int NOT NULL PRIMARY KEY, v int",
+        Some(&v1),
+    )
+    .await;
+    let mut p = started(&url, &[&table]).await;
+    exec(&mut db, &format!("INSERT INTO dbo.[{table}] VALUES (1, 1)")).await;
+    assert_eq!(collect(&mut p, 1).await[0].table.columns().len(), 2);
+    exec(
+        &mut db,
+        &format!("ALTER TABLE dbo.[{table}] ADD email varchar(100) NULL"),
+    )
+    .await;
+    let v2 = format!("{table}_v2");
+    exec(
+        &mut db,
+        &format!(
+            "EXEC sys.sp_cdc_enable_table @source_schema = N'dbo', @source_name = N'{table}', \
+             @capture_instance = N'{v2}', @role_name = NULL, @supports_net_changes = 0"
+        ),
+    )
+    .await;
+    exec(
+        &mut db,
+        &format!("UPDATE dbo.[{table}] SET email = 'a@x' WHERE id = 1"),
+    )
+    .await;
+    let changes = collect(&mut p, 1).await;
+    let columns: Vec<_> = changes[0]
+        .table
+        .columns()
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(
+        columns,
+        ["id", "v", "email"],
+        "the event carries the new column list"
+    );
+    assert_eq!(value(&changes[0], "current", "email"), "a@x");
+    assert!(p.position().instances.contains_key(&v2));
+    // Nothing more: the old instance's copy of the update is not delivered twice.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut more = Vec::new();
+    while let PollOutcome::Batch(b) = p.poll().await.unwrap() {
+        more.extend(b.changes);
+    }
+    assert!(more.is_empty(), "{} extra events", more.len());
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn changes_purged_by_cleanup_are_reported_as_a_gap() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_gap_{}", suffix());
+    let instance = format!("{table}_ci");
+    cdc_table(
+        &mut db,
+        &table,
+        "id int NOT NULL PRIMARY KEY",
+        Some(&instance),
+    )
+    .await;
+    let mut p = started(&url, &[&table]).await;
+    let position = p.position().clone();
+    exec(
+        &mut db,
+        &format!("INSERT INTO dbo.[{table}] VALUES (1); INSERT INTO dbo.[{table}] VALUES (2)"),
+    )
+    .await;
+    collect(&mut p, 2).await;
+    let low_water = max_lsn(&mut db).await;
+    exec(
+        &mut db,
+        &format!(
+            "DECLARE @lw binary(10) = 0x{}; EXEC sys.sp_cdc_cleanup_change_table \
+             @capture_instance = N'{instance}', @low_water_mark = @lw, @threshold = 5000",
+            low_water.to_compact_string()
+        ),
+    )
+    .await;
+    let mut restarted = poller(&url, &[&table], Some(position));
+    match restarted.poll().await {
+        Err(SourceError::Gap {
+            capture_instance, ..
+        }) => assert_eq!(capture_instance, instance),
+        other => panic!("expected a gap error, got {other:?}"),
+    }
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn a_quiet_table_advances_with_the_log() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let (busy, quiet) = (
+        format!("it_busy_{}", suffix()),
+        format!("it_quiet_{}", suffix()),
+    );
+    cdc_table(
+        &mut db,
+        &busy,
+        "id int NOT NULL PRIMARY KEY",
+        Some(&format!("{busy}_ci")),
+    )
+    .await;
+    cdc_table(
+        &mut db,
+        &quiet,
+        "id int NOT NULL PRIMARY KEY",
+        Some(&format!("{quiet}_ci")),
+    )
+    .await;
+    let mut p = started(&url, &[&busy, &quiet]).await;
+    let before = p.position().instances[&format!("{quiet}_ci")];
+    exec(&mut db, &format!("INSERT INTO dbo.[{busy}] VALUES (1)")).await;
+    let changes = collect(&mut p, 1).await;
+    let after = p.position().instances[&format!("{quiet}_ci")];
+    assert!(
+        after > before,
+        "quiet instance advanced from {before} to {after}"
+    );
+    assert!(
+        after >= changes[0].commit_lsn,
+        "to at least the busy table's commit"
+    );
+    drop_table(&mut db, &busy).await;
+    drop_table(&mut db, &quiet).await;
+}

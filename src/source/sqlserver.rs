@@ -61,7 +61,8 @@ pub struct SqlServerConfig {
     pub connect_timeout: Duration,
 }
 
-type TdsClient = Client<Compat<TcpStream>>;
+/// A TDS connection.
+pub type TdsClient = Client<Compat<TcpStream>>;
 
 /// A CDC source on SQL Server.
 pub struct SqlServerSource {
@@ -201,6 +202,55 @@ fn catalog_error(error: DecodeError) -> SourceError {
     }
 }
 
+fn driver_config(settings: &SqlServerConfig) -> Result<Config, SourceError> {
+    // The parse error could quote the string, which holds a password: not shown.
+    let mut config = Config::from_ado_string(settings.connection_string.expose())
+        .map_err(|_| SourceError::Definite {
+            message: "source.connection_string is not a valid ADO.NET connection string (e.g. Server=tcp:host,1433;Database=db;User Id=user;Password=...)".into(),
+        })?;
+    config.application_name("mssql-ces");
+    config.encryption(if settings.encrypt {
+        EncryptionLevel::Required
+    } else {
+        EncryptionLevel::NotSupported
+    });
+    if settings.trust_server_certificate {
+        config.trust_cert();
+    }
+    Ok(config)
+}
+
+/// Opens a connection (TLS as configured; one Azure SQL redirect followed).
+pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SourceError> {
+    let mut config = driver_config(settings)?;
+    // Azure SQL may redirect to another node once.
+    for _ in 0..2 {
+        let addr = config.get_addr();
+        let tcp = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(&addr))
+            .await
+            .map_err(|_| SourceError::Transient {
+                message: format!("connecting to {addr} timed out"),
+            })?
+            .map_err(|e| SourceError::Transient {
+                message: format!("cannot connect to {addr}: {e}"),
+            })?;
+        tcp.set_nodelay(true).map_err(|e| SourceError::Transient {
+            message: e.to_string(),
+        })?;
+        match Client::connect(config.clone(), tcp.compat_write()).await {
+            Ok(client) => return Ok(client),
+            Err(tiberius::error::Error::Routing { host, port }) => {
+                config.host(&host);
+                config.port(port);
+            }
+            Err(e) => return Err(classify(&e)),
+        }
+    }
+    Err(SourceError::Transient {
+        message: "the server redirected the connection more than once".into(),
+    })
+}
+
 impl SqlServerSource {
     pub fn new(config: SqlServerConfig) -> Self {
         SqlServerSource {
@@ -210,59 +260,11 @@ impl SqlServerSource {
         }
     }
 
-    fn driver_config(&self) -> Result<Config, SourceError> {
-        // The parse error could quote the string, which holds a password: not shown.
-        let mut config = Config::from_ado_string(self.config.connection_string.expose())
-            .map_err(|_| SourceError::Definite {
-                message: "source.connection_string is not a valid ADO.NET connection string (e.g. Server=tcp:host,1433;Database=db;User Id=user;Password=...)".into(),
-            })?;
-        config.application_name("mssql-ces");
-        config.encryption(if self.config.encrypt {
-            EncryptionLevel::Required
-        } else {
-            EncryptionLevel::NotSupported
-        });
-        if self.config.trust_server_certificate {
-            config.trust_cert();
-        }
-        Ok(config)
-    }
-
-    async fn connect(&self) -> Result<TdsClient, SourceError> {
-        let mut config = self.driver_config()?;
-        // Azure SQL may redirect to another node once.
-        for _ in 0..2 {
-            let addr = config.get_addr();
-            let tcp = tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(&addr))
-                .await
-                .map_err(|_| SourceError::Transient {
-                    message: format!("connecting to {addr} timed out"),
-                })?
-                .map_err(|e| SourceError::Transient {
-                    message: format!("cannot connect to {addr}: {e}"),
-                })?;
-            tcp.set_nodelay(true).map_err(|e| SourceError::Transient {
-                message: e.to_string(),
-            })?;
-            match Client::connect(config.clone(), tcp.compat_write()).await {
-                Ok(client) => return Ok(client),
-                Err(tiberius::error::Error::Routing { host, port }) => {
-                    config.host(&host);
-                    config.port(port);
-                }
-                Err(e) => return Err(classify(&e)),
-            }
-        }
-        Err(SourceError::Transient {
-            message: "the server redirected the connection more than once".into(),
-        })
-    }
-
     /// Runs one query, (re)connecting first when needed; a failed connection is
     /// dropped so that the next call opens a new one.
     async fn query(&mut self, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<Row>, SourceError> {
         if self.client.is_none() {
-            self.client = Some(self.connect().await?);
+            self.client = Some(connect(&self.config).await?);
         }
         let Some(client) = self.client.as_mut() else {
             return Err(SourceError::Transient {
@@ -581,8 +583,7 @@ mod tests {
             encrypt: true,
             connect_timeout: Duration::from_secs(1),
         });
-        let err = source
-            .driver_config()
+        let err = driver_config(&source.config)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();

@@ -1,6 +1,8 @@
 //! Builders shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod kafka;
+
 use std::sync::Arc;
 
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};

@@ -1,0 +1,135 @@
+//! The local-file checkpoint store (the default).
+//!
+//! Writes are atomic and durable: the document goes to a temporary file in the same
+//! directory, which is fsynced, renamed over the checkpoint, and then the directory is
+//! fsynced so the rename itself survives a power loss.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::{CheckpointError, parse, render};
+use crate::source::poller::Position;
+
+pub struct FileStore {
+    path: PathBuf,
+    stream_name: String,
+}
+
+impl FileStore {
+    pub fn new(path: impl Into<PathBuf>, stream_name: impl Into<String>) -> Self {
+        FileStore {
+            path: path.into(),
+            stream_name: stream_name.into(),
+        }
+    }
+
+    fn io(&self, reason: impl ToString) -> CheckpointError {
+        CheckpointError::Io {
+            location: self.path.display().to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    pub fn load(&self) -> Result<Option<Position>, CheckpointError> {
+        match fs::read_to_string(&self.path) {
+            Ok(text) => parse(&text, &self.stream_name, &self.path.display().to_string()).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io(e)),
+        }
+    }
+
+    pub fn save(&self, position: &Position) -> Result<(), CheckpointError> {
+        let text = render(&self.stream_name, position);
+        let dir = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let file_name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "checkpoint".into());
+        let temp = dir.join(format!(".{file_name}.tmp"));
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&temp)
+            .map_err(|e| self.io(e))?;
+        file.write_all(text.as_bytes()).map_err(|e| self.io(e))?;
+        file.sync_all().map_err(|e| self.io(e))?;
+        drop(file);
+        fs::rename(&temp, &self.path).map_err(|e| self.io(e))?;
+        sync_dir(&dir).map_err(|e| self.io(e))?;
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lsn::Lsn;
+    use crate::source::poller::EventPosition;
+
+    fn position() -> Position {
+        Position {
+            last_event: Some(EventPosition {
+                commit_lsn: Lsn::from_parts(0xB1, 0x8A8, 7),
+                sequence_number: 3,
+            }),
+            instances: [("dbo_Orders".to_string(), Lsn::from_parts(0xB1, 0x8A8, 7))].into(),
+        }
+    }
+
+    fn temp_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("mssql-ces-cp-{}", uuid::Uuid::new_v4()));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn round_trips_and_replaces_atomically() {
+        let dir = temp_dir();
+        let store = FileStore::new(dir.join("cp.json"), "orders");
+        assert_eq!(store.load(), Ok(None));
+        store.save(&position()).unwrap();
+        assert_eq!(store.load(), Ok(Some(position())));
+        let mut later = position();
+        later.last_event = None;
+        store.save(&later).unwrap();
+        assert_eq!(store.load(), Ok(Some(later)));
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+        let text = fs::read_to_string(dir.join("cp.json")).unwrap();
+        assert!(
+            text.contains("000000B1:000008A8:0007"),
+            "LSNs stored readably: {text}"
+        );
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn corrupt_and_foreign_checkpoints_are_clear_errors() {
+        let dir = temp_dir();
+        let path = dir.join("cp.json");
+        fs::write(&path, "{ not json").unwrap();
+        let err = FileStore::new(&path, "orders").load().unwrap_err();
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
+        FileStore::new(&path, "orders").save(&position()).unwrap();
+        let err = FileStore::new(&path, "billing").load().unwrap_err();
+        assert!(err.to_string().contains("checkpoint.stream_name"), "{err}");
+        fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,102 @@
+//! Checkpoint stores: where the stream's [`Position`] survives a restart.
+//!
+//! A checkpoint is written only for positions whose every earlier event the sink has
+//! acknowledged (see `pipeline`), so resuming from it loses nothing; events after it
+//! may be re-sent, with the same ids and bytes.
+//!
+//! Stores are keyed by a stream name, so several pollers can share one file
+//! directory or one database table.
+
+pub mod file;
+pub mod table;
+
+use serde::{Deserialize, Serialize};
+
+use crate::source::poller::Position;
+
+/// What a store holds for one stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Checkpoint {
+    pub version: u32,
+    pub stream_name: String,
+    pub position: Position,
+}
+
+/// The current checkpoint format.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// Why a checkpoint could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint {location}: {reason}")]
+    Io { location: String, reason: String },
+    #[error(
+        "checkpoint {location} is not a valid checkpoint ({reason}); move it away to start from source.start_position"
+    )]
+    Corrupt { location: String, reason: String },
+    #[error(
+        "checkpoint {location} belongs to stream `{found}`, not `{expected}` (checkpoint.stream_name)"
+    )]
+    OtherStream {
+        location: String,
+        expected: String,
+        found: String,
+    },
+}
+
+/// A checkpoint store.
+pub enum CheckpointStore {
+    File(file::FileStore),
+    Table(Box<table::TableStore>),
+}
+
+impl CheckpointStore {
+    pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {
+        match self {
+            CheckpointStore::File(s) => s.load(),
+            CheckpointStore::Table(s) => s.load().await,
+        }
+    }
+
+    pub async fn save(&mut self, position: &Position) -> Result<(), CheckpointError> {
+        match self {
+            CheckpointStore::File(s) => s.save(position),
+            CheckpointStore::Table(s) => s.save(position).await,
+        }
+    }
+}
+
+/// Parses a stored checkpoint document and checks it belongs to `stream_name`.
+pub fn parse(text: &str, stream_name: &str, location: &str) -> Result<Position, CheckpointError> {
+    let checkpoint: Checkpoint =
+        serde_json::from_str(text).map_err(|e| CheckpointError::Corrupt {
+            location: location.to_owned(),
+            reason: e.to_string(),
+        })?;
+    if checkpoint.version != CHECKPOINT_VERSION {
+        return Err(CheckpointError::Corrupt {
+            location: location.to_owned(),
+            reason: format!("version {} is not {CHECKPOINT_VERSION}", checkpoint.version),
+        });
+    }
+    if checkpoint.stream_name != stream_name {
+        return Err(CheckpointError::OtherStream {
+            location: location.to_owned(),
+            expected: stream_name.to_owned(),
+            found: checkpoint.stream_name,
+        });
+    }
+    Ok(checkpoint.position)
+}
+
+/// The stored document for `position`.
+pub fn render(stream_name: &str, position: &Position) -> String {
+    let checkpoint = Checkpoint {
+        version: CHECKPOINT_VERSION,
+        stream_name: stream_name.to_owned(),
+        position: position.clone(),
+    };
+    // A struct of strings, numbers and maps always serializes.
+    serde_json::to_string_pretty(&checkpoint).unwrap_or_default()
+}

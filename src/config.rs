@@ -1,0 +1,696 @@
+//! The configuration: one TOML file, every setting overridable by an environment
+//! variable, the common ones by command-line flags.
+//!
+//! - Unknown keys are an error that names the key (`deny_unknown_fields`).
+//! - Environment overrides: `MSSQL_CES__<SECTION>__<KEY>=<value>`, sections and keys
+//!   separated by a double underscore, case-insensitive (`MSSQL_CES__SINK__TOPIC=orders`,
+//!   `MSSQL_CES__SOURCE__SYNTHETIC__SEED=7`). The value is read as a TOML value when it
+//!   parses as one (`7`, `true`, `["a", "b"]`), else as a string.
+//! - Secrets (connection strings) are never in the file: the file names an environment
+//!   variable or a file that holds them, and they are never printed.
+//! - [`Config::validate`] checks everything that can be checked before connecting,
+//!   and each error names the setting to fix.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use uuid::Uuid;
+
+use crate::event::{Encoding, FinalEventMode, MessageSizeLimit};
+use crate::source::filter::TableFilter;
+use crate::source::poller::{GapPolicy, PollerConfig, StartPosition};
+use crate::source::timezone::TimeZoneSetting;
+
+/// Prefix of environment overrides.
+pub const ENV_PREFIX: &str = "MSSQL_CES__";
+
+/// A configuration that cannot be used, naming the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the configuration file {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("configuration: {0}")]
+    Parse(String),
+    #[error("{setting}: {reason}")]
+    Invalid { setting: String, reason: String },
+    #[error("{setting}: the secret is missing: {reason}")]
+    MissingSecret { setting: String, reason: String },
+}
+
+fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting: setting.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Where a secret comes from: an environment variable or a file, never the config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    /// Name of the environment variable that holds the secret.
+    pub env: Option<String>,
+    /// Path of a file whose content (trimmed) is the secret.
+    pub file: Option<PathBuf>,
+}
+
+impl SecretRef {
+    /// Reads the secret. The error names `setting` and where it looked, never a value.
+    pub fn resolve(&self, setting: &str) -> Result<String, ConfigError> {
+        let missing = |reason: String| ConfigError::MissingSecret {
+            setting: setting.to_owned(),
+            reason,
+        };
+        match (&self.env, &self.file) {
+            (Some(var), None) => std::env::var(var)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| missing(format!("environment variable {var} is not set"))),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map(|s| s.trim().to_owned())
+                .map_err(|e| missing(format!("cannot read {}: {e}", path.display()))),
+            (Some(_), Some(_)) => Err(invalid(setting, "give either `env` or `file`, not both")),
+            (None, None) => Err(missing(
+                "set `env` (an environment variable name) or `file` (a path)".into(),
+            )),
+        }
+    }
+}
+
+/// `[source]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSettings {
+    /// `"sqlserver"` or `"synthetic"` (a deterministic generated workload, no database).
+    #[serde(default = "default_source_kind")]
+    pub kind: SourceKind,
+    /// The ADO.NET connection string (`Server=tcp:host,1433;Database=…;User Id=…;Password=…`).
+    #[serde(default)]
+    pub connection_string: SecretRef,
+    /// Accept the server certificate without validation (self-signed test servers only).
+    #[serde(default)]
+    pub trust_server_certificate: bool,
+    /// Require TLS (default true).
+    #[serde(default = "default_true")]
+    pub encrypt: bool,
+    /// `schema.table` patterns to stream (`*`, `?`); empty streams every captured table.
+    #[serde(default)]
+    pub include: Vec<String>,
+    /// `schema.table` patterns to leave out.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    /// How commit times become UTC: `"server"`, an IANA zone, `"+02:00"`, or `"ces"`.
+    #[serde(default = "default_time_zone")]
+    pub time_zone: String,
+    /// `"fail"` (default) or `"skip"` when changes were purged before delivery.
+    #[serde(default)]
+    pub on_gap: GapPolicy,
+    /// Where to start without a checkpoint: `"earliest"` (default) or `"latest"`.
+    #[serde(default)]
+    pub start_position: StartPosition,
+    /// Pause between polls when there is nothing new, in milliseconds (default 1000).
+    #[serde(default = "default_poll_interval_ms")]
+    pub poll_interval_ms: u64,
+    /// Change rows per query page (default 1000).
+    #[serde(default = "default_page_size")]
+    pub page_size: usize,
+    /// Events per batch handed to the sink (default 1000).
+    #[serde(default = "default_page_size")]
+    pub batch_size: usize,
+    /// How often the list of capture instances is re-read, in seconds (default 30).
+    #[serde(default = "default_catalog_refresh_s")]
+    pub catalog_refresh_s: u64,
+    /// `[source.synthetic]`: the generated workload.
+    #[serde(default)]
+    pub synthetic: SyntheticSettings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    Sqlserver,
+    Synthetic,
+}
+
+/// `[source.synthetic]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyntheticSettings {
+    /// The same seed gives the same change history (default 1).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Transactions in all; 0 for endless (default 10000).
+    #[serde(default = "default_transactions")]
+    pub transactions: u64,
+    /// Transactions per second; 0 for as fast as possible (default 0).
+    #[serde(default)]
+    pub rate_per_second: f64,
+    /// One transaction in this many carries a 300 KB value (segmentation); 0 never.
+    #[serde(default)]
+    pub large_value_every: u64,
+}
+
+impl Default for SyntheticSettings {
+    fn default() -> Self {
+        SyntheticSettings {
+            seed: default_seed(),
+            transactions: default_transactions(),
+            rate_per_second: 0.0,
+            large_value_every: 0,
+        }
+    }
+}
+
+/// `[event]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSettings {
+    /// `"json"` (default) or `"avro"`.
+    #[serde(default = "default_encoding")]
+    pub encoding: Encoding,
+    /// `"last_in_transaction"` (default) or `"always_false"` (CES's behaviour).
+    #[serde(default)]
+    pub final_event: FinalEventMode,
+    /// Largest message in KiB, 128–1024 (default 256, as CES).
+    #[serde(default)]
+    pub max_message_size_kb: MessageSizeLimit,
+    /// Stream GUID in `logicalid` and ids; default: the database GUID.
+    #[serde(default)]
+    pub stream_guid: Option<Uuid>,
+}
+
+impl Default for EventSettings {
+    fn default() -> Self {
+        EventSettings {
+            encoding: default_encoding(),
+            final_event: FinalEventMode::default(),
+            max_message_size_kb: MessageSizeLimit::default(),
+            stream_guid: None,
+        }
+    }
+}
+
+/// Where events go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SinkKind {
+    Kafka,
+    EventHubsKafka,
+    Stdout,
+    File,
+}
+
+/// CES's `partition_key_scheme`, plus `primary_key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionKeyScheme {
+    /// No key; an event's segments are still pinned to one partition.
+    None,
+    /// One constant key for the whole stream.
+    StreamGroup,
+    /// `schema.table` (default).
+    #[default]
+    Table,
+    /// The value of `sink.partition_key_column`.
+    Column,
+    /// `schema.table` plus the primary-key values.
+    PrimaryKey,
+}
+
+/// Kafka message layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CloudEventsMode {
+    /// The whole CloudEvent is the message value (default).
+    #[default]
+    Structured,
+    /// `ce_*` headers, `data` as the value.
+    Binary,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Gzip,
+    #[default]
+    Lz4,
+    Zstd,
+    Snappy,
+}
+
+impl Compression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+            Compression::Snappy => "snappy",
+        }
+    }
+}
+
+/// `[sink]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSettings {
+    /// `"kafka"`, `"event_hubs_kafka"`, `"stdout"` or `"file"`.
+    pub kind: SinkKind,
+    /// Topic name, or a template over `{db}`, `{schema}`, `{tbl}` (default `"ces"`).
+    /// For Event Hubs: the event hub (default: `EntityPath` of the connection string).
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// Kafka bootstrap servers (`host:port,…`).
+    #[serde(default)]
+    pub bootstrap_servers: Option<String>,
+    #[serde(default)]
+    pub partition_key: PartitionKeyScheme,
+    /// The column whose value is the key when `partition_key = "column"`.
+    #[serde(default)]
+    pub partition_key_column: Option<String>,
+    #[serde(default)]
+    pub mode: CloudEventsMode,
+    /// `"lz4"` (default), `"zstd"`, `"gzip"`, `"snappy"` or `"none"`; Event Hubs: none or gzip.
+    #[serde(default)]
+    pub compression: Option<Compression>,
+    /// Event Hubs connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
+    #[serde(default)]
+    pub connection_string: SecretRef,
+    /// File sink: the path of the newline-delimited output.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// How long a message may wait for delivery before the run fails, in ms (default 300000).
+    #[serde(default = "default_delivery_timeout_ms")]
+    pub delivery_timeout_ms: u64,
+    /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+}
+
+/// Where checkpoints are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointStoreKind {
+    /// A local JSON file (default).
+    #[default]
+    File,
+    /// `dbo.mssql_ces_checkpoint` in the source database (`sql/04_checkpoint_table.sql`).
+    Table,
+}
+
+/// `[checkpoint]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSettings {
+    #[serde(default)]
+    pub store: CheckpointStoreKind,
+    /// File store: the checkpoint file (default `mssql-ces.checkpoint.json`).
+    #[serde(default = "default_checkpoint_path")]
+    pub path: PathBuf,
+    /// Names this stream's checkpoint, so several pollers can share one store.
+    #[serde(default = "default_stream_name")]
+    pub stream_name: String,
+    /// Least time between checkpoint writes, in ms (default 1000); the final
+    /// checkpoint at shutdown is always written.
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub interval_ms: u64,
+}
+
+impl Default for CheckpointSettings {
+    fn default() -> Self {
+        CheckpointSettings {
+            store: CheckpointStoreKind::File,
+            path: default_checkpoint_path(),
+            stream_name: default_stream_name(),
+            interval_ms: default_checkpoint_interval_ms(),
+        }
+    }
+}
+
+/// `[shutdown]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSettings {
+    /// How long to wait for outstanding deliveries after a signal, in ms (default 10000).
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ShutdownSettings {
+    fn default() -> Self {
+        ShutdownSettings {
+            drain_timeout_ms: default_drain_timeout_ms(),
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub source: SourceSettings,
+    #[serde(default)]
+    pub event: EventSettings,
+    pub sink: SinkSettings,
+    #[serde(default)]
+    pub checkpoint: CheckpointSettings,
+    #[serde(default)]
+    pub shutdown: ShutdownSettings,
+}
+
+fn default_source_kind() -> SourceKind {
+    SourceKind::Sqlserver
+}
+fn default_true() -> bool {
+    true
+}
+fn default_time_zone() -> String {
+    "server".into()
+}
+fn default_poll_interval_ms() -> u64 {
+    1000
+}
+fn default_page_size() -> usize {
+    1000
+}
+fn default_catalog_refresh_s() -> u64 {
+    30
+}
+fn default_seed() -> u64 {
+    1
+}
+fn default_transactions() -> u64 {
+    10_000
+}
+fn default_encoding() -> Encoding {
+    Encoding::Json
+}
+/// librdkafka's default `message.timeout.ms` (5 minutes).
+fn default_delivery_timeout_ms() -> u64 {
+    300_000
+}
+fn default_checkpoint_path() -> PathBuf {
+    PathBuf::from("mssql-ces.checkpoint.json")
+}
+fn default_stream_name() -> String {
+    "default".into()
+}
+fn default_checkpoint_interval_ms() -> u64 {
+    1000
+}
+fn default_drain_timeout_ms() -> u64 {
+    10_000
+}
+
+/// librdkafka properties that typed settings own; setting them in `sink.kafka` would
+/// fight the typed setting or break a guarantee.
+const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "sink.bootstrap_servers"),
+    (
+        "enable.idempotence",
+        "always true: needed for ordered, duplicate-free retries",
+    ),
+    ("acks", "always all: needed for at-least-once delivery"),
+    ("compression.type", "sink.compression"),
+    ("compression.codec", "sink.compression"),
+    ("message.max.bytes", "event.max_message_size_kb"),
+    ("message.timeout.ms", "sink.delivery_timeout_ms"),
+    ("delivery.timeout.ms", "sink.delivery_timeout_ms"),
+    ("sasl.password", "sink.connection_string"),
+];
+
+impl Config {
+    /// Reads `path`, applies the environment's `MSSQL_CES__…` overrides and then
+    /// `overrides` (from flags, as `section.key = value`), and validates.
+    pub fn load(path: &Path, overrides: &[(String, toml::Value)]) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        Self::from_parts(&text, &env, overrides)
+    }
+
+    /// [`load`](Self::load) from text and an explicit environment (for tests).
+    pub fn from_parts(
+        text: &str,
+        env: &[(String, String)],
+        overrides: &[(String, toml::Value)],
+    ) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        for (name, value) in env {
+            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
+            let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(value.clone()));
+            set_path(&mut table, &path, value, name)?;
+        }
+        for (key, value) in overrides {
+            let path: Vec<String> = key.split('.').map(str::to_owned).collect();
+            set_path(&mut table, &path, value.clone(), key)?;
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what can be checked before connecting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        TimeZoneSetting::parse(&self.source.time_zone)
+            .map_err(|e| invalid("source.time_zone", e.to_string()))?;
+        if self.source.page_size == 0 {
+            return Err(invalid("source.page_size", "must be at least 1"));
+        }
+        if self.source.batch_size == 0 {
+            return Err(invalid("source.batch_size", "must be at least 1"));
+        }
+        if self.source.kind == SourceKind::Sqlserver {
+            let c = &self.source.connection_string;
+            if c.env.is_none() && c.file.is_none() {
+                return Err(ConfigError::MissingSecret {
+                    setting: "source.connection_string".into(),
+                    reason:
+                        "set source.connection_string.env (an environment variable name) or .file"
+                            .into(),
+                });
+            }
+        }
+        let sink = &self.sink;
+        if sink.partition_key == PartitionKeyScheme::Column && sink.partition_key_column.is_none() {
+            return Err(invalid(
+                "sink.partition_key_column",
+                "partition_key = \"column\" needs the column name",
+            ));
+        }
+        match sink.kind {
+            SinkKind::Kafka => {
+                if sink.bootstrap_servers.is_none() {
+                    return Err(invalid(
+                        "sink.bootstrap_servers",
+                        "required for sink.kind = \"kafka\"",
+                    ));
+                }
+            }
+            SinkKind::EventHubsKafka => {
+                if let Some(c) = sink.compression
+                    && !matches!(c, Compression::None | Compression::Gzip)
+                {
+                    return Err(invalid(
+                        "sink.compression",
+                        format!(
+                            "Event Hubs accepts only \"none\" or \"gzip\", not \"{}\"",
+                            c.as_str()
+                        ),
+                    ));
+                }
+                let c = &sink.connection_string;
+                if c.env.is_none() && c.file.is_none() {
+                    return Err(ConfigError::MissingSecret {
+                        setting: "sink.connection_string".into(),
+                        reason: "set sink.connection_string.env or .file to the Event Hubs connection string".into(),
+                    });
+                }
+            }
+            SinkKind::File => {
+                if sink.path.is_none() {
+                    return Err(invalid("sink.path", "required for sink.kind = \"file\""));
+                }
+            }
+            SinkKind::Stdout => {}
+        }
+        for key in sink.kafka.keys() {
+            if let Some((_, owner)) = OWNED_KAFKA_PROPERTIES.iter().find(|(p, _)| p == key) {
+                return Err(invalid(
+                    &format!("sink.kafka.\"{key}\""),
+                    format!("conflicts with a typed setting ({owner}); remove it"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The poll loop's settings.
+    pub fn poller(&self) -> Result<PollerConfig, ConfigError> {
+        let s = &self.source;
+        Ok(PollerConfig {
+            page_size: s.page_size,
+            batch_size: s.batch_size,
+            on_gap: s.on_gap,
+            time_zone: TimeZoneSetting::parse(&s.time_zone)
+                .map_err(|e| invalid("source.time_zone", e.to_string()))?,
+            filter: TableFilter::new(s.include.clone(), s.exclude.clone()),
+            start_position: s.start_position,
+            catalog_refresh: Duration::from_secs(s.catalog_refresh_s),
+        })
+    }
+}
+
+/// Sets `path` in `table` to `value`, creating sections as needed.
+fn set_path(
+    table: &mut toml::Table,
+    path: &[String],
+    value: toml::Value,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    let Some((last, sections)) = path.split_last() else {
+        return Err(invalid(origin, "empty setting name"));
+    };
+    let mut current = table;
+    for section in sections {
+        let entry = current
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = entry
+            .as_table_mut()
+            .ok_or_else(|| invalid(origin, format!("`{section}` is not a section")))?;
+    }
+    current.insert(last.clone(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[source]
+kind = "synthetic"
+
+[sink]
+kind = "stdout"
+"#;
+
+    fn load(text: &str) -> Result<Config, ConfigError> {
+        Config::from_parts(text, &[], &[])
+    }
+
+    #[test]
+    fn defaults_fill_a_minimal_file() {
+        let c = load(MINIMAL).unwrap();
+        assert_eq!(c.event.max_message_size_kb.kb(), 256);
+        assert_eq!(c.sink.partition_key, PartitionKeyScheme::Table);
+        assert_eq!(c.checkpoint.store, CheckpointStoreKind::File);
+        assert_eq!(c.source.synthetic.transactions, 10_000);
+        assert_eq!(c.event.encoding, Encoding::Json);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = load(&format!("{MINIMAL}\n[event]\nmax_mesage_size_kb = 256\n")).unwrap_err();
+        assert!(err.to_string().contains("max_mesage_size_kb"), "{err}");
+        let err = load("[source]\nkind = \"synthetic\"\ncolour = 1\n[sink]\nkind = \"stdout\"")
+            .unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_message_size_names_the_setting() {
+        let err = load(&format!("{MINIMAL}\n[event]\nmax_message_size_kb = 2000\n")).unwrap_err();
+        assert!(err.to_string().contains("max_message_size_kb"), "{err}");
+    }
+
+    #[test]
+    fn event_hubs_rejects_lz4() {
+        let text = r#"
+[source]
+kind = "synthetic"
+[sink]
+kind = "event_hubs_kafka"
+compression = "lz4"
+connection_string = { env = "EH" }
+"#;
+        let err = load(text).unwrap_err();
+        assert!(err.to_string().contains("sink.compression"), "{err}");
+    }
+
+    #[test]
+    fn missing_secrets_and_conflicting_passthrough_are_named() {
+        let err = load("[source]\nkind = \"sqlserver\"\n[sink]\nkind = \"stdout\"").unwrap_err();
+        assert!(
+            err.to_string().contains("source.connection_string"),
+            "{err}"
+        );
+        let secret = SecretRef {
+            env: Some("MSSQL_CES_TEST_SURELY_UNSET_VARIABLE".into()),
+            file: None,
+        };
+        let err = secret.resolve("source.connection_string").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("MSSQL_CES_TEST_SURELY_UNSET_VARIABLE"),
+            "{err}"
+        );
+        let text = format!(
+            "{}\n[sink.kafka]\n\"enable.idempotence\" = \"false\"\n",
+            MINIMAL.replace(
+                "kind = \"stdout\"",
+                "kind = \"kafka\"\nbootstrap_servers = \"x:9092\""
+            )
+        );
+        let err = load(&text).unwrap_err();
+        assert!(err.to_string().contains("enable.idempotence"), "{err}");
+    }
+
+    #[test]
+    fn environment_and_flags_override_the_file() {
+        let env = vec![
+            ("MSSQL_CES__SINK__KIND".to_string(), "file".to_string()),
+            (
+                "MSSQL_CES__SINK__PATH".to_string(),
+                "/tmp/out.ndjson".to_string(),
+            ),
+            (
+                "MSSQL_CES__SOURCE__SYNTHETIC__SEED".to_string(),
+                "7".to_string(),
+            ),
+            (
+                "MSSQL_CES__SOURCE__INCLUDE".to_string(),
+                "[\"dbo.*\"]".to_string(),
+            ),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let flags = vec![(
+            "event.encoding".to_string(),
+            toml::Value::String("avro".into()),
+        )];
+        let c = Config::from_parts(MINIMAL, &env, &flags).unwrap();
+        assert_eq!(c.sink.kind, SinkKind::File);
+        assert_eq!(c.sink.path.as_deref(), Some(Path::new("/tmp/out.ndjson")));
+        assert_eq!(c.source.synthetic.seed, 7);
+        assert_eq!(c.source.include, ["dbo.*"]);
+        assert_eq!(c.event.encoding, Encoding::Avro);
+        let bad = vec![("MSSQL_CES__SINK__COLOUR".to_string(), "x".to_string())];
+        let err = Config::from_parts(MINIMAL, &bad, &[]).unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+    }
+}

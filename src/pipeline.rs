@@ -1,0 +1,289 @@
+//! Wires the stages: poll → encode → route → send, and acknowledgements → checkpoint.
+//!
+//! ```text
+//! poller ──batch──▶ encode + route ──send (waits on a full queue)──▶ sink
+//!                                         │ deliveries, in send order
+//!                        bounded channel  ▼
+//!                                  acker: awaits each delivery in order,
+//!                                  then releases the batch's position ──▶ checkpoint
+//! ```
+//!
+//! Invariants:
+//! - The checkpoint only moves to a position whose every earlier message the
+//!   destination acknowledged (the acker awaits deliveries strictly in send order).
+//! - Memory is bounded: at most `source.batch_size` events per batch and
+//!   [`IN_FLIGHT_BATCHES`] batches awaiting acknowledgement; the sink's queue applies
+//!   backpressure to `send`.
+//! - Shutdown (the token is cancelled) stops polling at a batch boundary, waits up to
+//!   the drain timeout for outstanding acknowledgements, and writes the final
+//!   checkpoint of what was delivered.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::{CheckpointError, CheckpointStore};
+use crate::event::{Encoder, EncoderOptions, EventError};
+use crate::sink::{Delivery, Router, Sink, SinkError};
+use crate::source::poller::{PollOutcome, Poller, Position};
+use crate::source::{ChangeSource, SourceError};
+
+/// Batches sent but not yet acknowledged, at most.
+pub const IN_FLIGHT_BATCHES: usize = 16;
+
+/// Why a run stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Event(#[from] EventError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// Timing settings of a run.
+#[derive(Debug, Clone)]
+pub struct PipelineSettings {
+    pub poll_interval: Duration,
+    pub checkpoint_interval: Duration,
+    pub drain_timeout: Duration,
+    /// Stop (successfully) once the source has nothing new and every message is
+    /// acknowledged: for batch runs, benchmarks and tests.
+    pub until_idle: bool,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    pub events: u64,
+    pub messages: u64,
+    pub bytes: u64,
+    pub truncated_values: u64,
+    /// The last position written to the checkpoint store.
+    pub checkpoint: Option<Position>,
+}
+
+struct Pending {
+    deliveries: Vec<Delivery>,
+    position: Position,
+}
+
+/// Builds the encoder once the stream GUID is known (from the catalog by default).
+pub type EncoderFactory = Box<dyn FnOnce(uuid::Uuid) -> EncoderOptions + Send>;
+
+/// Runs until `shutdown` is cancelled (or, with `until_idle`, until caught up).
+pub async fn run<S: ChangeSource>(
+    mut poller: Poller<S>,
+    encoder_options: EncoderFactory,
+    router: Router,
+    mut sink: Sink,
+    store: CheckpointStore,
+    settings: PipelineSettings,
+    shutdown: CancellationToken,
+) -> Result<RunSummary, PipelineError> {
+    let (tx, rx) = mpsc::channel::<Pending>(IN_FLIGHT_BATCHES);
+    let failed = CancellationToken::new();
+    let abandon = CancellationToken::new();
+    let acker = tokio::spawn(acknowledge(
+        rx,
+        store,
+        settings.checkpoint_interval,
+        failed.clone(),
+        abandon.clone(),
+    ));
+
+    let mut summary = RunSummary::default();
+    let mut encoder_options = Some(encoder_options);
+    let mut encoder: Option<Encoder> = None;
+    let mut backoff = Backoff::new();
+    let mut last_report = Instant::now();
+    let mut reported_events = 0;
+    let outcome: Result<(), PipelineError> = async {
+        loop {
+            if shutdown.is_cancelled() || failed.is_cancelled() {
+                return Ok(());
+            }
+            let polled = tokio::select! {
+                polled = poller.poll() => polled,
+                () = shutdown.cancelled() => return Ok(()),
+            };
+            let batch = match polled {
+                Ok(PollOutcome::Batch(batch)) => {
+                    backoff.reset();
+                    batch
+                }
+                Ok(PollOutcome::Idle) => {
+                    backoff.reset();
+                    if settings.until_idle {
+                        return Ok(());
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(settings.poll_interval) => {}
+                        () = shutdown.cancelled() => return Ok(()),
+                        () = failed.cancelled() => return Ok(()),
+                    }
+                    continue;
+                }
+                Err(e) if e.is_transient() => {
+                    let wait = backoff.next();
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "transient source error; retrying");
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = shutdown.cancelled() => return Ok(()),
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if encoder.is_none()
+                && let (Some(factory), Some(catalog)) = (encoder_options.take(), poller.catalog())
+            {
+                encoder = Some(Encoder::new(factory(catalog.database_guid)));
+            }
+            let Some(encoder) = encoder.as_ref() else {
+                continue;
+            };
+            let mut deliveries = Vec::new();
+            for change in &batch.changes {
+                let event = encoder.encode(change)?;
+                summary.events += 1;
+                summary.truncated_values += event.truncated_values as u64;
+                for message in router.route(change, event)? {
+                    summary.messages += 1;
+                    summary.bytes += message.payload.len() as u64;
+                    deliveries.push(sink.send(message).await?);
+                }
+            }
+            sink.end_batch()?;
+            let pending = Pending {
+                deliveries,
+                position: batch.position,
+            };
+            if tx.send(pending).await.is_err() {
+                return Ok(()); // the acker stopped: its error is reported below
+            }
+            if last_report.elapsed() >= Duration::from_secs(10) {
+                let rate = (summary.events - reported_events) as f64
+                    / last_report.elapsed().as_secs_f64();
+                tracing::info!(events = summary.events, messages = summary.messages, events_per_second = rate as u64, "progress");
+                last_report = Instant::now();
+                reported_events = summary.events;
+            }
+        }
+    }
+    .await;
+
+    // Stop feeding the acker; let it finish what is in flight, within the bound.
+    drop(tx);
+    let mut acker = acker;
+    let acker_result = match tokio::time::timeout(settings.drain_timeout, &mut acker).await {
+        Ok(joined) => joined,
+        Err(_) => {
+            tracing::warn!(
+                timeout_ms = settings.drain_timeout.as_millis() as u64,
+                "shutdown.drain_timeout_ms passed with deliveries outstanding; they will be re-sent on the next start"
+            );
+            abandon.cancel();
+            acker.await
+        }
+    };
+    let acker_result =
+        acker_result.map_err(|e| SinkError::Delivery(format!("acknowledgement task: {e}")))?;
+    if let Err(e) = sink.flush(Duration::from_millis(100)).await {
+        tracing::debug!(error = %e, "final flush");
+    }
+    summary.checkpoint = acker_result?;
+    outcome?;
+    Ok(summary)
+}
+
+/// Awaits deliveries in send order; writes the checkpoint of what is delivered at
+/// most every `interval`, and once more at the end.
+async fn acknowledge(
+    mut rx: mpsc::Receiver<Pending>,
+    mut store: CheckpointStore,
+    interval: Duration,
+    failed: CancellationToken,
+    abandon: CancellationToken,
+) -> Result<Option<Position>, PipelineError> {
+    let mut delivered: Option<Position> = None;
+    let mut written: Option<Position> = None;
+    let mut last_write = Instant::now();
+    let result: Result<(), PipelineError> = async {
+        while let Some(pending) = tokio::select! {
+            next = rx.recv() => next,
+            () = abandon.cancelled() => None,
+        } {
+            for delivery in pending.deliveries {
+                tokio::select! {
+                    result = delivery.wait() => result?,
+                    () = abandon.cancelled() => return Ok(()),
+                }
+            }
+            delivered = Some(pending.position);
+            if last_write.elapsed() >= interval && delivered != written {
+                if let Some(position) = &delivered {
+                    store.save(position).await?;
+                    written = delivered.clone();
+                    last_write = Instant::now();
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if result.is_err() {
+        failed.cancel();
+    }
+    // The final checkpoint: everything acknowledged, even after a delivery failure.
+    if delivered != written
+        && let Some(position) = &delivered
+    {
+        store.save(position).await?;
+        written = delivered.clone();
+    }
+    result?;
+    Ok(written)
+}
+
+/// Exponential backoff for transient errors: 100 ms doubling to 30 s.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff {
+            next: Duration::from_millis(100),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = Duration::from_millis(100);
+    }
+
+    fn next(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(Duration::from_secs(30));
+        wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_cap_and_resets() {
+        let mut b = Backoff::new();
+        let waits: Vec<u128> = (0..12).map(|_| b.next().as_millis()).collect();
+        assert_eq!(&waits[..4], &[100, 200, 400, 800]);
+        assert_eq!(waits[11], 30_000);
+        b.reset();
+        assert_eq!(b.next().as_millis(), 100);
+    }
+}

@@ -1,0 +1,277 @@
+//! Kafka, and Azure Event Hubs through its Kafka endpoint (the protocol CES itself
+//! uses).
+//!
+//! The producer is idempotent with `acks=all`, so librdkafka's retries neither
+//! duplicate nor reorder messages within a partition. A full producer queue is waited
+//! out (backpressure), never buffered without bound. With a key, librdkafka's
+//! partitioner sends equal keys to one partition; without one, the partition is chosen
+//! from the event's `logicalid` so that its segments stay together.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+use super::{Delivery, OutgoingMessage, SinkError};
+use crate::config::{Compression, SinkKind, SinkSettings};
+
+/// Room for the record, headers and protocol framing around a message of the
+/// configured maximum size.
+const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// What the Kafka producer is given (secrets included: never log this).
+pub struct KafkaSettings {
+    pub properties: Vec<(String, String)>,
+}
+
+/// `Endpoint=sb://<namespace>.servicebus.windows.net/;…;EntityPath=<hub>` →
+/// (`<namespace>.servicebus.windows.net`, `Some(<hub>)`).
+pub fn parse_event_hubs_connection_string(
+    connection_string: &str,
+) -> Result<(String, Option<String>), SinkError> {
+    let mut host = None;
+    let mut entity = None;
+    for part in connection_string.split(';') {
+        let Some((key, value)) = part.split_once('=') else {
+            continue;
+        };
+        match key.trim().to_ascii_lowercase().as_str() {
+            "endpoint" => {
+                let value = value.trim();
+                let without_scheme = value.split_once("://").map_or(value, |(_, rest)| rest);
+                host = Some(without_scheme.trim_end_matches('/').to_owned());
+            }
+            "entitypath" => entity = Some(value.trim().to_owned()),
+            _ => {}
+        }
+    }
+    let host = host.filter(|h| !h.is_empty()).ok_or_else(|| {
+        SinkError::Config(
+            "sink.connection_string has no Endpoint=sb://<namespace>.servicebus.windows.net/"
+                .into(),
+        )
+    })?;
+    Ok((host, entity))
+}
+
+impl KafkaSettings {
+    /// The producer properties for a Kafka or Event Hubs sink. `event_hubs_secret` is
+    /// the Event Hubs connection string (Event Hubs sinks only).
+    pub fn new(
+        sink: &SinkSettings,
+        max_message_bytes: usize,
+        event_hubs_secret: Option<&str>,
+    ) -> Result<Self, SinkError> {
+        let mut properties = vec![
+            ("client.id".to_owned(), "mssql-ces".to_owned()),
+            ("enable.idempotence".to_owned(), "true".to_owned()),
+            ("acks".to_owned(), "all".to_owned()),
+            (
+                "message.max.bytes".to_owned(),
+                (max_message_bytes + MESSAGE_OVERHEAD_BYTES).to_string(),
+            ),
+            (
+                "message.timeout.ms".to_owned(),
+                sink.delivery_timeout_ms.to_string(),
+            ),
+        ];
+        match sink.kind {
+            SinkKind::EventHubsKafka => {
+                let secret = event_hubs_secret.ok_or_else(|| {
+                    SinkError::Config("sink.connection_string is required for Event Hubs".into())
+                })?;
+                let (host, _) = parse_event_hubs_connection_string(secret)?;
+                let compression = sink.compression.unwrap_or(Compression::None);
+                properties.extend([
+                    ("bootstrap.servers".to_owned(), format!("{host}:9093")),
+                    ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
+                    ("sasl.mechanism".to_owned(), "PLAIN".to_owned()),
+                    ("sasl.username".to_owned(), "$ConnectionString".to_owned()),
+                    ("sasl.password".to_owned(), secret.to_owned()),
+                    ("request.timeout.ms".to_owned(), "60000".to_owned()),
+                    (
+                        "compression.type".to_owned(),
+                        compression.as_str().to_owned(),
+                    ),
+                ]);
+            }
+            _ => {
+                let servers = sink.bootstrap_servers.clone().ok_or_else(|| {
+                    SinkError::Config("sink.bootstrap_servers is required".into())
+                })?;
+                let compression = sink.compression.unwrap_or_default();
+                properties.extend([
+                    ("bootstrap.servers".to_owned(), servers),
+                    (
+                        "compression.type".to_owned(),
+                        compression.as_str().to_owned(),
+                    ),
+                ]);
+            }
+        }
+        properties.extend(sink.kafka.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Ok(KafkaSettings { properties })
+    }
+}
+
+pub struct KafkaSink {
+    producer: FutureProducer,
+    partitions: HashMap<String, i32>,
+}
+
+impl KafkaSink {
+    pub fn new(settings: &KafkaSettings) -> Result<Self, SinkError> {
+        let mut config = ClientConfig::new();
+        for (key, value) in &settings.properties {
+            config.set(key, value);
+        }
+        // librdkafka's error text names the property, never its value.
+        let producer: FutureProducer = config
+            .create()
+            .map_err(|e| SinkError::Config(format!("cannot create the Kafka producer: {e}")))?;
+        Ok(KafkaSink {
+            producer,
+            partitions: HashMap::new(),
+        })
+    }
+
+    /// The number of partitions of `topic` (asked once, then remembered).
+    async fn partition_count(&mut self, topic: &str) -> Result<i32, SinkError> {
+        if let Some(count) = self.partitions.get(topic) {
+            return Ok(*count);
+        }
+        let producer = self.producer.clone();
+        let name = topic.to_owned();
+        let count = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&name), Duration::from_secs(30))
+                .map(|m| {
+                    m.topics()
+                        .first()
+                        .map_or(0, |t| i32::try_from(t.partitions().len()).unwrap_or(0))
+                })
+        })
+        .await
+        .map_err(|e| SinkError::Delivery(e.to_string()))?
+        .map_err(|e| SinkError::Delivery(format!("metadata of topic {topic}: {e}")))?;
+        if count == 0 {
+            return Err(SinkError::Delivery(format!(
+                "topic {topic} has no partitions"
+            )));
+        }
+        self.partitions.insert(topic.to_owned(), count);
+        Ok(count)
+    }
+
+    pub async fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
+        let partition = match message.partition_hint {
+            Some(hint) => {
+                let count = self.partition_count(&message.topic).await?;
+                Some(i32::try_from(hint % u64::try_from(count).unwrap_or(1)).unwrap_or(0))
+            }
+            None => None,
+        };
+        let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
+        for (name, value) in &message.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value),
+            });
+        }
+        loop {
+            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&message.topic)
+                .payload(message.payload.as_slice())
+                .headers(headers.clone());
+            if let Some(key) = &message.key {
+                record = record.key(key.as_slice());
+            }
+            if let Some(partition) = partition {
+                record = record.partition(partition);
+            }
+            match self.producer.send_result(record) {
+                Ok(future) => return Ok(Delivery::Kafka(future)),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    // Backpressure: wait for the queue to drain a little.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) => return Err(SinkError::Delivery(e.to_string())),
+            }
+        }
+    }
+
+    pub async fn flush(&mut self, timeout: Duration) -> Result<(), SinkError> {
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || producer.flush(timeout))
+            .await
+            .map_err(|e| SinkError::Delivery(e.to_string()))?
+            .map_err(|e| SinkError::Delivery(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink(kind: SinkKind) -> SinkSettings {
+        SinkSettings {
+            kind,
+            topic: None,
+            bootstrap_servers: Some("localhost:9092".into()),
+            partition_key: Default::default(),
+            partition_key_column: None,
+            mode: Default::default(),
+            compression: None,
+            connection_string: Default::default(),
+            path: None,
+            delivery_timeout_ms: 300_000,
+            kafka: [("linger.ms".to_string(), "5".to_string())].into(),
+        }
+    }
+
+    fn get<'a>(s: &'a KafkaSettings, key: &str) -> Option<&'a str> {
+        s.properties
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn kafka_defaults_are_idempotent_lz4_and_sized() {
+        let s = KafkaSettings::new(&sink(SinkKind::Kafka), 256 * 1024, None).unwrap();
+        assert_eq!(get(&s, "enable.idempotence"), Some("true"));
+        assert_eq!(get(&s, "acks"), Some("all"));
+        assert_eq!(get(&s, "compression.type"), Some("lz4"));
+        assert_eq!(get(&s, "message.max.bytes"), Some("327680"));
+        assert_eq!(get(&s, "linger.ms"), Some("5"));
+    }
+
+    #[test]
+    fn event_hubs_endpoint_settings_come_from_the_connection_string() {
+        let cs = "Endpoint=sb://myns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
+        assert_eq!(
+            parse_event_hubs_connection_string(cs).unwrap(),
+            (
+                "myns.servicebus.windows.net".to_string(),
+                Some("orders".to_string())
+            )
+        );
+        let s = KafkaSettings::new(&sink(SinkKind::EventHubsKafka), 1024 * 1024, Some(cs)).unwrap();
+        assert_eq!(
+            get(&s, "bootstrap.servers"),
+            Some("myns.servicebus.windows.net:9093")
+        );
+        assert_eq!(get(&s, "security.protocol"), Some("SASL_SSL"));
+        assert_eq!(get(&s, "sasl.mechanism"), Some("PLAIN"));
+        assert_eq!(get(&s, "sasl.username"), Some("$ConnectionString"));
+        assert_eq!(get(&s, "sasl.password"), Some(cs));
+        assert_eq!(get(&s, "request.timeout.ms"), Some("60000"));
+        assert_eq!(get(&s, "compression.type"), Some("none"));
+        let err = parse_event_hubs_connection_string("SharedAccessKey=c2VjcmV0").unwrap_err();
+        assert!(!err.to_string().contains("c2VjcmV0"), "{err}");
+    }
+}

@@ -1,0 +1,237 @@
+//! Destinations: Kafka (and Event Hubs through its Kafka endpoint), stdout and files.
+//!
+//! [`Router`] turns an encoded event into [`OutgoingMessage`]s: the topic from the
+//! template, the key from the partition-key scheme, and the CloudEvents Kafka binding
+//! (structured mode: the whole event is the value; binary mode: `ce_*` headers and
+//! `data` as the value). Every segment of an event gets the same key (or, with no key,
+//! the same partition hint), so all of them land in one partition, in order.
+//!
+//! [`Sink::send`] applies backpressure (it waits while the producer's queue is full)
+//! and returns a [`Delivery`] that resolves when the destination has acknowledged the
+//! message; the pipeline awaits deliveries in order before it moves the checkpoint.
+
+pub mod kafka;
+pub mod stream;
+
+use crate::config::{CloudEventsMode, PartitionKeyScheme};
+use crate::event::readback::decode_message;
+use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
+
+/// `content-type` of a structured-mode JSON message (CloudEvents Kafka binding).
+pub const STRUCTURED_JSON_CONTENT_TYPE: &str = "application/cloudevents+json; charset=UTF-8";
+/// `content-type` of a structured-mode Avro message (our choice; the binding names
+/// the `+avro` suffix for Avro event formats).
+pub const STRUCTURED_AVRO_CONTENT_TYPE: &str = "application/cloudevents+avro";
+
+/// Message headers: name and value.
+pub type Headers = Vec<(String, Vec<u8>)>;
+
+/// One message for the destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutgoingMessage {
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    /// With no key: a hash of the `logicalid`, which picks the partition so that all
+    /// segments of the event share one.
+    pub partition_hint: Option<u64>,
+    pub headers: Headers,
+    pub payload: Vec<u8>,
+}
+
+/// Why a message could not be delivered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    #[error("delivery failed: {0}")]
+    Delivery(String),
+    #[error("sink configuration: {0}")]
+    Config(String),
+    #[error("writing {path}: {reason}")]
+    Io { path: String, reason: String },
+    #[error("message {0}")]
+    Message(String),
+}
+
+/// A pending acknowledgement.
+pub enum Delivery {
+    /// Already settled (stdout, file: synced at the end of each batch).
+    Settled(Result<(), SinkError>),
+    /// Waiting for the Kafka broker.
+    Kafka(rdkafka::producer::DeliveryFuture),
+}
+
+impl Delivery {
+    pub async fn wait(self) -> Result<(), SinkError> {
+        match self {
+            Delivery::Settled(result) => result,
+            Delivery::Kafka(future) => match future.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err((error, _))) => Err(SinkError::Delivery(error.to_string())),
+                Err(_) => Err(SinkError::Delivery("the producer was closed".into())),
+            },
+        }
+    }
+}
+
+/// Builds the messages of an event for the destination.
+#[derive(Debug, Clone)]
+pub struct Router {
+    topic_template: String,
+    scheme: PartitionKeyScheme,
+    key_column: Option<String>,
+    mode: CloudEventsMode,
+    encoding: Encoding,
+    stream_key: String,
+}
+
+impl Router {
+    pub fn new(
+        topic_template: impl Into<String>,
+        scheme: PartitionKeyScheme,
+        key_column: Option<String>,
+        mode: CloudEventsMode,
+        encoding: Encoding,
+        stream_key: impl Into<String>,
+    ) -> Self {
+        Router {
+            topic_template: topic_template.into(),
+            scheme,
+            key_column,
+            mode,
+            encoding,
+            stream_key: stream_key.into(),
+        }
+    }
+
+    /// The topic for a table: the template with `{db}`, `{schema}`, `{tbl}` replaced.
+    pub fn topic(&self, table: &TableDescription) -> String {
+        self.topic_template
+            .replace("{db}", table.database())
+            .replace("{schema}", table.schema())
+            .replace("{tbl}", table.table())
+    }
+
+    /// The message key of a change under the scheme.
+    pub fn key(&self, change: &Change) -> Option<Vec<u8>> {
+        let table = || format!("{}.{}", change.table.schema(), change.table.table());
+        match self.scheme {
+            PartitionKeyScheme::None => None,
+            PartitionKeyScheme::StreamGroup => Some(self.stream_key.clone().into_bytes()),
+            PartitionKeyScheme::Table => Some(table().into_bytes()),
+            PartitionKeyScheme::Column => {
+                let name = self.key_column.as_deref()?;
+                let position = change.table.columns().iter().position(|c| c.name == name)?;
+                change
+                    .key_image()?
+                    .get(position)?
+                    .to_text()
+                    .map(String::into_bytes)
+            }
+            PartitionKeyScheme::PrimaryKey => {
+                let mut key = table();
+                for (_, value) in change.key_values() {
+                    // U+001F (unit separator) cannot appear in the table name text.
+                    key.push('\u{1F}');
+                    value.write_text(&mut key);
+                }
+                Some(key.into_bytes())
+            }
+        }
+    }
+
+    /// The messages of an encoded event, in segment order.
+    pub fn route(
+        &self,
+        change: &Change,
+        event: EncodedEvent,
+    ) -> Result<Vec<OutgoingMessage>, SinkError> {
+        let topic = self.topic(&change.table);
+        let key = self.key(change);
+        let partition_hint = key.is_none().then(|| fnv1a(event.logical_id.as_bytes()));
+        let mut out = Vec::with_capacity(event.messages.len());
+        for message in event.messages {
+            let (headers, payload) = match self.mode {
+                CloudEventsMode::Structured => {
+                    let content_type = match self.encoding {
+                        Encoding::Json => STRUCTURED_JSON_CONTENT_TYPE,
+                        Encoding::Avro => STRUCTURED_AVRO_CONTENT_TYPE,
+                    };
+                    (
+                        vec![("content-type".to_owned(), content_type.as_bytes().to_vec())],
+                        message.bytes,
+                    )
+                }
+                CloudEventsMode::Binary => binary_mode(&message.bytes, self.encoding)?,
+            };
+            out.push(OutgoingMessage {
+                topic: topic.clone(),
+                key: key.clone(),
+                partition_hint,
+                headers,
+                payload,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// FNV-1a, 64-bit: a stable hash (unlike `DefaultHasher`), so a re-sent event picks
+/// the same partition after an upgrade too.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
+        (hash ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01B3)
+    })
+}
+
+/// CloudEvents Kafka binding, binary mode: each attribute as a `ce_` header,
+/// `datacontenttype` as `content-type`, and `data` as the value.
+fn binary_mode(message: &[u8], encoding: Encoding) -> Result<(Headers, Vec<u8>), SinkError> {
+    let event = decode_message(message, encoding).map_err(|e| SinkError::Message(e.to_string()))?;
+    let headers = [
+        ("ce_specversion", event.specversion),
+        ("ce_type", event.event_type),
+        ("ce_source", event.source),
+        ("ce_id", event.id),
+        ("ce_time", event.time),
+        ("ce_logicalid", event.logicalid),
+        ("ce_operation", event.operation),
+        ("ce_segmentindex", event.segmentindex.to_string()),
+        ("ce_finalsegment", event.finalsegment.to_string()),
+        ("content-type", event.datacontenttype),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value.into_bytes()))
+    .collect();
+    Ok((headers, event.data))
+}
+
+/// A destination.
+pub enum Sink {
+    Kafka(kafka::KafkaSink),
+    Stream(stream::StreamSink),
+}
+
+impl Sink {
+    /// Queues one message; waits while the destination's queue is full.
+    pub async fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
+        match self {
+            Sink::Kafka(s) => s.send(message).await,
+            Sink::Stream(s) => s.send(message),
+        }
+    }
+
+    /// Makes everything sent so far durable where the sink itself must (files).
+    pub fn end_batch(&mut self) -> Result<(), SinkError> {
+        match self {
+            Sink::Kafka(_) => Ok(()),
+            Sink::Stream(s) => s.sync(),
+        }
+    }
+
+    /// Waits up to `timeout` for queued messages to be delivered.
+    pub async fn flush(&mut self, timeout: std::time::Duration) -> Result<(), SinkError> {
+        match self {
+            Sink::Kafka(s) => s.flush(timeout).await,
+            Sink::Stream(s) => s.sync(),
+        }
+    }
+}

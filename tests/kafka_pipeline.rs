@@ -1,0 +1,350 @@
+//! The whole pipeline into Kafka (rdkafka's `MockCluster`: in-process brokers speaking
+//! the real protocol): the synthetic source → encode → Kafka sink, then everything is
+//! consumed back, reassembled per partition, and compared with the events computed
+//! independently from the same source. Every partition-key scheme, both CloudEvents
+//! modes, both encodings.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
+use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme, SinkKind, SinkSettings};
+use mssql_ces::event::readback::{CloudEvent, Reassembler, decode_message};
+use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::pipeline::{self, PipelineSettings, RunSummary};
+use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink};
+use mssql_ces::sink::{Router, Sink};
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
+use rdkafka::mocking::MockCluster;
+use support::kafka::{Consumed, by_partition, consume, position_of};
+use tokio_util::sync::CancellationToken;
+
+const PARTITIONS: i32 = 4;
+
+fn synthetic(transactions: u64) -> SyntheticConfig {
+    SyntheticConfig {
+        seed: 11,
+        transactions: Some(transactions),
+        rate_per_second: None,
+        large_value_every: 40,
+    }
+}
+
+fn options(guid: uuid::Uuid, encoding: Encoding) -> EncoderOptions {
+    EncoderOptions {
+        stream_guid: guid,
+        encoding,
+        final_event: FinalEventMode::LastInTransaction,
+        max_message_size: MessageSizeLimit::from_kb(128).expect("valid"),
+    }
+}
+
+/// What each event should carry: `logicalid` → (whole `data`, table, key columns text).
+async fn expected(transactions: u64, encoding: Encoding) -> BTreeMap<String, Vec<u8>> {
+    let mut poller = Poller::new(
+        SyntheticSource::new(synthetic(transactions)),
+        PollerConfig::default(),
+        None,
+    );
+    let mut out = BTreeMap::new();
+    let mut encoder = None;
+    while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
+        let guid = poller.catalog().expect("catalog").database_guid;
+        let encoder = encoder.get_or_insert_with(|| Encoder::new(options(guid, encoding)));
+        for change in &batch.changes {
+            let event = encoder.encode(change).expect("encode");
+            let mut data = Vec::new();
+            for m in &event.messages {
+                data.extend(decode_message(&m.bytes, encoding).expect("decode").data);
+            }
+            out.insert(event.logical_id, data);
+        }
+    }
+    out
+}
+
+fn sink_settings(bootstrap: &str) -> SinkSettings {
+    SinkSettings {
+        kind: SinkKind::Kafka,
+        topic: Some("ces".into()),
+        bootstrap_servers: Some(bootstrap.to_owned()),
+        partition_key: PartitionKeyScheme::Table,
+        partition_key_column: None,
+        mode: CloudEventsMode::Structured,
+        compression: None,
+        connection_string: Default::default(),
+        path: None,
+        delivery_timeout_ms: 60_000,
+        kafka: Default::default(),
+    }
+}
+
+async fn run(
+    bootstrap: &str,
+    topic: &str,
+    scheme: PartitionKeyScheme,
+    key_column: Option<&str>,
+    mode: CloudEventsMode,
+    encoding: Encoding,
+    transactions: u64,
+) -> RunSummary {
+    let settings =
+        KafkaSettings::new(&sink_settings(bootstrap), 128 * 1024, None).expect("settings");
+    let sink = Sink::Kafka(KafkaSink::new(&settings).expect("sink"));
+    let router = Router::new(
+        topic,
+        scheme,
+        key_column.map(str::to_owned),
+        mode,
+        encoding,
+        "group",
+    );
+    let dir = std::env::temp_dir().join(format!("mssql-ces-kp-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let store = CheckpointStore::File(FileStore::new(dir.join("cp.json"), "test"));
+    let poller = Poller::new(
+        SyntheticSource::new(synthetic(transactions)),
+        PollerConfig {
+            batch_size: 50,
+            ..PollerConfig::default()
+        },
+        None,
+    );
+    let summary = pipeline::run(
+        poller,
+        Box::new(move |guid| options(guid, encoding)),
+        router,
+        sink,
+        store,
+        PipelineSettings {
+            poll_interval: Duration::from_millis(10),
+            checkpoint_interval: Duration::from_millis(10),
+            drain_timeout: Duration::from_secs(30),
+            until_idle: true,
+        },
+        CancellationToken::new(),
+    )
+    .await
+    .expect("run");
+    std::fs::remove_dir_all(dir).ok();
+    summary
+}
+
+fn header<'a>(m: &'a Consumed, name: &str) -> Option<&'a [u8]> {
+    m.headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_slice())
+}
+
+/// A consumed message as a CloudEvent, from either mode.
+fn cloud_event(m: &Consumed, mode: CloudEventsMode, encoding: Encoding) -> CloudEvent {
+    match mode {
+        CloudEventsMode::Structured => {
+            let expected = match encoding {
+                Encoding::Json => "application/cloudevents+json; charset=UTF-8",
+                Encoding::Avro => "application/cloudevents+avro",
+            };
+            assert_eq!(header(m, "content-type"), Some(expected.as_bytes()));
+            decode_message(&m.payload, encoding).expect("structured message decodes")
+        }
+        CloudEventsMode::Binary => {
+            let text = |name: &str| {
+                String::from_utf8(
+                    header(m, name)
+                        .unwrap_or_else(|| panic!("no {name}"))
+                        .to_vec(),
+                )
+                .expect("utf-8 header")
+            };
+            CloudEvent {
+                specversion: text("ce_specversion"),
+                event_type: text("ce_type"),
+                source: text("ce_source"),
+                id: text("ce_id"),
+                logicalid: text("ce_logicalid"),
+                time: text("ce_time"),
+                datacontenttype: text("content-type"),
+                operation: text("ce_operation"),
+                segmentindex: text("ce_segmentindex").parse().expect("index"),
+                finalsegment: text("ce_finalsegment").parse().expect("bool"),
+                data: m.payload.clone(),
+            }
+        }
+    }
+}
+
+/// A reassembled event: its whole data, its partition and its key.
+struct Arrived {
+    data: Vec<u8>,
+    partition: i32,
+    key: Option<Vec<u8>>,
+}
+
+/// Reassembles every partition; returns `logicalid` → what arrived.
+fn reassemble(
+    messages: &[Consumed],
+    mode: CloudEventsMode,
+    encoding: Encoding,
+) -> HashMap<String, Arrived> {
+    let mut events = HashMap::new();
+    for (partition, list) in by_partition(messages) {
+        let mut reassembler = Reassembler::new();
+        let mut keys = Vec::new();
+        for m in &list {
+            keys.push(m.key.clone());
+            if let Some(event) = reassembler
+                .push(cloud_event(m, mode, encoding))
+                .expect("segments in order")
+            {
+                let first_key = keys.first().cloned().flatten();
+                assert!(
+                    keys.iter().all(|k| *k == keys[0]),
+                    "every segment has the same key"
+                );
+                keys.clear();
+                events.insert(
+                    event.event.logicalid.clone(),
+                    Arrived {
+                        data: event.event.data,
+                        partition,
+                        key: first_key,
+                    },
+                );
+            }
+        }
+        reassembler
+            .finish()
+            .expect("no partial event left in a partition");
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scheme_mode_and_encoding_delivers_every_event() {
+    let cluster = MockCluster::new(3).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    let transactions = 120;
+    let cases = [
+        (
+            PartitionKeyScheme::Table,
+            None,
+            CloudEventsMode::Structured,
+            Encoding::Json,
+        ),
+        (
+            PartitionKeyScheme::None,
+            None,
+            CloudEventsMode::Structured,
+            Encoding::Json,
+        ),
+        (
+            PartitionKeyScheme::StreamGroup,
+            None,
+            CloudEventsMode::Binary,
+            Encoding::Json,
+        ),
+        (
+            PartitionKeyScheme::Column,
+            Some("id"),
+            CloudEventsMode::Structured,
+            Encoding::Avro,
+        ),
+        (
+            PartitionKeyScheme::PrimaryKey,
+            None,
+            CloudEventsMode::Binary,
+            Encoding::Avro,
+        ),
+    ];
+    let mut expected_by_encoding = HashMap::new();
+    for (i, (scheme, column, mode, encoding)) in cases.into_iter().enumerate() {
+        let topic = format!("ces-{i}");
+        cluster.create_topic(&topic, PARTITIONS, 1).expect("topic");
+        let summary = run(
+            &bootstrap,
+            &topic,
+            scheme,
+            column,
+            mode,
+            encoding,
+            transactions,
+        )
+        .await;
+        if let std::collections::hash_map::Entry::Vacant(slot) =
+            expected_by_encoding.entry(encoding)
+        {
+            slot.insert(expected(transactions, encoding).await);
+        }
+        let expected = &expected_by_encoding[&encoding];
+        let count = summary.messages as usize;
+        let consumed = consume(
+            &bootstrap,
+            &topic,
+            PARTITIONS,
+            Duration::from_secs(30),
+            |m| m.len() >= count,
+        );
+        assert_eq!(consumed.len(), count, "{scheme:?}: every message consumed");
+        assert!(
+            count > expected.len(),
+            "{scheme:?}: some events were segmented"
+        );
+        let events = reassemble(&consumed, mode, encoding);
+        assert_eq!(events.len(), expected.len(), "{scheme:?}: every event once");
+        for (logicalid, data) in expected {
+            let got = &events
+                .get(logicalid)
+                .unwrap_or_else(|| panic!("{scheme:?}: missing {logicalid}"));
+            assert!(&got.data == data, "{scheme:?}: data of {logicalid} differs");
+        }
+        // Key checks per scheme.
+        let keys: Vec<Option<Vec<u8>>> = events.values().map(|a| a.key.clone()).collect();
+        match scheme {
+            PartitionKeyScheme::None => assert!(keys.iter().all(Option::is_none)),
+            PartitionKeyScheme::StreamGroup => {
+                assert!(
+                    keys.iter()
+                        .all(|k| k.as_deref() == Some(b"group".as_slice()))
+                )
+            }
+            PartitionKeyScheme::Table => {
+                let tables: std::collections::HashSet<_> = keys.iter().flatten().collect();
+                assert_eq!(tables.len(), 3, "one key per table");
+                let mut partition_of_table = HashMap::new();
+                for arrived in events.values() {
+                    let previous =
+                        partition_of_table.insert(arrived.key.clone(), arrived.partition);
+                    assert!(
+                        previous.is_none_or(|p| p == arrived.partition),
+                        "a table stays in one partition"
+                    );
+                }
+            }
+            PartitionKeyScheme::Column => {
+                assert!(
+                    keys.iter()
+                        .flatten()
+                        .all(|k| std::str::from_utf8(k).unwrap().parse::<i64>().is_ok())
+                )
+            }
+            PartitionKeyScheme::PrimaryKey => {
+                assert!(keys.iter().flatten().all(|k| k.contains(&0x1F)))
+            }
+        }
+        // Within a partition, events of one key come in commit order.
+        for (_, list) in by_partition(&consumed) {
+            let mut last: HashMap<Option<Vec<u8>>, (String, u64)> = HashMap::new();
+            for m in list.iter() {
+                let event = cloud_event(m, mode, encoding);
+                let at = position_of(&event.logicalid);
+                if let Some(previous) = last.insert(m.key.clone(), at.clone()) {
+                    assert!(previous <= at, "{scheme:?}: order within a key");
+                }
+            }
+        }
+    }
+}

@@ -539,6 +539,22 @@ impl Config {
         Ok(())
     }
 
+    /// Checks that every secret the configuration needs can be read (without keeping
+    /// it), so a missing one is reported before any connection is tried.
+    pub fn check_secrets(&self) -> Result<(), ConfigError> {
+        if self.source.kind == SourceKind::Sqlserver {
+            self.source
+                .connection_string
+                .resolve("source.connection_string")?;
+        }
+        if self.sink.kind == SinkKind::EventHubsKafka {
+            self.sink
+                .connection_string
+                .resolve("sink.connection_string")?;
+        }
+        Ok(())
+    }
+
     /// The poll loop's settings.
     pub fn poller(&self) -> Result<PollerConfig, ConfigError> {
         let s = &self.source;

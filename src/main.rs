@@ -122,7 +122,9 @@ fn load_config(args: &RunArgs) -> anyhow::Result<Config> {
             .unwrap_or_else(|| text(value));
         overrides.push((key.trim().to_owned(), parsed));
     }
-    Ok(Config::load(&args.config, &overrides)?)
+    let config = Config::load(&args.config, &overrides)?;
+    config.check_secrets()?;
+    Ok(config)
 }
 
 /// One shutdown trigger: the first SIGINT/SIGTERM cancels the token (graceful); a

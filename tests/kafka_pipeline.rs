@@ -348,3 +348,103 @@ async fn every_scheme_mode_and_encoding_delivers_every_event() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_outage_mid_run_loses_nothing() {
+    let cluster = MockCluster::new(3).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster
+        .create_topic("outage", PARTITIONS, 3)
+        .expect("topic");
+    let transactions = 1500;
+    let expected = expected(transactions, Encoding::Json).await;
+    let settings =
+        KafkaSettings::new(&sink_settings(&bootstrap), 128 * 1024, None).expect("settings");
+    let sink = Sink::Kafka(KafkaSink::new(&settings).expect("sink"));
+    let router = Router::new(
+        "outage",
+        PartitionKeyScheme::PrimaryKey,
+        None,
+        CloudEventsMode::Structured,
+        Encoding::Json,
+        "group",
+    );
+    let dir = std::env::temp_dir().join(format!("mssql-ces-outage-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let store = CheckpointStore::File(FileStore::new(dir.join("cp.json"), "test"));
+    // Paced at 500 transactions/s, so the run spans the outage.
+    let source = SyntheticSource::new(SyntheticConfig {
+        rate_per_second: Some(500.0),
+        ..synthetic(transactions)
+    });
+    let poller = Poller::new(
+        source,
+        PollerConfig {
+            batch_size: 50,
+            ..PollerConfig::default()
+        },
+        None,
+    );
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(pipeline::run(
+        poller,
+        Box::new(|guid| options(guid, Encoding::Json)),
+        router,
+        sink,
+        store,
+        PipelineSettings {
+            poll_interval: Duration::from_millis(10),
+            checkpoint_interval: Duration::from_millis(50),
+            drain_timeout: Duration::from_secs(30),
+            until_idle: false,
+        },
+        shutdown.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for broker in 1..=3 {
+        cluster.broker_down(broker).expect("broker down");
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !run.is_finished(),
+        "the run waits out the outage instead of failing"
+    );
+    for broker in 1..=3 {
+        cluster.broker_up(broker).expect("broker up");
+    }
+    let total_messages: usize = expected.len();
+    let consumed = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || {
+            support::kafka::consume_quietly(
+                &bootstrap,
+                "outage",
+                PARTITIONS,
+                Duration::from_secs(60),
+                Duration::from_secs(2),
+                move |m| m.len() >= total_messages,
+            )
+        }
+    })
+    .await
+    .expect("consumer");
+    shutdown.cancel();
+    let summary = run.await.expect("join").expect("run succeeds");
+    assert_eq!(summary.events as usize, expected.len());
+    let mut first_copy: HashMap<String, Vec<u8>> = HashMap::new();
+    for m in &consumed {
+        let id = decode_message(&m.payload, Encoding::Json)
+            .expect("decode")
+            .id;
+        let first = first_copy.entry(id).or_insert_with(|| m.payload.clone());
+        assert!(*first == m.payload, "a duplicate differs from its original");
+    }
+    let events = reassemble(&consumed, CloudEventsMode::Structured, Encoding::Json);
+    for (logicalid, data) in &expected {
+        let got = events
+            .get(logicalid)
+            .unwrap_or_else(|| panic!("lost {logicalid}"));
+        assert!(&got.data == data, "data of {logicalid} differs");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -111,6 +111,21 @@ fn a_resend_from_segment_zero_restarts_the_event() {
 }
 
 #[test]
+fn a_resend_of_an_earlier_event_after_a_crash_abandons_the_partial_one() {
+    // Crash after event 2's first segment; the restart re-sends from event 1.
+    let one = segmented(1, 10);
+    let two = segmented(2, 300_000);
+    assert_eq!(
+        feed(&[&one[0], &two[0], &one[0], &two[0], &two[1], &two[2]]),
+        Ok(3)
+    );
+    // A later event in the middle of an earlier one is not a re-send.
+    let three = segmented(3, 10);
+    let err = feed(&[&two[0], &three[0]]).unwrap_err();
+    assert!(matches!(err, ReadError::Interleaved { .. }), "{err}");
+}
+
+#[test]
 fn a_segment_that_changes_attributes_is_reported() {
     let a = segmented(1, 300_000);
     let mut tampered: serde_json::Value = serde_json::from_slice(&a[1].bytes).unwrap();

@@ -4,9 +4,12 @@
 //! file) in arrival order; it yields each logical event once its final segment has
 //! arrived. Segments of one event are contiguous in such a stream (the sink sends them
 //! to one partition, in order), so another event's segment arriving in the middle, a
-//! gap in the indexes or a stream that ends mid-event are errors. One thing is not an
-//! error: segment 0 of the event already open, which is what an at-least-once producer
-//! re-sends after a crash; the partial event is dropped and assembly starts again.
+//! gap in the indexes or a stream that ends mid-event are errors. What an at-least-once
+//! producer does after a crash is not an error: it re-sends from its last checkpoint,
+//! so a partial event is followed by segment 0 of the same event, or of an earlier one
+//! (a position — commit LSN, then sequence number, from the `logicalid` — at or before
+//! the partial one). The partial event is dropped ([`Reassembler::abandoned`] counts
+//! it) and assembly starts again.
 
 use apache_avro::types::Value as AvroValue;
 use serde::Deserialize;
@@ -182,6 +185,16 @@ pub fn decode_data(data: &[u8], encoding: Encoding) -> Result<serde_json::Value,
 #[derive(Debug, Default)]
 pub struct Reassembler {
     open: Option<LogicalEvent>,
+    abandoned: usize,
+}
+
+/// `(commit LSN, sequence number)` of a `logicalid`, comparable in commit order.
+fn position(logicalid: &str) -> Option<(&str, &str)> {
+    let mut parts = logicalid.rsplitn(3, ':');
+    let sequence = parts.next()?;
+    let lsn = parts.next()?;
+    // Both are fixed-width (20 hex digits, 20 decimal digits): text order is order.
+    Some((lsn, sequence))
 }
 
 impl Reassembler {
@@ -205,6 +218,16 @@ impl Reassembler {
             Some(open) => open,
         };
         if message.logicalid != open.event.logicalid {
+            let resent = message.segmentindex == 0
+                && matches!(
+                    (position(&message.logicalid), position(&open.event.logicalid)),
+                    (Some(new), Some(partial)) if new <= partial
+                );
+            if resent {
+                // A producer restarted from a checkpoint before the partial event.
+                self.abandoned += 1;
+                return Ok(self.start(message));
+            }
             return Err(ReadError::Interleaved {
                 open: open.event.logicalid,
                 found: message.logicalid,
@@ -213,6 +236,7 @@ impl Reassembler {
         }
         if message.segmentindex == 0 {
             // The producer re-sent the event from its start (at-least-once delivery).
+            self.abandoned += 1;
             return Ok(self.start(message));
         }
         let mut open = open;
@@ -268,6 +292,11 @@ impl Reassembler {
             self.open = Some(event);
             None
         }
+    }
+
+    /// Partial events dropped because the producer re-sent from an earlier point.
+    pub fn abandoned(&self) -> usize {
+        self.abandoned
     }
 
     /// Ends the stream: an event still waiting for segments is an error.

@@ -27,6 +27,19 @@ pub fn consume(
     timeout: Duration,
     until: impl Fn(&[Consumed]) -> bool,
 ) -> Vec<Consumed> {
+    consume_quietly(bootstrap, topic, partitions, timeout, Duration::ZERO, until)
+}
+
+/// As [`consume`], but once `until` holds keeps reading until nothing arrived for
+/// `quiet` (to catch re-sent duplicates that follow).
+pub fn consume_quietly(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+    quiet: Duration,
+    until: impl Fn(&[Consumed]) -> bool,
+) -> Vec<Consumed> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("test-{}", uuid::Uuid::new_v4()))
@@ -43,7 +56,15 @@ pub fn consume(
     consumer.assign(&assignment).expect("assign");
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
-    while Instant::now() < deadline && !until(&out) {
+    let mut last_arrival = Instant::now();
+    let mut satisfied = false;
+    while Instant::now() < deadline {
+        if !satisfied && until(&out) {
+            satisfied = true;
+        }
+        if satisfied && last_arrival.elapsed() >= quiet {
+            break;
+        }
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
                 let headers = m
@@ -54,6 +75,7 @@ pub fn consume(
                             .collect()
                     })
                     .unwrap_or_default();
+                last_arrival = Instant::now();
                 out.push(Consumed {
                     partition: m.partition(),
                     offset: m.offset(),

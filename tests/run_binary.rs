@@ -1,0 +1,386 @@
+//! The real `mssql-ces` binary as a child process, against an in-process Kafka
+//! (`MockCluster`) and the synthetic source: crash recovery under SIGKILL, graceful
+//! SIGTERM, and configuration errors reported before any connection.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use mssql_ces::event::readback::{Reassembler, decode_json_message};
+use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
+use rdkafka::mocking::MockCluster;
+use support::kafka::{by_partition, consume_quietly, position_of};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
+const PARTITIONS: i32 = 4;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn config(dir: &Path, bootstrap: &str, synthetic: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        r#"
+[source]
+kind = "synthetic"
+poll_interval_ms = 20
+batch_size = 100
+
+[source.synthetic]
+{synthetic}
+
+[event]
+max_message_size_kb = 128
+
+[sink]
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topic = "ces"
+partition_key = "table"
+delivery_timeout_ms = 60000
+
+[checkpoint]
+path = "{checkpoint}"
+interval_ms = 20
+"#,
+        checkpoint = dir.join("cp.json").display()
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+fn spawn(config: &Path, dir: &Path, extra: &[&str], run: usize) -> Child {
+    let log = std::fs::File::create(dir.join(format!("run-{run}.log"))).expect("log");
+    Command::new(BINARY)
+        .args(["run", "--config"])
+        .arg(config)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn mssql-ces")
+}
+
+fn wait(child: &mut Child, timeout: Duration) -> ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("mssql-ces did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The events the synthetic source must produce: `logicalid` → whole `data`.
+async fn expected_events(synthetic: SyntheticConfig) -> BTreeMap<String, Vec<u8>> {
+    let mut poller = Poller::new(
+        SyntheticSource::new(synthetic),
+        PollerConfig::default(),
+        None,
+    );
+    let mut out = BTreeMap::new();
+    let mut encoder = None;
+    while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
+        let guid = poller.catalog().expect("catalog").database_guid;
+        let encoder = encoder.get_or_insert_with(|| {
+            Encoder::new(EncoderOptions {
+                stream_guid: guid,
+                encoding: Encoding::Json,
+                final_event: FinalEventMode::LastInTransaction,
+                max_message_size: MessageSizeLimit::from_kb(128).expect("valid"),
+            })
+        });
+        for change in &batch.changes {
+            let event = encoder.encode(change).expect("encode");
+            let data = event
+                .messages
+                .iter()
+                .flat_map(|m| decode_json_message(&m.bytes).expect("decode").data)
+                .collect();
+            out.insert(event.logical_id, data);
+        }
+    }
+    out
+}
+
+/// A small deterministic generator for kill moments (the seed is printed on failure).
+struct Moments(u64);
+
+impl Moments {
+    fn next_ms(&mut self, low: u64, high: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        low + self.0 % (high - low)
+    }
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
+    let cluster = MockCluster::new(3).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    let dir = temp_dir("crash");
+    let synthetic = "seed = 21\ntransactions = 4000\nlarge_value_every = 150";
+    let config = config(&dir, &bootstrap, synthetic);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64)
+        | 1;
+    let mut moments = Moments(seed);
+    let mut killed_while_running = 0;
+    for run in 0..20 {
+        let mut child = spawn(&config, &dir, &[], run);
+        std::thread::sleep(Duration::from_millis(moments.next_ms(60, 400)));
+        if child.try_wait().expect("try_wait").is_none() {
+            killed_while_running += 1;
+        }
+        // SIGKILL: no chance to flush, drain or checkpoint.
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+    }
+    assert_eq!(
+        killed_while_running, 20,
+        "every kill hit a running process (seed {seed})"
+    );
+    let mut last = spawn(&config, &dir, &["--until-idle"], 20);
+    let status = wait(&mut last, Duration::from_secs(180));
+    assert!(
+        status.success(),
+        "final run: {status} (seed {seed}); logs in {}",
+        dir.display()
+    );
+
+    let expected = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(expected_events(SyntheticConfig {
+            seed: 21,
+            transactions: Some(4000),
+            rate_per_second: None,
+            large_value_every: 150,
+        }));
+    let consumed = consume_quietly(
+        &bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(120),
+        Duration::from_secs(2),
+        |m| m.len() >= expected.len(),
+    );
+
+    let mut first_copy: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut arrived: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut resent = 0;
+    let mut abandoned = 0;
+    for (partition, list) in by_partition(&consumed) {
+        let mut seen = HashSet::new();
+        let mut highest: Option<(String, u64)> = None;
+        let mut reassembler = Reassembler::new();
+        for m in &list {
+            let event = decode_json_message(&m.payload).expect("message decodes");
+            // Every re-sent message is byte-identical to its first copy.
+            match first_copy.get(&event.id) {
+                Some(first) => {
+                    assert!(
+                        first == &m.payload,
+                        "message {} re-sent with other bytes",
+                        event.id
+                    );
+                    resent += 1;
+                }
+                None => {
+                    first_copy.insert(event.id.clone(), m.payload.clone());
+                }
+            }
+            // Positions never go backwards within a partition, except for re-sends.
+            let at = position_of(&event.logicalid);
+            let is_resend = !seen.insert(event.id.clone());
+            if let Some(high) = &highest
+                && at < *high
+            {
+                assert!(
+                    is_resend,
+                    "partition {partition}: {} went backwards without being a re-send",
+                    event.logicalid
+                );
+            }
+            if highest.as_ref().is_none_or(|h| at > *h) {
+                highest = Some(at);
+            }
+            if let Some(done) = reassembler.push(event).expect("segments fit together") {
+                arrived.insert(done.event.logicalid.clone(), done.event.data);
+            }
+        }
+        abandoned += reassembler.abandoned();
+    }
+    // Every expected event arrived at least once, with the right data.
+    let missing: Vec<_> = expected
+        .keys()
+        .filter(|id| !arrived.contains_key(*id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} events never arrived, first {:?} (seed {seed})",
+        missing.len(),
+        missing.first()
+    );
+    for (id, data) in &expected {
+        assert!(&arrived[id] == data, "event {id} arrived with other data");
+    }
+    assert_eq!(
+        arrived.len(),
+        expected.len(),
+        "no event that should not exist"
+    );
+    assert!(resent > 0, "the kills caused re-sends (seed {seed})");
+    println!(
+        "crash test: {} messages, {resent} re-sent, {abandoned} partial events abandoned",
+        consumed.len()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn sigterm_drains_checkpoints_the_last_delivered_event_and_exits_zero() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    let dir = temp_dir("sigterm");
+    let config = config(
+        &dir,
+        &bootstrap,
+        "seed = 3\ntransactions = 0\nrate_per_second = 3000",
+    );
+    let mut child = spawn(&config, &dir, &[], 0);
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = i32::try_from(child.id()).expect("pid");
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = wait(&mut child, Duration::from_secs(30));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "graceful exit; logs in {}",
+        dir.display()
+    );
+
+    let checkpoint: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("cp.json")).expect("checkpoint written"),
+    )
+    .expect("checkpoint is JSON");
+    let last = &checkpoint["position"]["last_event"];
+    let checkpointed = (
+        last["commit_lsn"].as_str().expect("lsn").replace(':', ""),
+        last["sequence_number"].as_u64().expect("sequence"),
+    );
+    let consumed = consume_quietly(
+        &bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(30),
+        Duration::from_secs(2),
+        |m| !m.is_empty(),
+    );
+    assert!(consumed.len() > 100, "it ran ({} messages)", consumed.len());
+    let delivered_max = consumed
+        .iter()
+        .map(|m| position_of(&decode_json_message(&m.payload).expect("decode").logicalid))
+        .max()
+        .expect("messages");
+    assert_eq!(
+        checkpointed, delivered_max,
+        "checkpoint = last delivered event"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Runs the binary on a config text; returns (exit code, stderr, elapsed).
+fn run_config(text: &str, env: &[(&str, &str)]) -> (Option<i32>, String, Duration) {
+    let dir = temp_dir("badconfig");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).expect("config");
+    let started = Instant::now();
+    let output = Command::new(BINARY)
+        .args(["run", "--config"])
+        .arg(&path)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run mssql-ces");
+    std::fs::remove_dir_all(dir).ok();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[test]
+fn bad_configuration_fails_before_connecting_and_names_the_setting() {
+    // Kafka at a port where nothing listens: a connection attempt would hang or
+    // log broker errors; a configuration error must come first.
+    let kafka = "[sink]\nkind = \"kafka\"\nbootstrap_servers = \"127.0.0.1:1\"\n";
+    let cases = [
+        (
+            format!("[source]\nkind = \"synthetic\"\ncolour = \"blue\"\n{kafka}"),
+            vec!["colour"],
+        ),
+        (
+            format!("[source]\nkind = \"synthetic\"\n[event]\nmax_message_size_kb = 2000\n{kafka}"),
+            vec!["max_message_size_kb", "2000"],
+        ),
+        (
+            "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_kafka\"\ncompression = \"lz4\"\nconnection_string = { env = \"EH_CS\" }\n".to_owned(),
+            vec!["sink.compression", "lz4"],
+        ),
+        (
+            format!("[source]\nkind = \"sqlserver\"\nconnection_string = {{ env = \"MSSQL_CES_TEST_UNSET_VARIABLE\" }}\n{kafka}"),
+            vec!["source.connection_string", "MSSQL_CES_TEST_UNSET_VARIABLE"],
+        ),
+    ];
+    for (text, needles) in cases {
+        let (code, stderr, elapsed) = run_config(&text, &[]);
+        assert_eq!(code, Some(2), "exit code 2 for:\n{text}\nstderr: {stderr}");
+        for needle in needles {
+            assert!(stderr.contains(needle), "stderr names `{needle}`: {stderr}");
+        }
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "failed fast ({elapsed:?})"
+        );
+    }
+}
+
+#[test]
+fn secrets_never_reach_the_output() {
+    let text = "[source]\nkind = \"sqlserver\"\nconnection_string = { env = \"MSSQL_CES_TEST_CS\" }\n\
+                [sink]\nkind = \"event_hubs_kafka\"\nconnection_string = { env = \"MSSQL_CES_TEST_EH\" }\n\
+                [sink.kafka]\n\"sasl.password\" = \"x\"\n";
+    let (code, stderr, _) = run_config(
+        text,
+        &[
+            (
+                "MSSQL_CES_TEST_CS",
+                "Server=tcp:127.0.0.1,1;User Id=sa;Password=hunter2-sql",
+            ),
+            (
+                "MSSQL_CES_TEST_EH",
+                "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKey=hunter2-eh",
+            ),
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("sasl.password"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "a secret leaked: {stderr}");
+}

@@ -513,3 +513,47 @@ async fn a_quiet_table_advances_with_the_log() {
     drop_table(&mut db, &busy).await;
     drop_table(&mut db, &quiet).await;
 }
+
+#[tokio::test]
+async fn the_checkpoint_table_round_trips_per_stream() {
+    use mssql_ces::checkpoint::table::TableStore;
+    use mssql_ces::source::poller::EventPosition;
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    // sql/04_checkpoint_table.sql, in case the test database was made by hand.
+    exec(
+        &mut db,
+        "IF OBJECT_ID(N'dbo.mssql_ces_checkpoint') IS NULL CREATE TABLE dbo.mssql_ces_checkpoint \
+         (stream_name nvarchar(200) NOT NULL PRIMARY KEY, position nvarchar(max) NOT NULL, \
+         updated_at datetime2(3) NOT NULL)",
+    )
+    .await;
+    let settings = SqlServerConfig {
+        connection_string: ConnectionString::new(&url),
+        trust_server_certificate: false,
+        encrypt: true,
+        connect_timeout: Duration::from_secs(5),
+    };
+    let (a, b) = (format!("it-{}", suffix()), format!("it-{}", suffix()));
+    let mut store_a = TableStore::new(settings.clone(), &a);
+    let mut store_b = TableStore::new(settings, &b);
+    assert_eq!(store_a.load().await.unwrap(), None);
+    let mut position = Position::default();
+    position
+        .instances
+        .insert("dbo_x".into(), Lsn::from_parts(1, 2, 3));
+    store_a.save(&position).await.unwrap();
+    position.last_event = Some(EventPosition {
+        commit_lsn: Lsn::from_parts(1, 2, 3),
+        sequence_number: 4,
+    });
+    store_a.save(&position).await.unwrap();
+    assert_eq!(store_a.load().await.unwrap(), Some(position));
+    assert_eq!(store_b.load().await.unwrap(), None, "streams are separate");
+    exec(
+        &mut db,
+        &format!("DELETE FROM dbo.mssql_ces_checkpoint WHERE stream_name IN (N'{a}', N'{b}')"),
+    )
+    .await;
+}

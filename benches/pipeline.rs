@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
-use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme, SinkKind, SinkSettings};
+use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme, SinkSettings};
 use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::pipeline::{self, PipelineSettings};
 use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink};
@@ -53,17 +53,8 @@ fn router(topic: &str) -> Router {
 
 fn sink_settings(bootstrap: &str) -> SinkSettings {
     SinkSettings {
-        kind: SinkKind::Kafka,
-        topic: None,
-        bootstrap_servers: Some(bootstrap.to_owned()),
-        partition_key: PartitionKeyScheme::PrimaryKey,
-        partition_key_column: None,
-        mode: CloudEventsMode::Structured,
-        compression: None,
-        connection_string: Default::default(),
-        path: None,
-        delivery_timeout_ms: 300_000,
         kafka: [("linger.ms".to_string(), "5".to_string())].into(),
+        ..SinkSettings::kafka(bootstrap)
     }
 }
 

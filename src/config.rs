@@ -198,8 +198,21 @@ impl Default for EventSettings {
 pub enum SinkKind {
     Kafka,
     EventHubsKafka,
+    EventHubsAmqp,
     Stdout,
     File,
+}
+
+/// Which Microsoft Entra ID credential an AMQP Event Hubs sink uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntraCredentialKind {
+    /// The managed identity of the Azure host (system-assigned).
+    ManagedIdentity,
+    /// Workload identity federation (AKS), from the standard environment variables.
+    WorkloadIdentity,
+    /// The signed-in Azure CLI or Azure Developer CLI user (development).
+    DeveloperTools,
 }
 
 /// CES's `partition_key_scheme`, plus `primary_key`.
@@ -279,6 +292,17 @@ pub struct SinkSettings {
     /// Event Hubs connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
     #[serde(default)]
     pub connection_string: SecretRef,
+    /// AMQP with Microsoft Entra ID: the namespace (`<name>.servicebus.windows.net`).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// AMQP with Microsoft Entra ID: `"managed_identity"`, `"workload_identity"` or
+    /// `"developer_tools"` (instead of a connection string).
+    #[serde(default)]
+    pub entra_credential: Option<EntraCredentialKind>,
+    /// AMQP: connect here instead of the namespace (a proxy or a local test peer),
+    /// e.g. `amqp://127.0.0.1:5672`.
+    #[serde(default)]
+    pub custom_endpoint: Option<String>,
     /// File sink: the path of the newline-delimited output.
     #[serde(default)]
     pub path: Option<PathBuf>,
@@ -288,6 +312,28 @@ pub struct SinkSettings {
     /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
     #[serde(default)]
     pub kafka: BTreeMap<String, String>,
+}
+
+impl SinkSettings {
+    /// A Kafka sink at `bootstrap_servers`, every other setting at its default.
+    pub fn kafka(bootstrap_servers: &str) -> Self {
+        SinkSettings {
+            kind: SinkKind::Kafka,
+            topic: None,
+            bootstrap_servers: Some(bootstrap_servers.to_owned()),
+            partition_key: PartitionKeyScheme::default(),
+            partition_key_column: None,
+            mode: CloudEventsMode::default(),
+            compression: None,
+            connection_string: SecretRef::default(),
+            namespace: None,
+            entra_credential: None,
+            custom_endpoint: None,
+            path: None,
+            delivery_timeout_ms: default_delivery_timeout_ms(),
+            kafka: BTreeMap::new(),
+        }
+    }
 }
 
 /// Where checkpoints are kept.
@@ -521,6 +567,42 @@ impl Config {
                     });
                 }
             }
+            SinkKind::EventHubsAmqp => {
+                let c = &sink.connection_string;
+                let has_secret = c.env.is_some() || c.file.is_some();
+                match (has_secret, sink.entra_credential, &sink.namespace) {
+                    (true, None, _) => {}
+                    (false, Some(_), Some(_)) => {
+                        if sink.topic.is_none() {
+                            return Err(invalid("sink.topic", "name the event hub"));
+                        }
+                    }
+                    (false, Some(_), None) => {
+                        return Err(invalid(
+                            "sink.namespace",
+                            "Microsoft Entra ID needs the namespace (<name>.servicebus.windows.net)",
+                        ));
+                    }
+                    (true, Some(_), _) => {
+                        return Err(invalid(
+                            "sink.entra_credential",
+                            "give either sink.connection_string or sink.entra_credential, not both",
+                        ));
+                    }
+                    (false, None, _) => {
+                        return Err(ConfigError::MissingSecret {
+                            setting: "sink.connection_string".into(),
+                            reason: "set sink.connection_string.env or .file, or use sink.entra_credential with sink.namespace".into(),
+                        });
+                    }
+                }
+                if sink.compression.is_some() {
+                    return Err(invalid(
+                        "sink.compression",
+                        "does not apply to Event Hubs over AMQP",
+                    ));
+                }
+            }
             SinkKind::File => {
                 if sink.path.is_none() {
                     return Err(invalid("sink.path", "required for sink.kind = \"file\""));
@@ -647,6 +729,26 @@ connection_string = { env = "EH" }
 "#;
         let err = load(text).unwrap_err();
         assert!(err.to_string().contains("sink.compression"), "{err}");
+    }
+
+    #[test]
+    fn amqp_needs_a_connection_string_or_entra_with_a_namespace() {
+        let base = "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_amqp\"\n";
+        let err = load(base).unwrap_err();
+        assert!(err.to_string().contains("sink.connection_string"), "{err}");
+        let err = load(&format!(
+            "{base}entra_credential = \"managed_identity\"\ntopic = \"hub\"\n"
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("sink.namespace"), "{err}");
+        let ok = format!(
+            "{base}entra_credential = \"workload_identity\"\nnamespace = \"ns.servicebus.windows.net\"\ntopic = \"hub\"\n"
+        );
+        assert_eq!(
+            load(&ok).unwrap().sink.entra_credential,
+            Some(EntraCredentialKind::WorkloadIdentity)
+        );
+        assert!(load(&format!("{base}connection_string = {{ env = \"X\" }}\n")).is_ok());
     }
 
     #[test]

@@ -10,9 +10,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore, table::TableStore};
-use mssql_ces::config::{CheckpointStoreKind, Config, SinkKind, SourceKind};
+use mssql_ces::config::{CheckpointStoreKind, Config, EntraCredentialKind, SinkKind, SourceKind};
 use mssql_ces::event::EncoderOptions;
 use mssql_ces::pipeline::{self, PipelineSettings};
+use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
 use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink, parse_event_hubs_connection_string};
 use mssql_ces::sink::stream::StreamSink;
 use mssql_ces::sink::{Router, Sink};
@@ -249,6 +250,55 @@ async fn drive<S: ChangeSource>(
                 Sink::Kafka(KafkaSink::new(&settings)?),
                 config.sink.topic.clone().unwrap_or_else(|| "ces".into()),
             )
+        }
+        SinkKind::EventHubsAmqp => {
+            let (credential, entity) = match config.sink.entra_credential {
+                None => {
+                    let secret = config
+                        .sink
+                        .connection_string
+                        .resolve("sink.connection_string")?;
+                    let (_, entity) = parse_event_hubs_connection_string(&secret)?;
+                    (EventHubsCredential::ConnectionString(secret), entity)
+                }
+                Some(kind) => {
+                    let namespace = config
+                        .sink
+                        .namespace
+                        .clone()
+                        .context("sink.namespace is required")?;
+                    let credential: std::sync::Arc<dyn azure_core::credentials::TokenCredential> =
+                        match kind {
+                            EntraCredentialKind::ManagedIdentity => {
+                                azure_identity::ManagedIdentityCredential::new(None)?
+                            }
+                            EntraCredentialKind::WorkloadIdentity => {
+                                azure_identity::WorkloadIdentityCredential::new(None)?
+                            }
+                            EntraCredentialKind::DeveloperTools => {
+                                azure_identity::DeveloperToolsCredential::new(None)?
+                            }
+                        };
+                    (
+                        EventHubsCredential::Entra {
+                            namespace,
+                            credential,
+                        },
+                        None,
+                    )
+                }
+            };
+            let topic = config.sink.topic.clone().or(entity).context(
+                "sink.topic: name the event hub, or put EntityPath= in the connection string",
+            )?;
+            let sink = EventHubsAmqpSink::connect(
+                credential,
+                &topic,
+                config.sink.custom_endpoint.clone(),
+                Duration::from_millis(config.sink.delivery_timeout_ms),
+            )
+            .await?;
+            (Sink::EventHubsAmqp(Box::new(sink)), topic)
         }
         SinkKind::EventHubsKafka => {
             let secret = config

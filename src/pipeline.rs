@@ -158,7 +158,7 @@ pub async fn run<S: ChangeSource>(
                     deliveries.push(sink.send(message).await?);
                 }
             }
-            sink.end_batch()?;
+            sink.end_batch().await?;
             let pending = Pending {
                 deliveries,
                 position: batch.position,
@@ -195,6 +195,9 @@ pub async fn run<S: ChangeSource>(
         acker_result.map_err(|e| SinkError::Delivery(format!("acknowledgement task: {e}")))?;
     if let Err(e) = sink.flush(Duration::from_millis(100)).await {
         tracing::debug!(error = %e, "final flush");
+    }
+    if let Err(e) = sink.close().await {
+        tracing::warn!(error = %e, "closing the sink");
     }
     summary.checkpoint = acker_result?;
     outcome?;

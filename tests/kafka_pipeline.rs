@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
-use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme, SinkKind, SinkSettings};
+use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme, SinkSettings};
 use mssql_ces::event::readback::{CloudEvent, Reassembler, decode_message};
 use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::pipeline::{self, PipelineSettings, RunSummary};
@@ -68,17 +68,9 @@ async fn expected(transactions: u64, encoding: Encoding) -> BTreeMap<String, Vec
 
 fn sink_settings(bootstrap: &str) -> SinkSettings {
     SinkSettings {
-        kind: SinkKind::Kafka,
         topic: Some("ces".into()),
-        bootstrap_servers: Some(bootstrap.to_owned()),
-        partition_key: PartitionKeyScheme::Table,
-        partition_key_column: None,
-        mode: CloudEventsMode::Structured,
-        compression: None,
-        connection_string: Default::default(),
-        path: None,
         delivery_timeout_ms: 60_000,
-        kafka: Default::default(),
+        ..SinkSettings::kafka(bootstrap)
     }
 }
 

@@ -219,16 +219,8 @@ mod tests {
     fn sink(kind: SinkKind) -> SinkSettings {
         SinkSettings {
             kind,
-            topic: None,
-            bootstrap_servers: Some("localhost:9092".into()),
-            partition_key: Default::default(),
-            partition_key_column: None,
-            mode: Default::default(),
-            compression: None,
-            connection_string: Default::default(),
-            path: None,
-            delivery_timeout_ms: 300_000,
             kafka: [("linger.ms".to_string(), "5".to_string())].into(),
+            ..SinkSettings::kafka("localhost:9092")
         }
     }
 

@@ -10,6 +10,7 @@
 //! and returns a [`Delivery`] that resolves when the destination has acknowledged the
 //! message; the pipeline awaits deliveries in order before it moves the checkpoint.
 
+pub mod event_hubs_amqp;
 pub mod kafka;
 pub mod stream;
 
@@ -57,6 +58,8 @@ pub enum Delivery {
     Settled(Result<(), SinkError>),
     /// Waiting for the Kafka broker.
     Kafka(rdkafka::producer::DeliveryFuture),
+    /// Settled when the sink sends its buffered batch (Event Hubs over AMQP).
+    Pending(tokio::sync::oneshot::Receiver<Result<(), SinkError>>),
 }
 
 impl Delivery {
@@ -68,6 +71,11 @@ impl Delivery {
                 Ok(Err((error, _))) => Err(SinkError::Delivery(error.to_string())),
                 Err(_) => Err(SinkError::Delivery("the producer was closed".into())),
             },
+            Delivery::Pending(rx) => rx.await.unwrap_or_else(|_| {
+                Err(SinkError::Delivery(
+                    "the sink stopped before sending".into(),
+                ))
+            }),
         }
     }
 }
@@ -207,6 +215,7 @@ fn binary_mode(message: &[u8], encoding: Encoding) -> Result<(Headers, Vec<u8>),
 /// A destination.
 pub enum Sink {
     Kafka(kafka::KafkaSink),
+    EventHubsAmqp(Box<event_hubs_amqp::EventHubsAmqpSink>),
     Stream(stream::StreamSink),
 }
 
@@ -215,15 +224,26 @@ impl Sink {
     pub async fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
         match self {
             Sink::Kafka(s) => s.send(message).await,
+            Sink::EventHubsAmqp(s) => Ok(s.send(message)),
             Sink::Stream(s) => s.send(message),
         }
     }
 
-    /// Makes everything sent so far durable where the sink itself must (files).
-    pub fn end_batch(&mut self) -> Result<(), SinkError> {
+    /// Ends a pipeline batch: sends what the sink buffers (Event Hubs over AMQP) and
+    /// makes what was written durable (files).
+    pub async fn end_batch(&mut self) -> Result<(), SinkError> {
         match self {
             Sink::Kafka(_) => Ok(()),
+            Sink::EventHubsAmqp(s) => s.end_batch().await,
             Sink::Stream(s) => s.sync(),
+        }
+    }
+
+    /// Closes the connection to the destination (after [`flush`](Self::flush)).
+    pub async fn close(self) -> Result<(), SinkError> {
+        match self {
+            Sink::EventHubsAmqp(s) => s.close().await,
+            Sink::Kafka(_) | Sink::Stream(_) => Ok(()),
         }
     }
 
@@ -231,6 +251,7 @@ impl Sink {
     pub async fn flush(&mut self, timeout: std::time::Duration) -> Result<(), SinkError> {
         match self {
             Sink::Kafka(s) => s.flush(timeout).await,
+            Sink::EventHubsAmqp(s) => s.end_batch().await,
             Sink::Stream(s) => s.sync(),
         }
     }

@@ -1,6 +1,8 @@
 //! Builders shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod amqp_peer;
+pub mod event_hubs;
 pub mod kafka;
 
 use std::sync::Arc;

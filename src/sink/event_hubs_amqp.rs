@@ -1,0 +1,211 @@
+//! Azure Event Hubs over AMQP (`azure_messaging_eventhubs`).
+//!
+//! Messages of a pipeline batch are buffered, grouped by partition key (in order of
+//! first appearance, each group in send order), packed into `EventDataBatch`es filled
+//! up to the link's size limit, and sent at the end of the pipeline batch; each
+//! message's delivery resolves when its AMQP batch is accepted. The partition key is
+//! the scheme's key; with no key, a key derived from the event's `logicalid`, so its
+//! segments share a partition. The body is the structured CloudEvent (or, in binary
+//! mode, `data`), `content-type` is set, and binary mode's attributes travel as
+//! `cloudEvents:`-prefixed application properties (the CloudEvents AMQP binding).
+
+use azure_messaging_eventhubs::models::EventData;
+use azure_messaging_eventhubs::{EventDataBatch, EventDataBatchOptions, ProducerClient};
+use tokio::sync::oneshot;
+
+use super::{Delivery, OutgoingMessage, SinkError};
+
+/// How the producer authenticates.
+pub enum EventHubsCredential {
+    /// A SAS connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
+    ConnectionString(String),
+    /// Microsoft Entra ID, for `namespace` (`<name>.servicebus.windows.net`).
+    Entra {
+        namespace: String,
+        credential: std::sync::Arc<dyn azure_core::credentials::TokenCredential>,
+    },
+}
+
+/// Largest batch we fill: below the 1 MiB link limit of Event Hubs' Standard tier,
+/// leaving room for the batch envelope and per-message overhead that the client's size
+/// estimate does not count exactly (a batch filled to the very limit was seen to stall
+/// when messages carry application properties).
+pub const BATCH_CAP_BYTES: u64 = 900 * 1024;
+
+pub struct EventHubsAmqpSink {
+    producer: ProducerClient,
+    /// A send that takes longer fails (`sink.delivery_timeout_ms`) instead of hanging.
+    send_timeout: std::time::Duration,
+    pending: Vec<(OutgoingMessage, oneshot::Sender<Result<(), SinkError>>)>,
+}
+
+fn delivery_error(e: impl std::fmt::Display) -> SinkError {
+    SinkError::Delivery(e.to_string())
+}
+
+/// The AMQP application-property name of a Kafka-binding header (`ce_id` →
+/// `cloudEvents:id`); `None` for `content-type`, which is a message property.
+fn property_name(header: &str) -> Option<String> {
+    header
+        .strip_prefix("ce_")
+        .map(|attribute| format!("cloudEvents:{attribute}"))
+}
+
+impl EventHubsAmqpSink {
+    /// Opens the producer. `custom_endpoint` (e.g. `amqp://127.0.0.1:5672`) sends the
+    /// connection elsewhere than the namespace (a proxy, or a local test peer).
+    pub async fn connect(
+        credential: EventHubsCredential,
+        event_hub: &str,
+        custom_endpoint: Option<String>,
+        send_timeout: std::time::Duration,
+    ) -> Result<Self, SinkError> {
+        let mut builder = ProducerClient::builder().with_application_id("mssql-ces".into());
+        if let Some(endpoint) = custom_endpoint {
+            builder = builder.with_custom_endpoint(endpoint);
+        }
+        let producer = match credential {
+            // The client's errors do not quote the connection string.
+            EventHubsCredential::ConnectionString(cs) => {
+                builder
+                    .open_with_connection_string(&cs, Some(event_hub))
+                    .await
+            }
+            EventHubsCredential::Entra {
+                namespace,
+                credential,
+            } => builder.open(&namespace, event_hub, credential).await,
+        }
+        .map_err(|e| SinkError::Delivery(format!("cannot open the Event Hubs producer: {e}")))?;
+        Ok(EventHubsAmqpSink {
+            producer,
+            send_timeout,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Buffers a message until [`end_batch`](Self::end_batch).
+    pub fn send(&mut self, message: OutgoingMessage) -> Delivery {
+        let (tx, rx) = oneshot::channel();
+        self.pending.push((message, tx));
+        Delivery::Pending(rx)
+    }
+
+    /// Closes the AMQP connection.
+    pub async fn close(self) -> Result<(), SinkError> {
+        self.producer.close().await.map_err(delivery_error)
+    }
+
+    fn partition_key(message: &OutgoingMessage) -> String {
+        match (&message.key, message.partition_hint) {
+            (Some(key), _) => String::from_utf8_lossy(key).into_owned(),
+            (None, Some(hint)) => format!("{hint:016x}"),
+            (None, None) => String::new(),
+        }
+    }
+
+    fn event_data(message: &OutgoingMessage) -> EventData {
+        let mut builder = EventData::builder().with_body(message.payload.clone());
+        for (name, value) in &message.headers {
+            let text = String::from_utf8_lossy(value).into_owned();
+            match property_name(name) {
+                Some(property) => builder = builder.add_property(property, text.as_str()),
+                None if name == "content-type" => builder = builder.with_content_type(text),
+                None => {}
+            }
+        }
+        builder.build()
+    }
+
+    /// Sends everything buffered, grouped by partition key, and settles each
+    /// message's delivery with its batch's outcome.
+    pub async fn end_batch(&mut self) -> Result<(), SinkError> {
+        let pending = std::mem::take(&mut self.pending);
+        let mut groups: Vec<(String, Vec<(OutgoingMessage, oneshot::Sender<_>)>)> = Vec::new();
+        for (message, tx) in pending {
+            let key = Self::partition_key(&message);
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, list)) => list.push((message, tx)),
+                None => groups.push((key, vec![(message, tx)])),
+            }
+        }
+        for (key, list) in groups {
+            let result = tokio::time::timeout(self.send_timeout, self.send_group(&key, &list))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SinkError::Delivery(format!(
+                        "Event Hubs did not acknowledge a batch within sink.delivery_timeout_ms ({} ms)",
+                        self.send_timeout.as_millis()
+                    )))
+                });
+            for (_, tx) in list {
+                // A dropped receiver means the pipeline stopped listening: nothing to do.
+                let _ = tx.send(result.clone());
+            }
+            result?;
+        }
+        Ok(())
+    }
+
+    /// A new batch for `key`, capped at [`BATCH_CAP_BYTES`] (or the link's limit
+    /// where that is lower).
+    async fn new_batch(&self, key: &str) -> Result<EventDataBatch<'_>, SinkError> {
+        let options = |cap| EventDataBatchOptions {
+            partition_key: (!key.is_empty()).then(|| key.to_owned()),
+            max_size_in_bytes: cap,
+            ..Default::default()
+        };
+        match self
+            .producer
+            .create_batch(Some(options(Some(BATCH_CAP_BYTES))))
+            .await
+        {
+            Ok(batch) => Ok(batch),
+            // The link allows less than the cap: use the link's own limit.
+            Err(_) => self
+                .producer
+                .create_batch(Some(options(None)))
+                .await
+                .map_err(delivery_error),
+        }
+    }
+
+    async fn send_group(
+        &self,
+        key: &str,
+        list: &[(OutgoingMessage, oneshot::Sender<Result<(), SinkError>>)],
+    ) -> Result<(), SinkError> {
+        let mut batch = self.new_batch(key).await?;
+        for (message, _) in list {
+            let event = Self::event_data(message);
+            if batch
+                .try_add_event_data(event.clone(), None)
+                .map_err(delivery_error)?
+            {
+                continue;
+            }
+            // Full: send what it holds and start another.
+            self.producer
+                .send_batch(batch, None)
+                .await
+                .map_err(delivery_error)?;
+            batch = self.new_batch(key).await?;
+            if !batch
+                .try_add_event_data(event, None)
+                .map_err(delivery_error)?
+            {
+                return Err(SinkError::Delivery(format!(
+                    "a {}-byte message does not fit the Event Hubs link's limit; lower event.max_message_size_kb",
+                    message.payload.len()
+                )));
+            }
+        }
+        if !batch.is_empty() {
+            self.producer
+                .send_batch(batch, None)
+                .await
+                .map_err(delivery_error)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! The Event Hubs AMQP scenario shared by `tests/event_hubs_amqp*.rs`: the pipeline's
+//! AMQP sink against the local peer, checking body bytes, content type, partition key
+//! and application properties of everything that arrives. Each scenario runs in its own
+//! test process, so one producer is open at a time, as in the daemon.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::amqp_peer::{self, ArrivedEvent};
+use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
+use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme};
+use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::pipeline::{self, PipelineSettings};
+use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
+use mssql_ces::sink::{OutgoingMessage, Router, Sink};
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
+use tokio_util::sync::CancellationToken;
+
+const CONNECTION_STRING: &str = "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
+
+fn synthetic() -> SyntheticConfig {
+    SyntheticConfig {
+        seed: 4,
+        transactions: Some(40),
+        rate_per_second: None,
+        large_value_every: 15,
+    }
+}
+
+fn options(guid: uuid::Uuid) -> EncoderOptions {
+    EncoderOptions {
+        stream_guid: guid,
+        encoding: Encoding::Json,
+        final_event: FinalEventMode::LastInTransaction,
+        max_message_size: MessageSizeLimit::from_kb(128).expect("valid"),
+    }
+}
+
+fn router(scheme: PartitionKeyScheme, mode: CloudEventsMode) -> Router {
+    Router::new("orders", scheme, None, mode, Encoding::Json, "group")
+}
+
+/// The messages the pipeline should send, computed without it.
+async fn expected(router: &Router) -> Vec<OutgoingMessage> {
+    let mut poller = Poller::new(
+        SyntheticSource::new(synthetic()),
+        PollerConfig::default(),
+        None,
+    );
+    let mut encoder = None;
+    let mut out = Vec::new();
+    while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
+        let guid = poller.catalog().expect("catalog").database_guid;
+        let encoder = encoder.get_or_insert_with(|| Encoder::new(options(guid)));
+        for change in &batch.changes {
+            out.extend(
+                router
+                    .route(change, encoder.encode(change).expect("encode"))
+                    .expect("route"),
+            );
+        }
+    }
+    out
+}
+
+/// The partition key the sink must use for a message.
+fn partition_key(m: &OutgoingMessage) -> String {
+    match (&m.key, m.partition_hint) {
+        (Some(k), _) => String::from_utf8_lossy(k).into_owned(),
+        (None, Some(h)) => format!("{h:016x}"),
+        (None, None) => String::new(),
+    }
+}
+
+pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
+    let (endpoint, arrivals) = amqp_peer::start().await;
+    let sink = EventHubsAmqpSink::connect(
+        EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
+        "orders",
+        Some(endpoint),
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("producer opens against the local peer");
+    let dir = std::env::temp_dir().join(format!("mssql-ces-amqp-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let summary = pipeline::run(
+        Poller::new(
+            SyntheticSource::new(synthetic()),
+            PollerConfig {
+                batch_size: 25,
+                ..PollerConfig::default()
+            },
+            None,
+        ),
+        Box::new(options),
+        router(scheme, mode),
+        Sink::EventHubsAmqp(Box::new(sink)),
+        CheckpointStore::File(FileStore::new(dir.join("cp.json"), "amqp")),
+        PipelineSettings {
+            poll_interval: Duration::from_millis(10),
+            checkpoint_interval: Duration::from_millis(10),
+            drain_timeout: Duration::from_secs(30),
+            until_idle: true,
+        },
+        CancellationToken::new(),
+    )
+    .await
+    .expect("run");
+    std::fs::remove_dir_all(dir).ok();
+
+    let expected = expected(&router(scheme, mode)).await;
+    let arrived: Vec<ArrivedEvent> = arrivals.events.lock().expect("lock").clone();
+    assert_eq!(summary.messages as usize, expected.len());
+    assert_eq!(arrived.len(), expected.len(), "every message arrived once");
+    assert!(
+        arrived.iter().all(|a| a.address.ends_with("/orders")),
+        "sent to the event hub"
+    );
+    let tokens = arrivals.tokens.lock().expect("lock").clone();
+    assert!(
+        tokens
+            .iter()
+            .any(|t| t.contains("fake.servicebus.windows.net/orders")),
+        "{tokens:?}"
+    );
+    assert!(
+        expected.iter().any(|m| m.payload.len() > 100_000),
+        "segmented events were sent"
+    );
+
+    // Per partition key, the same messages in the same order.
+    let mut want: BTreeMap<String, Vec<&OutgoingMessage>> = BTreeMap::new();
+    for m in &expected {
+        want.entry(partition_key(m)).or_default().push(m);
+    }
+    let mut got: BTreeMap<String, Vec<&ArrivedEvent>> = BTreeMap::new();
+    for a in &arrived {
+        got.entry(a.partition_key.clone().unwrap_or_default())
+            .or_default()
+            .push(a);
+    }
+    assert_eq!(
+        want.keys().collect::<Vec<_>>(),
+        got.keys().collect::<Vec<_>>(),
+        "partition keys"
+    );
+    for (key, messages) in &want {
+        let arrived = &got[key];
+        assert_eq!(arrived.len(), messages.len(), "key {key}");
+        for (m, a) in messages.iter().zip(arrived) {
+            assert!(a.body == m.payload, "body bytes for key {key}");
+            let content_type = m
+                .headers
+                .iter()
+                .find(|(k, _)| k == "content-type")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+            assert_eq!(a.content_type, content_type);
+            for (header, value) in &m.headers {
+                if let Some(attribute) = header.strip_prefix("ce_") {
+                    let name = format!("cloudEvents:{attribute}");
+                    let found = a
+                        .properties
+                        .iter()
+                        .find(|(k, _)| *k == name)
+                        .map(|(_, v)| v.as_bytes());
+                    assert_eq!(found, Some(value.as_slice()), "property {name}");
+                }
+            }
+        }
+    }
+    if mode == CloudEventsMode::Structured {
+        assert!(
+            arrived.iter().all(|a| a.content_type.as_deref()
+                == Some("application/cloudevents+json; charset=UTF-8"))
+        );
+    } else {
+        assert!(arrived.iter().all(|a| {
+            a.properties
+                .iter()
+                .any(|(k, _)| k == "cloudEvents:logicalid")
+        }));
+    }
+}

@@ -224,7 +224,7 @@ fn sql_server_settings(config: &Config) -> anyhow::Result<SqlServerConfig> {
     })
 }
 
-async fn drive<S: ChangeSource>(
+async fn drive<S: ChangeSource + 'static>(
     config: Config,
     poller: Poller<S>,
     store: CheckpointStore,

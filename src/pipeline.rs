@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::{CheckpointError, CheckpointStore};
 use crate::event::{Encoder, EncoderOptions, EventError};
 use crate::sink::{Delivery, Router, Sink, SinkError};
-use crate::source::poller::{PollOutcome, Poller, Position};
+use crate::source::poller::{Batch, PollOutcome, Poller, Position};
 use crate::source::{ChangeSource, SourceError};
 
 /// Batches sent but not yet acknowledged, at most.
@@ -76,8 +76,8 @@ struct Pending {
 pub type EncoderFactory = Box<dyn FnOnce(uuid::Uuid) -> EncoderOptions + Send>;
 
 /// Runs until `shutdown` is cancelled (or, with `until_idle`, until caught up).
-pub async fn run<S: ChangeSource>(
-    mut poller: Poller<S>,
+pub async fn run<S: ChangeSource + 'static>(
+    poller: Poller<S>,
     encoder_options: EncoderFactory,
     router: Router,
     mut sink: Sink,
@@ -96,53 +96,39 @@ pub async fn run<S: ChangeSource>(
         abandon.clone(),
     ));
 
+    // The source runs in its own task, a couple of batches ahead, so that reading
+    // and generating changes overlaps encoding and sending.
+    let (batch_tx, mut batch_rx) = mpsc::channel::<Result<SourceItem, SourceError>>(2);
+    let stop_source = CancellationToken::new();
+    let source = tokio::spawn(poll_source(
+        poller,
+        batch_tx,
+        settings.poll_interval,
+        settings.until_idle,
+        stop_source.clone(),
+    ));
+
     let mut summary = RunSummary::default();
     let mut encoder_options = Some(encoder_options);
     let mut encoder: Option<Encoder> = None;
-    let mut backoff = Backoff::new();
     let mut last_report = Instant::now();
     let mut reported_events = 0;
     let outcome: Result<(), PipelineError> = async {
         loop {
-            if shutdown.is_cancelled() || failed.is_cancelled() {
-                return Ok(());
-            }
-            let polled = tokio::select! {
-                polled = poller.poll() => polled,
+            let item = tokio::select! {
+                item = batch_rx.recv() => item,
                 () = shutdown.cancelled() => return Ok(()),
+                () = failed.cancelled() => return Ok(()),
             };
-            let batch = match polled {
-                Ok(PollOutcome::Batch(batch)) => {
-                    backoff.reset();
-                    batch
-                }
-                Ok(PollOutcome::Idle) => {
-                    backoff.reset();
-                    if settings.until_idle {
-                        return Ok(());
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(settings.poll_interval) => {}
-                        () = shutdown.cancelled() => return Ok(()),
-                        () = failed.cancelled() => return Ok(()),
-                    }
-                    continue;
-                }
-                Err(e) if e.is_transient() => {
-                    let wait = backoff.next();
-                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "transient source error; retrying");
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        () = shutdown.cancelled() => return Ok(()),
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
+            let (batch, database_guid) = match item {
+                None | Some(Ok(SourceItem::Idle)) => return Ok(()),
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(SourceItem::Batch(batch, guid))) => (batch, guid),
             };
             if encoder.is_none()
-                && let (Some(factory), Some(catalog)) = (encoder_options.take(), poller.catalog())
+                && let Some(factory) = encoder_options.take()
             {
-                encoder = Some(Encoder::new(factory(catalog.database_guid)));
+                encoder = Some(Encoder::new(factory(database_guid)));
             }
             let Some(encoder) = encoder.as_ref() else {
                 continue;
@@ -167,15 +153,25 @@ pub async fn run<S: ChangeSource>(
                 return Ok(()); // the acker stopped: its error is reported below
             }
             if last_report.elapsed() >= Duration::from_secs(10) {
-                let rate = (summary.events - reported_events) as f64
-                    / last_report.elapsed().as_secs_f64();
-                tracing::info!(events = summary.events, messages = summary.messages, events_per_second = rate as u64, "progress");
+                let rate =
+                    (summary.events - reported_events) as f64 / last_report.elapsed().as_secs_f64();
+                tracing::info!(
+                    events = summary.events,
+                    messages = summary.messages,
+                    events_per_second = rate as u64,
+                    "progress"
+                );
                 last_report = Instant::now();
                 reported_events = summary.events;
             }
         }
     }
     .await;
+    stop_source.cancel();
+    drop(batch_rx);
+    if let Err(e) = source.await {
+        tracing::warn!(error = %e, "source task");
+    }
 
     // Stop feeding the acker; let it finish what is in flight, within the bound.
     drop(tx);
@@ -202,6 +198,66 @@ pub async fn run<S: ChangeSource>(
     summary.checkpoint = acker_result?;
     outcome?;
     Ok(summary)
+}
+
+/// What the source task hands on.
+enum SourceItem {
+    /// A batch, with the database GUID (the default stream GUID).
+    Batch(Batch, uuid::Uuid),
+    /// Nothing new (only sent when the run stops once idle).
+    Idle,
+}
+
+/// Polls until stopped; retries transient errors with backoff; sends batches on.
+async fn poll_source<S: ChangeSource>(
+    mut poller: Poller<S>,
+    tx: mpsc::Sender<Result<SourceItem, SourceError>>,
+    poll_interval: Duration,
+    until_idle: bool,
+    stop: CancellationToken,
+) {
+    let mut backoff = Backoff::new();
+    loop {
+        let polled = tokio::select! {
+            polled = poller.poll() => polled,
+            () = stop.cancelled() => return,
+        };
+        match polled {
+            Ok(PollOutcome::Batch(batch)) => {
+                backoff.reset();
+                let guid = poller
+                    .catalog()
+                    .map(|c| c.database_guid)
+                    .unwrap_or_default();
+                if tx.send(Ok(SourceItem::Batch(batch, guid))).await.is_err() {
+                    return;
+                }
+            }
+            Ok(PollOutcome::Idle) => {
+                backoff.reset();
+                if until_idle {
+                    let _ = tx.send(Ok(SourceItem::Idle)).await;
+                    return;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(poll_interval) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+            Err(e) if e.is_transient() => {
+                let wait = backoff.next();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "transient source error; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        }
+    }
 }
 
 /// Awaits deliveries in send order; writes the checkpoint of what is delivered at

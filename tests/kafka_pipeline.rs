@@ -12,11 +12,11 @@ use std::time::Duration;
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
 use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme, SinkSettings};
 use mssql_ces::event::readback::{CloudEvent, Reassembler, decode_message};
-use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::pipeline::{self, PipelineSettings, RunSummary};
 use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink};
 use mssql_ces::sink::{Router, Sink};
-use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 use rdkafka::mocking::MockCluster;
 use support::kafka::{Consumed, by_partition, consume, position_of};
@@ -42,28 +42,14 @@ fn options(guid: uuid::Uuid, encoding: Encoding) -> EncoderOptions {
     }
 }
 
-/// What each event should carry: `logicalid` → (whole `data`, table, key columns text).
+/// What each event should carry: `logicalid` → whole `data`.
 async fn expected(transactions: u64, encoding: Encoding) -> BTreeMap<String, Vec<u8>> {
-    let mut poller = Poller::new(
-        SyntheticSource::new(synthetic(transactions)),
-        PollerConfig::default(),
-        None,
-    );
-    let mut out = BTreeMap::new();
-    let mut encoder = None;
-    while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
-        let guid = poller.catalog().expect("catalog").database_guid;
-        let encoder = encoder.get_or_insert_with(|| Encoder::new(options(guid, encoding)));
-        for change in &batch.changes {
-            let event = encoder.encode(change).expect("encode");
-            let mut data = Vec::new();
-            for m in &event.messages {
-                data.extend(decode_message(&m.bytes, encoding).expect("decode").data);
-            }
-            out.insert(event.logical_id, data);
-        }
-    }
-    out
+    support::expected::events(
+        synthetic(transactions),
+        |guid| options(guid, encoding),
+        encoding,
+    )
+    .await
 }
 
 fn sink_settings(bootstrap: &str) -> SinkSettings {

@@ -10,9 +10,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
-use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::source::synthetic::SyntheticConfig;
 use rdkafka::mocking::MockCluster;
 use support::kafka::{by_partition, consume_quietly, position_of};
 
@@ -85,34 +84,13 @@ fn wait(child: &mut Child, timeout: Duration) -> ExitStatus {
 
 /// The events the synthetic source must produce: `logicalid` → whole `data`.
 async fn expected_events(synthetic: SyntheticConfig) -> BTreeMap<String, Vec<u8>> {
-    let mut poller = Poller::new(
-        SyntheticSource::new(synthetic),
-        PollerConfig::default(),
-        None,
-    );
-    let mut out = BTreeMap::new();
-    let mut encoder = None;
-    while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
-        let guid = poller.catalog().expect("catalog").database_guid;
-        let encoder = encoder.get_or_insert_with(|| {
-            Encoder::new(EncoderOptions {
-                stream_guid: guid,
-                encoding: Encoding::Json,
-                final_event: FinalEventMode::LastInTransaction,
-                max_message_size: MessageSizeLimit::from_kb(128).expect("valid"),
-            })
-        });
-        for change in &batch.changes {
-            let event = encoder.encode(change).expect("encode");
-            let data = event
-                .messages
-                .iter()
-                .flat_map(|m| decode_json_message(&m.bytes).expect("decode").data)
-                .collect();
-            out.insert(event.logical_id, data);
-        }
-    }
-    out
+    let options = |guid| EncoderOptions {
+        stream_guid: guid,
+        encoding: Encoding::Json,
+        final_event: FinalEventMode::LastInTransaction,
+        max_message_size: MessageSizeLimit::from_kb(128).expect("valid"),
+    };
+    support::expected::events(synthetic, options, Encoding::Json).await
 }
 
 /// A small deterministic generator for kill moments (the seed is printed on failure).

@@ -3,6 +3,7 @@
 
 pub mod amqp_peer;
 pub mod event_hubs;
+pub mod expected;
 pub mod kafka;
 
 use std::sync::Arc;

@@ -1,0 +1,39 @@
+//! What the synthetic source must produce, computed without the pipeline: the
+//! reference the delivery tests compare what arrived against.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use mssql_ces::event::readback::decode_message;
+use mssql_ces::event::{Encoder, EncoderOptions, Encoding};
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
+
+/// `logicalid` → the event's whole `data`, for every event of the workload.
+pub async fn events(
+    synthetic: SyntheticConfig,
+    options: impl Fn(uuid::Uuid) -> EncoderOptions,
+    encoding: Encoding,
+) -> BTreeMap<String, Vec<u8>> {
+    let mut poller = Poller::new(
+        SyntheticSource::new(synthetic),
+        PollerConfig::default(),
+        None,
+    );
+    let mut out = BTreeMap::new();
+    let mut encoder = None;
+    while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
+        let guid = poller.catalog().expect("catalog").database_guid;
+        let encoder = encoder.get_or_insert_with(|| Encoder::new(options(guid)));
+        for change in &batch.changes {
+            let event = encoder.encode(change).expect("encode");
+            let data = event
+                .messages
+                .iter()
+                .flat_map(|m| decode_message(&m.bytes, encoding).expect("decode").data)
+                .collect();
+            out.insert(event.logical_id, data);
+        }
+    }
+    out
+}

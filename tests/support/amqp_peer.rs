@@ -75,7 +75,16 @@ async fn serve_session(
         .max_message_size(1024 * 1024u64)
         .build();
     let reply: Arc<tokio::sync::Mutex<Option<Sender>>> = Arc::default();
-    while let Ok(link) = links.accept(&mut session).await {
+    loop {
+        let link = match links.accept(&mut session).await {
+            Ok(link) => link,
+            Err(e) => {
+                if std::env::var_os("AMQP_PEER_TRACE").is_some() {
+                    eprintln!("amqp peer: link accept ended: {e:?}");
+                }
+                return;
+            }
+        };
         match link {
             // The client's receiver: where `$cbs` replies go.
             LinkEndpoint::Sender(sender) => *reply.lock().await = Some(sender),

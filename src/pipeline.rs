@@ -284,12 +284,13 @@ async fn acknowledge(
                 }
             }
             delivered = Some(pending.position);
-            if last_write.elapsed() >= interval && delivered != written {
-                if let Some(position) = &delivered {
-                    store.save(position).await?;
-                    written = delivered.clone();
-                    last_write = Instant::now();
-                }
+            if last_write.elapsed() >= interval
+                && delivered != written
+                && let Some(position) = &delivered
+            {
+                store.save(position).await?;
+                written = delivered.clone();
+                last_write = Instant::now();
             }
         }
         Ok(())

@@ -186,7 +186,7 @@ impl SyntheticSource {
         let mut txn = self.sim.transaction();
         for s in 0..statements {
             let large = self.config.large_value_every > 0
-                && k % self.config.large_value_every == 0
+                && k.is_multiple_of(self.config.large_value_every)
                 && s == 0;
             txn = self.statement(txn, large);
         }

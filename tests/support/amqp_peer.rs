@@ -175,10 +175,9 @@ async fn serve_receiver(
                 .application_properties
                 .as_ref()
                 .and_then(|p| p.0.get("name"))
+                && let Ok(mut tokens) = arrivals.tokens.lock()
             {
-                if let Ok(mut tokens) = arrivals.tokens.lock() {
-                    tokens.push(text(name));
-                }
+                tokens.push(text(name));
             }
             // The client's reply receiver may attach just after its request sender.
             for _ in 0..3000 {

@@ -102,6 +102,17 @@ pub struct Position {
     pub instances: BTreeMap<String, Lsn>,
 }
 
+impl Position {
+    /// Raises `instance`'s complete-through LSN to `through` (never lowers it).
+    pub fn advance(&mut self, instance: &str, through: Lsn) {
+        let current = self
+            .instances
+            .entry(instance.to_owned())
+            .or_insert(Lsn::ZERO);
+        *current = (*current).max(through);
+    }
+}
+
 /// Events and the position reached once they (and every earlier batch) are delivered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
@@ -486,12 +497,7 @@ impl<S: ChangeSource> Poller<S> {
                 self.take_emitted(&mut emitted, changes, &iteration);
                 for cursor in &iteration.cursors {
                     let name = &self.tracked[cursor.tracked].instance.name;
-                    let through = self
-                        .position
-                        .instances
-                        .entry(name.clone())
-                        .or_insert(Lsn::ZERO);
-                    *through = (*through).max(cursor.upper);
+                    self.position.advance(name, cursor.upper);
                 }
                 self.done_through = Some(iteration.to);
                 return Ok(());
@@ -524,12 +530,8 @@ impl<S: ChangeSource> Poller<S> {
                 // transaction: the merge has passed its LSN in all of them.
                 for cursor in &iteration.cursors {
                     let name = &self.tracked[cursor.tracked].instance.name;
-                    let through = self
-                        .position
-                        .instances
-                        .entry(name.clone())
-                        .or_insert(Lsn::ZERO);
-                    *through = (*through).max(change.commit_lsn.min(cursor.upper));
+                    self.position
+                        .advance(name, change.commit_lsn.min(cursor.upper));
                 }
             }
             if self.resume_after.is_some_and(|resume| at <= resume) {

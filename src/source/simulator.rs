@@ -63,13 +63,23 @@ struct SimTable {
     rows: BTreeMap<Vec<String>, Vec<Value>>,
 }
 
+/// The text of key values, as rows are indexed by it.
+fn key_text(values: &[Value]) -> Vec<String> {
+    values
+        .iter()
+        .map(|v| v.to_text().unwrap_or_default())
+        .collect()
+}
+
 impl SimTable {
     fn key_of(&self, row: &[Value]) -> Vec<String> {
-        self.key
+        let values: Vec<Value> = self
+            .key
             .iter()
             .filter_map(|k| self.columns.iter().position(|c| &c.name == k))
-            .map(|i| row.get(i).and_then(Value::to_text).unwrap_or_default())
-            .collect()
+            .filter_map(|i| row.get(i).cloned())
+            .collect();
+        key_text(&values)
     }
 }
 
@@ -227,10 +237,7 @@ impl Transaction {
                             .tables
                             .get_mut(&table)
                             .ok_or(format!("no table {table}"))?;
-                        let key: Vec<String> = key_values
-                            .iter()
-                            .map(|v| v.to_text().unwrap_or_default())
-                            .collect();
+                        let key = key_text(&key_values);
                         let old = t
                             .rows
                             .get(&key)
@@ -265,10 +272,7 @@ impl Transaction {
                             .tables
                             .get_mut(&table)
                             .ok_or(format!("no table {table}"))?;
-                        let key: Vec<String> = key_values
-                            .iter()
-                            .map(|v| v.to_text().unwrap_or_default())
-                            .collect();
+                        let key = key_text(&key_values);
                         let old = t
                             .rows
                             .remove(&key)

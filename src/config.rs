@@ -303,6 +303,10 @@ pub struct SinkSettings {
     /// e.g. `amqp://127.0.0.1:5672`.
     #[serde(default)]
     pub custom_endpoint: Option<String>,
+    /// AMQP: a batch not acknowledged within this many ms is resent on a new
+    /// connection (default 30000), until `delivery_timeout_ms` has passed.
+    #[serde(default = "default_amqp_resend_after_ms")]
+    pub amqp_resend_after_ms: u64,
     /// File sink: the path of the newline-delimited output.
     #[serde(default)]
     pub path: Option<PathBuf>,
@@ -329,6 +333,7 @@ impl SinkSettings {
             namespace: None,
             entra_credential: None,
             custom_endpoint: None,
+            amqp_resend_after_ms: default_amqp_resend_after_ms(),
             path: None,
             delivery_timeout_ms: default_delivery_timeout_ms(),
             kafka: BTreeMap::new(),
@@ -437,6 +442,9 @@ fn default_encoding() -> Encoding {
 /// librdkafka's default `message.timeout.ms` (5 minutes).
 fn default_delivery_timeout_ms() -> u64 {
     300_000
+}
+fn default_amqp_resend_after_ms() -> u64 {
+    30_000
 }
 fn default_checkpoint_path() -> PathBuf {
     PathBuf::from("mssql-ces.checkpoint.json")

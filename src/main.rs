@@ -295,6 +295,7 @@ async fn drive<S: ChangeSource + 'static>(
                 credential,
                 &topic,
                 config.sink.custom_endpoint.clone(),
+                Duration::from_millis(config.sink.amqp_resend_after_ms),
                 Duration::from_millis(config.sink.delivery_timeout_ms),
             )
             .await?;

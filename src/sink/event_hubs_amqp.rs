@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use super::{Delivery, OutgoingMessage, SinkError};
 
 /// How the producer authenticates.
+#[derive(Clone)]
 pub enum EventHubsCredential {
     /// A SAS connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
     ConnectionString(String),
@@ -32,9 +33,23 @@ pub enum EventHubsCredential {
 /// when messages carry application properties).
 pub const BATCH_CAP_BYTES: u64 = 900 * 1024;
 
+/// What it takes to open (and reopen) the producer.
+#[derive(Clone)]
+struct Target {
+    credential: EventHubsCredential,
+    event_hub: String,
+    custom_endpoint: Option<String>,
+}
+
 pub struct EventHubsAmqpSink {
     producer: ProducerClient,
-    /// A send that takes longer fails (`sink.delivery_timeout_ms`) instead of hanging.
+    target: Target,
+    /// A group not acknowledged within this time is resent on a new connection
+    /// (`sink.amqp_resend_after_ms`): the client was seen to stall after an
+    /// acknowledged send, and at-least-once makes the duplicate harmless.
+    resend_after: std::time::Duration,
+    /// A group still not acknowledged after this fails the run
+    /// (`sink.delivery_timeout_ms`).
     send_timeout: std::time::Duration,
     pending: Vec<(OutgoingMessage, oneshot::Sender<Result<(), SinkError>>)>,
 }
@@ -58,30 +73,72 @@ impl EventHubsAmqpSink {
         credential: EventHubsCredential,
         event_hub: &str,
         custom_endpoint: Option<String>,
+        resend_after: std::time::Duration,
         send_timeout: std::time::Duration,
     ) -> Result<Self, SinkError> {
+        let target = Target {
+            credential,
+            event_hub: event_hub.to_owned(),
+            custom_endpoint,
+        };
+        let producer = Self::open(&target, send_timeout).await?;
+        Ok(EventHubsAmqpSink {
+            producer,
+            target,
+            resend_after,
+            send_timeout,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Opens a producer, giving up after `timeout`.
+    async fn open(
+        target: &Target,
+        timeout: std::time::Duration,
+    ) -> Result<ProducerClient, SinkError> {
+        tokio::time::timeout(timeout, Self::open_unbounded(target))
+            .await
+            .unwrap_or_else(|_| {
+                Err(SinkError::Delivery(format!(
+                    "opening the Event Hubs producer took longer than sink.delivery_timeout_ms ({} ms)",
+                    timeout.as_millis()
+                )))
+            })
+    }
+
+    async fn open_unbounded(target: &Target) -> Result<ProducerClient, SinkError> {
         let mut builder = ProducerClient::builder().with_application_id("mssql-ces".into());
-        if let Some(endpoint) = custom_endpoint {
-            builder = builder.with_custom_endpoint(endpoint);
+        if let Some(endpoint) = &target.custom_endpoint {
+            builder = builder.with_custom_endpoint(endpoint.clone());
         }
-        let producer = match credential {
+        match &target.credential {
             // The client's errors do not quote the connection string.
             EventHubsCredential::ConnectionString(cs) => {
                 builder
-                    .open_with_connection_string(&cs, Some(event_hub))
+                    .open_with_connection_string(cs, Some(&target.event_hub))
                     .await
             }
             EventHubsCredential::Entra {
                 namespace,
                 credential,
-            } => builder.open(&namespace, event_hub, credential).await,
+            } => {
+                builder
+                    .open(namespace, &target.event_hub, credential.clone())
+                    .await
+            }
         }
-        .map_err(|e| SinkError::Delivery(format!("cannot open the Event Hubs producer: {e}")))?;
-        Ok(EventHubsAmqpSink {
-            producer,
-            send_timeout,
-            pending: Vec::new(),
-        })
+        .map_err(|e| SinkError::Delivery(format!("cannot open the Event Hubs producer: {e}")))
+    }
+
+    /// Replaces the producer with a new connection; the old one is closed in the
+    /// background (its close may stall as its send did).
+    async fn reopen(&mut self) -> Result<(), SinkError> {
+        let fresh = Self::open(&self.target, self.send_timeout).await?;
+        let stale = std::mem::replace(&mut self.producer, fresh);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), stale.close()).await;
+        });
+        Ok(())
     }
 
     /// Buffers a message until [`end_batch`](Self::end_batch).
@@ -130,14 +187,7 @@ impl EventHubsAmqpSink {
             }
         }
         for (key, list) in groups {
-            let result = tokio::time::timeout(self.send_timeout, self.send_group(&key, &list))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(SinkError::Delivery(format!(
-                        "Event Hubs did not acknowledge a batch within sink.delivery_timeout_ms ({} ms)",
-                        self.send_timeout.as_millis()
-                    )))
-                });
+            let result = self.send_with_resend(&key, &list).await;
             for (_, tx) in list {
                 // A dropped receiver means the pipeline stopped listening: nothing to do.
                 let _ = tx.send(result.clone());
@@ -145,6 +195,37 @@ impl EventHubsAmqpSink {
             result?;
         }
         Ok(())
+    }
+
+    /// Sends a group; if it is not acknowledged within `resend_after`, resends it on
+    /// a new connection, until `send_timeout` has passed.
+    async fn send_with_resend(
+        &mut self,
+        key: &str,
+        list: &[(OutgoingMessage, oneshot::Sender<Result<(), SinkError>>)],
+    ) -> Result<(), SinkError> {
+        let deadline = tokio::time::Instant::now() + self.send_timeout;
+        loop {
+            let attempt = self
+                .resend_after
+                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            match tokio::time::timeout(attempt, self.send_group(key, list)).await {
+                Ok(result) => return result,
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(
+                        resend_after_ms = self.resend_after.as_millis() as u64,
+                        "Event Hubs did not acknowledge a batch in time; resending it on a new connection"
+                    );
+                    self.reopen().await?;
+                }
+                Err(_) => {
+                    return Err(SinkError::Delivery(format!(
+                        "Event Hubs did not acknowledge a batch within sink.delivery_timeout_ms ({} ms)",
+                        self.send_timeout.as_millis()
+                    )));
+                }
+            }
+        }
     }
 
     /// A new batch for `key`, capped at [`BATCH_CAP_BYTES`] (or the link's limit

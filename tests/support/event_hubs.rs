@@ -80,6 +80,8 @@ pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
         EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
         "orders",
         Some(endpoint),
+        // The client was seen to stall after an acknowledged send: resend soon.
+        Duration::from_secs(2),
         Duration::from_secs(60),
     )
     .await
@@ -112,9 +114,27 @@ pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
     std::fs::remove_dir_all(dir).ok();
 
     let expected = expected(&router(scheme, mode)).await;
-    let arrived: Vec<ArrivedEvent> = arrivals.events.lock().expect("lock").clone();
+    let all: Vec<ArrivedEvent> = arrivals.events.lock().expect("lock").clone();
+    // At least once: a batch resent after a stall arrives twice, identically. Keep
+    // each distinct message (body and properties, which carry its id) once, in order
+    // of first arrival.
+    let mut seen = std::collections::HashSet::new();
+    let arrived: Vec<ArrivedEvent> = all
+        .iter()
+        .filter(|a| {
+            // Properties come from a map: a resend may list them in another order.
+            let mut properties = a.properties.clone();
+            properties.sort();
+            seen.insert((a.body.clone(), properties))
+        })
+        .cloned()
+        .collect();
     assert_eq!(summary.messages as usize, expected.len());
-    assert_eq!(arrived.len(), expected.len(), "every message arrived once");
+    assert_eq!(
+        arrived.len(),
+        expected.len(),
+        "every message arrived, once or more"
+    );
     assert!(
         arrived.iter().all(|a| a.address.ends_with("/orders")),
         "sent to the event hub"

@@ -501,11 +501,7 @@ impl Config {
                 continue;
             };
             let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
-            let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
-                .ok()
-                .and_then(|mut t| t.remove("v"))
-                .unwrap_or_else(|| toml::Value::String(value.clone()));
-            set_path(&mut table, &path, value, name)?;
+            set_path(&mut table, &path, parse_override_value(value), name)?;
         }
         for (key, value) in overrides {
             let path: Vec<String> = key.split('.').map(str::to_owned).collect();
@@ -659,6 +655,15 @@ impl Config {
             catalog_refresh: Duration::from_secs(s.catalog_refresh_s),
         })
     }
+}
+
+/// An override's value (environment variable or `--set`): read as a TOML value when
+/// it parses as one (`7`, `true`, `["a"]`), else taken as text.
+pub fn parse_override_value(text: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {text}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(text.to_owned()))
 }
 
 /// Sets `path` in `table` to `value`, creating sections as needed.

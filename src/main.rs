@@ -10,7 +10,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore, table::TableStore};
-use mssql_ces::config::{CheckpointStoreKind, Config, EntraCredentialKind, SinkKind, SourceKind};
+use mssql_ces::config::{
+    CheckpointStoreKind, Config, EntraCredentialKind, SinkKind, SourceKind, parse_override_value,
+};
 use mssql_ces::event::EncoderOptions;
 use mssql_ces::pipeline::{self, PipelineSettings};
 use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
@@ -117,11 +119,7 @@ fn load_config(args: &RunArgs) -> anyhow::Result<Config> {
         let (key, value) = item
             .split_once('=')
             .with_context(|| format!("--set {item}: expected KEY=VALUE"))?;
-        let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| text(value));
-        overrides.push((key.trim().to_owned(), parsed));
+        overrides.push((key.trim().to_owned(), parse_override_value(value)));
     }
     let config = Config::load(&args.config, &overrides)?;
     config.check_secrets()?;

@@ -412,12 +412,15 @@ impl Encoder {
         let first_id = id_for(0);
         let whole = match self.options.encoding {
             Encoding::Json => {
-                // When the values alone exceed the limit, the message cannot fit:
-                // go straight to splitting instead of writing it whole first.
+                // When the text and binary values alone exceed the limit, the message
+                // cannot fit: go straight to splitting instead of writing it whole
+                // first. (Only these kinds can be large; summing them is a cheap lower
+                // bound that allocates nothing.)
                 let value_bytes: usize = [change.old.as_ref(), change.current.as_ref()]
                     .into_iter()
                     .flatten()
                     .flatten()
+                    .filter(|v| matches!(v, Value::Text(_) | Value::Binary(_)))
                     .map(Value::text_len)
                     .sum();
                 if value_bytes > limit {

@@ -16,7 +16,7 @@ use mssql_ces::pipeline::{self, PipelineSettings};
 use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink};
 use mssql_ces::sink::{OutgoingMessage, Router, Sink};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -69,10 +69,7 @@ async fn messages(transactions: u64, topic: &str) -> Vec<OutgoingMessage> {
     let mut encoder = None;
     let mut out = Vec::new();
     while let Ok(PollOutcome::Batch(batch)) = poller.poll().await {
-        let guid = poller
-            .catalog()
-            .map(|c| c.database_guid)
-            .unwrap_or_default();
+        let guid = poller.stream_guid().expect("stream GUID");
         let encoder = encoder.get_or_insert_with(|| Encoder::new(options(guid)));
         for change in &batch.changes {
             let Ok(event) = encoder.encode(change) else {

@@ -119,9 +119,22 @@ pub struct SourceSettings {
     /// Events per batch handed to the sink (default 1000).
     #[serde(default = "default_page_size")]
     pub batch_size: usize,
-    /// How often the list of capture instances is re-read, in seconds (default 30).
+    /// How often the CDC catalog is re-read even when its fingerprint (checked every
+    /// poll) did not change, in seconds (default 30).
     #[serde(default = "default_catalog_refresh_s")]
     pub catalog_refresh_s: u64,
+    /// Bound on TCP connect plus TLS and login, in milliseconds (default 15000).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Bound on every query, in milliseconds (default 60000); a query cut off is
+    /// retried on a new connection.
+    #[serde(default = "default_query_timeout_ms")]
+    pub query_timeout_ms: u64,
+    /// How long an included table may be unreadable (`sys.fn_cdc_get_min_lsn` 0x00: a
+    /// missing SELECT grant, or just enabled) before the run stops naming it, in
+    /// milliseconds (default 60000). Nothing is read meanwhile.
+    #[serde(default = "default_unreadable_grace_ms")]
+    pub unreadable_grace_ms: u64,
     /// `[source.synthetic]`: the generated workload.
     #[serde(default)]
     pub synthetic: SyntheticSettings,
@@ -424,6 +437,15 @@ fn default_time_zone() -> String {
 fn default_poll_interval_ms() -> u64 {
     1000
 }
+fn default_connect_timeout_ms() -> u64 {
+    15_000
+}
+fn default_query_timeout_ms() -> u64 {
+    60_000
+}
+fn default_unreadable_grace_ms() -> u64 {
+    60_000
+}
 fn default_page_size() -> usize {
     1000
 }
@@ -653,6 +675,8 @@ impl Config {
             filter: TableFilter::new(s.include.clone(), s.exclude.clone()),
             start_position: s.start_position,
             catalog_refresh: Duration::from_secs(s.catalog_refresh_s),
+            stream_guid: self.event.stream_guid,
+            unreadable_grace: Duration::from_millis(s.unreadable_grace_ms),
         })
     }
 }

@@ -21,8 +21,8 @@ use mssql_ces::sink::stream::StreamSink;
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::ChangeSource;
 use mssql_ces::source::poller::Poller;
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
-use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 use tokio_util::sync::CancellationToken;
 
 /// SQL Server CDC to Change Event Streaming (CES) events, delivered to Kafka or Azure
@@ -218,7 +218,8 @@ fn sql_server_settings(config: &Config) -> anyhow::Result<SqlServerConfig> {
         connection_string: ConnectionString::new(secret),
         trust_server_certificate: config.source.trust_server_certificate,
         encrypt: config.source.encrypt,
-        connect_timeout: Duration::from_secs(15),
+        connect_timeout: Duration::from_millis(config.source.connect_timeout_ms),
+        query_timeout: Duration::from_millis(config.source.query_timeout_ms),
     })
 }
 

@@ -225,10 +225,12 @@ async fn poll_source<S: ChangeSource>(
         match polled {
             Ok(PollOutcome::Batch(batch)) => {
                 backoff.reset();
-                let guid = poller
-                    .catalog()
-                    .map(|c| c.database_guid)
-                    .unwrap_or_default();
+                // Known once the catalog was read, which precedes every batch; the
+                // poller fails instead of inventing one.
+                let Some(guid) = poller.stream_guid() else {
+                    let _ = tx.send(Err(SourceError::DatabaseGuidUnreadable)).await;
+                    return;
+                };
                 if tx.send(Ok(SourceItem::Batch(batch, guid))).await.is_err() {
                     return;
                 }

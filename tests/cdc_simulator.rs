@@ -11,7 +11,7 @@ use mssql_ces::source::filter::TableFilter;
 use mssql_ces::source::poller::{
     GapPolicy, PollOutcome, Poller, PollerConfig, Position, StartPosition,
 };
-use mssql_ces::source::simulator::{CdcSimulator, SimColumn};
+use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::timezone::TimeZoneSetting;
 use uuid::Uuid;
 
@@ -379,6 +379,7 @@ fn gap_setup() -> (CdcSimulator, Position, Lsn) {
             ("dbo_Orders".to_string(), Lsn::ZERO),
         ]
         .into(),
+        ..Position::default()
     };
     let lost = sim
         .transaction()

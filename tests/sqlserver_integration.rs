@@ -109,6 +109,7 @@ fn poller(url: &str, tables: &[&str], position: Option<Position>) -> Poller<SqlS
         trust_server_certificate: false,
         encrypt: true,
         connect_timeout: Duration::from_secs(5),
+        query_timeout: Duration::from_secs(30),
     });
     let config = PollerConfig {
         filter: TableFilter::new(tables.iter().map(|t| format!("dbo.{t}")).collect(), vec![]),
@@ -534,6 +535,7 @@ async fn the_checkpoint_table_round_trips_per_stream() {
         trust_server_certificate: false,
         encrypt: true,
         connect_timeout: Duration::from_secs(5),
+        query_timeout: Duration::from_secs(30),
     };
     let (a, b) = (format!("it-{}", suffix()), format!("it-{}", suffix()));
     let mut store_a = TableStore::new(settings.clone(), &a);

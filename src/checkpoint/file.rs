@@ -87,6 +87,7 @@ mod tests {
                 sequence_number: 3,
             }),
             instances: [("dbo_Orders".to_string(), Lsn::from_parts(0xB1, 0x8A8, 7))].into(),
+            change_tables: [("dbo_Orders".to_string(), 1_205_579_333)].into(),
         }
     }
 

@@ -1,18 +1,30 @@
 //! The checkpoint store in the source database: `dbo.mssql_ces_checkpoint`
 //! (created by `sql/04_checkpoint_table.sql`), one row per stream name, upserted
-//! with `MERGE`.
+//! with `MERGE`. It uses the source's [`SqlConnection`]: the same time-outs,
+//! reconnects and error classification.
 
 use tiberius::ToSql;
 
 use super::{CheckpointError, parse, render};
+use crate::source::connection::{SqlConnection, SqlServerConfig};
 use crate::source::poller::Position;
-use crate::source::queries::{CHECKPOINT_READ, CHECKPOINT_WRITE};
-use crate::source::sqlserver::{SqlServerConfig, TdsClient, classify, connect};
+
+/// The checkpoint table's read.
+pub const CHECKPOINT_READ: &str =
+    "SELECT position FROM dbo.mssql_ces_checkpoint WHERE stream_name = @P1;";
+
+/// Upsert of a stream's position. One poller writes a given stream name, so the
+/// upsert needs no `HOLDLOCK` against a concurrent insert of the same key.
+pub const CHECKPOINT_WRITE: &str = "MERGE dbo.mssql_ces_checkpoint AS t \
+USING (SELECT @P1 AS stream_name, @P2 AS position) AS s \
+ON t.stream_name = s.stream_name \
+WHEN MATCHED THEN UPDATE SET position = s.position, updated_at = SYSUTCDATETIME() \
+WHEN NOT MATCHED THEN INSERT (stream_name, position, updated_at) \
+VALUES (s.stream_name, s.position, SYSUTCDATETIME());";
 
 pub struct TableStore {
-    settings: SqlServerConfig,
+    conn: SqlConnection,
     stream_name: String,
-    client: Option<TdsClient>,
 }
 
 const LOCATION: &str = "table dbo.mssql_ces_checkpoint";
@@ -27,9 +39,8 @@ fn error(reason: impl ToString) -> CheckpointError {
 impl TableStore {
     pub fn new(settings: SqlServerConfig, stream_name: impl Into<String>) -> Self {
         TableStore {
-            settings,
+            conn: SqlConnection::new(settings),
             stream_name: stream_name.into(),
-            client: None,
         }
     }
 
@@ -38,20 +49,10 @@ impl TableStore {
         sql: &str,
         params: &[&dyn ToSql],
     ) -> Result<Vec<tiberius::Row>, CheckpointError> {
-        if self.client.is_none() {
-            self.client = Some(connect(&self.settings).await.map_err(error)?);
-        }
-        let Some(client) = self.client.as_mut() else {
-            return Err(error("no connection"));
-        };
-        let result = match client.query(sql, params).await {
-            Ok(stream) => stream.into_first_result().await,
-            Err(e) => Err(e),
-        };
-        result.map_err(|e| {
-            self.client = None;
-            error(classify(&e))
-        })
+        self.conn
+            .query(sql, params)
+            .await
+            .map_err(|e| error(e.error))
     }
 
     pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {
@@ -60,7 +61,7 @@ impl TableStore {
         let Some(row) = rows.into_iter().next() else {
             return Ok(None);
         };
-        let text: Option<&str> = row.try_get(0).map_err(error)?;
+        let text: Option<&str> = row.try_get("position").map_err(error)?;
         let text = text.ok_or_else(|| error("position is NULL"))?;
         parse(text, &self.stream_name, LOCATION).map(Some)
     }
@@ -72,5 +73,17 @@ impl TableStore {
         );
         self.query(CHECKPOINT_WRITE, &[&name, &text]).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::queries::assert_parses;
+
+    #[test]
+    fn the_checkpoint_queries_parse_as_tsql() {
+        assert_parses("CHECKPOINT_READ", CHECKPOINT_READ);
+        assert_parses("CHECKPOINT_WRITE", CHECKPOINT_WRITE);
     }
 }

@@ -222,6 +222,53 @@ pub fn decode_value(
     Ok(value.unwrap_or(Value::Null))
 }
 
+/// Text that arrives as UTF-16LE bytes (the change query casts every text column so):
+/// the string, and whether an invalid sequence (a lone surrogate, legal in UCS-2
+/// `nvarchar`) was replaced with U+FFFD. An odd byte count is an error.
+pub fn decode_utf16(column: &str, bytes: &[u8]) -> Result<(String, bool), DecodeError> {
+    if !bytes.len().is_multiple_of(2) {
+        return Err(DecodeError {
+            column: column.to_owned(),
+            message: format!("{} bytes cannot be UTF-16", bytes.len()),
+        });
+    }
+    let units = bytes
+        .chunks_exact(2)
+        .map(|pair| u16::from_le_bytes([pair[0], pair[1]]));
+    let mut replaced = false;
+    let text = char::decode_utf16(units)
+        .map(|c| {
+            c.unwrap_or_else(|_| {
+                replaced = true;
+                char::REPLACEMENT_CHARACTER
+            })
+        })
+        .collect();
+    Ok((text, replaced))
+}
+
+/// Decodes one value of a change row: as [`decode_value`], and text of every kind
+/// also from its UTF-16LE bytes. The flag says that invalid UTF-16 was replaced.
+pub fn decode_change_value(
+    column: &str,
+    sql_type: &SqlType,
+    data: ColumnData<'_>,
+) -> Result<(Value, bool), DecodeError> {
+    use SqlType as T;
+    match (sql_type, data) {
+        (T::Char(_) | T::VarChar(_) | T::NChar(_) | T::NVarChar(_), ColumnData::Binary(v)) => {
+            match v {
+                None => Ok((Value::Null, false)),
+                Some(bytes) => {
+                    let (text, replaced) = decode_utf16(column, &bytes)?;
+                    Ok((Value::Text(text), replaced))
+                }
+            }
+        }
+        (_, data) => Ok((decode_value(column, sql_type, data)?, false)),
+    }
+}
+
 /// An LSN column (`binary(10)`); `None` for NULL.
 pub fn decode_lsn(column: &str, data: ColumnData<'_>) -> Result<Option<Lsn>, DecodeError> {
     match data {
@@ -539,6 +586,39 @@ mod tests {
                 ColumnData::Binary(Some(vec![0xAB, 1].into()))
             ),
             "0xAB01"
+        );
+    }
+
+    #[test]
+    fn text_arrives_as_utf16_bytes_and_lone_surrogates_are_replaced() {
+        let utf16 = |s: &str| -> Vec<u8> { s.encode_utf16().flat_map(u16::to_le_bytes).collect() };
+        let nvarchar = SqlType::NVarChar(Length::Bounded(20));
+        let (value, replaced) = decode_change_value(
+            "c",
+            &nvarchar,
+            ColumnData::Binary(Some(Cow::Owned(utf16("Grüße 😀 ")))),
+        )
+        .unwrap();
+        assert_eq!(value, Value::Text("Grüße 😀 ".into()));
+        assert!(!replaced);
+        // 'a', a lone high surrogate, 'b'.
+        let lone = vec![0x61, 0x00, 0x3D, 0xD8, 0x62, 0x00];
+        let (value, replaced) =
+            decode_change_value("c", &nvarchar, ColumnData::Binary(Some(Cow::Owned(lone))))
+                .unwrap();
+        assert_eq!(value, Value::Text("a\u{FFFD}b".into()));
+        assert!(replaced);
+        let char10 = SqlType::Char(Length::Bounded(10));
+        assert_eq!(
+            decode_change_value("c", &char10, ColumnData::Binary(None)).unwrap(),
+            (Value::Null, false)
+        );
+        let odd = decode_change_value("c", &char10, ColumnData::Binary(Some(Cow::Owned(vec![1]))));
+        assert!(odd.is_err());
+        // Other types decode as before.
+        assert_eq!(
+            decode_change_value("c", &SqlType::Int, ColumnData::I32(Some(5))).unwrap(),
+            (Value::Int(5), false)
         );
     }
 

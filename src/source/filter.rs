@@ -21,6 +21,19 @@ impl TableFilter {
         }
     }
 
+    /// Whether any include or exclude pattern is set.
+    pub fn has_patterns(&self) -> bool {
+        !self.include.is_empty() || !self.exclude.is_empty()
+    }
+
+    /// Include patterns that name one table exactly (no `*` or `?`), lower-cased.
+    pub fn literal_includes(&self) -> impl Iterator<Item = &str> {
+        self.include
+            .iter()
+            .filter(|p| !p.contains(['*', '?']))
+            .map(String::as_str)
+    }
+
     pub fn allows(&self, schema: &str, table: &str) -> bool {
         let name = format!("{schema}.{table}").to_lowercase();
         let name: Vec<char> = name.chars().collect();

@@ -41,10 +41,10 @@ impl InstanceContext {
         let emitted: Vec<_> = instance.emitted_columns().collect();
         let columns: Vec<ColumnDescription> = emitted
             .iter()
-            .map(|(c, sql_type)| ColumnDescription {
-                name: c.name.clone(),
-                sql_type: *sql_type,
-                index: c.table_index,
+            .map(|e| ColumnDescription {
+                name: e.column.name.clone(),
+                sql_type: e.sql_type,
+                index: e.table_index,
             })
             .collect();
         let key = instance
@@ -55,8 +55,8 @@ impl InstanceContext {
         let lob_columns = emitted
             .iter()
             .enumerate()
-            .filter(|(_, (_, t))| t.is_lob())
-            .map(|(position, (c, _))| (position, c.ordinal))
+            .filter(|(_, e)| e.sql_type.is_lob())
+            .map(|(position, e)| (position, e.column.ordinal))
             .collect();
         let table = TableDescription::new(
             database,
@@ -157,6 +157,7 @@ impl Sequencer {
                     update_mask,
                     begin_lsn,
                     end_time,
+                    end_time_offset_minutes,
                     values,
                 } = row;
                 let mut old = before.values;
@@ -165,7 +166,7 @@ impl Sequencer {
                         old[position] = values[position].clone();
                     }
                 }
-                let times = (key, begin_lsn, end_time);
+                let times = (key, begin_lsn, end_time, end_time_offset_minutes);
                 let change =
                     self.change(instance, Operation::Update, times, Some(old), Some(values));
                 self.emit(change, out);
@@ -182,6 +183,7 @@ impl Sequencer {
                     key,
                     begin_lsn,
                     end_time,
+                    end_time_offset_minutes,
                     values,
                     ..
                 } = row;
@@ -193,7 +195,7 @@ impl Sequencer {
                 let change = self.change(
                     instance,
                     operation,
-                    (key, begin_lsn, end_time),
+                    (key, begin_lsn, end_time, end_time_offset_minutes),
                     old,
                     current,
                 );
@@ -207,12 +209,13 @@ impl Sequencer {
         }
     }
 
-    /// A change of `instance` at `(key, begin LSN, local end time)`, numbered later.
+    /// A change of `instance` at `(key, begin LSN, local end time, the server's
+    /// offset at that time)`, numbered later.
     fn change(
         &self,
         instance: &Arc<InstanceContext>,
         operation: Operation,
-        (key, begin_lsn, end_time): (RowKey, Lsn, NaiveDateTime),
+        (key, begin_lsn, end_time, offset): (RowKey, Lsn, NaiveDateTime, Option<i16>),
         old: Option<Row>,
         current: Option<Row>,
     ) -> Change {
@@ -223,7 +226,7 @@ impl Sequencer {
             begin_lsn,
             sequence_number: 1,
             last_in_transaction: false,
-            commit_time: self.zone.to_utc(end_time),
+            commit_time: self.zone.to_utc(end_time, offset),
             old,
             current,
         }
@@ -272,14 +275,16 @@ mod tests {
         let column = |name: &str, ordinal, sql_type| CapturedColumn {
             name: name.into(),
             ordinal,
-            table_index: ordinal - 1,
+            table_index: Some(ordinal - 1),
             sql_type: Ok(sql_type),
         };
         let ci = CaptureInstance {
             name: name.into(),
             schema: "dbo".into(),
             table: name.into(),
-            start_lsn: Lsn::ZERO,
+            object_id: 1,
+            start_lsn: Some(Lsn::ZERO),
+            has_command_id: true,
             create_date: NaiveDate::from_ymd_opt(2026, 1, 1)
                 .unwrap()
                 .and_hms_opt(0, 0, 0)
@@ -308,6 +313,7 @@ mod tests {
                 .unwrap()
                 .and_hms_opt(0, 0, 0)
                 .unwrap(),
+            end_time_offset_minutes: None,
             values,
         }
     }

@@ -2,9 +2,9 @@
 //!
 //! [`ChangeSource`] is the seam between the poll loop ([`poller`]) and a database. Two
 //! implementations exist: [`sqlserver::SqlServerSource`] talks to a real SQL Server
-//! over TDS (tiberius), and [`simulator::CdcSimulator`] is an in-memory model of SQL
+//! over TDS (tiberius), and [`sim::CdcSimulator`] is an in-memory model of SQL
 //! Server's documented CDC behaviour, used by the tests and by the deterministic
-//! [`synthetic`] workload. Neither the poll loop nor the merge knows which is behind
+//! [`sim::synthetic`] workload. Neither the poll loop nor the merge knows which is behind
 //! the seam.
 //!
 //! CDC facts honoured here (SPEC §2): rows of a capture instance are read from its
@@ -12,14 +12,15 @@
 //! `__$operation`) order ([`RowKey`]); `__$start_lsn` is the commit LSN, shared by every
 //! row of a transaction; op 3 (before image) is immediately followed by its op 4.
 
+pub mod catalog;
+pub mod connection;
 pub mod decode;
 pub mod filter;
 pub mod merge;
 pub mod poller;
 pub mod queries;
-pub mod simulator;
+pub mod sim;
 pub mod sqlserver;
-pub mod synthetic;
 pub mod timezone;
 
 use std::future::Future;
@@ -75,6 +76,9 @@ pub struct ChangeRow {
     pub begin_lsn: Lsn,
     /// `tran_end_time` from `cdc.lsn_time_mapping`: server-local commit time.
     pub end_time: NaiveDateTime,
+    /// The server's UTC offset in minutes at `end_time`, from its own time zone
+    /// (`AT TIME ZONE CURRENT_TIMEZONE_ID()`), when the server can tell.
+    pub end_time_offset_minutes: Option<i16>,
     /// One value per emitted column of the capture instance, in column order.
     pub values: Vec<Value>,
 }
@@ -106,9 +110,12 @@ pub struct CapturedColumn {
     pub name: String,
     /// `cdc.captured_columns.column_ordinal`: 1-based, the bit in `__$update_mask`.
     pub ordinal: u32,
-    /// 0-based position of the column in the source table (`cols[].index`).
-    pub table_index: u32,
-    /// The type, or why CES does not stream it.
+    /// 0-based position of the column in the source table (`cols[].index`); `None`
+    /// when the column was dropped from the source table (`ALTER TABLE … DROP
+    /// COLUMN`): the change table keeps it, NULL from then on, and events leave it out.
+    pub table_index: Option<u32>,
+    /// The type of the change table's column — the type its values have — or why
+    /// CES does not stream it.
     pub sql_type: Result<SqlType, TypeError>,
 }
 
@@ -118,14 +125,23 @@ pub struct CaptureInstance {
     pub name: String,
     pub schema: String,
     pub table: String,
+    /// `cdc.change_tables.object_id`: the change table. A capture instance disabled
+    /// and enabled again under the same name has a new one.
+    pub object_id: i32,
     /// `cdc.change_tables.start_lsn`: changes at or after it are in this instance.
-    pub start_lsn: Lsn,
+    /// `None` until the capture job's first scan after `sp_cdc_enable_table` sets it
+    /// ("the low endpoint has not been established"): such an instance is *pending*.
+    pub start_lsn: Option<Lsn>,
     /// `cdc.change_tables.create_date`.
     pub create_date: NaiveDateTime,
     /// Every captured column, in `column_ordinal` order.
     pub columns: Vec<CapturedColumn>,
-    /// Names of the key columns in key order: the primary key, else the unique index
-    /// named by `cdc.change_tables.index_name`; empty when neither exists.
+    /// Whether the change table has `__$command_id` (SQL Server builds before it
+    /// cannot order the statements of a transaction correctly).
+    pub has_command_id: bool,
+    /// Names of the key columns in key order, as CDC chose them
+    /// (`cdc.index_columns`: the `@index_name` the table was enabled with, else the
+    /// primary key); empty when neither exists.
     pub key_columns: Vec<String>,
 }
 
@@ -135,11 +151,34 @@ impl CaptureInstance {
         format!("{}.{}", self.schema, self.table)
     }
 
-    /// The columns CES streams, in column order.
-    pub fn emitted_columns(&self) -> impl Iterator<Item = (&CapturedColumn, SqlType)> {
+    /// The columns CES streams, in column order, with their type and position in the
+    /// source table: those of a streamed type that the source table still has.
+    pub fn emitted_columns(&self) -> impl Iterator<Item = EmittedColumn<'_>> {
         self.columns
             .iter()
-            .filter_map(|c| c.sql_type.as_ref().ok().map(|t| (c, *t)))
+            .filter_map(|c| match (&c.sql_type, c.table_index) {
+                (Ok(sql_type), Some(table_index)) => Some(EmittedColumn {
+                    column: c,
+                    sql_type: *sql_type,
+                    table_index,
+                }),
+                _ => None,
+            })
+    }
+}
+
+/// A column that events carry.
+#[derive(Debug, Clone, Copy)]
+pub struct EmittedColumn<'a> {
+    pub column: &'a CapturedColumn,
+    pub sql_type: SqlType,
+    /// 0-based position in the source table.
+    pub table_index: u32,
+}
+
+impl EmittedColumn<'_> {
+    pub fn name(&self) -> &str {
+        &self.column.name
     }
 }
 
@@ -147,11 +186,35 @@ impl CaptureInstance {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Catalog {
     pub database: String,
-    /// `sys.database_recovery_status.database_guid`: the default stream GUID.
-    pub database_guid: Uuid,
+    /// The database's GUID (the default stream GUID); `None` when this login cannot
+    /// read it.
+    pub database_guid: Option<Uuid>,
     /// The server's UTC offset in minutes, as it reports it now.
     pub server_utc_offset_minutes: i32,
+    /// The server's time zone (`CURRENT_TIMEZONE_ID()`), when it can tell; change
+    /// rows then carry the offset in force at their own commit time.
+    pub server_time_zone: Option<String>,
+    /// What [`ChangeSource::max_lsn`] reports for this state of the CDC catalog.
+    pub version: CatalogVersion,
+    /// Capture instances whose source table this login cannot see
+    /// (`OBJECT_NAME(source_object_id)` is NULL).
+    pub invisible: Vec<String>,
     pub instances: Vec<CaptureInstance>,
+}
+
+/// A fingerprint of the CDC catalog (`cdc.change_tables` and `cdc.ddl_history`):
+/// it changes when a capture instance is enabled, disabled or re-created, when a
+/// `start_lsn` is set or moved, and when the capture job records DDL.
+pub type CatalogVersion = i64;
+
+/// What [`ChangeSource::max_lsn`] answers, in one round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxLsn {
+    /// `sys.fn_cdc_get_max_lsn()`; `None` when it is NULL or zero (CDC has not
+    /// recorded anything yet).
+    pub lsn: Option<Lsn>,
+    /// The catalog's fingerprint now: the catalog is re-read when it differs.
+    pub catalog_version: CatalogVersion,
 }
 
 /// What one probe asks about a capture instance.
@@ -221,6 +284,31 @@ pub enum SourceError {
         capture_instance: String,
         message: String,
     },
+    /// A change table or column the catalog named is gone (error 208/207), or a value
+    /// did not have the type the catalog gave its column: a capture instance was
+    /// disabled, re-created or altered since the catalog was read. Re-reading the
+    /// catalog and retrying resolves it.
+    #[error("the CDC catalog changed while reading: {message}")]
+    CatalogChanged { message: String },
+    #[error(
+        "the database GUID (the default stream GUID) cannot be read by this login: grant VIEW DATABASE STATE (`GRANT VIEW DATABASE STATE TO <user>`), or set event.stream_guid to a fixed GUID"
+    )]
+    DatabaseGuidUnreadable,
+    #[error(
+        "capture instance `{capture_instance}` (table {table}): sys.fn_cdc_get_min_lsn returns 0x00, so this login cannot read its changes; grant SELECT on every captured column of the table (`GRANT SELECT ON {table} TO <user>`) or exclude it with source.exclude"
+    )]
+    TableUnreadable {
+        capture_instance: String,
+        table: String,
+    },
+    #[error(
+        "capture instance `{capture_instance}`: the source table is not visible to this login (OBJECT_NAME is NULL); grant SELECT on it (`GRANT SELECT ON <schema>.<table> TO <user>`), or name only the tables to stream in source.include"
+    )]
+    TableInvisible { capture_instance: String },
+    #[error(
+        "capture instance `{capture_instance}`: its change table has no __$command_id column, which orders the statements of a transaction; it needs SQL Server 2016 SP2 CU or later (2017 CU or 2019+): update the server, then disable and enable CDC on the table"
+    )]
+    NoCommandId { capture_instance: String },
     #[error("database error: {message}")]
     Definite { message: String },
 }
@@ -228,7 +316,10 @@ pub enum SourceError {
 impl SourceError {
     /// True when retrying the same request can succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, SourceError::Transient { .. })
+        matches!(
+            self,
+            SourceError::Transient { .. } | SourceError::CatalogChanged { .. }
+        )
     }
 }
 
@@ -236,14 +327,21 @@ impl SourceError {
 ///
 /// Every method is one round trip to the database (or none), so the cost of a poll
 /// is known: an idle poll is [`max_lsn`](Self::max_lsn) alone, and a poll with work is
-/// that, one [`probe`](Self::probe) for all capture instances, and the pages read.
+/// that, one [`probe`](Self::probe) for all capture instances, and per page read one
+/// [`read_changes`](Self::read_changes) and one [`min_lsn`](Self::min_lsn) (the
+/// re-check that catches cleanup racing the read).
 pub trait ChangeSource: Send {
     /// The database, its GUID and its capture instances.
     fn catalog(&mut self) -> impl Future<Output = Result<Catalog, SourceError>> + Send;
 
-    /// `sys.fn_cdc_get_max_lsn()`; `None` when it is NULL or zero (CDC has not
-    /// recorded anything yet).
-    fn max_lsn(&mut self) -> impl Future<Output = Result<Option<Lsn>, SourceError>> + Send;
+    /// `sys.fn_cdc_get_max_lsn()` and the catalog's fingerprint.
+    fn max_lsn(&mut self) -> impl Future<Output = Result<MaxLsn, SourceError>> + Send;
+
+    /// `sys.fn_cdc_get_min_lsn(capture_instance)`; `None` when it is 0x00.
+    fn min_lsn(
+        &mut self,
+        capture_instance: &str,
+    ) -> impl Future<Output = Result<Option<Lsn>, SourceError>> + Send;
 
     /// For every probe at once: the instance's `min_lsn` and its first change in
     /// (`after`, `to`].

@@ -13,67 +13,27 @@
 //! `__$command_id`, `__$seqval`, `__$operation`), the same tuple as the `ORDER BY`, so
 //! that pages neither skip nor repeat rows.
 
-use crate::event::value::SqlType;
+use crate::event::value::{Length, SqlType};
 use crate::source::CaptureInstance;
+use crate::source::catalog::catalog_version_columns;
 
 /// `sys.fn_cdc_get_max_lsn()`: the high end of every capture instance's validity
-/// interval (the highest `start_lsn` in `cdc.lsn_time_mapping`).
+/// interval (the highest `start_lsn` in `cdc.lsn_time_mapping`), and in the same
+/// round trip the catalog's fingerprint, so that every poll notices a capture
+/// instance enabled, disabled or altered (Debezium checks `cdc.change_tables` every
+/// iteration too).
 /// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-get-max-lsn-transact-sql>
-pub const MAX_LSN: &str = "SELECT sys.fn_cdc_get_max_lsn() AS max_lsn;";
+pub const MAX_LSN: &str = concat!(
+    "SELECT sys.fn_cdc_get_max_lsn() AS max_lsn, ",
+    catalog_version_columns!(),
+    ";"
+);
 
-/// The database, its GUID (the default stream GUID), whether CDC is enabled on it,
-/// and the server's current UTC offset in minutes.
-/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-database-recovery-status-transact-sql>
-pub const DATABASE_INFO: &str = "SELECT DB_NAME() AS database_name, drs.database_guid, \
-d.is_cdc_enabled, DATEPART(TZOFFSET, SYSDATETIMEOFFSET()) AS utc_offset_minutes \
-FROM sys.databases AS d \
-LEFT JOIN sys.database_recovery_status AS drs ON drs.database_id = d.database_id \
-WHERE d.database_id = DB_ID();";
-
-/// Capture instances and their source tables.
-/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-change-tables-transact-sql>
-pub const CAPTURE_INSTANCES: &str = "SELECT ct.capture_instance, \
-OBJECT_SCHEMA_NAME(ct.source_object_id) AS schema_name, \
-OBJECT_NAME(ct.source_object_id) AS table_name, \
-ct.start_lsn, ct.create_date \
-FROM cdc.change_tables AS ct \
-ORDER BY ct.create_date, ct.capture_instance;";
-
-/// Captured columns with the type facts of the source column: the base system type
-/// name (so alias types such as `sysname` resolve to `nvarchar`), whether the declared
-/// type is user-defined, `max_length`, precision, scale, and the column's 0-based
-/// position among the table's columns. A column dropped from the source table since
-/// the capture instance was created has no `sys.columns` row: its facts are NULL.
-/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-captured-columns-transact-sql>
-pub const CAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, cc.column_name, \
-cc.column_ordinal, cc.column_type, \
-TYPE_NAME(sc.system_type_id) AS type_name, ty.is_user_defined, \
-sc.max_length, sc.precision, sc.scale, \
-(SELECT COUNT(*) FROM sys.columns AS prior \
-WHERE prior.object_id = sc.object_id AND prior.column_id < sc.column_id) AS table_index \
-FROM cdc.change_tables AS ct \
-JOIN cdc.captured_columns AS cc ON cc.object_id = ct.object_id \
-LEFT JOIN sys.columns AS sc ON sc.object_id = ct.source_object_id AND sc.column_id = cc.column_id \
-LEFT JOIN sys.types AS ty ON ty.user_type_id = sc.user_type_id \
-ORDER BY ct.capture_instance, cc.column_ordinal;";
-
-/// Key columns in key order: the source table's primary key, or, for a table without
-/// one, the unique index CDC was enabled with (`cdc.index_columns`).
-/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-index-columns-transact-sql>
-pub const KEY_COLUMNS: &str = "SELECT ct.capture_instance, c.name AS column_name, \
-ic.key_ordinal AS key_ordinal \
-FROM cdc.change_tables AS ct \
-JOIN sys.indexes AS i ON i.object_id = ct.source_object_id AND i.is_primary_key = 1 \
-JOIN sys.index_columns AS ic ON ic.object_id = i.object_id AND ic.index_id = i.index_id \
-AND ic.key_ordinal > 0 \
-JOIN sys.columns AS c ON c.object_id = ic.object_id AND c.column_id = ic.column_id \
-UNION ALL \
-SELECT ct.capture_instance, cic.column_name, cic.index_ordinal \
-FROM cdc.change_tables AS ct \
-JOIN cdc.index_columns AS cic ON cic.object_id = ct.object_id \
-WHERE NOT EXISTS (SELECT 1 FROM sys.indexes AS pk \
-WHERE pk.object_id = ct.source_object_id AND pk.is_primary_key = 1) \
-ORDER BY 1, 3;";
+/// `sys.fn_cdc_get_min_lsn(@P1)`: the low end of a capture instance's validity
+/// interval; 0x00 when the instance does not exist, has no low end yet, or the caller
+/// may not read its changes.
+/// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-get-min-lsn-transact-sql>
+pub const MIN_LSN: &str = "SELECT sys.fn_cdc_get_min_lsn(@P1) AS min_lsn;";
 
 /// DDL recorded against a capture instance's change table.
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-ddl-history-transact-sql>
@@ -109,44 +69,102 @@ pub fn change_table(capture_instance: &str) -> String {
     format!("cdc.{}", quote_name(&format!("{capture_instance}_CT")))
 }
 
-/// The select expression of an emitted column: money and smallmoney are cast to
-/// `decimal(19,4)` because the driver decodes them as a lossy `f64`.
+/// The select expression of an emitted column, named after the column.
+///
+/// - money and smallmoney are cast to `decimal(19,4)`: the driver decodes them as a
+///   lossy `f64`;
+/// - text of every kind arrives as its UTF-16LE bytes: `char`/`varchar` are first
+///   converted to `nchar`/`nvarchar` by the server, which knows every collation's code
+///   page (UTF-8 collations included; the driver's own tables do not), keeping
+///   `char(n)` padding; then the bytes are decoded here, where a lone surrogate in an
+///   `nvarchar` (legal UCS-2) becomes U+FFFD with a warning instead of failing the
+///   whole read.
 fn column_expression(name: &str, sql_type: SqlType) -> String {
     let column = format!("ct.{}", quote_name(name));
-    match sql_type {
+    let expression = match sql_type {
         SqlType::Money | SqlType::SmallMoney => format!("CAST({column} AS decimal(19,4))"),
+        SqlType::Char(length) => format!(
+            "CAST(CAST({column} AS {}) AS {})",
+            unicode("nchar", length),
+            utf16_bytes(length)
+        ),
+        SqlType::VarChar(length) => format!(
+            "CAST(CAST({column} AS {}) AS {})",
+            unicode("nvarchar", length),
+            utf16_bytes(length)
+        ),
+        SqlType::NChar(length) | SqlType::NVarChar(length) => {
+            format!("CAST({column} AS {})", utf16_bytes(length))
+        }
         _ => column,
+    };
+    format!("{expression} AS {}", quote_name(name))
+}
+
+/// `nchar(n)`/`nvarchar(n)` holding `n` characters (at most 4,000; `max` beyond).
+fn unicode(kind: &str, length: Length) -> String {
+    match length {
+        Length::Bounded(n) if n <= 4000 => format!("{kind}({n})"),
+        _ if kind == "nchar" => "nvarchar(max)".to_owned(),
+        _ => format!("{kind}(max)"),
     }
 }
 
-/// Number of fixed columns before the emitted values in [`read_changes`] rows.
-pub const CHANGE_ROW_FIXED_COLUMNS: usize = 7;
+/// `varbinary` wide enough for `length` characters of UTF-16 (two bytes each, at
+/// most 8,000; `max` beyond).
+fn utf16_bytes(length: Length) -> String {
+    match length {
+        Length::Bounded(n) if n <= 4000 => format!("varbinary({})", 2 * n),
+        _ => "varbinary(max)".to_owned(),
+    }
+}
+
+/// Names of the fixed columns of a change row. None can be a captured column's name:
+/// SQL Server reserves the `__$` prefix in change tables.
+pub mod fixed {
+    pub const START_LSN: &str = "__$start_lsn";
+    pub const COMMAND_ID: &str = "__$command_id";
+    pub const SEQVAL: &str = "__$seqval";
+    pub const OPERATION: &str = "__$operation";
+    pub const UPDATE_MASK: &str = "__$update_mask";
+    pub const BEGIN_LSN: &str = "__$tran_begin_lsn";
+    pub const END_TIME: &str = "__$tran_end_time";
+    pub const END_TIME_OFFSET: &str = "__$tran_end_offset";
+}
 
 /// One page of a capture instance's changes, in CDC order.
 ///
 /// Parameters: `@P1` page size, `@P2` upper LSN (inclusive), then the keyset to resume
-/// after: `@P3` start LSN, `@P4` command id, `@P5` seqval, `@P6` operation.
-/// Columns: `__$start_lsn`, `__$command_id`, `__$seqval`, `__$operation`,
-/// `__$update_mask`, `tran_begin_lsn`, `tran_end_time`, then the emitted columns in
-/// column order.
-pub fn read_changes(instance: &CaptureInstance) -> String {
-    let columns: Vec<String> = instance
-        .emitted_columns()
-        .map(|(c, t)| column_expression(&c.name, t))
-        .collect();
-    let mut select = String::from(
+/// after: `@P3` start LSN, `@P4` command id, `@P5` seqval, `@P6` operation; with
+/// `server_zone`, `@P7` the server's time zone (`CURRENT_TIMEZONE_ID()`), from which
+/// the offset in force at each commit time is computed.
+/// Columns, by name: the [`fixed`] ones, then each emitted column under its own name.
+///
+/// The redundant `__$start_lsn >= @P3` lets SQL Server seek on the change table's
+/// clustered index (`__$start_lsn`, `__$seqval`, `__$operation`) instead of scanning
+/// every row before the keyset: the OR of the keyset alone is not sargable.
+pub fn read_changes(instance: &CaptureInstance, server_zone: bool) -> String {
+    let offset = if server_zone {
+        "DATEPART(TZOFFSET, ltm.tran_end_time AT TIME ZONE @P7)"
+    } else {
+        "CAST(NULL AS int)"
+    };
+    let mut select = format!(
         "ct.__$start_lsn, ct.__$command_id, ct.__$seqval, ct.__$operation, \
-ct.__$update_mask, ltm.tran_begin_lsn, ltm.tran_end_time",
+ct.__$update_mask, ltm.tran_begin_lsn AS [{}], ltm.tran_end_time AS [{}], {offset} AS [{}]",
+        fixed::BEGIN_LSN,
+        fixed::END_TIME,
+        fixed::END_TIME_OFFSET,
     );
-    for column in &columns {
+    for e in instance.emitted_columns() {
         select.push_str(", ");
-        select.push_str(column);
+        select.push_str(&column_expression(e.name(), e.sql_type));
     }
     format!(
         "SELECT TOP (@P1) {select} \
 FROM {table} AS ct \
 LEFT JOIN cdc.lsn_time_mapping AS ltm ON ltm.start_lsn = ct.__$start_lsn \
-WHERE ct.__$start_lsn <= @P2 AND (ct.__$start_lsn > @P3 \
+WHERE ct.__$start_lsn >= @P3 AND ct.__$start_lsn <= @P2 AND (ct.__$start_lsn > @P3 \
 OR (ct.__$start_lsn = @P3 AND ct.__$command_id > @P4) \
 OR (ct.__$start_lsn = @P3 AND ct.__$command_id = @P4 AND ct.__$seqval > @P5) \
 OR (ct.__$start_lsn = @P3 AND ct.__$command_id = @P4 AND ct.__$seqval = @P5 \
@@ -183,64 +201,58 @@ WHERE ct.__$start_lsn > @P{after_param} AND ct.__$start_lsn <= @P1) AS next_chan
     format!("{};", parts.join(" UNION ALL "))
 }
 
-/// The checkpoint table's read and upsert (see `sql/04_checkpoint_table.sql`).
-pub const CHECKPOINT_READ: &str =
-    "SELECT position FROM dbo.mssql_ces_checkpoint WHERE stream_name = @P1;";
-
-/// Upsert of a stream's position. One poller writes a given stream name, so the
-/// upsert needs no `HOLDLOCK` against a concurrent insert of the same key.
-pub const CHECKPOINT_WRITE: &str = "MERGE dbo.mssql_ces_checkpoint AS t \
-USING (SELECT @P1 AS stream_name, @P2 AS position) AS s \
-ON t.stream_name = s.stream_name \
-WHEN MATCHED THEN UPDATE SET position = s.position, updated_at = SYSUTCDATETIME() \
-WHEN NOT MATCHED THEN INSERT (stream_name, position, updated_at) \
-VALUES (s.stream_name, s.position, SYSUTCDATETIME());";
-
 /// Every constant above, for the parse test.
 pub const ALL_CONSTANTS: &[(&str, &str)] = &[
     ("MAX_LSN", MAX_LSN),
-    ("DATABASE_INFO", DATABASE_INFO),
-    ("CAPTURE_INSTANCES", CAPTURE_INSTANCES),
-    ("CAPTURED_COLUMNS", CAPTURED_COLUMNS),
-    ("KEY_COLUMNS", KEY_COLUMNS),
+    ("MIN_LSN", MIN_LSN),
     ("DDL_HISTORY", DDL_HISTORY),
     ("AGENT_STATUS", AGENT_STATUS),
-    ("CHECKPOINT_READ", CHECKPOINT_READ),
-    ("CHECKPOINT_WRITE", CHECKPOINT_WRITE),
 ];
+
+/// Panics, naming the query, when `sql` does not parse as T-SQL (tests only).
+#[cfg(test)]
+pub(crate) fn assert_parses(name: &str, sql: &str) {
+    use sqlparser::dialect::MsSqlDialect;
+    use sqlparser::parser::Parser;
+    if let Err(e) = Parser::parse_sql(&MsSqlDialect {}, sql) {
+        panic!("{name} does not parse: {e}\n{sql}");
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::value::Length;
     use crate::lsn::Lsn;
     use crate::source::CapturedColumn;
     use sqlparser::dialect::MsSqlDialect;
     use sqlparser::parser::Parser;
 
     fn parses(name: &str, sql: &str) {
-        if let Err(e) = Parser::parse_sql(&MsSqlDialect {}, sql) {
-            panic!("{name} does not parse: {e}\n{sql}");
-        }
+        assert_parses(name, sql);
     }
 
     fn awkward_instance(name: &str) -> CaptureInstance {
         let column = |name: &str, ordinal, sql_type| CapturedColumn {
             name: name.into(),
             ordinal,
-            table_index: ordinal - 1,
+            table_index: Some(ordinal - 1),
             sql_type,
         };
         CaptureInstance {
             name: name.into(),
             schema: "dbo".into(),
             table: "order details".into(),
-            start_lsn: Lsn::ZERO,
+            object_id: 7,
+            start_lsn: Some(Lsn::ZERO),
+            has_command_id: true,
             create_date: chrono::NaiveDateTime::default(),
             columns: vec![
                 column("Id", 1, Ok(SqlType::Int)),
                 column("unit price", 2, Ok(SqlType::Money)),
                 column("x]y", 3, Ok(SqlType::NVarChar(Length::Max))),
+                column("Code", 5, Ok(SqlType::Char(Length::Bounded(10)))),
+                column("Note", 6, Ok(SqlType::VarChar(Length::Bounded(8000)))),
+                column("Name", 7, Ok(SqlType::NVarChar(Length::Bounded(50)))),
                 column(
                     "Shape",
                     4,
@@ -264,7 +276,11 @@ mod tests {
     fn built_queries_parse_for_awkward_names() {
         for name in ["dbo_order details", "dbo_x]y", "plain", "dbo_ünïcode"] {
             let instance = awkward_instance(name);
-            parses("read_changes", &read_changes(&instance));
+            parses("read_changes", &read_changes(&instance, false));
+            parses(
+                "read_changes in the server's zone",
+                &read_changes(&instance, true),
+            );
             parses("probe", &probe(&[name, "dbo_other"]));
         }
     }
@@ -285,22 +301,53 @@ mod tests {
     }
 
     #[test]
-    fn the_change_query_selects_emitted_columns_and_casts_money() {
-        let sql = read_changes(&awkward_instance("dbo_x]y"));
+    fn the_change_query_selects_emitted_columns_by_name_with_their_casts() {
+        let sql = read_changes(&awkward_instance("dbo_x]y"), false);
         assert!(sql.contains("FROM cdc.[dbo_x]]y_CT] AS ct"), "{sql}");
         assert!(
-            sql.contains("CAST(ct.[unit price] AS decimal(19,4))"),
+            sql.contains("CAST(ct.[unit price] AS decimal(19,4)) AS [unit price]"),
             "{sql}"
         );
-        assert!(sql.contains("ct.[x]]y]"), "{sql}");
+        assert!(
+            sql.contains("CAST(ct.[x]]y] AS varbinary(max)) AS [x]]y]"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("CAST(CAST(ct.[Code] AS nchar(10)) AS varbinary(20)) AS [Code]"),
+            "char keeps its padding through nchar: {sql}"
+        );
+        assert!(
+            sql.contains("CAST(CAST(ct.[Note] AS nvarchar(max)) AS varbinary(max)) AS [Note]"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("CAST(ct.[Name] AS varbinary(100)) AS [Name]"),
+            "{sql}"
+        );
+        assert!(sql.contains("ct.[Id] AS [Id]"), "{sql}");
         assert!(
             !sql.contains("Shape"),
             "excluded columns are not read: {sql}"
         );
         assert!(
+            sql.contains("CAST(NULL AS int) AS [__$tran_end_offset]"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains("WHERE ct.__$start_lsn >= @P3 AND ct.__$start_lsn <= @P2"),
+            "the seekable lower bound: {sql}"
+        );
+        assert!(
             sql.contains(
                 "ORDER BY ct.__$start_lsn, ct.__$command_id, ct.__$seqval, ct.__$operation"
             )
+        );
+        let zoned = read_changes(&awkward_instance("a"), true);
+        assert!(
+            zoned.contains(
+                "DATEPART(TZOFFSET, ltm.tran_end_time AT TIME ZONE @P7) AS [__$tran_end_offset]"
+            ),
+            "{zoned}"
         );
         let probe = probe(&["a", "b"]);
         assert!(probe.contains("@P4 AS capture_instance"), "{probe}");
@@ -308,5 +355,21 @@ mod tests {
             probe.contains("> @P5 AND ct.__$start_lsn <= @P1"),
             "{probe}"
         );
+    }
+
+    #[test]
+    fn a_dropped_column_is_not_selected() {
+        let mut instance = awkward_instance("a");
+        instance.columns[0].table_index = None;
+        let sql = read_changes(&instance, false);
+        assert!(!sql.contains("[Id]"), "{sql}");
+        assert!(sql.contains("[unit price]"), "{sql}");
+    }
+
+    #[test]
+    fn the_fingerprint_comes_with_max_lsn() {
+        assert!(MAX_LSN.contains("sys.fn_cdc_get_max_lsn() AS max_lsn"));
+        assert!(MAX_LSN.contains("AS tables_checksum"));
+        assert!(MAX_LSN.contains("COUNT_BIG(*) FROM cdc.ddl_history"));
     }
 }

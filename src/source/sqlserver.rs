@@ -1,135 +1,56 @@
 //! [`ChangeSource`] on a real SQL Server, over TDS with tiberius.
 //!
-//! Connects from an ADO.NET connection string with TLS required by default
-//! (`trust_server_certificate` only when configured). A connection that fails is
-//! dropped and re-opened by the next call; the poll loop's caller retries transient
-//! errors with backoff. Errors are classified by SQL Server error number into
-//! transient ones (connection loss, deadlock victim 1205, Azure SQL throttling and
-//! failover) and definite ones, each of which says what to change. The connection
-//! string holds a password: it is never logged or put in an error.
+//! The connection, its time-outs and error classification are [`SqlConnection`]'s;
+//! the catalog is read by [`catalog::read_catalog`]. This file runs the per-poll
+//! queries and turns their rows into [`ChangeRow`]s, reading every column by name.
+//!
+//! The change query is built from the catalog's columns of the instance and rebuilt
+//! whenever they change (a dropped column, a type change, a re-created instance): a
+//! query cached past such a change would put values under the wrong names. A change
+//! table or column that is gone (errors 208, 207) and a value of another type than the
+//! catalog said are [`SourceError::CatalogChanged`]: the poller re-reads the catalog
+//! and tries again, so a disabled or altered capture instance never stops the run.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::time::Duration;
 
-use tiberius::{Client, ColumnData, Config, EncryptionLevel, Row, ToSql};
-use tokio::net::TcpStream;
-use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+use tiberius::ToSql;
 
-use crate::event::value::{SqlType, TypeError};
+use crate::event::Value;
+use crate::event::value::SqlType;
 use crate::lsn::Lsn;
-use crate::source::decode::{
-    DecodeError, decode_bytes, decode_guid, decode_int, decode_lsn, decode_naive_datetime,
-    decode_string, decode_value,
-};
-use crate::source::queries::{self, CHANGE_ROW_FIXED_COLUMNS};
+use crate::source::catalog::{self, NamedRow, null};
+pub use crate::source::connection::{ConnectionString, SqlServerConfig, TdsClient};
+use crate::source::connection::{SqlConnection, SqlError};
+use crate::source::decode::{DecodeError, decode_bytes, decode_change_value};
+use crate::source::queries::{self, fixed};
 use crate::source::{
-    CaptureInstance, CapturedColumn, Catalog, ChangeRow, ChangeSource, DdlEvent, Probe,
-    ProbeResult, RowKey, SourceError,
+    CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
+    RowKey, SourceError,
 };
 
-/// A connection string: its `Debug` and `Display` never show it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ConnectionString(String);
-
-impl ConnectionString {
-    pub fn new(value: impl Into<String>) -> Self {
-        ConnectionString(value.into())
-    }
-
-    /// The secret itself, for the driver only.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
+/// The change query of one capture instance and what it was built from.
+struct ChangeQuery {
+    object_id: i32,
+    columns: Vec<(String, SqlType)>,
+    sql: String,
 }
-
-impl fmt::Debug for ConnectionString {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ConnectionString(<redacted>)")
-    }
-}
-
-/// How to reach the database.
-#[derive(Debug, Clone)]
-pub struct SqlServerConfig {
-    pub connection_string: ConnectionString,
-    /// Accept the server's certificate without validating it (self-signed test
-    /// servers only).
-    pub trust_server_certificate: bool,
-    /// Require TLS (default). Turning it off sends the password in clear.
-    pub encrypt: bool,
-    pub connect_timeout: Duration,
-}
-
-/// A TDS connection.
-pub type TdsClient = Client<Compat<TcpStream>>;
 
 /// A CDC source on SQL Server.
 pub struct SqlServerSource {
-    config: SqlServerConfig,
-    client: Option<TdsClient>,
-    change_queries: HashMap<String, String>,
+    conn: SqlConnection,
+    /// `CURRENT_TIMEZONE_ID()`, once the catalog has been read, where the server has it.
+    server_zone: Option<String>,
+    change_queries: HashMap<String, ChangeQuery>,
 }
 
-/// SQL Server error numbers that mean "try again".
-/// 1205 deadlock victim; 4221 and 10928/10929 resource limits; 40197, 40501, 40613,
-/// 49918–49920 Azure SQL service busy or failing over; 233, 10053, 10054, 10060, 64
-/// connection broken.
-const TRANSIENT_ERRORS: &[u32] = &[
-    1205, 4221, 10928, 10929, 40197, 40501, 40613, 49918, 49919, 49920, 233, 10053, 10054, 10060,
-    64,
-];
-
-/// Permission errors: 229/230 permission denied on an object or column, 262 permission
-/// denied in database, 297/300 a missing server permission, 916 no access to database.
-const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916];
-
-/// Names of the fixed columns of a change row; the array length ties them to
-/// [`CHANGE_ROW_FIXED_COLUMNS`] at compile time.
-const CHANGE_ROW_FIXED: [&str; CHANGE_ROW_FIXED_COLUMNS] = [
-    "__$start_lsn",
-    "__$command_id",
-    "__$seqval",
-    "__$operation",
-    "__$update_mask",
-    "tran_begin_lsn",
-    "tran_end_time",
-];
-
-/// Maps a driver error to a [`SourceError`].
-pub fn classify(error: &tiberius::error::Error) -> SourceError {
-    use tiberius::error::Error as E;
-    match error {
-        E::Io { .. } | E::Protocol(_) | E::Routing { .. } => SourceError::Transient {
-            message: error.to_string(),
+/// Errors that mean the catalog changed under a query: 208 invalid object name (a
+/// change table dropped by `sp_cdc_disable_table`), 207 invalid column name.
+fn catalog_changed(e: SqlError) -> SourceError {
+    match e.code {
+        Some(208 | 207) => SourceError::CatalogChanged {
+            message: e.error.to_string(),
         },
-        E::Tls(message) => SourceError::Definite {
-            message: format!(
-                "TLS handshake failed ({message}); for a server with a self-signed certificate set source.trust_server_certificate = true"
-            ),
-        },
-        E::Server(token) => classify_server_error(token.code(), token.message()),
-        other => SourceError::Definite {
-            message: other.to_string(),
-        },
-    }
-}
-
-/// Maps a SQL Server error number and message to a [`SourceError`].
-pub fn classify_server_error(code: u32, message: &str) -> SourceError {
-    let message = message.to_owned();
-    match code {
-        18456 => SourceError::LoginFailed,
-        4060 => SourceError::Definite {
-            message: format!(
-                "{message} (check Database= in source.connection_string and that the login is a user of that database)"
-            ),
-        },
-        c if TRANSIENT_ERRORS.contains(&c) => SourceError::Transient { message },
-        c if PERMISSION_ERRORS.contains(&c) => SourceError::PermissionDenied { message },
-        _ => SourceError::Definite {
-            message: format!("SQL Server error {code}: {message}"),
-        },
+        _ => e.error,
     }
 }
 
@@ -140,295 +61,182 @@ fn malformed(capture_instance: &str, error: DecodeError) -> SourceError {
     }
 }
 
-/// Takes the columns of a row in order.
-struct Columns {
-    inner: std::vec::IntoIter<ColumnData<'static>>,
-    names: &'static [&'static str],
-    at: usize,
-}
-
-impl Columns {
-    fn new(row: Row, names: &'static [&'static str]) -> Self {
-        Columns {
-            inner: row.into_iter().collect::<Vec<_>>().into_iter(),
-            names,
-            at: 0,
-        }
-    }
-
-    fn next(&mut self) -> Result<(&'static str, ColumnData<'static>), DecodeError> {
-        let name = self.names.get(self.at).copied().unwrap_or("column");
-        self.at += 1;
-        self.inner
-            .next()
-            .map(|data| (name, data))
-            .ok_or_else(|| DecodeError {
-                column: name.to_owned(),
-                message: "missing from the result".into(),
-            })
-    }
-
-    fn string(&mut self) -> Result<String, DecodeError> {
-        let (name, data) = self.next()?;
-        decode_string(name, data)?.ok_or_else(|| null(name))
-    }
-
-    fn opt_string(&mut self) -> Result<Option<String>, DecodeError> {
-        let (name, data) = self.next()?;
-        decode_string(name, data)
-    }
-
-    fn int(&mut self) -> Result<Option<i64>, DecodeError> {
-        let (name, data) = self.next()?;
-        decode_int(name, data)
-    }
-
-    fn lsn(&mut self) -> Result<Option<Lsn>, DecodeError> {
-        let (name, data) = self.next()?;
-        decode_lsn(name, data)
-    }
-}
-
-fn null(column: &str) -> DecodeError {
-    DecodeError {
-        column: column.to_owned(),
-        message: "is NULL".into(),
-    }
-}
-
 fn catalog_error(error: DecodeError) -> SourceError {
     SourceError::Definite {
         message: format!("unexpected catalog result: {error}"),
     }
 }
 
-fn driver_config(settings: &SqlServerConfig) -> Result<Config, SourceError> {
-    // The parse error could quote the string, which holds a password: not shown.
-    let mut config = Config::from_ado_string(settings.connection_string.expose())
-        .map_err(|_| SourceError::Definite {
-            message: "source.connection_string is not a valid ADO.NET connection string (e.g. Server=tcp:host,1433;Database=db;User Id=user;Password=...)".into(),
-        })?;
-    config.application_name("mssql-ces");
-    config.encryption(if settings.encrypt {
-        EncryptionLevel::Required
-    } else {
-        EncryptionLevel::NotSupported
-    });
-    if settings.trust_server_certificate {
-        config.trust_cert();
-    }
-    Ok(config)
+/// The emitted columns of an instance: name and change-table type, in order.
+fn emitted(instance: &CaptureInstance) -> Vec<(String, SqlType)> {
+    instance
+        .emitted_columns()
+        .map(|e| (e.name().to_owned(), e.sql_type))
+        .collect()
 }
 
-/// Opens a connection (TLS as configured; one Azure SQL redirect followed).
-pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SourceError> {
-    let mut config = driver_config(settings)?;
-    // Azure SQL may redirect to another node once.
-    for _ in 0..2 {
-        let addr = config.get_addr();
-        let tcp = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(&addr))
-            .await
-            .map_err(|_| SourceError::Transient {
-                message: format!("connecting to {addr} timed out"),
-            })?
-            .map_err(|e| SourceError::Transient {
-                message: format!("cannot connect to {addr}: {e}"),
+/// One change row, every column taken by name. Besides the row: the names of the
+/// columns whose text held invalid UTF-16 (replaced with U+FFFD). A value that does
+/// not have its column's type is [`SourceError::CatalogChanged`] (the change table's
+/// type changed since the catalog was read); anything else wrong is malformed.
+pub fn decode_change_row(
+    capture_instance: &str,
+    mut row: NamedRow,
+    columns: &[(String, SqlType)],
+) -> Result<(ChangeRow, Vec<String>), SourceError> {
+    let bad = |e| malformed(capture_instance, e);
+    let start_lsn = row
+        .opt_lsn(fixed::START_LSN)
+        .map_err(bad)?
+        .ok_or_else(|| bad(null(fixed::START_LSN)))?;
+    let command_id = row.int(fixed::COMMAND_ID).map_err(bad)?;
+    let seqval = row
+        .opt_lsn(fixed::SEQVAL)
+        .map_err(bad)?
+        .ok_or_else(|| bad(null(fixed::SEQVAL)))?;
+    let operation = row.int(fixed::OPERATION).map_err(bad)?;
+    let update_mask = decode_bytes(
+        fixed::UPDATE_MASK,
+        row.take_raw(fixed::UPDATE_MASK).map_err(bad)?,
+    )
+    .map_err(bad)?;
+    let begin_lsn = row.opt_lsn(fixed::BEGIN_LSN).map_err(bad)?.ok_or_else(|| {
+        bad(DecodeError {
+            column: fixed::BEGIN_LSN.into(),
+            message: "no cdc.lsn_time_mapping row for this transaction".into(),
+        })
+    })?;
+    let end_time = row.datetime(fixed::END_TIME).map_err(bad)?;
+    let offset = row.opt_int(fixed::END_TIME_OFFSET).map_err(bad)?;
+    let out_of_range = |column: &str, value: i64| {
+        bad(DecodeError {
+            column: column.to_owned(),
+            message: format!("{value} is out of range"),
+        })
+    };
+    let mut values = Vec::with_capacity(columns.len());
+    let mut replaced = Vec::new();
+    for (name, sql_type) in columns {
+        let data = row.take_raw(name).map_err(bad)?;
+        let (value, lossy) =
+            decode_change_value(name, sql_type, data).map_err(|e| SourceError::CatalogChanged {
+                message: format!("capture instance {capture_instance}: {e}"),
             })?;
-        tcp.set_nodelay(true).map_err(|e| SourceError::Transient {
-            message: e.to_string(),
-        })?;
-        match Client::connect(config.clone(), tcp.compat_write()).await {
-            Ok(client) => return Ok(client),
-            Err(tiberius::error::Error::Routing { host, port }) => {
-                config.host(&host);
-                config.port(port);
-            }
-            Err(e) => return Err(classify(&e)),
+        if lossy {
+            replaced.push(name.clone());
         }
+        values.push(value);
     }
-    Err(SourceError::Transient {
-        message: "the server redirected the connection more than once".into(),
-    })
+    let change = ChangeRow {
+        key: RowKey {
+            start_lsn,
+            command_id: i32::try_from(command_id)
+                .map_err(|_| out_of_range(fixed::COMMAND_ID, command_id))?,
+            seqval,
+            operation: u8::try_from(operation)
+                .map_err(|_| out_of_range(fixed::OPERATION, operation))?,
+        },
+        update_mask,
+        begin_lsn,
+        end_time,
+        end_time_offset_minutes: offset
+            .map(|o| i16::try_from(o).map_err(|_| out_of_range(fixed::END_TIME_OFFSET, o)))
+            .transpose()?,
+        values,
+    };
+    Ok((change, replaced))
 }
 
 impl SqlServerSource {
     pub fn new(config: SqlServerConfig) -> Self {
         SqlServerSource {
-            config,
-            client: None,
+            conn: SqlConnection::new(config),
+            server_zone: None,
             change_queries: HashMap::new(),
         }
     }
 
-    /// Runs one query, (re)connecting first when needed; a failed connection is
-    /// dropped so that the next call opens a new one.
-    async fn query(&mut self, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<Row>, SourceError> {
-        if self.client.is_none() {
-            self.client = Some(connect(&self.config).await?);
-        }
-        let Some(client) = self.client.as_mut() else {
-            return Err(SourceError::Transient {
-                message: "no connection".into(),
+    /// The change query for `instance`, rebuilt when its columns or change table
+    /// differ from what the cached one was built from.
+    fn change_query(&mut self, instance: &CaptureInstance) -> &ChangeQuery {
+        let columns = emitted(instance);
+        let zone = self.server_zone.is_some();
+        let entry = self
+            .change_queries
+            .entry(instance.name.clone())
+            .or_insert_with(|| ChangeQuery {
+                object_id: instance.object_id,
+                columns: Vec::new(),
+                sql: String::new(),
             });
-        };
-        let result = match client.query(sql, params).await {
-            Ok(stream) => stream.into_first_result().await,
-            Err(e) => Err(e),
-        };
-        result.map_err(|e| {
-            let error = classify(&e);
-            if error.is_transient() {
-                self.client = None;
-            }
-            error
-        })
+        if entry.sql.is_empty() || entry.object_id != instance.object_id || entry.columns != columns
+        {
+            *entry = ChangeQuery {
+                object_id: instance.object_id,
+                sql: queries::read_changes(instance, zone),
+                columns,
+            };
+        }
+        entry
     }
 
-    fn change_query(&mut self, instance: &CaptureInstance) -> &str {
-        self.change_queries
-            .entry(instance.name.clone())
-            .or_insert_with(|| queries::read_changes(instance))
+    /// Warns about text values whose invalid UTF-16 was replaced, naming the table,
+    /// the column and the row's key.
+    fn warn_replaced(
+        instance: &CaptureInstance,
+        row: &ChangeRow,
+        columns: &[(String, SqlType)],
+        replaced: &[String],
+    ) {
+        let key: Vec<String> = instance
+            .key_columns
+            .iter()
+            .filter_map(|k| {
+                let at = columns.iter().position(|(name, _)| name == k)?;
+                let value = row.values.get(at).and_then(Value::to_text);
+                Some(format!("{k}={}", value.unwrap_or_else(|| "NULL".into())))
+            })
+            .collect();
+        for column in replaced {
+            tracing::warn!(
+                table = %instance.qualified_table(),
+                %column,
+                key = %key.join(", "),
+                lsn = %row.key.start_lsn,
+                "text held invalid UTF-16 (a lone surrogate); each invalid unit was replaced with U+FFFD"
+            );
+        }
     }
 }
 
 impl ChangeSource for SqlServerSource {
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
-        let info = self.query(queries::DATABASE_INFO, &[]).await?;
-        let row = info
-            .into_iter()
-            .next()
-            .ok_or_else(|| SourceError::Definite {
-                message: "the database is not visible to this login".into(),
-            })?;
-        let mut c = Columns::new(
-            row,
-            &[
-                "database_name",
-                "database_guid",
-                "is_cdc_enabled",
-                "utc_offset_minutes",
-            ],
-        );
-        let database = c.string().map_err(catalog_error)?;
-        let (name, data) = c.next().map_err(catalog_error)?;
-        let database_guid = decode_guid(name, data)
-            .map_err(catalog_error)?
-            .unwrap_or_default();
-        let cdc_enabled = c.int().map_err(catalog_error)?.unwrap_or(0) == 1;
-        let offset = c.int().map_err(catalog_error)?.unwrap_or(0);
-        if !cdc_enabled {
-            return Err(SourceError::CdcNotEnabled { database });
-        }
+        let catalog = catalog::read_catalog(&mut self.conn).await?;
+        self.server_zone = catalog.server_time_zone.clone();
+        Ok(catalog)
+    }
 
-        let rows = self.query(queries::CAPTURE_INSTANCES, &[]).await?;
-        let mut instances = Vec::new();
-        for row in rows {
-            let mut c = Columns::new(
-                row,
-                &[
-                    "capture_instance",
-                    "schema_name",
-                    "table_name",
-                    "start_lsn",
-                    "create_date",
-                ],
-            );
-            let name = c.string().map_err(catalog_error)?;
-            let schema = c.string().map_err(catalog_error)?;
-            let table = c.string().map_err(catalog_error)?;
-            let start_lsn = c.lsn().map_err(catalog_error)?.unwrap_or(Lsn::ZERO);
-            let (column, data) = c.next().map_err(catalog_error)?;
-            let create_date = decode_naive_datetime(column, data)
-                .map_err(catalog_error)?
-                .unwrap_or_default();
-            instances.push(CaptureInstance {
-                name,
-                schema,
-                table,
-                start_lsn,
-                create_date,
-                columns: Vec::new(),
-                key_columns: Vec::new(),
-            });
-        }
-
-        for row in self.query(queries::CAPTURED_COLUMNS, &[]).await? {
-            let mut c = Columns::new(
-                row,
-                &[
-                    "capture_instance",
-                    "column_name",
-                    "column_ordinal",
-                    "column_type",
-                    "type_name",
-                    "is_user_defined",
-                    "max_length",
-                    "precision",
-                    "scale",
-                    "table_index",
-                ],
-            );
-            let instance = c.string().map_err(catalog_error)?;
-            let name = c.string().map_err(catalog_error)?;
-            let ordinal = c.int().map_err(catalog_error)?.unwrap_or(0);
-            let declared = c.opt_string().map_err(catalog_error)?.unwrap_or_default();
-            let base = c.opt_string().map_err(catalog_error)?;
-            let user_defined = c.int().map_err(catalog_error)?.unwrap_or(0) == 1;
-            let max_length = c.int().map_err(catalog_error)?;
-            let precision = c.int().map_err(catalog_error)?;
-            let scale = c.int().map_err(catalog_error)?;
-            let table_index = c.int().map_err(catalog_error)?;
-            let sql_type = match (base, max_length, precision, scale) {
-                _ if user_defined => Err(TypeError::UserDefined {
-                    type_name: declared,
-                }),
-                (Some(base), Some(len), Some(p), Some(s)) => SqlType::from_catalog(
-                    &base,
-                    i16::try_from(len).unwrap_or(-1),
-                    u8::try_from(p).unwrap_or(0),
-                    u8::try_from(s).unwrap_or(0),
-                ),
-                // The column was dropped from the source table: its facts are gone.
-                _ => Err(TypeError::InvalidFacts {
-                    type_name: declared,
-                    fact: "source column (dropped)",
-                    value: 0,
-                }),
-            };
-            if let Some(ci) = instances.iter_mut().find(|i| i.name == instance) {
-                ci.columns.push(CapturedColumn {
-                    name,
-                    ordinal: u32::try_from(ordinal).unwrap_or(0),
-                    table_index: u32::try_from(table_index.unwrap_or(ordinal - 1)).unwrap_or(0),
-                    sql_type,
-                });
-            }
-        }
-
-        for row in self.query(queries::KEY_COLUMNS, &[]).await? {
-            let mut c = Columns::new(row, &["capture_instance", "column_name", "key_ordinal"]);
-            let instance = c.string().map_err(catalog_error)?;
-            let column = c.string().map_err(catalog_error)?;
-            if let Some(ci) = instances.iter_mut().find(|i| i.name == instance) {
-                ci.key_columns.push(column);
-            }
-        }
-
-        Ok(Catalog {
-            database,
-            database_guid,
-            server_utc_offset_minutes: i32::try_from(offset).unwrap_or(0),
-            instances,
+    async fn max_lsn(&mut self) -> Result<MaxLsn, SourceError> {
+        let rows = self.conn.query(queries::MAX_LSN, &[]).await?;
+        let Some(row) = rows.into_iter().next() else {
+            return Err(catalog_error(null("max_lsn")));
+        };
+        let mut row = NamedRow::new(row);
+        let lsn = row.opt_lsn("max_lsn").map_err(catalog_error)?;
+        Ok(MaxLsn {
+            lsn: lsn.filter(|l| !l.is_zero()),
+            catalog_version: catalog::fingerprint(&mut row).map_err(catalog_error)?,
         })
     }
 
-    async fn max_lsn(&mut self) -> Result<Option<Lsn>, SourceError> {
-        let rows = self.query(queries::MAX_LSN, &[]).await?;
+    async fn min_lsn(&mut self, capture_instance: &str) -> Result<Option<Lsn>, SourceError> {
+        let name = capture_instance.to_owned();
+        let rows = self.conn.query(queries::MIN_LSN, &[&name]).await?;
         let Some(row) = rows.into_iter().next() else {
             return Ok(None);
         };
-        let lsn = Columns::new(row, &["max_lsn"])
-            .lsn()
+        let lsn = NamedRow::new(row)
+            .opt_lsn("min_lsn")
             .map_err(catalog_error)?;
         Ok(lsn.filter(|l| !l.is_zero()))
     }
@@ -445,15 +253,20 @@ impl ChangeSource for SqlServerSource {
                 params.push(&probe.capture_instance);
                 params.push(after);
             }
-            for row in self.query(&sql, &params).await? {
-                let mut c = Columns::new(row, &["capture_instance", "min_lsn", "next_change"]);
-                let capture_instance = c.string().map_err(catalog_error)?;
-                let min_lsn = c.lsn().map_err(catalog_error)?.filter(|l| !l.is_zero());
-                let next_change = c.lsn().map_err(catalog_error)?;
+            let rows = self
+                .conn
+                .query(&sql, &params)
+                .await
+                .map_err(catalog_changed)?;
+            for row in rows {
+                let mut row = NamedRow::new(row);
                 results.push(ProbeResult {
-                    capture_instance,
-                    min_lsn,
-                    next_change,
+                    capture_instance: row.string("capture_instance").map_err(catalog_error)?,
+                    min_lsn: row
+                        .opt_lsn("min_lsn")
+                        .map_err(catalog_error)?
+                        .filter(|l| !l.is_zero()),
+                    next_change: row.opt_lsn("next_change").map_err(catalog_error)?,
                 });
             }
         }
@@ -467,92 +280,48 @@ impl ChangeSource for SqlServerSource {
         to: Lsn,
         limit: usize,
     ) -> Result<Vec<ChangeRow>, SourceError> {
-        let sql = self.change_query(instance).to_owned();
+        let query = self.change_query(instance);
+        let (sql, columns) = (query.sql.clone(), query.columns.clone());
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let (to, start, seqval) = (to.to_vec(), after.start_lsn.to_vec(), after.seqval.to_vec());
         let operation = i32::from(after.operation);
-        let params: [&dyn ToSql; 6] = [&limit, &to, &start, &after.command_id, &seqval, &operation];
-        let rows = self.query(&sql, &params).await?;
-        let emitted: Vec<(String, SqlType)> = instance
-            .emitted_columns()
-            .map(|(c, t)| (c.name.clone(), t))
-            .collect();
-        let bad = |e| malformed(&instance.name, e);
+        let zone = self.server_zone.clone().unwrap_or_default();
+        let mut params: Vec<&dyn ToSql> =
+            vec![&limit, &to, &start, &after.command_id, &seqval, &operation];
+        if self.server_zone.is_some() {
+            params.push(&zone);
+        }
+        let rows = self
+            .conn
+            .query(&sql, &params)
+            .await
+            .map_err(catalog_changed)?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let mut c = Columns::new(row, &CHANGE_ROW_FIXED);
-            let start_lsn = c
-                .lsn()
-                .map_err(bad)?
-                .ok_or_else(|| bad(null("__$start_lsn")))?;
-            let command_id = c.int().map_err(bad)?.unwrap_or(0);
-            let seqval = c
-                .lsn()
-                .map_err(bad)?
-                .ok_or_else(|| bad(null("__$seqval")))?;
-            let operation = c
-                .int()
-                .map_err(bad)?
-                .ok_or_else(|| bad(null("__$operation")))?;
-            let (name, data) = c.next().map_err(bad)?;
-            let update_mask = decode_bytes(name, data).map_err(bad)?;
-            let begin_lsn = c.lsn().map_err(bad)?.ok_or_else(|| {
-                bad(DecodeError {
-                    column: "tran_begin_lsn".into(),
-                    message: "no cdc.lsn_time_mapping row for this transaction".into(),
-                })
-            })?;
-            let (name, data) = c.next().map_err(bad)?;
-            let end_time = decode_naive_datetime(name, data)
-                .map_err(bad)?
-                .ok_or_else(|| bad(null("tran_end_time")))?;
-            let mut values = Vec::with_capacity(emitted.len());
-            for (column, sql_type) in &emitted {
-                let data = c.inner.next().ok_or_else(|| {
-                    bad(DecodeError {
-                        column: column.clone(),
-                        message: "missing from the result".into(),
-                    })
-                })?;
-                values.push(decode_value(column, sql_type, data).map_err(bad)?);
+            let (change, replaced) =
+                decode_change_row(&instance.name, NamedRow::new(row), &columns)?;
+            if !replaced.is_empty() {
+                Self::warn_replaced(instance, &change, &columns, &replaced);
             }
-            out.push(ChangeRow {
-                key: RowKey {
-                    start_lsn,
-                    command_id: i32::try_from(command_id).unwrap_or(i32::MAX),
-                    seqval,
-                    operation: u8::try_from(operation).unwrap_or(0),
-                },
-                update_mask,
-                begin_lsn,
-                end_time,
-                values,
-            });
+            out.push(change);
         }
         Ok(out)
     }
 
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
         let name = capture_instance.to_owned();
-        let rows = self.query(queries::DDL_HISTORY, &[&name]).await?;
+        let rows = self.conn.query(queries::DDL_HISTORY, &[&name]).await?;
         let mut out = Vec::new();
         for row in rows {
-            let mut c = Columns::new(
-                row,
-                &["capture_instance", "ddl_lsn", "ddl_time", "ddl_command"],
-            );
-            let capture_instance = c.string().map_err(catalog_error)?;
-            let ddl_lsn = c.lsn().map_err(catalog_error)?.unwrap_or(Lsn::ZERO);
-            let (column, data) = c.next().map_err(catalog_error)?;
-            let ddl_time = decode_naive_datetime(column, data)
-                .map_err(catalog_error)?
-                .unwrap_or_default();
-            let ddl_command = c.opt_string().map_err(catalog_error)?.unwrap_or_default();
+            let mut row = NamedRow::new(row);
             out.push(DdlEvent {
-                capture_instance,
-                ddl_lsn,
-                ddl_time,
-                ddl_command,
+                capture_instance: row.string("capture_instance").map_err(catalog_error)?,
+                ddl_lsn: row
+                    .opt_lsn("ddl_lsn")
+                    .map_err(catalog_error)?
+                    .ok_or_else(|| catalog_error(null("ddl_lsn")))?,
+                ddl_time: row.datetime("ddl_time").map_err(catalog_error)?,
+                ddl_command: row.string("ddl_command").map_err(catalog_error)?,
             });
         }
         Ok(out)
@@ -562,72 +331,160 @@ impl ChangeSource for SqlServerSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::value::Length;
+    use crate::source::CapturedColumn;
+    use std::borrow::Cow;
+    use std::time::Duration;
+    use tiberius::ColumnData;
 
-    #[test]
-    fn connection_strings_never_print() {
-        let secret = ConnectionString::new("Server=db;User Id=sa;Password=hunter2");
-        let config = SqlServerConfig {
-            connection_string: secret,
+    fn instance(columns: &[(&str, SqlType, Option<u32>)]) -> CaptureInstance {
+        CaptureInstance {
+            name: "dbo_T".into(),
+            schema: "dbo".into(),
+            table: "T".into(),
+            object_id: 11,
+            start_lsn: Some(Lsn::from_parts(1, 0, 0)),
+            create_date: chrono::NaiveDateTime::default(),
+            columns: columns
+                .iter()
+                .enumerate()
+                .map(|(i, (name, t, index))| CapturedColumn {
+                    name: (*name).into(),
+                    ordinal: u32::try_from(i + 1).unwrap(),
+                    table_index: *index,
+                    sql_type: Ok(*t),
+                })
+                .collect(),
+            key_columns: vec!["Id".into()],
+            has_command_id: true,
+        }
+    }
+
+    fn source() -> SqlServerSource {
+        SqlServerSource::new(SqlServerConfig {
+            connection_string: ConnectionString::new("Server=tcp:127.0.0.1,1;User Id=u;Password=p"),
             trust_server_certificate: false,
             encrypt: true,
             connect_timeout: Duration::from_secs(1),
-        };
-        assert!(!format!("{config:?}").contains("hunter2"));
+            query_timeout: Duration::from_secs(1),
+        })
     }
 
     #[test]
-    fn a_malformed_connection_string_error_does_not_quote_it() {
-        let source = SqlServerSource::new(SqlServerConfig {
-            connection_string: ConnectionString::new("Server=tcp:db,notaport;Password='hunter2"),
-            trust_server_certificate: false,
-            encrypt: true,
-            connect_timeout: Duration::from_secs(1),
-        });
-        let err = driver_config(&source.config)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(!err.contains("hunter2"), "{err}");
-    }
-
-    #[test]
-    fn io_and_deadlock_errors_are_transient_others_definite() {
-        let io = tiberius::error::Error::Io {
-            kind: std::io::ErrorKind::ConnectionReset,
-            message: "reset".into(),
-        };
-        assert!(classify(&io).is_transient());
-        let tls = tiberius::error::Error::Tls("bad certificate".into());
-        let text = classify(&tls).to_string();
-        assert!(!classify(&tls).is_transient());
-        assert!(text.contains("source.trust_server_certificate"), "{text}");
-        let conversion = tiberius::error::Error::Conversion("x".into());
-        assert!(!classify(&conversion).is_transient());
-    }
-
-    #[test]
-    fn server_error_numbers_map_to_what_to_do() {
-        assert!(classify_server_error(1205, "deadlock victim").is_transient());
-        assert!(classify_server_error(40613, "database unavailable").is_transient());
+    fn the_change_query_is_rebuilt_when_the_columns_change() {
+        let mut source = source();
+        let before = instance(&[
+            ("Id", SqlType::Int, Some(0)),
+            ("Gone", SqlType::Int, Some(1)),
+            ("Name", SqlType::NVarChar(Length::Bounded(10)), Some(2)),
+        ]);
+        let first = source.change_query(&before).sql.clone();
+        assert!(first.contains("[Gone]"), "{first}");
+        // DROP COLUMN: the catalog now has no position for it.
+        let after = instance(&[
+            ("Id", SqlType::Int, Some(0)),
+            ("Gone", SqlType::Int, None),
+            ("Name", SqlType::NVarChar(Length::Bounded(10)), Some(1)),
+        ]);
+        let second = source.change_query(&after).sql.clone();
+        assert!(!second.contains("[Gone]"), "{second}");
+        // ALTER COLUMN to another type: rebuilt too.
+        let retyped = instance(&[
+            ("Id", SqlType::BigInt, Some(0)),
+            ("Name", SqlType::NVarChar(Length::Bounded(10)), Some(1)),
+        ]);
         assert_eq!(
-            classify_server_error(18456, "Login failed"),
-            SourceError::LoginFailed
+            source.change_query(&retyped).columns[0],
+            ("Id".to_owned(), SqlType::BigInt)
         );
-        assert!(
-            SourceError::LoginFailed
-                .to_string()
-                .contains("source.connection_string")
+        // A re-created instance with the same columns: rebuilt for its new table.
+        let mut recreated = retyped.clone();
+        recreated.object_id = 12;
+        assert_eq!(source.change_query(&recreated).object_id, 12);
+    }
+
+    fn utf16(s: &str) -> ColumnData<'static> {
+        ColumnData::Binary(Some(Cow::Owned(
+            s.encode_utf16().flat_map(u16::to_le_bytes).collect(),
+        )))
+    }
+
+    fn lsn(n: u16) -> ColumnData<'static> {
+        ColumnData::Binary(Some(Cow::Owned(Lsn::from_parts(1, 2, n).to_vec())))
+    }
+
+    fn change_row(extra: Vec<(&'static str, ColumnData<'static>)>) -> NamedRow {
+        let mut pairs = vec![
+            (fixed::START_LSN, lsn(3)),
+            (fixed::COMMAND_ID, ColumnData::I32(Some(1))),
+            (fixed::SEQVAL, lsn(2)),
+            (fixed::OPERATION, ColumnData::I32(Some(2))),
+            (
+                fixed::UPDATE_MASK,
+                ColumnData::Binary(Some(Cow::Owned(vec![0x07]))),
+            ),
+            (fixed::BEGIN_LSN, lsn(1)),
+            (
+                fixed::END_TIME,
+                ColumnData::DateTime(Some(tiberius::time::DateTime::new(46_000, 300))),
+            ),
+            (fixed::END_TIME_OFFSET, ColumnData::I32(Some(120))),
+        ];
+        pairs.extend(extra);
+        NamedRow::from_pairs(pairs)
+    }
+
+    #[test]
+    fn change_rows_are_read_by_name_whatever_the_column_order() {
+        let columns = vec![
+            ("Name".to_owned(), SqlType::NVarChar(Length::Bounded(10))),
+            ("Id".to_owned(), SqlType::Int),
+        ];
+        // The result lists Id before Name: values still land under their names.
+        let row = change_row(vec![
+            ("Id", ColumnData::I32(Some(7))),
+            ("Name", utf16("Ada")),
+        ]);
+        let (change, replaced) = decode_change_row("dbo_T", row, &columns).unwrap();
+        assert_eq!(
+            change.values,
+            vec![Value::Text("Ada".into()), Value::Int(7)]
         );
-        let denied = classify_server_error(229, "SELECT permission denied on cdc.change_tables");
-        assert!(matches!(denied, SourceError::PermissionDenied { .. }));
-        assert!(
-            denied
-                .to_string()
-                .contains("sql/03_least_privilege_login.sql"),
-            "{denied}"
-        );
-        let other = classify_server_error(208, "Invalid object name 'x'");
-        assert!(!other.is_transient());
-        assert!(other.to_string().contains("208"));
+        assert!(replaced.is_empty());
+        assert_eq!(change.end_time_offset_minutes, Some(120));
+        assert_eq!(change.key.command_id, 1);
+        assert_eq!(change.key.operation, 2);
+    }
+
+    #[test]
+    fn a_value_of_another_type_asks_for_the_catalog_again() {
+        let columns = vec![("Id".to_owned(), SqlType::Int)];
+        let row = change_row(vec![("Id", ColumnData::I64(Some(7)))]);
+        let err = decode_change_row("dbo_T", row, &columns).unwrap_err();
+        assert!(matches!(err, SourceError::CatalogChanged { .. }), "{err}");
+        assert!(err.is_transient());
+    }
+
+    #[test]
+    fn missing_fixed_values_are_errors_not_defaults() {
+        let columns = vec![("Id".to_owned(), SqlType::Int)];
+        let mut row = change_row(vec![("Id", ColumnData::I32(Some(7)))]);
+        row.replace(fixed::COMMAND_ID, ColumnData::I32(None));
+        let err = decode_change_row("dbo_T", row, &columns).unwrap_err();
+        assert!(matches!(err, SourceError::Malformed { .. }), "{err}");
+        assert!(err.to_string().contains("__$command_id"), "{err}");
+        let mut row = change_row(vec![("Id", ColumnData::I32(Some(7)))]);
+        row.replace(fixed::OPERATION, ColumnData::I32(Some(300)));
+        assert!(decode_change_row("dbo_T", row, &columns).is_err());
+    }
+
+    #[test]
+    fn invalid_utf16_is_replaced_and_reported() {
+        let columns = vec![("Name".to_owned(), SqlType::NVarChar(Length::Bounded(10)))];
+        let lone = ColumnData::Binary(Some(Cow::Owned(vec![0x00, 0xDC])));
+        let row = change_row(vec![("Name", lone)]);
+        let (change, replaced) = decode_change_row("dbo_T", row, &columns).unwrap();
+        assert_eq!(change.values, vec![Value::Text("\u{FFFD}".into())]);
+        assert_eq!(replaced, vec!["Name".to_owned()]);
     }
 }

@@ -15,7 +15,7 @@ use mssql_ces::pipeline::{self, PipelineSettings};
 use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
 use mssql_ces::sink::{OutgoingMessage, Router, Sink};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use tokio_util::sync::CancellationToken;
 
 const CONNECTION_STRING: &str = "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
@@ -52,7 +52,7 @@ async fn expected(router: &Router) -> Vec<OutgoingMessage> {
     let mut encoder = None;
     let mut out = Vec::new();
     while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
-        let guid = poller.catalog().expect("catalog").database_guid;
+        let guid = poller.stream_guid().expect("stream GUID");
         let encoder = encoder.get_or_insert_with(|| Encoder::new(options(guid)));
         for change in &batch.changes {
             out.extend(

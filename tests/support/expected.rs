@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use mssql_ces::event::readback::decode_message;
 use mssql_ces::event::{Encoder, EncoderOptions, Encoding};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 
 /// `logicalid` → the event's whole `data`, for every event of the workload.
 pub async fn events(
@@ -23,7 +23,7 @@ pub async fn events(
     let mut out = BTreeMap::new();
     let mut encoder = None;
     while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
-        let guid = poller.catalog().expect("catalog").database_guid;
+        let guid = poller.stream_guid().expect("stream GUID");
         let encoder = encoder.get_or_insert_with(|| Encoder::new(options(guid)));
         for change in &batch.changes {
             let event = encoder.encode(change).expect("encode");

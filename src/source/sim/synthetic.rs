@@ -15,10 +15,10 @@ use uuid::Uuid;
 use crate::event::Value;
 use crate::event::value::{Length, SqlType};
 use crate::lsn::Lsn;
-use crate::source::simulator::{CdcSimulator, SimColumn, Transaction};
+use crate::source::sim::{CdcSimulator, SimColumn, Transaction};
 use crate::source::{
-    CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, Probe, ProbeResult, RowKey,
-    SourceError,
+    CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
+    RowKey, SourceError,
 };
 
 /// Settings of the synthetic workload.
@@ -338,16 +338,20 @@ impl ChangeSource for SyntheticSource {
         self.sim.catalog().await
     }
 
-    async fn max_lsn(&mut self) -> Result<Option<Lsn>, SourceError> {
+    async fn max_lsn(&mut self) -> Result<MaxLsn, SourceError> {
         self.advance()?;
         self.sim.max_lsn().await
+    }
+
+    async fn min_lsn(&mut self, capture_instance: &str) -> Result<Option<Lsn>, SourceError> {
+        self.sim.min_lsn(capture_instance).await
     }
 
     async fn probe(&mut self, probes: &[Probe], to: Lsn) -> Result<Vec<ProbeResult>, SourceError> {
         // Nothing at or below every instance's position will be asked for again in
         // this process: drop it to keep memory bounded.
         if let Some(low) = probes.iter().map(|p| p.after).min() {
-            self.sim.cleanup(low.increment().unwrap_or(low));
+            self.sim.forget_below(low.increment().unwrap_or(low));
         }
         self.sim.probe(probes, to).await
     }

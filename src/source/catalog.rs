@@ -1,0 +1,476 @@
+//! Reading the CDC catalog: the database, its capture instances, their columns and
+//! key columns, into a [`Catalog`].
+//!
+//! Facts are read by column name, never by position, and taken from where they are
+//! true for the values the poller reads:
+//! - column types from the **change table's** own columns (`sys.columns` of
+//!   `cdc.change_tables.object_id`): after `ALTER COLUMN`, the source table has the
+//!   new type at once, the change table only when the capture job reaches the DDL;
+//! - a column's position (`cols[].index`) from the **source table**, where a dropped
+//!   column has none (the change table keeps it, NULL from then on);
+//! - key columns from `cdc.index_columns`: the index CDC itself uses to identify
+//!   rows (the `@index_name` given to `sp_cdc_enable_table`, else the primary key).
+//!
+//! A value that is missing where one is required is an error naming it, never an
+//! invented default.
+
+use std::collections::HashMap;
+
+use tiberius::{ColumnData, Row};
+use uuid::Uuid;
+
+use crate::event::value::{SqlType, TypeError};
+use crate::lsn::Lsn;
+use crate::source::connection::{SqlConnection, SqlError};
+use crate::source::decode::{
+    DecodeError, decode_guid, decode_int, decode_lsn, decode_naive_datetime, decode_string,
+};
+use crate::source::{CaptureInstance, CapturedColumn, Catalog, CatalogVersion, SourceError};
+
+/// The columns of a catalog fingerprint, shared by [`CATALOG_VERSION`] and the
+/// per-poll `MAX_LSN` query so both compute the same thing: a checksum of every
+/// capture instance's name, change table and `start_lsn`, their count, and the
+/// number of DDL records.
+macro_rules! catalog_version_columns {
+    () => {
+        "(SELECT CHECKSUM_AGG(CHECKSUM(ct.capture_instance, ct.object_id, ct.start_lsn)) \
+FROM cdc.change_tables AS ct) AS tables_checksum, \
+(SELECT COUNT_BIG(*) FROM cdc.change_tables) AS tables_count, \
+(SELECT COUNT_BIG(*) FROM cdc.ddl_history) AS ddl_count"
+    };
+}
+pub(crate) use catalog_version_columns;
+
+/// The catalog fingerprint alone.
+pub const CATALOG_VERSION: &str = concat!("SELECT ", catalog_version_columns!(), ";");
+
+/// The database, whether CDC is enabled on it, the engine edition (5 is Azure SQL
+/// Database, which has no `sys.database_recovery_status`), and the server's current
+/// UTC offset in minutes.
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-databases-transact-sql>
+pub const DATABASE_INFO: &str = "SELECT DB_NAME() AS database_name, d.is_cdc_enabled, \
+CAST(SERVERPROPERTY('EngineEdition') AS int) AS engine_edition, \
+DATEPART(TZOFFSET, SYSDATETIMEOFFSET()) AS utc_offset_minutes \
+FROM sys.databases AS d WHERE d.database_id = DB_ID();";
+
+/// The database GUID on SQL Server and Managed Instance. No row unless the login owns
+/// the database or has `VIEW ANY DATABASE` (or `ALTER ANY DATABASE`).
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-database-recovery-status-transact-sql>
+pub const DATABASE_GUID: &str = "SELECT database_guid FROM sys.database_recovery_status \
+WHERE database_id = DB_ID();";
+
+/// The database GUID on Azure SQL Database (`logical_database_guid` stays the same
+/// for the life of the database). Needs `VIEW DATABASE STATE`.
+/// <https://learn.microsoft.com/sql/relational-databases/system-dynamic-management-views/sys-dm-user-db-resource-governor-azure-sql-database>
+pub const DATABASE_GUID_AZURE: &str = "SELECT logical_database_guid AS database_guid \
+FROM sys.dm_user_db_resource_governance WHERE database_id = DB_ID();";
+
+/// The server's time zone (SQL Server 2022+, Azure SQL); older servers answer error
+/// 195 (not a built-in function).
+/// <https://learn.microsoft.com/sql/t-sql/functions/current-timezone-id-transact-sql>
+pub const SERVER_TIME_ZONE: &str = "SELECT CURRENT_TIMEZONE_ID() AS time_zone_id;";
+
+/// Capture instances: change table, source table (NULL names when the login cannot
+/// see it), `start_lsn` (NULL until the capture job's first scan) and whether the
+/// change table has `__$command_id`.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-change-tables-transact-sql>
+pub const CAPTURE_INSTANCES: &str = "SELECT ct.capture_instance, ct.object_id, \
+OBJECT_SCHEMA_NAME(ct.source_object_id) AS schema_name, \
+OBJECT_NAME(ct.source_object_id) AS table_name, \
+ct.start_lsn, ct.create_date, \
+CAST(CASE WHEN EXISTS (SELECT 1 FROM sys.columns AS c \
+WHERE c.object_id = ct.object_id AND c.name = N'__$command_id') THEN 1 ELSE 0 END AS int) \
+AS has_command_id \
+FROM cdc.change_tables AS ct \
+ORDER BY ct.create_date, ct.capture_instance;";
+
+/// Captured columns: type facts from the change table's column (`chg`), and from the
+/// source table (`src`, matched by `cdc.captured_columns.column_id`) the column's
+/// 0-based position, NULL once the column was dropped.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-captured-columns-transact-sql>
+pub const CAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, cc.column_name, \
+cc.column_ordinal, cc.column_type, \
+TYPE_NAME(chg.system_type_id) AS type_name, ty.is_user_defined, \
+chg.max_length, chg.precision, chg.scale, \
+(SELECT COUNT(*) FROM sys.columns AS prior \
+WHERE prior.object_id = src.object_id AND prior.column_id < src.column_id) AS table_index, \
+src.column_id AS source_column_id \
+FROM cdc.change_tables AS ct \
+JOIN cdc.captured_columns AS cc ON cc.object_id = ct.object_id \
+LEFT JOIN sys.columns AS chg ON chg.object_id = ct.object_id AND chg.name = cc.column_name \
+LEFT JOIN sys.types AS ty ON ty.user_type_id = chg.user_type_id \
+LEFT JOIN sys.columns AS src ON src.object_id = ct.source_object_id \
+AND src.column_id = cc.column_id \
+ORDER BY ct.capture_instance, cc.column_ordinal;";
+
+/// Key columns in key order, as CDC identifies rows: the index given as
+/// `@index_name` to `sp_cdc_enable_table`, else the primary key.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-index-columns-transact-sql>
+pub const KEY_COLUMNS: &str = "SELECT ct.capture_instance, ic.column_name, ic.index_ordinal \
+FROM cdc.change_tables AS ct \
+JOIN cdc.index_columns AS ic ON ic.object_id = ct.object_id \
+ORDER BY ct.capture_instance, ic.index_ordinal;";
+
+/// Every constant above, for the parse test.
+pub const ALL_CONSTANTS: &[(&str, &str)] = &[
+    ("CATALOG_VERSION", CATALOG_VERSION),
+    ("DATABASE_INFO", DATABASE_INFO),
+    ("DATABASE_GUID", DATABASE_GUID),
+    ("DATABASE_GUID_AZURE", DATABASE_GUID_AZURE),
+    ("SERVER_TIME_ZONE", SERVER_TIME_ZONE),
+    ("CAPTURE_INSTANCES", CAPTURE_INSTANCES),
+    ("CAPTURED_COLUMNS", CAPTURED_COLUMNS),
+    ("KEY_COLUMNS", KEY_COLUMNS),
+];
+
+/// `SERVERPROPERTY('EngineEdition')` of Azure SQL Database.
+const AZURE_SQL_DATABASE: i64 = 5;
+
+/// A result row whose columns are taken by name.
+pub struct NamedRow {
+    values: HashMap<String, ColumnData<'static>>,
+}
+
+impl NamedRow {
+    pub fn new(row: Row) -> Self {
+        let names: Vec<String> = row.columns().iter().map(|c| c.name().to_owned()).collect();
+        NamedRow {
+            values: names.into_iter().zip(row).collect(),
+        }
+    }
+
+    /// A row from names and values (tests).
+    pub fn from_pairs(pairs: Vec<(&str, ColumnData<'static>)>) -> Self {
+        NamedRow {
+            values: pairs.into_iter().map(|(n, v)| (n.to_owned(), v)).collect(),
+        }
+    }
+
+    /// Replaces a value (tests).
+    pub fn replace(&mut self, name: &str, value: ColumnData<'static>) {
+        self.values.insert(name.to_owned(), value);
+    }
+
+    /// The raw value of `name`, taken out of the row.
+    pub fn take_raw(&mut self, name: &str) -> Result<ColumnData<'static>, DecodeError> {
+        self.take(name)
+    }
+
+    fn take(&mut self, name: &str) -> Result<ColumnData<'static>, DecodeError> {
+        self.values.remove(name).ok_or_else(|| DecodeError {
+            column: name.to_owned(),
+            message: "missing from the result".into(),
+        })
+    }
+
+    pub fn opt_string(&mut self, name: &str) -> Result<Option<String>, DecodeError> {
+        decode_string(name, self.take(name)?)
+    }
+
+    pub fn string(&mut self, name: &str) -> Result<String, DecodeError> {
+        self.opt_string(name)?.ok_or_else(|| null(name))
+    }
+
+    pub fn opt_int(&mut self, name: &str) -> Result<Option<i64>, DecodeError> {
+        decode_int(name, self.take(name)?)
+    }
+
+    pub fn int(&mut self, name: &str) -> Result<i64, DecodeError> {
+        self.opt_int(name)?.ok_or_else(|| null(name))
+    }
+
+    pub fn opt_lsn(&mut self, name: &str) -> Result<Option<Lsn>, DecodeError> {
+        decode_lsn(name, self.take(name)?)
+    }
+
+    pub fn opt_guid(&mut self, name: &str) -> Result<Option<Uuid>, DecodeError> {
+        decode_guid(name, self.take(name)?)
+    }
+
+    pub fn datetime(&mut self, name: &str) -> Result<chrono::NaiveDateTime, DecodeError> {
+        decode_naive_datetime(name, self.take(name)?)?.ok_or_else(|| null(name))
+    }
+}
+
+pub fn null(column: &str) -> DecodeError {
+    DecodeError {
+        column: column.to_owned(),
+        message: "is NULL".into(),
+    }
+}
+
+fn catalog_error(error: DecodeError) -> SourceError {
+    SourceError::Definite {
+        message: format!("unexpected catalog result: {error}"),
+    }
+}
+
+/// Combines the fingerprint's parts into one number.
+pub fn fingerprint(row: &mut NamedRow) -> Result<CatalogVersion, DecodeError> {
+    let checksum = row.opt_int("tables_checksum")?.unwrap_or(0);
+    let tables = row.int("tables_count")?;
+    let ddl = row.int("ddl_count")?;
+    Ok(checksum
+        .wrapping_mul(1_000_003)
+        .wrapping_add(tables.wrapping_mul(7_919))
+        .wrapping_add(ddl))
+}
+
+async fn rows(conn: &mut SqlConnection, sql: &str) -> Result<Vec<NamedRow>, SourceError> {
+    Ok(conn
+        .query(sql, &[])
+        .await?
+        .into_iter()
+        .map(NamedRow::new)
+        .collect())
+}
+
+/// Reads the whole catalog. The fingerprint is read first, so a change made while
+/// the rest is read shows up as a newer fingerprint at the next poll.
+pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceError> {
+    let mut version = rows(conn, CATALOG_VERSION).await?;
+    let version = match version.first_mut() {
+        Some(row) => fingerprint(row).map_err(catalog_error)?,
+        None => return Err(catalog_error(null("tables_checksum"))),
+    };
+    let mut info = rows(conn, DATABASE_INFO).await?;
+    let Some(info) = info.first_mut() else {
+        return Err(SourceError::Definite {
+            message: "the database is not visible to this login".into(),
+        });
+    };
+    let database = info.string("database_name").map_err(catalog_error)?;
+    if info.opt_int("is_cdc_enabled").map_err(catalog_error)? != Some(1) {
+        return Err(SourceError::CdcNotEnabled { database });
+    }
+    let edition = info.opt_int("engine_edition").map_err(catalog_error)?;
+    let offset = info.int("utc_offset_minutes").map_err(catalog_error)?;
+    let database_guid = read_guid(conn, edition == Some(AZURE_SQL_DATABASE)).await?;
+    let server_time_zone = read_time_zone(conn).await?;
+
+    let mut instances = Vec::new();
+    let mut invisible = Vec::new();
+    for mut row in rows(conn, CAPTURE_INSTANCES).await? {
+        let name = row.string("capture_instance").map_err(catalog_error)?;
+        let object_id = row.int("object_id").map_err(catalog_error)?;
+        let schema = row.opt_string("schema_name").map_err(catalog_error)?;
+        let table = row.opt_string("table_name").map_err(catalog_error)?;
+        let (Some(schema), Some(table)) = (schema, table) else {
+            invisible.push(name);
+            continue;
+        };
+        instances.push(CaptureInstance {
+            name,
+            schema,
+            table,
+            object_id: i32::try_from(object_id).map_err(|_| {
+                catalog_error(DecodeError {
+                    column: "object_id".into(),
+                    message: format!("{object_id} is out of range"),
+                })
+            })?,
+            start_lsn: row
+                .opt_lsn("start_lsn")
+                .map_err(catalog_error)?
+                .filter(|l| !l.is_zero()),
+            create_date: row.datetime("create_date").map_err(catalog_error)?,
+            columns: Vec::new(),
+            key_columns: Vec::new(),
+            has_command_id: row.int("has_command_id").map_err(catalog_error)? == 1,
+        });
+    }
+    for mut row in rows(conn, CAPTURED_COLUMNS).await? {
+        let instance = row.string("capture_instance").map_err(catalog_error)?;
+        let column = captured_column(&mut row).map_err(catalog_error)?;
+        if let Some(ci) = instances.iter_mut().find(|i| i.name == instance) {
+            ci.columns.push(column);
+        }
+    }
+    for mut row in rows(conn, KEY_COLUMNS).await? {
+        let instance = row.string("capture_instance").map_err(catalog_error)?;
+        let column = row.string("column_name").map_err(catalog_error)?;
+        if let Some(ci) = instances.iter_mut().find(|i| i.name == instance) {
+            ci.key_columns.push(column);
+        }
+    }
+    Ok(Catalog {
+        database,
+        database_guid,
+        server_utc_offset_minutes: i32::try_from(offset).map_err(|_| {
+            catalog_error(DecodeError {
+                column: "utc_offset_minutes".into(),
+                message: format!("{offset} is out of range"),
+            })
+        })?,
+        server_time_zone,
+        version,
+        invisible,
+        instances,
+    })
+}
+
+/// One row of [`CAPTURED_COLUMNS`].
+pub fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
+    let name = row.string("column_name")?;
+    let ordinal = row.int("column_ordinal")?;
+    let declared = row.opt_string("column_type")?.unwrap_or_default();
+    let base = row.opt_string("type_name")?;
+    let user_defined = row.opt_int("is_user_defined")? == Some(1);
+    let max_length = row.opt_int("max_length")?;
+    let precision = row.opt_int("precision")?;
+    let scale = row.opt_int("scale")?;
+    let table_index = match row.opt_int("source_column_id")? {
+        Some(_) => row.opt_int("table_index")?,
+        None => None,
+    };
+    let sql_type = match (base, max_length, precision, scale) {
+        _ if user_defined => Err(TypeError::UserDefined {
+            type_name: declared,
+        }),
+        (Some(base), Some(len), Some(p), Some(s)) => SqlType::from_catalog(
+            &base,
+            i16::try_from(len).unwrap_or(i16::MIN),
+            u8::try_from(p).unwrap_or(u8::MAX),
+            u8::try_from(s).unwrap_or(u8::MAX),
+        ),
+        // The change table has no such column: the catalog cannot be trusted.
+        _ => {
+            return Err(DecodeError {
+                column: name,
+                message: "is listed in cdc.captured_columns but not in its change table".into(),
+            });
+        }
+    };
+    let out_of_range = |what: &str, value: i64| DecodeError {
+        column: name.clone(),
+        message: format!("{what} {value} is out of range"),
+    };
+    Ok(CapturedColumn {
+        ordinal: u32::try_from(ordinal).map_err(|_| out_of_range("column_ordinal", ordinal))?,
+        table_index: table_index
+            .map(|i| u32::try_from(i).map_err(|_| out_of_range("table_index", i)))
+            .transpose()?,
+        sql_type,
+        name,
+    })
+}
+
+async fn read_guid(conn: &mut SqlConnection, azure: bool) -> Result<Option<Uuid>, SourceError> {
+    let sql = if azure {
+        DATABASE_GUID_AZURE
+    } else {
+        DATABASE_GUID
+    };
+    let result = match conn.query(sql, &[]).await {
+        Ok(rows) => rows,
+        // Without the permission the view answers no row, or (Azure) error 297/300.
+        Err(SqlError {
+            error: SourceError::PermissionDenied { .. },
+            ..
+        }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    match result.into_iter().next() {
+        Some(row) => NamedRow::new(row)
+            .opt_guid("database_guid")
+            .map_err(catalog_error),
+        None => Ok(None),
+    }
+}
+
+async fn read_time_zone(conn: &mut SqlConnection) -> Result<Option<String>, SourceError> {
+    match conn.query(SERVER_TIME_ZONE, &[]).await {
+        Ok(rows) => match rows.into_iter().next() {
+            Some(row) => NamedRow::new(row)
+                .opt_string("time_zone_id")
+                .map_err(catalog_error),
+            None => Ok(None),
+        },
+        // 195: not a recognized built-in function (before SQL Server 2022).
+        Err(SqlError {
+            code: Some(195), ..
+        }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::queries::assert_parses;
+    use std::borrow::Cow;
+
+    #[test]
+    fn every_constant_parses_as_tsql() {
+        for (name, sql) in ALL_CONSTANTS {
+            assert_parses(name, sql);
+        }
+    }
+
+    fn column_row(source_column_id: Option<i32>, type_name: Option<&'static str>) -> NamedRow {
+        let text = |s: &'static str| ColumnData::String(Some(Cow::Borrowed(s)));
+        NamedRow::from_pairs(vec![
+            ("column_name", text("Qty")),
+            ("column_ordinal", ColumnData::I32(Some(3))),
+            ("column_type", text("int")),
+            (
+                "type_name",
+                ColumnData::String(type_name.map(Cow::Borrowed)),
+            ),
+            ("is_user_defined", ColumnData::Bit(Some(false))),
+            ("max_length", ColumnData::I16(Some(4))),
+            ("precision", ColumnData::U8(Some(10))),
+            ("scale", ColumnData::U8(Some(0))),
+            ("table_index", ColumnData::I32(Some(2))),
+            ("source_column_id", ColumnData::I32(source_column_id)),
+        ])
+    }
+
+    #[test]
+    fn captured_columns_are_read_by_name_with_the_change_tables_type() {
+        let column = captured_column(&mut column_row(Some(3), Some("bigint"))).unwrap();
+        assert_eq!(column.name, "Qty");
+        assert_eq!(column.ordinal, 3);
+        assert_eq!(column.table_index, Some(2));
+        assert_eq!(column.sql_type, Ok(SqlType::BigInt));
+    }
+
+    #[test]
+    fn a_dropped_column_has_no_table_position() {
+        let column = captured_column(&mut column_row(None, Some("int"))).unwrap();
+        assert_eq!(column.table_index, None);
+        assert_eq!(column.sql_type, Ok(SqlType::Int));
+    }
+
+    #[test]
+    fn a_column_missing_from_the_change_table_is_an_error() {
+        let err = captured_column(&mut column_row(Some(3), None)).unwrap_err();
+        assert!(err.to_string().contains("Qty"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_result_column_is_named() {
+        let mut row = NamedRow::from_pairs(vec![]);
+        let err = row.int("column_ordinal").unwrap_err();
+        assert!(err.to_string().contains("column_ordinal"), "{err}");
+        let mut row = NamedRow::from_pairs(vec![("command", ColumnData::I32(None))]);
+        assert!(row.int("command").unwrap_err().to_string().contains("NULL"));
+    }
+
+    #[test]
+    fn fingerprints_differ_when_any_part_does() {
+        let row = |checksum: Option<i32>, tables: i64, ddl: i64| {
+            fingerprint(&mut NamedRow::from_pairs(vec![
+                ("tables_checksum", ColumnData::I32(checksum)),
+                ("tables_count", ColumnData::I64(Some(tables))),
+                ("ddl_count", ColumnData::I64(Some(ddl))),
+            ]))
+            .unwrap()
+        };
+        let base = row(Some(17), 2, 0);
+        assert_ne!(base, row(Some(18), 2, 0));
+        assert_ne!(base, row(Some(17), 3, 0));
+        assert_ne!(base, row(Some(17), 2, 1));
+        assert_eq!(row(None, 0, 0), row(Some(0), 0, 0));
+    }
+}

@@ -1,0 +1,456 @@
+//! One SQL Server connection type, used by the CDC source and by the table checkpoint
+//! store alike, with one policy for time-outs, reconnects and error classification.
+//!
+//! - Connects from an ADO.NET connection string with TLS required by default
+//!   (`trust_server_certificate` only when configured; `Encrypt=strict` in the string
+//!   selects TDS 8.0). TCP connect and the TLS/login handshake are bounded by
+//!   `connect_timeout`, every query by `query_timeout`; TCP keepalive is on, so a
+//!   silently dropped peer is noticed.
+//! - A failed connection is dropped; the next query opens a new one.
+//! - Errors are classified by SQL Server error number: the transient numbers of
+//!   Microsoft.Data.SqlClient's retry logic (`SqlConfigurableRetryFactory`'s baseline
+//!   list) and broken connections are retried by the caller; the rest are definite,
+//!   each saying what to change.
+//! - The connection string holds a password: it is never logged or put in an error,
+//!   and no connection string can make the driver panic (conflicting trust settings
+//!   are refused here first).
+
+use std::fmt;
+use std::time::Duration;
+
+use tiberius::{Client, Config, EncryptionLevel, Row, ToSql};
+use tokio::net::TcpStream;
+use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+use crate::source::SourceError;
+
+/// A connection string: its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ConnectionString(String);
+
+impl ConnectionString {
+    pub fn new(value: impl Into<String>) -> Self {
+        ConnectionString(value.into())
+    }
+
+    /// The secret itself, for the driver only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The value of `key` (case-insensitive, any of its synonyms), if present.
+    fn setting(&self, keys: &[&str]) -> Option<String> {
+        self.0.split(';').find_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            let key = key.trim().to_ascii_lowercase();
+            keys.contains(&key.as_str())
+                .then(|| value.trim().trim_matches(['\'', '"']).to_owned())
+        })
+    }
+}
+
+impl fmt::Debug for ConnectionString {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ConnectionString(<redacted>)")
+    }
+}
+
+/// How to reach the database.
+#[derive(Debug, Clone)]
+pub struct SqlServerConfig {
+    pub connection_string: ConnectionString,
+    /// Accept the server's certificate without validating it (self-signed test
+    /// servers only).
+    pub trust_server_certificate: bool,
+    /// Require TLS (default). Turning it off sends the password in clear.
+    pub encrypt: bool,
+    /// Bound on TCP connect plus the TLS and login handshake.
+    pub connect_timeout: Duration,
+    /// Bound on every query, from sending it to the last row.
+    pub query_timeout: Duration,
+}
+
+/// A TDS connection.
+pub type TdsClient = Client<Compat<TcpStream>>;
+
+/// SQL Server error numbers that mean "try again": Microsoft.Data.SqlClient's
+/// baseline transient list (`SqlConfigurableRetryFactory`) — 1204 lock resources,
+/// 1205 deadlock victim, 1222 lock request time-out, 233/997/10060 connection
+/// broken or timed out, 4060 database unavailable (only after a first successful
+/// connection: before it, the name is more likely wrong), 4221, 10928/10929 and
+/// 40501 resource limits, 40143/40197/40540/40613/42108/42109/49918–49920 Azure SQL
+/// failover and service busy — plus the socket errors 64, 10053 and 10054.
+pub const TRANSIENT_ERRORS: &[u32] = &[
+    233, 997, 1204, 1205, 1222, 4221, 10060, 10928, 10929, 40143, 40197, 40501, 40540, 40613,
+    42108, 42109, 49918, 49919, 49920, 64, 10053, 10054,
+];
+
+/// Permission errors: 229/230 permission denied on an object or column, 262 permission
+/// denied in database, 297/300 a missing server permission, 916 no access to database.
+const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916];
+
+/// A failed query: what to do about it, and the server's error number if it sent one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlError {
+    pub code: Option<u32>,
+    pub error: SourceError,
+}
+
+impl From<SqlError> for SourceError {
+    fn from(e: SqlError) -> Self {
+        e.error
+    }
+}
+
+/// Maps a driver error to a [`SourceError`]. `connected_before`: a connection to
+/// this database has worked in this process.
+pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlError {
+    use tiberius::error::Error as E;
+    let error = match error {
+        E::Io { .. } | E::Protocol(_) | E::Routing { .. } => SourceError::Transient {
+            message: error.to_string(),
+        },
+        E::Tls(message) => SourceError::Definite {
+            message: format!(
+                "TLS handshake failed ({message}); for a server with a self-signed certificate set source.trust_server_certificate = true"
+            ),
+        },
+        E::Server(token) => {
+            return SqlError {
+                code: Some(token.code()),
+                error: classify_server_error(token.code(), token.message(), connected_before),
+            };
+        }
+        other => SourceError::Definite {
+            message: other.to_string(),
+        },
+    };
+    SqlError { code: None, error }
+}
+
+/// Maps a SQL Server error number and message to a [`SourceError`].
+pub fn classify_server_error(code: u32, message: &str, connected_before: bool) -> SourceError {
+    let message = message.to_owned();
+    match code {
+        18456 => SourceError::LoginFailed,
+        4060 if connected_before => SourceError::Transient { message },
+        4060 => SourceError::Definite {
+            message: format!(
+                "{message} (check Database= in source.connection_string and that the login is a user of that database)"
+            ),
+        },
+        c if TRANSIENT_ERRORS.contains(&c) => SourceError::Transient { message },
+        c if PERMISSION_ERRORS.contains(&c) => SourceError::PermissionDenied { message },
+        _ => SourceError::Definite {
+            message: format!("SQL Server error {code}: {message}"),
+        },
+    }
+}
+
+fn definite(message: impl Into<String>) -> SourceError {
+    SourceError::Definite {
+        message: message.into(),
+    }
+}
+
+/// The driver's configuration, refusing what would make it panic or hang.
+pub fn driver_config(settings: &SqlServerConfig) -> Result<Config, SourceError> {
+    let cs = &settings.connection_string;
+    let server = cs.setting(&[
+        "server",
+        "data source",
+        "address",
+        "addr",
+        "network address",
+    ]);
+    if let Some(server) = &server {
+        let server = server.trim_start_matches("tcp:");
+        if let Some((_, instance)) = server.split_once('\\')
+            && !instance.contains(',')
+        {
+            return Err(definite(format!(
+                "source.connection_string names the instance `{instance}` without a port; SQL Browser is not supported: give the instance's TCP port instead (Server=tcp:host,PORT)"
+            )));
+        }
+    }
+    let pins_ca = cs.setting(&["trustservercertificateca"]).is_some();
+    if settings.trust_server_certificate && pins_ca {
+        return Err(definite(
+            "source.trust_server_certificate = true conflicts with TrustServerCertificateCA in source.connection_string: use one of them",
+        ));
+    }
+    let strict = cs
+        .setting(&["encrypt"])
+        .is_some_and(|v| v.eq_ignore_ascii_case("strict"));
+    // The parse error could quote the string, which holds a password: not shown.
+    let mut config = Config::from_ado_string(cs.expose()).map_err(|_| {
+        definite("source.connection_string is not a valid ADO.NET connection string (e.g. Server=tcp:host,1433;Database=db;User Id=user;Password=...)")
+    })?;
+    config.application_name("mssql-ces");
+    if !strict {
+        config.encryption(if settings.encrypt {
+            EncryptionLevel::Required
+        } else {
+            EncryptionLevel::NotSupported
+        });
+    }
+    if settings.trust_server_certificate {
+        config.trust_cert();
+    }
+    Ok(config)
+}
+
+/// Opens a connection (TLS as configured; one Azure SQL redirect followed), bounded
+/// by `connect_timeout`.
+pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SqlError> {
+    let config = driver_config(settings).map_err(|error| SqlError { code: None, error })?;
+    let limit = settings.connect_timeout;
+    match tokio::time::timeout(limit, connect_unbounded(config)).await {
+        Ok(result) => result,
+        Err(_) => Err(SqlError {
+            code: None,
+            error: SourceError::Transient {
+                message: format!(
+                    "connecting and logging in took longer than {} ms (source.connect_timeout_ms)",
+                    limit.as_millis()
+                ),
+            },
+        }),
+    }
+}
+
+async fn connect_unbounded(mut config: Config) -> Result<TdsClient, SqlError> {
+    let transient = |message: String| SqlError {
+        code: None,
+        error: SourceError::Transient { message },
+    };
+    // Azure SQL may redirect to another node once.
+    for _ in 0..2 {
+        let addr = config.get_addr();
+        let tcp = TcpStream::connect(&addr)
+            .await
+            .map_err(|e| transient(format!("cannot connect to {addr}: {e}")))?;
+        tcp.set_nodelay(true)
+            .map_err(|e| transient(e.to_string()))?;
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(30))
+            .with_interval(Duration::from_secs(10));
+        socket2::SockRef::from(&tcp)
+            .set_tcp_keepalive(&keepalive)
+            .map_err(|e| transient(e.to_string()))?;
+        match Client::connect(config.clone(), tcp.compat_write()).await {
+            Ok(client) => return Ok(client),
+            Err(tiberius::error::Error::Routing { host, port }) => {
+                config.host(&host);
+                config.port(port);
+            }
+            Err(e) => return Err(classify(&e, false)),
+        }
+    }
+    Err(transient(
+        "the server redirected the connection more than once".into(),
+    ))
+}
+
+/// A connection that opens itself on first use and after a failure.
+pub struct SqlConnection {
+    settings: SqlServerConfig,
+    client: Option<TdsClient>,
+    connected_before: bool,
+}
+
+impl SqlConnection {
+    pub fn new(settings: SqlServerConfig) -> Self {
+        SqlConnection {
+            settings,
+            client: None,
+            connected_before: false,
+        }
+    }
+
+    pub fn settings(&self) -> &SqlServerConfig {
+        &self.settings
+    }
+
+    /// Runs one query and returns its first result set, (re)connecting first when
+    /// needed. A transient failure or a time-out drops the connection (its stream
+    /// is in an unknown state), so the next call opens a new one.
+    pub async fn query(&mut self, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<Row>, SqlError> {
+        if self.client.is_none() {
+            let client = connect(&self.settings).await.map_err(|mut e| {
+                if self.connected_before
+                    && e.code == Some(4060)
+                    && let SourceError::Definite { message } = &e.error
+                {
+                    e.error = SourceError::Transient {
+                        message: message.clone(),
+                    };
+                }
+                e
+            })?;
+            self.client = Some(client);
+            self.connected_before = true;
+        }
+        let Some(client) = self.client.as_mut() else {
+            return Err(SqlError {
+                code: None,
+                error: SourceError::Transient {
+                    message: "no connection".into(),
+                },
+            });
+        };
+        let run = async {
+            match client.query(sql, params).await {
+                Ok(stream) => stream.into_first_result().await,
+                Err(e) => Err(e),
+            }
+        };
+        let limit = self.settings.query_timeout;
+        let result = match tokio::time::timeout(limit, run).await {
+            Ok(result) => result.map_err(|e| classify(&e, self.connected_before)),
+            Err(_) => Err(SqlError {
+                code: None,
+                error: SourceError::Transient {
+                    message: format!(
+                        "a query took longer than {} ms (source.query_timeout_ms)",
+                        limit.as_millis()
+                    ),
+                },
+            }),
+        };
+        if let Err(e) = &result
+            && e.error.is_transient()
+        {
+            self.client = None;
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(connection_string: &str) -> SqlServerConfig {
+        SqlServerConfig {
+            connection_string: ConnectionString::new(connection_string),
+            trust_server_certificate: false,
+            encrypt: true,
+            connect_timeout: Duration::from_secs(1),
+            query_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn connection_strings_never_print() {
+        let config = settings("Server=db;User Id=sa;Password=hunter2");
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_malformed_connection_string_error_does_not_quote_it() {
+        let err = driver_config(&settings("Server=tcp:db,notaport;Password='hunter2"))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("source.connection_string"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn a_named_instance_without_a_port_is_refused_with_the_fix() {
+        for cs in [
+            r"Server=db\SQLEXPRESS;Database=x;User Id=u;Password=p",
+            r"Data Source=tcp:db\SQLEXPRESS;Database=x;User Id=u;Password=p",
+        ] {
+            let err = driver_config(&settings(cs)).err().map(|e| e.to_string());
+            let err = err.unwrap_or_default();
+            assert!(err.contains("SQLEXPRESS") && err.contains("PORT"), "{err}");
+        }
+        // With a port, the instance name is harmless.
+        assert!(
+            driver_config(&settings(
+                r"Server=tcp:db\SQLEXPRESS,1433;User Id=u;Password=p"
+            ))
+            .is_ok()
+        );
+        assert!(driver_config(&settings("Server=tcp:db,1433;User Id=u;Password=p")).is_ok());
+    }
+
+    #[test]
+    fn conflicting_trust_settings_are_an_error_not_a_panic() {
+        let mut s =
+            settings("Server=tcp:db,1433;User Id=u;Password=p;TrustServerCertificateCA=/ca.pem");
+        s.trust_server_certificate = true;
+        let err = driver_config(&s)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("TrustServerCertificateCA"), "{err}");
+        // Both inside the string: the driver's own parser refuses it.
+        let both = settings(
+            "Server=tcp:db,1433;User Id=u;Password=p;TrustServerCertificate=true;TrustServerCertificateCA=/ca.pem",
+        );
+        assert!(driver_config(&both).is_err());
+    }
+
+    #[test]
+    fn encrypt_strict_is_kept() {
+        let strict = driver_config(&settings(
+            "Server=tcp:db,1433;User Id=u;Password=p;Encrypt=strict",
+        ));
+        assert!(strict.is_ok(), "{:?}", strict.err());
+    }
+
+    #[test]
+    fn io_and_deadlock_errors_are_transient_others_definite() {
+        let io = tiberius::error::Error::Io {
+            kind: std::io::ErrorKind::ConnectionReset,
+            message: "reset".into(),
+        };
+        assert!(classify(&io, false).error.is_transient());
+        let tls = tiberius::error::Error::Tls("bad certificate".into());
+        let text = classify(&tls, false).error.to_string();
+        assert!(!classify(&tls, false).error.is_transient());
+        assert!(text.contains("source.trust_server_certificate"), "{text}");
+        let conversion = tiberius::error::Error::Conversion("x".into());
+        assert!(!classify(&conversion, false).error.is_transient());
+    }
+
+    #[test]
+    fn server_error_numbers_map_to_what_to_do() {
+        for code in [
+            1204, 1205, 1222, 40143, 40540, 40613, 42108, 49918, 233, 10054,
+        ] {
+            assert!(
+                classify_server_error(code, "x", false).is_transient(),
+                "{code}"
+            );
+        }
+        assert_eq!(
+            classify_server_error(18456, "Login failed", true),
+            SourceError::LoginFailed
+        );
+        assert!(
+            SourceError::LoginFailed
+                .to_string()
+                .contains("source.connection_string")
+        );
+        // 4060: a wrong name at the first connection, a failover later.
+        let first = classify_server_error(4060, "Cannot open database", false);
+        assert!(!first.is_transient());
+        assert!(first.to_string().contains("Database="), "{first}");
+        assert!(classify_server_error(4060, "Cannot open database", true).is_transient());
+        let denied = classify_server_error(229, "SELECT permission denied", false);
+        assert!(matches!(denied, SourceError::PermissionDenied { .. }));
+        assert!(
+            denied
+                .to_string()
+                .contains("sql/03_least_privilege_login.sql"),
+            "{denied}"
+        );
+        let other = classify_server_error(208, "Invalid object name 'x'", false);
+        assert!(!other.is_transient());
+        assert!(other.to_string().contains("208"));
+    }
+}

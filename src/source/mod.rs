@@ -291,7 +291,7 @@ pub enum SourceError {
     #[error("the CDC catalog changed while reading: {message}")]
     CatalogChanged { message: String },
     #[error(
-        "the database GUID (the default stream GUID) cannot be read by this login: grant VIEW DATABASE STATE (`GRANT VIEW DATABASE STATE TO <user>`), or set event.stream_guid to a fixed GUID"
+        "the database GUID (the default stream GUID) cannot be read by this login: on SQL Server grant VIEW ANY DATABASE to the login (`GRANT VIEW ANY DATABASE TO <login>`; the public role has it unless revoked), on Azure SQL Database VIEW DATABASE STATE (`GRANT VIEW DATABASE STATE TO <user>`); or set event.stream_guid to a fixed GUID"
     )]
     DatabaseGuidUnreadable,
     #[error(

@@ -443,9 +443,20 @@ impl<S: ChangeSource> Poller<S> {
             }
         }
         if tracked.is_empty() && included.is_empty() {
-            return Err(SourceError::NoCapturedTables {
-                database: catalog.database.clone(),
-            });
+            // At startup that is a configuration error; later, the last table was
+            // disabled: wait for one to be enabled again.
+            if self.catalog.is_none() {
+                return Err(SourceError::NoCapturedTables {
+                    database: catalog.database.clone(),
+                });
+            }
+            if self.warned.insert("no captured tables".into()) {
+                tracing::warn!(
+                    "no captured table is left to stream; waiting for CDC to be enabled on one"
+                );
+            }
+        } else {
+            self.warned.remove("no captured tables");
         }
         self.tracked = tracked;
         self.waiting_for = waiting_for;
@@ -649,7 +660,8 @@ impl<S: ChangeSource> Poller<S> {
                     }
                 }
             }
-            if first_unread < min_lsn {
+            let skipped = first_unread < min_lsn;
+            if skipped {
                 through = last_before(min_lsn);
             }
             self.position
@@ -659,9 +671,11 @@ impl<S: ChangeSource> Poller<S> {
                 Some(switch) => max_lsn.min(last_before(switch)),
                 None => max_lsn,
             };
+            // The probe looked for changes after the old position; after a skip,
+            // what it found may lie below the new one while later changes exist.
             let has_changes = result
                 .next_change
-                .is_some_and(|lsn| lsn > through && lsn <= upper);
+                .is_some_and(|lsn| (skipped || lsn > through) && lsn <= upper);
             if has_changes {
                 self.position.instances.insert(name.clone(), through);
                 cursors.push(Cursor {

@@ -200,6 +200,8 @@ struct SimState {
     invisible: BTreeSet<String>,
     /// A cleanup that has raised the low end but not yet deleted every row below it.
     cleanup_pending: Option<Lsn>,
+    /// What happens on the server just before the next `read_changes` answers.
+    on_next_read: Vec<SimAction>,
     faults: VecDeque<SourceError>,
     round_trips: usize,
     rows_read: usize,
@@ -372,9 +374,52 @@ impl SimState {
         i16::try_from(offset.local_minus_utc() / 60).ok()
     }
 
+    fn apply(&mut self, action: SimAction) {
+        match action {
+            SimAction::RunCaptureJob => self.scan(),
+            SimAction::BeginCleanup { low_water, rows } => self.begin_cleanup(low_water, rows),
+            SimAction::Disable(name) => self.disable(&name),
+        }
+    }
+
+    fn disable(&mut self, name: &str) {
+        self.instances.retain(|i| i.info.name != name);
+        self.version += 1;
+    }
+
+    fn begin_cleanup(&mut self, low_water: Lsn, rows: usize) {
+        let mut budget = rows;
+        for instance in &mut self.instances {
+            if let Some(start) = instance.info.start_lsn {
+                instance.info.start_lsn = Some(start.max(low_water));
+            }
+            let below = instance
+                .rows
+                .iter()
+                .take_while(|r| r.key.start_lsn < low_water)
+                .count();
+            let delete = below.min(budget);
+            budget -= delete;
+            instance.rows.drain(..delete);
+        }
+        self.version += 1;
+        self.cleanup_pending = Some(low_water);
+    }
+
     fn catalog_changed(message: String) -> SourceError {
         SourceError::CatalogChanged { message }
     }
+}
+
+/// Something the server does while a poller is between two of its queries.
+#[derive(Debug, Clone)]
+pub enum SimAction {
+    /// One scan of the capture job.
+    RunCaptureJob,
+    /// The cleanup job's first batch ([`CdcSimulator::begin_cleanup`]).
+    BeginCleanup { low_water: Lsn, rows: usize },
+    /// `sp_cdc_disable_table` of this capture instance.
+    Disable(String),
 }
 
 /// A value converted to a column's new type, as `ALTER COLUMN` converts stored rows.
@@ -627,6 +672,7 @@ impl CdcSimulator {
                 denied: BTreeSet::new(),
                 invisible: BTreeSet::new(),
                 cleanup_pending: None,
+                on_next_read: Vec::new(),
                 faults: VecDeque::new(),
                 round_trips: 0,
                 rows_read: 0,
@@ -796,9 +842,37 @@ impl CdcSimulator {
     /// `sys.sp_cdc_disable_table` for one capture instance: the change table is
     /// dropped at once.
     pub fn disable_instance(&self, name: &str) {
-        let mut state = self.lock();
-        state.instances.retain(|i| i.info.name != name);
-        state.version += 1;
+        self.lock().disable(name);
+    }
+
+    /// Makes `action` happen just before the next `read_changes` answers.
+    pub fn on_next_read(&self, action: SimAction) {
+        self.lock().on_next_read.push(action);
+    }
+
+    /// Uses the columns of a unique index as the instance's key (`@index_name` of
+    /// `sp_cdc_enable_table`), as `cdc.index_columns` then lists them.
+    pub fn set_index_columns(&self, capture_instance: &str, columns: &[&str]) {
+        if let Some(i) = self
+            .lock()
+            .instances
+            .iter_mut()
+            .find(|i| i.info.name == capture_instance)
+        {
+            i.info.key_columns = columns.iter().map(|c| c.to_string()).collect();
+        }
+    }
+
+    /// Models a change table created before `__$command_id` existed.
+    pub fn remove_command_id(&self, capture_instance: &str) {
+        if let Some(i) = self
+            .lock()
+            .instances
+            .iter_mut()
+            .find(|i| i.info.name == capture_instance)
+        {
+            i.info.has_command_id = false;
+        }
     }
 
     /// Starts a transaction.
@@ -845,23 +919,7 @@ impl CdcSimulator {
     /// `low_water` at once, and only the first `rows` change rows below it are deleted
     /// ([`finish_cleanup`](Self::finish_cleanup) deletes the rest).
     pub fn begin_cleanup(&self, low_water: Lsn, rows: usize) {
-        let mut state = self.lock();
-        let mut budget = rows;
-        for instance in &mut state.instances {
-            if let Some(start) = instance.info.start_lsn {
-                instance.info.start_lsn = Some(start.max(low_water));
-            }
-            let below = instance
-                .rows
-                .iter()
-                .take_while(|r| r.key.start_lsn < low_water)
-                .count();
-            let delete = below.min(budget);
-            budget -= delete;
-            instance.rows.drain(..delete);
-        }
-        state.version += 1;
-        state.cleanup_pending = Some(low_water);
+        self.lock().begin_cleanup(low_water, rows);
     }
 
     /// The cleanup job's remaining batches.
@@ -1059,6 +1117,9 @@ impl ChangeSource for CdcSimulator {
         limit: usize,
     ) -> Result<Vec<ChangeRow>, SourceError> {
         let mut state = self.call()?;
+        for action in std::mem::take(&mut state.on_next_read) {
+            state.apply(action);
+        }
         let Some(sim) = state
             .instances
             .iter()

@@ -1,0 +1,558 @@
+//! The poll loop against what SQL Server really does (issue "Meet a real SQL Server"):
+//! capture-job latency, capture instances disabled and re-created, DDL on captured
+//! tables, cleanup racing reads, permission-shaped answers and the server's time zone.
+//! Each test sets the simulator up the way SQL Server behaves (see the simulator's
+//! module documentation for the pages each behaviour comes from) and fails if the
+//! poller takes the kind shortcut.
+
+use std::time::Duration;
+
+use chrono::{NaiveDate, NaiveDateTime};
+use mssql_ces::event::value::{Length, SqlType};
+use mssql_ces::event::{Change, Value};
+use mssql_ces::lsn::Lsn;
+use mssql_ces::source::SourceError;
+use mssql_ces::source::filter::TableFilter;
+use mssql_ces::source::poller::{GapPolicy, PollOutcome, Poller, PollerConfig, StartPosition};
+use mssql_ces::source::sim::{CdcSimulator, SimAction, SimColumn};
+use uuid::Uuid;
+
+fn config() -> PollerConfig {
+    PollerConfig {
+        catalog_refresh: Duration::from_secs(3600),
+        unreadable_grace: Duration::ZERO,
+        ..PollerConfig::default()
+    }
+}
+
+/// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, not yet enabled.
+fn database() -> CdcSimulator {
+    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 120);
+    sim.create_table(
+        "dbo",
+        "T",
+        vec![
+            SimColumn::new("Id", SqlType::Int),
+            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+        ],
+        &["Id"],
+    );
+    sim
+}
+
+fn row(id: i32, name: &str) -> Vec<Value> {
+    vec![Value::Int(id), Value::Text(name.into())]
+}
+
+fn insert(sim: &CdcSimulator, table: &str, values: Vec<Value>) -> Lsn {
+    sim.transaction().insert(table, values).commit().unwrap()
+}
+
+async fn drain(poller: &mut Poller<CdcSimulator>) -> Result<Vec<Change>, SourceError> {
+    let mut changes = Vec::new();
+    loop {
+        match poller.poll().await? {
+            PollOutcome::Idle => return Ok(changes),
+            PollOutcome::Batch(batch) => changes.extend(batch.changes),
+        }
+    }
+}
+
+/// Polls until idle, retrying transient errors (as the pipeline does) a bounded
+/// number of times.
+async fn drain_retrying(poller: &mut Poller<CdcSimulator>) -> Result<Vec<Change>, SourceError> {
+    let mut changes = Vec::new();
+    let mut retries = 0;
+    loop {
+        match poller.poll().await {
+            Ok(PollOutcome::Idle) => return Ok(changes),
+            Ok(PollOutcome::Batch(batch)) => changes.extend(batch.changes),
+            Err(e) if e.is_transient() && retries < 5 => retries += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn names(changes: &[Change]) -> Vec<String> {
+    changes
+        .iter()
+        .map(|c| {
+            let row = c.current.as_ref().or(c.old.as_ref()).unwrap();
+            let at = c
+                .table
+                .columns()
+                .iter()
+                .position(|col| col.name == "Name")
+                .unwrap();
+            row[at].to_text().unwrap_or_default()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn start_lsn_is_null_until_the_capture_job_scans() {
+    let sim = database();
+    sim.set_capture_job_manual(true);
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    assert_eq!(
+        sim.start_lsn("dbo_T"),
+        None,
+        "not established before a scan"
+    );
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    // A pending instance is neither an error nor read.
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 0);
+    sim.run_capture_job();
+    assert!(sim.start_lsn("dbo_T").is_some());
+    let changes = drain(&mut poller).await.unwrap();
+    assert_eq!(
+        names(&changes),
+        ["a"],
+        "the change after enabling is delivered"
+    );
+}
+
+#[tokio::test]
+async fn latest_right_after_enabling_is_not_a_gap() {
+    let sim = database();
+    sim.create_table(
+        "dbo",
+        "U",
+        vec![SimColumn::new("Id", SqlType::Int)],
+        &["Id"],
+    );
+    sim.enable_table("dbo.U", None).unwrap();
+    insert(&sim, "dbo.U", vec![Value::Int(1)]);
+    sim.set_capture_job_manual(true);
+    sim.enable_table("dbo.T", None).unwrap();
+    let config = PollerConfig {
+        start_position: StartPosition::Latest,
+        ..config()
+    };
+    let mut poller = Poller::new(sim.clone(), config, None);
+    assert!(drain(&mut poller).await.unwrap().is_empty());
+    insert(&sim, "dbo.T", row(2, "after start"));
+    sim.run_capture_job();
+    // T's start_lsn is now above the position "latest" recorded: new, not lost.
+    let changes = drain(&mut poller).await.expect("no false gap");
+    assert_eq!(names(&changes), ["after start"]);
+}
+
+#[tokio::test]
+async fn disable_and_enable_while_running_never_stops_the_run() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    sim.disable_instance("dbo_T");
+    insert(&sim, "dbo.T", row(2, "not captured"));
+    // The change table is gone: every poll notices, none fails with error 208.
+    assert!(drain(&mut poller).await.unwrap().is_empty());
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(3, "re-enabled"));
+    let changes = drain(&mut poller)
+        .await
+        .expect("a re-created instance is new");
+    assert_eq!(names(&changes), ["re-enabled"]);
+}
+
+#[tokio::test]
+async fn an_instance_dropped_between_probe_and_read_is_retried_not_fatal() {
+    let sim = database();
+    sim.create_table(
+        "dbo",
+        "U",
+        vec![SimColumn::new("Id", SqlType::Int)],
+        &["Id"],
+    );
+    sim.enable_table("dbo.T", None).unwrap();
+    sim.enable_table("dbo.U", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    insert(&sim, "dbo.U", vec![Value::Int(1)]);
+    sim.on_next_read(SimAction::Disable("dbo_T".into()));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    let err = poller.poll().await.unwrap_err();
+    assert!(matches!(err, SourceError::CatalogChanged { .. }), "{err}");
+    assert!(err.is_transient());
+    // Next poll: the catalog is read again and the remaining table delivered.
+    let changes = drain(&mut poller).await.unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].table.table(), "U");
+}
+
+#[tokio::test]
+async fn re_enabled_while_the_poller_was_down_is_new_not_a_gap() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    let position = poller.position().clone();
+    drop(poller);
+    // While down: disabled, writes nobody captured, enabled again under the same name.
+    sim.disable_instance("dbo_T");
+    insert(&sim, "dbo.T", row(2, "uncaptured"));
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(3, "b"));
+    let mut restarted = Poller::new(sim, config(), Some(position));
+    let changes = drain(&mut restarted).await.expect("no false gap");
+    assert_eq!(names(&changes), ["b"]);
+}
+
+#[tokio::test]
+async fn a_real_gap_on_a_re_used_position_still_stops_the_stream() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    let position = poller.position().clone();
+    let lost = insert(&sim, "dbo.T", row(2, "lost"));
+    insert(&sim, "dbo.T", row(3, "kept"));
+    sim.cleanup(lost.increment().unwrap());
+    let mut restarted = Poller::new(sim, config(), Some(position));
+    let err = drain(&mut restarted).await.unwrap_err();
+    assert!(matches!(err, SourceError::Gap { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_newer_instance_without_start_lsn_holds_the_old_one_no_duplicates() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    // Scanned: visible in the old instance.
+    insert(&sim, "dbo.T", row(2, "before switch"));
+    sim.set_capture_job_manual(true);
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Email", SqlType::VarChar(Length::Bounded(100))),
+        Value::Null,
+    )
+    .unwrap();
+    let v2 = sim.enable_table("dbo.T", Some("dbo_T_v2")).unwrap();
+    // The new instance exists with start_lsn NULL: where the old one ends is unknown.
+    let held = drain(&mut poller).await.unwrap();
+    assert!(
+        held.is_empty(),
+        "nothing read while the switch point is unknown"
+    );
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![
+                Value::Int(3),
+                Value::Text("after".into()),
+                Value::Text("x@y".into()),
+            ],
+        )
+        .commit()
+        .unwrap();
+    sim.run_capture_job();
+    // Both instances captured the last insert; it must come once, from the new one.
+    assert_eq!(sim.change_rows(&v2), 1);
+    let changes = drain(&mut poller).await.unwrap();
+    assert_eq!(names(&changes), ["before switch", "after"]);
+    assert_eq!(changes[1].table.columns().len(), 3);
+}
+
+#[tokio::test]
+async fn a_dropped_column_is_left_out_and_values_never_shift() {
+    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
+    sim.create_table(
+        "dbo",
+        "T",
+        vec![
+            SimColumn::new("Id", SqlType::Int),
+            SimColumn::new("Gone", SqlType::Int),
+            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+            SimColumn::new("Qty", SqlType::SmallInt),
+        ],
+        &["Id"],
+    );
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(
+        &sim,
+        "dbo.T",
+        vec![
+            Value::Int(1),
+            Value::Int(9),
+            Value::Text("a".into()),
+            Value::SmallInt(5),
+        ],
+    );
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    sim.drop_column("dbo.T", "Gone").unwrap();
+    insert(
+        &sim,
+        "dbo.T",
+        vec![Value::Int(2), Value::Text("b".into()), Value::SmallInt(6)],
+    );
+    let changes = drain(&mut poller).await.unwrap();
+    assert_eq!(changes.len(), 1);
+    let columns: Vec<(&str, u32)> = changes[0]
+        .table
+        .columns()
+        .iter()
+        .map(|c| (c.name.as_str(), c.index))
+        .collect();
+    assert_eq!(columns, [("Id", 0), ("Name", 1), ("Qty", 2)]);
+    assert_eq!(
+        changes[0].current.as_ref().unwrap(),
+        &vec![Value::Int(2), Value::Text("b".into()), Value::SmallInt(6)]
+    );
+}
+
+#[tokio::test]
+async fn a_type_change_racing_a_read_re_reads_the_catalog() {
+    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
+    sim.create_table(
+        "dbo",
+        "T",
+        vec![
+            SimColumn::new("Id", SqlType::Int),
+            SimColumn::new("Qty", SqlType::Int),
+        ],
+        &["Id"],
+    );
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", vec![Value::Int(1), Value::Int(5)]);
+    sim.set_capture_job_manual(true);
+    sim.alter_column_type("dbo.T", "Qty", SqlType::BigInt)
+        .unwrap();
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(2), Value::BigInt(5_000_000_000)])
+        .commit()
+        .unwrap();
+    // The capture job reaches the DDL while the poller reads with the old catalog.
+    sim.on_next_read(SimAction::RunCaptureJob);
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    let changes = drain_retrying(&mut poller).await.expect("never stops");
+    let qty: Vec<Value> = changes
+        .iter()
+        .map(|c| c.current.as_ref().unwrap()[1].clone())
+        .collect();
+    assert_eq!(qty, [Value::BigInt(5), Value::BigInt(5_000_000_000)]);
+    assert_eq!(changes[1].table.columns()[1].sql_type, SqlType::BigInt);
+}
+
+/// Three inserts in one transaction, then one more transaction.
+fn cleanup_race(policy: GapPolicy) -> (CdcSimulator, Poller<CdcSimulator>, Lsn) {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "seen"));
+    let sim2 = sim.clone();
+    let poller = Poller::new(
+        sim2,
+        PollerConfig {
+            on_gap: policy,
+            ..config()
+        },
+        None,
+    );
+    (sim, poller, Lsn::ZERO)
+}
+
+#[tokio::test]
+async fn cleanup_racing_a_read_is_a_gap_never_part_of_a_transaction() {
+    for policy in [GapPolicy::Fail, GapPolicy::Skip] {
+        let (sim, mut poller, _) = cleanup_race(policy);
+        assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+        let big = sim
+            .transaction()
+            .insert("dbo.T", row(2, "x"))
+            .insert("dbo.T", row(3, "y"))
+            .insert("dbo.T", row(4, "z"))
+            .commit()
+            .unwrap();
+        insert(&sim, "dbo.T", row(5, "after"));
+        // The cleanup raises the low end past the big transaction and has deleted
+        // one of its three rows when the read runs.
+        sim.on_next_read(SimAction::BeginCleanup {
+            low_water: big.increment().unwrap(),
+            rows: 1,
+        });
+        match policy {
+            GapPolicy::Fail => {
+                let err = drain(&mut poller).await.unwrap_err();
+                match err {
+                    SourceError::Gap {
+                        first_lost,
+                        last_lost,
+                        ..
+                    } => assert!(first_lost <= big && big <= last_lost),
+                    other => panic!("expected a gap, got {other}"),
+                }
+            }
+            GapPolicy::Skip => {
+                let changes = drain_retrying(&mut poller).await.unwrap();
+                assert_eq!(
+                    names(&changes),
+                    ["after"],
+                    "no part of the purged transaction"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_table_the_login_cannot_read_is_named_with_the_grant() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    sim.deny_select("dbo.T", true);
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    let err = drain(&mut poller).await.unwrap_err();
+    assert!(matches!(err, SourceError::TableUnreadable { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("dbo.T") && text.contains("GRANT SELECT"),
+        "{text}"
+    );
+    // Within the grace period it waits instead, and reads once granted.
+    let patient = PollerConfig {
+        unreadable_grace: Duration::from_secs(3600),
+        ..config()
+    };
+    let mut poller = Poller::new(sim.clone(), patient, None);
+    assert!(drain(&mut poller).await.unwrap().is_empty());
+    sim.deny_select("dbo.T", false);
+    assert_eq!(names(&drain(&mut poller).await.unwrap()), ["a"]);
+}
+
+#[tokio::test]
+async fn invisible_tables_fail_only_when_they_may_be_streamed() {
+    let sim = database();
+    sim.create_table(
+        "dbo",
+        "Secret",
+        vec![SimColumn::new("Id", SqlType::Int)],
+        &["Id"],
+    );
+    sim.enable_table("dbo.T", None).unwrap();
+    sim.enable_table("dbo.Secret", None).unwrap();
+    sim.hide_table("dbo.Secret");
+    insert(&sim, "dbo.T", row(1, "a"));
+    let all = drain(&mut Poller::new(sim.clone(), config(), None)).await;
+    let err = all.unwrap_err();
+    assert!(matches!(err, SourceError::TableInvisible { .. }), "{err}");
+    assert!(err.to_string().contains("dbo_Secret"), "{err}");
+    let only_t = PollerConfig {
+        filter: TableFilter::new(vec!["dbo.T".into()], vec![]),
+        ..config()
+    };
+    let changes = drain(&mut Poller::new(sim.clone(), only_t, None)).await;
+    assert_eq!(names(&changes.unwrap()), ["a"]);
+    let names_secret = PollerConfig {
+        filter: TableFilter::new(vec!["dbo.T".into(), "dbo.Secret".into()], vec![]),
+        ..config()
+    };
+    let err = drain(&mut Poller::new(sim, names_secret, None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SourceError::TableInvisible { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn an_unreadable_database_guid_is_an_error_never_the_nil_uuid() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    sim.set_guid_readable(false);
+    let err = drain(&mut Poller::new(sim.clone(), config(), None))
+        .await
+        .unwrap_err();
+    assert_eq!(err, SourceError::DatabaseGuidUnreadable);
+    assert!(err.to_string().contains("event.stream_guid"), "{err}");
+    let fixed = Uuid::from_u128(42);
+    let configured = PollerConfig {
+        stream_guid: Some(fixed),
+        ..config()
+    };
+    let mut poller = Poller::new(sim, configured, None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    assert_eq!(poller.stream_guid(), Some(fixed));
+}
+
+#[tokio::test]
+async fn a_change_table_without_command_id_is_named() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    sim.remove_command_id("dbo_T");
+    let err = drain(&mut Poller::new(sim, config(), None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SourceError::NoCommandId { .. }), "{err}");
+    assert!(err.to_string().contains("__$command_id"), "{err}");
+}
+
+#[tokio::test]
+async fn keys_follow_the_index_cdc_was_enabled_with() {
+    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
+    sim.create_table(
+        "dbo",
+        "NoPk",
+        vec![
+            SimColumn::new("Code", SqlType::VarChar(Length::Bounded(10))),
+            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+        ],
+        &[],
+    );
+    let name = sim.enable_table("dbo.NoPk", None).unwrap();
+    sim.set_index_columns(&name, &["Code"]);
+    insert(
+        &sim,
+        "dbo.NoPk",
+        vec![Value::Text("K1".into()), Value::Text("a".into())],
+    );
+    let changes = drain(&mut Poller::new(sim, config(), None)).await.unwrap();
+    let table = &changes[0].table;
+    let key: Vec<&str> = table
+        .key()
+        .iter()
+        .map(|&i| table.columns()[i].name.as_str())
+        .collect();
+    assert_eq!(key, ["Code"]);
+}
+
+fn local(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> NaiveDateTime {
+    NaiveDate::from_ymd_opt(y, mo, d)
+        .unwrap()
+        .and_hms_opt(h, mi, 0)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn commit_times_follow_the_servers_zone_across_daylight_saving() {
+    let sim = database();
+    sim.set_time_zone(chrono_tz::Europe::Berlin);
+    sim.enable_table("dbo.T", None).unwrap();
+    // Summer time (+02:00); the server reports +120 at startup.
+    sim.set_local_time(local(2026, 10, 24, 12, 0));
+    insert(&sim, "dbo.T", row(1, "summer"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    let first = drain(&mut poller).await.unwrap();
+    // The clocks go back on 2026-10-25 at 03:00; winter time is +01:00.
+    sim.set_local_time(local(2026, 10, 26, 12, 0));
+    insert(&sim, "dbo.T", row(2, "winter"));
+    let second = drain(&mut poller).await.unwrap();
+    let time = |c: &Change| c.commit_time.format("%Y-%m-%d %H:%M").to_string();
+    assert_eq!(time(&first[0]), "2026-10-24 10:00");
+    assert_eq!(
+        time(&second[0]),
+        "2026-10-26 11:00",
+        "winter offset, not the startup one"
+    );
+    // A restart re-reads both with the same times.
+    let mut again = Poller::new(sim, config(), None);
+    let reread = drain(&mut again).await.unwrap();
+    assert_eq!(
+        reread.iter().map(time).collect::<Vec<_>>(),
+        ["2026-10-24 10:00", "2026-10-26 11:00"]
+    );
+}

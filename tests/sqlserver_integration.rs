@@ -5,6 +5,11 @@
 //! When the variable is unset or the server cannot be reached, every test prints
 //! `SKIPPED: SQL Server not reachable (docker compose up -d --wait)` and passes.
 //!
+//! The URL's login (sa) sets tables up; the poller itself connects as the
+//! least-privilege login of `sql/03_least_privilege_login.sql` — the same URL with
+//! `User Id=mssql_ces` and the compose file's default poller password, or
+//! `MSSQL_CES_TEST_POLLER_URL` when set.
+//!
 //! Each test creates its own CDC-enabled tables with a unique suffix and drops them at
 //! the end, so tests can run in parallel and again. The CDC capture job scans the log
 //! every 5 seconds by default, so each test waits (up to a minute) for its changes.
@@ -103,9 +108,44 @@ async fn drop_table(db: &mut Admin, name: &str) {
     .await;
 }
 
+/// The poller's connection string: the least-privilege login's.
+fn poller_url(admin_url: &str) -> String {
+    if let Ok(url) = std::env::var("MSSQL_CES_TEST_POLLER_URL") {
+        return url;
+    }
+    let mut parts: Vec<String> = admin_url
+        .split(';')
+        .filter(|p| {
+            let key = p
+                .split('=')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            !matches!(
+                key.as_str(),
+                "user id" | "uid" | "user" | "password" | "pwd"
+            )
+        })
+        .map(str::to_owned)
+        .collect();
+    parts.push("User Id=mssql_ces".into());
+    parts.push("Password=Ces_Poller_Passw0rd!".into());
+    parts.join(";")
+}
+
 fn poller(url: &str, tables: &[&str], position: Option<Position>) -> Poller<SqlServerSource> {
+    poller_with(url, tables, position, |_| {})
+}
+
+fn poller_with(
+    url: &str,
+    tables: &[&str],
+    position: Option<Position>,
+    adjust: impl FnOnce(&mut PollerConfig),
+) -> Poller<SqlServerSource> {
     let source = SqlServerSource::new(SqlServerConfig {
-        connection_string: ConnectionString::new(url),
+        connection_string: ConnectionString::new(poller_url(url)),
         trust_server_certificate: false,
         encrypt: true,
         connect_timeout: Duration::from_secs(5),
@@ -117,6 +157,8 @@ fn poller(url: &str, tables: &[&str], position: Option<Position>) -> Poller<SqlS
         catalog_refresh: Duration::ZERO,
         ..PollerConfig::default()
     };
+    let mut config = config;
+    adjust(&mut config);
     Poller::new(source, config, position)
 }
 
@@ -558,4 +600,222 @@ async fn the_checkpoint_table_round_trips_per_stream() {
         &format!("DELETE FROM dbo.mssql_ces_checkpoint WHERE stream_name IN (N'{a}', N'{b}')"),
     )
     .await;
+}
+
+/// Polls for `wait`, returning what arrived (retrying transient errors, as the
+/// pipeline does).
+async fn poll_for(poller: &mut Poller<SqlServerSource>, wait: Duration) -> Vec<Change> {
+    let deadline = Instant::now() + wait;
+    let mut changes = Vec::new();
+    while Instant::now() < deadline {
+        match poller.poll().await {
+            Ok(PollOutcome::Batch(batch)) => changes.extend(batch.changes),
+            Ok(PollOutcome::Idle) => tokio::time::sleep(Duration::from_millis(500)).await,
+            Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(500)).await,
+            Err(e) => panic!("poll: {e}"),
+        }
+    }
+    changes
+}
+
+#[tokio::test]
+async fn latest_right_after_enabling_is_not_a_gap() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_fresh_{}", suffix());
+    cdc_table(&mut db, &table, "id int NOT NULL PRIMARY KEY, v int", None).await;
+    // Before the capture job's first scan, start_lsn is NULL.
+    let mut p = started(&url, &[&table]).await;
+    exec(&mut db, &format!("INSERT INTO dbo.[{table}] VALUES (1, 1)")).await;
+    let changes = collect(&mut p, 1).await;
+    assert_eq!(value(&changes[0], "current", "id"), "1");
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn disable_and_enable_while_running_never_stops_the_run() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_reenable_{}", suffix());
+    cdc_table(&mut db, &table, "id int NOT NULL PRIMARY KEY, v int", None).await;
+    let mut p = started(&url, &[&table]).await;
+    exec(&mut db, &format!("INSERT INTO dbo.[{table}] VALUES (1, 1)")).await;
+    collect(&mut p, 1).await;
+    exec(
+        &mut db,
+        &format!(
+            "EXEC sys.sp_cdc_disable_table @source_schema = N'dbo', @source_name = N'{table}', \
+             @capture_instance = N'all'"
+        ),
+    )
+    .await;
+    assert!(poll_for(&mut p, Duration::from_secs(3)).await.is_empty());
+    exec(
+        &mut db,
+        &format!(
+            "EXEC sys.sp_cdc_enable_table @source_schema = N'dbo', @source_name = N'{table}', \
+             @role_name = NULL, @supports_net_changes = 0"
+        ),
+    )
+    .await;
+    exec(&mut db, &format!("INSERT INTO dbo.[{table}] VALUES (2, 2)")).await;
+    let changes = collect(&mut p, 1).await;
+    assert_eq!(value(&changes[0], "current", "id"), "2");
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn a_dropped_column_is_left_out_and_values_stay_in_their_columns() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_dropcol_{}", suffix());
+    cdc_table(
+        &mut db,
+        &table,
+        "id int NOT NULL PRIMARY KEY, gone int, name nvarchar(20), qty int",
+        None,
+    )
+    .await;
+    let mut p = started(&url, &[&table]).await;
+    exec(
+        &mut db,
+        &format!("INSERT INTO dbo.[{table}] VALUES (1, 9, N'a', 5)"),
+    )
+    .await;
+    collect(&mut p, 1).await;
+    exec(
+        &mut db,
+        &format!("ALTER TABLE dbo.[{table}] DROP COLUMN gone"),
+    )
+    .await;
+    exec(
+        &mut db,
+        &format!("INSERT INTO dbo.[{table}] VALUES (2, N'b', 6)"),
+    )
+    .await;
+    let changes = collect(&mut p, 1).await;
+    let columns: Vec<(String, u32)> = changes[0]
+        .table
+        .columns()
+        .iter()
+        .map(|c| (c.name.clone(), c.index))
+        .collect();
+    assert_eq!(
+        columns,
+        [("id".into(), 0), ("name".into(), 1), ("qty".into(), 2)]
+    );
+    assert_eq!(value(&changes[0], "current", "name"), "b");
+    assert_eq!(value(&changes[0], "current", "qty"), "6");
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn a_column_type_change_never_stops_the_stream() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_retype_{}", suffix());
+    cdc_table(
+        &mut db,
+        &table,
+        "id int NOT NULL PRIMARY KEY, qty int",
+        None,
+    )
+    .await;
+    let mut p = started(&url, &[&table]).await;
+    exec(&mut db, &format!("INSERT INTO dbo.[{table}] VALUES (1, 5)")).await;
+    exec(
+        &mut db,
+        &format!("ALTER TABLE dbo.[{table}] ALTER COLUMN qty bigint"),
+    )
+    .await;
+    exec(
+        &mut db,
+        &format!("INSERT INTO dbo.[{table}] VALUES (2, 5000000000)"),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut changes = Vec::new();
+    while changes.len() < 2 && Instant::now() < deadline {
+        changes.extend(poll_for(&mut p, Duration::from_secs(1)).await);
+    }
+    let qty: Vec<String> = changes.iter().map(|c| value(c, "current", "qty")).collect();
+    assert_eq!(qty, ["5", "5000000000"]);
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn text_of_every_collation_arrives_exact() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_collations_{}", suffix());
+    cdc_table(
+        &mut db,
+        &table,
+        "id int NOT NULL PRIMARY KEY, \
+         c_utf8 varchar(50) COLLATE Latin1_General_100_CI_AS_SC_UTF8, \
+         c_cp437 varchar(50) COLLATE SQL_Latin1_General_CP437_CI_AS, \
+         c_cp1252 varchar(50) COLLATE SQL_Latin1_General_CP1_CI_AS, \
+         c_char char(8) COLLATE Latin1_General_100_CI_AS_SC_UTF8, \
+         c_nvarchar nvarchar(20)",
+        None,
+    )
+    .await;
+    let mut p = started(&url, &[&table]).await;
+    exec(
+        &mut db,
+        &format!(
+            "INSERT INTO dbo.[{table}] VALUES (1, N'Grüße 😀 ñ', N'ÄÖÜ ╔═╗ ½', N'café €', N'añ', \
+             N'a' + NCHAR(0xD83D) + N'b')"
+        ),
+    )
+    .await;
+    let change = collect(&mut p, 1).await.remove(0);
+    assert_eq!(value(&change, "current", "c_utf8"), "Grüße 😀 ñ");
+    assert_eq!(value(&change, "current", "c_cp437"), "ÄÖÜ ╔═╗ ½");
+    assert_eq!(value(&change, "current", "c_cp1252"), "café €");
+    // char(8) in UTF-8: 'añ' takes 3 bytes, padded with 5 spaces.
+    assert_eq!(value(&change, "current", "c_char"), "añ     ");
+    // A lone surrogate (legal UCS-2) becomes U+FFFD, with a warning, not a stuck read.
+    assert_eq!(value(&change, "current", "c_nvarchar"), "a\u{FFFD}b");
+    drop_table(&mut db, &table).await;
+}
+
+#[tokio::test]
+async fn a_table_without_select_permission_is_named_with_the_grant() {
+    let Some((mut db, url)) = admin().await else {
+        return;
+    };
+    let table = format!("it_denied_{}", suffix());
+    cdc_table(&mut db, &table, "id int NOT NULL PRIMARY KEY, v int", None).await;
+    exec(
+        &mut db,
+        &format!("DENY SELECT ON dbo.[{table}] TO mssql_ces"),
+    )
+    .await;
+    exec(&mut db, &format!("INSERT INTO dbo.[{table}] VALUES (1, 1)")).await;
+    let mut p = poller_with(&url, &[&table], None, |c| {
+        c.start_position = StartPosition::Earliest;
+        c.unreadable_grace = Duration::from_secs(10);
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let err = loop {
+        match p.poll().await {
+            Err(e) if !e.is_transient() => break e,
+            _ if Instant::now() > deadline => panic!("no error within a minute"),
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    assert!(matches!(err, SourceError::TableUnreadable { .. }), "{err}");
+    assert!(err.to_string().contains("GRANT SELECT"), "{err}");
+    exec(
+        &mut db,
+        &format!("REVOKE SELECT ON dbo.[{table}] TO mssql_ces"),
+    )
+    .await;
+    drop_table(&mut db, &table).await;
 }

@@ -65,10 +65,13 @@ WHERE database_id = DB_ID();";
 pub const DATABASE_GUID_AZURE: &str = "SELECT logical_database_guid AS database_guid \
 FROM sys.dm_user_db_resource_governance WHERE database_id = DB_ID();";
 
-/// The server's time zone (SQL Server 2022+, Azure SQL); older servers answer error
-/// 195 (not a built-in function).
+/// The server's time zone (SQL Server 2022+, Azure SQL), and whether `AT TIME ZONE`
+/// knows it (`sys.time_zone_info`): only then can the change query compute each
+/// commit's offset with it. Older servers answer error 195 (not a built-in function).
 /// <https://learn.microsoft.com/sql/t-sql/functions/current-timezone-id-transact-sql>
-pub const SERVER_TIME_ZONE: &str = "SELECT CURRENT_TIMEZONE_ID() AS time_zone_id;";
+pub const SERVER_TIME_ZONE: &str = "SELECT CURRENT_TIMEZONE_ID() AS time_zone_id, \
+CAST(CASE WHEN EXISTS (SELECT 1 FROM sys.time_zone_info AS tzi \
+WHERE tzi.name = CURRENT_TIMEZONE_ID()) THEN 1 ELSE 0 END AS int) AS usable;";
 
 /// Capture instances: change table, source table (NULL names when the login cannot
 /// see it), `start_lsn` (NULL until the capture job's first scan) and whether the
@@ -381,9 +384,15 @@ async fn read_guid(conn: &mut SqlConnection, azure: bool) -> Result<Option<Uuid>
 async fn read_time_zone(conn: &mut SqlConnection) -> Result<Option<String>, SourceError> {
     match conn.query(SERVER_TIME_ZONE, &[]).await {
         Ok(rows) => match rows.into_iter().next() {
-            Some(row) => NamedRow::new(row)
-                .opt_string("time_zone_id")
-                .map_err(catalog_error),
+            Some(row) => {
+                let mut row = NamedRow::new(row);
+                let id = row.opt_string("time_zone_id").map_err(catalog_error)?;
+                let usable = row.int("usable").map_err(catalog_error)? == 1;
+                if !usable && let Some(id) = &id {
+                    tracing::warn!(time_zone_id = %id, "the server's time zone is not in sys.time_zone_info, so AT TIME ZONE cannot use it");
+                }
+                Ok(id.filter(|_| usable))
+            }
             None => Ok(None),
         },
         // 195: not a recognized built-in function (before SQL Server 2022).

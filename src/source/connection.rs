@@ -453,4 +453,31 @@ mod tests {
         assert!(!other.is_transient());
         assert!(other.to_string().contains("208"));
     }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_the_login_is_cut_off() {
+        // Accepts TCP and then says nothing: the pre-login must not wait forever.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hold = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(socket);
+        });
+        let mut s = settings(&format!(
+            "Server=tcp:127.0.0.1,{port};User Id=u;Password=hunter2"
+        ));
+        s.connect_timeout = Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        let err = SqlConnection::new(s)
+            .query("SELECT 1", &[])
+            .await
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(err.error.is_transient(), "{:?}", err.error);
+        let text = err.error.to_string();
+        assert!(text.contains("source.connect_timeout_ms"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+        hold.abort();
+    }
 }

@@ -7,7 +7,8 @@
 --   source tables (SELECT): sys.fn_cdc_get_min_lsn returns 0x00… to a caller that
 --     cannot SELECT every captured column, and catalog views show only what the
 --     caller may see.
---   VIEW DATABASE STATE: sys.database_recovery_status (the database GUID).
+--   the database GUID: sys.database_recovery_status needs VIEW ANY DATABASE, which
+--     the public role has unless revoked (Azure SQL Database: VIEW DATABASE STATE).
 --   the checkpoint table (SELECT, INSERT, UPDATE) when checkpoint.store = "table".
 -- The poller never writes to source tables or to the cdc schema.
 IF SUSER_ID(N'mssql_ces') IS NULL

@@ -86,6 +86,8 @@ impl SyntheticSource {
     pub fn new(config: SyntheticConfig) -> Self {
         let guid = Uuid::from_u64_pair(0x5359_4e54_4845_5449, config.seed);
         let sim = CdcSimulator::new("synthetic", guid, 0);
+        // A server on UTC that can say so: commit times need no warning.
+        sim.set_time_zone(chrono_tz::UTC);
         sim.create_table(
             "dbo",
             "customers",

@@ -17,10 +17,10 @@ use mssql_ces::event::EncoderOptions;
 use mssql_ces::pipeline::{self, PipelineSettings};
 use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
 use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink, parse_event_hubs_connection_string};
-use mssql_ces::sink::stream::StreamSink;
+use mssql_ces::sink::stream::{Resume, StreamSink};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::ChangeSource;
-use mssql_ces::source::poller::Poller;
+use mssql_ces::source::poller::{Poller, Position};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
 use tokio_util::sync::CancellationToken;
@@ -173,6 +173,10 @@ async fn run(config: Config, until_idle: bool) -> anyhow::Result<()> {
         Some(p) => tracing::info!(last_event = ?p.last_event, "resuming from the checkpoint"),
         None => tracing::info!(start_position = ?config.source.start_position, "no checkpoint"),
     }
+    let resume = match &position {
+        None => Resume::Fresh,
+        Some(p) => p.sink_length.map_or(Resume::Unknown, Resume::At),
+    };
     match config.source.kind {
         SourceKind::Synthetic => {
             let s = &config.source.synthetic;
@@ -192,6 +196,7 @@ async fn run(config: Config, until_idle: bool) -> anyhow::Result<()> {
                 store,
                 shutdown,
                 until_idle,
+                resume,
             )
             .await
         }
@@ -203,6 +208,7 @@ async fn run(config: Config, until_idle: bool) -> anyhow::Result<()> {
                 store,
                 shutdown,
                 until_idle,
+                resume,
             )
             .await
         }
@@ -226,9 +232,10 @@ fn sql_server_settings(config: &Config) -> anyhow::Result<SqlServerConfig> {
 async fn drive<S: ChangeSource + 'static>(
     config: Config,
     poller: Poller<S>,
-    store: CheckpointStore,
+    mut store: CheckpointStore,
     shutdown: CancellationToken,
     until_idle: bool,
+    resume: Resume,
 ) -> anyhow::Result<()> {
     let max_bytes = config.event.max_message_size_kb.bytes();
     let (sink, topic) = match config.sink.kind {
@@ -238,8 +245,19 @@ async fn drive<S: ChangeSource + 'static>(
         ),
         SinkKind::File => {
             let path = config.sink.path.clone().context("sink.path is required")?;
+            let sink = StreamSink::file(path, config.event.encoding, resume)?;
+            if resume == Resume::Fresh {
+                // Before the first line: a crash before the first real checkpoint must
+                // still find one that says the file was empty.
+                store
+                    .save(&Position {
+                        sink_length: Some(0),
+                        ..Position::default()
+                    })
+                    .await?;
+            }
             (
-                Sink::Stream(StreamSink::file(path, config.event.encoding)?),
+                Sink::Stream(sink),
                 config.sink.topic.clone().unwrap_or_else(|| "ces".into()),
             )
         }

@@ -14,9 +14,16 @@
 //! - Memory is bounded: at most `source.batch_size` events per batch and
 //!   [`IN_FLIGHT_BATCHES`] batches awaiting acknowledgement; the sink's queue applies
 //!   backpressure to `send`.
-//! - Shutdown (the token is cancelled) stops polling at a batch boundary, waits up to
-//!   the drain timeout for outstanding acknowledgements, and writes the final
-//!   checkpoint of what was delivered.
+//! - Shutdown (the token is cancelled) stops at once wherever the loop waits (a full
+//!   producer queue, a free in-flight slot, a sink's batch send), waits up to the drain
+//!   timeout for outstanding acknowledgements, and writes the final checkpoint of what
+//!   was delivered: the whole shutdown is bounded by the drain timeout, brokers down or
+//!   not.
+//! - A source task that ends on its own (a panic, a closed channel) fails the run with
+//!   the cause; only a shutdown or `until_idle` ends it cleanly.
+//! - Checkpoint-store faults that can pass (deadlock victim, failover, a reset
+//!   connection) are retried with backoff; the last acknowledged batch is checkpointed
+//!   during idle periods too.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +50,8 @@ pub enum PipelineError {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error("the source stopped unexpectedly: {cause}")]
+    SourceStopped { cause: String },
 }
 
 /// Timing settings of a run.
@@ -113,6 +122,8 @@ pub async fn run<S: ChangeSource + 'static>(
     let mut encoder: Option<Encoder> = None;
     let mut last_report = Instant::now();
     let mut reported_events = 0;
+    // `Some(())` when the source's channel closed without a word.
+    let mut source_vanished = false;
     let outcome: Result<(), PipelineError> = async {
         loop {
             let item = tokio::select! {
@@ -121,7 +132,11 @@ pub async fn run<S: ChangeSource + 'static>(
                 () = failed.cancelled() => return Ok(()),
             };
             let (batch, database_guid) = match item {
-                None | Some(Ok(SourceItem::Idle)) => return Ok(()),
+                Some(Ok(SourceItem::Idle)) => return Ok(()),
+                None => {
+                    source_vanished = true;
+                    return Ok(());
+                }
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(SourceItem::Batch(batch, guid))) => (batch, guid),
             };
@@ -141,15 +156,29 @@ pub async fn run<S: ChangeSource + 'static>(
                 for message in router.route(change, event)? {
                     summary.messages += 1;
                     summary.bytes += message.payload.len() as u64;
-                    deliveries.push(sink.send(message).await?);
+                    // A full producer queue (brokers down) must not hold a shutdown.
+                    let delivery = tokio::select! {
+                        delivery = sink.send(message) => delivery?,
+                        () = shutdown.cancelled() => return Ok(()),
+                    };
+                    deliveries.push(delivery);
                 }
             }
-            sink.end_batch().await?;
+            tokio::select! {
+                ended = sink.end_batch() => ended?,
+                () = shutdown.cancelled() => return Ok(()),
+            }
+            let mut position = batch.position;
+            position.sink_length = sink.durable_length();
             let pending = Pending {
                 deliveries,
-                position: batch.position,
+                position,
             };
-            if tx.send(pending).await.is_err() {
+            let sent = tokio::select! {
+                sent = tx.send(pending) => sent,
+                () = shutdown.cancelled() => return Ok(()),
+            };
+            if sent.is_err() {
                 return Ok(()); // the acker stopped: its error is reported below
             }
             if last_report.elapsed() >= Duration::from_secs(10) {
@@ -167,16 +196,20 @@ pub async fn run<S: ChangeSource + 'static>(
         }
     }
     .await;
+    let deadline = tokio::time::Instant::now() + settings.drain_timeout;
     stop_source.cancel();
     drop(batch_rx);
-    if let Err(e) = source.await {
-        tracing::warn!(error = %e, "source task");
-    }
+    let source_result = source.await;
+    let source_failure = match (&source_result, source_vanished) {
+        (Err(e), _) => Some(format!("the source task failed: {e}")),
+        (Ok(()), true) => Some("the source task ended without a result".to_owned()),
+        (Ok(()), false) => None,
+    };
 
     // Stop feeding the acker; let it finish what is in flight, within the bound.
     drop(tx);
     let mut acker = acker;
-    let acker_result = match tokio::time::timeout(settings.drain_timeout, &mut acker).await {
+    let acker_result = match tokio::time::timeout_at(deadline, &mut acker).await {
         Ok(joined) => joined,
         Err(_) => {
             tracing::warn!(
@@ -189,14 +222,25 @@ pub async fn run<S: ChangeSource + 'static>(
     };
     let acker_result =
         acker_result.map_err(|e| SinkError::Delivery(format!("acknowledgement task: {e}")))?;
-    if let Err(e) = sink.flush(Duration::from_millis(100)).await {
+    // What is left of the bound, at most a moment each, for the flush and the close.
+    let moment = |cap: Duration| {
+        deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(cap)
+    };
+    if let Err(e) = sink.flush(moment(Duration::from_millis(100))).await {
         tracing::debug!(error = %e, "final flush");
     }
-    if let Err(e) = sink.close().await {
-        tracing::warn!(error = %e, "closing the sink");
+    match tokio::time::timeout(moment(Duration::from_secs(1)), sink.close()).await {
+        Ok(Err(e)) => tracing::warn!(error = %e, "closing the sink"),
+        Err(_) => tracing::warn!("closing the sink took too long; left behind"),
+        Ok(Ok(())) => {}
     }
     summary.checkpoint = acker_result?;
     outcome?;
+    if let Some(cause) = source_failure {
+        return Err(PipelineError::SourceStopped { cause });
+    }
     Ok(summary)
 }
 
@@ -263,7 +307,7 @@ async fn poll_source<S: ChangeSource>(
 }
 
 /// Awaits deliveries in send order; writes the checkpoint of what is delivered at
-/// most every `interval`, and once more at the end.
+/// most every `interval` — also when no later batch comes — and once more at the end.
 async fn acknowledge(
     mut rx: mpsc::Receiver<Pending>,
     mut store: CheckpointStore,
@@ -275,10 +319,24 @@ async fn acknowledge(
     let mut written: Option<Position> = None;
     let mut last_write = Instant::now();
     let result: Result<(), PipelineError> = async {
-        while let Some(pending) = tokio::select! {
-            next = rx.recv() => next,
-            () = abandon.cancelled() => None,
-        } {
+        loop {
+            // Wake up at the next moment a write is due, even with nothing new.
+            let due = last_write + interval;
+            let next = tokio::select! {
+                next = rx.recv() => next,
+                () = abandon.cancelled() => None,
+                () = tokio::time::sleep_until(due.into()), if delivered != written => {
+                    if let Some(position) = &delivered {
+                        save(&mut store, position, &abandon).await?;
+                        written = delivered.clone();
+                        last_write = Instant::now();
+                    }
+                    continue;
+                }
+            };
+            let Some(pending) = next else {
+                break;
+            };
             for delivery in pending.deliveries {
                 tokio::select! {
                     result = delivery.wait() => result?,
@@ -290,7 +348,7 @@ async fn acknowledge(
                 && delivered != written
                 && let Some(position) = &delivered
             {
-                store.save(position).await?;
+                save(&mut store, position, &abandon).await?;
                 written = delivered.clone();
                 last_write = Instant::now();
             }
@@ -305,12 +363,41 @@ async fn acknowledge(
     if delivered != written
         && let Some(position) = &delivered
     {
-        store.save(position).await?;
+        save(&mut store, position, &abandon).await?;
         written = delivered.clone();
     }
     result?;
     Ok(written)
 }
+
+/// Writes a checkpoint, retrying faults that can pass with backoff (a few times for
+/// the final write, until `abandon` otherwise).
+async fn save(
+    store: &mut CheckpointStore,
+    position: &Position,
+    abandon: &CancellationToken,
+) -> Result<(), CheckpointError> {
+    let mut backoff = Backoff::new();
+    let mut attempts = 0;
+    loop {
+        match store.save(position).await {
+            Ok(()) => return Ok(()),
+            Err(e)
+                if e.is_transient()
+                    && (!abandon.is_cancelled() || attempts < SAVE_ATTEMPTS_AFTER_ABANDON) =>
+            {
+                attempts += 1;
+                let wait = backoff.next();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "checkpoint write failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How often a final checkpoint write is tried when the store's faults persist.
+const SAVE_ATTEMPTS_AFTER_ABANDON: u32 = 5;
 
 /// Exponential backoff for transient errors: 100 ms doubling to 30 s.
 struct Backoff {

@@ -362,3 +362,154 @@ fn secrets_never_reach_the_output() {
     assert!(stderr.contains("sasl.password"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "a secret leaked: {stderr}");
 }
+
+#[test]
+fn the_file_sink_holds_every_event_exactly_once_whatever_the_kills() {
+    let dir = temp_dir("file-exactly-once");
+    let out = dir.join("events.jsonl");
+    let config_path = dir.join("config.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            r#"
+[source]
+kind = "synthetic"
+poll_interval_ms = 20
+batch_size = 50
+
+[source.synthetic]
+seed = 5
+transactions = 3000
+rate_per_second = 3000
+large_value_every = 200
+
+[event]
+max_message_size_kb = 128
+
+[sink]
+kind = "file"
+path = "{out}"
+
+[checkpoint]
+path = "{checkpoint}"
+interval_ms = 30
+"#,
+            out = out.display(),
+            checkpoint = dir.join("cp.json").display()
+        ),
+    )
+    .expect("config");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(11, |d| d.as_nanos() as u64)
+        | 1;
+    let mut moments = Moments(seed);
+    let mut torn_before_restart = 0;
+    for run in 0..25 {
+        let mut child = spawn(&config_path, &dir, &[], run);
+        std::thread::sleep(Duration::from_millis(moments.next_ms(80, 350)));
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        let text = std::fs::read(&out).unwrap_or_default();
+        if !text.is_empty() && !text.ends_with(b"\n") {
+            torn_before_restart += 1;
+        }
+    }
+    // The history depends on the seed only; unpaced, the last run reaches its end.
+    let mut last = spawn(
+        &config_path,
+        &dir,
+        &[
+            "--until-idle",
+            "--set",
+            "source.synthetic.rate_per_second=0",
+        ],
+        25,
+    );
+    let status = wait(&mut last, Duration::from_secs(180));
+    assert!(
+        status.success(),
+        "final run: {status} (seed {seed}); logs in {}",
+        dir.display()
+    );
+    let expected = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(expected_events(SyntheticConfig {
+            seed: 5,
+            transactions: Some(3000),
+            rate_per_second: None,
+            large_value_every: 200,
+        }));
+    let text = std::fs::read_to_string(&out).expect("output");
+    assert!(text.ends_with('\n'), "no torn last line");
+    let mut ids = HashSet::new();
+    let mut reassembler = Reassembler::new();
+    let mut arrived = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let event = decode_json_message(line.as_bytes())
+            .unwrap_or_else(|e| panic!("line {n} is not a whole message ({e}) (seed {seed})"));
+        assert!(
+            ids.insert(event.id.clone()),
+            "line {n}: message {} written twice (seed {seed})",
+            event.id
+        );
+        if let Some(done) = reassembler.push(event).expect("segments fit together") {
+            arrived.insert(done.event.logicalid.clone(), done.event.data);
+        }
+    }
+    assert_eq!(
+        arrived.len(),
+        expected.len(),
+        "every event, once (seed {seed})"
+    );
+    assert!(
+        arrived == expected,
+        "every event with its data (seed {seed})"
+    );
+    println!(
+        "file sink: {} lines, {torn_before_restart} kills left a torn line that the next start cut off",
+        text.lines().count()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn sigterm_with_every_broker_down_exits_within_the_drain_timeout() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    let dir = temp_dir("sigterm-down");
+    let config = config(
+        &dir,
+        &bootstrap,
+        "seed = 4\ntransactions = 0\nrate_per_second = 5000",
+    );
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        format!("{text}\n[shutdown]\ndrain_timeout_ms = 2000\n"),
+    )
+    .expect("config");
+    let mut child = spawn(&config, &dir, &[], 0);
+    std::thread::sleep(Duration::from_millis(1200));
+    cluster.broker_down(1).expect("broker down");
+    // Long enough for the producer queue and the in-flight batches to fill.
+    std::thread::sleep(Duration::from_millis(2500));
+    let pid = i32::try_from(child.id()).expect("pid");
+    let signalled = Instant::now();
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = wait(&mut child, Duration::from_secs(30));
+    let took = signalled.elapsed();
+    assert_eq!(status.code(), Some(0), "logs in {}", dir.display());
+    assert!(
+        took < Duration::from_millis(2000 + 1500),
+        "exited {took:?} after SIGTERM with a 2 s drain timeout; logs in {}",
+        dir.display()
+    );
+    // What was acknowledged before the outage is checkpointed.
+    let checkpoint = std::fs::read_to_string(dir.join("cp.json")).expect("checkpoint written");
+    assert!(checkpoint.contains("last_event"), "{checkpoint}");
+    cluster.broker_up(1).expect("broker up");
+    std::fs::remove_dir_all(dir).ok();
+}

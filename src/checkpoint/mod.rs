@@ -8,6 +8,7 @@
 //! directory or one database table.
 
 pub mod file;
+pub mod memory;
 pub mod table;
 
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,9 @@ pub const CHECKPOINT_VERSION: u32 = 1;
 pub enum CheckpointError {
     #[error("checkpoint {location}: {reason}")]
     Io { location: String, reason: String },
+    /// A fault that can pass (deadlock victim, failover, a reset connection).
+    #[error("checkpoint {location}: {reason}")]
+    Transient { location: String, reason: String },
     #[error(
         "checkpoint {location} is not a valid checkpoint ({reason}); move it away to start from source.start_position"
     )]
@@ -45,10 +49,18 @@ pub enum CheckpointError {
     },
 }
 
+impl CheckpointError {
+    /// True when writing again can succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, CheckpointError::Transient { .. })
+    }
+}
+
 /// A checkpoint store.
 pub enum CheckpointStore {
     File(file::FileStore),
     Table(Box<table::TableStore>),
+    Memory(memory::MemoryStore),
 }
 
 impl CheckpointStore {
@@ -56,6 +68,7 @@ impl CheckpointStore {
         match self {
             CheckpointStore::File(s) => s.load(),
             CheckpointStore::Table(s) => s.load().await,
+            CheckpointStore::Memory(s) => Ok(s.load()),
         }
     }
 
@@ -63,6 +76,7 @@ impl CheckpointStore {
         match self {
             CheckpointStore::File(s) => s.save(position),
             CheckpointStore::Table(s) => s.save(position).await,
+            CheckpointStore::Memory(s) => s.save(position),
         }
     }
 }

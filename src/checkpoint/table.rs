@@ -6,7 +6,7 @@
 use tiberius::ToSql;
 
 use super::{CheckpointError, parse, render};
-use crate::source::connection::{SqlConnection, SqlServerConfig};
+use crate::source::connection::{SqlConnection, SqlError, SqlServerConfig};
 use crate::source::poller::Position;
 
 /// The checkpoint table's read.
@@ -36,6 +36,18 @@ fn error(reason: impl ToString) -> CheckpointError {
     }
 }
 
+/// A failed query, keeping whether it can pass.
+fn query_error(e: SqlError) -> CheckpointError {
+    if e.error.is_transient() {
+        CheckpointError::Transient {
+            location: LOCATION.into(),
+            reason: e.error.to_string(),
+        }
+    } else {
+        error(e.error)
+    }
+}
+
 impl TableStore {
     pub fn new(settings: SqlServerConfig, stream_name: impl Into<String>) -> Self {
         TableStore {
@@ -49,10 +61,7 @@ impl TableStore {
         sql: &str,
         params: &[&dyn ToSql],
     ) -> Result<Vec<tiberius::Row>, CheckpointError> {
-        self.conn
-            .query(sql, params)
-            .await
-            .map_err(|e| error(e.error))
+        self.conn.query(sql, params).await.map_err(query_error)
     }
 
     pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {

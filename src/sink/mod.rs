@@ -239,6 +239,14 @@ impl Sink {
         }
     }
 
+    /// What a file sink has made durable, for the checkpoint; `None` for the rest.
+    pub fn durable_length(&self) -> Option<u64> {
+        match self {
+            Sink::Stream(s) => s.durable_length(),
+            Sink::Kafka(_) | Sink::EventHubsAmqp(_) => None,
+        }
+    }
+
     /// Closes the connection to the destination (after [`flush`](Self::flush)).
     pub async fn close(self) -> Result<(), SinkError> {
         match self {

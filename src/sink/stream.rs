@@ -4,6 +4,14 @@
 //! JSON messages are written as they are (the encoder escapes every newline, so a
 //! message is one line); Avro messages as one base64 line each. A file is flushed and
 //! fsynced at the end of every batch, before any checkpoint that covers the batch.
+//!
+//! **A regular file is written exactly once.** The checkpoint records the file's
+//! length after the last fsync it covers ([`StreamSink::durable_length`]); a start
+//! truncates the file to that length before appending. Whatever a crash left after it
+//! — a torn line, lines of batches not yet checkpointed — is cut off and written again
+//! by the resumed run, so the file holds every event once and no torn line. A path
+//! that is not a regular file (`/dev/stdout`, a pipe) is written as a stream: no
+//! truncation, no fsync, at least once.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -19,9 +27,25 @@ enum Output {
     File(BufWriter<File>, PathBuf),
 }
 
+/// What the checkpoint says about the output file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// No checkpoint: the file must be empty or absent.
+    Fresh,
+    /// The file's length at the checkpoint.
+    At(u64),
+    /// A checkpoint that does not record the file's length (written by another sink
+    /// or an older version): append, with a warning.
+    Unknown,
+}
+
 pub struct StreamSink {
     output: Output,
     encoding: Encoding,
+    /// Bytes in a regular output file; `None` for a stream.
+    length: Option<u64>,
+    /// `length` at the last fsync.
+    durable: Option<u64>,
 }
 
 impl StreamSink {
@@ -29,23 +53,66 @@ impl StreamSink {
         StreamSink {
             output: Output::Stdout(BufWriter::new(std::io::stdout())),
             encoding,
+            length: None,
+            durable: None,
         }
     }
 
-    /// Appends to `path`, creating it.
-    pub fn file(path: PathBuf, encoding: Encoding) -> Result<Self, SinkError> {
+    /// Opens `path` for appending, creating it; a regular file is first cut back to
+    /// what the checkpoint covers (see the module documentation).
+    pub fn file(path: PathBuf, encoding: Encoding, resume: Resume) -> Result<Self, SinkError> {
+        let io = |e: std::io::Error| SinkError::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|e| SinkError::Io {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
+            .map_err(io)?;
+        let metadata = file.metadata().map_err(io)?;
+        let length = if metadata.is_file() {
+            let found = metadata.len();
+            let keep = match resume {
+                Resume::At(length) if length <= found => length,
+                Resume::At(length) => {
+                    return Err(SinkError::Config(format!(
+                        "sink.path {} holds {found} bytes, fewer than the {length} the checkpoint says were written: it was truncated or replaced; move the checkpoint away to start over",
+                        path.display()
+                    )));
+                }
+                Resume::Fresh if found > 0 => {
+                    return Err(SinkError::Config(format!(
+                        "sink.path {} already holds {found} bytes and there is no checkpoint saying what they are: move the file away (or restore its checkpoint) so that it holds every event exactly once",
+                        path.display()
+                    )));
+                }
+                Resume::Fresh => 0,
+                Resume::Unknown => {
+                    tracing::warn!(path = %path.display(), "the checkpoint does not record this file's length: appending, and a crash before this run's first checkpoint may repeat events");
+                    found
+                }
+            };
+            if keep < found {
+                tracing::info!(path = %path.display(), cut_bytes = found - keep, "removing what was written after the last checkpoint; it is written again");
+                file.set_len(keep).map_err(io)?;
+                file.sync_all().map_err(io)?;
+            }
+            Some(keep)
+        } else {
+            None
+        };
         Ok(StreamSink {
             output: Output::File(BufWriter::new(file), path),
             encoding,
+            length,
+            durable: length,
         })
+    }
+
+    /// The file's length at the last fsync; `None` for stdout and other streams.
+    pub fn durable_length(&self) -> Option<u64> {
+        self.durable
     }
 
     fn io(&self, e: std::io::Error) -> SinkError {
@@ -74,15 +141,95 @@ impl StreamSink {
             .write_all(&line)
             .and_then(|()| writer.write_all(b"\n"));
         result.map_err(|e| self.io(e))?;
+        if let Some(length) = &mut self.length {
+            *length += line.len() as u64 + 1;
+        }
         Ok(Delivery::Settled(Ok(())))
     }
 
-    /// Flushes, and for a file, fsyncs.
+    /// Flushes, and for a regular file, fsyncs.
     pub fn sync(&mut self) -> Result<(), SinkError> {
+        let regular = self.length.is_some();
         let result = match &mut self.output {
             Output::Stdout(w) => w.flush(),
-            Output::File(w, _) => w.flush().and_then(|()| w.get_ref().sync_data()),
+            Output::File(w, _) if regular => w.flush().and_then(|()| w.get_ref().sync_data()),
+            // A pipe or a terminal cannot be fsynced (EINVAL): flushing is all there is.
+            Output::File(w, _) => w.flush(),
         };
-        result.map_err(|e| self.io(e))
+        result.map_err(|e| self.io(e))?;
+        self.durable = self.length;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(text: &str) -> OutgoingMessage {
+        OutgoingMessage {
+            topic: "t".into(),
+            key: None,
+            partition_hint: None,
+            headers: Vec::new(),
+            payload: text.as_bytes().to_vec(),
+        }
+    }
+
+    fn temp() -> PathBuf {
+        std::env::temp_dir().join(format!("mssql-ces-sink-{}", uuid::Uuid::new_v4()))
+    }
+
+    #[test]
+    fn a_restart_cuts_what_the_checkpoint_does_not_cover() {
+        let path = temp();
+        let mut sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh).unwrap();
+        sink.send(message("{\"a\":1}")).unwrap();
+        sink.sync().unwrap();
+        let checkpointed = sink.durable_length().unwrap();
+        assert_eq!(checkpointed, 8);
+        // Written after the checkpoint, and a torn line from a kill.
+        sink.send(message("{\"b\":2}")).unwrap();
+        sink.sync().unwrap();
+        drop(sink);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"c\":").unwrap();
+        drop(f);
+        let mut sink =
+            StreamSink::file(path.clone(), Encoding::Json, Resume::At(checkpointed)).unwrap();
+        sink.send(message("{\"b\":2}")).unwrap();
+        sink.sync().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"a\":1}\n{\"b\":2}\n"
+        );
+        assert_eq!(sink.durable_length(), Some(16));
+        std::fs::remove_file(path).ok();
+    }
+
+    #[test]
+    fn a_file_without_a_checkpoint_or_shorter_than_it_is_refused() {
+        let path = temp();
+        std::fs::write(&path, "old\n").unwrap();
+        let err = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("no checkpoint"), "{err}");
+        let err = StreamSink::file(path.clone(), Encoding::Json, Resume::At(100))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("fewer than"), "{err}");
+        let sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Unknown).unwrap();
+        assert_eq!(sink.durable_length(), Some(4));
+        std::fs::remove_file(path).ok();
+    }
+
+    #[test]
+    fn a_path_that_is_not_a_regular_file_is_a_stream() {
+        let mut sink =
+            StreamSink::file(PathBuf::from("/dev/null"), Encoding::Json, Resume::At(5)).unwrap();
+        sink.send(message("x")).unwrap();
+        sink.sync().expect("no fsync on a character device");
+        assert_eq!(sink.durable_length(), None);
     }
 }

@@ -123,6 +123,11 @@ pub struct Position {
     /// the same name is known to be new. Absent in checkpoints written before it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub change_tables: BTreeMap<String, i32>,
+    /// File sink: the output file's length once every event up to here was written
+    /// and fsynced. A start truncates the file to it, so the file holds each event
+    /// exactly once whatever a crash left behind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_length: Option<u64>,
 }
 
 impl Position {

@@ -47,13 +47,54 @@ fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 /// Where a secret comes from: an environment variable or a file, never the config.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+///
+/// Its deserializer never echoes what it was given: a secret written where
+/// `{ env = … }` was expected is refused with a message that names the setting's
+/// form, not the value (serde's own message would quote it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SecretRef {
     /// Name of the environment variable that holds the secret.
     pub env: Option<String>,
     /// Path of a file whose content (trimmed) is the secret.
     pub file: Option<PathBuf>,
+}
+
+/// The settings that hold secrets, as override paths.
+pub const SECRET_SETTINGS: &[&str] = &["source.connection_string", "sink.connection_string"];
+
+impl<'de> Deserialize<'de> for SecretRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        const EXPECTED: &str = "{ env = \"VARIABLE\" } or { file = \"/path\" }; a secret is never written in the configuration itself";
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = SecretRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<SecretRef, A::Error> {
+                let mut secret = SecretRef::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "env" => secret.env = Some(map.next_value()?),
+                        "file" => secret.file = Some(map.next_value()?),
+                        other => {
+                            return Err(serde::de::Error::custom(format!(
+                                "unknown field `{other}`, expected `env` or `file`"
+                            )));
+                        }
+                    }
+                }
+                Ok(secret)
+            }
+        }
+        // Anything but a table (a string, a number…) is refused without its value.
+        deserializer
+            .deserialize_any(Visitor)
+            .map_err(|_: D::Error| serde::de::Error::custom(format!("expected {EXPECTED}")))
+    }
 }
 
 impl SecretRef {
@@ -518,20 +559,37 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let mut table: toml::Table =
             toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        // (path, the value as given when it was text, the value as read)
+        let mut applied: Vec<(Vec<String>, Option<String>, toml::Value)> = Vec::new();
         for (name, value) in env {
             let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
             let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
-            set_path(&mut table, &path, parse_override_value(value), name)?;
+            if SECRET_SETTINGS.contains(&path.join(".").as_str()) {
+                // The natural form: the variable holds the secret itself. It is read
+                // from the environment when needed and never enters the tree.
+                let mut reference = toml::Table::new();
+                reference.insert("env".into(), toml::Value::String(name.clone()));
+                set_path(&mut table, &path, toml::Value::Table(reference), name)?;
+                continue;
+            }
+            let parsed = parse_override_value(value);
+            set_path(&mut table, &path, parsed.clone(), name)?;
+            applied.push((path, Some(value.clone()), parsed));
         }
         for (key, value) in overrides {
-            let path: Vec<String> = key.split('.').map(str::to_owned).collect();
+            let path = override_path(key)?;
+            if SECRET_SETTINGS.contains(&path.join(".").as_str()) {
+                return Err(invalid(
+                    key,
+                    "a secret is not given on the command line (it would show in the process list): set the environment variable MSSQL_CES__SOURCE__CONNECTION_STRING / MSSQL_CES__SINK__CONNECTION_STRING, or { env = … } / { file = … } in the file",
+                ));
+            }
             set_path(&mut table, &path, value.clone(), key)?;
+            applied.push((path, value_text(value), value.clone()));
         }
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        let config = deserialize_with_text_fallback(table, &mut applied)?;
         config.validate()?;
         Ok(config)
     }
@@ -655,10 +713,16 @@ impl Config {
                 .connection_string
                 .resolve("source.connection_string")?;
         }
-        if self.sink.kind == SinkKind::EventHubsKafka {
-            self.sink
-                .connection_string
-                .resolve("sink.connection_string")?;
+        let sink = &self.sink;
+        let event_hubs_string = match sink.kind {
+            SinkKind::EventHubsKafka => true,
+            SinkKind::EventHubsAmqp => sink.entra_credential.is_none(),
+            _ => false,
+        };
+        if event_hubs_string {
+            let secret = sink.connection_string.resolve("sink.connection_string")?;
+            crate::sink::kafka::parse_event_hubs_connection_string(&secret)
+                .map_err(|e| invalid("sink.connection_string", e.to_string()))?;
         }
         Ok(())
     }
@@ -688,6 +752,76 @@ pub fn parse_override_value(text: &str) -> toml::Value {
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(text.to_owned()))
+}
+
+/// The text an override was given as, when reading it as text is a possible meaning
+/// (`2024` may be a topic name).
+fn value_text(value: &toml::Value) -> Option<String> {
+    match value {
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// An override key as a path: a TOML dotted key, so `sink.kafka."linger.ms"` is the
+/// `linger.ms` entry of `[sink.kafka]`.
+fn override_path(key: &str) -> Result<Vec<String>, ConfigError> {
+    let parsed: toml::Table = toml::from_str(&format!("{key} = 0")).map_err(|_| {
+        invalid(
+            key,
+            "not a setting name (e.g. sink.topic, or sink.kafka.\"linger.ms\")",
+        )
+    })?;
+    let mut path = Vec::new();
+    let mut current = &parsed;
+    loop {
+        let Some((name, value)) = current.iter().next() else {
+            return Err(invalid(key, "empty setting name"));
+        };
+        path.push(name.clone());
+        match value {
+            toml::Value::Table(inner) => current = inner,
+            _ => return Ok(path),
+        }
+    }
+}
+
+/// Deserializes the tree; where an override read as a number or boolean makes it fail
+/// and the same override read as text does not, the text was meant (`TOPIC=2024`).
+fn deserialize_with_text_fallback(
+    mut table: toml::Table,
+    applied: &mut [(Vec<String>, Option<String>, toml::Value)],
+) -> Result<Config, ConfigError> {
+    loop {
+        let error = match toml::Value::Table(table.clone()).try_into::<Config>() {
+            Ok(config) => return Ok(config),
+            Err(e) => e.to_string(),
+        };
+        let mut fixed = false;
+        for (path, text, parsed) in applied.iter_mut() {
+            let Some(raw) = text.as_ref().filter(|_| !parsed.is_str()) else {
+                continue;
+            };
+            let mut candidate = table.clone();
+            let as_text = toml::Value::String(raw.clone());
+            set_path(&mut candidate, path, as_text.clone(), "override")?;
+            let better = match toml::Value::Table(candidate.clone()).try_into::<Config>() {
+                Ok(_) => true,
+                Err(e) => e.to_string() != error,
+            };
+            if better {
+                table = candidate;
+                *parsed = as_text;
+                fixed = true;
+                break;
+            }
+        }
+        if !fixed {
+            return Err(ConfigError::Parse(error));
+        }
+    }
 }
 
 /// Sets `path` in `table` to `value`, creating sections as needed.
@@ -847,5 +981,100 @@ connection_string = { env = "EH" }
         let bad = vec![("MSSQL_CES__SINK__COLOUR".to_string(), "x".to_string())];
         let err = Config::from_parts(MINIMAL, &bad, &[]).unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    const EVENT_HUBS: &str = r#"
+[source]
+kind = "synthetic"
+
+[sink]
+kind = "event_hubs_kafka"
+topic = "hub"
+"#;
+
+    const SECRET: &str = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=SUPERSECRET";
+
+    #[test]
+    fn a_secret_written_as_a_value_is_refused_without_echoing_it() {
+        let text = format!("{EVENT_HUBS}connection_string = \"{SECRET}\"\n");
+        let err = load(&text).unwrap_err().to_string();
+        assert!(!err.contains("SUPERSECRET"), "{err}");
+        assert!(err.contains("env"), "says what to write instead: {err}");
+        let flags = vec![(
+            "sink.connection_string".to_string(),
+            toml::Value::String(SECRET.into()),
+        )];
+        let err = Config::from_parts(EVENT_HUBS, &[], &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("SUPERSECRET"), "{err}");
+        assert!(err.contains("MSSQL_CES__SINK__CONNECTION_STRING"), "{err}");
+    }
+
+    #[test]
+    fn the_secret_settings_environment_variable_holds_the_secret_itself() {
+        let name = "MSSQL_CES__SINK__CONNECTION_STRING";
+        let env = vec![(name.to_string(), SECRET.to_string())];
+        let c = Config::from_parts(EVENT_HUBS, &env, &[]).unwrap();
+        assert_eq!(c.sink.connection_string.env.as_deref(), Some(name));
+        assert!(!format!("{c:?}").contains("SUPERSECRET"));
+    }
+
+    #[test]
+    fn every_sinks_secret_is_checked_before_anything_connects() {
+        let amqp = "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_amqp\"\ntopic = \"hub\"\nconnection_string = { env = \"MSSQL_CES_TEST_UNSET_VARIABLE\" }\n";
+        let c = load(amqp).unwrap();
+        let err = c.check_secrets().unwrap_err();
+        assert!(matches!(err, ConfigError::MissingSecret { .. }), "{err}");
+        // A string without Endpoint= is refused before connecting, not echoed.
+        let path = std::env::temp_dir().join(format!("mssql-ces-secret-{}", Uuid::new_v4()));
+        std::fs::write(&path, "SharedAccessKey=SUPERSECRET").unwrap();
+        let text = format!(
+            "{EVENT_HUBS}connection_string = {{ file = \"{}\" }}\n",
+            path.display()
+        );
+        let err = load(&text)
+            .unwrap()
+            .check_secrets()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Endpoint="), "{err}");
+        assert!(!err.contains("SUPERSECRET"), "{err}");
+        std::fs::remove_file(path).ok();
+    }
+
+    #[test]
+    fn overrides_reach_pass_through_keys_and_keep_text_settings_text() {
+        let flags = vec![(
+            "sink.kafka.\"linger.ms\"".to_string(),
+            toml::Value::Integer(5),
+        )];
+        let c = Config::from_parts(MINIMAL, &[], &flags).unwrap();
+        assert_eq!(c.sink.kafka.get("linger.ms").map(String::as_str), Some("5"));
+        let env = vec![
+            ("MSSQL_CES__SINK__TOPIC".to_string(), "2024".to_string()),
+            (
+                "MSSQL_CES__CHECKPOINT__STREAM_NAME".to_string(),
+                "1".to_string(),
+            ),
+            (
+                "MSSQL_CES__SOURCE__SYNTHETIC__SEED".to_string(),
+                "42".to_string(),
+            ),
+        ];
+        let c = Config::from_parts(MINIMAL, &env, &[]).unwrap();
+        assert_eq!(c.sink.topic.as_deref(), Some("2024"));
+        assert_eq!(c.checkpoint.stream_name, "1");
+        assert_eq!(
+            c.source.synthetic.seed, 42,
+            "numbers stay numbers where meant"
+        );
+        // Text for a number is still an error naming the setting.
+        let bad = vec![(
+            "MSSQL_CES__SOURCE__PAGE_SIZE".to_string(),
+            "many".to_string(),
+        )];
+        let err = Config::from_parts(MINIMAL, &bad, &[]).unwrap_err();
+        assert!(err.to_string().contains("page_size"), "{err}");
     }
 }

@@ -367,9 +367,49 @@ pub struct SinkSettings {
     /// How long a message may wait for delivery before the run fails, in ms (default 300000).
     #[serde(default = "default_delivery_timeout_ms")]
     pub delivery_timeout_ms: u64,
+    /// How keys map to partitions (librdkafka's `partitioner`); default
+    /// `"murmur2_random"`, the placement of Java clients, so Kafka Streams and Flink
+    /// can co-partition with these topics.
+    #[serde(default)]
+    pub partitioner: Partitioner,
     /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
     #[serde(default)]
     pub kafka: BTreeMap<String, String>,
+}
+
+/// librdkafka's `partitioner` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioner {
+    /// murmur2 of the key, as the Java client (keyless messages: random).
+    #[default]
+    Murmur2Random,
+    /// murmur2 of the key (keyless messages: one partition).
+    Murmur2,
+    /// librdkafka's own default: CRC32 of the key (keyless: random).
+    ConsistentRandom,
+    /// CRC32 of the key (keyless: one partition).
+    Consistent,
+    /// FNV-1a of the key, as Sarama (keyless: random).
+    Fnv1aRandom,
+    /// FNV-1a of the key (keyless: one partition).
+    Fnv1a,
+    /// Random, whatever the key.
+    Random,
+}
+
+impl Partitioner {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Partitioner::Murmur2Random => "murmur2_random",
+            Partitioner::Murmur2 => "murmur2",
+            Partitioner::ConsistentRandom => "consistent_random",
+            Partitioner::Consistent => "consistent",
+            Partitioner::Fnv1aRandom => "fnv1a_random",
+            Partitioner::Fnv1a => "fnv1a",
+            Partitioner::Random => "random",
+        }
+    }
 }
 
 impl SinkSettings {
@@ -390,6 +430,7 @@ impl SinkSettings {
             amqp_resend_after_ms: default_amqp_resend_after_ms(),
             path: None,
             delivery_timeout_ms: default_delivery_timeout_ms(),
+            partitioner: Partitioner::default(),
             kafka: BTreeMap::new(),
         }
     }
@@ -537,6 +578,7 @@ const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("message.timeout.ms", "sink.delivery_timeout_ms"),
     ("delivery.timeout.ms", "sink.delivery_timeout_ms"),
     ("sasl.password", "sink.connection_string"),
+    ("partitioner", "sink.partitioner"),
 ];
 
 impl Config {
@@ -632,6 +674,17 @@ impl Config {
                 }
             }
             SinkKind::EventHubsKafka => {
+                let max_kb = self.event.max_message_size_kb.kb() as usize;
+                if max_kb > crate::sink::kafka::EVENT_HUBS_MAX_MESSAGE_KB {
+                    return Err(invalid(
+                        "event.max_message_size_kb",
+                        format!(
+                            "{max_kb} is more than Event Hubs' Kafka endpoint accepts (it closes the connection on requests of {} bytes or more); use at most {}",
+                            crate::sink::kafka::EVENT_HUBS_REQUEST_LIMIT,
+                            crate::sink::kafka::EVENT_HUBS_MAX_MESSAGE_KB
+                        ),
+                    ));
+                }
                 if let Some(c) = sink.compression
                     && !matches!(c, Compression::None | Compression::Gzip)
                 {
@@ -652,6 +705,16 @@ impl Config {
                 }
             }
             SinkKind::EventHubsAmqp => {
+                if let Some(topic) = &sink.topic
+                    && topic.contains(['{', '}'])
+                {
+                    return Err(invalid(
+                        "sink.topic",
+                        format!(
+                            "\"{topic}\" is a template, but an Event Hubs AMQP sink sends to one event hub: name it (per-table hubs need one mssql-ces per hub, with source.include)"
+                        ),
+                    ));
+                }
                 let c = &sink.connection_string;
                 let has_secret = c.env.is_some() || c.file.is_some();
                 match (has_secret, sink.entra_credential, &sink.namespace) {
@@ -1076,5 +1139,29 @@ topic = "hub"
         )];
         let err = Config::from_parts(MINIMAL, &bad, &[]).unwrap_err();
         assert!(err.to_string().contains("page_size"), "{err}");
+    }
+
+    #[test]
+    fn sink_settings_that_cannot_deliver_are_refused_by_name() {
+        let template = "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_amqp\"\ntopic = \"{schema}.{tbl}\"\nconnection_string = { env = \"X\" }\n";
+        let err = load(template).unwrap_err().to_string();
+        assert!(
+            err.contains("sink.topic") && err.contains("template"),
+            "{err}"
+        );
+        let big = format!(
+            "{EVENT_HUBS}connection_string = {{ env = \"X\" }}\n[event]\nmax_message_size_kb = 1024\n"
+        );
+        let err = load(&big).unwrap_err().to_string();
+        assert!(err.contains("event.max_message_size_kb"), "{err}");
+        let fits = format!(
+            "{EVENT_HUBS}connection_string = {{ env = \"X\" }}\n[event]\nmax_message_size_kb = 1019\n"
+        );
+        assert!(load(&fits).is_ok());
+        let partitioner = format!("{MINIMAL}partitioner = \"consistent_random\"\n");
+        assert_eq!(
+            load(&partitioner).unwrap().sink.partitioner,
+            Partitioner::ConsistentRandom
+        );
     }
 }

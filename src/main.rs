@@ -323,11 +323,6 @@ async fn drive<S: ChangeSource + 'static>(
                 .sink
                 .connection_string
                 .resolve("sink.connection_string")?;
-            if max_bytes > 1024 * 1024 {
-                tracing::warn!(
-                    "event.max_message_size_kb exceeds 1 MB, the largest event Event Hubs' Standard tier accepts"
-                );
-            }
             let (_, entity) = parse_event_hubs_connection_string(&secret)?;
             let topic = config.sink.topic.clone().or(entity).context(
                 "sink.topic: name the event hub, or put EntityPath= in the connection string",

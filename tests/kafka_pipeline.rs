@@ -124,7 +124,7 @@ fn cloud_event(m: &Consumed, mode: CloudEventsMode, encoding: Encoding) -> Cloud
         CloudEventsMode::Structured => {
             let expected = match encoding {
                 Encoding::Json => "application/cloudevents+json; charset=UTF-8",
-                Encoding::Avro => "application/cloudevents+avro",
+                Encoding::Avro => "application/vnd.mssql-ces.changeevent+avro",
             };
             assert_eq!(header(m, "content-type"), Some(expected.as_bytes()));
             decode_message(&m.payload, encoding).expect("structured message decodes")

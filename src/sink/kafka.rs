@@ -22,6 +22,19 @@ use crate::config::{Compression, SinkKind, SinkSettings};
 /// configured maximum size.
 const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
 
+/// Event Hubs' Kafka endpoint closes the connection on a request of this size or more
+/// (Microsoft's "Apache Kafka client configurations" page: `message.max.bytes` must
+/// stay below 1,046,528).
+pub const EVENT_HUBS_REQUEST_LIMIT: usize = 1_046_528;
+
+/// Room for the key, the headers and the record framing of one message, which a
+/// segment of `max_message_size_kb` must leave below [`EVENT_HUBS_REQUEST_LIMIT`].
+pub const EVENT_HUBS_RECORD_OVERHEAD: usize = 2 * 1024;
+
+/// The largest `event.max_message_size_kb` Event Hubs' Kafka endpoint can carry.
+pub const EVENT_HUBS_MAX_MESSAGE_KB: usize =
+    (EVENT_HUBS_REQUEST_LIMIT - 1 - EVENT_HUBS_RECORD_OVERHEAD) / 1024;
+
 /// What the Kafka producer is given (secrets included: never log this).
 pub struct KafkaSettings {
     pub properties: Vec<(String, String)>,
@@ -65,17 +78,30 @@ impl KafkaSettings {
         max_message_bytes: usize,
         event_hubs_secret: Option<&str>,
     ) -> Result<Self, SinkError> {
+        let request_limit = match sink.kind {
+            SinkKind::EventHubsKafka => {
+                if max_message_bytes + EVENT_HUBS_RECORD_OVERHEAD >= EVENT_HUBS_REQUEST_LIMIT {
+                    return Err(SinkError::Config(format!(
+                        "event.max_message_size_kb = {}: Event Hubs' Kafka endpoint closes the connection on requests of {EVENT_HUBS_REQUEST_LIMIT} bytes or more; use at most {EVENT_HUBS_MAX_MESSAGE_KB}",
+                        max_message_bytes / 1024
+                    )));
+                }
+                (max_message_bytes + MESSAGE_OVERHEAD_BYTES).min(EVENT_HUBS_REQUEST_LIMIT - 1)
+            }
+            _ => max_message_bytes + MESSAGE_OVERHEAD_BYTES,
+        };
         let mut properties = vec![
             ("client.id".to_owned(), "mssql-ces".to_owned()),
             ("enable.idempotence".to_owned(), "true".to_owned()),
             ("acks".to_owned(), "all".to_owned()),
-            (
-                "message.max.bytes".to_owned(),
-                (max_message_bytes + MESSAGE_OVERHEAD_BYTES).to_string(),
-            ),
+            ("message.max.bytes".to_owned(), request_limit.to_string()),
             (
                 "message.timeout.ms".to_owned(),
                 sink.delivery_timeout_ms.to_string(),
+            ),
+            (
+                "partitioner".to_owned(),
+                sink.partitioner.as_str().to_owned(),
             ),
         ];
         match sink.kind {
@@ -92,6 +118,10 @@ impl KafkaSettings {
                     ("sasl.username".to_owned(), "$ConnectionString".to_owned()),
                     ("sasl.password".to_owned(), secret.to_owned()),
                     ("request.timeout.ms".to_owned(), "60000".to_owned()),
+                    // Required by the same page: idle connections are closed by the
+                    // service, and metadata must be refreshed within its window.
+                    ("socket.keepalive.enable".to_owned(), "true".to_owned()),
+                    ("metadata.max.age.ms".to_owned(), "180000".to_owned()),
                     (
                         "compression.type".to_owned(),
                         compression.as_str().to_owned(),
@@ -240,6 +270,39 @@ mod tests {
         assert_eq!(get(&s, "compression.type"), Some("lz4"));
         assert_eq!(get(&s, "message.max.bytes"), Some("327680"));
         assert_eq!(get(&s, "linger.ms"), Some("5"));
+        assert_eq!(
+            get(&s, "partitioner"),
+            Some("murmur2_random"),
+            "Java's placement"
+        );
+        let mut consistent = sink(SinkKind::Kafka);
+        consistent.partitioner = crate::config::Partitioner::ConsistentRandom;
+        let s = KafkaSettings::new(&consistent, 256 * 1024, None).unwrap();
+        assert_eq!(get(&s, "partitioner"), Some("consistent_random"));
+    }
+
+    #[test]
+    fn event_hubs_requests_stay_below_the_service_limit() {
+        let cs = "Endpoint=sb://myns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0";
+        let eh = sink(SinkKind::EventHubsKafka);
+        let s = KafkaSettings::new(&eh, EVENT_HUBS_MAX_MESSAGE_KB * 1024, Some(cs)).unwrap();
+        let limit: usize = get(&s, "message.max.bytes").unwrap().parse().unwrap();
+        assert!(limit < EVENT_HUBS_REQUEST_LIMIT, "{limit}");
+        assert!(limit >= EVENT_HUBS_MAX_MESSAGE_KB * 1024 + EVENT_HUBS_RECORD_OVERHEAD);
+        assert_eq!(get(&s, "socket.keepalive.enable"), Some("true"));
+        assert_eq!(get(&s, "metadata.max.age.ms"), Some("180000"));
+        for kb in [128, 256, 512] {
+            assert!(KafkaSettings::new(&eh, kb * 1024, Some(cs)).is_ok(), "{kb}");
+        }
+        let err = KafkaSettings::new(&eh, 1024 * 1024, Some(cs))
+            .err()
+            .unwrap();
+        let text = err.to_string();
+        assert!(text.contains("event.max_message_size_kb"), "{text}");
+        assert!(
+            text.contains(&EVENT_HUBS_MAX_MESSAGE_KB.to_string()),
+            "{text}"
+        );
     }
 
     #[test]
@@ -252,7 +315,7 @@ mod tests {
                 Some("orders".to_string())
             )
         );
-        let s = KafkaSettings::new(&sink(SinkKind::EventHubsKafka), 1024 * 1024, Some(cs)).unwrap();
+        let s = KafkaSettings::new(&sink(SinkKind::EventHubsKafka), 1000 * 1024, Some(cs)).unwrap();
         assert_eq!(
             get(&s, "bootstrap.servers"),
             Some("myns.servicebus.windows.net:9093")

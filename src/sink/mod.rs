@@ -20,9 +20,12 @@ use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
 
 /// `content-type` of a structured-mode JSON message (CloudEvents Kafka binding).
 pub const STRUCTURED_JSON_CONTENT_TYPE: &str = "application/cloudevents+json; charset=UTF-8";
-/// `content-type` of a structured-mode Avro message (our choice; the binding names
-/// the `+avro` suffix for Avro event formats).
-pub const STRUCTURED_AVRO_CONTENT_TYPE: &str = "application/cloudevents+avro";
+/// `content-type` of a structured-mode Avro message: one Avro datum of CES's
+/// `ChangeEvent` record (`schemas/ChangeEvent.avsc`). Not
+/// `application/cloudevents+avro`, which the CloudEvents spec reserves for its own
+/// Avro event format (the `CloudEvent` record): a CloudEvents SDK would decode our
+/// record with that schema and get garbage.
+pub const STRUCTURED_AVRO_CONTENT_TYPE: &str = "application/vnd.mssql-ces.changeevent+avro";
 
 /// Message headers: name and value.
 pub type Headers = Vec<(String, Vec<u8>)>;

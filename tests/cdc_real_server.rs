@@ -556,3 +556,47 @@ async fn commit_times_follow_the_servers_zone_across_daylight_saving() {
         ["2026-10-24 10:00", "2026-10-26 11:00"]
     );
 }
+
+#[tokio::test]
+async fn a_checkpoint_from_another_database_or_a_restored_copy_is_refused() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    let position = poller.position().clone();
+    let recorded = position
+        .source
+        .clone()
+        .expect("the position names its database");
+    assert_eq!(recorded.database, "Shop");
+    assert_eq!(recorded.database_guid, Some(Uuid::from_u128(7)));
+    // The same database: fine.
+    let mut again = Poller::new(sim.clone(), config(), Some(position.clone()));
+    assert!(drain(&mut again).await.is_ok());
+    // A restored copy has a new GUID: refused, naming both.
+    sim.set_guid(Uuid::from_u128(8));
+    let mut restored = Poller::new(sim.clone(), config(), Some(position.clone()));
+    let err = drain(&mut restored).await.unwrap_err();
+    assert!(matches!(err, SourceError::OtherDatabase { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&Uuid::from_u128(7).to_string())
+            && text.contains(&Uuid::from_u128(8).to_string()),
+        "{text}"
+    );
+    assert!(text.contains("checkpoint.path"), "{text}");
+    // Another database name.
+    let other = CdcSimulator::new("Other", Uuid::from_u128(7), 0);
+    other.create_table(
+        "dbo",
+        "T",
+        vec![SimColumn::new("Id", SqlType::Int)],
+        &["Id"],
+    );
+    other.enable_table("dbo.T", None).unwrap();
+    let err = drain(&mut Poller::new(other, config(), Some(position)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SourceError::OtherDatabase { .. }), "{err}");
+}

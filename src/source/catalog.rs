@@ -48,7 +48,8 @@ pub const CATALOG_VERSION: &str = concat!("SELECT ", catalog_version_columns!(),
 /// Database, which has no `sys.database_recovery_status`), and the server's current
 /// UTC offset in minutes.
 /// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-databases-transact-sql>
-pub const DATABASE_INFO: &str = "SELECT DB_NAME() AS database_name, d.is_cdc_enabled, \
+pub const DATABASE_INFO: &str = "SELECT @@SERVERNAME AS server_name, \
+DB_NAME() AS database_name, d.is_cdc_enabled, \
 CAST(SERVERPROPERTY('EngineEdition') AS int) AS engine_edition, \
 DATEPART(TZOFFSET, SYSDATETIMEOFFSET()) AS utc_offset_minutes \
 FROM sys.databases AS d WHERE d.database_id = DB_ID();";
@@ -243,6 +244,10 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
         });
     };
     let database = info.string("database_name").map_err(catalog_error)?;
+    let server = info
+        .opt_string("server_name")
+        .map_err(catalog_error)?
+        .unwrap_or_default();
     if info.opt_int("is_cdc_enabled").map_err(catalog_error)? != Some(1) {
         return Err(SourceError::CdcNotEnabled { database });
     }
@@ -297,6 +302,7 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
         }
     }
     Ok(Catalog {
+        server,
         database,
         database_guid,
         server_utc_offset_minutes: i32::try_from(offset).map_err(|_| {

@@ -185,6 +185,8 @@ impl EmittedColumn<'_> {
 /// Everything the poll loop knows about the database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Catalog {
+    /// `@@SERVERNAME`.
+    pub server: String,
     pub database: String,
     /// The database's GUID (the default stream GUID); `None` when this login cannot
     /// read it.
@@ -309,6 +311,10 @@ pub enum SourceError {
         "capture instance `{capture_instance}`: its change table has no __$command_id column, which orders the statements of a transaction; it needs SQL Server 2016 SP2 CU or later (2017 CU or 2019+): update the server, then disable and enable CDC on the table"
     )]
     NoCommandId { capture_instance: String },
+    #[error(
+        "the checkpoint belongs to {checkpoint}, but this is {now}: to start a new stream here, give it its own checkpoint (checkpoint.path or checkpoint.stream_name); to continue the old one, point source.connection_string back at its database"
+    )]
+    OtherDatabase { checkpoint: String, now: String },
     #[error("database error: {message}")]
     Definite { message: String },
 }

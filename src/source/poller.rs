@@ -128,6 +128,29 @@ pub struct Position {
     /// exactly once whatever a crash left behind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sink_length: Option<u64>,
+    /// What the position belongs to; a start against another database (or a restored
+    /// copy, which has a new GUID) is refused. Absent in checkpoints written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceIdentity>,
+}
+
+/// The server, database and stream a position belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceIdentity {
+    pub server: String,
+    pub database: String,
+    pub database_guid: Option<Uuid>,
+    pub stream_guid: Uuid,
+}
+
+impl std::fmt::Display for SourceIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "database `{}` on `{}` (", self.database, self.server)?;
+        if let Some(guid) = self.database_guid {
+            write!(f, "database GUID {guid}, ")?;
+        }
+        write!(f, "stream GUID {})", self.stream_guid)
+    }
 }
 
 impl Position {
@@ -274,9 +297,11 @@ impl<S: ChangeSource> Poller<S> {
 
     async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
         if self.iteration.is_none() {
-            let before = self.position.clone();
+            // Progress is what the stream has read; recording the identity is not.
+            let progress = |p: &Position| (p.last_event, p.instances.clone());
+            let before = progress(&self.position);
             if !self.start_iteration().await? {
-                return Ok(if self.position != before {
+                return Ok(if progress(&self.position) != before {
                     PollOutcome::Batch(Batch {
                         changes: Vec::new(),
                         position: self.position.clone(),
@@ -309,11 +334,18 @@ impl<S: ChangeSource> Poller<S> {
         let catalog = self.source.catalog().await?;
         self.catalog_read_at = Some(Instant::now());
         self.catalog_stale = false;
-        self.stream_guid = match (self.config.stream_guid, catalog.database_guid) {
-            (Some(configured), _) => Some(configured),
-            (None, Some(database)) => Some(database),
+        let stream_guid = match (self.config.stream_guid, catalog.database_guid) {
+            (Some(configured), _) => configured,
+            (None, Some(database)) => database,
             (None, None) => return Err(SourceError::DatabaseGuidUnreadable),
         };
+        self.stream_guid = Some(stream_guid);
+        self.check_identity(SourceIdentity {
+            server: catalog.server.clone(),
+            database: catalog.database.clone(),
+            database_guid: catalog.database_guid,
+            stream_guid,
+        })?;
         if self.zone.is_none() {
             let per_row = catalog.server_time_zone.is_some();
             let zone = self
@@ -467,6 +499,36 @@ impl<S: ChangeSource> Poller<S> {
         self.waiting_for = waiting_for;
         self.catalog = Some(catalog);
         Ok(())
+    }
+
+    /// Refuses a position that belongs to another database or stream; records the
+    /// identity in one that has none yet. Another server name alone (a failover, a
+    /// listener) is only logged.
+    fn check_identity(&mut self, now: SourceIdentity) -> Result<(), SourceError> {
+        match &self.position.source {
+            None => {
+                self.position.source = Some(now);
+                Ok(())
+            }
+            Some(recorded) => {
+                let same_database = recorded.database == now.database
+                    && recorded.stream_guid == now.stream_guid
+                    && (recorded.database_guid == now.database_guid
+                        || recorded.database_guid.is_none()
+                        || now.database_guid.is_none());
+                if !same_database {
+                    return Err(SourceError::OtherDatabase {
+                        checkpoint: recorded.to_string(),
+                        now: now.to_string(),
+                    });
+                }
+                if recorded.server != now.server {
+                    tracing::warn!(checkpoint = %recorded.server, now = %now.server, "the server name changed since the checkpoint (a failover?); the database and stream are the same, so the stream goes on");
+                    self.position.source = Some(now);
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Capture instances whose source table the login cannot see: an error when the

@@ -962,6 +962,11 @@ impl CdcSimulator {
         self.lock().invisible.insert(table.into());
     }
 
+    /// Gives the database another GUID, as a restored copy has.
+    pub fn set_guid(&self, guid: Uuid) {
+        self.lock().guid = guid;
+    }
+
     /// Whether the login can read the database GUID.
     pub fn set_guid_readable(&self, readable: bool) {
         self.lock().guid_readable = readable;
@@ -1053,6 +1058,7 @@ impl ChangeSource for CdcSimulator {
             instances.push(info);
         }
         Ok(Catalog {
+            server: "simulator".into(),
             database: state.database.clone(),
             database_guid: state.guid_readable.then_some(state.guid),
             server_utc_offset_minutes: state.utc_offset_minutes,

@@ -131,7 +131,7 @@ pub struct Position {
     /// What the position belongs to; a start against another database (or a restored
     /// copy, which has a new GUID) is refused. Absent in checkpoints written before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<SourceIdentity>,
+    pub source: Option<Box<SourceIdentity>>,
 }
 
 /// The server, database and stream a position belongs to.
@@ -507,7 +507,7 @@ impl<S: ChangeSource> Poller<S> {
     fn check_identity(&mut self, now: SourceIdentity) -> Result<(), SourceError> {
         match &self.position.source {
             None => {
-                self.position.source = Some(now);
+                self.position.source = Some(Box::new(now));
                 Ok(())
             }
             Some(recorded) => {
@@ -524,7 +524,7 @@ impl<S: ChangeSource> Poller<S> {
                 }
                 if recorded.server != now.server {
                     tracing::warn!(checkpoint = %recorded.server, now = %now.server, "the server name changed since the checkpoint (a failover?); the database and stream are the same, so the stream goes on");
-                    self.position.source = Some(now);
+                    self.position.source = Some(Box::new(now));
                 }
                 Ok(())
             }

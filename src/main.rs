@@ -168,6 +168,12 @@ async fn run(config: Config, until_idle: bool) -> anyhow::Result<()> {
             &config.checkpoint.stream_name,
         ))),
     };
+    // One writer per stream: wait here as a hot standby while another process holds
+    // the lease, and read the checkpoint only once this one does.
+    if !store.acquire_lease(&shutdown).await? {
+        tracing::info!("stopped while waiting for the lease");
+        return Ok(());
+    }
     let position = store.load().await?;
     match &position {
         Some(p) => tracing::info!(last_event = ?p.last_event, "resuming from the checkpoint"),

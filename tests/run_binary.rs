@@ -513,3 +513,83 @@ fn sigterm_with_every_broker_down_exits_within_the_drain_timeout() {
     cluster.broker_up(1).expect("broker up");
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn a_standby_on_the_same_stream_waits_then_takes_over_and_nothing_is_lost() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    let dir = temp_dir("standby");
+    let synthetic = "seed = 13\ntransactions = 3000\nrate_per_second = 1000";
+    let config = config(&dir, &bootstrap, synthetic);
+    let mut active = spawn(&config, &dir, &[], 0);
+    std::thread::sleep(Duration::from_millis(800));
+    // The same stream: it must wait, not publish.
+    let mut standby = spawn(
+        &config,
+        &dir,
+        &[
+            "--until-idle",
+            "--set",
+            "source.synthetic.rate_per_second=0",
+        ],
+        1,
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    let standby_log = std::fs::read_to_string(dir.join("run-1.log")).expect("log");
+    assert!(
+        standby_log.contains("hot standby") && standby_log.contains("held_by"),
+        "the standby says it waits and for whom: {standby_log}"
+    );
+    assert!(
+        !standby_log.contains("resuming from the checkpoint")
+            && !standby_log.contains("no checkpoint"),
+        "the standby has not started: {standby_log}"
+    );
+    assert!(
+        standby.try_wait().expect("try_wait").is_none(),
+        "still waiting"
+    );
+    let killed_at = Instant::now();
+    active.kill().expect("kill");
+    active.wait().expect("reap");
+    let status = wait(&mut standby, Duration::from_secs(120));
+    assert!(
+        status.success(),
+        "standby: {status}; logs in {}",
+        dir.display()
+    );
+    let log = std::fs::read_to_string(dir.join("run-1.log")).expect("log");
+    assert!(log.contains("took over"), "{log}");
+    assert!(killed_at.elapsed() < Duration::from_secs(120));
+
+    let expected = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(expected_events(SyntheticConfig {
+            seed: 13,
+            transactions: Some(3000),
+            rate_per_second: None,
+            large_value_every: 0,
+        }));
+    let consumed = consume_quietly(
+        &bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+        |m| m.len() >= expected.len(),
+    );
+    let mut arrived = BTreeMap::new();
+    for (_, list) in by_partition(&consumed) {
+        let mut reassembler = Reassembler::new();
+        for m in &list {
+            let event = decode_json_message(&m.payload).expect("decodes");
+            if let Some(done) = reassembler.push(event).expect("segments fit") {
+                arrived.insert(done.event.logicalid.clone(), done.event.data);
+            }
+        }
+    }
+    assert_eq!(arrived.len(), expected.len(), "every event arrived");
+    assert!(arrived == expected, "with its data");
+    std::fs::remove_dir_all(dir).ok();
+}

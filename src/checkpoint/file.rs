@@ -3,6 +3,11 @@
 //! Writes are atomic and durable: the document goes to a temporary file in the same
 //! directory, which is fsynced, renamed over the checkpoint, and then the directory is
 //! fsynced so the rename itself survives a power loss.
+//!
+//! The lease is an exclusive OS lock (`flock`) on `<checkpoint>.lock`, held by an open
+//! file for the life of the process: the kernel releases it when the process dies,
+//! however it dies. The file names the holder (process id and host) for the standby's
+//! log.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
@@ -14,6 +19,8 @@ use crate::source::poller::Position;
 pub struct FileStore {
     path: PathBuf,
     stream_name: String,
+    /// The open lock file while this process holds the lease.
+    lease: Option<File>,
 }
 
 impl FileStore {
@@ -21,6 +28,52 @@ impl FileStore {
         FileStore {
             path: path.into(),
             stream_name: stream_name.into(),
+            lease: None,
+        }
+    }
+
+    /// `<checkpoint>.lock`.
+    pub fn lock_path(&self) -> PathBuf {
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(".lock");
+        PathBuf::from(name)
+    }
+
+    /// Tries to take the lease: `None` when taken (or already held), else who holds it.
+    pub fn try_lease(&mut self) -> Result<Option<String>, CheckpointError> {
+        if self.lease.is_some() {
+            return Ok(None);
+        }
+        let lock_path = self.lock_path();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| self.io(e))?;
+        match file.try_lock() {
+            Ok(()) => {
+                let holder = format!(
+                    "pid {} on {}",
+                    std::process::id(),
+                    hostname().unwrap_or_else(|| "this host".into())
+                );
+                file.set_len(0).map_err(|e| self.io(e))?;
+                file.write_all(holder.as_bytes()).map_err(|e| self.io(e))?;
+                file.sync_all().map_err(|e| self.io(e))?;
+                self.lease = Some(file);
+                Ok(None)
+            }
+            Err(fs::TryLockError::WouldBlock) => {
+                let holder = fs::read_to_string(&lock_path).unwrap_or_default();
+                Ok(Some(if holder.trim().is_empty() {
+                    format!("a process holding {}", lock_path.display())
+                } else {
+                    holder.trim().to_owned()
+                }))
+            }
+            Err(fs::TryLockError::Error(e)) => Err(self.io(e)),
         }
     }
 
@@ -68,6 +121,15 @@ impl FileStore {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// The host name, for naming the lease holder.
+fn hostname() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| fs::read_to_string("/etc/hostname"))
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
@@ -134,5 +196,28 @@ mod tests {
         let err = FileStore::new(&path, "billing").load().unwrap_err();
         assert!(err.to_string().contains("checkpoint.stream_name"), "{err}");
         fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn one_process_holds_the_lease_and_the_next_takes_it_when_it_is_gone() {
+        let dir = temp_dir();
+        let path = dir.join("cp.json");
+        let mut active = FileStore::new(&path, "s");
+        assert_eq!(active.try_lease().unwrap(), None);
+        assert_eq!(
+            active.try_lease().unwrap(),
+            None,
+            "held: taking it again is a no-op"
+        );
+        // Another open file on the same lock: what a second process sees.
+        let mut standby = FileStore::new(&path, "s");
+        let holder = standby
+            .try_lease()
+            .unwrap()
+            .expect("held by the active one");
+        assert!(holder.contains(&std::process::id().to_string()), "{holder}");
+        drop(active);
+        assert_eq!(standby.try_lease().unwrap(), None, "taken over");
+        fs::remove_dir_all(dir).ok();
     }
 }

@@ -6,6 +6,15 @@
 //!
 //! Stores are keyed by a stream name, so several pollers can share one file
 //! directory or one database table.
+//!
+//! **One writer per stream.** Before it reads the checkpoint, a run takes the
+//! stream's exclusive lease ([`CheckpointStore::acquire_lease`]): an OS file lock on
+//! `<checkpoint>.lock` for the file store, an `sp_getapplock` held by the store's own
+//! session for the table store. A second process on the same stream waits as a hot
+//! standby, says for whom, and takes over within a second or two when the holder dies
+//! (the OS or the server releases the lock with the process or its session). Every
+//! checkpoint write is fenced: the table store re-takes the lock on any new
+//! connection before it writes, and stops the run if another process holds it.
 
 pub mod file;
 pub mod memory;
@@ -40,6 +49,10 @@ pub enum CheckpointError {
     )]
     Corrupt { location: String, reason: String },
     #[error(
+        "checkpoint {location}: another process took this stream's lease ({holder}); this one stops writing"
+    )]
+    LeaseLost { location: String, holder: String },
+    #[error(
         "checkpoint {location} belongs to stream `{found}`, not `{expected}` (checkpoint.stream_name)"
     )]
     OtherStream {
@@ -63,7 +76,47 @@ pub enum CheckpointStore {
     Memory(memory::MemoryStore),
 }
 
+/// How often a standby tries for the lease.
+pub const LEASE_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 impl CheckpointStore {
+    /// Takes the stream's exclusive lease, waiting as a hot standby while another
+    /// process holds it. `Ok(false)` when `stop` was cancelled while waiting.
+    pub async fn acquire_lease(
+        &mut self,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Result<bool, CheckpointError> {
+        let mut waiting_since: Option<std::time::Instant> = None;
+        let mut last_report = std::time::Instant::now();
+        loop {
+            let holder = match self {
+                CheckpointStore::File(s) => s.try_lease()?,
+                CheckpointStore::Table(s) => s.try_lease().await?,
+                CheckpointStore::Memory(_) => None,
+            };
+            let Some(holder) = holder else {
+                if let Some(since) = waiting_since {
+                    tracing::info!(
+                        waited_ms = since.elapsed().as_millis() as u64,
+                        "took over the stream's lease: this process is now the active one"
+                    );
+                }
+                return Ok(true);
+            };
+            if waiting_since.is_none()
+                || last_report.elapsed() >= std::time::Duration::from_secs(60)
+            {
+                tracing::info!(held_by = %holder, "hot standby: another process holds this stream's lease (checkpoint.stream_name); waiting to take over");
+                last_report = std::time::Instant::now();
+            }
+            waiting_since.get_or_insert_with(std::time::Instant::now);
+            tokio::select! {
+                () = tokio::time::sleep(LEASE_RETRY) => {}
+                () = stop.cancelled() => return Ok(false),
+            }
+        }
+    }
+
     pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {
         match self {
             CheckpointStore::File(s) => s.load(),

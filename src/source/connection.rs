@@ -257,6 +257,9 @@ pub struct SqlConnection {
     settings: SqlServerConfig,
     client: Option<TdsClient>,
     connected_before: bool,
+    /// Connections opened so far: session state (an application lock) lives only as
+    /// long as one generation.
+    generation: u64,
 }
 
 impl SqlConnection {
@@ -265,7 +268,18 @@ impl SqlConnection {
             settings,
             client: None,
             connected_before: false,
+            generation: 0,
         }
+    }
+
+    /// Counts the connections opened: a change means a new session.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether a connection is open now.
+    pub fn is_open(&self) -> bool {
+        self.client.is_some()
     }
 
     pub fn settings(&self) -> &SqlServerConfig {
@@ -290,6 +304,7 @@ impl SqlConnection {
             })?;
             self.client = Some(client);
             self.connected_before = true;
+            self.generation += 1;
         }
         let Some(client) = self.client.as_mut() else {
             return Err(SqlError {

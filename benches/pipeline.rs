@@ -107,7 +107,7 @@ fn main() {
     // End to end.
     let dir = std::env::temp_dir().join(format!("mssql-ces-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    let Ok(sink) = KafkaSink::new(&settings) else {
+    let Ok(sink) = KafkaSink::new(&settings, MessageSizeLimit::default().bytes()) else {
         return;
     };
     let poller = Poller::new(

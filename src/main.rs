@@ -270,7 +270,7 @@ async fn drive<S: ChangeSource + 'static>(
         SinkKind::Kafka => {
             let settings = KafkaSettings::new(&config.sink, max_bytes, None)?;
             (
-                Sink::Kafka(KafkaSink::new(&settings)?),
+                Sink::Kafka(KafkaSink::new(&settings, max_bytes)?),
                 config.sink.topic.clone().unwrap_or_else(|| "ces".into()),
             )
         }
@@ -334,7 +334,7 @@ async fn drive<S: ChangeSource + 'static>(
                 "sink.topic: name the event hub, or put EntityPath= in the connection string",
             )?;
             let settings = KafkaSettings::new(&config.sink, max_bytes, Some(&secret))?;
-            (Sink::Kafka(KafkaSink::new(&settings)?), topic)
+            (Sink::Kafka(KafkaSink::new(&settings, max_bytes)?), topic)
         }
     };
     let event = config.event.clone();

@@ -157,7 +157,10 @@ pub async fn run<S: ChangeSource + 'static>(
                     summary.messages += 1;
                     summary.bytes += message.payload.len() as u64;
                     // A full producer queue (brokers down) must not hold a shutdown.
+                    // `biased`: a send that can complete does, so a shutdown cuts a
+                    // batch short only while the queue is really full.
                     let delivery = tokio::select! {
+                        biased;
                         delivery = sink.send(message) => delivery?,
                         () = shutdown.cancelled() => return Ok(()),
                     };
@@ -165,6 +168,7 @@ pub async fn run<S: ChangeSource + 'static>(
                 }
             }
             tokio::select! {
+                biased;
                 ended = sink.end_batch() => ended?,
                 () = shutdown.cancelled() => return Ok(()),
             }
@@ -175,6 +179,7 @@ pub async fn run<S: ChangeSource + 'static>(
                 position,
             };
             let sent = tokio::select! {
+                biased;
                 sent = tx.send(pending) => sent,
                 () = shutdown.cancelled() => return Ok(()),
             };

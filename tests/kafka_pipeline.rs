@@ -71,7 +71,7 @@ async fn run(
 ) -> RunSummary {
     let settings =
         KafkaSettings::new(&sink_settings(bootstrap), 128 * 1024, None).expect("settings");
-    let sink = Sink::Kafka(KafkaSink::new(&settings).expect("sink"));
+    let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
     let router = Router::new(
         topic,
         scheme,
@@ -338,7 +338,7 @@ async fn a_broker_outage_mid_run_loses_nothing() {
     let expected = expected(transactions, Encoding::Json).await;
     let settings =
         KafkaSettings::new(&sink_settings(&bootstrap), 128 * 1024, None).expect("settings");
-    let sink = Sink::Kafka(KafkaSink::new(&settings).expect("sink"));
+    let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
     let router = Router::new(
         "outage",
         PartitionKeyScheme::PrimaryKey,

@@ -8,6 +8,7 @@
 //! from the event's `logicalid` so that its segments stay together.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -38,6 +39,9 @@ pub const EVENT_HUBS_MAX_MESSAGE_KB: usize =
 /// What the Kafka producer is given (secrets included: never log this).
 pub struct KafkaSettings {
     pub properties: Vec<(String, String)>,
+    /// Whether each topic's `max.message.bytes` is read and checked (not for Event
+    /// Hubs, whose limit the configuration enforces).
+    pub check_topic_limits: bool,
 }
 
 /// `Endpoint=sb://<namespace>.servicebus.windows.net/;…;EntityPath=<hub>` →
@@ -143,17 +147,47 @@ impl KafkaSettings {
             }
         }
         properties.extend(sink.kafka.iter().map(|(k, v)| (k.clone(), v.clone())));
-        Ok(KafkaSettings { properties })
+        Ok(KafkaSettings {
+            properties,
+            check_topic_limits: sink.kind == SinkKind::Kafka,
+        })
     }
+}
+
+/// Room for the key, headers and record framing of a message in a produce request,
+/// which the topic's `max.message.bytes` must leave besides the largest segment.
+const RECORD_OVERHEAD_BYTES: usize = 1024;
+
+/// How a topic's `max.message.bytes` compares with the largest message: an error
+/// naming both settings when a segment cannot fit.
+pub fn check_topic_limit(
+    topic: &str,
+    topic_limit: usize,
+    largest_message: usize,
+) -> Result<(), SinkError> {
+    if largest_message + RECORD_OVERHEAD_BYTES > topic_limit {
+        return Err(SinkError::Config(format!(
+            "topic {topic} accepts messages up to {topic_limit} bytes (its max.message.bytes, or the broker's message.max.bytes), but event.max_message_size_kb = {} allows segments of {largest_message} bytes plus about {RECORD_OVERHEAD_BYTES} of headers: raise the topic's max.message.bytes or lower event.max_message_size_kb",
+            largest_message / 1024
+        )));
+    }
+    Ok(())
 }
 
 pub struct KafkaSink {
     producer: FutureProducer,
     partitions: HashMap<String, i32>,
+    admin: Option<Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>>,
+    /// The largest message the encoder makes, checked against each topic's limit.
+    largest_message: usize,
+    checked_topics: std::collections::HashSet<String>,
+    topic_error: Arc<Mutex<Option<SinkError>>>,
 }
 
 impl KafkaSink {
-    pub fn new(settings: &KafkaSettings) -> Result<Self, SinkError> {
+    /// A producer; `largest_message` (the encoder's `max_message_size_kb` in bytes) is
+    /// checked against each topic's `max.message.bytes` before the first message to it.
+    pub fn new(settings: &KafkaSettings, largest_message: usize) -> Result<Self, SinkError> {
         let mut config = ClientConfig::new();
         for (key, value) in &settings.properties {
             config.set(key, value);
@@ -162,10 +196,93 @@ impl KafkaSink {
         let producer: FutureProducer = config
             .create()
             .map_err(|e| SinkError::Config(format!("cannot create the Kafka producer: {e}")))?;
+        // The admin client needs only where and how to connect.
+        let mut admin_config = ClientConfig::new();
+        for (key, value) in &settings.properties {
+            let connection = key == "bootstrap.servers"
+                || key.starts_with("security.")
+                || key.starts_with("sasl.")
+                || key.starts_with("ssl.")
+                || key.starts_with("socket.");
+            if connection {
+                admin_config.set(key, value);
+            }
+        }
+        // Event Hubs' endpoint limit is enforced by the configuration instead.
+        let admin = (settings.check_topic_limits)
+            .then(|| admin_config.create().ok().map(Arc::new))
+            .flatten();
         Ok(KafkaSink {
             producer,
             partitions: HashMap::new(),
+            admin,
+            largest_message,
+            checked_topics: std::collections::HashSet::new(),
+            topic_error: Arc::new(Mutex::new(None)),
         })
+    }
+
+    /// Reads `topic`'s `max.message.bytes` (the admin API's DescribeConfigs, which
+    /// reports the broker's `message.max.bytes` where the topic does not override it)
+    /// in the background, so that a broker slow to answer never holds deliveries; a
+    /// limit below the largest segment fails the next send, naming both settings.
+    /// Where the limit cannot be read (no such topic yet, an endpoint without the
+    /// API), says so and goes on.
+    fn check_topic(&mut self, topic: &str) {
+        if !self.checked_topics.insert(topic.to_owned()) {
+            return;
+        }
+        let Some(admin) = self.admin.clone() else {
+            return;
+        };
+        let (topic, largest, verdict) = (
+            topic.to_owned(),
+            self.largest_message,
+            Arc::clone(&self.topic_error),
+        );
+        tokio::spawn(async move {
+            let options =
+                rdkafka::admin::AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
+            let resource = rdkafka::admin::ResourceSpecifier::Topic(&topic);
+            let described = tokio::time::timeout(
+                Duration::from_secs(35),
+                admin.describe_configs([&resource], &options),
+            )
+            .await;
+            let limit = match described {
+                Ok(Ok(results)) => results
+                    .into_iter()
+                    .next()
+                    .and_then(|r| r.ok())
+                    .and_then(|c| c.get("max.message.bytes").and_then(|e| e.value.clone()))
+                    .and_then(|v| v.parse::<usize>().ok()),
+                Ok(Err(_)) | Err(_) => None,
+            };
+            match limit {
+                Some(limit) => match check_topic_limit(&topic, limit, largest) {
+                    Ok(()) => tracing::debug!(
+                        topic,
+                        max_message_bytes = limit,
+                        "the topic's limit fits the largest segment"
+                    ),
+                    Err(e) => {
+                        if let Ok(mut slot) = verdict.lock() {
+                            *slot = Some(e);
+                        }
+                    }
+                },
+                None => tracing::warn!(
+                    topic,
+                    largest_message = largest,
+                    "cannot read the topic's max.message.bytes (no such topic yet, or the endpoint does not answer DescribeConfigs): make sure it, or the broker's message.max.bytes, exceeds event.max_message_size_kb"
+                ),
+            }
+        });
+    }
+
+    /// A topic limit found too small, if any.
+    fn topic_error(&self) -> Option<SinkError> {
+        self.topic_error.lock().ok().and_then(|slot| slot.clone())
     }
 
     /// The number of partitions of `topic` (asked once, then remembered).
@@ -198,6 +315,12 @@ impl KafkaSink {
     }
 
     pub async fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
+        if let Some(e) = self.topic_error() {
+            return Err(e);
+        }
+        if !self.checked_topics.contains(&message.topic) {
+            self.check_topic(&message.topic);
+        }
         let partition = match message.partition_hint {
             Some(hint) => {
                 let count = self.partition_count(&message.topic).await?;
@@ -279,6 +402,19 @@ mod tests {
         consistent.partitioner = crate::config::Partitioner::ConsistentRandom;
         let s = KafkaSettings::new(&consistent, 256 * 1024, None).unwrap();
         assert_eq!(get(&s, "partitioner"), Some("consistent_random"));
+    }
+
+    #[test]
+    fn a_topic_limit_below_the_largest_segment_names_both_settings() {
+        assert!(check_topic_limit("ces", 1_048_588, 1_024 * 1_024).is_err());
+        let err = check_topic_limit("ces", 1_048_588, 1_024 * 1_024)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max.message.bytes"), "{err}");
+        assert!(err.contains("event.max_message_size_kb"), "{err}");
+        assert!(check_topic_limit("ces", 1_048_588, 1_000 * 1_024).is_ok());
+        assert!(check_topic_limit("ces", 300_000, 256 * 1_024).is_ok());
+        assert!(check_topic_limit("ces", 262_144, 256 * 1_024).is_err());
     }
 
     #[test]

@@ -95,6 +95,8 @@ struct SimTable {
     schema: String,
     name: String,
     columns: Vec<SimColumn>,
+    /// The column names, shared by every row image taken while they hold.
+    names: Arc<[String]>,
     key: Vec<String>,
     /// Current rows by the text of their key values.
     rows: BTreeMap<Vec<String>, Vec<Value>>,
@@ -119,8 +121,13 @@ impl SimTable {
         key_text(&values)
     }
 
-    fn column_names(&self) -> Vec<String> {
-        self.columns.iter().map(|c| c.name.clone()).collect()
+    fn column_names(&self) -> Arc<[String]> {
+        Arc::clone(&self.names)
+    }
+
+    /// Re-derives `names` after a change to `columns`.
+    fn columns_changed(&mut self) {
+        self.names = self.columns.iter().map(|c| c.name.clone()).collect();
     }
 }
 
@@ -143,7 +150,7 @@ struct Image {
     operation: u8,
     command_id: i32,
     seqval: Lsn,
-    columns: Vec<String>,
+    columns: Arc<[String]>,
     old: Option<Vec<Value>>,
     new: Option<Vec<Value>>,
     changed: Option<Vec<String>>,
@@ -695,6 +702,7 @@ impl CdcSimulator {
             SimTable {
                 schema: schema.into(),
                 name: name.into(),
+                names: columns.iter().map(|c| c.name.clone()).collect(),
                 columns,
                 key: key.iter().map(|k| k.to_string()).collect(),
                 rows: BTreeMap::new(),
@@ -826,6 +834,7 @@ impl CdcSimulator {
             .get_mut(table)
             .ok_or(format!("no table {table}"))?;
         change(t)?;
+        t.columns_changed();
         state.log.push(LogRecord::Ddl {
             table: table.into(),
             lsn,

@@ -209,6 +209,16 @@ fn catalog_error(error: DecodeError) -> SourceError {
     }
 }
 
+/// A catalog integer in the range of `T`, or an error naming the column.
+fn narrow<T: TryFrom<i64>>(column: &str, value: i64) -> Result<T, SourceError> {
+    T::try_from(value).map_err(|_| {
+        catalog_error(DecodeError {
+            column: column.to_owned(),
+            message: format!("{value} is out of range"),
+        })
+    })
+}
+
 /// Combines the fingerprint's parts into one number.
 pub fn fingerprint(row: &mut NamedRow) -> Result<CatalogVersion, DecodeError> {
     let checksum = row.opt_int("tables_checksum")?.unwrap_or(0);
@@ -271,12 +281,7 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
             name,
             schema,
             table,
-            object_id: i32::try_from(object_id).map_err(|_| {
-                catalog_error(DecodeError {
-                    column: "object_id".into(),
-                    message: format!("{object_id} is out of range"),
-                })
-            })?,
+            object_id: narrow("object_id", object_id)?,
             start_lsn: row
                 .opt_lsn("start_lsn")
                 .map_err(catalog_error)?
@@ -305,12 +310,7 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
         server,
         database,
         database_guid,
-        server_utc_offset_minutes: i32::try_from(offset).map_err(|_| {
-            catalog_error(DecodeError {
-                column: "utc_offset_minutes".into(),
-                message: format!("{offset} is out of range"),
-            })
-        })?,
+        server_utc_offset_minutes: narrow("utc_offset_minutes", offset)?,
         server_time_zone,
         version,
         invisible,

@@ -13,9 +13,10 @@ use crate::source::poller::Position;
 pub const CHECKPOINT_READ: &str =
     "SELECT position FROM dbo.mssql_ces_checkpoint WHERE stream_name = @P1;";
 
-/// Upsert of a stream's position. The lease keeps it to one writer per stream;
-/// `HOLDLOCK` still makes the first insert of a key safe against a racing one.
-pub const CHECKPOINT_WRITE: &str = "MERGE dbo.mssql_ces_checkpoint WITH (HOLDLOCK) AS t \
+/// Upsert of a stream's position. The lease (`LEASE_ACQUIRE`, taken again before a
+/// write on any new connection) keeps it to one writer per stream, so the first
+/// insert of a key cannot race another.
+pub const CHECKPOINT_WRITE: &str = "MERGE dbo.mssql_ces_checkpoint AS t \
 USING (SELECT @P1 AS stream_name, @P2 AS position) AS s \
 ON t.stream_name = s.stream_name \
 WHEN MATCHED THEN UPDATE SET position = s.position, updated_at = SYSUTCDATETIME() \
@@ -24,13 +25,16 @@ VALUES (s.stream_name, s.position, SYSUTCDATETIME());";
 
 /// The stream's lease: an exclusive application lock owned by this session, released
 /// by the server when the session ends (the process dies, the connection drops).
-/// `@P1` the resource name. Returns 0 or 1 when granted, -1 when another session holds
-/// it (no wait: `@LockTimeout = 0`).
+/// `@P1` the resource name, `@P2` how long to wait for it in ms. `APPLOCK_MODE` then
+/// says whether this session holds it (`Exclusive`) or not (`NoLock`).
 /// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sp-getapplock-transact-sql>
-pub const LEASE_ACQUIRE: &str = "DECLARE @result int; \
-EXEC @result = sys.sp_getapplock @Resource = @P1, @LockMode = N'Exclusive', \
-@LockOwner = N'Session', @LockTimeout = 0; \
-SELECT @result AS result;";
+pub const LEASE_ACQUIRE: &str = "EXEC sys.sp_getapplock @Resource = @P1, \
+@LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = @P2; \
+SELECT APPLOCK_MODE(N'public', @P1, N'Session') AS lock_mode;";
+
+/// How long a new connection waits for the lease before a write: the session this
+/// process lost may not be ended by the server yet.
+const FENCE_WAIT_MS: i32 = 30_000;
 
 pub struct TableStore {
     conn: SqlConnection,
@@ -73,24 +77,30 @@ impl TableStore {
         format!("mssql-ces:{}", self.stream_name)
     }
 
-    /// Tries to take the lease on the current connection: `None` when taken, else a
-    /// description of the holder.
-    pub async fn try_lease(&mut self) -> Result<Option<String>, CheckpointError> {
+    /// Tries to take the lease on the current connection, waiting up to `wait_ms`:
+    /// `None` when taken, else a description of the holder.
+    async fn lease(&mut self, wait_ms: i32) -> Result<Option<String>, CheckpointError> {
         let resource = self.resource();
-        let rows = self.query(LEASE_ACQUIRE, &[&resource]).await?;
-        let result: Option<i32> = rows
+        let rows = self.query(LEASE_ACQUIRE, &[&resource, &wait_ms]).await?;
+        let mode: Option<String> = rows
             .first()
-            .and_then(|row| row.try_get::<i32, _>("result").ok().flatten());
-        match result {
-            Some(r) if r >= 0 => {
+            .and_then(|row| row.try_get::<&str, _>("lock_mode").ok().flatten())
+            .map(str::to_owned);
+        match mode.as_deref() {
+            Some("Exclusive") => {
                 self.leased_on = Some(self.conn.generation());
                 Ok(None)
             }
-            Some(-1) => Ok(Some(format!(
+            Some(_) => Ok(Some(format!(
                 "another session holds application lock `{resource}`"
             ))),
-            other => Err(error(format!("sp_getapplock answered {other:?}"))),
+            None => Err(error("APPLOCK_MODE answered nothing")),
         }
+    }
+
+    /// Tries to take the lease without waiting (a standby's poll).
+    pub async fn try_lease(&mut self) -> Result<Option<String>, CheckpointError> {
+        self.lease(0).await
     }
 
     /// Before a write: the lease must be held on this very connection; a new one
@@ -99,7 +109,7 @@ impl TableStore {
         if self.leased_on.is_some_and(|g| g == self.conn.generation()) && self.conn.is_open() {
             return Ok(());
         }
-        if let Some(holder) = self.try_lease().await? {
+        if let Some(holder) = self.lease(FENCE_WAIT_MS).await? {
             return Err(CheckpointError::LeaseLost {
                 location: LOCATION.into(),
                 holder,

@@ -90,11 +90,14 @@ ORDER BY ct.create_date, ct.capture_instance;";
 
 /// Captured columns: type facts from the change table's column (`chg`), and from the
 /// source table (`src`, matched by `cdc.captured_columns.column_id`) the column's
-/// 0-based position, NULL once the column was dropped.
+/// 0-based position, NULL once the column was dropped. CLR types (geography,
+/// geometry, hierarchyid: `system_type_id` 240, which `TYPE_NAME` does not know) are
+/// named by `sys.types.name`, so that they are left out as CES leaves them out.
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-captured-columns-transact-sql>
 pub const CAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, cc.column_name, \
 cc.column_ordinal, cc.column_type, \
-TYPE_NAME(chg.system_type_id) AS type_name, ty.is_user_defined, \
+CASE WHEN ty.is_assembly_type = 1 THEN ty.name ELSE TYPE_NAME(chg.system_type_id) END \
+AS type_name, ty.is_user_defined, chg.column_id AS change_column_id, \
 chg.max_length, chg.precision, chg.scale, \
 (SELECT COUNT(*) FROM sys.columns AS prior \
 WHERE prior.object_id = src.object_id AND prior.column_id < src.column_id) AS table_index, \
@@ -325,6 +328,7 @@ pub fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError
     let declared = row.opt_string("column_type")?.unwrap_or_default();
     let base = row.opt_string("type_name")?;
     let user_defined = row.opt_int("is_user_defined")? == Some(1);
+    let in_change_table = row.opt_int("change_column_id")?.is_some();
     let max_length = row.opt_int("max_length")?;
     let precision = row.opt_int("precision")?;
     let scale = row.opt_int("scale")?;
@@ -332,6 +336,13 @@ pub fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError
         Some(_) => row.opt_int("table_index")?,
         None => None,
     };
+    if !in_change_table {
+        // The change table has no such column: the catalog cannot be trusted.
+        return Err(DecodeError {
+            column: name,
+            message: "is listed in cdc.captured_columns but not in its change table".into(),
+        });
+    }
     let sql_type = match (base, max_length, precision, scale) {
         _ if user_defined => Err(TypeError::UserDefined {
             type_name: declared,
@@ -342,13 +353,10 @@ pub fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError
             u8::try_from(p).unwrap_or(u8::MAX),
             u8::try_from(s).unwrap_or(u8::MAX),
         ),
-        // The change table has no such column: the catalog cannot be trusted.
-        _ => {
-            return Err(DecodeError {
-                column: name,
-                message: "is listed in cdc.captured_columns but not in its change table".into(),
-            });
-        }
+        // A type without a name here: left out, as CES leaves unknown types out.
+        (base, ..) => Err(TypeError::Excluded {
+            type_name: base.unwrap_or(declared),
+        }),
     };
     let out_of_range = |what: &str, value: i64| DecodeError {
         column: name.clone(),
@@ -423,6 +431,14 @@ mod tests {
     }
 
     fn column_row(source_column_id: Option<i32>, type_name: Option<&'static str>) -> NamedRow {
+        column_row_in(source_column_id, type_name, Some(4))
+    }
+
+    fn column_row_in(
+        source_column_id: Option<i32>,
+        type_name: Option<&'static str>,
+        change_column_id: Option<i32>,
+    ) -> NamedRow {
         let text = |s: &'static str| ColumnData::String(Some(Cow::Borrowed(s)));
         NamedRow::from_pairs(vec![
             ("column_name", text("Qty")),
@@ -433,6 +449,7 @@ mod tests {
                 ColumnData::String(type_name.map(Cow::Borrowed)),
             ),
             ("is_user_defined", ColumnData::Bit(Some(false))),
+            ("change_column_id", ColumnData::I32(change_column_id)),
             ("max_length", ColumnData::I16(Some(4))),
             ("precision", ColumnData::U8(Some(10))),
             ("scale", ColumnData::U8(Some(0))),
@@ -459,8 +476,19 @@ mod tests {
 
     #[test]
     fn a_column_missing_from_the_change_table_is_an_error() {
-        let err = captured_column(&mut column_row(Some(3), None)).unwrap_err();
+        let err = captured_column(&mut column_row_in(Some(3), Some("int"), None)).unwrap_err();
         assert!(err.to_string().contains("Qty"), "{err}");
+    }
+
+    #[test]
+    fn clr_and_unnamed_types_are_left_out_not_fatal() {
+        let geography = captured_column(&mut column_row(Some(3), Some("geography"))).unwrap();
+        assert!(matches!(
+            geography.sql_type,
+            Err(TypeError::Excluded { .. })
+        ));
+        let unnamed = captured_column(&mut column_row(Some(3), None)).unwrap();
+        assert!(matches!(unnamed.sql_type, Err(TypeError::Excluded { .. })));
     }
 
     #[test]

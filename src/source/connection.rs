@@ -79,10 +79,12 @@ pub type TdsClient = Client<Compat<TcpStream>>;
 /// broken or timed out, 4060 database unavailable (only after a first successful
 /// connection: before it, the name is more likely wrong), 4221, 10928/10929 and
 /// 40501 resource limits, 40143/40197/40540/40613/42108/42109/49918–49920 Azure SQL
-/// failover and service busy — plus the socket errors 64, 10053 and 10054.
+/// failover and service busy — plus the socket errors 64, 10053 and 10054, and the
+/// availability-group failover errors 976, 978 and 983 (database not accessible
+/// while the new primary comes up).
 pub const TRANSIENT_ERRORS: &[u32] = &[
     233, 997, 1204, 1205, 1222, 4221, 10060, 10928, 10929, 40143, 40197, 40501, 40540, 40613,
-    42108, 42109, 49918, 49919, 49920, 64, 10053, 10054,
+    42108, 42109, 49918, 49919, 49920, 64, 10053, 10054, 976, 978, 983,
 ];
 
 /// Permission errors: 229/230 permission denied on an object or column, 262 permission

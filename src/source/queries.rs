@@ -83,12 +83,10 @@ fn column_expression(name: &str, sql_type: SqlType) -> String {
     let column = format!("ct.{}", quote_name(name));
     let expression = match sql_type {
         SqlType::Money | SqlType::SmallMoney => format!("CAST({column} AS decimal(19,4))"),
-        SqlType::Char(length) => format!(
-            "CAST(CAST({column} AS {}) AS {})",
-            unicode("nchar", length),
-            utf16_bytes(length)
-        ),
-        SqlType::VarChar(length) => format!(
+        // `char(n)` holds n bytes, which in a UTF-8 or double-byte collation can be
+        // fewer than n characters: `nvarchar(n)` keeps exactly the stored padding,
+        // where `nchar(n)` would add spaces.
+        SqlType::Char(length) | SqlType::VarChar(length) => format!(
             "CAST(CAST({column} AS {}) AS {})",
             unicode("nvarchar", length),
             utf16_bytes(length)
@@ -101,11 +99,10 @@ fn column_expression(name: &str, sql_type: SqlType) -> String {
     format!("{expression} AS {}", quote_name(name))
 }
 
-/// `nchar(n)`/`nvarchar(n)` holding `n` characters (at most 4,000; `max` beyond).
+/// `nvarchar(n)` holding `n` characters (at most 4,000; `max` beyond).
 fn unicode(kind: &str, length: Length) -> String {
     match length {
         Length::Bounded(n) if n <= 4000 => format!("{kind}({n})"),
-        _ if kind == "nchar" => "nvarchar(max)".to_owned(),
         _ => format!("{kind}(max)"),
     }
 }
@@ -313,8 +310,8 @@ mod tests {
             "{sql}"
         );
         assert!(
-            sql.contains("CAST(CAST(ct.[Code] AS nchar(10)) AS varbinary(20)) AS [Code]"),
-            "char keeps its padding through nchar: {sql}"
+            sql.contains("CAST(CAST(ct.[Code] AS nvarchar(10)) AS varbinary(20)) AS [Code]"),
+            "char keeps exactly its stored padding: {sql}"
         );
         assert!(
             sql.contains("CAST(CAST(ct.[Note] AS nvarchar(max)) AS varbinary(max)) AS [Note]"),

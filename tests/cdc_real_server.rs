@@ -600,3 +600,124 @@ async fn a_checkpoint_from_another_database_or_a_restored_copy_is_refused() {
         .unwrap_err();
     assert!(matches!(err, SourceError::OtherDatabase { .. }), "{err}");
 }
+
+#[tokio::test]
+async fn cleanup_past_the_switch_point_is_neither_a_gap_nor_a_repeat() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Email", SqlType::VarChar(Length::Bounded(100))),
+        Value::Null,
+    )
+    .unwrap();
+    sim.enable_table("dbo.T", Some("dbo_T_v2")).unwrap();
+    sim.advance_local_time(chrono::Duration::seconds(1));
+    for id in 2..5 {
+        sim.transaction()
+            .insert(
+                "dbo.T",
+                vec![Value::Int(id), Value::Text(format!("n{id}")), Value::Null],
+            )
+            .commit()
+            .unwrap();
+    }
+    assert_eq!(
+        names(&drain(&mut poller).await.unwrap()),
+        ["n2", "n3", "n4"]
+    );
+    let position = poller.position().clone();
+    assert!(
+        position.switches.contains_key("dbo_T"),
+        "the switch is remembered"
+    );
+    // Days later the cleanup job raises both instances' start_lsn past the switch
+    // (its low water mark is a cdc.lsn_time_mapping row the poller has passed).
+    let marker = sim.idle_marker();
+    assert!(drain(&mut poller).await.unwrap().is_empty());
+    let position = poller.position().clone();
+    sim.cleanup(marker);
+    assert_eq!(sim.start_lsn("dbo_T"), sim.start_lsn("dbo_T_v2"));
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(5), Value::Text("n5".into()), Value::Null],
+        )
+        .commit()
+        .unwrap();
+    for poller in [
+        &mut poller,
+        &mut Poller::new(sim.clone(), config(), Some(position)),
+    ] {
+        let changes = drain(poller).await.expect("no false gap");
+        assert_eq!(
+            names(&changes),
+            ["n5"],
+            "delivered once, by the newer instance"
+        );
+        assert_eq!(changes[0].table.columns().len(), 3);
+    }
+}
+
+#[tokio::test]
+async fn a_catalog_change_that_never_settles_stops_the_run() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    for _ in 0..5 {
+        sim.inject_fault(SourceError::CatalogChanged {
+            message: "Invalid column name 'x' (error 207)".into(),
+        });
+    }
+    let mut errors = Vec::new();
+    for _ in 0..5 {
+        errors.push(poller.poll().await.unwrap_err());
+    }
+    assert!(
+        errors[..4].iter().all(SourceError::is_transient),
+        "{errors:?}"
+    );
+    assert!(!errors[4].is_transient(), "{}", errors[4]);
+    assert!(errors[4].to_string().contains("error 207"), "{}", errors[4]);
+    // One success resets the count.
+    assert_eq!(names(&drain(&mut poller).await.unwrap()), ["a"]);
+}
+
+#[tokio::test]
+async fn a_table_invisible_for_a_while_keeps_its_position() {
+    let sim = database();
+    sim.create_table(
+        "dbo",
+        "U",
+        vec![SimColumn::new("Id", SqlType::Int)],
+        &["Id"],
+    );
+    sim.enable_table("dbo.T", None).unwrap();
+    sim.enable_table("dbo.U", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    // An exclude pattern: the filter cannot tell whether an invisible table is wanted.
+    let config = PollerConfig {
+        filter: TableFilter::new(vec![], vec!["dbo.tmp_*".into()]),
+        ..config()
+    };
+    let mut poller = Poller::new(sim.clone(), config, None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    sim.hide_table("dbo.T");
+    insert(&sim, "dbo.U", vec![Value::Int(1)]);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    assert!(
+        poller.position().instances.contains_key("dbo_T"),
+        "the invisible table's position is kept"
+    );
+    sim.show_table("dbo.T");
+    insert(&sim, "dbo.T", row(2, "b"));
+    assert_eq!(
+        names(&drain(&mut poller).await.unwrap()),
+        ["b"],
+        "no repeat of a"
+    );
+}

@@ -141,6 +141,7 @@ mod tests {
     use super::*;
     use crate::lsn::Lsn;
     use crate::source::poller::EventPosition;
+    use std::collections::BTreeMap;
 
     fn position() -> Position {
         Position {
@@ -152,6 +153,7 @@ mod tests {
             change_tables: [("dbo_Orders".to_string(), 1_205_579_333)].into(),
             sink_length: Some(4096),
             source: None,
+            switches: BTreeMap::new(),
         }
     }
 

@@ -54,11 +54,17 @@ CAST(SERVERPROPERTY('EngineEdition') AS int) AS engine_edition, \
 DATEPART(TZOFFSET, SYSDATETIMEOFFSET()) AS utc_offset_minutes \
 FROM sys.databases AS d WHERE d.database_id = DB_ID();";
 
-/// The database GUID on SQL Server and Managed Instance. No row unless the login owns
-/// the database or has `VIEW ANY DATABASE` (or `ALTER ANY DATABASE`).
+/// The database's GUID on SQL Server and Managed Instance: in an availability group
+/// `sys.databases.group_database_id`, which every replica shares (each replica's own
+/// `database_guid` differs: a restore makes a new one), so a failover keeps the
+/// stream; otherwise `sys.database_recovery_status.database_guid`, which has no row
+/// unless the login owns the database or has `VIEW ANY DATABASE`.
 /// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-database-recovery-status-transact-sql>
-pub const DATABASE_GUID: &str = "SELECT database_guid FROM sys.database_recovery_status \
-WHERE database_id = DB_ID();";
+pub const DATABASE_GUID: &str = "SELECT COALESCE(d.group_database_id, drs.database_guid) \
+AS database_guid \
+FROM sys.databases AS d \
+LEFT JOIN sys.database_recovery_status AS drs ON drs.database_id = d.database_id \
+WHERE d.database_id = DB_ID();";
 
 /// The database GUID on Azure SQL Database (`logical_database_guid` stays the same
 /// for the life of the database). Needs `VIEW DATABASE STATE`.

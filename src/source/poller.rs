@@ -132,6 +132,19 @@ pub struct Position {
     /// copy, which has a new GUID) is refused. Absent in checkpoints written before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<Box<SourceIdentity>>,
+    /// Per older capture instance of a table with two: the newer instance and the
+    /// LSN where reading switches to it, as first seen. Kept because the cleanup job
+    /// later raises both instances' `start_lsn` alike, after which the catalog no
+    /// longer tells where the switch was.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub switches: BTreeMap<String, Switch>,
+}
+
+/// Where an older capture instance hands over to a newer one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Switch {
+    pub to: String,
+    pub at: Lsn,
 }
 
 /// The server, database and stream a position belongs to.
@@ -225,7 +238,13 @@ pub struct Poller<S> {
     /// Since when an instance's `min_lsn` has been 0x00.
     unreadable_since: BTreeMap<String, Instant>,
     stream_guid: Option<Uuid>,
+    /// `CatalogChanged` errors in a row, each after the catalog was read again.
+    catalog_changes_in_a_row: u32,
 }
+
+/// After this many `CatalogChanged` errors in a row, each after a fresh catalog, the
+/// error is not the catalog moving but a defect: it stops the run instead.
+const CATALOG_CHANGED_LIMIT: u32 = 5;
 
 impl<S: ChangeSource> Poller<S> {
     /// A poller starting at `position` (from a checkpoint), or at
@@ -248,6 +267,7 @@ impl<S: ChangeSource> Poller<S> {
             waiting_for: Vec::new(),
             unreadable_since: BTreeMap::new(),
             stream_guid: None,
+            catalog_changes_in_a_row: 0,
         }
     }
 
@@ -292,7 +312,26 @@ impl<S: ChangeSource> Poller<S> {
             // Whatever failed, the catalog may be why: read it again first.
             self.catalog_stale = true;
         }
-        result
+        match result {
+            Err(SourceError::CatalogChanged { message }) => {
+                self.catalog_changes_in_a_row += 1;
+                if self.catalog_changes_in_a_row >= CATALOG_CHANGED_LIMIT {
+                    return Err(SourceError::Definite {
+                        message: format!(
+                            "{message} (still so after reading the CDC catalog again {} times)",
+                            self.catalog_changes_in_a_row
+                        ),
+                    });
+                }
+                Err(SourceError::CatalogChanged { message })
+            }
+            other => {
+                if other.is_ok() {
+                    self.catalog_changes_in_a_row = 0;
+                }
+                other
+            }
+        }
     }
 
     async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
@@ -396,26 +435,49 @@ impl<S: ChangeSource> Poller<S> {
                 continue;
             };
             self.warn_left_out_columns(instance);
-            let same_table = |other: &&&CaptureInstance| {
+            // Newer: created later (the object id breaks a tie), never judged by
+            // start_lsn, which the cleanup job raises on both alike.
+            let newer = |other: &&&CaptureInstance| {
                 other.schema == instance.schema
                     && other.table == instance.table
-                    && other.object_id != instance.object_id
+                    && (other.create_date, other.object_id)
+                        > (instance.create_date, instance.object_id)
             };
-            // A newer instance whose start_lsn is not set yet: where this one ends
-            // is unknown until it is.
-            if let Some(newer) = included
-                .iter()
-                .filter(same_table)
-                .find(|o| o.start_lsn.is_none())
-            {
-                waiting_for.push(newer.name.clone());
-            }
-            let superseded_at = included
-                .iter()
-                .filter(same_table)
-                .filter_map(|o| o.start_lsn)
-                .filter(|other_start| *other_start > start_lsn)
-                .min();
+            let recorded = self
+                .position
+                .switches
+                .get(&instance.name)
+                .filter(|s| included.iter().any(|o| o.name == s.to))
+                .map(|s| s.at);
+            let superseded_at = match recorded {
+                Some(at) => Some(at),
+                None => {
+                    // A newer instance whose start_lsn is not set yet: where this one
+                    // ends is unknown until it is.
+                    if let Some(pending) = included
+                        .iter()
+                        .filter(newer)
+                        .find(|o| o.start_lsn.is_none())
+                    {
+                        waiting_for.push(pending.name.clone());
+                    }
+                    let switch = included
+                        .iter()
+                        .filter(newer)
+                        .filter_map(|o| o.start_lsn.map(|at| (at, o.name.clone())))
+                        .min();
+                    if let Some((at, to)) = &switch {
+                        self.position.switches.insert(
+                            instance.name.clone(),
+                            Switch {
+                                to: to.clone(),
+                                at: (*at).max(start_lsn),
+                            },
+                        );
+                    }
+                    switch.map(|(at, _)| at.max(start_lsn))
+                }
+            };
             let context = Arc::new(InstanceContext::new(instance, &catalog.database)?);
             tracked.push(Tracked {
                 instance: (*instance).clone(),
@@ -424,17 +486,37 @@ impl<S: ChangeSource> Poller<S> {
             });
         }
         for old in &self.tracked {
-            let still = tracked
+            // Only a change table gone from cdc.change_tables ends an instance's
+            // position; one filtered out or briefly invisible keeps it.
+            let still = catalog
+                .instances
                 .iter()
-                .any(|t| t.instance.object_id == old.instance.object_id);
+                .any(|i| i.object_id == old.instance.object_id)
+                || catalog.invisible.contains(&old.instance.name);
             if !still {
                 tracing::warn!(
                     capture_instance = %old.instance.name,
                     table = %old.instance.qualified_table(),
                     "capture instance disabled (or re-created); its change table is gone and it is no longer read"
                 );
-                self.position.instances.remove(&old.instance.name);
+                let reached = self.position.instances.remove(&old.instance.name);
                 self.position.change_tables.remove(&old.instance.name);
+                self.position.switches.remove(&old.instance.name);
+                // The older instance of the same table goes on where this one got to.
+                let handed_back: Vec<String> = self
+                    .position
+                    .switches
+                    .iter()
+                    .filter(|(_, s)| s.to == old.instance.name)
+                    .map(|(from, _)| from.clone())
+                    .collect();
+                for from in handed_back {
+                    self.position.switches.remove(&from);
+                    if let Some(reached) = reached {
+                        self.position.advance(&from, reached);
+                    }
+                    tracing::warn!(capture_instance = %from, "the newer capture instance of its table is gone: reading this one again from where that one got to");
+                }
             }
         }
         for t in &tracked {
@@ -707,8 +789,20 @@ impl<S: ChangeSource> Poller<S> {
             let mut through = self.complete_through(t);
             let new_instance = !self.position.instances.contains_key(name);
             let first_unread = through.increment().unwrap_or(Lsn::MAX);
-            if first_unread < min_lsn && !new_instance {
-                let last_lost = last_before(min_lsn);
+            let upper = match t.superseded_at {
+                Some(switch) => max_lsn.min(last_before(switch)),
+                None => max_lsn,
+            };
+            self.position
+                .change_tables
+                .insert(name.clone(), t.instance.object_id);
+            if t.superseded_at.is_some() && through >= upper {
+                // Read to its switch point: the newer instance carries the table on.
+                continue;
+            }
+            // Only what this instance still had to deliver can be lost from it.
+            if first_unread < min_lsn && first_unread <= upper && !new_instance {
+                let last_lost = last_before(min_lsn).min(upper);
                 match self.config.on_gap {
                     GapPolicy::Fail => {
                         return Err(SourceError::Gap {
@@ -729,15 +823,8 @@ impl<S: ChangeSource> Poller<S> {
             }
             let skipped = first_unread < min_lsn;
             if skipped {
-                through = last_before(min_lsn);
+                through = last_before(min_lsn).min(upper.max(through));
             }
-            self.position
-                .change_tables
-                .insert(name.clone(), t.instance.object_id);
-            let upper = match t.superseded_at {
-                Some(switch) => max_lsn.min(last_before(switch)),
-                None => max_lsn,
-            };
             // The probe looked for changes after the old position; after a skip,
             // what it found may lie below the new one while later changes exist.
             let has_changes = result

@@ -100,11 +100,14 @@ pub fn decode_change_row(
         row.take_raw(fixed::UPDATE_MASK).map_err(bad)?,
     )
     .map_err(bad)?;
+    // No cdc.lsn_time_mapping row: the cleanup job, which deletes those too, raced
+    // the read. Retrying lets the next probe see the gap for what it is.
     let begin_lsn = row.opt_lsn(fixed::BEGIN_LSN).map_err(bad)?.ok_or_else(|| {
-        bad(DecodeError {
-            column: fixed::BEGIN_LSN.into(),
-            message: "no cdc.lsn_time_mapping row for this transaction".into(),
-        })
+        SourceError::CatalogChanged {
+            message: format!(
+                "capture instance {capture_instance}: no cdc.lsn_time_mapping row for a transaction (cleanup racing the read?)"
+            ),
+        }
     })?;
     let end_time = row.datetime(fixed::END_TIME).map_err(bad)?;
     let offset = row.opt_int(fixed::END_TIME_OFFSET).map_err(bad)?;

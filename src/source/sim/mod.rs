@@ -971,6 +971,11 @@ impl CdcSimulator {
         self.lock().invisible.insert(table.into());
     }
 
+    /// Shows a hidden table again (the grant is back).
+    pub fn show_table(&self, table: &str) {
+        self.lock().invisible.remove(table);
+    }
+
     /// Gives the database another GUID, as a restored copy has.
     pub fn set_guid(&self, guid: Uuid) {
         self.lock().guid = guid;

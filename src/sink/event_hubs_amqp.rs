@@ -265,20 +265,24 @@ impl EventHubsAmqpSink {
             {
                 continue;
             }
-            // Full: send what it holds and start another.
-            self.producer
-                .send_batch(batch, None)
-                .await
-                .map_err(delivery_error)?;
+            // Full: send what it holds (never an empty batch, which the client
+            // cannot send) and start another.
+            if !batch.is_empty() {
+                self.producer
+                    .send_batch(batch, None)
+                    .await
+                    .map_err(delivery_error)?;
+            }
             batch = self.new_batch(key).await?;
             if !batch
-                .try_add_event_data(event, None)
+                .try_add_event_data(event.clone(), None)
                 .map_err(delivery_error)?
             {
-                return Err(SinkError::Delivery(format!(
-                    "a {}-byte message does not fit the Event Hubs link's limit; lower event.max_message_size_kb",
-                    message.payload.len()
-                )));
+                // Too large for any batch: the client counts a batch's first message
+                // twice toward its size, so nothing above about half the limit fits.
+                // Sent alone, in its place in the key's order, it is held only to the
+                // link's own limit.
+                self.send_alone(key, event, message.payload.len()).await?;
             }
         }
         if !batch.is_empty() {
@@ -288,5 +292,26 @@ impl EventHubsAmqpSink {
                 .map_err(delivery_error)?;
         }
         Ok(())
+    }
+
+    /// Sends one message outside a batch, with the partition key as the service reads
+    /// it (`x-opt-partition-key`), so it lands where the key's batches do.
+    async fn send_alone(&self, key: &str, event: EventData, size: usize) -> Result<(), SinkError> {
+        let mut message = azure_core_amqp::AmqpMessage::from(event);
+        message.set_message_id(azure_core::Uuid::new_v4());
+        if !key.is_empty() {
+            message.add_message_annotation(
+                azure_core_amqp::AmqpSymbol::from("x-opt-partition-key"),
+                key.to_owned(),
+            );
+        }
+        self.producer
+            .send_message(message, None)
+            .await
+            .map_err(|e| {
+                SinkError::Delivery(format!(
+                    "a {size}-byte message could not be sent on its own ({e}); if the event hub's tier allows less, lower event.max_message_size_kb"
+                ))
+            })
     }
 }

@@ -130,17 +130,6 @@ impl EventHubsAmqpSink {
         .map_err(|e| SinkError::Delivery(format!("cannot open the Event Hubs producer: {e}")))
     }
 
-    /// Replaces the producer with a new connection; the old one is closed in the
-    /// background (its close may stall as its send did).
-    async fn reopen(&mut self) -> Result<(), SinkError> {
-        let fresh = Self::open(&self.target, self.send_timeout).await?;
-        let stale = std::mem::replace(&mut self.producer, fresh);
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), stale.close()).await;
-        });
-        Ok(())
-    }
-
     /// Buffers a message until [`end_batch`](Self::end_batch).
     pub fn send(&mut self, message: OutgoingMessage) -> Delivery {
         let (tx, rx) = oneshot::channel();
@@ -175,7 +164,7 @@ impl EventHubsAmqpSink {
     }
 
     /// Sends everything buffered, grouped by partition key, and settles each
-    /// message's delivery with its batch's outcome.
+    /// message's delivery with its own batch's outcome.
     pub async fn end_batch(&mut self) -> Result<(), SinkError> {
         let pending = std::mem::take(&mut self.pending);
         let mut groups: Vec<(String, Vec<(OutgoingMessage, oneshot::Sender<_>)>)> = Vec::new();
@@ -187,36 +176,55 @@ impl EventHubsAmqpSink {
             }
         }
         for (key, list) in groups {
-            let result = self.send_with_resend(&key, &list).await;
-            for (_, tx) in list {
-                // A dropped receiver means the pipeline stopped listening: nothing to do.
-                let _ = tx.send(result.clone());
+            let (messages, senders): (Vec<OutgoingMessage>, Vec<oneshot::Sender<_>>) =
+                list.into_iter().unzip();
+            let messages: Vec<&OutgoingMessage> = messages.iter().collect();
+            let mut senders = senders.into_iter();
+            let mut start = 0;
+            while start < messages.len() {
+                match self.send_chunk_with_resend(&key, &messages[start..]).await {
+                    Ok(count) => {
+                        // A dropped receiver means the pipeline stopped listening.
+                        for tx in senders.by_ref().take(count) {
+                            let _ = tx.send(Ok(()));
+                        }
+                        start += count.max(1);
+                    }
+                    Err(e) => {
+                        for tx in senders {
+                            let _ = tx.send(Err(e.clone()));
+                        }
+                        return Err(e);
+                    }
+                }
             }
-            result?;
         }
         Ok(())
     }
 
-    /// Sends a group; if it is not acknowledged within `resend_after`, resends it on
-    /// a new connection, until `send_timeout` has passed.
-    async fn send_with_resend(
+    /// Sends the next chunk of a key's messages (as many as fit one batch, or one
+    /// message alone); if it is not acknowledged within `resend_after`, sends that
+    /// chunk again on a new connection, until `send_timeout` has passed for it. Each
+    /// chunk has its own timer: a slow but moving key is never resent from its start.
+    /// Returns how many messages the chunk held.
+    async fn send_chunk_with_resend(
         &mut self,
         key: &str,
-        list: &[(OutgoingMessage, oneshot::Sender<Result<(), SinkError>>)],
-    ) -> Result<(), SinkError> {
+        messages: &[&OutgoingMessage],
+    ) -> Result<usize, SinkError> {
         let deadline = tokio::time::Instant::now() + self.send_timeout;
         loop {
             let attempt = self
                 .resend_after
                 .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-            match tokio::time::timeout(attempt, self.send_group(key, list)).await {
+            match tokio::time::timeout(attempt, self.send_chunk(key, messages)).await {
                 Ok(result) => return result,
                 Err(_) if tokio::time::Instant::now() < deadline => {
                     tracing::warn!(
                         resend_after_ms = self.resend_after.as_millis() as u64,
                         "Event Hubs did not acknowledge a batch in time; resending it on a new connection"
                     );
-                    self.reopen().await?;
+                    self.reopen_until(deadline).await?;
                 }
                 Err(_) => {
                     return Err(SinkError::Delivery(format!(
@@ -224,6 +232,33 @@ impl EventHubsAmqpSink {
                         self.send_timeout.as_millis()
                     )));
                 }
+            }
+        }
+    }
+
+    /// Opens a new connection, retrying with backoff until `deadline`.
+    async fn reopen_until(&mut self, deadline: tokio::time::Instant) -> Result<(), SinkError> {
+        let mut wait = std::time::Duration::from_millis(100);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match Self::open(&self.target, left).await {
+                Ok(fresh) => {
+                    let stale = std::mem::replace(&mut self.producer, fresh);
+                    // The old one is closed in the background: its close may stall as
+                    // its send did.
+                    tokio::spawn(async move {
+                        let _ =
+                            tokio::time::timeout(std::time::Duration::from_secs(5), stale.close())
+                                .await;
+                    });
+                    return Ok(());
+                }
+                Err(e) if tokio::time::Instant::now() + wait < deadline => {
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "reopening the Event Hubs connection failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(10));
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -251,47 +286,41 @@ impl EventHubsAmqpSink {
         }
     }
 
-    async fn send_group(
+    /// Sends one batch of the first messages that fit it, or the first message
+    /// alone when it fits no batch; returns how many were sent.
+    async fn send_chunk(
         &self,
         key: &str,
-        list: &[(OutgoingMessage, oneshot::Sender<Result<(), SinkError>>)],
-    ) -> Result<(), SinkError> {
-        let mut batch = self.new_batch(key).await?;
-        for (message, _) in list {
-            let event = Self::event_data(message);
-            if batch
-                .try_add_event_data(event.clone(), None)
-                .map_err(delivery_error)?
-            {
-                continue;
-            }
-            // Full: send what it holds (never an empty batch, which the client
-            // cannot send) and start another.
-            if !batch.is_empty() {
-                self.producer
-                    .send_batch(batch, None)
-                    .await
-                    .map_err(delivery_error)?;
-            }
-            batch = self.new_batch(key).await?;
+        messages: &[&OutgoingMessage],
+    ) -> Result<usize, SinkError> {
+        let batch = self.new_batch(key).await?;
+        let mut count = 0;
+        for message in messages {
             if !batch
-                .try_add_event_data(event.clone(), None)
+                .try_add_event_data(Self::event_data(message), None)
                 .map_err(delivery_error)?
             {
-                // Too large for any batch: the client counts a batch's first message
-                // twice toward its size, so nothing above about half the limit fits.
-                // Sent alone, in its place in the key's order, it is held only to the
-                // link's own limit.
-                self.send_alone(key, event, message.payload.len()).await?;
+                break;
             }
+            count += 1;
         }
-        if !batch.is_empty() {
-            self.producer
-                .send_batch(batch, None)
-                .await
-                .map_err(delivery_error)?;
+        if count == 0 {
+            // Too large for any batch: the client counts a batch's first message
+            // twice toward its size, so nothing above about half the limit fits.
+            // Sent alone, in its place in the key's order, it is held only to the
+            // link's own limit. (An empty batch is never sent: the client panics.)
+            let Some(first) = messages.first() else {
+                return Ok(0);
+            };
+            self.send_alone(key, Self::event_data(first), first.payload.len())
+                .await?;
+            return Ok(1);
         }
-        Ok(())
+        self.producer
+            .send_batch(batch, None)
+            .await
+            .map_err(delivery_error)?;
+        Ok(count)
     }
 
     /// Sends one message outside a batch, with the partition key as the service reads

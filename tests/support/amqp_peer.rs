@@ -31,6 +31,21 @@ pub struct ArrivedEvent {
 pub struct Arrivals {
     pub events: Arc<Mutex<Vec<ArrivedEvent>>>,
     pub tokens: Arc<Mutex<Vec<String>>>,
+    /// The event transfer with this 1-based number is never settled (a stalled
+    /// send); 0 for none.
+    pub hold_transfer: Arc<std::sync::atomic::AtomicUsize>,
+    /// Event transfers received so far.
+    pub transfers: Arc<std::sync::atomic::AtomicUsize>,
+    /// The next this many event transfers are answered `Released` (not stored).
+    pub release_next: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Takes one from a fault counter, if any is left.
+fn take_one(counter: &std::sync::atomic::AtomicUsize) -> bool {
+    use std::sync::atomic::Ordering;
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 /// Starts the peer on a loopback port; returns its `amqp://127.0.0.1:<port>` endpoint.
@@ -165,6 +180,30 @@ async fn serve_receiver(
                 return;
             }
         };
+        let number = if address == "$cbs" {
+            0
+        } else {
+            arrivals
+                .transfers
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                + 1
+        };
+        if number > 0
+            && number
+                == arrivals
+                    .hold_transfer
+                    .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // Never settled: the sender waits for an outcome that does not come.
+            continue;
+        }
+        if address != "$cbs" && take_one(&arrivals.release_next) {
+            if let Err(e) = receiver.release(&delivery).await {
+                eprintln!("amqp peer: release on {address} failed: {e:?}");
+                return;
+            }
+            continue;
+        }
         if let Err(e) = receiver.accept(&delivery).await {
             eprintln!("amqp peer: accept on {address} failed: {e:?}");
             return;

@@ -15,6 +15,7 @@ use mssql_ces::config::{
 };
 use mssql_ces::event::EncoderOptions;
 use mssql_ces::pipeline::{self, PipelineSettings};
+use mssql_ces::sink::event_hubs_amqp::outcome::OutcomeLayer;
 use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
 use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink, parse_event_hubs_connection_string};
 use mssql_ces::sink::stream::{Resume, StreamSink};
@@ -67,12 +68,22 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     use std::io::IsTerminal as _;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_filter(filter),
+        )
+        // Reads Event Hubs' send outcomes whatever the log level.
+        .with(
+            OutcomeLayer::new().with_filter(
+                tracing_subscriber::filter::filter_fn(OutcomeLayer::wants)
+                    .with_max_level_hint(tracing::level_filters::LevelFilter::WARN),
+            ),
         )
         .init();
     let cli = Cli::parse();

@@ -41,6 +41,14 @@ struct Target {
     custom_endpoint: Option<String>,
 }
 
+/// What became of a chunk.
+enum Sent {
+    /// Stored: this many messages.
+    Accepted(usize),
+    /// Released or modified by the service: not stored.
+    NotAccepted,
+}
+
 pub struct EventHubsAmqpSink {
     producer: ProducerClient,
     target: Target,
@@ -82,6 +90,11 @@ impl EventHubsAmqpSink {
             custom_endpoint,
         };
         let producer = Self::open(&target, send_timeout).await?;
+        if !outcome::installed() {
+            tracing::warn!(
+                "the tracing layer that reads Event Hubs' send outcomes is not installed: a Released or Modified outcome counts as delivered"
+            );
+        }
         Ok(EventHubsAmqpSink {
             producer,
             target,
@@ -218,7 +231,20 @@ impl EventHubsAmqpSink {
                 .resend_after
                 .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             match tokio::time::timeout(attempt, self.send_chunk(key, messages)).await {
-                Ok(result) => return result,
+                Ok(Ok(Sent::Accepted(count))) => return Ok(count),
+                Ok(Ok(Sent::NotAccepted)) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(
+                        "Event Hubs released the batch without storing it; sending it again"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Ok(Ok(Sent::NotAccepted)) => {
+                    return Err(SinkError::Delivery(format!(
+                        "Event Hubs did not store a batch (released or modified) within sink.delivery_timeout_ms ({} ms)",
+                        self.send_timeout.as_millis()
+                    )));
+                }
+                Ok(Err(e)) => return Err(e),
                 Err(_) if tokio::time::Instant::now() < deadline => {
                     tracing::warn!(
                         resend_after_ms = self.resend_after.as_millis() as u64,
@@ -287,8 +313,24 @@ impl EventHubsAmqpSink {
     }
 
     /// Sends one batch of the first messages that fit it, or the first message
-    /// alone when it fits no batch; returns how many were sent.
+    /// alone when it fits no batch; says how many were stored, or that the service
+    /// released them (see [`outcome`]).
     async fn send_chunk(
+        &self,
+        key: &str,
+        messages: &[&OutgoingMessage],
+    ) -> Result<Sent, SinkError> {
+        use tracing::Instrument as _;
+        let attempt = outcome::new_attempt();
+        let span = tracing::warn_span!(target: "mssql_ces::amqp", "mssql_ces_amqp_send", attempt);
+        let count = self.send_chunk_once(key, messages).instrument(span).await?;
+        if outcome::take_not_accepted(attempt) {
+            return Ok(Sent::NotAccepted);
+        }
+        Ok(Sent::Accepted(count))
+    }
+
+    async fn send_chunk_once(
         &self,
         key: &str,
         messages: &[&OutgoingMessage],
@@ -342,5 +384,145 @@ impl EventHubsAmqpSink {
                     "a {size}-byte message could not be sent on its own ({e}); if the event hub's tier allows less, lower event.max_message_size_kb"
                 ))
             })
+    }
+}
+
+/// Whether Event Hubs stored what it acknowledged.
+///
+/// The client library settles a send with the AMQP outcomes `Released` and
+/// `Modified` as a success (with a warning), though neither means the service stored
+/// the events. Its public API does not say which outcome came, so the sink reads the
+/// warning: each send runs in a span carrying an attempt number, and [`OutcomeLayer`]
+/// — which the binary installs in its tracing subscriber — notes an attempt whose
+/// span saw that warning. The sink then sends the batch again. Without the layer
+/// installed, such outcomes count as delivered (the sink logs that once).
+pub mod outcome {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use tracing::field::{Field, Visit};
+    use tracing::{Event, Subscriber, span};
+    use tracing_subscriber::layer::{Context, Layer};
+    use tracing_subscriber::registry::LookupSpan;
+
+    /// The name of the span each send runs in.
+    pub const SPAN_NAME: &str = "mssql_ces_amqp_send";
+
+    static NEXT_ATTEMPT: AtomicU64 = AtomicU64::new(1);
+    static NOT_ACCEPTED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+    static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+    struct Attempt(u64);
+
+    struct AttemptField(Option<u64>);
+
+    impl Visit for AttemptField {
+        fn record_u64(&mut self, field: &Field, value: u64) {
+            if field.name() == "attempt" {
+                self.0 = Some(value);
+            }
+        }
+        fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+    }
+
+    struct MessageField(String);
+
+    impl Visit for MessageField {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == "message" {
+                self.0.push_str(value);
+            }
+        }
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                self.0.push_str(&format!("{value:?}"));
+            }
+        }
+    }
+
+    /// The layer that notes sends Event Hubs did not durably accept.
+    pub struct OutcomeLayer;
+
+    impl OutcomeLayer {
+        pub fn new() -> Self {
+            INSTALLED.store(true, Ordering::Relaxed);
+            OutcomeLayer
+        }
+
+        /// Whether `metadata` can matter to this layer (for a per-layer filter).
+        pub fn wants(metadata: &tracing::Metadata<'_>) -> bool {
+            metadata.name() == SPAN_NAME
+                || (metadata.target().starts_with("azure_messaging_eventhubs")
+                    && *metadata.level() <= tracing::Level::WARN)
+        }
+    }
+
+    impl Default for OutcomeLayer {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for OutcomeLayer {
+        fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+            if attrs.metadata().name() != SPAN_NAME {
+                return;
+            }
+            let mut field = AttemptField(None);
+            attrs.record(&mut field);
+            if let (Some(attempt), Some(span)) = (field.0, ctx.span(id)) {
+                span.extensions_mut().insert(Attempt(attempt));
+            }
+        }
+
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            if !event
+                .metadata()
+                .target()
+                .starts_with("azure_messaging_eventhubs")
+            {
+                return;
+            }
+            let mut message = MessageField(String::new());
+            event.record(&mut message);
+            if !message.0.contains("not durably accepted") {
+                return;
+            }
+            let Some(scope) = ctx.event_scope(event) else {
+                return;
+            };
+            for span in scope {
+                if let Some(attempt) = span.extensions().get::<Attempt>() {
+                    if let Ok(mut list) = NOT_ACCEPTED.lock() {
+                        list.push(attempt.0);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A new attempt number for a send's span.
+    pub fn new_attempt() -> u64 {
+        NEXT_ATTEMPT.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether the send of `attempt` was released or modified instead of accepted.
+    pub fn take_not_accepted(attempt: u64) -> bool {
+        let Ok(mut list) = NOT_ACCEPTED.lock() else {
+            return false;
+        };
+        match list.iter().position(|a| *a == attempt) {
+            Some(at) => {
+                list.swap_remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether an [`OutcomeLayer`] was made (so outcomes are being read).
+    pub fn installed() -> bool {
+        INSTALLED.load(Ordering::Relaxed)
     }
 }

@@ -1,0 +1,62 @@
+#![recursion_limit = "256"]
+//! Event Hubs over AMQP: a batch the service settles as `Released` (not stored) is
+//! sent again, not counted as delivered. The client library reports that outcome as a
+//! success with a warning; the sink reads the warning through its tracing layer,
+//! installed here as the binary installs it.
+
+mod support;
+
+use std::time::Duration;
+
+use mssql_ces::sink::event_hubs_amqp::outcome::OutcomeLayer;
+use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
+use mssql_ces::sink::{OutgoingMessage, Sink};
+use tracing_subscriber::prelude::*;
+
+const CONNECTION_STRING: &str = "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_batch_is_sent_again() {
+    tracing_subscriber::registry()
+        .with(
+            OutcomeLayer::new()
+                .with_filter(tracing_subscriber::filter::filter_fn(OutcomeLayer::wants)),
+        )
+        .init();
+    let (endpoint, arrivals) = support::amqp_peer::start().await;
+    let sink = EventHubsAmqpSink::connect(
+        EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
+        "orders",
+        Some(endpoint),
+        Duration::from_secs(5),
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("producer opens against the local peer");
+    let mut sink = Sink::EventHubsAmqp(Box::new(sink));
+    arrivals
+        .release_next
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let message = OutgoingMessage {
+        topic: "orders".into(),
+        key: Some(b"dbo.T".to_vec()),
+        partition_hint: None,
+        headers: Vec::new(),
+        payload: b"{\"id\":\"x\"}".to_vec(),
+    };
+    let delivery = sink.send(message).await.expect("queued");
+    sink.end_batch()
+        .await
+        .expect("sent again after the release");
+    delivery.wait().await.expect("delivered");
+    let arrived = arrivals.events.lock().expect("lock").clone();
+    assert_eq!(arrived.len(), 1, "stored once, after the released attempt");
+    assert_eq!(arrived[0].body, b"{\"id\":\"x\"}");
+    assert_eq!(
+        arrivals
+            .release_next
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the first attempt was released"
+    );
+}

@@ -282,16 +282,6 @@ impl<S: ChangeSource> Poller<S> {
         &self.position
     }
 
-    /// The catalog as last read.
-    pub fn catalog(&self) -> Option<&Catalog> {
-        self.catalog.as_ref()
-    }
-
-    /// The commit-time zone in use, once the catalog has been read.
-    pub fn commit_time_zone(&self) -> Option<CommitTimeZone> {
-        self.zone
-    }
-
     /// Mutable access to the source (tests, and the binary's metrics).
     pub fn source_mut(&mut self) -> &mut S {
         &mut self.source
@@ -532,13 +522,9 @@ impl<S: ChangeSource> Poller<S> {
                     self.position.instances.remove(name);
                     self.position.change_tables.remove(name);
                 }
-                // A checkpoint written before change tables were recorded: the entry
-                // is taken to be this instance's.
-                None if self.position.instances.contains_key(name) => {
-                    self.position
-                        .change_tables
-                        .insert(name.clone(), t.instance.object_id);
-                }
+                // Otherwise (also a checkpoint written before change tables were
+                // recorded) the entry is this instance's: the first iteration
+                // records its change table.
                 _ => {}
             }
             let known = self

@@ -323,7 +323,10 @@ impl EventHubsAmqpSink {
         use tracing::Instrument as _;
         let attempt = outcome::new_attempt();
         let span = tracing::warn_span!(target: "mssql_ces::amqp", "mssql_ces_amqp_send", attempt);
-        let count = self.send_chunk_once(key, messages).instrument(span).await?;
+        // Boxed: the instrumented future would otherwise deepen every caller's type.
+        let count = Box::pin(self.send_chunk_once(key, messages))
+            .instrument(span)
+            .await?;
         if outcome::take_not_accepted(attempt) {
             return Ok(Sent::NotAccepted);
         }

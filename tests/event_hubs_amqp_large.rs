@@ -10,10 +10,7 @@ mod support;
 
 use std::time::Duration;
 
-use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
 use mssql_ces::sink::{OutgoingMessage, Sink};
-
-const CONNECTION_STRING: &str = "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
 
 fn message(key: &str, size: usize, tag: u8) -> OutgoingMessage {
     let mut payload = vec![b'x'; size];
@@ -32,16 +29,7 @@ fn message(key: &str, size: usize, tag: u8) -> OutgoingMessage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_of_about_a_megabyte_are_delivered_in_key_order() {
-    let (endpoint, arrivals) = support::amqp_peer::start().await;
-    let sink = EventHubsAmqpSink::connect(
-        EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
-        "orders",
-        Some(endpoint),
-        Duration::from_secs(5),
-        Duration::from_secs(60),
-    )
-    .await
-    .expect("producer opens against the local peer");
+    let (sink, arrivals) = support::event_hubs::peer_and_sink(Duration::from_secs(5)).await;
     let mut sink = Sink::EventHubsAmqp(Box::new(sink));
     // Small, about 1,000 KB (the first of its group: the case that crashed), small,
     // about 830 KB, and one more large: one key, so one order.
@@ -90,16 +78,7 @@ async fn messages_of_about_a_megabyte_are_delivered_in_key_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_batch_is_resent_alone_on_a_new_connection() {
-    let (endpoint, arrivals) = support::amqp_peer::start().await;
-    let sink = EventHubsAmqpSink::connect(
-        EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
-        "orders",
-        Some(endpoint),
-        Duration::from_millis(1500),
-        Duration::from_secs(60),
-    )
-    .await
-    .expect("producer opens against the local peer");
+    let (sink, arrivals) = support::event_hubs::peer_and_sink(Duration::from_millis(1500)).await;
     let mut sink = Sink::EventHubsAmqp(Box::new(sink));
     // One key, three chunks: a large message alone, then two small ones in a batch,
     // then another large one alone. The second transfer is never settled.

@@ -9,11 +9,8 @@ mod support;
 use std::time::Duration;
 
 use mssql_ces::sink::event_hubs_amqp::outcome::OutcomeLayer;
-use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
 use mssql_ces::sink::{OutgoingMessage, Sink};
 use tracing_subscriber::prelude::*;
-
-const CONNECTION_STRING: &str = "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_batch_is_sent_again() {
@@ -23,16 +20,7 @@ async fn a_released_batch_is_sent_again() {
                 .with_filter(tracing_subscriber::filter::filter_fn(OutcomeLayer::wants)),
         )
         .init();
-    let (endpoint, arrivals) = support::amqp_peer::start().await;
-    let sink = EventHubsAmqpSink::connect(
-        EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
-        "orders",
-        Some(endpoint),
-        Duration::from_secs(5),
-        Duration::from_secs(60),
-    )
-    .await
-    .expect("producer opens against the local peer");
+    let (sink, arrivals) = support::event_hubs::peer_and_sink(Duration::from_secs(5)).await;
     let mut sink = Sink::EventHubsAmqp(Box::new(sink));
     arrivals
         .release_next

@@ -74,18 +74,25 @@ fn partition_key(m: &OutgoingMessage) -> String {
     }
 }
 
-pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
+/// A local AMQP peer and the pipeline's AMQP sink connected to it, resending a batch
+/// not acknowledged within `resend_after`.
+pub async fn peer_and_sink(resend_after: Duration) -> (EventHubsAmqpSink, amqp_peer::Arrivals) {
     let (endpoint, arrivals) = amqp_peer::start().await;
     let sink = EventHubsAmqpSink::connect(
         EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
         "orders",
         Some(endpoint),
-        // The client was seen to stall after an acknowledged send: resend soon.
-        Duration::from_secs(2),
+        resend_after,
         Duration::from_secs(60),
     )
     .await
     .expect("producer opens against the local peer");
+    (sink, arrivals)
+}
+
+pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
+    // The client was seen to stall after an acknowledged send: resend soon.
+    let (sink, arrivals) = peer_and_sink(Duration::from_secs(2)).await;
     let dir = std::env::temp_dir().join(format!("mssql-ces-amqp-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).expect("dir");
     let summary = pipeline::run(

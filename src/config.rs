@@ -618,6 +618,7 @@ impl Config {
             }
             let parsed = parse_override_value(value);
             set_path(&mut table, &path, parsed.clone(), name)?;
+            applied.retain(|(p, _, _)| *p != path);
             applied.push((path, Some(value.clone()), parsed));
         }
         for (key, value) in overrides {
@@ -629,6 +630,8 @@ impl Config {
                 ));
             }
             set_path(&mut table, &path, value.clone(), key)?;
+            // A later override of the same setting wins, also in the text fallback.
+            applied.retain(|(p, _, _)| *p != path);
             applied.push((path, value_text(value), value.clone()));
         }
         let config = deserialize_with_text_fallback(table, &mut applied)?;
@@ -1132,6 +1135,13 @@ topic = "hub"
             c.source.synthetic.seed, 42,
             "numbers stay numbers where meant"
         );
+        // A flag overrides the environment, in the text fallback too.
+        let flags = vec![(
+            "checkpoint.stream_name".to_string(),
+            toml::Value::Integer(2),
+        )];
+        let c = Config::from_parts(MINIMAL, &env, &flags).unwrap();
+        assert_eq!(c.checkpoint.stream_name, "2");
         // Text for a number is still an error naming the setting.
         let bad = vec![(
             "MSSQL_CES__SOURCE__PAGE_SIZE".to_string(),

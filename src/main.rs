@@ -102,7 +102,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(run(config, args.until_idle)) {
+    let result = runtime.block_on(run(config, args.until_idle));
+    // A blocking call still running (a metadata request to a broker that is down)
+    // must not hold the exit past the drain timeout.
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

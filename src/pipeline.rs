@@ -163,6 +163,7 @@ pub async fn run<S: ChangeSource + 'static>(
                         biased;
                         delivery = sink.send(message) => delivery?,
                         () = shutdown.cancelled() => return Ok(()),
+                        () = failed.cancelled() => return Ok(()),
                     };
                     deliveries.push(delivery);
                 }
@@ -241,6 +242,9 @@ pub async fn run<S: ChangeSource + 'static>(
         Err(_) => tracing::warn!("closing the sink took too long; left behind"),
         Ok(Ok(())) => {}
     }
+    let (store, acker_result) = acker_result;
+    // Only now, with the sink closed, may a standby take the stream over.
+    drop(store);
     summary.checkpoint = acker_result?;
     outcome?;
     if let Some(cause) = source_failure {
@@ -319,6 +323,19 @@ async fn acknowledge(
     interval: Duration,
     failed: CancellationToken,
     abandon: CancellationToken,
+) -> (CheckpointStore, Result<Option<Position>, PipelineError>) {
+    let outcome = acknowledge_into(&mut rx, &mut store, interval, &failed, &abandon).await;
+    // The store (and with it the stream's lease) goes back to the caller, which
+    // releases it only after the sink is closed.
+    (store, outcome)
+}
+
+async fn acknowledge_into(
+    rx: &mut mpsc::Receiver<Pending>,
+    store: &mut CheckpointStore,
+    interval: Duration,
+    failed: &CancellationToken,
+    abandon: &CancellationToken,
 ) -> Result<Option<Position>, PipelineError> {
     let mut delivered: Option<Position> = None;
     let mut written: Option<Position> = None;
@@ -332,7 +349,7 @@ async fn acknowledge(
                 () = abandon.cancelled() => None,
                 () = tokio::time::sleep_until(due.into()), if delivered != written => {
                     if let Some(position) = &delivered {
-                        save(&mut store, position, &abandon).await?;
+                        save(store, position, abandon).await?;
                         written = delivered.clone();
                         last_write = Instant::now();
                     }
@@ -353,7 +370,7 @@ async fn acknowledge(
                 && delivered != written
                 && let Some(position) = &delivered
             {
-                save(&mut store, position, &abandon).await?;
+                save(store, position, abandon).await?;
                 written = delivered.clone();
                 last_write = Instant::now();
             }
@@ -368,7 +385,7 @@ async fn acknowledge(
     if delivered != written
         && let Some(position) = &delivered
     {
-        save(&mut store, position, &abandon).await?;
+        save(store, position, abandon).await?;
         written = delivered.clone();
     }
     result?;
@@ -394,7 +411,11 @@ async fn save(
                 attempts += 1;
                 let wait = backoff.next();
                 tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "checkpoint write failed; retrying");
-                tokio::time::sleep(wait).await;
+                // Past the drain timeout, the waits are cut short.
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = abandon.cancelled(), if !abandon.is_cancelled() => {}
+                }
             }
             Err(e) => return Err(e),
         }

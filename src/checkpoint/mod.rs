@@ -89,10 +89,20 @@ impl CheckpointStore {
         let mut waiting_since: Option<std::time::Instant> = None;
         let mut last_report = std::time::Instant::now();
         loop {
-            let holder = match self {
-                CheckpointStore::File(s) => s.try_lease()?,
-                CheckpointStore::Table(s) => s.try_lease().await?,
-                CheckpointStore::Memory(_) => None,
+            let tried = match self {
+                CheckpointStore::File(s) => s.try_lease(),
+                CheckpointStore::Table(s) => s.try_lease().await,
+                CheckpointStore::Memory(_) => Ok(None),
+            };
+            let holder = match tried {
+                Ok(holder) => holder,
+                // A standby outlives a store that is briefly unreachable (a failover
+                // is when it is needed most).
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(error = %e, "cannot reach the checkpoint store to take the lease; trying again");
+                    Some("unknown (the store did not answer)".to_owned())
+                }
+                Err(e) => return Err(e),
             };
             let Some(holder) = holder else {
                 if let Some(since) = waiting_since {

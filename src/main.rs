@@ -21,7 +21,7 @@ use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink, parse_event_hubs_connecti
 use mssql_ces::sink::stream::{Resume, StreamSink};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::ChangeSource;
-use mssql_ces::source::poller::{Poller, Position};
+use mssql_ces::source::poller::{Poller, Position, StartPosition};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
 use tokio_util::sync::CancellationToken;
@@ -267,9 +267,11 @@ async fn drive<S: ChangeSource + 'static>(
         SinkKind::File => {
             let path = config.sink.path.clone().context("sink.path is required")?;
             let sink = StreamSink::file(path, config.event.encoding, resume)?;
-            if resume == Resume::Fresh {
-                // Before the first line: a crash before the first real checkpoint must
-                // still find one that says the file was empty.
+            // Before the first line: a crash before the first real checkpoint must
+            // still find one that says the file was empty. Not with "latest": a
+            // restart would start later than the lines it cut, so there the restart
+            // refuses the non-empty file instead of losing them.
+            if resume == Resume::Fresh && config.source.start_position == StartPosition::Earliest {
                 store
                     .save(&Position {
                         sink_length: Some(0),

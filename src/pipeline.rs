@@ -122,7 +122,7 @@ pub async fn run<S: ChangeSource + 'static>(
     let mut encoder: Option<Encoder> = None;
     let mut last_report = Instant::now();
     let mut reported_events = 0;
-    // `Some(())` when the source's channel closed without a word.
+    // Set when the source's channel closed without a word.
     let mut source_vanished = false;
     let outcome: Result<(), PipelineError> = async {
         loop {

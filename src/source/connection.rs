@@ -203,11 +203,15 @@ pub fn driver_config(settings: &SqlServerConfig) -> Result<Config, SourceError> 
 }
 
 /// Opens a connection (TLS as configured; one Azure SQL redirect followed), bounded
-/// by `connect_timeout`.
-pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SqlError> {
+/// by `connect_timeout`. `connected_before`: a connection has worked in this
+/// process (see [`classify_server_error`]).
+pub async fn connect(
+    settings: &SqlServerConfig,
+    connected_before: bool,
+) -> Result<TdsClient, SqlError> {
     let config = driver_config(settings).map_err(|error| SqlError { code: None, error })?;
     let limit = settings.connect_timeout;
-    match tokio::time::timeout(limit, connect_unbounded(config)).await {
+    match tokio::time::timeout(limit, connect_unbounded(config, connected_before)).await {
         Ok(result) => result,
         Err(_) => Err(SqlError {
             code: None,
@@ -221,7 +225,10 @@ pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SqlError> 
     }
 }
 
-async fn connect_unbounded(mut config: Config) -> Result<TdsClient, SqlError> {
+async fn connect_unbounded(
+    mut config: Config,
+    connected_before: bool,
+) -> Result<TdsClient, SqlError> {
     let transient = |message: String| SqlError {
         code: None,
         error: SourceError::Transient { message },
@@ -246,7 +253,7 @@ async fn connect_unbounded(mut config: Config) -> Result<TdsClient, SqlError> {
                 config.host(&host);
                 config.port(port);
             }
-            Err(e) => return Err(classify(&e, false)),
+            Err(e) => return Err(classify(&e, connected_before)),
         }
     }
     Err(transient(
@@ -293,17 +300,7 @@ impl SqlConnection {
     /// is in an unknown state), so the next call opens a new one.
     pub async fn query(&mut self, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<Row>, SqlError> {
         if self.client.is_none() {
-            let client = connect(&self.settings).await.map_err(|mut e| {
-                if self.connected_before
-                    && e.code == Some(4060)
-                    && let SourceError::Definite { message } = &e.error
-                {
-                    e.error = SourceError::Transient {
-                        message: message.clone(),
-                    };
-                }
-                e
-            })?;
+            let client = connect(&self.settings, self.connected_before).await?;
             self.client = Some(client);
             self.connected_before = true;
             self.generation += 1;

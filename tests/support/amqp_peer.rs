@@ -1,7 +1,9 @@
 //! A local AMQP 1.0 peer that answers what `azure_messaging_eventhubs`' producer asks
 //! of Event Hubs, enough to test the AMQP sink without Azure: SASL ANONYMOUS, the
-//! `$cbs` put-token exchange (status 202), a sender link with `max-message-size`, and
-//! batched transfers (format 0x80013700), each accepted and recorded.
+//! `$cbs` put-token exchange (status 202), the `$management` READ of the event hub
+//! (its name and partition ids, status 200), sender links with `max-message-size` to
+//! the hub or to one of its partitions (`<hub>/Partitions/<id>`), and batched
+//! transfers (format 0x80013700), each accepted and recorded.
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,7 @@ use fe2o3_amqp::acceptor::{
     ConnectionAcceptor, LinkAcceptor, LinkEndpoint, SaslAnonymousMechanism, SessionAcceptor,
 };
 use fe2o3_amqp::types::messaging::message::__private::Deserializable;
-use fe2o3_amqp::types::messaging::{ApplicationProperties, Body, Message};
+use fe2o3_amqp::types::messaging::{AmqpValue, ApplicationProperties, Body, Message};
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Receiver, Sender};
 use tokio::net::TcpListener;
@@ -38,6 +40,14 @@ pub struct Arrivals {
     pub transfers: Arc<std::sync::atomic::AtomicUsize>,
     /// The next this many event transfers are answered `Released` (not stored).
     pub release_next: Arc<std::sync::atomic::AtomicUsize>,
+    /// Partition ids the `$management` READ reports; with none, that request is
+    /// answered 404 (a hub whose partitions the client cannot read).
+    pub partition_ids: Arc<Mutex<Vec<String>>>,
+    /// Settlement delay of each event transfer, in ms (a service's round trip).
+    pub settle_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// Event transfers received and not yet settled, and the most there ever were.
+    pub in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    pub max_in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Takes one from a fault counter, if any is left.
@@ -48,11 +58,18 @@ fn take_one(counter: &std::sync::atomic::AtomicUsize) -> bool {
         .is_ok()
 }
 
-/// Starts the peer on a loopback port; returns its `amqp://127.0.0.1:<port>` endpoint.
+/// Starts the peer on a loopback port, for an event hub of four partitions; returns
+/// its `amqp://127.0.0.1:<port>` endpoint.
 pub async fn start() -> (String, Arrivals) {
+    start_with_partitions(4).await
+}
+
+/// [`start`] for a hub of `count` partitions (0: the partitions cannot be read).
+pub async fn start_with_partitions(count: usize) -> (String, Arrivals) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let endpoint = format!("amqp://{}", listener.local_addr().expect("addr"));
     let arrivals = Arrivals::default();
+    *arrivals.partition_ids.lock().expect("lock") = (0..count).map(|i| i.to_string()).collect();
     let shared = arrivals.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
@@ -63,6 +80,9 @@ pub async fn start() -> (String, Arrivals) {
 }
 
 async fn serve_connection(stream: tokio::net::TcpStream, arrivals: Arrivals) {
+    // Outcomes go out at once: with Nagle's algorithm, a second small disposition
+    // waits for the client's delayed ACK (40 ms), which a service would not add.
+    let _ = stream.set_nodelay(true);
     let acceptor = ConnectionAcceptor::builder()
         .container_id("fake-event-hubs")
         // Whole batches in one frame: this peer's multi-frame transfers were seen to
@@ -89,7 +109,9 @@ async fn serve_session(
     let links = LinkAcceptor::builder()
         .max_message_size(1024 * 1024u64)
         .build();
-    let reply: Arc<tokio::sync::Mutex<Option<Sender>>> = Arc::default();
+    // The client's receivers, by source address (`$cbs`, `$management`): where
+    // replies go.
+    let reply: Replies = Arc::default();
     loop {
         let link = match links.accept(&mut session).await {
             Ok(link) => link,
@@ -101,8 +123,14 @@ async fn serve_session(
             }
         };
         match link {
-            // The client's receiver: where `$cbs` replies go.
-            LinkEndpoint::Sender(sender) => *reply.lock().await = Some(sender),
+            LinkEndpoint::Sender(sender) => {
+                let source = sender
+                    .source()
+                    .as_ref()
+                    .and_then(|s| s.address.clone())
+                    .unwrap_or_default();
+                reply.lock().await.insert(source, sender);
+            }
             LinkEndpoint::Receiver(receiver) => {
                 tokio::spawn(serve_receiver(
                     receiver,
@@ -162,11 +190,86 @@ fn record(
     }
 }
 
-async fn serve_receiver(
-    mut receiver: Receiver,
-    reply: Arc<tokio::sync::Mutex<Option<Sender>>>,
-    arrivals: Arrivals,
-) {
+type Replies = Arc<tokio::sync::Mutex<std::collections::HashMap<String, Sender>>>;
+
+/// Sends `answer` on the client's receiver for `node`, waiting for it to attach (it
+/// may attach just after its request sender).
+async fn reply_on(reply: &Replies, node: &str, answer: Message<AmqpValue<Value>>) {
+    for _ in 0..3000 {
+        let mut guard = reply.lock().await;
+        if let Some(sender) = guard.get_mut(node) {
+            let _ = sender.send(answer).await;
+            return;
+        }
+        drop(guard);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The answer to a `$management` READ of the event hub: its runtime information, as
+/// Event Hubs gives it (name, created_at, partition_count, partition_ids), or 404
+/// when the peer is set to have no readable partitions.
+fn management_answer(
+    request: &Message<Body<Value>>,
+    arrivals: &Arrivals,
+) -> Message<AmqpValue<Value>> {
+    use fe2o3_amqp::types::primitives::{Array, OrderedMap, Timestamp};
+    let ids = arrivals.partition_ids.lock().expect("lock").clone();
+    let name = request
+        .application_properties
+        .as_ref()
+        .and_then(|p| p.0.get("name"))
+        .map(text)
+        .unwrap_or_default();
+    let correlation = request
+        .properties
+        .as_ref()
+        .and_then(|p| p.message_id.clone());
+    let properties = fe2o3_amqp::types::messaging::Properties {
+        correlation_id: correlation,
+        ..Default::default()
+    };
+    if ids.is_empty() {
+        return Message::builder()
+            .properties(properties)
+            .application_properties(
+                ApplicationProperties::builder()
+                    .insert("status-code", 404i32)
+                    .insert("status-description", "not found")
+                    .build(),
+            )
+            .value(Value::Null)
+            .build();
+    }
+    let mut body: OrderedMap<Value, Value> = OrderedMap::new();
+    body.insert(Value::String("name".into()), Value::String(name));
+    body.insert(
+        Value::String("created_at".into()),
+        Value::Timestamp(Timestamp::from_milliseconds(1_700_000_000_000)),
+    );
+    body.insert(
+        Value::String("partition_count".into()),
+        Value::Int(ids.len() as i32),
+    );
+    body.insert(
+        Value::String("partition_ids".into()),
+        Value::Array(Array::from(
+            ids.into_iter().map(Value::String).collect::<Vec<_>>(),
+        )),
+    );
+    Message::builder()
+        .properties(properties)
+        .application_properties(
+            ApplicationProperties::builder()
+                .insert("status-code", 200i32)
+                .insert("status-description", "OK")
+                .build(),
+        )
+        .value(Value::Map(body))
+        .build()
+}
+
+async fn serve_receiver(mut receiver: Receiver, reply: Replies, arrivals: Arrivals) {
     let address = receiver
         .target()
         .as_ref()
@@ -180,7 +283,15 @@ async fn serve_receiver(
                 return;
             }
         };
-        let number = if address == "$cbs" {
+        let control = address.starts_with('$');
+        let trace = std::env::var_os("AMQP_PEER_TRACE").is_some();
+        if trace {
+            eprintln!(
+                "peer: received on {address} at {:?}",
+                std::time::SystemTime::now()
+            );
+        }
+        let number = if control {
             0
         } else {
             arrivals
@@ -197,14 +308,37 @@ async fn serve_receiver(
             // Never settled: the sender waits for an outcome that does not come.
             continue;
         }
-        if address != "$cbs" && take_one(&arrivals.release_next) {
+        if !control {
+            use std::sync::atomic::Ordering;
+            let now = arrivals.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            arrivals.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            let delay = arrivals
+                .settle_delay_ms
+                .load(std::sync::atomic::Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+        }
+        if !control && take_one(&arrivals.release_next) {
+            arrivals
+                .in_flight
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             if let Err(e) = receiver.release(&delivery).await {
                 eprintln!("amqp peer: release on {address} failed: {e:?}");
                 return;
             }
             continue;
         }
-        if let Err(e) = receiver.accept(&delivery).await {
+        let accepted = receiver.accept(&delivery).await;
+        if trace {
+            eprintln!("peer: accepted on {address}: {}", accepted.is_ok());
+        }
+        if !control {
+            arrivals
+                .in_flight
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        if let Err(e) = accepted {
             eprintln!("amqp peer: accept on {address} failed: {e:?}");
             return;
         }
@@ -218,25 +352,21 @@ async fn serve_receiver(
             {
                 tokens.push(text(name));
             }
-            // The client's reply receiver may attach just after its request sender.
-            for _ in 0..3000 {
-                let mut guard = reply.lock().await;
-                if let Some(sender) = guard.as_mut() {
-                    let answer = Message::builder()
-                        .application_properties(
-                            ApplicationProperties::builder()
-                                .insert("status-code", 202i32)
-                                .insert("status-description", "Accepted")
-                                .build(),
-                        )
-                        .value(Value::Null)
-                        .build();
-                    let _ = sender.send(answer).await;
-                    break;
-                }
-                drop(guard);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            let answer = Message::builder()
+                .application_properties(
+                    ApplicationProperties::builder()
+                        .insert("status-code", 202i32)
+                        .insert("status-description", "Accepted")
+                        .build(),
+                )
+                .value(Value::Null)
+                .build();
+            reply_on(&reply, "$cbs", answer).await;
+            continue;
+        }
+        if address == "$management" {
+            let answer = management_answer(&message, &arrivals);
+            reply_on(&reply, "$management", answer).await;
             continue;
         }
         let envelope_key = message.message_annotations.as_ref().and_then(|a| {

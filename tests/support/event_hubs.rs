@@ -77,7 +77,16 @@ fn partition_key(m: &OutgoingMessage) -> String {
 /// A local AMQP peer and the pipeline's AMQP sink connected to it, resending a batch
 /// not acknowledged within `resend_after`.
 pub async fn peer_and_sink(resend_after: Duration) -> (EventHubsAmqpSink, amqp_peer::Arrivals) {
-    let (endpoint, arrivals) = amqp_peer::start().await;
+    peer_and_sink_with(4, resend_after).await
+}
+
+/// [`peer_and_sink`] for a hub of `partitions` partitions (0: a hub whose partitions
+/// the client cannot read).
+pub async fn peer_and_sink_with(
+    partitions: usize,
+    resend_after: Duration,
+) -> (EventHubsAmqpSink, amqp_peer::Arrivals) {
+    let (endpoint, arrivals) = amqp_peer::start_with_partitions(partitions).await;
     let sink = EventHubsAmqpSink::connect(
         EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
         "orders",
@@ -142,10 +151,32 @@ pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
         expected.len(),
         "every message arrived, once or more"
     );
-    assert!(
-        arrived.iter().all(|a| a.address.ends_with("/orders")),
-        "sent to the event hub"
-    );
+    // The peer's hub has four partitions: the sink sends to them directly, every
+    // message of a key to one partition, and the keys spread over several.
+    let mut partition_of_key: BTreeMap<String, String> = BTreeMap::new();
+    for a in &arrived {
+        let (hub, partition) = a
+            .address
+            .split_once("/Partitions/")
+            .unwrap_or_else(|| panic!("sent to a partition, not {}", a.address));
+        assert!(
+            hub.ends_with("/orders"),
+            "sent to the event hub: {}",
+            a.address
+        );
+        let key = a.partition_key.clone().unwrap_or_default();
+        let first = partition_of_key
+            .entry(key.clone())
+            .or_insert_with(|| partition.to_owned());
+        assert_eq!(
+            first, partition,
+            "every message of key {key} on one partition"
+        );
+    }
+    let used: std::collections::BTreeSet<&String> = partition_of_key.values().collect();
+    if partition_of_key.len() > 8 {
+        assert!(used.len() > 1, "keys spread over the partitions: {used:?}");
+    }
     let tokens = arrivals.tokens.lock().expect("lock").clone();
     assert!(
         tokens

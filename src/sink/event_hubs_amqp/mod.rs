@@ -1,0 +1,587 @@
+//! Azure Event Hubs over AMQP (`azure_messaging_eventhubs`).
+//!
+//! Messages of a pipeline batch are buffered and sent at the end of the pipeline
+//! batch; each message's delivery resolves when its AMQP batch is accepted. The
+//! partition key is the scheme's key; with no key, a key derived from the event's
+//! `logicalid`, so its segments share a partition. The body is the structured
+//! CloudEvent (or, in binary mode, `data`), `content-type` is set, and binary mode's
+//! attributes travel as `cloudEvents:`-prefixed application properties (the
+//! CloudEvents AMQP binding).
+//!
+//! At connect the sink reads the hub's partition ids and places each key on the
+//! partition the service would ([`partitions`]), the key kept on the message
+//! (`x-opt-partition-key`), as the client library's buffered producer does. A batch
+//! then holds many keys of one partition, and the partitions are sent side by side
+//! (at most [`PARTITIONS_IN_FLIGHT`] at once), each in order, so each key's order
+//! holds. Where the partitions cannot be read, the sink falls back to the gateway:
+//! one key per batch, one key at a time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use azure_messaging_eventhubs::models::{AmqpMessage, EventData};
+use azure_messaging_eventhubs::{
+    EventDataBatch, EventDataBatchOptions, ProducerClient, SendMessageOptions,
+};
+use futures_util::StreamExt as _;
+use tokio::sync::{RwLock, oneshot};
+
+use super::{Delivery, OutgoingMessage, SinkError};
+
+pub mod outcome;
+pub mod partitions;
+
+use partitions::PartitionMap;
+
+/// How the producer authenticates.
+#[derive(Clone)]
+pub enum EventHubsCredential {
+    /// A SAS connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
+    ConnectionString(String),
+    /// Microsoft Entra ID, for `namespace` (`<name>.servicebus.windows.net`).
+    Entra {
+        namespace: String,
+        credential: std::sync::Arc<dyn azure_core::credentials::TokenCredential>,
+    },
+}
+
+/// Largest batch we fill: below the 1 MiB link limit of Event Hubs' Standard tier,
+/// leaving room for the batch envelope and per-message overhead that the client's size
+/// estimate does not count exactly (a batch filled to the very limit was seen to stall
+/// when messages carry application properties).
+pub const BATCH_CAP_BYTES: u64 = 900 * 1024;
+
+/// How many partitions are sent to at once. Each has at most one batch in flight, so
+/// per-key order holds; more partitions than this wait their turn.
+pub const PARTITIONS_IN_FLIGHT: usize = 8;
+
+/// How long reading the hub's partition ids at connect may take before the sink
+/// falls back to sending through the gateway.
+const PARTITION_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long closing the connection may take.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What it takes to open (and reopen) the producer.
+#[derive(Clone)]
+struct Target {
+    credential: EventHubsCredential,
+    event_hub: String,
+    custom_endpoint: Option<String>,
+}
+
+/// What became of a chunk.
+enum Sent {
+    /// Stored: this many messages.
+    Accepted(usize),
+    /// Released or modified by the service: not stored.
+    NotAccepted,
+}
+
+/// Where a run of messages is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Destination {
+    /// A partition, each message carrying its own key.
+    Partition(String),
+    /// The gateway, which places the key (one key per batch).
+    Key(String),
+}
+
+/// The producer in use, and which connection it is (a resend reopens it once, however
+/// many partitions saw the stall).
+struct Connection {
+    producer: Arc<ProducerClient>,
+    generation: u64,
+}
+
+type Waiting = (OutgoingMessage, oneshot::Sender<Result<(), SinkError>>);
+
+pub struct EventHubsAmqpSink {
+    connection: RwLock<Connection>,
+    generations: AtomicU64,
+    target: Target,
+    /// The hub's partitions; `None` when they could not be read (gateway sends).
+    partitions: Option<PartitionMap>,
+    /// A batch not acknowledged within this time is resent on a new connection
+    /// (`sink.amqp_resend_after_ms`): the client was seen to stall after an
+    /// acknowledged send, and at-least-once makes the duplicate harmless.
+    resend_after: Duration,
+    /// A batch still not acknowledged after this fails the run
+    /// (`sink.delivery_timeout_ms`).
+    send_timeout: Duration,
+    pending: Vec<Waiting>,
+}
+
+fn delivery_error(e: impl std::fmt::Display) -> SinkError {
+    SinkError::Delivery(e.to_string())
+}
+
+/// The AMQP application-property name of a Kafka-binding header (`ce_id` →
+/// `cloudEvents:id`); `None` for `content-type`, which is a message property.
+fn property_name(header: &str) -> Option<String> {
+    header
+        .strip_prefix("ce_")
+        .map(|attribute| format!("cloudEvents:{attribute}"))
+}
+
+impl EventHubsAmqpSink {
+    /// Opens the producer and reads the hub's partitions. `custom_endpoint` (e.g.
+    /// `amqp://127.0.0.1:5672`) sends the connection elsewhere than the namespace (a
+    /// proxy, or a local test peer).
+    pub async fn connect(
+        credential: EventHubsCredential,
+        event_hub: &str,
+        custom_endpoint: Option<String>,
+        resend_after: Duration,
+        send_timeout: Duration,
+    ) -> Result<Self, SinkError> {
+        let target = Target {
+            credential,
+            event_hub: event_hub.to_owned(),
+            custom_endpoint,
+        };
+        let producer = Self::open(&target, send_timeout).await?;
+        if !outcome::installed() {
+            tracing::warn!(
+                "the tracing layer that reads Event Hubs' send outcomes is not installed: a Released or Modified outcome counts as delivered"
+            );
+        }
+        let partitions = Self::read_partitions(&producer, event_hub).await;
+        Ok(EventHubsAmqpSink {
+            connection: RwLock::new(Connection {
+                producer: Arc::new(producer),
+                generation: 0,
+            }),
+            generations: AtomicU64::new(0),
+            target,
+            partitions,
+            resend_after,
+            send_timeout,
+            pending: Vec::new(),
+        })
+    }
+
+    /// The hub's partition ids, or `None` (logged) when they cannot be read: then
+    /// each key goes through the gateway, which is correct but slower.
+    async fn read_partitions(producer: &ProducerClient, event_hub: &str) -> Option<PartitionMap> {
+        let read = tokio::time::timeout(PARTITION_READ_TIMEOUT, producer.get_eventhub_properties());
+        match read.await {
+            Ok(Ok(properties)) => {
+                let map = PartitionMap::new(properties.partition_ids);
+                match &map {
+                    Some(map) => tracing::info!(
+                        event_hub,
+                        partitions = map.len(),
+                        "sending to the event hub's partitions directly, each key where the service places it"
+                    ),
+                    None => tracing::warn!(
+                        event_hub,
+                        "the event hub reported no partitions; sending each partition key through the gateway"
+                    ),
+                }
+                map
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(event_hub, error = %e, "cannot read the event hub's partitions; sending each partition key through the gateway, one key at a time (slower)");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    event_hub,
+                    "reading the event hub's partitions timed out; sending each partition key through the gateway, one key at a time (slower)"
+                );
+                None
+            }
+        }
+    }
+
+    /// How many partitions messages are spread over: `None` when sending through
+    /// the gateway.
+    pub fn partition_count(&self) -> Option<usize> {
+        self.partitions.as_ref().map(PartitionMap::len)
+    }
+
+    /// Opens a producer, giving up after `timeout`.
+    async fn open(target: &Target, timeout: Duration) -> Result<ProducerClient, SinkError> {
+        tokio::time::timeout(timeout, Self::open_unbounded(target))
+            .await
+            .unwrap_or_else(|_| {
+                Err(SinkError::Delivery(format!(
+                    "opening the Event Hubs producer took longer than sink.delivery_timeout_ms ({} ms)",
+                    timeout.as_millis()
+                )))
+            })
+    }
+
+    async fn open_unbounded(target: &Target) -> Result<ProducerClient, SinkError> {
+        let mut builder = ProducerClient::builder().with_application_id("mssql-ces".into());
+        if let Some(endpoint) = &target.custom_endpoint {
+            builder = builder.with_custom_endpoint(endpoint.clone());
+        }
+        match &target.credential {
+            // The client's errors do not quote the connection string.
+            EventHubsCredential::ConnectionString(cs) => {
+                builder
+                    .open_with_connection_string(cs, Some(&target.event_hub))
+                    .await
+            }
+            EventHubsCredential::Entra {
+                namespace,
+                credential,
+            } => {
+                builder
+                    .open(namespace, &target.event_hub, credential.clone())
+                    .await
+            }
+        }
+        .map_err(|e| SinkError::Delivery(format!("cannot open the Event Hubs producer: {e}")))
+    }
+
+    /// Buffers a message until [`end_batch`](Self::end_batch).
+    pub fn send(&mut self, message: OutgoingMessage) -> Delivery {
+        let (tx, rx) = oneshot::channel();
+        self.pending.push((message, tx));
+        Delivery::Pending(rx)
+    }
+
+    /// Closes the AMQP connection, waiting at most [`CLOSE_TIMEOUT`] (the client's
+    /// close was seen to hang; everything sent is settled by then).
+    pub async fn close(self) -> Result<(), SinkError> {
+        let producer = self.connection.into_inner().producer;
+        let Ok(producer) = Arc::try_unwrap(producer) else {
+            // Still shared: nothing is sending any more, dropping it closes it.
+            return Ok(());
+        };
+        match tokio::time::timeout(CLOSE_TIMEOUT, producer.close()).await {
+            Ok(result) => result.map_err(delivery_error),
+            Err(_) => {
+                tracing::warn!(
+                    timeout_ms = CLOSE_TIMEOUT.as_millis() as u64,
+                    "closing the Event Hubs connection did not finish in time; dropping it"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    fn partition_key(message: &OutgoingMessage) -> String {
+        match (&message.key, message.partition_hint) {
+            (Some(key), _) => String::from_utf8_lossy(key).into_owned(),
+            (None, Some(hint)) => format!("{hint:016x}"),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// The AMQP message for `message`; with `key`, the key is written on the message
+    /// itself (`x-opt-partition-key`), as a gateway send would have it.
+    fn amqp_message(message: &OutgoingMessage, key: Option<&str>) -> AmqpMessage {
+        let mut builder = EventData::builder().with_body(message.payload.clone());
+        for (name, value) in &message.headers {
+            let text = String::from_utf8_lossy(value).into_owned();
+            match property_name(name) {
+                Some(property) => builder = builder.add_property(property, text.as_str()),
+                None if name == "content-type" => builder = builder.with_content_type(text),
+                None => {}
+            }
+        }
+        let mut amqp = AmqpMessage::from(builder.build());
+        amqp.set_message_id(azure_core::Uuid::new_v4());
+        if let Some(key) = key.filter(|k| !k.is_empty()) {
+            amqp.add_message_annotation(
+                azure_core_amqp::AmqpSymbol::from("x-opt-partition-key"),
+                key.to_owned(),
+            );
+        }
+        amqp
+    }
+
+    /// Splits what is buffered by destination, each in send order; destinations in
+    /// order of first appearance.
+    fn route(&self, pending: Vec<Waiting>) -> Vec<(Destination, Vec<Waiting>)> {
+        let mut runs: Vec<(Destination, Vec<Waiting>)> = Vec::new();
+        for waiting in pending {
+            let key = Self::partition_key(&waiting.0);
+            let destination = match &self.partitions {
+                Some(map) => Destination::Partition(map.partition_for(&key).to_owned()),
+                None => Destination::Key(key),
+            };
+            match runs.iter_mut().find(|(d, _)| *d == destination) {
+                Some((_, list)) => list.push(waiting),
+                None => runs.push((destination, vec![waiting])),
+            }
+        }
+        runs
+    }
+
+    /// Sends everything buffered and settles each message's delivery with its own
+    /// batch's outcome. Partitions go side by side; through the gateway, one key at
+    /// a time.
+    pub async fn end_batch(&mut self) -> Result<(), SinkError> {
+        let pending = std::mem::take(&mut self.pending);
+        let runs = self.route(pending);
+        let in_flight = if self.partitions.is_some() {
+            PARTITIONS_IN_FLIGHT
+        } else {
+            1
+        };
+        let this = &*self;
+        let mut sends = futures_util::stream::iter(runs)
+            .map(|(destination, run)| this.send_run(destination, run))
+            .buffer_unordered(in_flight);
+        while let Some(result) = sends.next().await {
+            // The first failure ends the batch; runs not yet settled see their
+            // senders dropped, which fails their deliveries.
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Sends one destination's messages in order, a batch at a time.
+    async fn send_run(&self, destination: Destination, run: Vec<Waiting>) -> Result<(), SinkError> {
+        let (messages, senders): (Vec<OutgoingMessage>, Vec<oneshot::Sender<_>>) =
+            run.into_iter().unzip();
+        let mut senders = senders.into_iter();
+        let mut start = 0;
+        while start < messages.len() {
+            match self
+                .send_chunk_with_resend(&destination, &messages[start..])
+                .await
+            {
+                Ok(count) => {
+                    // A dropped receiver means the pipeline stopped listening.
+                    for tx in senders.by_ref().take(count) {
+                        let _ = tx.send(Ok(()));
+                    }
+                    start += count.max(1);
+                }
+                Err(e) => {
+                    for tx in senders {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the next chunk of a destination's messages (as many as fit one batch,
+    /// or one message alone); if it is not acknowledged within `resend_after`, sends
+    /// that chunk again on a new connection, until `send_timeout` has passed for it.
+    /// Each chunk has its own timer: a slow but moving run is never resent from its
+    /// start. Returns how many messages the chunk held.
+    async fn send_chunk_with_resend(
+        &self,
+        destination: &Destination,
+        messages: &[OutgoingMessage],
+    ) -> Result<usize, SinkError> {
+        let deadline = tokio::time::Instant::now() + self.send_timeout;
+        loop {
+            let (producer, generation) = {
+                let connection = self.connection.read().await;
+                (Arc::clone(&connection.producer), connection.generation)
+            };
+            let attempt = self
+                .resend_after
+                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            let send = Self::send_chunk(&producer, destination, messages);
+            match tokio::time::timeout(attempt, send).await {
+                Ok(Ok(Sent::Accepted(count))) => return Ok(count),
+                Ok(Ok(Sent::NotAccepted)) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(
+                        "Event Hubs released the batch without storing it; sending it again"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(Ok(Sent::NotAccepted)) => {
+                    return Err(SinkError::Delivery(format!(
+                        "Event Hubs did not store a batch (released or modified) within sink.delivery_timeout_ms ({} ms)",
+                        self.send_timeout.as_millis()
+                    )));
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(
+                        resend_after_ms = self.resend_after.as_millis() as u64,
+                        "Event Hubs did not acknowledge a batch in time; resending it on a new connection"
+                    );
+                    drop(producer);
+                    self.reopen_until(generation, deadline).await?;
+                }
+                Err(_) => {
+                    return Err(SinkError::Delivery(format!(
+                        "Event Hubs did not acknowledge a batch within sink.delivery_timeout_ms ({} ms)",
+                        self.send_timeout.as_millis()
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Replaces connection `stale` with a new one, retrying with backoff until
+    /// `deadline`; if another run already replaced it, uses that one.
+    async fn reopen_until(
+        &self,
+        stale: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), SinkError> {
+        let mut connection = self.connection.write().await;
+        if connection.generation != stale {
+            return Ok(());
+        }
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match Self::open(&self.target, left).await {
+                Ok(fresh) => {
+                    let old = std::mem::replace(&mut connection.producer, Arc::new(fresh));
+                    connection.generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+                    // The old one is closed in the background once no send holds it:
+                    // its close may stall as its send did.
+                    tokio::spawn(close_when_free(old));
+                    return Ok(());
+                }
+                Err(e) if tokio::time::Instant::now() + wait < deadline => {
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "reopening the Event Hubs connection failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(10));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A new batch for `destination`, capped at [`BATCH_CAP_BYTES`] (or the link's
+    /// limit where that is lower).
+    async fn new_batch<'p>(
+        producer: &'p ProducerClient,
+        destination: &Destination,
+    ) -> Result<EventDataBatch<'p>, SinkError> {
+        let options = |cap| {
+            let (partition_id, partition_key) = match destination {
+                Destination::Partition(id) => (Some(id.clone()), None),
+                Destination::Key(key) => (None, (!key.is_empty()).then(|| key.clone())),
+            };
+            EventDataBatchOptions {
+                partition_id,
+                partition_key,
+                max_size_in_bytes: cap,
+            }
+        };
+        match producer
+            .create_batch(Some(options(Some(BATCH_CAP_BYTES))))
+            .await
+        {
+            Ok(batch) => Ok(batch),
+            // The link allows less than the cap: use the link's own limit.
+            Err(_) => producer
+                .create_batch(Some(options(None)))
+                .await
+                .map_err(delivery_error),
+        }
+    }
+
+    /// Sends one batch of the first messages that fit it, or the first message
+    /// alone when it fits no batch; says how many were stored, or that the service
+    /// released them (see [`outcome`]).
+    async fn send_chunk(
+        producer: &ProducerClient,
+        destination: &Destination,
+        messages: &[OutgoingMessage],
+    ) -> Result<Sent, SinkError> {
+        use tracing::Instrument as _;
+        let attempt = outcome::new_attempt();
+        let span = tracing::warn_span!(target: "mssql_ces::amqp", "mssql_ces_amqp_send", attempt);
+        // Boxed: the instrumented future would otherwise deepen every caller's type.
+        let count = Box::pin(Self::send_chunk_once(producer, destination, messages))
+            .instrument(span)
+            .await?;
+        if outcome::take_not_accepted(attempt) {
+            return Ok(Sent::NotAccepted);
+        }
+        Ok(Sent::Accepted(count))
+    }
+
+    async fn send_chunk_once(
+        producer: &ProducerClient,
+        destination: &Destination,
+        messages: &[OutgoingMessage],
+    ) -> Result<usize, SinkError> {
+        let batch = Self::new_batch(producer, destination).await?;
+        let mut count = 0;
+        for message in messages {
+            let key = match destination {
+                Destination::Partition(_) => Some(Self::partition_key(message)),
+                // The batch writes its key on each message.
+                Destination::Key(_) => None,
+            };
+            if !batch
+                .try_add_amqp_message(Self::amqp_message(message, key.as_deref()), None)
+                .map_err(delivery_error)?
+            {
+                break;
+            }
+            count += 1;
+        }
+        if count == 0 {
+            // Too large for any batch: the client counts a batch's first message
+            // twice toward its size, so nothing above about half the limit fits.
+            // Sent alone, in its place in the order, it is held only to the link's
+            // own limit. (An empty batch is never sent: the client panics.)
+            let Some(first) = messages.first() else {
+                return Ok(0);
+            };
+            Self::send_alone(producer, destination, first).await?;
+            return Ok(1);
+        }
+        producer
+            .send_batch(batch, None)
+            .await
+            .map_err(delivery_error)?;
+        Ok(count)
+    }
+
+    /// Sends one message outside a batch: to its partition, or with the partition
+    /// key as the service reads it (`x-opt-partition-key`), so it lands where the
+    /// key's batches do.
+    async fn send_alone(
+        producer: &ProducerClient,
+        destination: &Destination,
+        message: &OutgoingMessage,
+    ) -> Result<(), SinkError> {
+        let key = Self::partition_key(message);
+        let amqp = Self::amqp_message(message, Some(&key));
+        let options = match destination {
+            Destination::Partition(id) => Some(SendMessageOptions {
+                partition_id: Some(id.clone()),
+            }),
+            Destination::Key(_) => None,
+        };
+        producer
+            .send_message(amqp, options)
+            .await
+            .map_err(|e| {
+                SinkError::Delivery(format!(
+                    "a {}-byte message could not be sent on its own ({e}); if the event hub's tier allows less, lower event.max_message_size_kb",
+                    message.payload.len()
+                ))
+            })
+    }
+}
+
+/// Closes a replaced producer once no send holds it any more (bounded: a stalled
+/// connection is dropped instead).
+async fn close_when_free(producer: Arc<ProducerClient>) {
+    let mut producer = producer;
+    for _ in 0..50 {
+        match Arc::try_unwrap(producer) {
+            Ok(owned) => {
+                let _ = tokio::time::timeout(Duration::from_secs(5), owned.close()).await;
+                return;
+            }
+            Err(shared) => producer = shared,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,167 @@
+//! Event Hubs over AMQP, where keys go: the sink reads the hub's partitions from the
+//! local peer's `$management` node, places each key on the partition Event Hubs would
+//! (checked with the Azure SDKs' published hash vectors, not with the sink's own
+//! code), fills one batch per partition with many keys, and sends partitions side by
+//! side — each key in order. Without readable partitions it falls back to the gateway,
+//! one key per batch.
+
+mod support;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mssql_ces::sink::event_hubs_amqp::PARTITIONS_IN_FLIGHT;
+use mssql_ces::sink::{OutgoingMessage, Sink};
+use support::amqp_peer::{Arrivals, ArrivedEvent};
+
+fn message(key: &str, seq: u32) -> OutgoingMessage {
+    OutgoingMessage {
+        topic: "orders".into(),
+        key: Some(key.as_bytes().to_vec()),
+        partition_hint: None,
+        headers: vec![(
+            "content-type".into(),
+            b"application/cloudevents+json; charset=UTF-8".to_vec(),
+        )],
+        payload: format!("{{\"key\":\"{key}\",\"seq\":{seq}}}").into_bytes(),
+    }
+}
+
+/// `keys` keys (among them the published vectors "7" and "131"), `per_key` messages
+/// each, interleaved as a table's changes are; sent as one pipeline batch.
+async fn send_all(sink: &mut Sink, keys: usize, per_key: u32) -> Vec<(String, u32)> {
+    let mut names: Vec<String> = vec!["7".into(), "131".into()];
+    names.extend((names.len()..keys).map(|i| format!("dbo.orders|{i}")));
+    let mut sent = Vec::new();
+    let mut deliveries = Vec::new();
+    for seq in 0..per_key {
+        for key in &names {
+            deliveries.push(sink.send(message(key, seq)).await.expect("queued"));
+            sent.push((key.clone(), seq));
+        }
+    }
+    sink.end_batch().await.expect("the batch is sent");
+    for delivery in deliveries {
+        delivery.wait().await.expect("delivered");
+    }
+    sent
+}
+
+/// Each distinct message once, in order of first arrival (a resend after the client's
+/// known stall repeats a message byte for byte).
+fn distinct(arrivals: &Arrivals) -> Vec<ArrivedEvent> {
+    let mut seen = HashSet::new();
+    let all = arrivals.events.lock().expect("lock").clone();
+    all.into_iter()
+        .filter(|a| seen.insert(a.body.clone()))
+        .collect()
+}
+
+/// Every sent message arrived with its own key, and each key's in send order.
+fn assert_complete_and_in_key_order(sent: &[(String, u32)], arrived: &[ArrivedEvent]) {
+    assert_eq!(arrived.len(), sent.len(), "every message arrived");
+    let mut order: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for a in arrived {
+        let body: serde_json::Value = serde_json::from_slice(&a.body).expect("json body");
+        let key = body["key"].as_str().expect("key").to_owned();
+        assert_eq!(
+            a.partition_key.as_deref(),
+            Some(key.as_str()),
+            "the message carries its key"
+        );
+        order
+            .entry(key)
+            .or_default()
+            .push(u32::try_from(body["seq"].as_u64().expect("seq")).expect("seq"));
+    }
+    for (key, seqs) in order {
+        let mut sorted = seqs.clone();
+        sorted.sort_unstable();
+        assert_eq!(seqs, sorted, "key {key} in order");
+    }
+}
+
+/// Sends a first batch, so every partition's link is attached (each attaches on
+/// first use, one authorization at a time), then forgets what the peer saw.
+async fn warm_up(sink: &mut Sink, arrivals: &Arrivals) {
+    send_all(sink, 300, 1).await;
+    arrivals.events.lock().expect("lock").clear();
+    arrivals.transfers.store(0, Ordering::SeqCst);
+    arrivals.max_in_flight.store(0, Ordering::SeqCst);
+}
+
+fn partition_of(a: &ArrivedEvent) -> Option<&str> {
+    a.address.split_once("/Partitions/").map(|(_, p)| p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_go_where_the_service_puts_them_many_to_a_batch_partitions_side_by_side() {
+    let (sink, arrivals) = support::event_hubs::peer_and_sink_with(4, Duration::from_secs(5)).await;
+    assert_eq!(sink.partition_count(), Some(4));
+    let mut sink = Sink::EventHubsAmqp(Box::new(sink));
+    warm_up(&mut sink, &arrivals).await;
+    // A service's round trip: makes sends that overlap visible to the peer.
+    arrivals.settle_delay_ms.store(100, Ordering::SeqCst);
+    let sent = send_all(&mut sink, 200, 3).await;
+    let arrived = distinct(&arrivals);
+    assert_complete_and_in_key_order(&sent, &arrived);
+
+    // The published vectors: "7" hashes to -15263 and "131" to 30562; of four
+    // partitions that is |-15263 % 4| = 3 and 30562 % 4 = 2.
+    for (key, partition) in [("7", "3"), ("131", "2")] {
+        let places: HashSet<Option<&str>> = arrived
+            .iter()
+            .filter(|a| a.partition_key.as_deref() == Some(key))
+            .map(partition_of)
+            .collect();
+        assert_eq!(places, HashSet::from([Some(partition)]), "key {key}");
+    }
+    let used: HashSet<Option<&str>> = arrived.iter().map(partition_of).collect();
+    assert_eq!(used.len(), 4, "200 keys use every partition: {used:?}");
+
+    // 600 messages of 200 keys: a batch per partition, not a round trip per key.
+    let transfers = arrivals.transfers.load(Ordering::SeqCst);
+    assert!(transfers <= 8, "{transfers} transfers for 4 partitions");
+    let overlap = arrivals.max_in_flight.load(Ordering::SeqCst);
+    assert!(overlap > 1, "partitions were sent side by side ({overlap})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_more_partitions_in_flight_than_the_bound() {
+    let (sink, arrivals) =
+        support::event_hubs::peer_and_sink_with(32, Duration::from_secs(5)).await;
+    let mut sink = Sink::EventHubsAmqp(Box::new(sink));
+    warm_up(&mut sink, &arrivals).await;
+    arrivals.settle_delay_ms.store(200, Ordering::SeqCst);
+    let sent = send_all(&mut sink, 300, 2).await;
+    assert_complete_and_in_key_order(&sent, &distinct(&arrivals));
+    let overlap = arrivals.max_in_flight.load(Ordering::SeqCst);
+    assert!(
+        overlap > 1 && overlap <= PARTITIONS_IN_FLIGHT,
+        "{overlap} batches in flight, bound {PARTITIONS_IN_FLIGHT}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_readable_partitions_each_key_goes_through_the_gateway() {
+    let (sink, arrivals) = support::event_hubs::peer_and_sink_with(0, Duration::from_secs(5)).await;
+    assert_eq!(sink.partition_count(), None);
+    let mut sink = Sink::EventHubsAmqp(Box::new(sink));
+    let sent = send_all(&mut sink, 6, 3).await;
+    let arrived = distinct(&arrivals);
+    assert_complete_and_in_key_order(&sent, &arrived);
+    assert!(
+        arrived.iter().all(|a| a.address.ends_with("/orders")),
+        "sent to the hub, which places the keys"
+    );
+    assert_eq!(
+        arrivals.max_in_flight.load(Ordering::SeqCst),
+        1,
+        "one key at a time"
+    );
+    assert!(
+        arrivals.transfers.load(Ordering::SeqCst) >= 6,
+        "a batch per key"
+    );
+}

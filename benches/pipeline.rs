@@ -10,10 +10,10 @@
 use std::time::{Duration, Instant};
 
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
-use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme, SinkSettings};
+use mssql_ces::config::{CloudEventsMode, KafkaSinkConfig, PartitionKeyScheme};
 use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::pipeline::{self, PipelineSettings};
-use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink};
+use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink};
 use mssql_ces::sink::{OutgoingMessage, Router, Sink};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
@@ -51,10 +51,10 @@ fn router(topic: &str) -> Router {
     )
 }
 
-fn sink_settings(bootstrap: &str) -> SinkSettings {
-    SinkSettings {
+fn sink_settings(bootstrap: &str) -> KafkaSinkConfig {
+    KafkaSinkConfig {
         kafka: [("linger.ms".to_string(), "5".to_string())].into(),
-        ..SinkSettings::kafka(bootstrap)
+        ..KafkaSinkConfig::new(bootstrap)
     }
 }
 
@@ -100,7 +100,12 @@ fn main() {
     for topic in ["e2e", "raw"] {
         let _ = cluster.create_topic(topic, 4, 1);
     }
-    let Ok(settings) = KafkaSettings::new(&sink_settings(&bootstrap), 256 * 1024, None) else {
+    let Ok(settings) = KafkaSettings::new(
+        &sink_settings(&bootstrap),
+        KafkaFlavour::Kafka,
+        256 * 1024,
+        None,
+    ) else {
         return;
     };
 

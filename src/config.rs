@@ -11,7 +11,6 @@
 //! - [`Config::validate`] checks everything that can be checked before connecting,
 //!   and each error names the setting to fix.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,6 +18,10 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::event::{Encoding, FinalEventMode, MessageSizeLimit};
+pub use crate::sink::SinkConfig;
+pub use crate::sink::event_hubs_amqp::config::{EntraCredentialKind, EventHubsAmqpSinkConfig};
+pub use crate::sink::kafka::{Compression, KafkaSinkConfig, Partitioner};
+pub use crate::sink::stream::{FileSinkConfig, StdoutSinkConfig};
 use crate::source::filter::TableFilter;
 use crate::source::poller::{GapPolicy, PollerConfig, StartPosition};
 use crate::source::timezone::TimeZoneSetting;
@@ -39,7 +42,7 @@ pub enum ConfigError {
     MissingSecret { setting: String, reason: String },
 }
 
-fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         setting: setting.to_owned(),
         reason: reason.into(),
@@ -98,6 +101,11 @@ impl<'de> Deserialize<'de> for SecretRef {
 }
 
 impl SecretRef {
+    /// Whether it names a place to read the secret from.
+    pub fn is_set(&self) -> bool {
+        self.env.is_some() || self.file.is_some()
+    }
+
     /// Reads the secret. The error names `setting` and where it looked, never a value.
     pub fn resolve(&self, setting: &str) -> Result<String, ConfigError> {
         let missing = |reason: String| ConfigError::MissingSecret {
@@ -246,29 +254,6 @@ impl Default for EventSettings {
     }
 }
 
-/// Where events go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SinkKind {
-    Kafka,
-    EventHubsKafka,
-    EventHubsAmqp,
-    Stdout,
-    File,
-}
-
-/// Which Microsoft Entra ID credential an AMQP Event Hubs sink uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EntraCredentialKind {
-    /// The managed identity of the Azure host (system-assigned).
-    ManagedIdentity,
-    /// Workload identity federation (AKS), from the standard environment variables.
-    WorkloadIdentity,
-    /// The signed-in Azure CLI or Azure Developer CLI user (development).
-    DeveloperTools,
-}
-
 /// CES's `partition_key_scheme`, plus `primary_key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -297,42 +282,22 @@ pub enum CloudEventsMode {
     Binary,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Compression {
-    None,
-    Gzip,
-    #[default]
-    Lz4,
-    Zstd,
-    Snappy,
-}
-
-impl Compression {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Compression::None => "none",
-            Compression::Gzip => "gzip",
-            Compression::Lz4 => "lz4",
-            Compression::Zstd => "zstd",
-            Compression::Snappy => "snappy",
-        }
-    }
-}
-
-/// `[sink]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `[sink]`: how events are routed, and where they go — `kind` with that sink's
+/// own settings, each kind's settings beside its sink ([`SinkConfig`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct SinkSettings {
-    /// `"kafka"`, `"event_hubs_kafka"`, `"stdout"` or `"file"`.
-    pub kind: SinkKind,
+    pub routing: RoutingSettings,
+    pub kind: SinkConfig,
+}
+
+/// The settings of `[sink]` that every kind shares: where and how messages are keyed.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingSettings {
     /// Topic name, or a template over `{db}`, `{schema}`, `{tbl}` (default `"ces"`).
     /// For Event Hubs: the event hub (default: `EntityPath` of the connection string).
     #[serde(default)]
     pub topic: Option<String>,
-    /// Kafka bootstrap servers (`host:port,…`).
-    #[serde(default)]
-    pub bootstrap_servers: Option<String>,
     #[serde(default)]
     pub partition_key: PartitionKeyScheme,
     /// The column whose value is the key when `partition_key = "column"`.
@@ -340,75 +305,45 @@ pub struct SinkSettings {
     pub partition_key_column: Option<String>,
     #[serde(default)]
     pub mode: CloudEventsMode,
-    /// `"lz4"` (default), `"zstd"`, `"gzip"`, `"snappy"` or `"none"`; Event Hubs: none or gzip.
-    #[serde(default)]
-    pub compression: Option<Compression>,
-    /// Event Hubs connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
-    #[serde(default)]
-    pub connection_string: SecretRef,
-    /// AMQP with Microsoft Entra ID: the namespace (`<name>.servicebus.windows.net`).
-    #[serde(default)]
-    pub namespace: Option<String>,
-    /// AMQP with Microsoft Entra ID: `"managed_identity"`, `"workload_identity"` or
-    /// `"developer_tools"` (instead of a connection string).
-    #[serde(default)]
-    pub entra_credential: Option<EntraCredentialKind>,
-    /// AMQP: connect here instead of the namespace (a proxy or a local test peer),
-    /// e.g. `amqp://127.0.0.1:5672`.
-    #[serde(default)]
-    pub custom_endpoint: Option<String>,
-    /// AMQP: a batch not acknowledged within this many ms is resent on a new
-    /// connection (default 30000), until `delivery_timeout_ms` has passed.
-    #[serde(default = "default_amqp_resend_after_ms")]
-    pub amqp_resend_after_ms: u64,
-    /// File sink: the path of the newline-delimited output.
-    #[serde(default)]
-    pub path: Option<PathBuf>,
-    /// How long a message may wait for delivery before the run fails, in ms (default 300000).
-    #[serde(default = "default_delivery_timeout_ms")]
-    pub delivery_timeout_ms: u64,
-    /// How keys map to partitions (librdkafka's `partitioner`); default
-    /// `"murmur2_random"`, the placement of Java clients, so Kafka Streams and Flink
-    /// can co-partition with these topics.
-    #[serde(default)]
-    pub partitioner: Partitioner,
-    /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
-    #[serde(default)]
-    pub kafka: BTreeMap<String, String>,
 }
 
-/// librdkafka's `partitioner` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Partitioner {
-    /// murmur2 of the key, as the Java client (keyless messages: random).
-    #[default]
-    Murmur2Random,
-    /// murmur2 of the key (keyless messages: one partition).
-    Murmur2,
-    /// librdkafka's own default: CRC32 of the key (keyless: random).
-    ConsistentRandom,
-    /// CRC32 of the key (keyless: one partition).
-    Consistent,
-    /// FNV-1a of the key, as Sarama (keyless: random).
-    Fnv1aRandom,
-    /// FNV-1a of the key (keyless: one partition).
-    Fnv1a,
-    /// Random, whatever the key.
-    Random,
-}
+/// The keys of `[sink]` that [`RoutingSettings`] reads; the rest belong to the kind.
+const ROUTING_KEYS: &[&str] = &["topic", "partition_key", "partition_key_column", "mode"];
 
-impl Partitioner {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Partitioner::Murmur2Random => "murmur2_random",
-            Partitioner::Murmur2 => "murmur2",
-            Partitioner::ConsistentRandom => "consistent_random",
-            Partitioner::Consistent => "consistent",
-            Partitioner::Fnv1aRandom => "fnv1a_random",
-            Partitioner::Fnv1a => "fnv1a",
-            Partitioner::Random => "random",
+impl<'de> Deserialize<'de> for SinkSettings {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut rest = toml::Table::deserialize(deserializer)?;
+        let mut routing = toml::Table::new();
+        for key in ROUTING_KEYS {
+            if let Some(value) = rest.remove(*key) {
+                routing.insert((*key).to_owned(), value);
+            }
         }
+        let routing = toml::Value::Table(routing)
+            .try_into::<RoutingSettings>()
+            .map_err(D::Error::custom)?;
+        // The kind's own settings are read without their path: name it here.
+        if rest.get("connection_string").is_some_and(|v| !v.is_table()) {
+            return Err(D::Error::custom(
+                "sink.connection_string: expected { env = \"VARIABLE\" } or { file = \"/path\" }; a secret is never written in the configuration itself",
+            ));
+        }
+        let kind_name = rest
+            .get("kind")
+            .and_then(toml::Value::as_str)
+            .map(str::to_owned);
+        let kind =
+            toml::Value::Table(rest)
+                .try_into::<SinkConfig>()
+                .map_err(|e| match &kind_name {
+                    Some(name) => D::Error::custom(format!(
+                        "{} (the settings of sink.kind = \"{name}\")",
+                        e.to_string().trim_end()
+                    )),
+                    None => D::Error::custom(e),
+                })?;
+        Ok(SinkSettings { routing, kind })
     }
 }
 
@@ -416,23 +351,32 @@ impl SinkSettings {
     /// A Kafka sink at `bootstrap_servers`, every other setting at its default.
     pub fn kafka(bootstrap_servers: &str) -> Self {
         SinkSettings {
-            kind: SinkKind::Kafka,
-            topic: None,
-            bootstrap_servers: Some(bootstrap_servers.to_owned()),
-            partition_key: PartitionKeyScheme::default(),
-            partition_key_column: None,
-            mode: CloudEventsMode::default(),
-            compression: None,
-            connection_string: SecretRef::default(),
-            namespace: None,
-            entra_credential: None,
-            custom_endpoint: None,
-            amqp_resend_after_ms: default_amqp_resend_after_ms(),
-            path: None,
-            delivery_timeout_ms: default_delivery_timeout_ms(),
-            partitioner: Partitioner::default(),
-            kafka: BTreeMap::new(),
+            routing: RoutingSettings::default(),
+            kind: SinkConfig::Kafka(KafkaSinkConfig::new(bootstrap_servers)),
         }
+    }
+
+    /// Checks the routing and the kind's own settings.
+    pub fn validate(&self, event: &EventSettings) -> Result<(), ConfigError> {
+        if self.routing.partition_key == PartitionKeyScheme::Column
+            && self.routing.partition_key_column.is_none()
+        {
+            return Err(invalid(
+                "sink.partition_key_column",
+                "partition_key = \"column\" needs the column name",
+            ));
+        }
+        self.kind.validate(&self.routing, event)
+    }
+}
+
+/// Milliseconds in the file (`…_ms = 30000`), a [`Duration`] in the program.
+pub mod millis {
+    use serde::Deserialize as _;
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
     }
 }
 
@@ -544,12 +488,6 @@ fn default_encoding() -> Encoding {
     Encoding::Json
 }
 /// librdkafka's default `message.timeout.ms` (5 minutes).
-fn default_delivery_timeout_ms() -> u64 {
-    300_000
-}
-fn default_amqp_resend_after_ms() -> u64 {
-    30_000
-}
 fn default_checkpoint_path() -> PathBuf {
     PathBuf::from("mssql-ces.checkpoint.json")
 }
@@ -563,28 +501,10 @@ fn default_drain_timeout_ms() -> u64 {
     10_000
 }
 
-/// librdkafka properties that typed settings own; setting them in `sink.kafka` would
-/// fight the typed setting or break a guarantee.
-const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
-    ("bootstrap.servers", "sink.bootstrap_servers"),
-    (
-        "enable.idempotence",
-        "always true: needed for ordered, duplicate-free retries",
-    ),
-    ("acks", "always all: needed for at-least-once delivery"),
-    ("compression.type", "sink.compression"),
-    ("compression.codec", "sink.compression"),
-    ("message.max.bytes", "event.max_message_size_kb"),
-    ("message.timeout.ms", "sink.delivery_timeout_ms"),
-    ("delivery.timeout.ms", "sink.delivery_timeout_ms"),
-    ("sasl.password", "sink.connection_string"),
-    ("partitioner", "sink.partitioner"),
-];
-
 impl Config {
     /// Reads `path`, applies the environment's `MSSQL_CES__…` overrides and then
     /// `overrides` (from flags, as `section.key = value`), and validates.
-    pub fn load(path: &Path, overrides: &[(String, toml::Value)]) -> Result<Self, ConfigError> {
+    pub fn load(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
             path: path.to_owned(),
             reason: e.to_string(),
@@ -597,7 +517,7 @@ impl Config {
     pub fn from_parts(
         text: &str,
         env: &[(String, String)],
-        overrides: &[(String, toml::Value)],
+        overrides: &[Override],
     ) -> Result<Self, ConfigError> {
         let mut table: toml::Table =
             toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
@@ -621,7 +541,7 @@ impl Config {
             applied.retain(|(p, _, _)| *p != path);
             applied.push((path, Some(value.clone()), parsed));
         }
-        for (key, value) in overrides {
+        for Override { key, value, typed } in overrides {
             let path = override_path(key)?;
             if SECRET_SETTINGS.contains(&path.join(".").as_str()) {
                 return Err(invalid(
@@ -632,7 +552,7 @@ impl Config {
             set_path(&mut table, &path, value.clone(), key)?;
             // A later override of the same setting wins, also in the text fallback.
             applied.retain(|(p, _, _)| *p != path);
-            applied.push((path, value_text(value), value.clone()));
+            applied.push((path, typed.clone(), value.clone()));
         }
         let config = deserialize_with_text_fallback(table, &mut applied)?;
         config.validate()?;
@@ -660,114 +580,7 @@ impl Config {
                 });
             }
         }
-        let sink = &self.sink;
-        if sink.partition_key == PartitionKeyScheme::Column && sink.partition_key_column.is_none() {
-            return Err(invalid(
-                "sink.partition_key_column",
-                "partition_key = \"column\" needs the column name",
-            ));
-        }
-        match sink.kind {
-            SinkKind::Kafka => {
-                if sink.bootstrap_servers.is_none() {
-                    return Err(invalid(
-                        "sink.bootstrap_servers",
-                        "required for sink.kind = \"kafka\"",
-                    ));
-                }
-            }
-            SinkKind::EventHubsKafka => {
-                let max_kb = self.event.max_message_size_kb.kb() as usize;
-                if max_kb > crate::sink::kafka::EVENT_HUBS_MAX_MESSAGE_KB {
-                    return Err(invalid(
-                        "event.max_message_size_kb",
-                        format!(
-                            "{max_kb} is more than Event Hubs' Kafka endpoint accepts (it closes the connection on requests of {} bytes or more); use at most {}",
-                            crate::sink::kafka::EVENT_HUBS_REQUEST_LIMIT,
-                            crate::sink::kafka::EVENT_HUBS_MAX_MESSAGE_KB
-                        ),
-                    ));
-                }
-                if let Some(c) = sink.compression
-                    && !matches!(c, Compression::None | Compression::Gzip)
-                {
-                    return Err(invalid(
-                        "sink.compression",
-                        format!(
-                            "Event Hubs accepts only \"none\" or \"gzip\", not \"{}\"",
-                            c.as_str()
-                        ),
-                    ));
-                }
-                let c = &sink.connection_string;
-                if c.env.is_none() && c.file.is_none() {
-                    return Err(ConfigError::MissingSecret {
-                        setting: "sink.connection_string".into(),
-                        reason: "set sink.connection_string.env or .file to the Event Hubs connection string".into(),
-                    });
-                }
-            }
-            SinkKind::EventHubsAmqp => {
-                if let Some(topic) = &sink.topic
-                    && topic.contains(['{', '}'])
-                {
-                    return Err(invalid(
-                        "sink.topic",
-                        format!(
-                            "\"{topic}\" is a template, but an Event Hubs AMQP sink sends to one event hub: name it (per-table hubs need one mssql-ces per hub, with source.include)"
-                        ),
-                    ));
-                }
-                let c = &sink.connection_string;
-                let has_secret = c.env.is_some() || c.file.is_some();
-                match (has_secret, sink.entra_credential, &sink.namespace) {
-                    (true, None, _) => {}
-                    (false, Some(_), Some(_)) => {
-                        if sink.topic.is_none() {
-                            return Err(invalid("sink.topic", "name the event hub"));
-                        }
-                    }
-                    (false, Some(_), None) => {
-                        return Err(invalid(
-                            "sink.namespace",
-                            "Microsoft Entra ID needs the namespace (<name>.servicebus.windows.net)",
-                        ));
-                    }
-                    (true, Some(_), _) => {
-                        return Err(invalid(
-                            "sink.entra_credential",
-                            "give either sink.connection_string or sink.entra_credential, not both",
-                        ));
-                    }
-                    (false, None, _) => {
-                        return Err(ConfigError::MissingSecret {
-                            setting: "sink.connection_string".into(),
-                            reason: "set sink.connection_string.env or .file, or use sink.entra_credential with sink.namespace".into(),
-                        });
-                    }
-                }
-                if sink.compression.is_some() {
-                    return Err(invalid(
-                        "sink.compression",
-                        "does not apply to Event Hubs over AMQP",
-                    ));
-                }
-            }
-            SinkKind::File => {
-                if sink.path.is_none() {
-                    return Err(invalid("sink.path", "required for sink.kind = \"file\""));
-                }
-            }
-            SinkKind::Stdout => {}
-        }
-        for key in sink.kafka.keys() {
-            if let Some((_, owner)) = OWNED_KAFKA_PROPERTIES.iter().find(|(p, _)| p == key) {
-                return Err(invalid(
-                    &format!("sink.kafka.\"{key}\""),
-                    format!("conflicts with a typed setting ({owner}); remove it"),
-                ));
-            }
-        }
+        self.sink.validate(&self.event)?;
         Ok(())
     }
 
@@ -779,17 +592,7 @@ impl Config {
                 .connection_string
                 .resolve("source.connection_string")?;
         }
-        let sink = &self.sink;
-        let event_hubs_string = match sink.kind {
-            SinkKind::EventHubsKafka => true,
-            SinkKind::EventHubsAmqp => sink.entra_credential.is_none(),
-            _ => false,
-        };
-        if event_hubs_string {
-            let secret = sink.connection_string.resolve("sink.connection_string")?;
-            crate::sink::kafka::parse_event_hubs_connection_string(&secret)
-                .map_err(|e| invalid("sink.connection_string", e.to_string()))?;
-        }
+        self.sink.kind.check_secrets()?;
         Ok(())
     }
 
@@ -811,6 +614,36 @@ impl Config {
     }
 }
 
+/// One command-line override: the setting, its value, and the text it was typed as,
+/// for the text fallback (`--set sink.topic=007` reads as the number 7; where a number
+/// does not fit the setting, the text is taken as typed: `"007"`, not `"7"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    pub key: String,
+    pub value: toml::Value,
+    pub typed: Option<String>,
+}
+
+impl Override {
+    /// A text setting given by its own flag (`--topic`): taken as text.
+    pub fn text(key: &str, value: &str) -> Self {
+        Override {
+            key: key.to_owned(),
+            value: toml::Value::String(value.to_owned()),
+            typed: None,
+        }
+    }
+
+    /// `--set key=value`: read as a TOML value when it parses as one, else as text.
+    pub fn parse(key: &str, raw: &str) -> Self {
+        Override {
+            key: key.to_owned(),
+            value: parse_override_value(raw),
+            typed: Some(raw.to_owned()),
+        }
+    }
+}
+
 /// An override's value (environment variable or `--set`): read as a TOML value when
 /// it parses as one (`7`, `true`, `["a"]`), else taken as text.
 pub fn parse_override_value(text: &str) -> toml::Value {
@@ -818,17 +651,6 @@ pub fn parse_override_value(text: &str) -> toml::Value {
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(text.to_owned()))
-}
-
-/// The text an override was given as, when reading it as text is a possible meaning
-/// (`2024` may be a topic name).
-fn value_text(value: &toml::Value) -> Option<String> {
-    match value {
-        toml::Value::Integer(i) => Some(i.to_string()),
-        toml::Value::Float(f) => Some(f.to_string()),
-        toml::Value::Boolean(b) => Some(b.to_string()),
-        _ => None,
-    }
 }
 
 /// An override key as a path: a TOML dotted key, so `sink.kafka."linger.ms"` is the
@@ -925,15 +747,39 @@ kind = "synthetic"
 kind = "stdout"
 "#;
 
+    const KAFKA: &str = r#"
+[source]
+kind = "synthetic"
+
+[sink]
+kind = "kafka"
+bootstrap_servers = "localhost:9092"
+"#;
+
     fn load(text: &str) -> Result<Config, ConfigError> {
         Config::from_parts(text, &[], &[])
+    }
+
+    fn kafka(c: &Config) -> &KafkaSinkConfig {
+        match &c.sink.kind {
+            SinkConfig::Kafka(k) | SinkConfig::EventHubsKafka(k) => k,
+            other => panic!("not a Kafka sink: {other:?}"),
+        }
+    }
+
+    fn amqp(c: &Config) -> &EventHubsAmqpSinkConfig {
+        match &c.sink.kind {
+            SinkConfig::EventHubsAmqp(a) => a,
+            other => panic!("not an AMQP sink: {other:?}"),
+        }
     }
 
     #[test]
     fn defaults_fill_a_minimal_file() {
         let c = load(MINIMAL).unwrap();
         assert_eq!(c.event.max_message_size_kb.kb(), 256);
-        assert_eq!(c.sink.partition_key, PartitionKeyScheme::Table);
+        assert_eq!(c.sink.routing.partition_key, PartitionKeyScheme::Table);
+        assert_eq!(c.sink.kind, SinkConfig::Stdout(StdoutSinkConfig {}));
         assert_eq!(c.checkpoint.store, CheckpointStoreKind::File);
         assert_eq!(c.source.synthetic.transactions, 10_000);
         assert_eq!(c.event.encoding, Encoding::Json);
@@ -982,7 +828,7 @@ connection_string = { env = "EH" }
             "{base}entra_credential = \"workload_identity\"\nnamespace = \"ns.servicebus.windows.net\"\ntopic = \"hub\"\n"
         );
         assert_eq!(
-            load(&ok).unwrap().sink.entra_credential,
+            amqp(&load(&ok).unwrap()).entra_credential,
             Some(EntraCredentialKind::WorkloadIdentity)
         );
         assert!(load(&format!("{base}connection_string = {{ env = \"X\" }}\n")).is_ok());
@@ -1034,13 +880,14 @@ connection_string = { env = "EH" }
             ),
             ("UNRELATED".to_string(), "x".to_string()),
         ];
-        let flags = vec![(
-            "event.encoding".to_string(),
-            toml::Value::String("avro".into()),
-        )];
+        let flags = vec![Override::text("event.encoding", "avro")];
         let c = Config::from_parts(MINIMAL, &env, &flags).unwrap();
-        assert_eq!(c.sink.kind, SinkKind::File);
-        assert_eq!(c.sink.path.as_deref(), Some(Path::new("/tmp/out.ndjson")));
+        assert_eq!(
+            c.sink.kind,
+            SinkConfig::File(FileSinkConfig {
+                path: PathBuf::from("/tmp/out.ndjson")
+            })
+        );
         assert_eq!(c.source.synthetic.seed, 7);
         assert_eq!(c.source.include, ["dbo.*"]);
         assert_eq!(c.event.encoding, Encoding::Avro);
@@ -1066,10 +913,7 @@ topic = "hub"
         let err = load(&text).unwrap_err().to_string();
         assert!(!err.contains("SUPERSECRET"), "{err}");
         assert!(err.contains("env"), "says what to write instead: {err}");
-        let flags = vec![(
-            "sink.connection_string".to_string(),
-            toml::Value::String(SECRET.into()),
-        )];
+        let flags = vec![Override::text("sink.connection_string", SECRET)];
         let err = Config::from_parts(EVENT_HUBS, &[], &flags)
             .unwrap_err()
             .to_string();
@@ -1082,7 +926,7 @@ topic = "hub"
         let name = "MSSQL_CES__SINK__CONNECTION_STRING";
         let env = vec![(name.to_string(), SECRET.to_string())];
         let c = Config::from_parts(EVENT_HUBS, &env, &[]).unwrap();
-        assert_eq!(c.sink.connection_string.env.as_deref(), Some(name));
+        assert_eq!(kafka(&c).connection_string.env.as_deref(), Some(name));
         assert!(!format!("{c:?}").contains("SUPERSECRET"));
     }
 
@@ -1111,12 +955,12 @@ topic = "hub"
 
     #[test]
     fn overrides_reach_pass_through_keys_and_keep_text_settings_text() {
-        let flags = vec![(
-            "sink.kafka.\"linger.ms\"".to_string(),
-            toml::Value::Integer(5),
-        )];
-        let c = Config::from_parts(MINIMAL, &[], &flags).unwrap();
-        assert_eq!(c.sink.kafka.get("linger.ms").map(String::as_str), Some("5"));
+        let flags = vec![Override::parse("sink.kafka.\"linger.ms\"", "5")];
+        let c = Config::from_parts(KAFKA, &[], &flags).unwrap();
+        assert_eq!(
+            kafka(&c).kafka.get("linger.ms").map(String::as_str),
+            Some("5")
+        );
         let env = vec![
             ("MSSQL_CES__SINK__TOPIC".to_string(), "2024".to_string()),
             (
@@ -1129,19 +973,24 @@ topic = "hub"
             ),
         ];
         let c = Config::from_parts(MINIMAL, &env, &[]).unwrap();
-        assert_eq!(c.sink.topic.as_deref(), Some("2024"));
+        assert_eq!(c.sink.routing.topic.as_deref(), Some("2024"));
         assert_eq!(c.checkpoint.stream_name, "1");
         assert_eq!(
             c.source.synthetic.seed, 42,
             "numbers stay numbers where meant"
         );
         // A flag overrides the environment, in the text fallback too.
-        let flags = vec![(
-            "checkpoint.stream_name".to_string(),
-            toml::Value::Integer(2),
-        )];
+        let flags = vec![Override::parse("checkpoint.stream_name", "2")];
         let c = Config::from_parts(MINIMAL, &env, &flags).unwrap();
         assert_eq!(c.checkpoint.stream_name, "2");
+        // The text as typed, not the number's own text.
+        let flags = vec![
+            Override::parse("sink.topic", "007"),
+            Override::parse("checkpoint.stream_name", "1e3"),
+        ];
+        let c = Config::from_parts(MINIMAL, &[], &flags).unwrap();
+        assert_eq!(c.sink.routing.topic.as_deref(), Some("007"));
+        assert_eq!(c.checkpoint.stream_name, "1e3");
         // Text for a number is still an error naming the setting.
         let bad = vec![(
             "MSSQL_CES__SOURCE__PAGE_SIZE".to_string(),
@@ -1168,10 +1017,20 @@ topic = "hub"
             "{EVENT_HUBS}connection_string = {{ env = \"X\" }}\n[event]\nmax_message_size_kb = 1019\n"
         );
         assert!(load(&fits).is_ok());
-        let partitioner = format!("{MINIMAL}partitioner = \"consistent_random\"\n");
+        let partitioner = format!("{KAFKA}partitioner = \"consistent_random\"\n");
         assert_eq!(
-            load(&partitioner).unwrap().sink.partitioner,
+            kafka(&load(&partitioner).unwrap()).partitioner,
             Partitioner::ConsistentRandom
+        );
+        // A setting of another kind is refused, by name, not ignored.
+        let err = load(&format!("{MINIMAL}partitioner = \"murmur2\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("partitioner"), "{err}");
+        let timeout = format!("{KAFKA}delivery_timeout_ms = 1500\n");
+        assert_eq!(
+            kafka(&load(&timeout).unwrap()).delivery_timeout,
+            Duration::from_millis(1500)
         );
     }
 }

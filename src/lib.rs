@@ -20,7 +20,9 @@
 //! - [`checkpoint`]: where the position survives restarts.
 //! - [`pipeline`]: the stages wired with bounded channels and ordered acknowledgement.
 //! - [`config`]: the TOML configuration and its overrides.
+//! - [`app`]: one run of the daemon, from a configuration to a stopped pipeline.
 
+pub mod app;
 pub mod checkpoint;
 pub mod config;
 pub mod event;

@@ -227,7 +227,7 @@ pub async fn run<S: ChangeSource + 'static>(
         }
     };
     let acker_result =
-        acker_result.map_err(|e| SinkError::Delivery(format!("acknowledgement task: {e}")))?;
+        acker_result.map_err(|e| SinkError::Definite(format!("acknowledgement task: {e}")))?;
     // What is left of the bound, at most a moment each, for the flush and the close.
     let moment = |cap: Duration| {
         deadline

@@ -155,11 +155,7 @@ async fn without_readable_partitions_each_key_goes_through_the_gateway() {
         arrived.iter().all(|a| a.address.ends_with("/orders")),
         "sent to the hub, which places the keys"
     );
-    assert_eq!(
-        arrivals.max_in_flight.load(Ordering::SeqCst),
-        1,
-        "one key at a time"
-    );
+    // The gateway places one key per batch: 18 messages of 6 keys take at least 6.
     assert!(
         arrivals.transfers.load(Ordering::SeqCst) >= 6,
         "a batch per key"

@@ -10,11 +10,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
-use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme, SinkSettings};
+use mssql_ces::config::{CloudEventsMode, KafkaSinkConfig, PartitionKeyScheme};
 use mssql_ces::event::readback::{CloudEvent, Reassembler, decode_message};
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::pipeline::{self, PipelineSettings, RunSummary};
-use mssql_ces::sink::kafka::{KafkaSettings, KafkaSink};
+use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
@@ -52,11 +52,10 @@ async fn expected(transactions: u64, encoding: Encoding) -> BTreeMap<String, Vec
     .await
 }
 
-fn sink_settings(bootstrap: &str) -> SinkSettings {
-    SinkSettings {
-        topic: Some("ces".into()),
-        delivery_timeout_ms: 60_000,
-        ..SinkSettings::kafka(bootstrap)
+fn sink_settings(bootstrap: &str) -> KafkaSinkConfig {
+    KafkaSinkConfig {
+        delivery_timeout: Duration::from_secs(60),
+        ..KafkaSinkConfig::new(bootstrap)
     }
 }
 
@@ -69,8 +68,13 @@ async fn run(
     encoding: Encoding,
     transactions: u64,
 ) -> RunSummary {
-    let settings =
-        KafkaSettings::new(&sink_settings(bootstrap), 128 * 1024, None).expect("settings");
+    let settings = KafkaSettings::new(
+        &sink_settings(bootstrap),
+        KafkaFlavour::Kafka,
+        128 * 1024,
+        None,
+    )
+    .expect("settings");
     let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
     let router = Router::new(
         topic,
@@ -336,8 +340,13 @@ async fn a_broker_outage_mid_run_loses_nothing() {
         .expect("topic");
     let transactions = 1500;
     let expected = expected(transactions, Encoding::Json).await;
-    let settings =
-        KafkaSettings::new(&sink_settings(&bootstrap), 128 * 1024, None).expect("settings");
+    let settings = KafkaSettings::new(
+        &sink_settings(&bootstrap),
+        KafkaFlavour::Kafka,
+        128 * 1024,
+        None,
+    )
+    .expect("settings");
     let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
     let router = Router::new(
         "outage",

@@ -17,7 +17,11 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use super::{Delivery, OutgoingMessage, SinkError};
-use crate::config::{Compression, SinkKind, SinkSettings};
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::config::{ConfigError, EventSettings, RoutingSettings, SecretRef, invalid};
 
 /// Room for the record, headers and protocol framing around a message of the
 /// configured maximum size.
@@ -35,6 +39,240 @@ pub const EVENT_HUBS_RECORD_OVERHEAD: usize = 2 * 1024;
 /// The largest `event.max_message_size_kb` Event Hubs' Kafka endpoint can carry.
 pub const EVENT_HUBS_MAX_MESSAGE_KB: usize =
     (EVENT_HUBS_REQUEST_LIMIT - 1 - EVENT_HUBS_RECORD_OVERHEAD) / 1024;
+
+/// `[sink]` with `kind = "kafka"` or `kind = "event_hubs_kafka"` (Event Hubs through
+/// its Kafka endpoint): the settings of the Kafka producer.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    /// Kafka bootstrap servers (`host:port,…`); Event Hubs: from the connection string.
+    #[serde(default)]
+    pub bootstrap_servers: Option<String>,
+    /// Event Hubs connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
+    #[serde(default)]
+    pub connection_string: SecretRef,
+    /// `"lz4"` (default), `"zstd"`, `"gzip"`, `"snappy"` or `"none"`; Event Hubs: none
+    /// (default) or gzip.
+    #[serde(default)]
+    pub compression: Option<Compression>,
+    /// How keys map to partitions (librdkafka's `partitioner`); default
+    /// `"murmur2_random"`, the placement of Java clients, so Kafka Streams and Flink
+    /// can co-partition with these topics.
+    #[serde(default)]
+    pub partitioner: Partitioner,
+    /// How long a message may wait for delivery before the run fails
+    /// (`delivery_timeout_ms`, default 300000).
+    #[serde(
+        rename = "delivery_timeout_ms",
+        with = "crate::config::millis",
+        default = "default_delivery_timeout"
+    )]
+    pub delivery_timeout: Duration,
+    /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+}
+
+/// Which Kafka endpoint a [`KafkaSinkConfig`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaFlavour {
+    /// A Kafka cluster (`kind = "kafka"`).
+    Kafka,
+    /// Event Hubs' Kafka endpoint (`kind = "event_hubs_kafka"`).
+    EventHubs,
+}
+
+/// The default of `sink.delivery_timeout_ms`.
+pub fn default_delivery_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Gzip,
+    #[default]
+    Lz4,
+    Zstd,
+    Snappy,
+}
+
+impl Compression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+            Compression::Snappy => "snappy",
+        }
+    }
+}
+
+/// librdkafka's `partitioner` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioner {
+    /// murmur2 of the key, as the Java client (keyless messages: random).
+    #[default]
+    Murmur2Random,
+    /// murmur2 of the key (keyless messages: one partition).
+    Murmur2,
+    /// librdkafka's own default: CRC32 of the key (keyless: random).
+    ConsistentRandom,
+    /// CRC32 of the key (keyless: one partition).
+    Consistent,
+    /// FNV-1a of the key, as Sarama (keyless: random).
+    Fnv1aRandom,
+    /// FNV-1a of the key (keyless: one partition).
+    Fnv1a,
+    /// Random, whatever the key.
+    Random,
+}
+
+impl Partitioner {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Partitioner::Murmur2Random => "murmur2_random",
+            Partitioner::Murmur2 => "murmur2",
+            Partitioner::ConsistentRandom => "consistent_random",
+            Partitioner::Consistent => "consistent",
+            Partitioner::Fnv1aRandom => "fnv1a_random",
+            Partitioner::Fnv1a => "fnv1a",
+            Partitioner::Random => "random",
+        }
+    }
+}
+
+/// librdkafka properties that typed settings own; setting them in `sink.kafka` would
+/// fight the typed setting or break a guarantee.
+const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "sink.bootstrap_servers"),
+    (
+        "enable.idempotence",
+        "always true: needed for ordered, duplicate-free retries",
+    ),
+    ("acks", "always all: needed for at-least-once delivery"),
+    ("compression.type", "sink.compression"),
+    ("compression.codec", "sink.compression"),
+    ("message.max.bytes", "event.max_message_size_kb"),
+    ("message.timeout.ms", "sink.delivery_timeout_ms"),
+    ("delivery.timeout.ms", "sink.delivery_timeout_ms"),
+    ("sasl.password", "sink.connection_string"),
+    ("partitioner", "sink.partitioner"),
+];
+
+impl KafkaSinkConfig {
+    /// A Kafka sink at `bootstrap_servers`, every other setting at its default.
+    pub fn new(bootstrap_servers: &str) -> Self {
+        KafkaSinkConfig {
+            bootstrap_servers: Some(bootstrap_servers.to_owned()),
+            connection_string: SecretRef::default(),
+            compression: None,
+            partitioner: Partitioner::default(),
+            delivery_timeout: default_delivery_timeout(),
+            kafka: BTreeMap::new(),
+        }
+    }
+
+    /// Checks what can be checked before connecting; each error names the setting.
+    pub fn validate(
+        &self,
+        flavour: KafkaFlavour,
+        event: &EventSettings,
+    ) -> Result<(), ConfigError> {
+        match flavour {
+            KafkaFlavour::Kafka => {
+                if self.bootstrap_servers.is_none() {
+                    return Err(invalid(
+                        "sink.bootstrap_servers",
+                        "required for sink.kind = \"kafka\"",
+                    ));
+                }
+            }
+            KafkaFlavour::EventHubs => {
+                let max_kb = event.max_message_size_kb.kb() as usize;
+                if max_kb > EVENT_HUBS_MAX_MESSAGE_KB {
+                    return Err(invalid(
+                        "event.max_message_size_kb",
+                        format!(
+                            "{max_kb} is more than Event Hubs' Kafka endpoint accepts (it closes the connection on requests of {EVENT_HUBS_REQUEST_LIMIT} bytes or more); use at most {EVENT_HUBS_MAX_MESSAGE_KB}"
+                        ),
+                    ));
+                }
+                if let Some(c) = self.compression
+                    && !matches!(c, Compression::None | Compression::Gzip)
+                {
+                    return Err(invalid(
+                        "sink.compression",
+                        format!(
+                            "Event Hubs accepts only \"none\" or \"gzip\", not \"{}\"",
+                            c.as_str()
+                        ),
+                    ));
+                }
+                if !self.connection_string.is_set() {
+                    return Err(ConfigError::MissingSecret {
+                        setting: "sink.connection_string".into(),
+                        reason: "set sink.connection_string.env or .file to the Event Hubs connection string".into(),
+                    });
+                }
+            }
+        }
+        for key in self.kafka.keys() {
+            if let Some((_, owner)) = OWNED_KAFKA_PROPERTIES.iter().find(|(p, _)| p == key) {
+                return Err(invalid(
+                    &format!("sink.kafka.\"{key}\""),
+                    format!("conflicts with a typed setting ({owner}); remove it"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the Event Hubs connection string (without keeping it) and checks its
+    /// form, so a missing or malformed one is reported before anything connects.
+    pub fn check_secrets(&self, flavour: KafkaFlavour) -> Result<(), ConfigError> {
+        if flavour == KafkaFlavour::EventHubs {
+            let secret = self.connection_string.resolve("sink.connection_string")?;
+            parse_event_hubs_connection_string(&secret)
+                .map_err(|e| invalid("sink.connection_string", e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The producer and the topic (template) it sends to.
+    pub fn build(
+        &self,
+        flavour: KafkaFlavour,
+        routing: &RoutingSettings,
+        max_message_bytes: usize,
+    ) -> Result<super::BuiltSink, SinkError> {
+        let (secret, topic) = match flavour {
+            KafkaFlavour::Kafka => (None, routing.topic.clone().unwrap_or_else(|| "ces".into())),
+            KafkaFlavour::EventHubs => {
+                let secret = self
+                    .connection_string
+                    .resolve("sink.connection_string")
+                    .map_err(|e| SinkError::Definite(e.to_string()))?;
+                let (_, entity) = parse_event_hubs_connection_string(&secret)?;
+                let topic = routing.topic.clone().or(entity).ok_or_else(|| {
+                    SinkError::Definite(
+                        "sink.topic: name the event hub, or put EntityPath= in the connection string"
+                            .into(),
+                    )
+                })?;
+                (Some(secret), topic)
+            }
+        };
+        let settings = KafkaSettings::new(self, flavour, max_message_bytes, secret.as_deref())?;
+        Ok(super::BuiltSink {
+            sink: super::Sink::Kafka(KafkaSink::new(&settings, max_message_bytes)?),
+            topic,
+        })
+    }
+}
 
 /// What the Kafka producer is given (secrets included: never log this).
 pub struct KafkaSettings {
@@ -66,7 +304,7 @@ pub fn parse_event_hubs_connection_string(
         }
     }
     let host = host.filter(|h| !h.is_empty()).ok_or_else(|| {
-        SinkError::Config(
+        SinkError::Definite(
             "sink.connection_string has no Endpoint=sb://<namespace>.servicebus.windows.net/"
                 .into(),
         )
@@ -74,18 +312,52 @@ pub fn parse_event_hubs_connection_string(
     Ok((host, entity))
 }
 
+/// A Kafka error as a [`SinkError`]: definite where the broker refuses the message
+/// itself or the client's rights (resending cannot help), else transient.
+pub fn delivery_error(error: &KafkaError) -> SinkError {
+    use RDKafkaErrorCode as C;
+    let code = match error {
+        KafkaError::MessageProduction(code) => Some(*code),
+        other => other.rdkafka_error_code(),
+    };
+    let definite = matches!(
+        code,
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidRecord
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::TransactionalIdAuthorizationFailed
+                | C::SaslAuthenticationFailed
+                | C::InvalidTopic
+                | C::UnknownTopic
+                | C::PolicyViolation
+                | C::UnsupportedCompressionType
+                | C::UnsupportedForMessageFormat
+        )
+    );
+    if definite {
+        SinkError::Definite(error.to_string())
+    } else {
+        SinkError::Transient(error.to_string())
+    }
+}
+
 impl KafkaSettings {
     /// The producer properties for a Kafka or Event Hubs sink. `event_hubs_secret` is
     /// the Event Hubs connection string (Event Hubs sinks only).
     pub fn new(
-        sink: &SinkSettings,
+        sink: &KafkaSinkConfig,
+        flavour: KafkaFlavour,
         max_message_bytes: usize,
         event_hubs_secret: Option<&str>,
     ) -> Result<Self, SinkError> {
-        let request_limit = match sink.kind {
-            SinkKind::EventHubsKafka => {
+        let request_limit = match flavour {
+            KafkaFlavour::EventHubs => {
                 if max_message_bytes + EVENT_HUBS_RECORD_OVERHEAD >= EVENT_HUBS_REQUEST_LIMIT {
-                    return Err(SinkError::Config(format!(
+                    return Err(SinkError::Definite(format!(
                         "event.max_message_size_kb = {}: Event Hubs' Kafka endpoint closes the connection on requests of {EVENT_HUBS_REQUEST_LIMIT} bytes or more; use at most {EVENT_HUBS_MAX_MESSAGE_KB}",
                         max_message_bytes / 1024
                     )));
@@ -101,17 +373,17 @@ impl KafkaSettings {
             ("message.max.bytes".to_owned(), request_limit.to_string()),
             (
                 "message.timeout.ms".to_owned(),
-                sink.delivery_timeout_ms.to_string(),
+                sink.delivery_timeout.as_millis().to_string(),
             ),
             (
                 "partitioner".to_owned(),
                 sink.partitioner.as_str().to_owned(),
             ),
         ];
-        match sink.kind {
-            SinkKind::EventHubsKafka => {
+        match flavour {
+            KafkaFlavour::EventHubs => {
                 let secret = event_hubs_secret.ok_or_else(|| {
-                    SinkError::Config("sink.connection_string is required for Event Hubs".into())
+                    SinkError::Definite("sink.connection_string is required for Event Hubs".into())
                 })?;
                 let (host, _) = parse_event_hubs_connection_string(secret)?;
                 let compression = sink.compression.unwrap_or(Compression::None);
@@ -132,9 +404,9 @@ impl KafkaSettings {
                     ),
                 ]);
             }
-            _ => {
+            KafkaFlavour::Kafka => {
                 let servers = sink.bootstrap_servers.clone().ok_or_else(|| {
-                    SinkError::Config("sink.bootstrap_servers is required".into())
+                    SinkError::Definite("sink.bootstrap_servers is required".into())
                 })?;
                 let compression = sink.compression.unwrap_or_default();
                 properties.extend([
@@ -149,7 +421,7 @@ impl KafkaSettings {
         properties.extend(sink.kafka.iter().map(|(k, v)| (k.clone(), v.clone())));
         Ok(KafkaSettings {
             properties,
-            check_topic_limits: sink.kind == SinkKind::Kafka,
+            check_topic_limits: flavour == KafkaFlavour::Kafka,
         })
     }
 }
@@ -166,7 +438,7 @@ pub fn check_topic_limit(
     largest_message: usize,
 ) -> Result<(), SinkError> {
     if largest_message + RECORD_OVERHEAD_BYTES > topic_limit {
-        return Err(SinkError::Config(format!(
+        return Err(SinkError::Definite(format!(
             "topic {topic} accepts messages up to {topic_limit} bytes (its max.message.bytes, or the broker's message.max.bytes), but event.max_message_size_kb = {} allows segments of {largest_message} bytes plus about {RECORD_OVERHEAD_BYTES} of headers: raise the topic's max.message.bytes or lower event.max_message_size_kb",
             largest_message / 1024
         )));
@@ -195,7 +467,7 @@ impl KafkaSink {
         // librdkafka's error text names the property, never its value.
         let producer: FutureProducer = config
             .create()
-            .map_err(|e| SinkError::Config(format!("cannot create the Kafka producer: {e}")))?;
+            .map_err(|e| SinkError::Definite(format!("cannot create the Kafka producer: {e}")))?;
         // The admin client needs only where and how to connect.
         let mut admin_config = ClientConfig::new();
         for (key, value) in &settings.properties {
@@ -303,10 +575,10 @@ impl KafkaSink {
                 })
         })
         .await
-        .map_err(|e| SinkError::Delivery(e.to_string()))?
-        .map_err(|e| SinkError::Delivery(format!("metadata of topic {topic}: {e}")))?;
+        .map_err(|e| SinkError::Transient(e.to_string()))?
+        .map_err(|e| SinkError::Transient(format!("metadata of topic {topic}: {e}")))?;
         if count == 0 {
-            return Err(SinkError::Delivery(format!(
+            return Err(SinkError::Definite(format!(
                 "topic {topic} has no partitions"
             )));
         }
@@ -351,7 +623,7 @@ impl KafkaSink {
                     // Backpressure: wait for the queue to drain a little.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err((e, _)) => return Err(SinkError::Delivery(e.to_string())),
+                Err((e, _)) => return Err(delivery_error(&e)),
             }
         }
     }
@@ -360,8 +632,8 @@ impl KafkaSink {
         let producer = self.producer.clone();
         tokio::task::spawn_blocking(move || producer.flush(timeout))
             .await
-            .map_err(|e| SinkError::Delivery(e.to_string()))?
-            .map_err(|e| SinkError::Delivery(e.to_string()))
+            .map_err(|e| SinkError::Transient(e.to_string()))?
+            .map_err(|e| delivery_error(&e))
     }
 }
 
@@ -369,13 +641,14 @@ impl KafkaSink {
 mod tests {
     use super::*;
 
-    fn sink(kind: SinkKind) -> SinkSettings {
-        SinkSettings {
-            kind,
+    fn sink() -> KafkaSinkConfig {
+        KafkaSinkConfig {
             kafka: [("linger.ms".to_string(), "5".to_string())].into(),
-            ..SinkSettings::kafka("localhost:9092")
+            ..KafkaSinkConfig::new("localhost:9092")
         }
     }
+
+    use KafkaFlavour::{EventHubs, Kafka};
 
     fn get<'a>(s: &'a KafkaSettings, key: &str) -> Option<&'a str> {
         s.properties
@@ -387,7 +660,7 @@ mod tests {
 
     #[test]
     fn kafka_defaults_are_idempotent_lz4_and_sized() {
-        let s = KafkaSettings::new(&sink(SinkKind::Kafka), 256 * 1024, None).unwrap();
+        let s = KafkaSettings::new(&sink(), Kafka, 256 * 1024, None).unwrap();
         assert_eq!(get(&s, "enable.idempotence"), Some("true"));
         assert_eq!(get(&s, "acks"), Some("all"));
         assert_eq!(get(&s, "compression.type"), Some("lz4"));
@@ -398,9 +671,9 @@ mod tests {
             Some("murmur2_random"),
             "Java's placement"
         );
-        let mut consistent = sink(SinkKind::Kafka);
+        let mut consistent = sink();
         consistent.partitioner = crate::config::Partitioner::ConsistentRandom;
-        let s = KafkaSettings::new(&consistent, 256 * 1024, None).unwrap();
+        let s = KafkaSettings::new(&consistent, Kafka, 256 * 1024, None).unwrap();
         assert_eq!(get(&s, "partitioner"), Some("consistent_random"));
     }
 
@@ -420,17 +693,21 @@ mod tests {
     #[test]
     fn event_hubs_requests_stay_below_the_service_limit() {
         let cs = "Endpoint=sb://myns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0";
-        let eh = sink(SinkKind::EventHubsKafka);
-        let s = KafkaSettings::new(&eh, EVENT_HUBS_MAX_MESSAGE_KB * 1024, Some(cs)).unwrap();
+        let eh = sink();
+        let s =
+            KafkaSettings::new(&eh, EventHubs, EVENT_HUBS_MAX_MESSAGE_KB * 1024, Some(cs)).unwrap();
         let limit: usize = get(&s, "message.max.bytes").unwrap().parse().unwrap();
         assert!(limit < EVENT_HUBS_REQUEST_LIMIT, "{limit}");
         assert!(limit >= EVENT_HUBS_MAX_MESSAGE_KB * 1024 + EVENT_HUBS_RECORD_OVERHEAD);
         assert_eq!(get(&s, "socket.keepalive.enable"), Some("true"));
         assert_eq!(get(&s, "metadata.max.age.ms"), Some("180000"));
         for kb in [128, 256, 512] {
-            assert!(KafkaSettings::new(&eh, kb * 1024, Some(cs)).is_ok(), "{kb}");
+            assert!(
+                KafkaSettings::new(&eh, EventHubs, kb * 1024, Some(cs)).is_ok(),
+                "{kb}"
+            );
         }
-        let err = KafkaSettings::new(&eh, 1024 * 1024, Some(cs))
+        let err = KafkaSettings::new(&eh, EventHubs, 1024 * 1024, Some(cs))
             .err()
             .unwrap();
         let text = err.to_string();
@@ -451,7 +728,7 @@ mod tests {
                 Some("orders".to_string())
             )
         );
-        let s = KafkaSettings::new(&sink(SinkKind::EventHubsKafka), 1000 * 1024, Some(cs)).unwrap();
+        let s = KafkaSettings::new(&sink(), EventHubs, 1000 * 1024, Some(cs)).unwrap();
         assert_eq!(
             get(&s, "bootstrap.servers"),
             Some("myns.servicebus.windows.net:9093")
@@ -464,5 +741,30 @@ mod tests {
         assert_eq!(get(&s, "compression.type"), Some("none"));
         let err = parse_event_hubs_connection_string("SharedAccessKey=c2VjcmV0").unwrap_err();
         assert!(!err.to_string().contains("c2VjcmV0"), "{err}");
+    }
+
+    #[test]
+    fn refusals_of_the_message_or_of_rights_are_definite_the_rest_transient() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::MessageSizeTooLarge,
+            C::TopicAuthorizationFailed,
+            C::UnknownTopic,
+            C::InvalidTopic,
+            C::SaslAuthenticationFailed,
+        ] {
+            let e = delivery_error(&KafkaError::MessageProduction(code));
+            assert!(matches!(e, SinkError::Definite(_)), "{code:?}: {e:?}");
+        }
+        for code in [
+            C::MessageTimedOut,
+            C::BrokerTransportFailure,
+            C::NotEnoughReplicas,
+            C::RequestTimedOut,
+            C::AllBrokersDown,
+        ] {
+            let e = delivery_error(&KafkaError::MessageProduction(code));
+            assert!(e.is_transient(), "{code:?}: {e:?}");
+        }
     }
 }

@@ -14,9 +14,87 @@ pub mod event_hubs_amqp;
 pub mod kafka;
 pub mod stream;
 
-use crate::config::{CloudEventsMode, PartitionKeyScheme};
+use crate::config::{
+    CloudEventsMode, ConfigError, EventSettings, PartitionKeyScheme, RoutingSettings,
+};
 use crate::event::readback::decode_message;
 use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
+
+/// Where events go: `[sink]`'s `kind`, with that sink's own settings. Each variant
+/// lives beside its sink, with its validation and its `build`.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SinkConfig {
+    Kafka(kafka::KafkaSinkConfig),
+    /// Event Hubs through its Kafka endpoint.
+    EventHubsKafka(kafka::KafkaSinkConfig),
+    EventHubsAmqp(event_hubs_amqp::config::EventHubsAmqpSinkConfig),
+    Stdout(stream::StdoutSinkConfig),
+    File(stream::FileSinkConfig),
+}
+
+/// A sink ready to send, and the topic (or template, or event hub) it sends to.
+pub struct BuiltSink {
+    pub sink: Sink,
+    pub topic: String,
+}
+
+impl SinkConfig {
+    /// Checks what can be checked before connecting; each error names the setting.
+    pub fn validate(
+        &self,
+        routing: &RoutingSettings,
+        event: &EventSettings,
+    ) -> Result<(), ConfigError> {
+        match self {
+            SinkConfig::Kafka(c) => c.validate(kafka::KafkaFlavour::Kafka, event),
+            SinkConfig::EventHubsKafka(c) => c.validate(kafka::KafkaFlavour::EventHubs, event),
+            SinkConfig::EventHubsAmqp(c) => c.validate(routing),
+            SinkConfig::Stdout(_) | SinkConfig::File(_) => Ok(()),
+        }
+    }
+
+    /// Reads every secret the sink needs (without keeping it), so a missing one is
+    /// reported before anything connects.
+    pub fn check_secrets(&self) -> Result<(), ConfigError> {
+        match self {
+            SinkConfig::Kafka(c) => c.check_secrets(kafka::KafkaFlavour::Kafka),
+            SinkConfig::EventHubsKafka(c) => c.check_secrets(kafka::KafkaFlavour::EventHubs),
+            SinkConfig::EventHubsAmqp(c) => c.check_secrets(),
+            SinkConfig::Stdout(_) | SinkConfig::File(_) => Ok(()),
+        }
+    }
+
+    /// Opens the sink. `resume` says what the checkpoint knows of a file's length.
+    pub async fn build(
+        &self,
+        routing: &RoutingSettings,
+        event: &EventSettings,
+        resume: stream::Resume,
+    ) -> Result<BuiltSink, SinkError> {
+        let max_bytes = event.max_message_size_kb.bytes();
+        let default_topic = || routing.topic.clone().unwrap_or_else(|| "ces".into());
+        match self {
+            SinkConfig::Kafka(c) => c.build(kafka::KafkaFlavour::Kafka, routing, max_bytes),
+            SinkConfig::EventHubsKafka(c) => {
+                c.build(kafka::KafkaFlavour::EventHubs, routing, max_bytes)
+            }
+            SinkConfig::EventHubsAmqp(c) => c.build(routing).await,
+            SinkConfig::Stdout(_) => Ok(BuiltSink {
+                sink: Sink::Stream(stream::StreamSink::stdout(event.encoding)),
+                topic: default_topic(),
+            }),
+            SinkConfig::File(c) => Ok(BuiltSink {
+                sink: Sink::Stream(stream::StreamSink::file(
+                    c.path.clone(),
+                    event.encoding,
+                    resume,
+                )?),
+                topic: default_topic(),
+            }),
+        }
+    }
+}
 
 /// `content-type` of a structured-mode JSON message (CloudEvents Kafka binding).
 pub const STRUCTURED_JSON_CONTENT_TYPE: &str = "application/cloudevents+json; charset=UTF-8";
@@ -42,17 +120,30 @@ pub struct OutgoingMessage {
     pub payload: Vec<u8>,
 }
 
-/// Why a message could not be delivered.
+/// Why a message could not be delivered, by whether trying again can help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SinkError {
+    /// Not delivered, but the same send may succeed later: a broker or the service
+    /// did not answer in time, a connection failed, a batch was released. Sinks retry
+    /// these until `sink.delivery_timeout_ms`; after that the run fails and a restart
+    /// resumes from the checkpoint.
     #[error("delivery failed: {0}")]
-    Delivery(String),
-    #[error("sink configuration: {0}")]
-    Config(String),
+    Transient(String),
+    /// Cannot succeed as things stand: the destination refuses it (too large, not
+    /// authorized, no such topic or event hub) or a setting cannot work. A restart
+    /// repeats it; the message names what to change.
+    #[error("delivery cannot succeed: {0}")]
+    Definite(String),
+    /// The output file or stream failed (disk full, closed pipe).
     #[error("writing {path}: {reason}")]
     Io { path: String, reason: String },
-    #[error("message {0}")]
-    Message(String),
+}
+
+impl SinkError {
+    /// Whether sending again, unchanged, may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SinkError::Transient(_))
+    }
 }
 
 /// A pending acknowledgement.
@@ -71,11 +162,11 @@ impl Delivery {
             Delivery::Settled(result) => result,
             Delivery::Kafka(future) => match future.await {
                 Ok(Ok(_)) => Ok(()),
-                Ok(Err((error, _))) => Err(SinkError::Delivery(error.to_string())),
-                Err(_) => Err(SinkError::Delivery("the producer was closed".into())),
+                Ok(Err((error, _))) => Err(kafka::delivery_error(&error)),
+                Err(_) => Err(SinkError::Transient("the producer was closed".into())),
             },
             Delivery::Pending(rx) => rx.await.unwrap_or_else(|_| {
-                Err(SinkError::Delivery(
+                Err(SinkError::Transient(
                     "the sink stopped before sending".into(),
                 ))
             }),
@@ -196,7 +287,8 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// CloudEvents Kafka binding, binary mode: each attribute as a `ce_` header,
 /// `datacontenttype` as `content-type`, and `data` as the value.
 fn binary_mode(message: &[u8], encoding: Encoding) -> Result<(Headers, Vec<u8>), SinkError> {
-    let event = decode_message(message, encoding).map_err(|e| SinkError::Message(e.to_string()))?;
+    let event = decode_message(message, encoding)
+        .map_err(|e| SinkError::Definite(format!("message {e}")))?;
     let headers = [
         ("ce_specversion", event.specversion),
         ("ce_type", event.event_type),
@@ -262,7 +354,14 @@ impl Sink {
     pub async fn flush(&mut self, timeout: std::time::Duration) -> Result<(), SinkError> {
         match self {
             Sink::Kafka(s) => s.flush(timeout).await,
-            Sink::EventHubsAmqp(s) => s.end_batch().await,
+            Sink::EventHubsAmqp(s) => tokio::time::timeout(timeout, s.end_batch())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SinkError::Transient(format!(
+                        "Event Hubs did not acknowledge the last batch within {} ms",
+                        timeout.as_millis()
+                    )))
+                }),
             Sink::Stream(s) => s.sync(),
         }
     }

@@ -22,6 +22,19 @@ use base64::Engine as _;
 use super::{Delivery, OutgoingMessage, SinkError};
 use crate::event::Encoding;
 
+/// `[sink]` with `kind = "stdout"`: no settings of its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutSinkConfig {}
+
+/// `[sink]` with `kind = "file"`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSinkConfig {
+    /// The newline-delimited output (`sink.path`).
+    pub path: PathBuf,
+}
+
 enum Output {
     Stdout(BufWriter<std::io::Stdout>),
     File(BufWriter<File>, PathBuf),
@@ -65,24 +78,35 @@ impl StreamSink {
             path: path.display().to_string(),
             reason: e.to_string(),
         };
+        let existed = path.exists();
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(io)?;
         let metadata = file.metadata().map_err(io)?;
+        if !existed && metadata.is_file() {
+            // A new file's directory entry is durable only once its directory is
+            // synced: without it, a power loss could lose the file the checkpoint
+            // says holds lines.
+            let parent = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            File::open(parent).and_then(|d| d.sync_all()).map_err(io)?;
+        }
         let length = if metadata.is_file() {
             let found = metadata.len();
             let keep = match resume {
                 Resume::At(length) if length <= found => length,
                 Resume::At(length) => {
-                    return Err(SinkError::Config(format!(
+                    return Err(SinkError::Definite(format!(
                         "sink.path {} holds {found} bytes, fewer than the {length} the checkpoint says were written: it was truncated or replaced; move the checkpoint away to start over",
                         path.display()
                     )));
                 }
                 Resume::Fresh if found > 0 => {
-                    return Err(SinkError::Config(format!(
+                    return Err(SinkError::Definite(format!(
                         "sink.path {} already holds {found} bytes and there is no checkpoint saying what they are: move the file away (or restore its checkpoint) so that it holds every event exactly once",
                         path.display()
                     )));

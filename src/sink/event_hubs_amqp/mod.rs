@@ -29,6 +29,7 @@ use tokio::sync::{RwLock, oneshot};
 
 use super::{Delivery, OutgoingMessage, SinkError};
 
+pub mod config;
 pub mod outcome;
 pub mod partitions;
 
@@ -113,8 +114,26 @@ pub struct EventHubsAmqpSink {
     pending: Vec<Waiting>,
 }
 
-fn delivery_error(e: impl std::fmt::Display) -> SinkError {
-    SinkError::Delivery(e.to_string())
+/// An Event Hubs client error as a [`SinkError`]: definite for the AMQP conditions
+/// that resending cannot change (not authorized, no such event hub, too large, a
+/// refused argument), transient for the rest (timeouts, connections, the service
+/// busy).
+fn delivery_error(e: impl std::fmt::Debug + std::fmt::Display) -> SinkError {
+    const DEFINITE: &[&str] = &[
+        "unauthorized-access",
+        "amqp:not-found",
+        "message-size-exceeded",
+        "argument-error",
+        "argument-out-of-range",
+        "amqp:not-allowed",
+        "amqp:not-implemented",
+    ];
+    let detail = format!("{e:?}");
+    if DEFINITE.iter().any(|condition| detail.contains(condition)) {
+        SinkError::Definite(e.to_string())
+    } else {
+        SinkError::Transient(e.to_string())
+    }
 }
 
 /// The AMQP application-property name of a Kafka-binding header (`ce_id` →
@@ -207,7 +226,7 @@ impl EventHubsAmqpSink {
         tokio::time::timeout(timeout, Self::open_unbounded(target))
             .await
             .unwrap_or_else(|_| {
-                Err(SinkError::Delivery(format!(
+                Err(SinkError::Transient(format!(
                     "opening the Event Hubs producer took longer than sink.delivery_timeout_ms ({} ms)",
                     timeout.as_millis()
                 )))
@@ -235,7 +254,12 @@ impl EventHubsAmqpSink {
                     .await
             }
         }
-        .map_err(|e| SinkError::Delivery(format!("cannot open the Event Hubs producer: {e}")))
+        .map_err(|e| match delivery_error(&e) {
+            SinkError::Definite(_) => {
+                SinkError::Definite(format!("cannot open the Event Hubs producer: {e}"))
+            }
+            _ => SinkError::Transient(format!("cannot open the Event Hubs producer: {e}")),
+        })
     }
 
     /// Buffers a message until [`end_batch`](Self::end_batch).
@@ -395,10 +419,18 @@ impl EventHubsAmqpSink {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Ok(Ok(Sent::NotAccepted)) => {
-                    return Err(SinkError::Delivery(format!(
+                    return Err(SinkError::Transient(format!(
                         "Event Hubs did not store a batch (released or modified) within sink.delivery_timeout_ms ({} ms)",
                         self.send_timeout.as_millis()
                     )));
+                }
+                // Transient (a dropped connection, the service busy): again on a
+                // new connection while the deadline allows.
+                Ok(Err(e)) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "sending a batch to Event Hubs failed; sending it again on a new connection");
+                    drop(producer);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    self.reopen_until(generation, deadline).await?;
                 }
                 Ok(Err(e)) => return Err(e),
                 Err(_) if tokio::time::Instant::now() < deadline => {
@@ -410,7 +442,7 @@ impl EventHubsAmqpSink {
                     self.reopen_until(generation, deadline).await?;
                 }
                 Err(_) => {
-                    return Err(SinkError::Delivery(format!(
+                    return Err(SinkError::Transient(format!(
                         "Event Hubs did not acknowledge a batch within sink.delivery_timeout_ms ({} ms)",
                         self.send_timeout.as_millis()
                     )));
@@ -562,10 +594,14 @@ impl EventHubsAmqpSink {
             .send_message(amqp, options)
             .await
             .map_err(|e| {
-                SinkError::Delivery(format!(
+                let text = format!(
                     "a {}-byte message could not be sent on its own ({e}); if the event hub's tier allows less, lower event.max_message_size_kb",
                     message.payload.len()
-                ))
+                );
+                match delivery_error(&e) {
+                    SinkError::Definite(_) => SinkError::Definite(text),
+                    _ => SinkError::Transient(text),
+                }
             })
     }
 }

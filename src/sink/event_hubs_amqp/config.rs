@@ -1,0 +1,175 @@
+//! `[sink]` with `kind = "event_hubs_amqp"`: how the AMQP producer authenticates and
+//! where it connects.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{EventHubsAmqpSink, EventHubsCredential};
+use crate::config::{ConfigError, RoutingSettings, SecretRef, invalid};
+use crate::sink::kafka::{default_delivery_timeout, parse_event_hubs_connection_string};
+use crate::sink::{BuiltSink, Sink, SinkError};
+
+/// Which Microsoft Entra ID credential an AMQP Event Hubs sink uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntraCredentialKind {
+    /// The managed identity of the Azure host (system-assigned).
+    ManagedIdentity,
+    /// Workload identity federation (AKS), from the standard environment variables.
+    WorkloadIdentity,
+    /// The signed-in Azure CLI or Azure Developer CLI user (development).
+    DeveloperTools,
+}
+
+/// `[sink]` of an Event Hubs sink over AMQP.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventHubsAmqpSinkConfig {
+    /// Event Hubs connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
+    #[serde(default)]
+    pub connection_string: SecretRef,
+    /// With Microsoft Entra ID: the namespace (`<name>.servicebus.windows.net`).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Microsoft Entra ID instead of a connection string: `"managed_identity"`,
+    /// `"workload_identity"` or `"developer_tools"`.
+    #[serde(default)]
+    pub entra_credential: Option<EntraCredentialKind>,
+    /// Connect here instead of the namespace (a proxy or a local test peer), e.g.
+    /// `amqp://127.0.0.1:5672`.
+    #[serde(default)]
+    pub custom_endpoint: Option<String>,
+    /// A batch not acknowledged within this time is resent on a new connection
+    /// (`amqp_resend_after_ms`, default 30000), until `delivery_timeout_ms` has passed.
+    #[serde(
+        rename = "amqp_resend_after_ms",
+        with = "crate::config::millis",
+        default = "default_resend_after"
+    )]
+    pub resend_after: Duration,
+    /// How long a batch may wait for delivery before the run fails
+    /// (`delivery_timeout_ms`, default 300000).
+    #[serde(
+        rename = "delivery_timeout_ms",
+        with = "crate::config::millis",
+        default = "default_delivery_timeout"
+    )]
+    pub delivery_timeout: Duration,
+}
+
+fn default_resend_after() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl EventHubsAmqpSinkConfig {
+    /// Checks what can be checked before connecting; each error names the setting.
+    pub fn validate(&self, routing: &RoutingSettings) -> Result<(), ConfigError> {
+        if let Some(topic) = &routing.topic
+            && topic.contains(['{', '}'])
+        {
+            return Err(invalid(
+                "sink.topic",
+                format!(
+                    "\"{topic}\" is a template, but an Event Hubs AMQP sink sends to one event hub: name it (per-table hubs need one mssql-ces per hub, with source.include)"
+                ),
+            ));
+        }
+        match (
+            self.connection_string.is_set(),
+            self.entra_credential,
+            &self.namespace,
+        ) {
+            (true, None, _) => Ok(()),
+            (false, Some(_), Some(_)) if routing.topic.is_none() => {
+                Err(invalid("sink.topic", "name the event hub"))
+            }
+            (false, Some(_), Some(_)) => Ok(()),
+            (false, Some(_), None) => Err(invalid(
+                "sink.namespace",
+                "Microsoft Entra ID needs the namespace (<name>.servicebus.windows.net)",
+            )),
+            (true, Some(_), _) => Err(invalid(
+                "sink.entra_credential",
+                "give either sink.connection_string or sink.entra_credential, not both",
+            )),
+            (false, None, _) => Err(ConfigError::MissingSecret {
+                setting: "sink.connection_string".into(),
+                reason: "set sink.connection_string.env or .file, or use sink.entra_credential with sink.namespace".into(),
+            }),
+        }
+    }
+
+    /// Reads the connection string (without keeping it) and checks its form.
+    pub fn check_secrets(&self) -> Result<(), ConfigError> {
+        if self.entra_credential.is_none() {
+            let secret = self.connection_string.resolve("sink.connection_string")?;
+            parse_event_hubs_connection_string(&secret)
+                .map_err(|e| invalid("sink.connection_string", e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Opens the producer on the event hub: `sink.topic`, else the connection
+    /// string's `EntityPath`.
+    pub async fn build(&self, routing: &RoutingSettings) -> Result<BuiltSink, SinkError> {
+        let definite = |e: &dyn std::fmt::Display| SinkError::Definite(e.to_string());
+        let (credential, entity) = match self.entra_credential {
+            None => {
+                let secret = self
+                    .connection_string
+                    .resolve("sink.connection_string")
+                    .map_err(|e| definite(&e))?;
+                let (_, entity) = parse_event_hubs_connection_string(&secret)?;
+                (EventHubsCredential::ConnectionString(secret), entity)
+            }
+            Some(kind) => {
+                let namespace = self.namespace.clone().ok_or_else(|| {
+                    SinkError::Definite(
+                        "sink.namespace is required with sink.entra_credential".into(),
+                    )
+                })?;
+                let credential: std::sync::Arc<dyn azure_core::credentials::TokenCredential> =
+                    match kind {
+                        EntraCredentialKind::ManagedIdentity => {
+                            azure_identity::ManagedIdentityCredential::new(None)
+                                .map_err(|e| definite(&e))?
+                        }
+                        EntraCredentialKind::WorkloadIdentity => {
+                            azure_identity::WorkloadIdentityCredential::new(None)
+                                .map_err(|e| definite(&e))?
+                        }
+                        EntraCredentialKind::DeveloperTools => {
+                            azure_identity::DeveloperToolsCredential::new(None)
+                                .map_err(|e| definite(&e))?
+                        }
+                    };
+                (
+                    EventHubsCredential::Entra {
+                        namespace,
+                        credential,
+                    },
+                    None,
+                )
+            }
+        };
+        let topic = routing.topic.clone().or(entity).ok_or_else(|| {
+            SinkError::Definite(
+                "sink.topic: name the event hub, or put EntityPath= in the connection string"
+                    .into(),
+            )
+        })?;
+        let sink = EventHubsAmqpSink::connect(
+            credential,
+            &topic,
+            self.custom_endpoint.clone(),
+            self.resend_after,
+            self.delivery_timeout,
+        )
+        .await?;
+        Ok(BuiltSink {
+            sink: Sink::EventHubsAmqp(Box::new(sink)),
+            topic,
+        })
+    }
+}

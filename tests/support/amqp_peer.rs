@@ -45,6 +45,9 @@ pub struct Arrivals {
     pub partition_ids: Arc<Mutex<Vec<String>>>,
     /// Settlement delay of each event transfer, in ms (a service's round trip).
     pub settle_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// The next event transfers are answered `Rejected` with these AMQP error
+    /// conditions, one each (e.g. `com.microsoft:server-busy`).
+    pub reject_next: Arc<Mutex<std::collections::VecDeque<String>>>,
     /// Event transfers received and not yet settled, and the most there ever were.
     pub in_flight: Arc<std::sync::atomic::AtomicUsize>,
     pub max_in_flight: Arc<std::sync::atomic::AtomicUsize>,
@@ -318,6 +321,28 @@ async fn serve_receiver(mut receiver: Receiver, reply: Replies, arrivals: Arriva
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }
+        }
+        let rejection = if control {
+            None
+        } else {
+            arrivals.reject_next.lock().expect("lock").pop_front()
+        };
+        if let Some(condition) = rejection {
+            arrivals
+                .in_flight
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            let error = fe2o3_amqp::types::definitions::Error::new(
+                fe2o3_amqp::types::definitions::ErrorCondition::Custom(
+                    fe2o3_amqp::types::primitives::Symbol::from(condition.as_str()),
+                ),
+                Some(format!("the test peer rejects this transfer: {condition}")),
+                None,
+            );
+            if let Err(e) = receiver.reject(&delivery, error).await {
+                eprintln!("amqp peer: reject on {address} failed: {e:?}");
+                return;
+            }
+            continue;
         }
         if !control && take_one(&arrivals.release_next) {
             arrivals

@@ -4,8 +4,6 @@
 //! `shutdown` is cancelled. The binary adds only the command line, logging and
 //! signals.
 
-use std::time::Duration;
-
 use crate::checkpoint::{CheckpointError, CheckpointStore, file::FileStore, table::TableStore};
 use crate::config::{CheckpointStoreKind, Config, ConfigError, SinkConfig, SourceKind};
 use crate::event::EncoderOptions;
@@ -117,8 +115,8 @@ fn sql_server_settings(config: &Config) -> Result<SqlServerConfig, ConfigError> 
         connection_string: ConnectionString::new(secret),
         trust_server_certificate: config.source.trust_server_certificate,
         encrypt: config.source.encrypt,
-        connect_timeout: Duration::from_millis(config.source.connect_timeout_ms),
-        query_timeout: Duration::from_millis(config.source.query_timeout_ms),
+        connect_timeout: config.source.connect_timeout,
+        query_timeout: config.source.query_timeout,
     })
 }
 
@@ -171,9 +169,9 @@ async fn drive<S: ChangeSource + 'static>(
         }
     });
     let settings = PipelineSettings {
-        poll_interval: Duration::from_millis(config.source.poll_interval_ms),
-        checkpoint_interval: Duration::from_millis(config.checkpoint.interval_ms),
-        drain_timeout: Duration::from_millis(config.shutdown.drain_timeout_ms),
+        poll_interval: config.source.poll_interval,
+        checkpoint_interval: config.checkpoint.interval,
+        drain_timeout: config.shutdown.drain_timeout,
         until_idle,
     };
     Ok(pipeline::run(

@@ -160,8 +160,12 @@ pub struct SourceSettings {
     #[serde(default)]
     pub start_position: StartPosition,
     /// Pause between polls when there is nothing new, in milliseconds (default 1000).
-    #[serde(default = "default_poll_interval_ms")]
-    pub poll_interval_ms: u64,
+    #[serde(
+        rename = "poll_interval_ms",
+        with = "millis",
+        default = "default_poll_interval_ms"
+    )]
+    pub poll_interval: Duration,
     /// Change rows per query page (default 1000).
     #[serde(default = "default_page_size")]
     pub page_size: usize,
@@ -173,17 +177,29 @@ pub struct SourceSettings {
     #[serde(default = "default_catalog_refresh_s")]
     pub catalog_refresh_s: u64,
     /// Bound on TCP connect plus TLS and login, in milliseconds (default 15000).
-    #[serde(default = "default_connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
+    #[serde(
+        rename = "connect_timeout_ms",
+        with = "millis",
+        default = "default_connect_timeout_ms"
+    )]
+    pub connect_timeout: Duration,
     /// Bound on every query, in milliseconds (default 60000); a query cut off is
     /// retried on a new connection.
-    #[serde(default = "default_query_timeout_ms")]
-    pub query_timeout_ms: u64,
+    #[serde(
+        rename = "query_timeout_ms",
+        with = "millis",
+        default = "default_query_timeout_ms"
+    )]
+    pub query_timeout: Duration,
     /// How long an included table may be unreadable (`sys.fn_cdc_get_min_lsn` 0x00: a
     /// missing SELECT grant, or just enabled) before the run stops naming it, in
     /// milliseconds (default 60000). Nothing is read meanwhile.
-    #[serde(default = "default_unreadable_grace_ms")]
-    pub unreadable_grace_ms: u64,
+    #[serde(
+        rename = "unreadable_grace_ms",
+        with = "millis",
+        default = "default_unreadable_grace_ms"
+    )]
+    pub unreadable_grace: Duration,
     /// `[source.synthetic]`: the generated workload.
     #[serde(default)]
     pub synthetic: SyntheticSettings,
@@ -405,8 +421,12 @@ pub struct CheckpointSettings {
     pub stream_name: String,
     /// Least time between checkpoint writes, in ms (default 1000); the final
     /// checkpoint at shutdown is always written.
-    #[serde(default = "default_checkpoint_interval_ms")]
-    pub interval_ms: u64,
+    #[serde(
+        rename = "interval_ms",
+        with = "millis",
+        default = "default_checkpoint_interval_ms"
+    )]
+    pub interval: Duration,
 }
 
 impl Default for CheckpointSettings {
@@ -415,7 +435,7 @@ impl Default for CheckpointSettings {
             store: CheckpointStoreKind::File,
             path: default_checkpoint_path(),
             stream_name: default_stream_name(),
-            interval_ms: default_checkpoint_interval_ms(),
+            interval: default_checkpoint_interval_ms(),
         }
     }
 }
@@ -425,14 +445,18 @@ impl Default for CheckpointSettings {
 #[serde(deny_unknown_fields)]
 pub struct ShutdownSettings {
     /// How long to wait for outstanding deliveries after a signal, in ms (default 10000).
-    #[serde(default = "default_drain_timeout_ms")]
-    pub drain_timeout_ms: u64,
+    #[serde(
+        rename = "drain_timeout_ms",
+        with = "millis",
+        default = "default_drain_timeout_ms"
+    )]
+    pub drain_timeout: Duration,
 }
 
 impl Default for ShutdownSettings {
     fn default() -> Self {
         ShutdownSettings {
-            drain_timeout_ms: default_drain_timeout_ms(),
+            drain_timeout: default_drain_timeout_ms(),
         }
     }
 }
@@ -460,17 +484,17 @@ fn default_true() -> bool {
 fn default_time_zone() -> String {
     "server".into()
 }
-fn default_poll_interval_ms() -> u64 {
-    1000
+fn default_poll_interval_ms() -> Duration {
+    Duration::from_millis(1000)
 }
-fn default_connect_timeout_ms() -> u64 {
-    15_000
+fn default_connect_timeout_ms() -> Duration {
+    Duration::from_millis(15_000)
 }
-fn default_query_timeout_ms() -> u64 {
-    60_000
+fn default_query_timeout_ms() -> Duration {
+    Duration::from_millis(60_000)
 }
-fn default_unreadable_grace_ms() -> u64 {
-    60_000
+fn default_unreadable_grace_ms() -> Duration {
+    Duration::from_millis(60_000)
 }
 fn default_page_size() -> usize {
     1000
@@ -494,11 +518,11 @@ fn default_checkpoint_path() -> PathBuf {
 fn default_stream_name() -> String {
     "default".into()
 }
-fn default_checkpoint_interval_ms() -> u64 {
-    1000
+fn default_checkpoint_interval_ms() -> Duration {
+    Duration::from_millis(1000)
 }
-fn default_drain_timeout_ms() -> u64 {
-    10_000
+fn default_drain_timeout_ms() -> Duration {
+    Duration::from_millis(10_000)
 }
 
 impl Config {
@@ -609,7 +633,7 @@ impl Config {
             start_position: s.start_position,
             catalog_refresh: Duration::from_secs(s.catalog_refresh_s),
             stream_guid: self.event.stream_guid,
-            unreadable_grace: Duration::from_millis(s.unreadable_grace_ms),
+            unreadable_grace: s.unreadable_grace,
         })
     }
 }

@@ -15,16 +15,7 @@ use mssql_ces::sink::{OutgoingMessage, Sink};
 fn message(key: &str, size: usize, tag: u8) -> OutgoingMessage {
     let mut payload = vec![b'x'; size];
     payload[0] = tag;
-    OutgoingMessage {
-        topic: "orders".into(),
-        key: Some(key.as_bytes().to_vec()),
-        partition_hint: None,
-        headers: vec![(
-            "content-type".into(),
-            b"application/cloudevents+json; charset=UTF-8".to_vec(),
-        )],
-        payload,
-    }
+    support::event_hubs::message(key, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,16 +16,10 @@ use mssql_ces::sink::{OutgoingMessage, Sink};
 use support::amqp_peer::{Arrivals, ArrivedEvent};
 
 fn message(key: &str, seq: u32) -> OutgoingMessage {
-    OutgoingMessage {
-        topic: "orders".into(),
-        key: Some(key.as_bytes().to_vec()),
-        partition_hint: None,
-        headers: vec![(
-            "content-type".into(),
-            b"application/cloudevents+json; charset=UTF-8".to_vec(),
-        )],
-        payload: format!("{{\"key\":\"{key}\",\"seq\":{seq}}}").into_bytes(),
-    }
+    support::event_hubs::message(
+        key,
+        format!("{{\"key\":\"{key}\",\"seq\":{seq}}}").into_bytes(),
+    )
 }
 
 /// `keys` keys (among them the published vectors "7" and "131"), `per_key` messages

@@ -10,13 +10,7 @@ use std::time::{Duration, Instant};
 use mssql_ces::sink::{OutgoingMessage, Sink, SinkError};
 
 fn message() -> OutgoingMessage {
-    OutgoingMessage {
-        topic: "orders".into(),
-        key: Some(b"dbo.T".to_vec()),
-        partition_hint: None,
-        headers: Vec::new(),
-        payload: b"{\"id\":\"x\"}".to_vec(),
-    }
+    support::event_hubs::message("dbo.T", b"{\"id\":\"x\"}".to_vec())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

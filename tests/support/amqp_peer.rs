@@ -233,16 +233,7 @@ fn management_answer(
         ..Default::default()
     };
     if ids.is_empty() {
-        return Message::builder()
-            .properties(properties)
-            .application_properties(
-                ApplicationProperties::builder()
-                    .insert("status-code", 404i32)
-                    .insert("status-description", "not found")
-                    .build(),
-            )
-            .value(Value::Null)
-            .build();
+        return status_reply(404, "not found", properties, Value::Null);
     }
     let mut body: OrderedMap<Value, Value> = OrderedMap::new();
     body.insert(Value::String("name".into()), Value::String(name));
@@ -260,15 +251,26 @@ fn management_answer(
             ids.into_iter().map(Value::String).collect::<Vec<_>>(),
         )),
     );
+    status_reply(200, "OK", properties, Value::Map(body))
+}
+
+/// A reply on a request-response node (`$cbs`, `$management`): its status in the
+/// application properties, and its body.
+fn status_reply(
+    code: i32,
+    description: &str,
+    properties: fe2o3_amqp::types::messaging::Properties,
+    body: Value,
+) -> Message<AmqpValue<Value>> {
     Message::builder()
         .properties(properties)
         .application_properties(
             ApplicationProperties::builder()
-                .insert("status-code", 200i32)
-                .insert("status-description", "OK")
+                .insert("status-code", code)
+                .insert("status-description", description)
                 .build(),
         )
-        .value(Value::Map(body))
+        .value(body)
         .build()
 }
 
@@ -377,15 +379,7 @@ async fn serve_receiver(mut receiver: Receiver, reply: Replies, arrivals: Arriva
             {
                 tokens.push(text(name));
             }
-            let answer = Message::builder()
-                .application_properties(
-                    ApplicationProperties::builder()
-                        .insert("status-code", 202i32)
-                        .insert("status-description", "Accepted")
-                        .build(),
-                )
-                .value(Value::Null)
-                .build();
+            let answer = status_reply(202, "Accepted", Default::default(), Value::Null);
             reply_on(&reply, "$cbs", answer).await;
             continue;
         }

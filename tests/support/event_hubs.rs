@@ -65,6 +65,20 @@ async fn expected(router: &Router) -> Vec<OutgoingMessage> {
     out
 }
 
+/// A structured JSON message for `key` with `payload`, as the router makes them.
+pub fn message(key: &str, payload: Vec<u8>) -> OutgoingMessage {
+    OutgoingMessage {
+        topic: "orders".into(),
+        key: Some(key.as_bytes().to_vec()),
+        partition_hint: None,
+        headers: vec![(
+            "content-type".into(),
+            b"application/cloudevents+json; charset=UTF-8".to_vec(),
+        )],
+        payload,
+    }
+}
+
 /// The partition key the sink must use for a message.
 fn partition_key(m: &OutgoingMessage) -> String {
     match (&m.key, m.partition_hint) {

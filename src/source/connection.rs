@@ -334,6 +334,7 @@ impl SqlConnection {
         };
         if let Err(e) = &result
             && e.error.is_transient()
+            && !keeps_session(e)
         {
             self.client = None;
         }
@@ -341,9 +342,32 @@ impl SqlConnection {
     }
 }
 
+/// Whether the session survives a failed query: after a deadlock (1205, the
+/// transaction rolled back) or a lock timeout (1222) the server answered and the
+/// session is as it was, so it is kept — with the session-owned application lock of
+/// the checkpoint lease. Anything else transient (a dropped connection, a query that
+/// timed out mid-response, throttling that is followed by a close) starts a new one.
+fn keeps_session(e: &SqlError) -> bool {
+    matches!(e.code, Some(1205 | 1222))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadlock_or_lock_timeout_keeps_the_session_anything_else_transient_drops_it() {
+        let transient = |code| SqlError {
+            code,
+            error: SourceError::Transient {
+                message: "x".into(),
+            },
+        };
+        assert!(keeps_session(&transient(Some(1205))));
+        assert!(keeps_session(&transient(Some(1222))));
+        assert!(!keeps_session(&transient(Some(40613))));
+        assert!(!keeps_session(&transient(None)));
+    }
 
     fn settings(connection_string: &str) -> SqlServerConfig {
         SqlServerConfig {

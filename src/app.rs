@@ -65,8 +65,11 @@ pub async fn run(
     }
     let position = store.load().await?;
     match &position {
-        Some(p) => tracing::info!(last_event = ?p.last_event, "resuming from the checkpoint"),
-        None => tracing::info!(start_position = ?config.source.start_position, "no checkpoint"),
+        Some(p) => tracing::info!(
+            last_event = %p.last_event.map_or_else(|| "none".to_owned(), |e| e.to_string()),
+            "resuming from the checkpoint"
+        ),
+        None => tracing::info!(start_position = %config.source.start_position, "no checkpoint"),
     }
     let resume = match &position {
         None => Resume::Fresh,
@@ -99,7 +102,11 @@ pub async fn run(
         messages = summary.messages,
         bytes = summary.bytes,
         truncated_values = summary.truncated_values,
-        checkpoint = ?summary.checkpoint.as_ref().and_then(|p| p.last_event),
+        checkpoint = %summary
+            .checkpoint
+            .as_ref()
+            .and_then(|p| p.last_event)
+            .map_or_else(|| "none".to_owned(), |e| e.to_string()),
         "stopped"
     );
     Ok(Some(summary))

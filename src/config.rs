@@ -473,6 +473,27 @@ pub struct Config {
     pub checkpoint: CheckpointSettings,
     #[serde(default)]
     pub shutdown: ShutdownSettings,
+    #[serde(default)]
+    pub log: LogSettings,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// `"text"` (default, for people) or `"json"` (one object a line, for log
+    /// shippers); `--log-format` overrides it.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 fn default_source_kind() -> SourceKind {

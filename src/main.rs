@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use mssql_ces::config::{Config, Override};
+use mssql_ces::config::{Config, LogFormat, Override};
 use mssql_ces::sink::event_hubs_amqp::outcome::OutcomeLayer;
 use tokio_util::sync::CancellationToken;
 
@@ -51,28 +51,12 @@ struct RunArgs {
     /// Exit once the source has nothing new and everything is delivered.
     #[arg(long)]
     until_idle: bool,
+    /// `text` or `json` log lines (overrides `log.format`).
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
 }
 
 fn main() -> ExitCode {
-    use std::io::IsTerminal as _;
-    use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::stderr().is_terminal())
-                .with_filter(filter),
-        )
-        // Reads Event Hubs' send outcomes whatever the log level.
-        .with(
-            OutcomeLayer::new().with_filter(
-                tracing_subscriber::filter::filter_fn(OutcomeLayer::wants)
-                    .with_max_level_hint(tracing::level_filters::LevelFilter::WARN),
-            ),
-        )
-        .init();
     let cli = Cli::parse();
     let Command::Run(args) = cli.command;
     let config = match load_config(&args) {
@@ -82,6 +66,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    init_logging(args.log_format.unwrap_or(config.log.format));
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -115,6 +100,41 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Log lines to stderr, as text for people or one JSON object a line for shippers
+/// (`RUST_LOG` filters, default `info`), plus the layer that reads Event Hubs' send
+/// outcomes whatever the level.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
+    use tracing_subscriber::prelude::*;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let lines = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter())
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(lines)
+        .with(
+            OutcomeLayer::new().with_filter(
+                tracing_subscriber::filter::filter_fn(OutcomeLayer::wants)
+                    .with_max_level_hint(tracing::level_filters::LevelFilter::WARN),
+            ),
+        )
+        .init();
 }
 
 fn load_config(args: &RunArgs) -> anyhow::Result<Config> {

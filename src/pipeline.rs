@@ -84,6 +84,9 @@ struct Pending {
 /// Builds the encoder once the stream GUID is known (from the catalog by default).
 pub type EncoderFactory = Box<dyn FnOnce(uuid::Uuid) -> EncoderOptions + Send>;
 
+/// How often a busy run logs a progress line.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
 /// Runs until `shutdown` is cancelled (or, with `until_idle`, until caught up).
 pub async fn run<S: ChangeSource + 'static>(
     poller: Poller<S>,
@@ -121,7 +124,10 @@ pub async fn run<S: ChangeSource + 'static>(
     let mut encoder_options = Some(encoder_options);
     let mut encoder: Option<Encoder> = None;
     let mut last_report = Instant::now();
-    let mut reported_events = 0;
+    // (events, messages) at the last progress line.
+    let mut reported = (0u64, 0u64);
+    let mut last_commit: Option<chrono::DateTime<chrono::Utc>> = None;
+    let mut last_sent = None;
     // Set when the source's channel closed without a word.
     let mut source_vanished = false;
     let outcome: Result<(), PipelineError> = async {
@@ -173,8 +179,12 @@ pub async fn run<S: ChangeSource + 'static>(
                 ended = sink.end_batch() => ended?,
                 () = shutdown.cancelled() => return Ok(()),
             }
+            if let Some(change) = batch.changes.last() {
+                last_commit = Some(change.commit_time);
+            }
             let mut position = batch.position;
             position.sink_length = sink.durable_length();
+            last_sent = position.last_event.or(last_sent);
             let pending = Pending {
                 deliveries,
                 position,
@@ -187,17 +197,21 @@ pub async fn run<S: ChangeSource + 'static>(
             if sent.is_err() {
                 return Ok(()); // the acker stopped: its error is reported below
             }
-            if last_report.elapsed() >= Duration::from_secs(10) {
-                let rate =
-                    (summary.events - reported_events) as f64 / last_report.elapsed().as_secs_f64();
+            if last_report.elapsed() >= PROGRESS_EVERY {
+                let seconds = last_report.elapsed().as_secs_f64();
+                let lag = last_commit
+                    .map(|t| (chrono::Utc::now() - t).num_milliseconds() as f64 / 1000.0);
                 tracing::info!(
                     events = summary.events,
                     messages = summary.messages,
-                    events_per_second = rate as u64,
+                    events_per_second = ((summary.events - reported.0) as f64 / seconds) as u64,
+                    messages_per_second = ((summary.messages - reported.1) as f64 / seconds) as u64,
+                    lag_seconds = lag.map_or_else(|| "unknown".to_owned(), |l| format!("{l:.1}")),
+                    position = %last_sent.map_or_else(|| "none".to_owned(), |p| p.to_string()),
                     "progress"
                 );
                 last_report = Instant::now();
-                reported_events = summary.events;
+                reported = (summary.events, summary.messages);
             }
         }
     }

@@ -593,3 +593,56 @@ fn a_standby_on_the_same_stream_waits_then_takes_over_and_nothing_is_lost() {
     assert!(arrived == expected, "with its data");
     std::fs::remove_dir_all(dir).ok();
 }
+
+#[test]
+fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
+    let dir = temp_dir("jsonlog");
+    let text = format!(
+        "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 50\n[sink]\nkind = \"file\"\npath = \"{out}\"\n[checkpoint]\npath = \"{cp}\"\n",
+        out = dir.join("out.ndjson").display(),
+        cp = dir.join("cp.json").display()
+    );
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).expect("config");
+    let run = |extra: &[&str]| {
+        let output = Command::new(BINARY)
+            .args(["run", "--until-idle", "--config"])
+            .arg(&path)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .output()
+            .expect("run mssql-ces");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    // First run: JSON from the flag.
+    let stderr = run(&["--log-format", "json"]);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let stopped = lines
+        .iter()
+        .find(|l| l["message"] == "stopped")
+        .expect("a stop line");
+    assert_eq!(stopped["level"], "INFO");
+    let checkpoint = stopped["checkpoint"].as_str().expect("checkpoint as text");
+    assert!(
+        checkpoint.contains(':') && checkpoint.contains(" #"),
+        "LSN and sequence number: {checkpoint}"
+    );
+    // Second run, resuming: the setting gives the same, text lines by default.
+    let stderr = run(&["--set", "log.format=\"text\""]);
+    assert!(stderr.contains("resuming from the checkpoint"), "{stderr}");
+    for line in stderr.lines() {
+        assert!(
+            !line.contains("Some(") && !line.contains("EventPosition {") && !line.contains("Lsn("),
+            "no Debug dump: {line}"
+        );
+        assert!(
+            serde_json::from_str::<serde_json::Value>(line).is_err(),
+            "text, not JSON: {line}"
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

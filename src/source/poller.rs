@@ -67,6 +67,15 @@ pub enum StartPosition {
     Latest,
 }
 
+impl std::fmt::Display for StartPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StartPosition::Earliest => "earliest",
+            StartPosition::Latest => "latest",
+        })
+    }
+}
+
 /// Settings of the poll loop.
 #[derive(Debug, Clone)]
 pub struct PollerConfig {
@@ -108,6 +117,13 @@ impl Default for PollerConfig {
 pub struct EventPosition {
     pub commit_lsn: Lsn,
     pub sequence_number: u64,
+}
+
+/// `<commit LSN> #<sequence number>`, as an operator reads it in logs.
+impl std::fmt::Display for EventPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} #{}", self.commit_lsn, self.sequence_number)
+    }
 }
 
 /// Where a stream stands; what a checkpoint stores.
@@ -516,7 +532,7 @@ impl<S: ChangeSource> Poller<S> {
                     tracing::warn!(
                         capture_instance = %name,
                         table = %t.instance.qualified_table(),
-                        start_lsn = ?t.instance.start_lsn,
+                        start_lsn = %t.instance.start_lsn.map_or_else(|| "NULL".to_owned(), |l| l.to_string()),
                         "capture instance was disabled and enabled again: reading the new one from its start LSN; changes the old one held and that were not delivered are gone with it"
                     );
                     self.position.instances.remove(name);

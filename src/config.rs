@@ -1078,4 +1078,25 @@ topic = "hub"
             Duration::from_millis(1500)
         );
     }
+
+    #[test]
+    fn every_shipped_example_is_a_valid_configuration() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let env = vec![(
+            "MSSQL_CES__SOURCE__CONNECTION_STRING".to_string(),
+            "Server=tcp:mssql,1433".to_string(),
+        )];
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            Config::from_parts(&text, &env, &[])
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            seen += 1;
+        }
+        assert!(seen >= 3, "the examples were read ({seen})");
+    }
 }

@@ -21,6 +21,7 @@
 //! - [`pipeline`]: the stages wired with bounded channels and ordered acknowledgement.
 //! - [`config`]: the TOML configuration and its overrides.
 //! - [`app`]: one run of the daemon, from a configuration to a stopped pipeline.
+//! - [`read`]: reading back what was written, as a consumer would (`mssql-ces read`).
 
 pub mod app;
 pub mod checkpoint;
@@ -28,5 +29,6 @@ pub mod config;
 pub mod event;
 pub mod lsn;
 pub mod pipeline;
+pub mod read;
 pub mod sink;
 pub mod source;

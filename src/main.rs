@@ -26,6 +26,46 @@ struct Cli {
 enum Command {
     /// Poll CDC and deliver events until stopped (SIGINT/SIGTERM).
     Run(RunArgs),
+    /// Read events back as a consumer would: reassemble segments, drop duplicates,
+    /// check order and completeness, print one JSON line per event, and a summary on
+    /// stderr. Exit 1 when something could not be read.
+    Read(ReadArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ReadArgs {
+    /// A newline-delimited file written by the file or stdout sink; `-` for stdin.
+    #[arg(long, conflicts_with = "topic", required_unless_present = "topic")]
+    file: Option<PathBuf>,
+    /// A Kafka topic (or event hub through the Kafka endpoint, with `--kafka`
+    /// security properties), read from the beginning.
+    #[arg(long, requires = "bootstrap_servers")]
+    topic: Option<String>,
+    /// Kafka bootstrap servers (`host:port,…`).
+    #[arg(long)]
+    bootstrap_servers: Option<String>,
+    /// Only this partition (repeatable; default all).
+    #[arg(long = "partition")]
+    partitions: Vec<i32>,
+    /// `json` (default) or `avro`: how the events were encoded (`event.encoding`).
+    #[arg(long, default_value = "json")]
+    encoding: String,
+    /// Print the decoded Data object, `old` and `current` as objects, instead of the
+    /// whole event.
+    #[arg(long)]
+    data: bool,
+    /// Stop after this many events.
+    #[arg(long)]
+    max_events: Option<u64>,
+    /// Keep reading a topic for new events until interrupted.
+    #[arg(long)]
+    follow: bool,
+    /// Without `--follow`: stop once the topic was quiet this long.
+    #[arg(long, default_value_t = 2000)]
+    idle_ms: u64,
+    /// A librdkafka property for the consumer (`--kafka security.protocol=SASL_SSL`).
+    #[arg(long = "kafka", value_name = "KEY=VALUE")]
+    kafka: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -58,7 +98,10 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let Command::Run(args) = cli.command;
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Read(args) => return read(&args),
+    };
     let config = match load_config(&args) {
         Ok(config) => config,
         Err(e) => {
@@ -97,6 +140,104 @@ fn main() -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `mssql-ces read`: events to stdout, the summary to stderr.
+fn read(args: &ReadArgs) -> ExitCode {
+    use mssql_ces::read::{EventReader, KafkaInput, ReadOptions, read_kafka, read_lines};
+    let encoding = match args.encoding.as_str() {
+        "json" => mssql_ces::event::Encoding::Json,
+        "avro" => mssql_ces::event::Encoding::Avro,
+        other => {
+            eprintln!("error: --encoding {other}: expected json or avro");
+            return ExitCode::from(2);
+        }
+    };
+    let mut properties = Vec::new();
+    for item in &args.kafka {
+        let Some((key, value)) = item.split_once('=') else {
+            eprintln!("error: --kafka {item}: expected KEY=VALUE");
+            return ExitCode::from(2);
+        };
+        properties.push((key.trim().to_owned(), value.to_owned()));
+    }
+    let stdout = std::io::stdout().lock();
+    let mut reader = EventReader::new(
+        std::io::BufWriter::new(stdout),
+        ReadOptions {
+            encoding,
+            data_only: args.data,
+            max_events: args.max_events,
+        },
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let read = match (&args.file, &args.topic, &args.bootstrap_servers) {
+        (Some(path), _, _) if path.as_os_str() == "-" => {
+            read_lines(std::io::stdin().lock(), "stdin", &mut reader).map_err(Into::into)
+        }
+        (Some(path), _, _) => match std::fs::File::open(path) {
+            Ok(file) => read_lines(
+                std::io::BufReader::new(file),
+                &path.display().to_string(),
+                &mut reader,
+            )
+            .map_err(Into::into),
+            Err(e) => {
+                eprintln!("error: --file {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        (None, Some(topic), Some(servers)) => {
+            // The first Ctrl-C ends the read with its summary.
+            let flag = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    runtime.block_on(async {
+                        let _ = tokio::signal::ctrl_c().await;
+                        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+                    });
+                }
+            });
+            let input = KafkaInput {
+                bootstrap_servers: servers.clone(),
+                topic: topic.clone(),
+                partitions: (!args.partitions.is_empty()).then(|| args.partitions.clone()),
+                follow: args.follow,
+                idle: Duration::from_millis(args.idle_ms),
+                properties,
+            };
+            read_kafka(&input, &mut reader, &stop)
+        }
+        _ => {
+            eprintln!("error: give --file, or --topic with --bootstrap-servers");
+            return ExitCode::from(2);
+        }
+    };
+    let summary = reader.finish();
+    if let Err(e) = read {
+        eprintln!("error: {e}");
+        return ExitCode::from(1);
+    }
+    match summary {
+        Ok(summary) => {
+            for problem in &summary.problems {
+                eprintln!("problem: {problem}");
+            }
+            eprintln!("{}", summary.line());
+            if summary.problems.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
             ExitCode::from(1)
         }
     }

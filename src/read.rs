@@ -1,0 +1,541 @@
+//! Reading back what the poller wrote, the way a consumer would: messages from a
+//! newline-delimited file (the stream sinks' output: JSON, or base64 Avro lines) or
+//! from Kafka (structured or binary mode), segments reassembled per ordered stream (a
+//! file, a partition), and each logical event printed once as a JSON line — the whole
+//! event with its reassembled `data`, or (`data_only`) the decoded Data object with
+//! `old` and `current` as objects.
+//!
+//! It also checks what a consumer relies on: no segment missing, no event cut off at
+//! the end, per-stream commit order, and it drops and counts duplicates (by event
+//! `id`), which at-least-once delivery allows after a restart.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, Write};
+
+use base64::Engine as _;
+
+use crate::event::Encoding;
+use crate::event::readback::{
+    CloudEvent, LogicalEvent, ReadError, Reassembler, decode_data, decode_message,
+};
+
+/// How events are printed.
+#[derive(Debug, Clone)]
+pub struct ReadOptions {
+    pub encoding: Encoding,
+    /// Print the decoded Data object instead of the whole event.
+    pub data_only: bool,
+    /// Stop after this many logical events.
+    pub max_events: Option<u64>,
+}
+
+/// What a read found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReadSummary {
+    /// Messages (segments) read.
+    pub messages: u64,
+    /// Logical events printed.
+    pub events: u64,
+    /// Whole events seen again (same first-segment `id`) and not printed again.
+    pub duplicates: u64,
+    /// Partial events dropped because the producer re-sent from an earlier point.
+    pub abandoned: u64,
+    /// Events earlier in commit order than one already printed from the same stream,
+    /// other than duplicates.
+    pub out_of_order: u64,
+    /// Events per `schema.table`.
+    pub per_table: BTreeMap<String, u64>,
+    /// What could not be read: undecodable messages, missing segments, events cut
+    /// off at the end. Each names the stream and the event.
+    pub problems: Vec<String>,
+}
+
+impl ReadSummary {
+    /// One line for a person.
+    pub fn line(&self) -> String {
+        let tables: Vec<String> = self
+            .per_table
+            .iter()
+            .map(|(table, n)| format!("{table}={n}"))
+            .collect();
+        format!(
+            "read {} messages: {} events, {} duplicates dropped, {} partial events re-sent, {} out of order, {} problems; per table: {}",
+            self.messages,
+            self.events,
+            self.duplicates,
+            self.abandoned,
+            self.out_of_order,
+            self.problems.len(),
+            if tables.is_empty() {
+                "none".to_owned()
+            } else {
+                tables.join(", ")
+            }
+        )
+    }
+}
+
+#[derive(Default)]
+struct Stream {
+    reassembler: Reassembler,
+    /// `logicalid` position of the last event printed from this stream.
+    last: Option<(String, String)>,
+}
+
+/// Takes messages from one or more ordered streams and prints logical events.
+pub struct EventReader<W: Write> {
+    out: W,
+    options: ReadOptions,
+    streams: HashMap<String, Stream>,
+    seen: HashSet<String>,
+    summary: ReadSummary,
+}
+
+/// `(commit LSN, sequence number)` of a `logicalid`, fixed-width, so text order is
+/// commit order.
+fn position(logicalid: &str) -> Option<(String, String)> {
+    let mut parts = logicalid.rsplitn(3, ':');
+    let sequence = parts.next()?;
+    let lsn = parts.next()?;
+    Some((lsn.to_owned(), sequence.to_owned()))
+}
+
+impl<W: Write> EventReader<W> {
+    pub fn new(out: W, options: ReadOptions) -> Self {
+        EventReader {
+            out,
+            options,
+            streams: HashMap::new(),
+            seen: HashSet::new(),
+            summary: ReadSummary::default(),
+        }
+    }
+
+    /// Whether `max_events` has been reached.
+    pub fn done(&self) -> bool {
+        self.options
+            .max_events
+            .is_some_and(|max| self.summary.events >= max)
+    }
+
+    /// A message of `stream` that could not be decoded.
+    pub fn undecodable(&mut self, stream: &str, error: impl std::fmt::Display) {
+        self.summary.messages += 1;
+        self.summary
+            .problems
+            .push(format!("{stream}: undecodable message: {error}"));
+    }
+
+    /// The next message of `stream`, in that stream's order.
+    pub fn push(&mut self, stream: &str, message: CloudEvent) -> std::io::Result<()> {
+        self.summary.messages += 1;
+        let state = self.streams.entry(stream.to_owned()).or_default();
+        let pushed = state.reassembler.push(message);
+        let event = match pushed {
+            Ok(Some(event)) => event,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                // Start the stream afresh: what follows may be whole again.
+                state.reassembler = Reassembler::new();
+                self.summary.problems.push(format!("{stream}: {e}"));
+                return Ok(());
+            }
+        };
+        self.emit(stream, event)
+    }
+
+    fn emit(&mut self, stream: &str, event: LogicalEvent) -> std::io::Result<()> {
+        let first_id = event.segment_ids.first().cloned().unwrap_or_default();
+        if !self.seen.insert(first_id) {
+            self.summary.duplicates += 1;
+            return Ok(());
+        }
+        if let Some(state) = self.streams.get_mut(stream) {
+            let here = position(&event.event.logicalid);
+            if here.is_some() && state.last.is_some() && here < state.last {
+                self.summary.out_of_order += 1;
+            }
+            if here > state.last {
+                state.last = here;
+            }
+        }
+        let encoding = self.options.encoding;
+        let data = match decode_data(&event.event.data, encoding) {
+            Ok(data) => data,
+            Err(e) => {
+                self.summary
+                    .problems
+                    .push(format!("{stream}: {}: {e}", event.event.logicalid));
+                return Ok(());
+            }
+        };
+        let table = table_of(&data);
+        *self.summary.per_table.entry(table).or_default() += 1;
+        let line = if self.options.data_only {
+            expand_rows(data)
+        } else {
+            whole_event(&event.event, &data, encoding)
+        };
+        serde_json::to_writer(&mut self.out, &line)?;
+        self.out.write_all(b"\n")?;
+        self.summary.events += 1;
+        Ok(())
+    }
+
+    /// Ends every stream (an event still missing segments is a problem) and returns
+    /// what was read.
+    pub fn finish(mut self) -> std::io::Result<ReadSummary> {
+        self.out.flush()?;
+        let mut streams: Vec<(String, Stream)> = self.streams.drain().collect();
+        streams.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, state) in streams {
+            self.summary.abandoned += state.reassembler.abandoned() as u64;
+            if let Err(e) = state.reassembler.finish() {
+                self.summary.problems.push(format!("{name}: {e}"));
+            }
+        }
+        Ok(self.summary)
+    }
+}
+
+/// `schema.table` from a Data object's `eventsource`.
+fn table_of(data: &serde_json::Value) -> String {
+    let source = &data["eventsource"];
+    match (source["schema"].as_str(), source["tbl"].as_str()) {
+        (Some(schema), Some(table)) => format!("{schema}.{table}"),
+        _ => "?".to_owned(),
+    }
+}
+
+/// The Data object with `eventrow.old` and `eventrow.current` (JSON text in CES)
+/// parsed into objects.
+fn expand_rows(mut data: serde_json::Value) -> serde_json::Value {
+    for image in ["old", "current"] {
+        let row = &mut data["eventrow"][image];
+        if let Some(text) = row.as_str()
+            && let Ok(parsed) = serde_json::from_str::<serde_json::Value>(text)
+        {
+            *row = parsed;
+        }
+    }
+    data
+}
+
+/// The event's attributes, `data` as CES carries it in JSON (the Data object as
+/// text), whatever the encoding it arrived in.
+fn whole_event(
+    event: &CloudEvent,
+    data: &serde_json::Value,
+    encoding: Encoding,
+) -> serde_json::Value {
+    let data_text = match encoding {
+        Encoding::Json => String::from_utf8_lossy(&event.data).into_owned(),
+        Encoding::Avro => data.to_string(),
+    };
+    serde_json::json!({
+        "specversion": event.specversion,
+        "type": event.event_type,
+        "source": event.source,
+        "id": event.id,
+        "logicalid": event.logicalid,
+        "time": event.time,
+        "datacontenttype": event.datacontenttype,
+        "operation": event.operation,
+        "segmentindex": 0,
+        "finalsegment": true,
+        "data": data_text,
+    })
+}
+
+/// Decodes one line of a stream sink's output: JSON as it is, Avro as base64.
+pub fn decode_line(line: &str, encoding: Encoding) -> Result<CloudEvent, ReadError> {
+    match encoding {
+        Encoding::Json => decode_message(line.as_bytes(), encoding),
+        Encoding::Avro => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(line.trim())
+                .map_err(|e| ReadError::Avro {
+                    reason: format!("not base64: {e}"),
+                })?;
+            decode_message(&bytes, encoding)
+        }
+    }
+}
+
+/// Reads a newline-delimited stream (a file, stdin) as one ordered stream.
+pub fn read_lines<W: Write>(
+    input: impl BufRead,
+    stream: &str,
+    reader: &mut EventReader<W>,
+) -> std::io::Result<()> {
+    for line in input.lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match decode_line(&line, reader.options.encoding) {
+            Ok(message) => reader.push(stream, message)?,
+            Err(e) => reader.undecodable(stream, e),
+        }
+        if reader.done() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// A binary-mode Kafka message as a CloudEvent: the `ce_*` headers and the value as
+/// `data`.
+pub fn from_binary_mode(
+    headers: &[(String, Vec<u8>)],
+    value: &[u8],
+) -> Result<CloudEvent, ReadError> {
+    let get = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    };
+    let missing = |name: &str| ReadError::Json {
+        reason: format!("binary mode: no `{name}` header"),
+    };
+    let required = |name: &str| get(name).ok_or_else(|| missing(name));
+    Ok(CloudEvent {
+        specversion: required("ce_specversion")?,
+        event_type: required("ce_type")?,
+        source: required("ce_source")?,
+        id: required("ce_id")?,
+        logicalid: required("ce_logicalid")?,
+        time: required("ce_time")?,
+        datacontenttype: required("content-type")?,
+        operation: required("ce_operation")?,
+        segmentindex: required("ce_segmentindex")?
+            .parse()
+            .map_err(|_| missing("ce_segmentindex"))?,
+        finalsegment: required("ce_finalsegment")? == "true",
+        data: value.to_vec(),
+    })
+}
+
+/// Why reading could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("writing the events: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("Kafka: {0}")]
+    Kafka(String),
+}
+
+/// Where and how to read a topic.
+#[derive(Debug, Clone)]
+pub struct KafkaInput {
+    pub bootstrap_servers: String,
+    pub topic: String,
+    /// Only these partitions (default: all).
+    pub partitions: Option<Vec<i32>>,
+    /// Keep reading after the topic is drained.
+    pub follow: bool,
+    /// Without `follow`: stop once nothing arrived for this long.
+    pub idle: std::time::Duration,
+    /// More librdkafka properties (security, SASL).
+    pub properties: Vec<(String, String)>,
+}
+
+/// Reads a topic from the beginning, each partition as one ordered stream; a message
+/// with a `ce_id` header is binary mode, any other structured. Stops at `max_events`,
+/// when `stop` is set, or (without `follow`) once the topic has been quiet for `idle`.
+pub fn read_kafka<W: Write>(
+    input: &KafkaInput,
+    reader: &mut EventReader<W>,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<(), InputError> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let kafka = |e: rdkafka::error::KafkaError| InputError::Kafka(e.to_string());
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &input.bootstrap_servers)
+        .set("group.id", "mssql-ces-read")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false");
+    for (key, value) in &input.properties {
+        config.set(key, value);
+    }
+    let consumer: BaseConsumer = config.create().map_err(kafka)?;
+    let partitions = match &input.partitions {
+        Some(list) => list.clone(),
+        None => {
+            let metadata = consumer
+                .fetch_metadata(Some(&input.topic), std::time::Duration::from_secs(30))
+                .map_err(kafka)?;
+            let topic = metadata
+                .topics()
+                .first()
+                .ok_or_else(|| InputError::Kafka(format!("no topic {}", input.topic)))?;
+            if let Some(e) = topic.error() {
+                return Err(InputError::Kafka(format!(
+                    "topic {}: {}",
+                    input.topic,
+                    rdkafka::error::RDKafkaErrorCode::from(e)
+                )));
+            }
+            topic.partitions().iter().map(|p| p.id()).collect()
+        }
+    };
+    let mut assignment = TopicPartitionList::new();
+    for partition in &partitions {
+        assignment
+            .add_partition_offset(&input.topic, *partition, Offset::Beginning)
+            .map_err(kafka)?;
+    }
+    consumer.assign(&assignment).map_err(kafka)?;
+    let encoding = reader.options.encoding;
+    let mut quiet_since = std::time::Instant::now();
+    while !reader.done() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let Some(result) = consumer.poll(std::time::Duration::from_millis(100)) else {
+            if !input.follow && quiet_since.elapsed() >= input.idle {
+                break;
+            }
+            continue;
+        };
+        let message = result.map_err(kafka)?;
+        quiet_since = std::time::Instant::now();
+        let stream = format!("{}[{}]", message.topic(), message.partition());
+        let headers: Vec<(String, Vec<u8>)> = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|header| {
+                        (
+                            header.key.to_owned(),
+                            header.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let value = message.payload().unwrap_or_default();
+        let decoded = if headers.iter().any(|(k, _)| k == "ce_id") {
+            from_binary_mode(&headers, value)
+        } else {
+            decode_message(value, encoding)
+        };
+        match decoded {
+            Ok(event) => reader.push(&stream, event)?,
+            Err(e) => reader.undecodable(&stream, e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_event(id: &str, seq: u32, index: u32, last: bool, data: &str) -> String {
+        serde_json::json!({
+            "specversion": "1.0", "type": "com.microsoft.SQL.CES.DML.V1", "source": "/",
+            "id": id,
+            "logicalid": format!("g:0000000A000000000001:{seq:020}"),
+            "time": "2026-01-01T00:00:00Z", "datacontenttype": "application/json",
+            "operation": "INS", "segmentindex": index, "finalsegment": last,
+            "data": data,
+        })
+        .to_string()
+    }
+
+    const DATA: &str = r#"{"eventsource":{"schema":"dbo","tbl":"t"},"eventrow":{"old":"{}","current":"{\"id\":\"1\"}"}}"#;
+
+    fn read(lines: &[String], data_only: bool) -> (String, ReadSummary) {
+        let mut out = Vec::new();
+        let mut reader = EventReader::new(
+            &mut out,
+            ReadOptions {
+                encoding: Encoding::Json,
+                data_only,
+                max_events: None,
+            },
+        );
+        read_lines(lines.join("\n").as_bytes(), "file", &mut reader).unwrap();
+        let summary = reader.finish().unwrap();
+        (String::from_utf8(out).unwrap(), summary)
+    }
+
+    #[test]
+    fn segments_are_joined_duplicates_dropped_and_rows_expanded() {
+        let (first, second) = DATA.split_at(20);
+        let lines = vec![
+            json_event("a", 1, 0, false, first),
+            json_event("b", 1, 1, true, second),
+            // Re-sent after a restart: the whole event again.
+            json_event("a", 1, 0, false, first),
+            json_event("b", 1, 1, true, second),
+        ];
+        let (out, summary) = read(&lines, true);
+        assert_eq!(summary.events, 1);
+        assert_eq!(summary.messages, 4);
+        assert_eq!(summary.duplicates, 1);
+        assert!(summary.problems.is_empty(), "{:?}", summary.problems);
+        assert_eq!(summary.per_table.get("dbo.t"), Some(&1));
+        let line: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(line["eventrow"]["current"]["id"], "1");
+        assert!(line["eventrow"]["old"].is_object());
+        let (out, _) = read(&lines, false);
+        let line: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(line["data"], DATA, "the whole data, reassembled");
+        assert_eq!(line["id"], "a");
+    }
+
+    #[test]
+    fn a_missing_segment_a_cut_off_event_and_disorder_are_reported() {
+        let lines = vec![
+            json_event("c", 2, 0, true, DATA),
+            json_event("d", 1, 0, true, DATA),
+            json_event("e", 3, 0, false, "{"),
+            json_event("f", 3, 2, true, "}"),
+            json_event("g", 4, 0, false, "{"),
+            "not json".to_owned(),
+        ];
+        let (_, summary) = read(&lines, false);
+        assert_eq!(summary.events, 2);
+        assert_eq!(summary.out_of_order, 1, "seq 1 after seq 2");
+        assert_eq!(summary.problems.len(), 3, "{:?}", summary.problems);
+        assert!(
+            summary.problems[0].contains("segment"),
+            "{:?}",
+            summary.problems
+        );
+        assert!(summary.problems[1].contains("undecodable"));
+        assert!(
+            summary.problems[2].contains("ended"),
+            "{:?}",
+            summary.problems
+        );
+    }
+
+    #[test]
+    fn binary_mode_headers_make_the_event() {
+        let headers: Vec<(String, Vec<u8>)> = [
+            ("ce_specversion", "1.0"),
+            ("ce_type", "t"),
+            ("ce_source", "/"),
+            ("ce_id", "x"),
+            ("ce_logicalid", "g:1:2"),
+            ("ce_time", "2026-01-01T00:00:00Z"),
+            ("content-type", "application/json"),
+            ("ce_operation", "DEL"),
+            ("ce_segmentindex", "0"),
+            ("ce_finalsegment", "true"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+        .collect();
+        let event = from_binary_mode(&headers, b"{}").unwrap();
+        assert_eq!(event.operation, "DEL");
+        assert!(event.finalsegment);
+        assert_eq!(event.data, b"{}");
+        let err = from_binary_mode(&headers[1..], b"{}").unwrap_err();
+        assert!(err.to_string().contains("ce_specversion"), "{err}");
+    }
+}

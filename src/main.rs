@@ -47,6 +47,10 @@ struct ReadArgs {
     /// Only this partition (repeatable; default all).
     #[arg(long = "partition")]
     partitions: Vec<i32>,
+    /// A consumer group: continue from its committed offsets (the beginning the
+    /// first time) and commit what was read, at the end.
+    #[arg(long, requires = "topic")]
+    group: Option<String>,
     /// `json` (default) or `avro`: how the events were encoded (`event.encoding`).
     #[arg(long, default_value = "json")]
     encoding: String,
@@ -208,6 +212,7 @@ fn read(args: &ReadArgs) -> ExitCode {
                 bootstrap_servers: servers.clone(),
                 topic: topic.clone(),
                 partitions: (!args.partitions.is_empty()).then(|| args.partitions.clone()),
+                group: args.group.clone(),
                 follow: args.follow,
                 idle: Duration::from_millis(args.idle_ms),
                 properties,

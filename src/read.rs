@@ -333,6 +333,9 @@ pub struct KafkaInput {
     pub topic: String,
     /// Only these partitions (default: all).
     pub partitions: Option<Vec<i32>>,
+    /// A consumer group: read from its committed offsets (the beginning the first
+    /// time) and commit what was printed, so the next read continues there.
+    pub group: Option<String>,
     /// Keep reading after the topic is drained.
     pub follow: bool,
     /// Without `follow`: stop once nothing arrived for this long.
@@ -356,8 +359,12 @@ pub fn read_kafka<W: Write>(
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &input.bootstrap_servers)
-        .set("group.id", "mssql-ces-read")
+        .set(
+            "group.id",
+            input.group.as_deref().unwrap_or("mssql-ces-read"),
+        )
         .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false");
     for (key, value) in &input.properties {
         config.set(key, value);
@@ -385,12 +392,19 @@ pub fn read_kafka<W: Write>(
     };
     let mut assignment = TopicPartitionList::new();
     for partition in &partitions {
+        // With a group: where it left off (`Stored`), else from the beginning.
+        let offset = if input.group.is_some() {
+            Offset::Stored
+        } else {
+            Offset::Beginning
+        };
         assignment
-            .add_partition_offset(&input.topic, *partition, Offset::Beginning)
+            .add_partition_offset(&input.topic, *partition, offset)
             .map_err(kafka)?;
     }
     consumer.assign(&assignment).map_err(kafka)?;
     let encoding = reader.options.encoding;
+    let mut next_offsets: BTreeMap<i32, i64> = BTreeMap::new();
     let mut quiet_since = std::time::Instant::now();
     while !reader.done() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let Some(result) = consumer.poll(std::time::Duration::from_millis(100)) else {
@@ -425,6 +439,20 @@ pub fn read_kafka<W: Write>(
             Ok(event) => reader.push(&stream, event)?,
             Err(e) => reader.undecodable(&stream, e),
         }
+        next_offsets.insert(message.partition(), message.offset() + 1);
+    }
+    if input.group.is_some() && !next_offsets.is_empty() {
+        // What was read is committed only now, once it has been printed.
+        reader.out.flush()?;
+        let mut commit = TopicPartitionList::new();
+        for (partition, offset) in &next_offsets {
+            commit
+                .add_partition_offset(&input.topic, *partition, Offset::Offset(*offset))
+                .map_err(kafka)?;
+        }
+        consumer
+            .commit(&commit, rdkafka::consumer::CommitMode::Sync)
+            .map_err(kafka)?;
     }
     Ok(())
 }

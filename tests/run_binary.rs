@@ -698,5 +698,29 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
         stderr.contains(&format!("{} events", expected.len())) && stderr.contains("0 problems"),
         "{stderr}"
     );
+    // A consumer group reads everything once, then continues where it left off.
+    let in_group = || {
+        Command::new(BINARY)
+            .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
+            .args(["--idle-ms", "1500", "--group", "audit"])
+            .output()
+            .expect("run mssql-ces read --group")
+    };
+    let first = in_group();
+    assert_eq!(first.status.code(), Some(0));
+    let first_lines = String::from_utf8_lossy(&first.stdout).lines().count();
+    assert_eq!(
+        first_lines,
+        expected.len(),
+        "the group's first read: everything"
+    );
+    let again = in_group();
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout).lines().count(),
+        0,
+        "nothing new for the group: {}",
+        String::from_utf8_lossy(&again.stderr)
+    );
     std::fs::remove_dir_all(dir).ok();
 }

@@ -178,6 +178,7 @@ mod tests {
         assert_eq!(map.partition_for("7"), "3");
         assert_eq!(map.partition_for("131"), "2");
         assert_eq!(map.len(), 4);
+        assert!(!map.is_empty());
     }
 
     #[test]

@@ -2,9 +2,11 @@
 # non-root user, with the stripped release binary only.
 #
 #   docker build -t mssql-ces .
-#   docker run --rm -v "$PWD/examples:/config:ro" \
-#     -e MSSQL_CES_CONNECTION_STRING='Server=tcp:db,1433;…' \
-#     mssql-ces run --config /config/local.toml
+#   docker run --rm -v "$PWD/my.toml:/config.toml:ro" \
+#     -e MSSQL_CES__SOURCE__CONNECTION_STRING='Server=tcp:db,1433;…' \
+#     mssql-ces run --config /config.toml
+#
+# (my.toml names hosts as the container sees them: not localhost.)
 #
 # Every setting can also come from the environment (MSSQL_CES__SINK__TOPIC=…), and a
 # secret setting's variable holds the secret itself (MSSQL_CES__SINK__CONNECTION_STRING).

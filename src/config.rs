@@ -336,29 +336,47 @@ impl<'de> Deserialize<'de> for SinkSettings {
                 routing.insert((*key).to_owned(), value);
             }
         }
+        // Each part is read on its own table, so an error names the key itself.
+        let named = |e: toml::de::Error| {
+            let text = e.to_string();
+            D::Error::custom(format!("sink.{}", text.trim_end().replace('\n', " ")))
+        };
         let routing = toml::Value::Table(routing)
             .try_into::<RoutingSettings>()
-            .map_err(D::Error::custom)?;
-        // The kind's own settings are read without their path: name it here.
+            .map_err(named)?;
+        let kind = match rest.remove("kind") {
+            None => {
+                return Err(D::Error::custom(
+                    "sink.kind: missing; one of kafka, event_hubs_kafka, event_hubs_amqp, stdout, file",
+                ));
+            }
+            Some(toml::Value::String(kind)) => kind,
+            Some(_) => return Err(D::Error::custom("sink.kind: expected a string")),
+        };
         if rest.get("connection_string").is_some_and(|v| !v.is_table()) {
             return Err(D::Error::custom(
                 "sink.connection_string: expected { env = \"VARIABLE\" } or { file = \"/path\" }; a secret is never written in the configuration itself",
             ));
         }
-        let kind_name = rest
-            .get("kind")
-            .and_then(toml::Value::as_str)
-            .map(str::to_owned);
-        let kind =
-            toml::Value::Table(rest)
-                .try_into::<SinkConfig>()
-                .map_err(|e| match &kind_name {
-                    Some(name) => D::Error::custom(format!(
-                        "{} (the settings of sink.kind = \"{name}\")",
-                        e.to_string().trim_end()
-                    )),
-                    None => D::Error::custom(e),
-                })?;
+        let table = toml::Value::Table(rest);
+        let in_kind = |e: toml::de::Error| {
+            D::Error::custom(format!(
+                "sink ({kind}): {}",
+                e.to_string().trim_end().replace('\n', " ")
+            ))
+        };
+        let kind = match kind.as_str() {
+            "kafka" => SinkConfig::Kafka(table.try_into().map_err(in_kind)?),
+            "event_hubs_kafka" => SinkConfig::EventHubsKafka(table.try_into().map_err(in_kind)?),
+            "event_hubs_amqp" => SinkConfig::EventHubsAmqp(table.try_into().map_err(in_kind)?),
+            "stdout" => SinkConfig::Stdout(table.try_into().map_err(in_kind)?),
+            "file" => SinkConfig::File(table.try_into().map_err(in_kind)?),
+            other => {
+                return Err(D::Error::custom(format!(
+                    "sink.kind: unknown kind \"{other}\"; one of kafka, event_hubs_kafka, event_hubs_amqp, stdout, file"
+                )));
+            }
+        };
         Ok(SinkSettings { routing, kind })
     }
 }
@@ -380,6 +398,14 @@ impl SinkSettings {
             return Err(invalid(
                 "sink.partition_key_column",
                 "partition_key = \"column\" needs the column name",
+            ));
+        }
+        if self.routing.mode == CloudEventsMode::Binary
+            && matches!(self.kind, SinkConfig::Stdout(_) | SinkConfig::File(_))
+        {
+            return Err(invalid(
+                "sink.mode",
+                "\"binary\" puts the attributes in message headers, which a file or stdout has not: the lines would lose them; use \"structured\"",
             ));
         }
         self.kind.validate(&self.routing, event)
@@ -740,9 +766,11 @@ fn deserialize_with_text_fallback(
             let mut candidate = table.clone();
             let as_text = toml::Value::String(raw.clone());
             set_path(&mut candidate, path, as_text.clone(), "override")?;
+            // Text helps when it makes the whole parse, or when the error is about
+            // this value (it quotes it) and changes; never to hide another error.
             let better = match toml::Value::Table(candidate.clone()).try_into::<Config>() {
                 Ok(_) => true,
-                Err(e) => e.to_string() != error,
+                Err(e) => error.contains(raw.as_str()) && e.to_string() != error,
             };
             if better {
                 table = candidate;
@@ -1028,6 +1056,20 @@ topic = "hub"
         let flags = vec![Override::parse("checkpoint.stream_name", "2")];
         let c = Config::from_parts(MINIMAL, &env, &flags).unwrap();
         assert_eq!(c.checkpoint.stream_name, "2");
+        // A typo elsewhere is reported as itself, not blamed on a numeric override.
+        let env = vec![(
+            "MSSQL_CES__CHECKPOINT__INTERVAL_MS".to_string(),
+            "7".to_string(),
+        )];
+        let err = Config::from_parts(
+            &format!("{MINIMAL}\n[event]\nencodin = \"json\"\n"),
+            &env,
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("encodin"), "{err}");
+        assert!(!err.contains("interval_ms"), "{err}");
         // The text as typed, not the number's own text.
         let flags = vec![
             Override::parse("sink.topic", "007"),
@@ -1067,6 +1109,12 @@ topic = "hub"
             kafka(&load(&partitioner).unwrap()).partitioner,
             Partitioner::ConsistentRandom
         );
+        let binary_file = format!("{MINIMAL}mode = \"binary\"\n");
+        let err = load(&binary_file).unwrap_err().to_string();
+        assert!(err.contains("sink.mode"), "{err}");
+        let zero = format!("{KAFKA}delivery_timeout_ms = 0\n");
+        let err = load(&zero).unwrap_err().to_string();
+        assert!(err.contains("sink.delivery_timeout_ms"), "{err}");
         // A setting of another kind is refused, by name, not ignored.
         let err = load(&format!("{MINIMAL}partitioner = \"murmur2\"\n"))
             .unwrap_err()

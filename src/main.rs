@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use mssql_ces::config::{Config, LogFormat, Override};
+use mssql_ces::sink::SinkError;
 use mssql_ces::sink::event_hubs_amqp::outcome::OutcomeLayer;
 use tokio_util::sync::CancellationToken;
 
@@ -131,8 +132,8 @@ fn main() -> ExitCode {
                     Some(s) if s.is_transient() => {
                         " (transient: a restart resumes from the checkpoint)"
                     }
-                    Some(_) => " (a restart repeats it: change what it names)",
-                    None => "",
+                    Some(SinkError::Definite(_)) => " (a restart repeats it: change what it names)",
+                    _ => "",
                 };
                 anyhow::anyhow!("{e}{hint}")
             })
@@ -224,7 +225,7 @@ fn read(args: &ReadArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let summary = reader.finish();
+    let summary = reader.finish(stop.load(std::sync::atomic::Ordering::Relaxed));
     if let Err(e) = read {
         eprintln!("error: {e}");
         return ExitCode::from(1);

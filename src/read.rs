@@ -130,18 +130,30 @@ impl<W: Write> EventReader<W> {
     pub fn push(&mut self, stream: &str, message: CloudEvent) -> std::io::Result<()> {
         self.summary.messages += 1;
         let state = self.streams.entry(stream.to_owned()).or_default();
-        let pushed = state.reassembler.push(message);
-        let event = match pushed {
-            Ok(Some(event)) => event,
-            Ok(None) => return Ok(()),
+        // Kept while an event is open: if this message breaks it, it may well be
+        // the start of the next one.
+        let retry = state.reassembler.is_open().then(|| message.clone());
+        let event = match state.reassembler.push(message) {
+            Ok(Some(event)) => Some(event),
+            Ok(None) => None,
             Err(e) => {
-                // Start the stream afresh: what follows may be whole again.
-                state.reassembler = Reassembler::new();
                 self.summary.problems.push(format!("{stream}: {e}"));
-                return Ok(());
+                // Start the stream afresh with this message.
+                state.reassembler = Reassembler::new();
+                match retry.map(|m| state.reassembler.push(m)) {
+                    Some(Ok(event)) => event,
+                    Some(Err(_)) => {
+                        state.reassembler = Reassembler::new();
+                        None
+                    }
+                    None => None,
+                }
             }
         };
-        self.emit(stream, event)
+        match event {
+            Some(event) => self.emit(stream, event),
+            None => Ok(()),
+        }
     }
 
     fn emit(&mut self, stream: &str, event: LogicalEvent) -> std::io::Result<()> {
@@ -182,15 +194,19 @@ impl<W: Write> EventReader<W> {
         Ok(())
     }
 
-    /// Ends every stream (an event still missing segments is a problem) and returns
-    /// what was read.
-    pub fn finish(mut self) -> std::io::Result<ReadSummary> {
+    /// Ends every stream and returns what was read. An event still missing segments
+    /// is a problem when the streams were read to their end; not when the read was
+    /// `cut_short` (`max_events`, an interrupt), which stopped it mid-event.
+    pub fn finish(mut self, cut_short: bool) -> std::io::Result<ReadSummary> {
         self.out.flush()?;
+        let cut_short = cut_short || self.done();
         let mut streams: Vec<(String, Stream)> = self.streams.drain().collect();
         streams.sort_by(|a, b| a.0.cmp(&b.0));
         for (name, state) in streams {
             self.summary.abandoned += state.reassembler.abandoned() as u64;
-            if let Err(e) = state.reassembler.finish() {
+            if let Err(e) = state.reassembler.finish()
+                && !cut_short
+            {
                 self.summary.problems.push(format!("{name}: {e}"));
             }
         }
@@ -406,14 +422,27 @@ pub fn read_kafka<W: Write>(
     let encoding = reader.options.encoding;
     let mut next_offsets: BTreeMap<i32, i64> = BTreeMap::new();
     let mut quiet_since = std::time::Instant::now();
+    // Before the first message, fetching may take longer than `idle` (a remote
+    // cluster, TLS): wait for it at least this long.
+    let first_wait = input.idle.max(std::time::Duration::from_secs(10));
+    let mut received = false;
     while !reader.done() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let Some(result) = consumer.poll(std::time::Duration::from_millis(100)) else {
-            if !input.follow && quiet_since.elapsed() >= input.idle {
+            let limit = if received { input.idle } else { first_wait };
+            if !input.follow && quiet_since.elapsed() >= limit {
                 break;
             }
             continue;
         };
-        let message = result.map_err(kafka)?;
+        let message = match result {
+            Ok(message) => message,
+            // A broker that restarts, all brokers down: librdkafka reconnects.
+            Err(e) => {
+                eprintln!("warning: Kafka: {e}");
+                continue;
+            }
+        };
+        received = true;
         quiet_since = std::time::Instant::now();
         let stream = format!("{}[{}]", message.topic(), message.partition());
         let headers: Vec<(String, Vec<u8>)> = message
@@ -486,7 +515,7 @@ mod tests {
             },
         );
         read_lines(lines.join("\n").as_bytes(), "file", &mut reader).unwrap();
-        let summary = reader.finish().unwrap();
+        let summary = reader.finish(false).unwrap();
         (String::from_utf8(out).unwrap(), summary)
     }
 
@@ -540,6 +569,41 @@ mod tests {
             "{:?}",
             summary.problems
         );
+    }
+
+    #[test]
+    fn an_event_after_a_broken_one_is_still_read() {
+        let lines = vec![
+            json_event("p", 1, 0, false, "{"),
+            // Seq 2 starts before seq 1 ended: a problem, but seq 2 itself is whole.
+            json_event("q", 2, 0, true, DATA),
+            json_event("r", 3, 0, true, DATA),
+        ];
+        let (out, summary) = read(&lines, false);
+        assert_eq!(summary.events, 2, "{:?}", summary.problems);
+        assert_eq!(summary.problems.len(), 1, "{:?}", summary.problems);
+        assert!(out.contains("\"id\":\"q\""), "{out}");
+    }
+
+    #[test]
+    fn a_read_cut_short_does_not_report_the_event_it_cut() {
+        let lines = [
+            json_event("s", 1, 0, true, DATA),
+            json_event("t", 2, 0, false, "{"),
+        ];
+        let mut out = Vec::new();
+        let mut reader = EventReader::new(
+            &mut out,
+            ReadOptions {
+                encoding: Encoding::Json,
+                data_only: false,
+                max_events: None,
+            },
+        );
+        read_lines(lines.join("\n").as_bytes(), "file", &mut reader).unwrap();
+        let summary = reader.finish(true).unwrap();
+        assert!(summary.problems.is_empty(), "{:?}", summary.problems);
+        assert_eq!(summary.events, 1);
     }
 
     #[test]

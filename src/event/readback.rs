@@ -294,6 +294,11 @@ impl Reassembler {
         }
     }
 
+    /// Whether an event is waiting for more segments.
+    pub fn is_open(&self) -> bool {
+        self.open.is_some()
+    }
+
     /// Partial events dropped because the producer re-sent from an earlier point.
     pub fn abandoned(&self) -> usize {
         self.abandoned

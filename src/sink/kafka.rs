@@ -220,6 +220,12 @@ impl KafkaSinkConfig {
                 }
             }
         }
+        if self.delivery_timeout.is_zero() {
+            return Err(invalid(
+                "sink.delivery_timeout_ms",
+                "must be more than 0 (librdkafka reads 0 as waiting forever)",
+            ));
+        }
         for key in self.kafka.keys() {
             if let Some((_, owner)) = OWNED_KAFKA_PROPERTIES.iter().find(|(p, _)| p == key) {
                 return Err(invalid(

@@ -65,6 +65,14 @@ fn default_resend_after() -> Duration {
 impl EventHubsAmqpSinkConfig {
     /// Checks what can be checked before connecting; each error names the setting.
     pub fn validate(&self, routing: &RoutingSettings) -> Result<(), ConfigError> {
+        for (setting, value) in [
+            ("sink.amqp_resend_after_ms", self.resend_after),
+            ("sink.delivery_timeout_ms", self.delivery_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(invalid(setting, "must be more than 0"));
+            }
+        }
         if let Some(topic) = &routing.topic
             && topic.contains(['{', '}'])
         {

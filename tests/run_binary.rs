@@ -119,9 +119,20 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
         | 1;
     let mut moments = Moments(seed);
     let mut killed_while_running = 0;
+    let checkpoint = dir.join("cp.json");
     for run in 0..20 {
+        let before = std::fs::read(&checkpoint).ok();
         let mut child = spawn(&config, &dir, &[], run);
-        std::thread::sleep(Duration::from_millis(moments.next_ms(60, 400)));
+        // Kill while it publishes: once this run has checkpointed something (or has
+        // had time to), at a random moment after. Under a loaded machine a fixed
+        // delay could land every kill in start-up, before anything is sent.
+        let started = Instant::now();
+        while std::fs::read(&checkpoint).ok() == before
+            && started.elapsed() < Duration::from_secs(2)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(moments.next_ms(1, 150)));
         if child.try_wait().expect("try_wait").is_none() {
             killed_while_running += 1;
         }

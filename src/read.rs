@@ -16,7 +16,7 @@ use base64::Engine as _;
 
 use crate::event::Encoding;
 use crate::event::readback::{
-    CloudEvent, LogicalEvent, ReadError, Reassembler, decode_data, decode_message,
+    self, CloudEvent, LogicalEvent, ReadError, Reassembler, decode_data, decode_message,
 };
 
 /// How events are printed.
@@ -91,15 +91,6 @@ pub struct EventReader<W: Write> {
     summary: ReadSummary,
 }
 
-/// `(commit LSN, sequence number)` of a `logicalid`, fixed-width, so text order is
-/// commit order.
-fn position(logicalid: &str) -> Option<(String, String)> {
-    let mut parts = logicalid.rsplitn(3, ':');
-    let sequence = parts.next()?;
-    let lsn = parts.next()?;
-    Some((lsn.to_owned(), sequence.to_owned()))
-}
-
 impl<W: Write> EventReader<W> {
     pub fn new(out: W, options: ReadOptions) -> Self {
         EventReader {
@@ -163,7 +154,8 @@ impl<W: Write> EventReader<W> {
             return Ok(());
         }
         if let Some(state) = self.streams.get_mut(stream) {
-            let here = position(&event.event.logicalid);
+            let here = readback::position(&event.event.logicalid)
+                .map(|(lsn, sequence)| (lsn.to_owned(), sequence.to_owned()));
             if here.is_some() && state.last.is_some() && here < state.last {
                 self.summary.out_of_order += 1;
             }

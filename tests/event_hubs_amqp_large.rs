@@ -10,7 +10,7 @@ mod support;
 
 use std::time::Duration;
 
-use mssql_ces::sink::{OutgoingMessage, Sink};
+use mssql_ces::sink::{Delivery, OutgoingMessage, Sink};
 
 fn message(key: &str, size: usize, tag: u8) -> OutgoingMessage {
     let mut payload = vec![b'x'; size];
@@ -25,15 +25,7 @@ async fn messages_of_about_a_megabyte_are_delivered_in_key_order() {
     // Small, about 1,000 KB (the first of its group: the case that crashed), small,
     // about 830 KB, and one more large: one key, so one order.
     let sizes = [2_000, 1_000_000, 3_000, 850_000, 1_010_000];
-    let mut deliveries = Vec::new();
-    for (i, size) in sizes.iter().enumerate() {
-        let tag = u8::try_from(i).expect("tag");
-        deliveries.push(
-            sink.send(message("dbo.T", *size, tag))
-                .await
-                .expect("queued"),
-        );
-    }
+    let mut deliveries = send_tagged(&mut sink, "dbo.T", &sizes).await;
     // A group that starts with a large message.
     deliveries.push(
         sink.send(message("dbo.U", 1_000_000, 9))
@@ -77,15 +69,7 @@ async fn a_stalled_batch_is_resent_alone_on_a_new_connection() {
     arrivals
         .hold_transfer
         .store(2, std::sync::atomic::Ordering::SeqCst);
-    let mut deliveries = Vec::new();
-    for (i, size) in sizes.iter().enumerate() {
-        let tag = u8::try_from(i).expect("tag");
-        deliveries.push(
-            sink.send(message("dbo.T", *size, tag))
-                .await
-                .expect("queued"),
-        );
-    }
+    let deliveries = send_tagged(&mut sink, "dbo.T", &sizes).await;
     let started = std::time::Instant::now();
     sink.end_batch().await.expect("the stalled chunk is resent");
     for delivery in deliveries {
@@ -113,6 +97,16 @@ async fn a_stalled_batch_is_resent_alone_on_a_new_connection() {
         started.elapsed() >= Duration::from_millis(1400),
         "the timer fired"
     );
+}
+
+/// Queues one message of `key` per size, tagged with its index.
+async fn send_tagged(sink: &mut Sink, key: &str, sizes: &[usize]) -> Vec<Delivery> {
+    let mut deliveries = Vec::new();
+    for (i, size) in sizes.iter().enumerate() {
+        let tag = u8::try_from(i).expect("tag");
+        deliveries.push(sink.send(message(key, *size, tag)).await.expect("queued"));
+    }
+    deliveries
 }
 
 /// Each distinct message once, in order of first arrival.

@@ -189,7 +189,7 @@ pub struct Reassembler {
 }
 
 /// `(commit LSN, sequence number)` of a `logicalid`, comparable in commit order.
-fn position(logicalid: &str) -> Option<(&str, &str)> {
+pub(crate) fn position(logicalid: &str) -> Option<(&str, &str)> {
     let mut parts = logicalid.rsplitn(3, ':');
     let sequence = parts.next()?;
     let lsn = parts.next()?;

@@ -17,7 +17,6 @@
 //! one key per batch, one key at a time.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use azure_messaging_eventhubs::models::{AmqpMessage, EventData};
@@ -100,7 +99,6 @@ type Waiting = (OutgoingMessage, oneshot::Sender<Result<(), SinkError>>);
 
 pub struct EventHubsAmqpSink {
     connection: RwLock<Connection>,
-    generations: AtomicU64,
     target: Target,
     /// The hub's partitions; `None` when they could not be read (gateway sends).
     partitions: Option<PartitionMap>,
@@ -172,7 +170,6 @@ impl EventHubsAmqpSink {
                 producer: Arc::new(producer),
                 generation: 0,
             }),
-            generations: AtomicU64::new(0),
             target,
             partitions,
             resend_after,
@@ -468,7 +465,7 @@ impl EventHubsAmqpSink {
             match Self::open(&self.target, left).await {
                 Ok(fresh) => {
                     let old = std::mem::replace(&mut connection.producer, Arc::new(fresh));
-                    connection.generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+                    connection.generation += 1;
                     // The old one is closed in the background once no send holds it:
                     // its close may stall as its send did.
                     tokio::spawn(close_when_free(old));

@@ -132,6 +132,7 @@ fn main() {
             checkpoint_interval: Duration::from_secs(1),
             drain_timeout: Duration::from_secs(60),
             until_idle: true,
+            metrics: Default::default(),
         },
         CancellationToken::new(),
     ));

@@ -7,9 +7,10 @@
 use crate::checkpoint::{CheckpointError, CheckpointStore, file::FileStore, table::TableStore};
 use crate::config::{CheckpointStoreKind, Config, ConfigError, SinkConfig, SourceKind};
 use crate::event::EncoderOptions;
+use crate::metrics::{Metrics, MetricsError};
 use crate::pipeline::{self, PipelineError, PipelineSettings, RunSummary};
 use crate::sink::stream::Resume;
-use crate::sink::{Router, SinkError};
+use crate::sink::{Router, SinkError, SinkHealth};
 use crate::source::ChangeSource;
 use crate::source::poller::{Poller, Position, StartPosition};
 use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
@@ -27,6 +28,8 @@ pub enum RunError {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
 }
 
 impl RunError {
@@ -47,6 +50,23 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<Option<RunSummary>, RunError> {
     let poller_config = config.poller()?;
+    let metrics = std::sync::Arc::new(Metrics::new(config.metrics.stalled_after));
+    // Served for the whole run, the wait for the lease included.
+    let stop_serving = CancellationToken::new();
+    let _stop_serving = stop_serving.clone().drop_guard();
+    if let Some(address) = config.metrics.listen_address()? {
+        let listener = crate::metrics::bind(address).await?;
+        let local = listener
+            .local_addr()
+            .map_or_else(|_| address.to_string(), |a| a.to_string());
+        tracing::info!(listen = %local, "serving /metrics, /healthz and /readyz (metrics.listen)");
+        let served = std::sync::Arc::clone(&metrics);
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(listener, served, stop_serving).await {
+                tracing::warn!(error = %e, "the metrics server stopped");
+            }
+        });
+    }
     let mut store = match config.checkpoint.store {
         CheckpointStoreKind::File => CheckpointStore::File(FileStore::new(
             &config.checkpoint.path,
@@ -59,10 +79,12 @@ pub async fn run(
     };
     // One writer per stream: wait here as a hot standby while another process holds
     // the lease, and read the checkpoint only once this one does.
+    metrics.set_standby(true);
     if !store.acquire_lease(&shutdown).await? {
         tracing::info!("stopped while waiting for the lease");
         return Ok(None);
     }
+    metrics.set_standby(false);
     let position = store.load().await?;
     match &position {
         Some(p) => tracing::info!(
@@ -89,12 +111,18 @@ pub async fn run(
                 large_value_every: s.large_value_every,
             });
             let poller = Poller::new(source, poller_config, position);
-            drive(&config, poller, store, shutdown, until_idle, resume).await?
+            drive(
+                &config, poller, store, shutdown, until_idle, resume, &metrics,
+            )
+            .await?
         }
         SourceKind::Sqlserver => {
             let source = SqlServerSource::new(sql_server_settings(&config)?);
             let poller = Poller::new(source, poller_config, position);
-            drive(&config, poller, store, shutdown, until_idle, resume).await?
+            drive(
+                &config, poller, store, shutdown, until_idle, resume, &metrics,
+            )
+            .await?
         }
     };
     tracing::info!(
@@ -134,11 +162,14 @@ async fn drive<S: ChangeSource + 'static>(
     shutdown: CancellationToken,
     until_idle: bool,
     resume: Resume,
+    metrics: &std::sync::Arc<Metrics>,
 ) -> Result<RunSummary, RunError> {
+    let health = SinkHealth::new(config.metrics.listen.is_some());
+    metrics.watch_sink(std::sync::Arc::clone(&health));
     let built = config
         .sink
         .kind
-        .build(&config.sink.routing, &config.event, resume)
+        .build(&config.sink.routing, &config.event, resume, health)
         .await?;
     // Before the file's first line: a crash before the first real checkpoint must
     // still find one that says the file was empty. Not with "latest": a restart would
@@ -180,6 +211,7 @@ async fn drive<S: ChangeSource + 'static>(
         checkpoint_interval: config.checkpoint.interval,
         drain_timeout: config.shutdown.drain_timeout,
         until_idle,
+        metrics: std::sync::Arc::clone(metrics),
     };
     Ok(pipeline::run(
         poller, factory, router, built.sink, store, settings, shutdown,

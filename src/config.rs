@@ -501,6 +501,54 @@ pub struct Config {
     pub shutdown: ShutdownSettings,
     #[serde(default)]
     pub log: LogSettings,
+    #[serde(default)]
+    pub metrics: MetricsSettings,
+}
+
+/// `[metrics]`: Prometheus metrics and health probes over HTTP.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Address to serve `/metrics`, `/healthz` and `/readyz` on (e.g.
+    /// `"127.0.0.1:9187"`); off when unset.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// `/healthz` fails when the run has made no progress (no poll finished, no
+    /// delivery acknowledged) for this long, in ms (default 300000).
+    #[serde(
+        rename = "stalled_after_ms",
+        with = "millis",
+        default = "default_stalled_after_ms"
+    )]
+    pub stalled_after: Duration,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            listen: None,
+            stalled_after: default_stalled_after_ms(),
+        }
+    }
+}
+
+fn default_stalled_after_ms() -> Duration {
+    Duration::from_millis(300_000)
+}
+
+impl MetricsSettings {
+    /// The address to listen on, checked.
+    pub fn listen_address(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+        let Some(listen) = &self.listen else {
+            return Ok(None);
+        };
+        listen.parse().map(Some).map_err(|_| {
+            invalid(
+                "metrics.listen",
+                format!("{listen:?} is not an address and port, such as \"127.0.0.1:9187\" or \"0.0.0.0:9187\""),
+            )
+        })
+    }
 }
 
 /// `[log]`.
@@ -652,6 +700,13 @@ impl Config {
             }
         }
         self.sink.validate(&self.event)?;
+        self.metrics.listen_address()?;
+        if self.metrics.stalled_after.is_zero() {
+            return Err(invalid(
+                "metrics.stalled_after_ms",
+                "must be more than 0 (the default is 300000)",
+            ));
+        }
         Ok(())
     }
 

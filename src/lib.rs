@@ -21,6 +21,7 @@
 //! - [`pipeline`]: the stages wired with bounded channels and ordered acknowledgement.
 //! - [`config`]: the TOML configuration and its overrides.
 //! - [`app`]: one run of the daemon, from a configuration to a stopped pipeline.
+//! - [`metrics`]: Prometheus metrics and health probes over HTTP.
 //! - [`read`]: reading back what was written, as a consumer would (`mssql-ces read`).
 
 pub mod app;
@@ -28,6 +29,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod event;
 pub mod lsn;
+pub mod metrics;
 pub mod pipeline;
 pub mod read;
 pub mod sink;

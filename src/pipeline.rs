@@ -25,6 +25,7 @@
 //!   connection) are retried with backoff; the last acknowledged batch is checkpointed
 //!   during idle periods too.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -32,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, CheckpointStore};
 use crate::event::{Encoder, EncoderOptions, EventError};
+use crate::metrics::{BatchCounts, Metrics};
 use crate::sink::{Delivery, Router, Sink, SinkError};
 use crate::source::poller::{Batch, PollOutcome, Poller, Position};
 use crate::source::{ChangeSource, SourceError};
@@ -63,6 +65,8 @@ pub struct PipelineSettings {
     /// Stop (successfully) once the source has nothing new and every message is
     /// acknowledged: for batch runs, benchmarks and tests.
     pub until_idle: bool,
+    /// Where the run reports its progress (served when `[metrics] listen` is set).
+    pub metrics: Arc<Metrics>,
 }
 
 /// What a run did.
@@ -79,6 +83,7 @@ pub struct RunSummary {
 struct Pending {
     deliveries: Vec<Delivery>,
     position: Position,
+    counts: BatchCounts,
 }
 
 /// Builds the encoder once the stream GUID is known (from the catalog by default).
@@ -100,10 +105,12 @@ pub async fn run<S: ChangeSource + 'static>(
     let (tx, rx) = mpsc::channel::<Pending>(IN_FLIGHT_BATCHES);
     let failed = CancellationToken::new();
     let abandon = CancellationToken::new();
+    let metrics = Arc::clone(&settings.metrics);
     let acker = tokio::spawn(acknowledge(
         rx,
         store,
         settings.checkpoint_interval,
+        Arc::clone(&metrics),
         failed.clone(),
         abandon.clone(),
     ));
@@ -117,6 +124,7 @@ pub async fn run<S: ChangeSource + 'static>(
         batch_tx,
         settings.poll_interval,
         settings.until_idle,
+        Arc::clone(&metrics),
         stop_source.clone(),
     ));
 
@@ -155,19 +163,31 @@ pub async fn run<S: ChangeSource + 'static>(
                 continue;
             };
             let mut deliveries = Vec::new();
+            let mut counts = BatchCounts::default();
+            let counted = |e: SinkError| {
+                metrics.delivery_failed(&e);
+                e
+            };
             for change in &batch.changes {
                 let event = encoder.encode(change)?;
+                let truncated = event.truncated_values as u64;
                 summary.events += 1;
-                summary.truncated_values += event.truncated_values as u64;
-                for message in router.route(change, event)? {
-                    summary.messages += 1;
-                    summary.bytes += message.payload.len() as u64;
+                summary.truncated_values += truncated;
+                let messages = router.route(change, event)?;
+                let (count, bytes) = (
+                    messages.len() as u64,
+                    messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),
+                );
+                counts.add(&change.table, change.operation, count, bytes, truncated);
+                summary.messages += count;
+                summary.bytes += bytes;
+                for message in messages {
                     // A full producer queue (brokers down) must not hold a shutdown.
                     // `biased`: a send that can complete does, so a shutdown cuts a
                     // batch short only while the queue is really full.
                     let delivery = tokio::select! {
                         biased;
-                        delivery = sink.send(message) => delivery?,
+                        delivery = sink.send(message) => delivery.map_err(counted)?,
                         () = shutdown.cancelled() => return Ok(()),
                         () = failed.cancelled() => return Ok(()),
                     };
@@ -176,11 +196,12 @@ pub async fn run<S: ChangeSource + 'static>(
             }
             tokio::select! {
                 biased;
-                ended = sink.end_batch() => ended?,
+                ended = sink.end_batch() => ended.map_err(counted)?,
                 () = shutdown.cancelled() => return Ok(()),
             }
             if let Some(change) = batch.changes.last() {
                 last_commit = Some(change.commit_time);
+                counts.set_last_commit(change.commit_time, change.commit_lsn);
             }
             let mut position = batch.position;
             position.sink_length = sink.durable_length();
@@ -188,7 +209,10 @@ pub async fn run<S: ChangeSource + 'static>(
             let pending = Pending {
                 deliveries,
                 position,
+                counts,
             };
+            // Counted before the acker can see it, so that it never counts down first.
+            metrics.batch_sent(batch.max_lsn);
             let sent = tokio::select! {
                 biased;
                 sent = tx.send(pending) => sent,
@@ -281,14 +305,26 @@ async fn poll_source<S: ChangeSource>(
     tx: mpsc::Sender<Result<SourceItem, SourceError>>,
     poll_interval: Duration,
     until_idle: bool,
+    metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
     let mut backoff = Backoff::new();
     loop {
+        let started = Instant::now();
         let polled = tokio::select! {
             polled = poller.poll() => polled,
             () = stop.cancelled() => return,
         };
+        match &polled {
+            Ok(outcome) => {
+                let rows = match outcome {
+                    PollOutcome::Batch(batch) => Some(batch.changes.len()),
+                    PollOutcome::Idle => None,
+                };
+                metrics.poll_finished(started.elapsed(), rows, poller.tracked_instances());
+            }
+            Err(e) => metrics.poll_failed(e),
+        }
         match polled {
             Ok(PollOutcome::Batch(batch)) => {
                 backoff.reset();
@@ -335,10 +371,12 @@ async fn acknowledge(
     mut rx: mpsc::Receiver<Pending>,
     mut store: CheckpointStore,
     interval: Duration,
+    metrics: Arc<Metrics>,
     failed: CancellationToken,
     abandon: CancellationToken,
 ) -> (CheckpointStore, Result<Option<Position>, PipelineError>) {
-    let outcome = acknowledge_into(&mut rx, &mut store, interval, &failed, &abandon).await;
+    let outcome =
+        acknowledge_into(&mut rx, &mut store, interval, &metrics, &failed, &abandon).await;
     // The store (and with it the stream's lease) goes back to the caller, which
     // releases it only after the sink is closed.
     (store, outcome)
@@ -348,6 +386,7 @@ async fn acknowledge_into(
     rx: &mut mpsc::Receiver<Pending>,
     store: &mut CheckpointStore,
     interval: Duration,
+    metrics: &Metrics,
     failed: &CancellationToken,
     abandon: &CancellationToken,
 ) -> Result<Option<Position>, PipelineError> {
@@ -363,7 +402,7 @@ async fn acknowledge_into(
                 () = abandon.cancelled() => None,
                 () = tokio::time::sleep_until(due.into()), if delivered != written => {
                     if let Some(position) = &delivered {
-                        save(store, position, abandon).await?;
+                        save(store, position, metrics, abandon).await?;
                         written = delivered.clone();
                         last_write = Instant::now();
                     }
@@ -375,16 +414,17 @@ async fn acknowledge_into(
             };
             for delivery in pending.deliveries {
                 tokio::select! {
-                    result = delivery.wait() => result?,
+                    result = delivery.wait() => result.inspect_err(|e| metrics.delivery_failed(e))?,
                     () = abandon.cancelled() => return Ok(()),
                 }
             }
+            metrics.batch_delivered(&pending.counts);
             delivered = Some(pending.position);
             if last_write.elapsed() >= interval
                 && delivered != written
                 && let Some(position) = &delivered
             {
-                save(store, position, abandon).await?;
+                save(store, position, metrics, abandon).await?;
                 written = delivered.clone();
                 last_write = Instant::now();
             }
@@ -399,7 +439,7 @@ async fn acknowledge_into(
     if delivered != written
         && let Some(position) = &delivered
     {
-        save(store, position, abandon).await?;
+        save(store, position, metrics, abandon).await?;
         written = delivered.clone();
     }
     result?;
@@ -411,13 +451,17 @@ async fn acknowledge_into(
 async fn save(
     store: &mut CheckpointStore,
     position: &Position,
+    metrics: &Metrics,
     abandon: &CancellationToken,
 ) -> Result<(), CheckpointError> {
     let mut backoff = Backoff::new();
     let mut attempts = 0;
     loop {
         match store.save(position).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                metrics.checkpoint_written();
+                return Ok(());
+            }
             Err(e)
                 if e.is_transient()
                     && (!abandon.is_cancelled() || attempts < SAVE_ATTEMPTS_AFTER_ABANDON) =>

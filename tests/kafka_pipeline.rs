@@ -106,6 +106,7 @@ async fn run(
             checkpoint_interval: Duration::from_millis(10),
             drain_timeout: Duration::from_secs(30),
             until_idle: true,
+            metrics: Default::default(),
         },
         CancellationToken::new(),
     )
@@ -384,6 +385,7 @@ async fn a_broker_outage_mid_run_loses_nothing() {
             checkpoint_interval: Duration::from_millis(50),
             drain_timeout: Duration::from_secs(30),
             until_idle: false,
+            metrics: Default::default(),
         },
         shutdown.clone(),
     ));

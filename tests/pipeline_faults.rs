@@ -52,6 +52,7 @@ fn settings(until_idle: bool) -> PipelineSettings {
         checkpoint_interval: Duration::from_millis(20),
         drain_timeout: Duration::from_secs(5),
         until_idle,
+        metrics: Default::default(),
     }
 }
 

@@ -16,7 +16,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
-use super::{Delivery, OutgoingMessage, SinkError};
+use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
@@ -254,6 +254,7 @@ impl KafkaSinkConfig {
         flavour: KafkaFlavour,
         routing: &RoutingSettings,
         max_message_bytes: usize,
+        health: Arc<SinkHealth>,
     ) -> Result<super::BuiltSink, SinkError> {
         let (secret, topic) = match flavour {
             KafkaFlavour::Kafka => (None, routing.topic.clone().unwrap_or_else(|| "ces".into())),
@@ -274,7 +275,11 @@ impl KafkaSinkConfig {
         };
         let settings = KafkaSettings::new(self, flavour, max_message_bytes, secret.as_deref())?;
         Ok(super::BuiltSink {
-            sink: super::Sink::Kafka(KafkaSink::new(&settings, max_message_bytes)?),
+            sink: super::Sink::Kafka(KafkaSink::with_health(
+                &settings,
+                max_message_bytes,
+                health,
+            )?),
             topic,
         })
     }
@@ -452,8 +457,43 @@ pub fn check_topic_limit(
     Ok(())
 }
 
+/// The producer's context: turns librdkafka's statistics (every second, when the
+/// health is watched) into the sink's health: connected while a broker is up, and
+/// the brokers' re-send count.
+pub struct HealthContext {
+    health: Arc<SinkHealth>,
+}
+
+impl rdkafka::ClientContext for HealthContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        self.health.set_connected(
+            statistics
+                .brokers
+                .values()
+                .any(|broker| broker.state == "UP"),
+        );
+        self.health.raise_retries_to(
+            statistics
+                .brokers
+                .values()
+                .map(|broker| broker.txretries)
+                .sum(),
+        );
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.health.set_connected(false);
+        }
+        tracing::warn!(error = %error, reason, "librdkafka");
+    }
+}
+
+/// How often librdkafka reports statistics when the health is watched.
+const STATISTICS_INTERVAL_MS: &str = "1000";
+
 pub struct KafkaSink {
-    producer: FutureProducer,
+    producer: FutureProducer<HealthContext>,
     partitions: HashMap<String, i32>,
     admin: Option<Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>>,
     /// The largest message the encoder makes, checked against each topic's limit.
@@ -466,13 +506,25 @@ impl KafkaSink {
     /// A producer; `largest_message` (the encoder's `max_message_size_kb` in bytes) is
     /// checked against each topic's `max.message.bytes` before the first message to it.
     pub fn new(settings: &KafkaSettings, largest_message: usize) -> Result<Self, SinkError> {
+        Self::with_health(settings, largest_message, Arc::default())
+    }
+
+    /// As [`new`](Self::new), reporting the brokers' state to `health`.
+    pub fn with_health(
+        settings: &KafkaSettings,
+        largest_message: usize,
+        health: Arc<SinkHealth>,
+    ) -> Result<Self, SinkError> {
         let mut config = ClientConfig::new();
         for (key, value) in &settings.properties {
             config.set(key, value);
         }
+        if health.watched() {
+            config.set("statistics.interval.ms", STATISTICS_INTERVAL_MS);
+        }
         // librdkafka's error text names the property, never its value.
-        let producer: FutureProducer = config
-            .create()
+        let producer: FutureProducer<HealthContext> = config
+            .create_with_context(HealthContext { health })
             .map_err(|e| SinkError::Definite(format!("cannot create the Kafka producer: {e}")))?;
         // The admin client needs only where and how to connect.
         let mut admin_config = ClientConfig::new();

@@ -33,6 +33,67 @@ pub enum SinkConfig {
     File(stream::FileSinkConfig),
 }
 
+/// What a sink reports for the metrics and the readiness probe: whether it has a
+/// working connection to the destination, and how often it sent something again.
+#[derive(Debug)]
+pub struct SinkHealth {
+    /// Whether anyone reads this (the metrics are served): a Kafka producer then
+    /// reports its brokers' states every second.
+    watched: bool,
+    connected: std::sync::atomic::AtomicBool,
+    retries: std::sync::atomic::AtomicU64,
+}
+
+impl SinkHealth {
+    pub fn new(watched: bool) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(SinkHealth {
+            watched,
+            connected: std::sync::atomic::AtomicBool::new(false),
+            retries: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// Whether the metrics are served.
+    pub fn watched(&self) -> bool {
+        self.watched
+    }
+
+    pub fn set_connected(&self, connected: bool) {
+        self.connected
+            .store(connected, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn connected(&self) -> bool {
+        self.connected.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts `count` more re-sends.
+    pub fn add_retries(&self, count: u64) {
+        self.retries
+            .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Raises the re-send count to a total the client reports (never lowers it).
+    pub fn raise_retries_to(&self, total: u64) {
+        self.retries
+            .fetch_max(total, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn retries(&self) -> u64 {
+        self.retries.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Default for SinkHealth {
+    fn default() -> Self {
+        SinkHealth {
+            watched: false,
+            connected: std::sync::atomic::AtomicBool::new(false),
+            retries: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
 /// A sink ready to send, and the topic (or template, or event hub) it sends to.
 pub struct BuiltSink {
     pub sink: Sink,
@@ -65,21 +126,27 @@ impl SinkConfig {
         }
     }
 
-    /// Opens the sink. `resume` says what the checkpoint knows of a file's length.
+    /// Opens the sink. `resume` says what the checkpoint knows of a file's length;
+    /// the sink reports its connection and re-sends to `health`.
     pub async fn build(
         &self,
         routing: &RoutingSettings,
         event: &EventSettings,
         resume: stream::Resume,
+        health: std::sync::Arc<SinkHealth>,
     ) -> Result<BuiltSink, SinkError> {
         let max_bytes = event.max_message_size_kb.bytes();
         let default_topic = || routing.topic.clone().unwrap_or_else(|| "ces".into());
+        if matches!(self, SinkConfig::Stdout(_) | SinkConfig::File(_)) {
+            // Nothing to connect to: ready once open.
+            health.set_connected(true);
+        }
         match self {
-            SinkConfig::Kafka(c) => c.build(kafka::KafkaFlavour::Kafka, routing, max_bytes),
+            SinkConfig::Kafka(c) => c.build(kafka::KafkaFlavour::Kafka, routing, max_bytes, health),
             SinkConfig::EventHubsKafka(c) => {
-                c.build(kafka::KafkaFlavour::EventHubs, routing, max_bytes)
+                c.build(kafka::KafkaFlavour::EventHubs, routing, max_bytes, health)
             }
-            SinkConfig::EventHubsAmqp(c) => c.build(routing).await,
+            SinkConfig::EventHubsAmqp(c) => c.build(routing, health).await,
             SinkConfig::Stdout(_) => Ok(BuiltSink {
                 sink: Sink::Stream(stream::StreamSink::stdout(event.encoding)),
                 topic: default_topic(),

@@ -298,6 +298,11 @@ impl<S: ChangeSource> Poller<S> {
         &self.position
     }
 
+    /// How many capture instances the poller reads.
+    pub fn tracked_instances(&self) -> usize {
+        self.tracked.len()
+    }
+
     /// Mutable access to the source (tests, and the binary's metrics).
     pub fn source_mut(&mut self) -> &mut S {
         &mut self.source

@@ -136,6 +136,7 @@ pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
             checkpoint_interval: Duration::from_millis(10),
             drain_timeout: Duration::from_secs(30),
             until_idle: true,
+            metrics: Default::default(),
         },
         CancellationToken::new(),
     )

@@ -120,7 +120,11 @@ impl EventHubsAmqpSinkConfig {
 
     /// Opens the producer on the event hub: `sink.topic`, else the connection
     /// string's `EntityPath`.
-    pub async fn build(&self, routing: &RoutingSettings) -> Result<BuiltSink, SinkError> {
+    pub async fn build(
+        &self,
+        routing: &RoutingSettings,
+        health: std::sync::Arc<crate::sink::SinkHealth>,
+    ) -> Result<BuiltSink, SinkError> {
         let definite = |e: &dyn std::fmt::Display| SinkError::Definite(e.to_string());
         let (credential, entity) = match self.entra_credential {
             None => {
@@ -174,7 +178,8 @@ impl EventHubsAmqpSinkConfig {
             self.resend_after,
             self.delivery_timeout,
         )
-        .await?;
+        .await?
+        .with_health(health);
         Ok(BuiltSink {
             sink: Sink::EventHubsAmqp(Box::new(sink)),
             topic,

@@ -26,7 +26,7 @@ use azure_messaging_eventhubs::{
 use futures_util::StreamExt as _;
 use tokio::sync::{RwLock, oneshot};
 
-use super::{Delivery, OutgoingMessage, SinkError};
+use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 
 pub mod config;
 pub mod outcome;
@@ -110,6 +110,8 @@ pub struct EventHubsAmqpSink {
     /// (`sink.delivery_timeout_ms`).
     send_timeout: Duration,
     pending: Vec<Waiting>,
+    /// Connected, and re-sends, for the metrics and the readiness probe.
+    health: Arc<SinkHealth>,
 }
 
 /// An Event Hubs client error as a [`SinkError`]: definite for the AMQP conditions
@@ -175,7 +177,21 @@ impl EventHubsAmqpSink {
             resend_after,
             send_timeout,
             pending: Vec::new(),
+            health: Arc::default(),
         })
+    }
+
+    /// Reports the connection and re-sends to `health` from now on.
+    pub fn with_health(mut self, health: Arc<SinkHealth>) -> Self {
+        health.set_connected(true);
+        self.health = health;
+        self
+    }
+
+    /// A send failed or stalled and is tried again: not connected until one succeeds.
+    fn count_resend(&self) {
+        self.health.set_connected(false);
+        self.health.add_retries(1);
     }
 
     /// The hub's partition ids, or `None` (logged) when they cannot be read: then
@@ -408,8 +424,12 @@ impl EventHubsAmqpSink {
                 .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             let send = Self::send_chunk(&producer, destination, messages);
             match tokio::time::timeout(attempt, send).await {
-                Ok(Ok(Sent::Accepted(count))) => return Ok(count),
+                Ok(Ok(Sent::Accepted(count))) => {
+                    self.health.set_connected(true);
+                    return Ok(count);
+                }
                 Ok(Ok(Sent::NotAccepted)) if tokio::time::Instant::now() < deadline => {
+                    self.health.add_retries(1);
                     tracing::warn!(
                         "Event Hubs released the batch without storing it; sending it again"
                     );
@@ -425,6 +445,7 @@ impl EventHubsAmqpSink {
                 // new connection while the deadline allows.
                 Ok(Err(e)) if e.is_transient() && tokio::time::Instant::now() < deadline => {
                     tracing::warn!(error = %e, "sending a batch to Event Hubs failed; sending it again on a new connection");
+                    self.count_resend();
                     drop(producer);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     self.reopen_until(generation, deadline).await?;
@@ -435,6 +456,7 @@ impl EventHubsAmqpSink {
                         resend_after_ms = self.resend_after.as_millis() as u64,
                         "Event Hubs did not acknowledge a batch in time; resending it on a new connection"
                     );
+                    self.count_resend();
                     drop(producer);
                     self.reopen_until(generation, deadline).await?;
                 }

@@ -1,0 +1,809 @@
+//! What a run reports while it runs: Prometheus metrics and the health probes, served
+//! over HTTP when `[metrics] listen` is set.
+//!
+//! - `/metrics`: the Prometheus text format (the `prometheus-client` registry and
+//!   encoder; nothing is formatted here).
+//! - `/healthz`: alive and making progress (a poll finished or a delivery was
+//!   acknowledged within `metrics.stalled_after_ms`), or waiting by choice (a hot
+//!   standby waiting for the lease).
+//! - `/readyz`: the source answered its last poll, the sink is connected, and the run
+//!   is not waiting for the lease.
+//!
+//! The pipeline updates the metrics once per poll and once per acknowledged batch,
+//! never per event: counts by table and operation are gathered per batch
+//! ([`BatchCounts`]) and added when the destination has acknowledged the whole batch,
+//! so the counters say what was delivered. Gauges that depend on the time (lag,
+//! checkpoint age) are computed when scraped.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::routing::get;
+use chrono::{DateTime, Utc};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use tokio_util::sync::CancellationToken;
+
+use crate::event::{Operation, TableDescription};
+use crate::lsn::Lsn;
+use crate::sink::{SinkError, SinkHealth};
+use crate::source::SourceError;
+
+/// Why the metrics could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("metrics.listen = {address}: cannot listen there: {reason}")]
+    Bind { address: String, reason: String },
+}
+
+/// Labels of the per-table counters.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableOperation {
+    /// `schema.table`.
+    table: String,
+    /// `INS`, `UPD` or `DEL`.
+    operation: &'static str,
+}
+
+/// The `kind` label of error counters.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Kind {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildInfo {
+    version: &'static str,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// The run's metrics and health state.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    events: Family<TableOperation, Counter>,
+    messages: Family<TableOperation, Counter>,
+    bytes: Family<TableOperation, Counter>,
+    truncated_values: Counter,
+    segmented_events: Counter,
+    delivery_retries: Counter,
+    delivery_errors: Family<Kind, Counter>,
+    source_errors: Family<Kind, Counter>,
+    polls: Counter,
+    rows_per_poll: Histogram,
+    poll_duration: Histogram,
+    lag: FloatGauge,
+    lsn_lag: FloatGauge,
+    checkpoint_age: FloatGauge,
+    checkpoint_writes: Counter,
+    capture_instances: Gauge,
+    batches_in_flight: Gauge,
+    stalled_after: Duration,
+    state: Mutex<RunState>,
+}
+
+#[derive(Debug)]
+struct RunState {
+    started: Instant,
+    /// Waiting for the lease: healthy, not ready.
+    standby: bool,
+    last_progress: Instant,
+    /// A poll has succeeded since the start.
+    polled: bool,
+    /// The last poll succeeded (false while the source is retrying).
+    source_ok: bool,
+    /// The last poll found nothing new.
+    idle: bool,
+    in_flight: u64,
+    /// Batches the source produced, and those the destination acknowledged: caught
+    /// up when equal and the source idle (batches wait between the two stages).
+    produced: u64,
+    acknowledged: u64,
+    delivered_commit: Option<DateTime<Utc>>,
+    delivered_lsn: Option<Lsn>,
+    max_lsn: Option<Lsn>,
+    last_checkpoint: Option<Instant>,
+    /// The sink's re-send count already added to the counter.
+    retries_seen: u64,
+    sink: Option<Arc<SinkHealth>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new(Duration::from_secs(300))
+    }
+}
+
+impl Metrics {
+    /// Metrics of a run whose `/healthz` fails after `stalled_after` without progress.
+    pub fn new(stalled_after: Duration) -> Self {
+        let mut registry = Registry::default();
+        let start_time = FloatGauge::default();
+        start_time.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch, in seconds",
+            start_time,
+        );
+        let metrics = Metrics {
+            registry: Registry::default(),
+            events: Family::default(),
+            messages: Family::default(),
+            bytes: Family::default(),
+            truncated_values: Counter::default(),
+            segmented_events: Counter::default(),
+            delivery_retries: Counter::default(),
+            delivery_errors: Family::default(),
+            source_errors: Family::default(),
+            polls: Counter::default(),
+            // 0, then 1 to 100,000 by tens: a poll reads up to source.batch_size rows.
+            rows_per_poll: Histogram::new(
+                std::iter::once(0.0).chain(exponential_buckets(1.0, 10.0, 6)),
+            ),
+            // 1 ms to about 16 s.
+            poll_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            lag: FloatGauge::default(),
+            lsn_lag: FloatGauge::default(),
+            checkpoint_age: FloatGauge::default(),
+            checkpoint_writes: Counter::default(),
+            capture_instances: Gauge::default(),
+            batches_in_flight: Gauge::default(),
+            stalled_after,
+            state: Mutex::new(RunState {
+                started: Instant::now(),
+                standby: false,
+                last_progress: Instant::now(),
+                polled: false,
+                source_ok: false,
+                idle: false,
+                in_flight: 0,
+                produced: 0,
+                acknowledged: 0,
+                delivered_commit: None,
+                delivered_lsn: None,
+                max_lsn: None,
+                last_checkpoint: None,
+                retries_seen: 0,
+                sink: None,
+            }),
+        };
+        let ours = registry.sub_registry_with_prefix("mssql_ces");
+        let build = Family::<BuildInfo, Gauge>::default();
+        build
+            .get_or_create(&BuildInfo {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        ours.register("build_info", "The running version (always 1)", build);
+        ours.register(
+            "events",
+            "Events delivered (acknowledged by the destination), by table and operation",
+            metrics.events.clone(),
+        );
+        ours.register(
+            "messages",
+            "Messages delivered (an event is several when segmented), by table and operation",
+            metrics.messages.clone(),
+        );
+        ours.register_with_unit(
+            "delivered",
+            "Message payload bytes delivered, by table and operation",
+            Unit::Bytes,
+            metrics.bytes.clone(),
+        );
+        ours.register(
+            "truncated_values",
+            "Column values truncated to 1 MiB in delivered events",
+            metrics.truncated_values.clone(),
+        );
+        ours.register(
+            "segmented_events",
+            "Delivered events that took more than one message",
+            metrics.segmented_events.clone(),
+        );
+        ours.register(
+            "delivery_retries",
+            "Messages or batches the sink sent again (broker retries, Event Hubs re-sends)",
+            metrics.delivery_retries.clone(),
+        );
+        ours.register(
+            "delivery_errors",
+            "Deliveries that failed, by kind (transient, definite, io)",
+            metrics.delivery_errors.clone(),
+        );
+        ours.register(
+            "source_errors",
+            "Failed polls, by kind (transient: retried; definite: the run stops)",
+            metrics.source_errors.clone(),
+        );
+        ours.register(
+            "source_polls",
+            "Polls of the CDC source that succeeded",
+            metrics.polls.clone(),
+        );
+        ours.register(
+            "source_rows_per_poll",
+            "Changes returned by each successful poll",
+            metrics.rows_per_poll.clone(),
+        );
+        ours.register_with_unit(
+            "source_poll_duration",
+            "Time each successful poll took",
+            Unit::Seconds,
+            metrics.poll_duration.clone(),
+        );
+        ours.register_with_unit(
+            "lag",
+            "Now minus the commit time of the last delivered event; 0 when caught up, NaN before the first delivery",
+            Unit::Seconds,
+            metrics.lag.clone(),
+        );
+        ours.register(
+            "lsn_lag",
+            "CDC's max_lsn minus the last delivered commit LSN, as 80-bit numbers (VLF * 2^48 + block * 2^16 + slot); 0 when caught up",
+            metrics.lsn_lag.clone(),
+        );
+        ours.register_with_unit(
+            "checkpoint_age",
+            "Time since the last checkpoint write (since the start before the first)",
+            Unit::Seconds,
+            metrics.checkpoint_age.clone(),
+        );
+        ours.register(
+            "checkpoint_writes",
+            "Checkpoint writes",
+            metrics.checkpoint_writes.clone(),
+        );
+        ours.register(
+            "capture_instances",
+            "Capture instances the poller tracks",
+            metrics.capture_instances.clone(),
+        );
+        ours.register(
+            "batches_in_flight",
+            "Batches sent and not yet acknowledged",
+            metrics.batches_in_flight.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, RunState> {
+        // A panic while holding the lock leaves plain values behind: still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waiting for the lease (`true`), or holding it (`false`).
+    pub fn set_standby(&self, standby: bool) {
+        let mut state = self.state();
+        state.standby = standby;
+        state.last_progress = Instant::now();
+    }
+
+    /// The sink whose connection `/readyz` reports.
+    pub fn watch_sink(&self, health: Arc<SinkHealth>) {
+        self.state().sink = Some(health);
+    }
+
+    /// A poll succeeded: a batch of `rows` changes, or `None` when there was nothing
+    /// new; the poller tracks `capture_instances`.
+    pub fn poll_finished(&self, took: Duration, rows: Option<usize>, capture_instances: usize) {
+        self.polls.inc();
+        self.rows_per_poll.observe(rows.unwrap_or(0) as f64);
+        self.poll_duration.observe(took.as_secs_f64());
+        self.capture_instances
+            .set(i64::try_from(capture_instances).unwrap_or(i64::MAX));
+        let mut state = self.state();
+        state.polled = true;
+        state.source_ok = true;
+        state.idle = rows.is_none();
+        state.produced += u64::from(rows.is_some());
+        state.last_progress = Instant::now();
+    }
+
+    /// A poll failed.
+    pub fn poll_failed(&self, error: &SourceError) {
+        let kind = if error.is_transient() {
+            "transient"
+        } else {
+            "definite"
+        };
+        self.source_errors.get_or_create(&Kind { kind }).inc();
+        self.state().source_ok = false;
+    }
+
+    /// A batch was handed to the acknowledgement stage; `max_lsn` is CDC's at the
+    /// poll that produced it.
+    pub fn batch_sent(&self, max_lsn: Lsn) {
+        self.batches_in_flight.inc();
+        let mut state = self.state();
+        state.in_flight += 1;
+        if !max_lsn.is_zero() {
+            state.max_lsn = state.max_lsn.max(Some(max_lsn));
+        }
+    }
+
+    /// Every message of a batch was acknowledged.
+    pub fn batch_delivered(&self, counts: &BatchCounts) {
+        self.batches_in_flight.dec();
+        for (table, operation, tally) in &counts.tables {
+            let labels = TableOperation {
+                table: table.qualified_name(),
+                operation: operation.as_str(),
+            };
+            self.events.get_or_create(&labels).inc_by(tally.events);
+            self.messages.get_or_create(&labels).inc_by(tally.messages);
+            self.bytes.get_or_create(&labels).inc_by(tally.bytes);
+        }
+        self.truncated_values.inc_by(counts.truncated_values);
+        self.segmented_events.inc_by(counts.segmented_events);
+        let mut state = self.state();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        state.acknowledged += 1;
+        state.last_progress = Instant::now();
+        if let Some((time, lsn)) = counts.last_commit {
+            state.delivered_commit = Some(time);
+            state.delivered_lsn = state.delivered_lsn.max(Some(lsn));
+        }
+    }
+
+    /// A send or delivery failed with `error`.
+    pub fn delivery_failed(&self, error: &SinkError) {
+        let kind = match error {
+            SinkError::Transient(_) => "transient",
+            SinkError::Definite(_) => "definite",
+            SinkError::Io { .. } => "io",
+        };
+        self.delivery_errors.get_or_create(&Kind { kind }).inc();
+    }
+
+    /// The checkpoint was written.
+    pub fn checkpoint_written(&self) {
+        self.checkpoint_writes.inc();
+        self.state().last_checkpoint = Some(Instant::now());
+    }
+
+    /// Sets the gauges that depend on the time and pulls the sink's re-send count.
+    fn refresh(&self) {
+        let mut state = self.state();
+        let caught_up = state.idle && state.acknowledged >= state.produced;
+        let lag = if caught_up {
+            0.0
+        } else {
+            state.delivered_commit.map_or(f64::NAN, |t| {
+                ((Utc::now() - t).num_milliseconds() as f64 / 1000.0).max(0.0)
+            })
+        };
+        self.lag.set(lag);
+        let lsn_lag = match (caught_up, state.max_lsn, state.delivered_lsn) {
+            (true, _, _) => 0.0,
+            (false, Some(max), Some(delivered)) => {
+                max.to_u128().saturating_sub(delivered.to_u128()) as f64
+            }
+            (false, Some(max), None) => max.to_u128() as f64,
+            (false, None, _) => f64::NAN,
+        };
+        self.lsn_lag.set(lsn_lag);
+        let since = state.last_checkpoint.unwrap_or(state.started);
+        self.checkpoint_age.set(since.elapsed().as_secs_f64());
+        if let Some(sink) = &state.sink {
+            let total = sink.retries();
+            if total > state.retries_seen {
+                self.delivery_retries.inc_by(total - state.retries_seen);
+                state.retries_seen = total;
+            }
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        self.refresh();
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry);
+        text
+    }
+
+    /// `/healthz`: whether the run is alive, and why not.
+    pub fn health(&self) -> Result<String, String> {
+        let state = self.state();
+        if state.standby {
+            return Ok("ok: standby, waiting for the lease".to_owned());
+        }
+        let quiet = state.last_progress.elapsed();
+        if quiet < self.stalled_after {
+            Ok(format!(
+                "ok: last progress {:.1} s ago",
+                quiet.as_secs_f64()
+            ))
+        } else {
+            Err(format!(
+                "stalled: no poll finished and no delivery acknowledged for {:.0} s (metrics.stalled_after_ms = {})",
+                quiet.as_secs_f64(),
+                self.stalled_after.as_millis()
+            ))
+        }
+    }
+
+    /// `/readyz`: whether the source and the sink are connected, and why not.
+    pub fn readiness(&self) -> Result<String, String> {
+        let state = self.state();
+        let mut problems = Vec::new();
+        if state.standby {
+            problems.push("standby: another process holds the lease");
+        } else if !state.polled {
+            problems.push("source: no poll has succeeded yet");
+        } else if !state.source_ok {
+            problems.push("source: the last poll failed; retrying with backoff");
+        }
+        match &state.sink {
+            Some(sink) if sink.connected() => {}
+            Some(_) => problems.push("sink: not connected to the destination"),
+            None if !state.standby => problems.push("sink: not open yet"),
+            None => {}
+        }
+        if problems.is_empty() {
+            Ok("ready".to_owned())
+        } else {
+            Err(format!("not ready: {}", problems.join("; ")))
+        }
+    }
+}
+
+/// Counts by table and operation, gathered while a batch is encoded and added to the
+/// metrics once the destination acknowledged the batch.
+#[derive(Debug, Default)]
+pub struct BatchCounts {
+    tables: Vec<(Arc<TableDescription>, Operation, Tally)>,
+    truncated_values: u64,
+    segmented_events: u64,
+    /// Commit time and LSN of the batch's last event.
+    last_commit: Option<(DateTime<Utc>, Lsn)>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    events: u64,
+    messages: u64,
+    bytes: u64,
+}
+
+impl BatchCounts {
+    /// Counts one event of `table` that became `messages` messages of `bytes` in all.
+    pub fn add(
+        &mut self,
+        table: &Arc<TableDescription>,
+        operation: Operation,
+        messages: u64,
+        bytes: u64,
+        truncated_values: u64,
+    ) {
+        // Batches hold runs of one table: the last entry is the likely one.
+        let found = self
+            .tables
+            .iter_mut()
+            .rev()
+            .find(|(t, o, _)| *o == operation && Arc::ptr_eq(t, table));
+        let tally = match found {
+            Some((_, _, tally)) => tally,
+            None => {
+                self.tables
+                    .push((Arc::clone(table), operation, Tally::default()));
+                match self.tables.last_mut() {
+                    Some((_, _, tally)) => tally,
+                    None => return, // just pushed
+                }
+            }
+        };
+        tally.events += 1;
+        tally.messages += messages;
+        tally.bytes += bytes;
+        self.truncated_values += truncated_values;
+        if messages > 1 {
+            self.segmented_events += 1;
+        }
+    }
+
+    /// The batch's last event was committed at `time`, LSN `lsn`.
+    pub fn set_last_commit(&mut self, time: DateTime<Utc>, lsn: Lsn) {
+        self.last_commit = Some((time, lsn));
+    }
+}
+
+/// Binds `address` for [`serve`]; the error names the setting.
+pub async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListener, MetricsError> {
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| MetricsError::Bind {
+            address: address.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until `stop` is cancelled.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(metrics);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+}
+
+type Page = (StatusCode, [(header::HeaderName, &'static str); 1], String);
+
+async fn metrics_page(State(metrics): State<Arc<Metrics>>) -> Page {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        )],
+        metrics.render(),
+    )
+}
+
+fn probe(result: Result<String, String>) -> Page {
+    let (status, text) = match result {
+        Ok(text) => (StatusCode::OK, text),
+        Err(text) => (StatusCode::SERVICE_UNAVAILABLE, text),
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        text + "\n",
+    )
+}
+
+async fn healthz(State(metrics): State<Arc<Metrics>>) -> Page {
+    probe(metrics.health())
+}
+
+async fn readyz(State(metrics): State<Arc<Metrics>>) -> Page {
+    probe(metrics.readiness())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::test_support::employees;
+
+    /// The value of the sample `name` with exactly `labels` (`""` for none).
+    fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+        let prefix = if labels.is_empty() {
+            format!("{name} ")
+        } else {
+            format!("{name}{{{labels}}} ")
+        };
+        text.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|value| value.trim().parse().ok())
+    }
+
+    #[test]
+    fn counts_reach_the_counters_only_once_the_batch_is_delivered() {
+        let metrics = Metrics::default();
+        let table = employees();
+        let mut counts = BatchCounts::default();
+        counts.add(&table, Operation::Insert, 1, 100, 0);
+        counts.add(&table, Operation::Insert, 3, 300, 2);
+        counts.add(&table, Operation::Delete, 1, 50, 0);
+        counts.set_last_commit(Utc::now(), Lsn::from_parts(1, 2, 3));
+        metrics.batch_sent(Lsn::from_parts(1, 2, 5));
+        let before = metrics.render();
+        assert_eq!(
+            sample(&before, "mssql_ces_batches_in_flight", ""),
+            Some(1.0)
+        );
+        let ins = r#"table="dbo.Employees",operation="INS""#;
+        assert_eq!(
+            sample(&before, "mssql_ces_events_total", ins),
+            None,
+            "{before}"
+        );
+
+        metrics.batch_delivered(&counts);
+        let after = metrics.render();
+        assert_eq!(sample(&after, "mssql_ces_batches_in_flight", ""), Some(0.0));
+        assert_eq!(sample(&after, "mssql_ces_events_total", ins), Some(2.0));
+        assert_eq!(sample(&after, "mssql_ces_messages_total", ins), Some(4.0));
+        assert_eq!(
+            sample(&after, "mssql_ces_delivered_bytes_total", ins),
+            Some(400.0)
+        );
+        let del = r#"table="dbo.Employees",operation="DEL""#;
+        assert_eq!(sample(&after, "mssql_ces_events_total", del), Some(1.0));
+        assert_eq!(
+            sample(&after, "mssql_ces_truncated_values_total", ""),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&after, "mssql_ces_segmented_events_total", ""),
+            Some(1.0)
+        );
+        // Not idle: the LSN lag is max_lsn minus the delivered LSN, in LSN units.
+        assert_eq!(sample(&after, "mssql_ces_lsn_lag", ""), Some(2.0));
+        let lag = sample(&after, "mssql_ces_lag_seconds", "").unwrap_or(f64::NAN);
+        assert!((0.0..5.0).contains(&lag), "lag {lag}");
+        assert!(after.contains("mssql_ces_build_info{version=\""), "{after}");
+        assert!(
+            sample(&after, "process_start_time_seconds", "").is_some_and(|t| t > 1.0e9),
+            "{after}"
+        );
+    }
+
+    #[test]
+    fn lag_is_zero_when_caught_up_and_unknown_before_the_first_delivery() {
+        let metrics = Metrics::default();
+        let text = metrics.render();
+        assert!(
+            sample(&text, "mssql_ces_lag_seconds", "").is_some_and(f64::is_nan),
+            "{text}"
+        );
+        let mut counts = BatchCounts::default();
+        counts.set_last_commit(
+            Utc::now() - chrono::Duration::seconds(90),
+            Lsn::from_parts(1, 0, 0),
+        );
+        metrics.poll_finished(Duration::from_millis(3), Some(7), 4);
+        metrics.batch_sent(Lsn::from_parts(2, 0, 0));
+        metrics.batch_delivered(&counts);
+        // The next batch is produced, not yet acknowledged.
+        metrics.poll_finished(Duration::from_millis(3), Some(3), 4);
+        metrics.batch_sent(Lsn::from_parts(2, 0, 0));
+        let busy = metrics.render();
+        let lag = sample(&busy, "mssql_ces_lag_seconds", "").unwrap_or(f64::NAN);
+        assert!((89.0..100.0).contains(&lag), "lag {lag}");
+        assert_eq!(
+            sample(&busy, "mssql_ces_capture_instances", ""),
+            Some(4.0),
+            "{busy}"
+        );
+        assert_eq!(sample(&busy, "mssql_ces_source_polls_total", ""), Some(2.0));
+        assert_eq!(
+            sample(&busy, "mssql_ces_source_rows_per_poll_bucket", r#"le="10""#),
+            Some(2.0),
+            "{busy}"
+        );
+        assert_eq!(
+            sample(&busy, "mssql_ces_source_rows_per_poll_bucket", r#"le="1""#),
+            Some(0.0)
+        );
+        // The source has nothing new, but its batch is not acknowledged yet.
+        metrics.poll_finished(Duration::from_millis(1), None, 4);
+        let waiting = metrics.render();
+        assert!(
+            sample(&waiting, "mssql_ces_lag_seconds", "").is_some_and(|l| l > 89.0),
+            "{waiting}"
+        );
+        // Acknowledged: caught up.
+        metrics.batch_delivered(&BatchCounts::default());
+        let idle = metrics.render();
+        assert_eq!(sample(&idle, "mssql_ces_lag_seconds", ""), Some(0.0));
+        assert_eq!(sample(&idle, "mssql_ces_lsn_lag", ""), Some(0.0));
+    }
+
+    #[test]
+    fn errors_and_checkpoints_are_counted_by_kind() {
+        let metrics = Metrics::default();
+        metrics.delivery_failed(&SinkError::Transient("x".into()));
+        metrics.delivery_failed(&SinkError::Definite("x".into()));
+        metrics.delivery_failed(&SinkError::Definite("y".into()));
+        metrics.poll_failed(&SourceError::Transient {
+            message: "x".into(),
+        });
+        metrics.checkpoint_written();
+        let sink = SinkHealth::new(true);
+        metrics.watch_sink(Arc::clone(&sink));
+        sink.add_retries(3);
+        let text = metrics.render();
+        assert_eq!(
+            sample(
+                &text,
+                "mssql_ces_delivery_errors_total",
+                r#"kind="definite""#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "mssql_ces_delivery_errors_total",
+                r#"kind="transient""#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "mssql_ces_source_errors_total",
+                r#"kind="transient""#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "mssql_ces_checkpoint_writes_total", ""),
+            Some(1.0)
+        );
+        assert!(
+            sample(&text, "mssql_ces_checkpoint_age_seconds", "").is_some_and(|a| a < 5.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "mssql_ces_delivery_retries_total", ""),
+            Some(3.0)
+        );
+        // Pulled again: only the increase is added.
+        sink.raise_retries_to(5);
+        let again = metrics.render();
+        assert_eq!(
+            sample(&again, "mssql_ces_delivery_retries_total", ""),
+            Some(5.0)
+        );
+    }
+
+    #[test]
+    fn healthz_fails_after_the_stall_time_unless_on_standby() {
+        let metrics = Metrics::new(Duration::from_millis(50));
+        assert!(metrics.health().is_ok());
+        std::thread::sleep(Duration::from_millis(70));
+        let stalled = metrics.health().unwrap_err();
+        assert!(
+            stalled.contains("metrics.stalled_after_ms = 50"),
+            "{stalled}"
+        );
+        metrics.poll_finished(Duration::ZERO, None, 1);
+        assert!(metrics.health().is_ok());
+        metrics.set_standby(true);
+        std::thread::sleep(Duration::from_millis(70));
+        assert!(metrics.health().is_ok(), "a standby waits by choice");
+    }
+
+    #[test]
+    fn readyz_needs_a_successful_poll_and_a_connected_sink() {
+        let metrics = Metrics::default();
+        let not = metrics.readiness().unwrap_err();
+        assert!(
+            not.contains("no poll") && not.contains("sink: not open"),
+            "{not}"
+        );
+        let sink = SinkHealth::new(true);
+        metrics.watch_sink(Arc::clone(&sink));
+        metrics.poll_finished(Duration::ZERO, None, 1);
+        let not = metrics.readiness().unwrap_err();
+        assert_eq!(not, "not ready: sink: not connected to the destination");
+        sink.set_connected(true);
+        assert_eq!(metrics.readiness(), Ok("ready".to_owned()));
+        metrics.poll_failed(&SourceError::Transient {
+            message: "x".into(),
+        });
+        let not = metrics.readiness().unwrap_err();
+        assert!(not.contains("last poll failed"), "{not}");
+        metrics.poll_finished(Duration::ZERO, None, 1);
+        assert!(metrics.readiness().is_ok());
+        metrics.set_standby(true);
+        assert!(metrics.readiness().unwrap_err().contains("standby"));
+    }
+}

@@ -1,0 +1,294 @@
+//! `[metrics] listen` through the real binary, against an in-process Kafka
+//! (`MockCluster`) and the synthetic source: the counters scraped from `/metrics`
+//! equal what the topic holds, and `/readyz` follows the brokers going down and up.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mssql_ces::event::readback::{Reassembler, decode_json_message};
+use rdkafka::mocking::MockCluster;
+use support::kafka::{by_partition, consume_quietly};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
+const PARTITIONS: i32 = 4;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        r#"
+[source]
+kind = "synthetic"
+poll_interval_ms = 50
+batch_size = 100
+
+[source.synthetic]
+seed = 31
+transactions = 600
+large_value_every = 40
+
+[event]
+max_message_size_kb = 128
+
+[sink]
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topic = "ces"
+partition_key = "table"
+
+[checkpoint]
+path = "{checkpoint}"
+interval_ms = 50
+
+[metrics]
+listen = "127.0.0.1:0"
+"#,
+        checkpoint = dir.join("cp.json").display()
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+/// Starts the binary with JSON logs on a pipe and returns it with the address its
+/// metrics server listens on (read from its log line).
+fn start(config: &Path) -> (Child, String, std::thread::JoinHandle<Vec<String>>) {
+    let mut child = Command::new(BINARY)
+        .args(["run", "--log-format", "json", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mssql-ces");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Keeps reading so the pipe never fills; hands the listen address over.
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line)
+                && let Some(listen) = value["listen"].as_str()
+            {
+                let _ = tx.send(listen.to_owned());
+            }
+            lines.push(line);
+        }
+        lines
+    });
+    let address = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the binary logs the metrics address");
+    (child, address, reader)
+}
+
+/// `GET path` over HTTP/1.0: the status code and the body.
+fn get(address: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect to the metrics server");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or_else(String::new, |(_, b)| b.to_owned());
+    (status, body)
+}
+
+/// Every sample of `name` (labels text → value).
+fn samples(text: &str, name: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let labels = match series.strip_prefix(name)? {
+                "" => "",
+                rest => rest.strip_prefix('{')?.strip_suffix('}')?,
+            };
+            Some((labels.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+fn total(text: &str, name: &str) -> f64 {
+    samples(text, name).values().sum()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    let dir = temp_dir("metrics");
+    let config = write_config(&dir, &bootstrap);
+    let (mut child, address, logs) = start(&config);
+
+    // Caught up: the source idle and nothing in flight.
+    let mut page = String::new();
+    wait_for("the run to catch up", Duration::from_secs(90), || {
+        page = get(&address, "/metrics").1;
+        total(&page, "mssql_ces_events_total") > 0.0
+            && total(&page, "mssql_ces_batches_in_flight") == 0.0
+            && total(&page, "mssql_ces_lag_seconds") == 0.0
+    });
+    let messages = total(&page, "mssql_ces_messages_total") as usize;
+    let consumed = consume_quietly(
+        &bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        |m| m.len() >= messages,
+    );
+    assert_eq!(
+        consumed.len(),
+        messages,
+        "messages_total = messages in the topic"
+    );
+    let bytes: usize = consumed.iter().map(|m| m.payload.len()).sum();
+    assert_eq!(
+        total(&page, "mssql_ces_delivered_bytes_total") as usize,
+        bytes,
+        "delivered_bytes_total = the payloads' bytes"
+    );
+    // Logical events by table and operation, segments joined.
+    let mut events: BTreeMap<String, f64> = BTreeMap::new();
+    let mut segmented = 0.0;
+    for (_, partition) in by_partition(&consumed) {
+        let mut joiner = Reassembler::new();
+        for message in partition {
+            let segment = decode_json_message(&message.payload).expect("a CES message");
+            let first_of_many = segment.segmentindex == 1 && !segment.finalsegment;
+            if let Some(event) = joiner.push(segment).expect("segments in order") {
+                let data = event
+                    .data_json(mssql_ces::event::Encoding::Json)
+                    .expect("data");
+                let source = &data["eventsource"];
+                let labels = format!(
+                    "table=\"{}.{}\",operation=\"{}\"",
+                    source["schema"].as_str().expect("schema"),
+                    source["tbl"].as_str().expect("tbl"),
+                    event.event.operation
+                );
+                *events.entry(labels).or_default() += 1.0;
+            }
+            if first_of_many {
+                segmented += 1.0;
+            }
+        }
+    }
+    assert!(
+        events.len() >= 3,
+        "several tables and operations: {events:?}"
+    );
+    assert_eq!(samples(&page, "mssql_ces_events_total"), events);
+    assert!(segmented > 0.0, "large values made segmented events");
+    assert_eq!(total(&page, "mssql_ces_segmented_events_total"), segmented);
+    assert!(total(&page, "mssql_ces_source_polls_total") > 0.0);
+    assert!(total(&page, "mssql_ces_capture_instances") >= 1.0);
+    assert!(total(&page, "mssql_ces_checkpoint_writes_total") >= 1.0);
+    assert_eq!(total(&page, "mssql_ces_lsn_lag"), 0.0);
+    assert!(samples(&page, "mssql_ces_delivery_errors_total").is_empty());
+    assert_eq!(
+        samples(&page, "mssql_ces_build_info"),
+        BTreeMap::from([(format!("version=\"{}\"", env!("CARGO_PKG_VERSION")), 1.0)])
+    );
+
+    // The producer reports its brokers every second.
+    wait_for("ready", Duration::from_secs(15), || {
+        get(&address, "/readyz").0 == 200
+    });
+    assert_eq!(get(&address, "/healthz").0, 200);
+    cluster.broker_down(1).expect("broker down");
+    let mut unready = String::new();
+    wait_for(
+        "unready with the broker down",
+        Duration::from_secs(20),
+        || {
+            let (status, body) = get(&address, "/readyz");
+            unready = body;
+            status == 503
+        },
+    );
+    assert!(unready.contains("sink: not connected"), "{unready}");
+    // Idle polls go on: alive.
+    assert_eq!(get(&address, "/healthz").0, 200);
+    cluster.broker_up(1).expect("broker up");
+    wait_for("ready again", Duration::from_secs(30), || {
+        get(&address, "/readyz").0 == 200
+    });
+
+    let pid = i32::try_from(child.id()).expect("pid");
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = child.wait().expect("wait");
+    let logs = logs.join().expect("log reader");
+    assert!(status.success(), "{status}: {}", logs.join("\n"));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_metrics_address_in_use_fails_the_start_naming_the_setting() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("address");
+    let dir = temp_dir("metrics-in-use");
+    let text = format!(
+        "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{cp}\"\n[metrics]\nlisten = \"{address}\"\n",
+        cp = dir.join("cp.json").display()
+    );
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).expect("config");
+    let output = Command::new(BINARY)
+        .args(["run", "--until-idle", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("metrics.listen = {address}")),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty(), "nothing was sent");
+    // Not an address at all: refused with the configuration.
+    let bad = std::fs::read_to_string(&path)
+        .expect("config")
+        .replace(&address.to_string(), "localhost");
+    std::fs::write(&path, bad).expect("config");
+    let output = Command::new(BINARY)
+        .args(["run", "--until-idle", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("metrics.listen"), "{stderr}");
+    drop(taken);
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -67,16 +67,7 @@ pub async fn run(
             }
         });
     }
-    let mut store = match config.checkpoint.store {
-        CheckpointStoreKind::File => CheckpointStore::File(FileStore::new(
-            &config.checkpoint.path,
-            &config.checkpoint.stream_name,
-        )),
-        CheckpointStoreKind::Table => CheckpointStore::Table(Box::new(TableStore::new(
-            sql_server_settings(&config)?,
-            &config.checkpoint.stream_name,
-        ))),
-    };
+    let mut store = checkpoint_store(&config)?;
     // One writer per stream: wait here as a hot standby while another process holds
     // the lease, and read the checkpoint only once this one does.
     metrics.set_standby(true);
@@ -99,17 +90,11 @@ pub async fn run(
     };
     let summary = match config.source.kind {
         SourceKind::Synthetic => {
-            let s = &config.source.synthetic;
             tracing::info!(
-                seed = s.seed,
+                seed = config.source.synthetic.seed,
                 "source: the synthetic workload (generated changes, not a database)"
             );
-            let source = SyntheticSource::new(SyntheticConfig {
-                seed: s.seed,
-                transactions: (s.transactions > 0).then_some(s.transactions),
-                rate_per_second: (s.rate_per_second > 0.0).then_some(s.rate_per_second),
-                large_value_every: s.large_value_every,
-            });
+            let source = synthetic_source(&config);
             let poller = Poller::new(source, poller_config, position);
             drive(
                 &config, poller, store, shutdown, until_idle, resume, &metrics,
@@ -140,8 +125,33 @@ pub async fn run(
     Ok(Some(summary))
 }
 
+/// The configured checkpoint store (not yet leased or read).
+pub fn checkpoint_store(config: &Config) -> Result<CheckpointStore, ConfigError> {
+    Ok(match config.checkpoint.store {
+        CheckpointStoreKind::File => CheckpointStore::File(FileStore::new(
+            &config.checkpoint.path,
+            &config.checkpoint.stream_name,
+        )),
+        CheckpointStoreKind::Table => CheckpointStore::Table(Box::new(TableStore::new(
+            sql_server_settings(config)?,
+            &config.checkpoint.stream_name,
+        ))),
+    })
+}
+
+/// The synthetic workload of `[source.synthetic]`.
+pub fn synthetic_source(config: &Config) -> SyntheticSource {
+    let s = &config.source.synthetic;
+    SyntheticSource::new(SyntheticConfig {
+        seed: s.seed,
+        transactions: (s.transactions > 0).then_some(s.transactions),
+        rate_per_second: (s.rate_per_second > 0.0).then_some(s.rate_per_second),
+        large_value_every: s.large_value_every,
+    })
+}
+
 /// How to reach SQL Server (the secret read now, kept out of every log).
-fn sql_server_settings(config: &Config) -> Result<SqlServerConfig, ConfigError> {
+pub fn sql_server_settings(config: &Config) -> Result<SqlServerConfig, ConfigError> {
     let secret = config
         .source
         .connection_string

@@ -20,11 +20,13 @@
 //! - [`checkpoint`]: where the position survives restarts.
 //! - [`pipeline`]: the stages wired with bounded channels and ordered acknowledgement.
 //! - [`config`]: the TOML configuration and its overrides.
+//! - [`check`]: the preflight of `mssql-ces check`.
 //! - [`app`]: one run of the daemon, from a configuration to a stopped pipeline.
 //! - [`metrics`]: Prometheus metrics and health probes over HTTP.
 //! - [`read`]: reading back what was written, as a consumer would (`mssql-ces read`).
 
 pub mod app;
+pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod event;

@@ -27,6 +27,11 @@ struct Cli {
 enum Command {
     /// Poll CDC and deliver events until stopped (SIGINT/SIGTERM).
     Run(RunArgs),
+    /// Check that everything a run needs is in place: the configuration and its
+    /// secrets, SQL Server and CDC, each table, the checkpoint, the destination. One
+    /// line per check (✔ passed, ✘ failed with its fix, – not checked and why);
+    /// exit 1 when a check failed.
+    Check(CheckArgs),
     /// Read events back as a consumer would: reassemble segments, drop duplicates,
     /// check order and completeness, print one JSON line per event, and a summary on
     /// stderr. Exit 1 when something could not be read.
@@ -74,7 +79,35 @@ struct ReadArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    settings: ConfigArgs,
+    /// `text` (one line per check) or `json` (for automation).
+    #[arg(long, value_enum, default_value = "text")]
+    format: CheckFormat,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CheckFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
 struct RunArgs {
+    #[command(flatten)]
+    settings: ConfigArgs,
+    /// Exit once the source has nothing new and everything is delivered.
+    #[arg(long)]
+    until_idle: bool,
+    /// `text` or `json` log lines (overrides `log.format`).
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+/// The configuration file and its overrides.
+#[derive(Debug, clap::Args)]
+struct ConfigArgs {
     /// The TOML configuration file.
     #[arg(long, short)]
     config: PathBuf,
@@ -93,12 +126,6 @@ struct RunArgs {
     /// Overrides any setting: `--set section.key=value` (value read as TOML, else text).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Exit once the source has nothing new and everything is delivered.
-    #[arg(long)]
-    until_idle: bool,
-    /// `text` or `json` log lines (overrides `log.format`).
-    #[arg(long, value_enum)]
-    log_format: Option<LogFormat>,
 }
 
 fn main() -> ExitCode {
@@ -106,8 +133,12 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Command::Run(args) => args,
         Command::Read(args) => return read(&args),
+        Command::Check(args) => return check(&args),
     };
-    let config = match load_config(&args) {
+    let config = match load_config(&args.settings).and_then(|config| {
+        config.check_secrets()?;
+        Ok(config)
+    }) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -284,7 +315,7 @@ fn init_logging(format: LogFormat) {
         .init();
 }
 
-fn load_config(args: &RunArgs) -> anyhow::Result<Config> {
+fn load_config(args: &ConfigArgs) -> anyhow::Result<Config> {
     let mut overrides = Vec::new();
     if let Some(topic) = &args.topic {
         overrides.push(Override::text("sink.topic", topic));
@@ -304,9 +335,52 @@ fn load_config(args: &RunArgs) -> anyhow::Result<Config> {
             .with_context(|| format!("--set {item}: expected KEY=VALUE"))?;
         overrides.push(Override::parse(key.trim(), value));
     }
-    let config = Config::load(&args.config, &overrides)?;
-    config.check_secrets()?;
-    Ok(config)
+    Ok(Config::load(&args.config, &overrides)?)
+}
+
+/// `mssql-ces check`: the report to stdout; exit 1 when a check failed.
+fn check(args: &CheckArgs) -> ExitCode {
+    use mssql_ces::check::Report;
+    let config = match load_config(&args.settings) {
+        Ok(config) => config,
+        Err(e) => {
+            let mut report = Report::default();
+            report.findings.push(mssql_ces::check::Finding {
+                check: "configuration".into(),
+                status: mssql_ces::check::Status::Fail,
+                detail: format!("{e:#}"),
+                fix: Some("correct the setting the message names".into()),
+            });
+            print_report(&report, args.format);
+            return ExitCode::from(1);
+        }
+    };
+    // Warnings of the clients checked (librdkafka, the AMQP client) go to stderr.
+    init_logging(LogFormat::Text);
+    let report = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => {
+            let report = runtime.block_on(mssql_ces::check::check(&config));
+            runtime.shutdown_timeout(Duration::from_millis(500));
+            report
+        }
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    print_report(&report, args.format);
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn print_report(report: &mssql_ces::check::Report, format: CheckFormat) {
+    match format {
+        CheckFormat::Text => print!("{}", report.to_text()),
+        CheckFormat::Json => println!("{}", report.to_json()),
+    }
 }
 
 /// One shutdown trigger: the first SIGINT/SIGTERM cancels the token (graceful); a

@@ -84,6 +84,12 @@ impl ChangeSource for Panicking {
     async fn ddl_history(&mut self, _: &str) -> Result<Vec<DdlEvent>, SourceError> {
         panic!("the source broke")
     }
+    async fn server_facts(&mut self) -> Result<mssql_ces::source::ServerFacts, SourceError> {
+        panic!("the source broke")
+    }
+    async fn lsn_time(&mut self, _: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
+        panic!("the source broke")
+    }
 }
 
 fn synthetic(transactions: u64) -> SyntheticConfig {

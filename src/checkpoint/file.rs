@@ -92,12 +92,30 @@ impl FileStore {
         }
     }
 
-    pub fn save(&self, position: &Position) -> Result<(), CheckpointError> {
-        let text = render(&self.stream_name, position);
-        let dir = match self.path.parent() {
+    fn dir(&self) -> PathBuf {
+        match self.path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
-        };
+        }
+    }
+
+    /// Creates and removes a file beside the checkpoint: what a write needs.
+    pub fn check_writable(&self) -> Result<(), CheckpointError> {
+        let probe = self
+            .dir()
+            .join(format!(".mssql-ces-check-{}", std::process::id()));
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&probe)
+            .map_err(|e| self.io(e))?;
+        fs::remove_file(&probe).map_err(|e| self.io(e))
+    }
+
+    pub fn save(&self, position: &Position) -> Result<(), CheckpointError> {
+        let text = render(&self.stream_name, position);
+        let dir = self.dir();
         let file_name = self
             .path
             .file_name()

@@ -135,6 +135,16 @@ impl CheckpointStore {
         }
     }
 
+    /// Whether a checkpoint could be written, without writing one or taking the
+    /// lease (for `check`, which may run beside the active process).
+    pub async fn check_writable(&mut self) -> Result<(), CheckpointError> {
+        match self {
+            CheckpointStore::File(s) => s.check_writable(),
+            CheckpointStore::Table(s) => s.check_writable().await,
+            CheckpointStore::Memory(_) => Ok(()),
+        }
+    }
+
     pub async fn save(&mut self, position: &Position) -> Result<(), CheckpointError> {
         match self {
             CheckpointStore::File(s) => s.save(position),

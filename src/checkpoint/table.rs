@@ -23,6 +23,13 @@ WHEN MATCHED THEN UPDATE SET position = s.position, updated_at = SYSUTCDATETIME(
 WHEN NOT MATCHED THEN INSERT (stream_name, position, updated_at) \
 VALUES (s.stream_name, s.position, SYSUTCDATETIME());";
 
+/// `check`: whether the login may insert and update checkpoint rows; NULL when the
+/// table does not exist.
+/// <https://learn.microsoft.com/sql/t-sql/functions/has-perms-by-name-transact-sql>
+pub const CHECKPOINT_WRITABLE: &str = "SELECT \
+HAS_PERMS_BY_NAME(N'dbo.mssql_ces_checkpoint', N'OBJECT', N'INSERT') AS can_insert, \
+HAS_PERMS_BY_NAME(N'dbo.mssql_ces_checkpoint', N'OBJECT', N'UPDATE') AS can_update;";
+
 /// The stream's lease: an exclusive application lock owned by this session, released
 /// by the server when the session ends (the process dies, the connection drops).
 /// `@P1` the resource name, `@P2` how long to wait for it in ms. `APPLOCK_MODE` then
@@ -137,6 +144,22 @@ impl TableStore {
         parse(text, &self.stream_name, LOCATION).map(Some)
     }
 
+    /// Whether the table exists and this login may write it.
+    pub async fn check_writable(&mut self) -> Result<(), CheckpointError> {
+        let rows = self.query(CHECKPOINT_WRITABLE, &[]).await?;
+        let row = rows.into_iter().next();
+        let allowed = |column: &str| -> Option<i32> { row.as_ref()?.try_get(column).ok()? };
+        match (allowed("can_insert"), allowed("can_update")) {
+            (Some(1), Some(1)) => Ok(()),
+            (None, _) | (_, None) => Err(error(
+                "the table does not exist: create it with sql/04_checkpoint_table.sql",
+            )),
+            _ => Err(error(
+                "this login may not write it: GRANT INSERT, UPDATE ON dbo.mssql_ces_checkpoint TO the login",
+            )),
+        }
+    }
+
     pub async fn save(&mut self, position: &Position) -> Result<(), CheckpointError> {
         self.fence().await?;
         let (name, text) = (
@@ -158,5 +181,6 @@ mod tests {
         assert_parses("CHECKPOINT_READ", CHECKPOINT_READ);
         assert_parses("CHECKPOINT_WRITE", CHECKPOINT_WRITE);
         assert_parses("LEASE_ACQUIRE", LEASE_ACQUIRE);
+        assert_parses("CHECKPOINT_WRITABLE", CHECKPOINT_WRITABLE);
     }
 }

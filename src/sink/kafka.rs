@@ -256,6 +256,24 @@ impl KafkaSinkConfig {
         max_message_bytes: usize,
         health: Arc<SinkHealth>,
     ) -> Result<super::BuiltSink, SinkError> {
+        let (settings, topic) = self.settings(flavour, routing, max_message_bytes)?;
+        Ok(super::BuiltSink {
+            sink: super::Sink::Kafka(KafkaSink::with_health(
+                &settings,
+                max_message_bytes,
+                health,
+            )?),
+            topic,
+        })
+    }
+
+    /// The client's properties (the secret read now) and the topic (template).
+    pub fn settings(
+        &self,
+        flavour: KafkaFlavour,
+        routing: &RoutingSettings,
+        max_message_bytes: usize,
+    ) -> Result<(KafkaSettings, String), SinkError> {
         let (secret, topic) = match flavour {
             KafkaFlavour::Kafka => (None, routing.topic.clone().unwrap_or_else(|| "ces".into())),
             KafkaFlavour::EventHubs => {
@@ -274,14 +292,7 @@ impl KafkaSinkConfig {
             }
         };
         let settings = KafkaSettings::new(self, flavour, max_message_bytes, secret.as_deref())?;
-        Ok(super::BuiltSink {
-            sink: super::Sink::Kafka(KafkaSink::with_health(
-                &settings,
-                max_message_bytes,
-                health,
-            )?),
-            topic,
-        })
+        Ok((settings, topic))
     }
 }
 
@@ -439,7 +450,7 @@ impl KafkaSettings {
 
 /// Room for the key, headers and record framing of a message in a produce request,
 /// which the topic's `max.message.bytes` must leave besides the largest segment.
-const RECORD_OVERHEAD_BYTES: usize = 1024;
+pub const RECORD_OVERHEAD_BYTES: usize = 1024;
 
 /// How a topic's `max.message.bytes` compares with the largest message: an error
 /// naming both settings when a segment cannot fit.
@@ -492,6 +503,121 @@ impl rdkafka::ClientContext for HealthContext {
 /// How often librdkafka reports statistics when the health is watched.
 const STATISTICS_INTERVAL_MS: &str = "1000";
 
+/// An admin client's configuration: only where and how to connect.
+fn admin_config(settings: &KafkaSettings) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    for (key, value) in &settings.properties {
+        let connection = key == "bootstrap.servers"
+            || key.starts_with("security.")
+            || key.starts_with("sasl.")
+            || key.starts_with("ssl.")
+            || key.starts_with("socket.");
+        if connection {
+            config.set(key, value);
+        }
+    }
+    config
+}
+
+/// What `check` learns of a Kafka destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationFacts {
+    /// Brokers in the cluster's metadata.
+    pub brokers: usize,
+    pub topics: Vec<TopicFacts>,
+    /// The broker's `auto.create.topics.enable`, or why it could not be read.
+    pub auto_create: Result<bool, String>,
+}
+
+/// One topic the stream writes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicFacts {
+    pub name: String,
+    /// `None`: no such topic.
+    pub partitions: Option<usize>,
+    /// Its `max.message.bytes` (or the broker's `message.max.bytes`), or why it could
+    /// not be read.
+    pub max_message_bytes: Result<usize, String>,
+}
+
+/// Reads the cluster's metadata (which does not create topics) and each existing
+/// topic's limit, within `timeout` each.
+pub async fn describe_destination(
+    settings: &KafkaSettings,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<DestinationFacts, SinkError> {
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        admin_config(settings)
+            .create()
+            .map_err(|e| SinkError::Definite(format!("cannot create a Kafka admin client: {e}")))?;
+    let admin = Arc::new(admin);
+    let fetcher = Arc::clone(&admin);
+    let metadata =
+        tokio::task::spawn_blocking(move || fetcher.inner().fetch_metadata(None, timeout))
+            .await
+            .map_err(|e| SinkError::Transient(format!("metadata request: {e}")))?
+            .map_err(|e| delivery_error(&e))?;
+    let options = rdkafka::admin::AdminOptions::new().request_timeout(Some(timeout));
+    let unreadable = |e: &dyn std::fmt::Display| {
+        format!("not readable ({e}): the endpoint may not answer DescribeConfigs")
+    };
+    let mut out = Vec::new();
+    let mut missing = false;
+    for name in topics {
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == name && t.error().is_none())
+            .map(|t| t.partitions().len());
+        missing |= partitions.is_none();
+        let max_message_bytes = if partitions.is_some() {
+            let resource = rdkafka::admin::ResourceSpecifier::Topic(name);
+            match admin.describe_configs([&resource], &options).await {
+                Ok(results) => results
+                    .into_iter()
+                    .next()
+                    .and_then(|r| r.ok())
+                    .and_then(|c| c.get("max.message.bytes").and_then(|e| e.value.clone()))
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .ok_or_else(|| unreadable(&"no max.message.bytes in the answer")),
+                Err(e) => Err(unreadable(&e)),
+            }
+        } else {
+            Err("no such topic".to_owned())
+        };
+        out.push(TopicFacts {
+            name: name.clone(),
+            partitions,
+            max_message_bytes,
+        });
+    }
+    let auto_create = match metadata.brokers().first() {
+        Some(broker) if missing => {
+            let resource = rdkafka::admin::ResourceSpecifier::Broker(broker.id());
+            match admin.describe_configs([&resource], &options).await {
+                Ok(results) => results
+                    .into_iter()
+                    .next()
+                    .and_then(|r| r.ok())
+                    .and_then(|c| {
+                        c.get("auto.create.topics.enable")
+                            .and_then(|e| e.value.clone())
+                    })
+                    .map(|v| v == "true")
+                    .ok_or_else(|| unreadable(&"no auto.create.topics.enable in the answer")),
+                Err(e) => Err(unreadable(&e)),
+            }
+        }
+        _ => Err("not needed".to_owned()),
+    };
+    Ok(DestinationFacts {
+        brokers: metadata.brokers().len(),
+        topics: out,
+        auto_create,
+    })
+}
+
 pub struct KafkaSink {
     producer: FutureProducer<HealthContext>,
     partitions: HashMap<String, i32>,
@@ -526,21 +652,9 @@ impl KafkaSink {
         let producer: FutureProducer<HealthContext> = config
             .create_with_context(HealthContext { health })
             .map_err(|e| SinkError::Definite(format!("cannot create the Kafka producer: {e}")))?;
-        // The admin client needs only where and how to connect.
-        let mut admin_config = ClientConfig::new();
-        for (key, value) in &settings.properties {
-            let connection = key == "bootstrap.servers"
-                || key.starts_with("security.")
-                || key.starts_with("sasl.")
-                || key.starts_with("ssl.")
-                || key.starts_with("socket.");
-            if connection {
-                admin_config.set(key, value);
-            }
-        }
         // Event Hubs' endpoint limit is enforced by the configuration instead.
         let admin = (settings.check_topic_limits)
-            .then(|| admin_config.create().ok().map(Arc::new))
+            .then(|| admin_config(settings).create().ok().map(Arc::new))
             .flatten();
         Ok(KafkaSink {
             producer,

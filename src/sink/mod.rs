@@ -273,10 +273,12 @@ impl Router {
 
     /// The topic for a table: the template with `{db}`, `{schema}`, `{tbl}` replaced.
     pub fn topic(&self, table: &TableDescription) -> String {
-        self.topic_template
-            .replace("{db}", table.database())
-            .replace("{schema}", table.schema())
-            .replace("{tbl}", table.table())
+        expand_topic(
+            &self.topic_template,
+            table.database(),
+            table.schema(),
+            table.table(),
+        )
     }
 
     /// The message key of a change under the scheme.
@@ -341,6 +343,14 @@ impl Router {
         }
         Ok(out)
     }
+}
+
+/// A topic template with `{db}`, `{schema}` and `{tbl}` replaced.
+pub fn expand_topic(template: &str, database: &str, schema: &str, table: &str) -> String {
+    template
+        .replace("{db}", database)
+        .replace("{schema}", schema)
+        .replace("{tbl}", table)
 }
 
 /// FNV-1a, 64-bit: a stable hash (unlike `DefaultHasher`), so a re-sent event picks

@@ -201,7 +201,14 @@ impl NamedRow {
     }
 
     pub fn datetime(&mut self, name: &str) -> Result<chrono::NaiveDateTime, DecodeError> {
-        decode_naive_datetime(name, self.take(name)?)?.ok_or_else(|| null(name))
+        self.opt_datetime(name)?.ok_or_else(|| null(name))
+    }
+
+    pub fn opt_datetime(
+        &mut self,
+        name: &str,
+    ) -> Result<Option<chrono::NaiveDateTime>, DecodeError> {
+        decode_naive_datetime(name, self.take(name)?)
     }
 }
 

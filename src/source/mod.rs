@@ -15,6 +15,7 @@
 pub mod catalog;
 pub mod connection;
 pub mod decode;
+pub mod facts;
 pub mod filter;
 pub mod merge;
 pub mod poller;
@@ -373,7 +374,80 @@ pub trait ChangeSource: Send {
         &mut self,
         capture_instance: &str,
     ) -> impl Future<Output = Result<Vec<DdlEvent>, SourceError>> + Send;
+
+    /// What `mssql-ces check` asks beyond the poll loop's needs: version, CDC,
+    /// the Agent and its jobs, the last log scan. Parts this login may not read are
+    /// [`Fact::Unknown`], saying which permission would show them.
+    fn server_facts(&mut self) -> impl Future<Output = Result<ServerFacts, SourceError>> + Send;
+
+    /// `sys.fn_cdc_map_lsn_to_time(lsn)`: the server-local commit time of the
+    /// transaction at `lsn` (the latest one at or before it); `None` when
+    /// `cdc.lsn_time_mapping` no longer holds it.
+    fn lsn_time(
+        &mut self,
+        lsn: Lsn,
+    ) -> impl Future<Output = Result<Option<NaiveDateTime>, SourceError>> + Send;
 }
+
+/// Something the server may not let this login see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fact<T> {
+    Known(T),
+    /// Why it is not known: the permission that would show it, or why it does not
+    /// apply.
+    Unknown(String),
+}
+
+/// A row of `msdb.dbo.cdc_jobs` for this database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdcJob {
+    /// `capture` or `cleanup`.
+    pub job_type: String,
+    /// Minutes change rows are kept (the cleanup job's `retention`).
+    pub retention_minutes: Option<i64>,
+}
+
+/// The capture job's latest log scan session (`sys.dm_cdc_log_scan_sessions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogScan {
+    /// Server-local; `None` while the session runs.
+    pub end_time: Option<NaiveDateTime>,
+    pub start_time: NaiveDateTime,
+    /// Seconds between the session's end and its last commit's time.
+    pub latency_seconds: i64,
+    pub error_count: i64,
+}
+
+/// What [`ChangeSource::server_facts`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFacts {
+    /// `SERVERPROPERTY('ProductVersion')`, e.g. `16.0.4135.4`.
+    pub product_version: String,
+    /// `SERVERPROPERTY('Edition')`.
+    pub edition: String,
+    /// `SERVERPROPERTY('EngineEdition')`: 5 is Azure SQL Database (no SQL Server
+    /// Agent: CDC runs on its own scheduler), 8 Azure SQL Managed Instance.
+    pub engine_edition: i64,
+    /// `DB_NAME()`.
+    pub database: String,
+    /// `sys.databases.is_cdc_enabled`.
+    pub cdc_enabled: bool,
+    /// `CONNECTIONPROPERTY('encrypt_option')`: this connection uses TLS.
+    pub encrypted: bool,
+    /// `SYSDATETIME()`: the server's local time.
+    pub local_time: NaiveDateTime,
+    /// `sys.dm_server_services`' `status_desc` of SQL Server Agent.
+    pub agent: Fact<String>,
+    /// The capture and cleanup jobs of this database.
+    pub jobs: Fact<Vec<CdcJob>>,
+    /// Whether the capture job runs in the current Agent session.
+    pub capture_running: Fact<bool>,
+    /// The latest log scan session; `None` when there was none since the start.
+    pub log_scan: Fact<Option<LogScan>>,
+}
+
+/// `SERVERPROPERTY('EngineEdition')` of Azure SQL Database.
+pub const AZURE_SQL_DATABASE_EDITION: i64 = 5;
 
 #[cfg(test)]
 mod tests {

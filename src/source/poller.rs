@@ -172,6 +172,18 @@ pub struct SourceIdentity {
     pub stream_guid: Uuid,
 }
 
+impl SourceIdentity {
+    /// Whether a position recorded as `self` may be resumed on `now`: the same
+    /// database and stream GUID (the server's name may change in a failover).
+    pub fn same_stream(&self, now: &SourceIdentity) -> bool {
+        self.database == now.database
+            && self.stream_guid == now.stream_guid
+            && (self.database_guid == now.database_guid
+                || self.database_guid.is_none()
+                || now.database_guid.is_none())
+    }
+}
+
 impl std::fmt::Display for SourceIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "database `{}` on `{}` (", self.database, self.server)?;
@@ -600,12 +612,7 @@ impl<S: ChangeSource> Poller<S> {
                 Ok(())
             }
             Some(recorded) => {
-                let same_database = recorded.database == now.database
-                    && recorded.stream_guid == now.stream_guid
-                    && (recorded.database_guid == now.database_guid
-                        || recorded.database_guid.is_none()
-                        || now.database_guid.is_none());
-                if !same_database {
+                if !recorded.same_stream(&now) {
                     return Err(SourceError::OtherDatabase {
                         checkpoint: recorded.to_string(),
                         now: now.to_string(),

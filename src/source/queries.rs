@@ -50,6 +50,48 @@ ORDER BY dh.ddl_lsn;";
 pub const AGENT_STATUS: &str = "SELECT status_desc FROM sys.dm_server_services \
 WHERE servicename LIKE N'SQL Server Agent%';";
 
+/// `check`: the server's version and edition, whether CDC is enabled on this
+/// database, whether this connection is encrypted, and the server's local time.
+/// <https://learn.microsoft.com/sql/t-sql/functions/serverproperty-transact-sql>
+/// <https://learn.microsoft.com/sql/t-sql/functions/connectionproperty-transact-sql>
+pub const SERVER_FACTS: &str = "SELECT \
+CAST(SERVERPROPERTY('ProductVersion') AS nvarchar(128)) AS product_version, \
+CAST(SERVERPROPERTY('Edition') AS nvarchar(128)) AS edition, \
+CAST(SERVERPROPERTY('EngineEdition') AS int) AS engine_edition, \
+DB_NAME() AS database_name, \
+CAST(d.is_cdc_enabled AS int) AS is_cdc_enabled, \
+CAST(CONNECTIONPROPERTY('encrypt_option') AS nvarchar(10)) AS encrypt_option, \
+SYSDATETIME() AS local_time \
+FROM sys.databases AS d WHERE d.database_id = DB_ID();";
+
+/// `check`: this database's CDC jobs and the cleanup job's retention (minutes).
+/// Needs SELECT on `msdb.dbo.cdc_jobs` (e.g. membership of msdb's
+/// `SQLAgentReaderRole`, or sysadmin).
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/dbo-cdc-jobs-transact-sql>
+pub const CDC_JOBS: &str = "SELECT job_type, retention FROM msdb.dbo.cdc_jobs \
+WHERE database_id = DB_ID();";
+
+/// `check`: whether the capture job runs in the current SQL Server Agent session
+/// (started, not stopped). No row: not running.
+/// <https://learn.microsoft.com/sql/relational-databases/system-tables/dbo-sysjobactivity-transact-sql>
+pub const CAPTURE_JOB_RUNNING: &str = "SELECT COUNT_BIG(*) AS running \
+FROM msdb.dbo.cdc_jobs AS j \
+JOIN msdb.dbo.sysjobactivity AS a ON a.job_id = j.job_id \
+WHERE j.database_id = DB_ID() AND j.job_type = N'capture' \
+AND a.session_id = (SELECT MAX(session_id) FROM msdb.dbo.syssessions) \
+AND a.start_execution_date IS NOT NULL AND a.stop_execution_date IS NULL;";
+
+/// `check`: the latest log scan session of the capture job (session 0 is the
+/// aggregate of all sessions since the start). Needs VIEW DATABASE STATE.
+/// <https://learn.microsoft.com/sql/relational-databases/system-dynamic-management-views/change-data-capture-sys-dm-cdc-log-scan-sessions>
+pub const LOG_SCAN: &str = "SELECT TOP (1) start_time, end_time, \
+CAST(latency AS bigint) AS latency, CAST(error_count AS bigint) AS error_count \
+FROM sys.dm_cdc_log_scan_sessions WHERE session_id > 0 ORDER BY session_id DESC;";
+
+/// `check`: the commit time of the transaction at an LSN (`@P1`, binary(10)).
+/// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-map-lsn-to-time-transact-sql>
+pub const LSN_TIME: &str = "SELECT sys.fn_cdc_map_lsn_to_time(@P1) AS commit_time;";
+
 /// `QUOTENAME`: wraps an identifier in brackets, doubling any `]`.
 pub fn quote_name(identifier: &str) -> String {
     let mut out = String::with_capacity(identifier.len() + 2);
@@ -204,6 +246,11 @@ pub const ALL_CONSTANTS: &[(&str, &str)] = &[
     ("MIN_LSN", MIN_LSN),
     ("DDL_HISTORY", DDL_HISTORY),
     ("AGENT_STATUS", AGENT_STATUS),
+    ("SERVER_FACTS", SERVER_FACTS),
+    ("CDC_JOBS", CDC_JOBS),
+    ("CAPTURE_JOB_RUNNING", CAPTURE_JOB_RUNNING),
+    ("LOG_SCAN", LOG_SCAN),
+    ("LSN_TIME", LSN_TIME),
 ];
 
 /// Panics, naming the query, when `sql` does not parse as T-SQL (tests only).

@@ -311,6 +311,14 @@ impl ChangeSource for SqlServerSource {
         Ok(out)
     }
 
+    async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
+        crate::source::facts::read(&mut self.conn).await
+    }
+
+    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
+        crate::source::facts::lsn_time(&mut self.conn, lsn).await
+    }
+
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
         let name = capture_instance.to_owned();
         let rows = self.conn.query(queries::DDL_HISTORY, &[&name]).await?;

@@ -59,8 +59,8 @@ use crate::event::Value;
 use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
 use crate::source::{
-    CaptureInstance, CapturedColumn, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe,
-    ProbeResult, RowKey, SourceError, op,
+    CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, DdlEvent, Fact,
+    LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, op,
 };
 
 /// A column of a simulated table.
@@ -194,8 +194,14 @@ struct SimState {
     tables: BTreeMap<String, SimTable>,
     instances: Vec<SimInstance>,
     next_object_id: i32,
-    /// `cdc.lsn_time_mapping.start_lsn`, as far as the capture job has scanned.
-    mapping: Vec<Lsn>,
+    /// `cdc.lsn_time_mapping`'s `start_lsn` and `tran_end_time`, as far as the
+    /// capture job has scanned.
+    mapping: Vec<(Lsn, NaiveDateTime)>,
+    /// What `check` sees of the server; `local_time`, `database` and the log scan
+    /// come from the simulation itself.
+    server: ServerFacts,
+    /// When the capture job's last scan ran (server-local).
+    last_scan: NaiveDateTime,
     log: Vec<LogRecord>,
     manual_capture: bool,
     /// Bumped by every change to `cdc.change_tables` or `cdc.ddl_history`.
@@ -221,11 +227,12 @@ impl SimState {
     }
 
     fn max_lsn(&self) -> Option<Lsn> {
-        self.mapping.last().copied()
+        self.mapping.last().map(|(lsn, _)| *lsn)
     }
 
     /// The capture job's scan: everything in the log, in log order.
     fn scan(&mut self) {
+        self.last_scan = self.now;
         for record in std::mem::take(&mut self.log) {
             match record {
                 LogRecord::Enable { instance, lsn } => {
@@ -241,7 +248,7 @@ impl SimState {
                     images,
                 } => {
                     self.capture(commit_lsn, begin_lsn, end_time, &images);
-                    self.mapping.push(commit_lsn);
+                    self.mapping.push((commit_lsn, end_time));
                 }
                 LogRecord::Ddl {
                     table,
@@ -272,7 +279,10 @@ impl SimState {
                     }
                     self.version += 1;
                 }
-                LogRecord::Idle { lsn } => self.mapping.push(lsn),
+                LogRecord::Idle { lsn } => {
+                    let now = self.now;
+                    self.mapping.push((lsn, now));
+                }
             }
         }
     }
@@ -409,6 +419,13 @@ impl SimState {
             budget -= delete;
             instance.rows.drain(..delete);
         }
+        // The job deletes cdc.lsn_time_mapping rows below the low end too (the
+        // newest row stays: it is max_lsn).
+        let keep_from = self
+            .mapping
+            .partition_point(|(lsn, _)| *lsn < low_water)
+            .min(self.mapping.len().saturating_sub(1));
+        self.mapping.drain(..keep_from);
         self.version += 1;
         self.cleanup_pending = Some(low_water);
     }
@@ -669,6 +686,30 @@ impl CdcSimulator {
                 instances: Vec::new(),
                 next_object_id: 1_000,
                 mapping: Vec::new(),
+                server: ServerFacts {
+                    product_version: "16.0.4135.4".into(),
+                    edition: "Developer Edition (64-bit)".into(),
+                    engine_edition: 3,
+                    database: database.into(),
+                    cdc_enabled: true,
+                    encrypted: true,
+                    local_time: now,
+                    agent: Fact::Known("Running".into()),
+                    jobs: Fact::Known(vec![
+                        CdcJob {
+                            job_type: "capture".into(),
+                            retention_minutes: None,
+                        },
+                        CdcJob {
+                            job_type: "cleanup".into(),
+                            // sys.sp_cdc_add_job's default: three days.
+                            retention_minutes: Some(4320),
+                        },
+                    ]),
+                    capture_running: Fact::Known(true),
+                    log_scan: Fact::Known(None),
+                },
+                last_scan: now,
                 log: Vec::new(),
                 manual_capture: false,
                 version: 0,
@@ -938,13 +979,27 @@ impl CdcSimulator {
         }
     }
 
-    /// Drops change rows below `lsn` from memory without moving any low end: not a
-    /// SQL Server behaviour, only a bound on the synthetic workload's memory.
+    /// Drops change rows (and `cdc.lsn_time_mapping` rows but the newest) below `lsn`
+    /// from memory without moving any low end: not a SQL Server behaviour, only a
+    /// bound on the synthetic workload's memory.
     pub fn forget_below(&self, lsn: Lsn) {
-        for instance in &mut self.lock().instances {
+        let mut state = self.lock();
+        for instance in &mut state.instances {
             let below = instance.rows.partition_point(|r| r.key.start_lsn < lsn);
             instance.rows.drain(..below);
         }
+        let below = state
+            .mapping
+            .partition_point(|(l, _)| *l < lsn)
+            .min(state.mapping.len().saturating_sub(1));
+        state.mapping.drain(..below);
+    }
+
+    /// Changes what `check` sees of the server (its version, CDC on the database,
+    /// the Agent and the CDC jobs, the log scan's visibility). With CDC disabled the
+    /// catalog fails as SQL Server's does.
+    pub fn configure_server(&self, change: impl FnOnce(&mut ServerFacts)) {
+        change(&mut self.lock().server);
     }
 
     /// Whether `sys.fn_cdc_get_min_lsn` answers (it is NULL right after CDC is
@@ -1050,6 +1105,11 @@ impl CdcSimulator {
 impl ChangeSource for CdcSimulator {
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
         let state = self.call()?;
+        if !state.server.cdc_enabled {
+            return Err(SourceError::CdcNotEnabled {
+                database: state.database.clone(),
+            });
+        }
         let mut instances = Vec::new();
         let mut invisible = Vec::new();
         for i in &state.instances {
@@ -1078,6 +1138,30 @@ impl ChangeSource for CdcSimulator {
             invisible,
             instances,
         })
+    }
+
+    async fn server_facts(&mut self) -> Result<ServerFacts, SourceError> {
+        let state = self.call()?;
+        let mut facts = state.server.clone();
+        facts.local_time = state.now;
+        facts.database = state.database.clone();
+        if facts.log_scan == Fact::Known(None) && !state.mapping.is_empty() {
+            // The capture job's last session: scans are instant here.
+            facts.log_scan = Fact::Known(Some(LogScan {
+                start_time: state.last_scan,
+                end_time: Some(state.last_scan),
+                latency_seconds: 0,
+                error_count: 0,
+            }));
+        }
+        Ok(facts)
+    }
+
+    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<NaiveDateTime>, SourceError> {
+        let state = self.call()?;
+        // sys.fn_cdc_map_lsn_to_time: the mapping row at or before the LSN.
+        let at = state.mapping.partition_point(|(l, _)| *l <= lsn);
+        Ok(at.checked_sub(1).map(|i| state.mapping[i].1))
     }
 
     async fn max_lsn(&mut self) -> Result<MaxLsn, SourceError> {

@@ -349,6 +349,14 @@ impl ChangeSource for SyntheticSource {
         self.sim.min_lsn(capture_instance).await
     }
 
+    async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
+        self.sim.server_facts().await
+    }
+
+    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
+        self.sim.lsn_time(lsn).await
+    }
+
     async fn probe(&mut self, probes: &[Probe], to: Lsn) -> Result<Vec<ProbeResult>, SourceError> {
         // Nothing at or below every instance's position will be asked for again in
         // this process: drop it to keep memory bounded.

@@ -1,0 +1,248 @@
+//! What `mssql-ces check` reads from SQL Server beyond the poll loop's needs
+//! ([`ChangeSource::server_facts`](super::ChangeSource::server_facts)): one query
+//! each, decoded by name in pure functions. A query the login may not run (a missing
+//! permission, `msdb` out of reach, or no such view on Azure SQL Database) makes its
+//! fact [`Fact::Unknown`] with the permission that would show it; only a fault of the
+//! connection fails the whole read.
+
+use crate::source::catalog::{NamedRow, null};
+use crate::source::connection::{SqlConnection, SqlError};
+use crate::source::decode::DecodeError;
+use crate::source::queries;
+use crate::source::{AZURE_SQL_DATABASE_EDITION, CdcJob, Fact, LogScan, ServerFacts, SourceError};
+
+/// Server errors that mean "not allowed here" or "not on this edition": 208 no such
+/// object, 229/230 permission denied, 262 permission denied in the database, 297/300
+/// a missing server or database permission, 916 no access to `msdb`.
+const NOT_VISIBLE: &[u32] = &[208, 229, 230, 262, 297, 300, 916];
+
+fn unexpected(error: DecodeError) -> SourceError {
+    SourceError::Definite {
+        message: format!("unexpected result while checking the server: {error}"),
+    }
+}
+
+/// Runs `sql`; a refusal becomes `Err(reason)` inside `Ok`.
+async fn optional(
+    conn: &mut SqlConnection,
+    sql: &str,
+    needs: &str,
+) -> Result<Result<Vec<NamedRow>, String>, SourceError> {
+    match conn.query(sql, &[]).await {
+        Ok(rows) => Ok(Ok(rows.into_iter().map(NamedRow::new).collect())),
+        Err(SqlError {
+            code: Some(code), ..
+        }) if NOT_VISIBLE.contains(&code) => Ok(Err(format!("{needs} (error {code})"))),
+        Err(e) => Err(e.error),
+    }
+}
+
+/// Reads every fact, one query each.
+pub async fn read(conn: &mut SqlConnection) -> Result<ServerFacts, SourceError> {
+    let mut rows = conn.query(queries::SERVER_FACTS, &[]).await?;
+    let Some(row) = rows.pop() else {
+        return Err(SourceError::Definite {
+            message: "the database is not visible to this login (no row in sys.databases)".into(),
+        });
+    };
+    let mut facts = decode_server(NamedRow::new(row)).map_err(unexpected)?;
+    if facts.engine_edition == AZURE_SQL_DATABASE_EDITION {
+        let why = "Azure SQL Database runs CDC capture and cleanup on its own scheduler, without SQL Server Agent";
+        facts.agent = Fact::Unknown(why.into());
+        facts.jobs = Fact::Unknown(why.into());
+        facts.capture_running = Fact::Unknown(why.into());
+    } else {
+        facts.agent = match optional(
+            conn,
+            queries::AGENT_STATUS,
+            "needs VIEW SERVER STATE to read sys.dm_server_services",
+        )
+        .await?
+        {
+            Ok(rows) => decode_agent(rows).map_err(unexpected)?,
+            Err(why) => Fact::Unknown(why),
+        };
+        let msdb = "needs SELECT on msdb.dbo.cdc_jobs and msdb.dbo.sysjobactivity (membership of msdb's SQLAgentReaderRole, or db_owner and sys.sp_cdc_help_jobs)";
+        facts.jobs = match optional(conn, queries::CDC_JOBS, msdb).await? {
+            Ok(rows) => Fact::Known(decode_jobs(rows).map_err(unexpected)?),
+            Err(why) => Fact::Unknown(why),
+        };
+        facts.capture_running = match optional(conn, queries::CAPTURE_JOB_RUNNING, msdb).await? {
+            Ok(rows) => Fact::Known(decode_running(rows).map_err(unexpected)?),
+            Err(why) => Fact::Unknown(why),
+        };
+    }
+    facts.log_scan = match optional(
+        conn,
+        queries::LOG_SCAN,
+        "needs VIEW DATABASE STATE (VIEW DATABASE PERFORMANCE STATE on SQL Server 2022 and later) to read sys.dm_cdc_log_scan_sessions",
+    )
+    .await?
+    {
+        Ok(rows) => Fact::Known(decode_log_scan(rows).map_err(unexpected)?),
+        Err(why) => Fact::Unknown(why),
+    };
+    Ok(facts)
+}
+
+/// The row of [`queries::SERVER_FACTS`]; the optional facts start unknown.
+pub fn decode_server(mut row: NamedRow) -> Result<ServerFacts, DecodeError> {
+    fn pending<T>() -> Fact<T> {
+        Fact::Unknown("not read".to_owned())
+    }
+    Ok(ServerFacts {
+        product_version: row.string("product_version")?,
+        edition: row.string("edition")?,
+        engine_edition: row.int("engine_edition")?,
+        database: row.string("database_name")?,
+        cdc_enabled: row.opt_int("is_cdc_enabled")? == Some(1),
+        encrypted: row
+            .opt_string("encrypt_option")?
+            .is_some_and(|v| v.eq_ignore_ascii_case("TRUE")),
+        local_time: row.datetime("local_time")?,
+        agent: pending(),
+        jobs: pending(),
+        capture_running: pending(),
+        log_scan: pending(),
+    })
+}
+
+/// [`queries::AGENT_STATUS`]: no row means the login sees no Agent service.
+pub fn decode_agent(rows: Vec<NamedRow>) -> Result<Fact<String>, DecodeError> {
+    match rows.into_iter().next() {
+        Some(mut row) => Ok(Fact::Known(row.string("status_desc")?)),
+        None => Ok(Fact::Unknown(
+            "sys.dm_server_services lists no SQL Server Agent (needs VIEW SERVER STATE)".into(),
+        )),
+    }
+}
+
+pub fn decode_jobs(rows: Vec<NamedRow>) -> Result<Vec<CdcJob>, DecodeError> {
+    rows.into_iter()
+        .map(|mut row| {
+            Ok(CdcJob {
+                job_type: row.string("job_type")?,
+                retention_minutes: row.opt_int("retention")?,
+            })
+        })
+        .collect()
+}
+
+pub fn decode_running(rows: Vec<NamedRow>) -> Result<bool, DecodeError> {
+    match rows.into_iter().next() {
+        Some(mut row) => Ok(row.int("running")? > 0),
+        None => Err(null("running")),
+    }
+}
+
+pub fn decode_log_scan(rows: Vec<NamedRow>) -> Result<Option<LogScan>, DecodeError> {
+    let Some(mut row) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    Ok(Some(LogScan {
+        start_time: row.datetime("start_time")?,
+        end_time: row.opt_datetime("end_time")?,
+        latency_seconds: row.opt_int("latency")?.unwrap_or(0),
+        error_count: row.opt_int("error_count")?.unwrap_or(0),
+    }))
+}
+
+/// [`queries::LSN_TIME`].
+pub async fn lsn_time(
+    conn: &mut SqlConnection,
+    lsn: crate::lsn::Lsn,
+) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
+    let bytes = lsn.to_vec();
+    let rows = conn.query(queries::LSN_TIME, &[&bytes]).await?;
+    match rows.into_iter().next() {
+        Some(row) => NamedRow::new(row)
+            .opt_datetime("commit_time")
+            .map_err(unexpected),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiberius::ColumnData;
+
+    fn text(value: &str) -> ColumnData<'static> {
+        ColumnData::String(Some(value.to_owned().into()))
+    }
+
+    fn datetime(days: i32, seconds: u32) -> ColumnData<'static> {
+        ColumnData::DateTime(Some(tiberius::time::DateTime::new(days, seconds * 300)))
+    }
+
+    #[test]
+    fn the_server_row_decodes_by_name() {
+        let row = NamedRow::from_pairs(vec![
+            ("product_version", text("16.0.4135.4")),
+            ("edition", text("Developer Edition (64-bit)")),
+            ("engine_edition", ColumnData::I32(Some(3))),
+            ("database_name", text("EmployeesDb")),
+            ("is_cdc_enabled", ColumnData::I32(Some(1))),
+            ("encrypt_option", text("TRUE")),
+            ("local_time", datetime(46_239, 3_600)),
+        ]);
+        let facts = decode_server(row).expect("decodes");
+        assert_eq!(facts.product_version, "16.0.4135.4");
+        assert_eq!(facts.engine_edition, 3);
+        assert!(facts.cdc_enabled && facts.encrypted);
+        assert_eq!(facts.local_time.to_string(), "2026-08-07 01:00:00");
+        let off = NamedRow::from_pairs(vec![
+            ("product_version", text("13.0.1")),
+            ("edition", text("Express")),
+            ("engine_edition", ColumnData::I32(Some(4))),
+            ("database_name", text("d")),
+            ("is_cdc_enabled", ColumnData::I32(Some(0))),
+            ("encrypt_option", text("FALSE")),
+            ("local_time", datetime(46_239, 0)),
+        ]);
+        let facts = decode_server(off).expect("decodes");
+        assert!(!facts.cdc_enabled && !facts.encrypted);
+    }
+
+    #[test]
+    fn jobs_running_and_log_scans_decode() {
+        let jobs = decode_jobs(vec![
+            NamedRow::from_pairs(vec![
+                ("job_type", text("capture")),
+                ("retention", ColumnData::I64(None)),
+            ]),
+            NamedRow::from_pairs(vec![
+                ("job_type", text("cleanup")),
+                ("retention", ColumnData::I64(Some(4320))),
+            ]),
+        ])
+        .expect("decodes");
+        assert_eq!(jobs[1].retention_minutes, Some(4320));
+        assert_eq!(jobs[0].retention_minutes, None);
+        let running = |n| {
+            decode_running(vec![NamedRow::from_pairs(vec![(
+                "running",
+                ColumnData::I64(Some(n)),
+            )])])
+        };
+        assert_eq!(running(1), Ok(true));
+        assert_eq!(running(0), Ok(false));
+        assert_eq!(decode_log_scan(Vec::new()), Ok(None));
+        let scan = decode_log_scan(vec![NamedRow::from_pairs(vec![
+            ("start_time", datetime(46_239, 10)),
+            ("end_time", ColumnData::DateTime(None)),
+            ("latency", ColumnData::I64(Some(4))),
+            ("error_count", ColumnData::I64(Some(0))),
+        ])])
+        .expect("decodes")
+        .expect("a session");
+        assert_eq!(scan.end_time, None);
+        assert_eq!(scan.latency_seconds, 4);
+        assert_eq!(
+            decode_agent(Vec::new()).expect("decodes"),
+            Fact::Unknown(
+                "sys.dm_server_services lists no SQL Server Agent (needs VIEW SERVER STATE)".into()
+            )
+        );
+    }
+}

@@ -1,0 +1,580 @@
+//! `mssql-ces check` against the CDC simulator and Kafka's `MockCluster`: a healthy
+//! setup passes, and each thing that can be wrong fails its own check with a fix —
+//! or, where the login may not look, is reported as not checked.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use chrono::Duration as Days;
+use mssql_ces::check::{Report, Status, check_with, kafka_findings};
+use mssql_ces::checkpoint::file::FileStore;
+use mssql_ces::config::Config;
+use mssql_ces::event::Value;
+use mssql_ces::event::value::{Length, SqlType};
+use mssql_ces::sink::kafka::{DestinationFacts, TopicFacts};
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig, Position};
+use mssql_ces::source::sim::{CdcSimulator, SimColumn};
+use mssql_ces::source::{Fact, LogScan, SourceError};
+use rdkafka::mocking::MockCluster;
+use uuid::Uuid;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn database() -> CdcSimulator {
+    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
+    sim.create_table(
+        "dbo",
+        "Customers",
+        vec![
+            SimColumn::new("Id", SqlType::Int),
+            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+        ],
+        &["Id"],
+    );
+    sim.create_table(
+        "dbo",
+        "Orders",
+        vec![
+            SimColumn::new("Id", SqlType::BigInt),
+            SimColumn::excluded("Route", "geography"),
+        ],
+        &["Id"],
+    );
+    sim.enable_table("dbo.Customers", None).expect("enable");
+    sim.enable_table("dbo.Orders", None).expect("enable");
+    sim
+}
+
+fn insert(sim: &CdcSimulator, id: i32) {
+    sim.transaction()
+        .insert(
+            "dbo.Customers",
+            vec![Value::Int(id), Value::Text(format!("c{id}"))],
+        )
+        .commit()
+        .expect("commit");
+}
+
+/// A configuration with `sink` (TOML lines of `[sink]`) and a file checkpoint in `dir`.
+fn config(dir: &Path, sink: &str, extra: &str) -> Config {
+    let path = dir.join("config.toml");
+    let text = format!(
+        "[source]\nkind = \"synthetic\"\n[sink]\n{sink}\n[checkpoint]\npath = \"{cp}\"\n{extra}\n",
+        cp = dir.join("cp.json").display()
+    );
+    std::fs::write(&path, text).expect("config");
+    Config::load(&path, &[]).expect("valid configuration")
+}
+
+fn stdout_config(dir: &Path) -> Config {
+    config(dir, "kind = \"stdout\"", "")
+}
+
+async fn run(config: &Config, sim: &CdcSimulator) -> Report {
+    let mut source = sim.clone();
+    check_with(config, &mut source, "simulator").await
+}
+
+/// The finding named `check`, asserting its status.
+fn expect<'a>(report: &'a Report, check: &str, status: Status) -> &'a mssql_ces::check::Finding {
+    let finding = report
+        .get(check)
+        .unwrap_or_else(|| panic!("no check {check:?} in\n{}", report.to_text()));
+    assert_eq!(finding.status, status, "{}", report.to_text());
+    if status == Status::Fail {
+        assert!(finding.fix.is_some(), "a failure says how to fix it");
+    }
+    finding
+}
+
+/// Delivers everything the simulator holds and saves the position as the checkpoint.
+async fn checkpoint_everything(sim: &CdcSimulator, dir: &Path) -> Position {
+    let mut poller = Poller::new(sim.clone(), PollerConfig::default(), None);
+    loop {
+        match poller.poll().await.expect("poll") {
+            PollOutcome::Idle => break,
+            PollOutcome::Batch(_) => {}
+        }
+    }
+    let position = poller.position().clone();
+    FileStore::new(dir.join("cp.json"), "default")
+        .save(&position)
+        .expect("save");
+    position
+}
+
+#[tokio::test]
+async fn a_healthy_setup_passes_every_check() {
+    let dir = temp_dir("check-ok");
+    let sim = database();
+    insert(&sim, 1);
+    let report = run(&stdout_config(&dir), &sim).await;
+    assert!(report.passed(), "{}", report.to_text());
+    assert!(report.findings.iter().all(|f| f.status == Status::Pass));
+    let orders = expect(&report, "table dbo.Orders", Status::Pass);
+    assert!(
+        orders.detail.contains("key (Id)") && orders.detail.contains("left out: Route"),
+        "{}",
+        orders.detail
+    );
+    expect(&report, "cleanup retention", Status::Pass);
+    let scan = expect(&report, "last log scan", Status::Pass);
+    assert!(scan.detail.contains("latency 0 s"), "{}", scan.detail);
+    let text = report.to_text();
+    assert!(text.ends_with("0 failed, 0 not checked\n"), "{text}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn the_server_checks_fail_with_their_fix() {
+    let dir = temp_dir("check-server");
+    let config = stdout_config(&dir);
+    let sim = database();
+    sim.configure_server(|s| {
+        s.agent = Fact::Known("Stopped".into());
+        s.capture_running = Fact::Known(false);
+        s.log_scan = Fact::Known(Some(LogScan {
+            start_time: s.local_time,
+            end_time: Some(s.local_time),
+            latency_seconds: 2,
+            error_count: 3,
+        }));
+    });
+    let report = run(&config, &sim).await;
+    assert!(!report.passed());
+    let agent = expect(&report, "SQL Server Agent", Status::Fail);
+    assert!(agent.detail.starts_with("Stopped"), "{}", agent.detail);
+    let job = expect(&report, "capture job", Status::Fail);
+    assert!(
+        job.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("sys.sp_cdc_start_job")),
+        "{job:?}"
+    );
+    let scan = expect(&report, "last log scan", Status::Fail);
+    assert!(scan.detail.contains("3 errors"), "{}", scan.detail);
+
+    sim.configure_server(|s| {
+        s.jobs = Fact::Known(Vec::new());
+        s.product_version = "12.0.6024.0".into();
+    });
+    let report = run(&config, &sim).await;
+    let job = expect(&report, "capture job", Status::Fail);
+    assert!(
+        job.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("sys.sp_cdc_add_job")),
+        "{job:?}"
+    );
+    expect(&report, "SQL Server", Status::Fail);
+
+    // CDC off: the database check says how to enable it, and the catalog cannot be
+    // read (as on SQL Server).
+    sim.configure_server(|s| s.cdc_enabled = false);
+    let report = run(&config, &sim).await;
+    let cdc = expect(&report, "CDC on database Shop", Status::Fail);
+    assert!(
+        cdc.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("sys.sp_cdc_enable_db")),
+        "{cdc:?}"
+    );
+    expect(&report, "CDC catalog", Status::Fail);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn what_the_login_may_not_see_is_not_checked_and_does_not_fail() {
+    let dir = temp_dir("check-perm");
+    let sim = database();
+    let msdb = "needs SELECT on msdb.dbo.cdc_jobs (error 229)";
+    sim.configure_server(|s| {
+        s.agent = Fact::Unknown("needs VIEW SERVER STATE (error 300)".into());
+        s.jobs = Fact::Unknown(msdb.into());
+        s.capture_running = Fact::Unknown(msdb.into());
+        s.log_scan = Fact::Unknown("needs VIEW DATABASE STATE (error 300)".into());
+    });
+    let report = run(&stdout_config(&dir), &sim).await;
+    assert!(report.passed(), "{}", report.to_text());
+    for check in [
+        "SQL Server Agent",
+        "capture job",
+        "cleanup retention",
+        "last log scan",
+    ] {
+        let finding = expect(&report, check, Status::Skip);
+        assert!(finding.detail.contains("needs"), "{finding:?}");
+    }
+    assert!(
+        report
+            .to_text()
+            .contains("– SQL Server Agent: needs VIEW SERVER STATE")
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn tables_the_login_cannot_read_or_see_fail_by_name() {
+    let dir = temp_dir("check-tables");
+    let config = stdout_config(&dir);
+    let sim = database();
+    sim.deny_select("dbo.Orders", true);
+    let report = run(&config, &sim).await;
+    let orders = expect(&report, "table dbo.Orders", Status::Fail);
+    assert!(orders.detail.contains("cannot read"), "{orders:?}");
+    assert!(
+        orders
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("GRANT SELECT ON [dbo].[Orders]")),
+        "{orders:?}"
+    );
+    expect(&report, "table dbo.Customers", Status::Pass);
+
+    sim.deny_select("dbo.Orders", false);
+    sim.hide_table("dbo.Orders");
+    let report = run(&config, &sim).await;
+    expect(&report, "capture instance dbo_Orders", Status::Fail);
+
+    // A table enabled while the capture job is not scanning has no start_lsn yet.
+    let sim = database();
+    sim.set_capture_job_manual(true);
+    sim.create_table(
+        "dbo",
+        "Late",
+        vec![SimColumn::new("Id", SqlType::Int)],
+        &["Id"],
+    );
+    sim.enable_table("dbo.Late", None).expect("enable");
+    let report = run(&config, &sim).await;
+    let late = expect(&report, "table dbo.Late", Status::Fail);
+    assert!(late.detail.contains("no start_lsn"), "{late:?}");
+
+    // Nothing included.
+    let filtered = config_with(
+        &dir,
+        "[source]\nkind = \"synthetic\"\ninclude = [\"nope.*\"]\n",
+    );
+    let report = run(&filtered, &database()).await;
+    expect(&report, "tables", Status::Fail);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+fn config_with(dir: &Path, source: &str) -> Config {
+    let path = dir.join("filtered.toml");
+    let text = format!(
+        "{source}[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
+        dir.join("cp.json").display()
+    );
+    std::fs::write(&path, text).expect("config");
+    Config::load(&path, &[]).expect("valid")
+}
+
+#[tokio::test]
+async fn an_unreadable_database_guid_fails_unless_the_stream_guid_is_set() {
+    let dir = temp_dir("check-guid");
+    let sim = database();
+    sim.set_guid_readable(false);
+    let report = run(&stdout_config(&dir), &sim).await;
+    let guid = expect(&report, "stream GUID", Status::Fail);
+    assert!(
+        guid.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("event.stream_guid")),
+        "{guid:?}"
+    );
+    let set = config(
+        &dir,
+        "kind = \"stdout\"",
+        "[event]\nstream_guid = \"1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0\"",
+    );
+    let report = run(&set, &sim).await;
+    expect(&report, "stream GUID", Status::Pass);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_checkpoint_past_or_near_the_retention_fails_naming_the_range() {
+    let dir = temp_dir("check-retention");
+    let config = stdout_config(&dir);
+    let sim = database();
+    insert(&sim, 1);
+    checkpoint_everything(&sim, &dir).await;
+    let report = run(&config, &sim).await;
+    expect(&report, "checkpoint: readable", Status::Pass);
+    expect(&report, "checkpoint: this database", Status::Pass);
+    let fresh = expect(&report, "checkpoint: within retention", Status::Pass);
+    assert!(fresh.detail.contains("caught up"), "{fresh:?}");
+
+    // Changes after the checkpoint, then 2.5 of the 3 days pass undelivered.
+    insert(&sim, 2);
+    sim.advance_local_time(Days::hours(60));
+    insert(&sim, 3);
+    let report = run(&config, &sim).await;
+    let near = expect(&report, "checkpoint: within retention", Status::Fail);
+    assert!(
+        near.detail.contains("2 d 12 h") && near.detail.contains("83 %"),
+        "{near:?}"
+    );
+    assert!(
+        near.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("sys.sp_cdc_change_job")),
+        "{near:?}"
+    );
+
+    // The cleanup job purges past the checkpoint: lost, with the range.
+    let third = sim.current_max_lsn().expect("max_lsn");
+    sim.cleanup(third);
+    let report = run(&config, &sim).await;
+    let lost = expect(&report, "checkpoint: within retention", Status::Fail);
+    assert!(
+        lost.detail.contains("CHANGES LOST") && lost.detail.contains("dbo_Customers"),
+        "{lost:?}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_checkpoint_of_another_database_or_one_that_cannot_be_written_fails() {
+    let dir = temp_dir("check-other");
+    let config = stdout_config(&dir);
+    let sim = database();
+    insert(&sim, 1);
+    checkpoint_everything(&sim, &dir).await;
+    // A restored copy: same name, new GUID.
+    sim.set_guid(Uuid::from_u128(8));
+    let report = run(&config, &sim).await;
+    let other = expect(&report, "checkpoint: this database", Status::Fail);
+    assert!(
+        other
+            .detail
+            .contains("00000000-0000-0000-0000-000000000007"),
+        "{other:?}"
+    );
+
+    // A checkpoint path under a file: neither readable nor writable there.
+    let blocker = dir.join("a-file");
+    std::fs::write(&blocker, "x").expect("file");
+    let unwritable = config_with_checkpoint(&dir, &blocker.join("cp.json"));
+    let report = run(&unwritable, &sim).await;
+    expect(&report, "checkpoint: writable", Status::Fail);
+    // A corrupt checkpoint says to move it away.
+    std::fs::write(dir.join("cp.json"), "{ not json").expect("write");
+    let report = run(&config, &sim).await;
+    let corrupt = expect(&report, "checkpoint: readable", Status::Fail);
+    assert!(corrupt.detail.contains("move it away"), "{corrupt:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+fn config_with_checkpoint(dir: &Path, checkpoint: &Path) -> Config {
+    let path = dir.join("cp-config.toml");
+    let text = format!(
+        "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
+        checkpoint.display()
+    );
+    std::fs::write(&path, text).expect("config");
+    Config::load(&path, &[]).expect("valid")
+}
+
+#[tokio::test]
+async fn a_source_that_refuses_the_login_stops_the_source_checks() {
+    let dir = temp_dir("check-login");
+    let sim = database();
+    sim.inject_fault(SourceError::LoginFailed);
+    let report = run(&stdout_config(&dir), &sim).await;
+    let login = expect(&report, "SQL Server", Status::Fail);
+    assert!(
+        login
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("source.connection_string")),
+        "{login:?}"
+    );
+    expect(&report, "CDC catalog", Status::Skip);
+    // The checkpoint and destination are still checked.
+    expect(&report, "checkpoint: writable", Status::Pass);
+    expect(&report, "destination", Status::Pass);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_secret_that_does_not_resolve_fails_the_configuration_check() {
+    let dir = temp_dir("check-secret");
+    let config = config(
+        &dir,
+        "kind = \"event_hubs_kafka\"\nconnection_string = { env = \"MSSQL_CES_CHECK_NO_SUCH_VAR\" }\ntopic = \"hub\"",
+        "",
+    );
+    let report = run(&config, &database()).await;
+    let secret = expect(&report, "configuration", Status::Fail);
+    assert!(
+        secret.detail.contains("sink.connection_string"),
+        "{secret:?}"
+    );
+    assert!(
+        !secret.detail.contains("Endpoint="),
+        "no secret in the report"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+fn kafka_sink(bootstrap: &str, topic: &str) -> String {
+    format!("kind = \"kafka\"\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"{topic}\"")
+}
+
+#[tokio::test]
+async fn kafka_topics_are_checked_per_table_and_a_missing_one_fails() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster
+        .create_topic("Shop.dbo.Customers", 3, 1)
+        .expect("topic");
+    let dir = temp_dir("check-kafka");
+    let config = config(&dir, &kafka_sink(&bootstrap, "{db}.{schema}.{tbl}"), "");
+    let report = run(&config, &database()).await;
+    expect(&report, "Kafka: brokers", Status::Pass);
+    // The test double does not answer DescribeConfigs: the limit is not checked.
+    let customers = expect(&report, "topic Shop.dbo.Customers", Status::Skip);
+    assert!(
+        customers.detail.starts_with("3 partitions"),
+        "{customers:?}"
+    );
+    let orders = expect(&report, "topic Shop.dbo.Orders", Status::Fail);
+    assert!(orders.detail.contains("does not exist"), "{orders:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn brokers_that_do_not_answer_fail_the_destination() {
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let dir = temp_dir("check-down");
+    let config = config(&dir, &kafka_sink(&closed.to_string(), "ces"), "");
+    let report = run(&config, &database()).await;
+    let brokers = expect(&report, "Kafka: brokers", Status::Fail);
+    assert!(brokers.detail.contains("no answer"), "{brokers:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() {
+    let facts = DestinationFacts {
+        brokers: 3,
+        topics: vec![
+            TopicFacts {
+                name: "small".into(),
+                partitions: Some(6),
+                max_message_bytes: Ok(100_000),
+            },
+            TopicFacts {
+                name: "big".into(),
+                partitions: Some(6),
+                max_message_bytes: Ok(2_000_000),
+            },
+            TopicFacts {
+                name: "new".into(),
+                partitions: None,
+                max_message_bytes: Err("no such topic".into()),
+            },
+        ],
+        auto_create: Ok(true),
+    };
+    let mut report = Report::default();
+    kafka_findings(&mut report, &facts, 1024 * 1024, true);
+    let small = expect(&report, "topic small", Status::Fail);
+    assert!(
+        small.detail.contains("100000") && small.detail.contains("event.max_message_size_kb"),
+        "{small:?}"
+    );
+    assert!(
+        small
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("max.message.bytes=1049600")),
+        "{small:?}"
+    );
+    expect(&report, "topic big", Status::Pass);
+    let new = expect(&report, "topic new", Status::Pass);
+    assert!(new.detail.contains("auto.create.topics.enable"), "{new:?}");
+    let refused = DestinationFacts {
+        auto_create: Ok(false),
+        ..facts
+    };
+    let mut report = Report::default();
+    kafka_findings(&mut report, &refused, 1024 * 1024, true);
+    expect(&report, "topic new", Status::Fail);
+}
+
+/// The binary: exit 0 and one line per check when all pass; exit 1 and JSON for
+/// automation when one fails.
+#[test]
+fn the_binary_reports_each_check_and_exits_by_the_verdict() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", 2, 1).expect("topic");
+    let dir = temp_dir("check-binary");
+    let path = dir.join("config.toml");
+    let write = |topic: &str| {
+        let text = format!(
+            "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 20\n[sink]\n{}\n[checkpoint]\npath = \"{}\"\n",
+            kafka_sink(&bootstrap, topic),
+            dir.join("cp.json").display()
+        );
+        std::fs::write(&path, text).expect("config");
+    };
+    write("ces");
+    let output = Command::new(BINARY)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run check");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("✔ Kafka: brokers"), "{stdout}");
+    assert!(stdout.contains("– topic ces: 2 partitions"), "{stdout}");
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+
+    write("missing");
+    let output = Command::new(BINARY)
+        .args(["check", "--format", "json", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run check");
+    assert_eq!(output.status.code(), Some(1));
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON document");
+    assert_eq!(report["passed"], false);
+    let missing = report["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .find(|c| c["check"] == "topic missing")
+        .expect("the topic's check");
+    assert_eq!(missing["status"], "fail");
+    assert!(
+        missing["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("--topic missing"))
+    );
+
+    // A configuration that does not load is a failed check too, not a crash.
+    std::fs::write(&path, "[source]\nkind = \"nope\"\n").expect("config");
+    let output = Command::new(BINARY)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run check");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.starts_with("✘ configuration:"), "{stdout}");
+    std::fs::remove_dir_all(dir).ok();
+}

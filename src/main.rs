@@ -32,6 +32,10 @@ enum Command {
     /// line per check (✔ passed, ✘ failed with its fix, – not checked and why);
     /// exit 1 when a check failed.
     Check(CheckArgs),
+    /// Ask a running process's metrics server for `/healthz` (or another path): exit 0
+    /// when it answers 200, 1 otherwise. For container health checks, where no HTTP
+    /// client is installed.
+    Probe(ProbeArgs),
     /// Read events back as a consumer would: reassemble segments, drop duplicates,
     /// check order and completeness, print one JSON line per event, and a summary on
     /// stderr. Exit 1 when something could not be read.
@@ -87,6 +91,16 @@ struct CheckArgs {
     format: CheckFormat,
 }
 
+#[derive(Debug, clap::Args)]
+struct ProbeArgs {
+    /// Where the metrics server listens (`metrics.listen`).
+    #[arg(long, default_value = "127.0.0.1:9187")]
+    address: String,
+    /// `/healthz`, `/readyz` or `/metrics`.
+    #[arg(long, default_value = "/healthz")]
+    path: String,
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum CheckFormat {
     Text,
@@ -134,6 +148,7 @@ fn main() -> ExitCode {
         Command::Run(args) => args,
         Command::Read(args) => return read(&args),
         Command::Check(args) => return check(&args),
+        Command::Probe(args) => return probe(&args),
     };
     let config = match load_config(&args.settings).and_then(|config| {
         config.check_secrets()?;
@@ -145,7 +160,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(args.log_format.unwrap_or(config.log.format));
+    let log_format = args.log_format.unwrap_or(config.log.format);
+    init_logging(log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -175,7 +191,13 @@ fn main() -> ExitCode {
     match result {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            match log_format {
+                // A log shipper reads the reason as one more JSON line.
+                LogFormat::Json => {
+                    tracing::error!(error = %format!("{e:#}"), "stopped with an error")
+                }
+                LogFormat::Text => eprintln!("error: {e:#}"),
+            }
             ExitCode::from(1)
         }
     }
@@ -373,6 +395,44 @@ fn check(args: &CheckArgs) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// `mssql-ces probe`: one HTTP/1.0 GET; the body to stdout.
+fn probe(args: &ProbeArgs) -> ExitCode {
+    use std::io::{Read as _, Write as _};
+    let timeout = Duration::from_secs(5);
+    let answer = (|| -> std::io::Result<String> {
+        let address = std::net::ToSocketAddrs::to_socket_addrs(&args.address)?
+            .next()
+            .ok_or_else(|| std::io::Error::other("no address"))?;
+        let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        write!(
+            stream,
+            "GET {} HTTP/1.0\r\nHost: localhost\r\n\r\n",
+            args.path
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    })();
+    match answer {
+        Ok(response) => {
+            let ok = response.split_whitespace().nth(1) == Some("200");
+            let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+            print!("{body}");
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {}{}: {e}", args.address, args.path);
+            ExitCode::from(1)
+        }
     }
 }
 

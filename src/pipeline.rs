@@ -230,7 +230,8 @@ pub async fn run<S: ChangeSource + 'static>(
                     messages = summary.messages,
                     events_per_second = ((summary.events - reported.0) as f64 / seconds) as u64,
                     messages_per_second = ((summary.messages - reported.1) as f64 / seconds) as u64,
-                    lag_seconds = lag.map_or_else(|| "unknown".to_owned(), |l| format!("{l:.1}")),
+                    // A number (tenths), absent until an event's commit time is known.
+                    lag_seconds = lag.map(|l| (l * 10.0).round() / 10.0),
                     position = %last_sent.map_or_else(|| "none".to_owned(), |p| p.to_string()),
                     "progress"
                 );

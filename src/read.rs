@@ -109,6 +109,13 @@ impl<W: Write> EventReader<W> {
             .is_some_and(|max| self.summary.events >= max)
     }
 
+    /// Whether `stream` has an event waiting for more segments.
+    pub fn is_open(&self, stream: &str) -> bool {
+        self.streams
+            .get(stream)
+            .is_some_and(|s| s.reassembler.is_open())
+    }
+
     /// A message of `stream` that could not be decoded.
     pub fn undecodable(&mut self, stream: &str, error: impl std::fmt::Display) {
         self.summary.messages += 1;
@@ -460,7 +467,11 @@ pub fn read_kafka<W: Write>(
             Ok(event) => reader.push(&stream, event)?,
             Err(e) => reader.undecodable(&stream, e),
         }
-        next_offsets.insert(message.partition(), message.offset() + 1);
+        // Committed only past whole events: an event cut off by a stop is read
+        // again, from its first segment, by the next read of the group.
+        if !reader.is_open(&stream) {
+            next_offsets.insert(message.partition(), message.offset() + 1);
+        }
     }
     if input.group.is_some() && !next_offsets.is_empty() {
         // What was read is committed only now, once it has been printed.

@@ -2,6 +2,8 @@
 //! setup passes, and each thing that can be wrong fails its own check with a fix —
 //! or, where the login may not look, is reported as not checked.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -512,6 +514,37 @@ fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() 
     let mut report = Report::default();
     kafka_findings(&mut report, &refused, 1024 * 1024, true);
     expect(&report, "topic new", Status::Fail);
+}
+
+/// Event Hubs over AMQP, against the local AMQP peer: the hub's partitions are read,
+/// and a hub whose properties cannot be read fails (sends would crawl through the
+/// gateway).
+#[tokio::test]
+async fn event_hubs_is_checked_by_connecting_and_reading_the_hub() {
+    let dir = temp_dir("check-amqp");
+    let secret = dir.join("eh.secret");
+    std::fs::write(
+        &secret,
+        "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders",
+    )
+    .expect("secret");
+    for (partitions, status) in [(4, Status::Pass), (0, Status::Fail)] {
+        let (endpoint, _arrivals) = support::amqp_peer::start_with_partitions(partitions).await;
+        let sink = format!(
+            "kind = \"event_hubs_amqp\"\nconnection_string = {{ file = \"{}\" }}\ncustom_endpoint = \"{endpoint}\"",
+            secret.display()
+        );
+        let report = run(&config(&dir, &sink, ""), &database()).await;
+        let hub = expect(&report, "Event Hubs: orders", status);
+        if status == Status::Pass {
+            assert!(hub.detail.contains("4 partitions"), "{hub:?}");
+        }
+        assert!(
+            !report.to_text().contains("c2VjcmV0"),
+            "no secret in the report"
+        );
+    }
+    std::fs::remove_dir_all(dir).ok();
 }
 
 /// The binary: exit 0 and one line per check when all pass; exit 1 and JSON for

@@ -237,12 +237,26 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
         },
     );
     assert!(unready.contains("sink: not connected"), "{unready}");
+    // The container health check's command gives the same verdicts.
+    let probe = |path: &str| {
+        Command::new(BINARY)
+            .args(["probe", "--address", &address, "--path", path])
+            .output()
+            .expect("probe")
+    };
+    let readyz = probe("/readyz");
+    assert_eq!(readyz.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&readyz.stdout).contains("not ready"));
+    assert_eq!(probe("/healthz").status.code(), Some(0));
     // Idle polls go on: alive.
     assert_eq!(get(&address, "/healthz").0, 200);
     cluster.broker_up(1).expect("broker up");
     wait_for("ready again", Duration::from_secs(30), || {
         get(&address, "/readyz").0 == 200
     });
+    let ready = probe("/readyz");
+    assert_eq!(ready.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&ready.stdout), "ready\n");
 
     let pid = i32::try_from(child.id()).expect("pid");
     // SAFETY: sending a signal to our own child process.

@@ -655,6 +655,32 @@ fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
             "text, not JSON: {line}"
         );
     }
+    // A run that fails: its reason is a JSON line too, the last one.
+    let blocker = dir.join("a-file");
+    std::fs::write(&blocker, "x").expect("file");
+    let output = Command::new(BINARY)
+        .args(["run", "--until-idle", "--log-format", "json", "--config"])
+        .arg(&path)
+        .args([
+            "--set",
+            &format!("sink.path=\"{}\"", blocker.join("out").display()),
+        ])
+        .args(["--checkpoint-path", &dir.join("cp2.json").to_string_lossy()])
+        .output()
+        .expect("run mssql-ces");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last: serde_json::Value = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .last()
+        .expect("a line");
+    assert_eq!(last["level"], "ERROR", "{stderr}");
+    assert_eq!(last["message"], "stopped with an error", "{stderr}");
+    assert!(
+        last["error"].as_str().is_some_and(|e| e.contains("a-file")),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -733,5 +759,36 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
         "nothing new for the group: {}",
         String::from_utf8_lossy(&again.stderr)
     );
+    // Small reads with --max-events: each stops mid-topic, often mid-event, and the
+    // next continues from its first segment: every event, no gap. (The restart's
+    // re-sends are in the topic too; one read drops them, separate reads cannot.)
+    let mut pieces: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..200 {
+        let output = Command::new(BINARY)
+            .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
+            .args([
+                "--idle-ms",
+                "1000",
+                "--group",
+                "pieces",
+                "--max-events",
+                "97",
+            ])
+            .output()
+            .expect("run mssql-ces read --max-events");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains("0 problems"), "{stderr}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if stdout.is_empty() {
+            break;
+        }
+        for line in stdout.lines() {
+            let event: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+            let id = event["logicalid"].as_str().expect("logicalid").to_owned();
+            *pieces.entry(id).or_default() += 1;
+        }
+    }
+    assert_eq!(pieces.len(), expected.len(), "every event, in pieces");
     std::fs::remove_dir_all(dir).ok();
 }

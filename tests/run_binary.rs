@@ -670,11 +670,11 @@ fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
         .expect("run mssql-ces");
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let last: serde_json::Value = stderr
+    let lines: Vec<serde_json::Value> = stderr
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .last()
-        .expect("a line");
+        .collect();
+    let last = lines.last().expect("a line");
     assert_eq!(last["level"], "ERROR", "{stderr}");
     assert_eq!(last["message"], "stopped with an error", "{stderr}");
     assert!(

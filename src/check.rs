@@ -151,7 +151,7 @@ pub async fn check(config: &Config) -> Report {
         SourceKind::Sqlserver => match crate::app::sql_server_settings(config) {
             Ok(settings) => {
                 let mut source = SqlServerSource::new(settings);
-                check_with(config, &mut source, "SQL Server").await
+                check_with(config, &mut source, "").await
             }
             Err(e) => {
                 let mut report = Report::default();
@@ -167,7 +167,8 @@ pub async fn check(config: &Config) -> Report {
     }
 }
 
-/// [`check`] against a given source (`server` names it in the report).
+/// [`check`] against a given source; `server`, when not empty, names it in the
+/// report (the synthetic source says it is simulated).
 pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server: &str) -> Report {
     let mut report = Report::default();
     secrets(&mut report, config);
@@ -202,6 +203,11 @@ async fn check_source<S: ChangeSource>(
     source: &mut S,
     server: &str,
 ) -> Option<SourceState> {
+    let server = if server.is_empty() {
+        String::new()
+    } else {
+        format!("{server}: ")
+    };
     let facts = match source.server_facts().await {
         Ok(facts) => facts,
         Err(e) => {
@@ -214,7 +220,7 @@ async fn check_source<S: ChangeSource>(
             };
             report.fail(
                 "SQL Server",
-                format!("{server}: cannot connect and log in: {e}"),
+                format!("{server}cannot connect and log in: {e}"),
                 fix,
             );
             report.skip("CDC catalog", "not checked: no connection to the source");

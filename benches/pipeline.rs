@@ -1,161 +1,249 @@
-//! End-to-end throughput: the synthetic source → the whole pipeline → Kafka
-//! (rdkafka's in-process `MockCluster`), next to raw librdkafka producing the very
-//! same message bytes, measured in the same run.
+//! Where the pipeline's time goes, at steady state, in one run:
 //!
-//! Run: `cargo bench --bench pipeline` (`PIPELINE_BENCH_TRANSACTIONS`, default 20000).
-//! The end-to-end figure includes generating the synthetic changes, merging,
-//! encoding, routing and ordered acknowledgement; the raw figure is only the
-//! producer, so the ratio is what the rest of the pipeline costs.
+//! - (a) the synthetic source alone (poll, merge, pair: changes/s);
+//! - (b) encode + route alone, on pre-built changes;
+//! - (c) the pipeline fed by pre-built batches (a source that costs a clone) into
+//!   Kafka;
+//! - (d) end to end: the synthetic source → the pipeline → Kafka;
+//! - (e) raw librdkafka producing the very same message bytes, same settings;
+//!
+//! each for JSON and Avro, structured and binary CloudEvents mode. Kafka is rdkafka's
+//! in-process `MockCluster` (one broker), a fresh one per measurement. Each side runs
+//! for `PIPELINE_BENCH_SECONDS` (default 5); the ratios (c)/(e) and (d)/(e) are what the
+//! pipeline costs over the producer.
+//!
+//! Run: `cargo bench --bench pipeline` (`PIPELINE_BENCH_SECONDS`,
+//! `PIPELINE_BENCH_CASES=json-structured,avro-binary,…` to pick cases).
 
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
+use mssql_ces::checkpoint::{CheckpointStore, memory::MemoryStore};
 use mssql_ces::config::{CloudEventsMode, KafkaSinkConfig, PartitionKeyScheme};
-use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-use mssql_ces::pipeline::{self, PipelineSettings};
+use mssql_ces::event::{
+    Change, Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit,
+};
+use mssql_ces::pipeline::{self, BatchSource, PipelineSettings};
 use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink};
 use mssql_ces::sink::{OutgoingMessage, Router, Sink};
-use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::SourceError;
+use mssql_ces::source::poller::{Batch, PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
-fn synthetic(transactions: u64) -> SyntheticConfig {
+const TOPIC: &str = "bench";
+/// Pre-built changes for (b), (c) and (e).
+const SAMPLE_TRANSACTIONS: u64 = 50_000;
+
+fn synthetic(transactions: Option<u64>) -> SyntheticConfig {
     SyntheticConfig {
         seed: 1,
-        transactions: Some(transactions),
+        transactions,
         rate_per_second: None,
         large_value_every: 0,
     }
 }
 
-fn options(guid: uuid::Uuid) -> EncoderOptions {
-    EncoderOptions {
-        stream_guid: guid,
+#[derive(Clone, Copy)]
+struct Case {
+    name: &'static str,
+    encoding: Encoding,
+    mode: CloudEventsMode,
+}
+
+const CASES: [Case; 4] = [
+    Case {
+        name: "json-structured",
         encoding: Encoding::Json,
+        mode: CloudEventsMode::Structured,
+    },
+    Case {
+        name: "json-binary",
+        encoding: Encoding::Json,
+        mode: CloudEventsMode::Binary,
+    },
+    Case {
+        name: "avro-structured",
+        encoding: Encoding::Avro,
+        mode: CloudEventsMode::Structured,
+    },
+    Case {
+        name: "avro-binary",
+        encoding: Encoding::Avro,
+        mode: CloudEventsMode::Binary,
+    },
+];
+
+fn options(encoding: Encoding) -> impl Fn(uuid::Uuid) -> EncoderOptions + Send + Clone + 'static {
+    move |guid| EncoderOptions {
+        stream_guid: guid,
+        encoding,
         final_event: FinalEventMode::LastInTransaction,
         max_message_size: MessageSizeLimit::default(),
     }
 }
 
-fn router(topic: &str) -> Router {
+fn router(case: Case) -> Router {
     Router::new(
-        topic,
+        TOPIC,
         PartitionKeyScheme::PrimaryKey,
         None,
-        CloudEventsMode::Structured,
-        Encoding::Json,
+        case.mode,
+        case.encoding,
         "bench",
     )
 }
 
-fn sink_settings(bootstrap: &str) -> KafkaSinkConfig {
-    KafkaSinkConfig {
-        kafka: [("linger.ms".to_string(), "5".to_string())].into(),
-        ..KafkaSinkConfig::new(bootstrap)
-    }
+/// A fresh in-process broker with the topic, and the sink's settings for it (the
+/// defaults, as a run has them).
+fn cluster() -> Option<(
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    KafkaSettings,
+)> {
+    let cluster = MockCluster::new(1).ok()?;
+    cluster.create_topic(TOPIC, 4, 1).ok()?;
+    let settings = KafkaSettings::new(
+        &KafkaSinkConfig::new(&cluster.bootstrap_servers()),
+        KafkaFlavour::Kafka,
+        MessageSizeLimit::default().bytes(),
+        None,
+    )
+    .ok()?;
+    Some((cluster, settings))
 }
 
-/// The messages the pipeline would send, built in advance.
-async fn messages(transactions: u64, topic: &str) -> Vec<OutgoingMessage> {
+/// Pre-built batches of the synthetic workload, and its stream GUID.
+async fn batches(transactions: u64) -> (Vec<Batch>, uuid::Uuid) {
     let mut poller = Poller::new(
-        SyntheticSource::new(synthetic(transactions)),
+        SyntheticSource::new(synthetic(Some(transactions))),
         PollerConfig::default(),
         None,
     );
-    let router = router(topic);
-    let mut encoder = None;
     let mut out = Vec::new();
     while let Ok(PollOutcome::Batch(batch)) = poller.poll().await {
-        let guid = poller.stream_guid().expect("stream GUID");
-        let encoder = encoder.get_or_insert_with(|| Encoder::new(options(guid)));
-        for change in &batch.changes {
-            let Ok(event) = encoder.encode(change) else {
-                continue;
-            };
-            if let Ok(routed) = router.route(change, event) {
-                out.extend(routed);
-            }
-        }
+        out.push(batch);
     }
-    out
+    (out, poller.stream_guid().unwrap_or_default())
 }
 
-fn main() {
-    let transactions: u64 = std::env::var("PIPELINE_BENCH_TRANSACTIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
-    let Ok(runtime) = tokio::runtime::Runtime::new() else {
-        eprintln!("cannot start the runtime");
-        return;
-    };
-    let Ok(cluster) = MockCluster::new(1) else {
-        eprintln!("cannot start the mock cluster");
-        return;
-    };
-    let bootstrap = cluster.bootstrap_servers();
-    for topic in ["e2e", "raw"] {
-        let _ = cluster.create_topic(topic, 4, 1);
-    }
-    let Ok(settings) = KafkaSettings::new(
-        &sink_settings(&bootstrap),
-        KafkaFlavour::Kafka,
-        256 * 1024,
-        None,
-    ) else {
-        return;
-    };
+/// Replays pre-built batches (cloned) until `until`, then is idle.
+struct Replay {
+    batches: Arc<Vec<Batch>>,
+    next: usize,
+    guid: uuid::Uuid,
+    until: Instant,
+}
 
-    // End to end.
-    let dir = std::env::temp_dir().join(format!("mssql-ces-bench-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
-    let Ok(sink) = KafkaSink::new(&settings, MessageSizeLimit::default().bytes()) else {
-        return;
-    };
-    let poller = Poller::new(
-        SyntheticSource::new(synthetic(transactions)),
+impl BatchSource for Replay {
+    async fn poll(&mut self) -> Result<PollOutcome, SourceError> {
+        if Instant::now() >= self.until || self.batches.is_empty() {
+            return Ok(PollOutcome::Idle);
+        }
+        let batch = self.batches[self.next % self.batches.len()].clone();
+        self.next += 1;
+        Ok(PollOutcome::Batch(batch))
+    }
+
+    fn stream_guid(&self) -> Option<uuid::Uuid> {
+        Some(self.guid)
+    }
+
+    fn tracked_instances(&self) -> usize {
+        3
+    }
+}
+
+fn pipeline_settings(until_idle: bool) -> PipelineSettings {
+    PipelineSettings {
+        poll_interval: Duration::from_millis(10),
+        checkpoint_interval: Duration::from_secs(1),
+        drain_timeout: Duration::from_secs(60),
+        until_idle,
+        metrics: Default::default(),
+    }
+}
+
+/// A rate and the bytes per second behind it.
+struct Rate {
+    per_second: f64,
+    mib_per_second: f64,
+}
+
+impl Rate {
+    fn new(count: u64, bytes: u64, took: Duration) -> Self {
+        let seconds = took.as_secs_f64().max(1e-9);
+        Rate {
+            per_second: count as f64 / seconds,
+            mib_per_second: bytes as f64 / 1_048_576.0 / seconds,
+        }
+    }
+}
+
+/// (a) the synthetic source alone.
+async fn source_alone(seconds: Duration) -> Rate {
+    let mut poller = Poller::new(
+        SyntheticSource::new(synthetic(None)),
         PollerConfig::default(),
         None,
     );
     let started = Instant::now();
-    let summary = runtime.block_on(pipeline::run(
-        poller,
-        Box::new(options),
-        router("e2e"),
-        Sink::Kafka(sink),
-        CheckpointStore::File(FileStore::new(dir.join("cp.json"), "bench")),
-        PipelineSettings {
-            poll_interval: Duration::from_millis(10),
-            checkpoint_interval: Duration::from_secs(1),
-            drain_timeout: Duration::from_secs(60),
-            until_idle: true,
-            metrics: Default::default(),
-        },
-        CancellationToken::new(),
-    ));
-    let e2e = started.elapsed();
-    let _ = std::fs::remove_dir_all(&dir);
-    let Ok(summary) = summary else {
-        eprintln!("pipeline failed: {summary:?}");
-        return;
-    };
+    let mut changes = 0u64;
+    while started.elapsed() < seconds {
+        if let Ok(PollOutcome::Batch(batch)) = poller.poll().await {
+            changes += batch.changes.len() as u64;
+        }
+    }
+    Rate::new(changes, 0, started.elapsed())
+}
 
-    // Raw librdkafka, the same bytes.
-    let batch = runtime.block_on(messages(transactions, "raw"));
+/// (b) encode + route, cycling over `changes`; counts messages.
+fn encode_route(case: Case, changes: &[&Change], guid: uuid::Uuid, seconds: Duration) -> Rate {
+    let encoder = Encoder::new(options(case.encoding)(guid));
+    let router = router(case);
+    let started = Instant::now();
+    let (mut messages, mut bytes) = (0u64, 0u64);
+    'outer: loop {
+        for chunk in changes.chunks(1000) {
+            for change in chunk {
+                let Ok(event) = encoder.encode(change) else {
+                    continue;
+                };
+                if let Ok(routed) = router.route(change, event) {
+                    messages += routed.len() as u64;
+                    bytes += routed.iter().map(|m| m.payload.len() as u64).sum::<u64>();
+                }
+            }
+            if started.elapsed() >= seconds {
+                break 'outer;
+            }
+        }
+    }
+    Rate::new(messages, bytes, started.elapsed())
+}
+
+/// (e) raw librdkafka: the same messages, cycling, for `seconds`, then every
+/// delivery awaited.
+async fn raw(messages: &[OutgoingMessage], settings: &KafkaSettings, seconds: Duration) -> Rate {
     let mut config = ClientConfig::new();
     for (k, v) in &settings.properties {
         config.set(k, v);
     }
     let Ok(producer) = config.create::<FutureProducer>() else {
-        return;
+        return Rate::new(0, 0, Duration::from_secs(1));
     };
     let started = Instant::now();
-    runtime.block_on(async {
-        let mut deliveries = Vec::with_capacity(batch.len());
-        for m in &batch {
+    let mut outstanding = VecDeque::new();
+    let (mut sent, mut bytes) = (0u64, 0u64);
+    'outer: loop {
+        for m in messages {
+            if started.elapsed() >= seconds {
+                break 'outer;
+            }
             loop {
                 let mut record: FutureRecord<'_, [u8], [u8]> =
                     FutureRecord::to(&m.topic).payload(m.payload.as_slice());
@@ -164,39 +252,188 @@ fn main() {
                 }
                 match producer.send_result(record) {
                     Ok(future) => {
-                        deliveries.push(future);
+                        outstanding.push_back(future);
+                        sent += 1;
+                        bytes += m.payload.len() as u64;
                         break;
                     }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                        if let Some(oldest) = outstanding.pop_front() {
+                            let _ = oldest.await;
+                        }
+                    }
+                    Err(_) => break 'outer,
                 }
             }
         }
-        for d in deliveries {
-            let _ = d.await;
-        }
-    });
-    let raw = started.elapsed();
+    }
+    for future in outstanding {
+        let _ = future.await;
+    }
+    Rate::new(sent, bytes, started.elapsed())
+}
 
-    let per_second = |n: u64, d: Duration| n as f64 / d.as_secs_f64();
+/// (c) the pipeline, fed pre-built batches for `seconds`.
+async fn pipeline_replay(
+    case: Case,
+    batches: Arc<Vec<Batch>>,
+    guid: uuid::Uuid,
+    settings: &KafkaSettings,
+    seconds: Duration,
+) -> Rate {
+    let Ok(sink) = KafkaSink::new(settings, MessageSizeLimit::default().bytes()) else {
+        return Rate::new(0, 0, Duration::from_secs(1));
+    };
+    let replay = Replay {
+        batches,
+        next: 0,
+        guid,
+        until: Instant::now() + seconds,
+    };
+    let started = Instant::now();
+    let summary = pipeline::run(
+        replay,
+        Box::new(options(case.encoding)),
+        router(case),
+        Sink::Kafka(sink),
+        CheckpointStore::Memory(MemoryStore::default()),
+        pipeline_settings(true),
+        CancellationToken::new(),
+    )
+    .await;
+    match summary {
+        Ok(s) => Rate::new(s.messages, s.bytes, started.elapsed()),
+        Err(e) => {
+            eprintln!("pipeline failed: {e}");
+            Rate::new(0, 0, Duration::from_secs(1))
+        }
+    }
+}
+
+/// (d) end to end: the endless synthetic source for `seconds`, then a graceful stop.
+async fn end_to_end(case: Case, settings: &KafkaSettings, seconds: Duration) -> Rate {
+    let Ok(sink) = KafkaSink::new(settings, MessageSizeLimit::default().bytes()) else {
+        return Rate::new(0, 0, Duration::from_secs(1));
+    };
+    let poller = Poller::new(
+        SyntheticSource::new(synthetic(None)),
+        PollerConfig::default(),
+        None,
+    );
+    let stop = CancellationToken::new();
+    let timer = stop.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(seconds).await;
+        timer.cancel();
+    });
+    let started = Instant::now();
+    let summary = pipeline::run(
+        poller,
+        Box::new(options(case.encoding)),
+        router(case),
+        Sink::Kafka(sink),
+        CheckpointStore::Memory(MemoryStore::default()),
+        pipeline_settings(false),
+        stop,
+    )
+    .await;
+    match summary {
+        Ok(s) => Rate::new(s.messages, s.bytes, started.elapsed()),
+        Err(e) => {
+            eprintln!("pipeline failed: {e}");
+            Rate::new(0, 0, Duration::from_secs(1))
+        }
+    }
+}
+
+fn main() {
+    let seconds = Duration::from_secs_f64(
+        std::env::var("PIPELINE_BENCH_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5.0),
+    );
+    let wanted = std::env::var("PIPELINE_BENCH_CASES").ok();
+    let Ok(runtime) = tokio::runtime::Runtime::new() else {
+        eprintln!("cannot start the runtime");
+        return;
+    };
     println!(
-        "transactions: {transactions}, events: {}, messages: {}, bytes: {}",
-        summary.events, summary.messages, summary.bytes
+        "each side {:.0} s; Kafka: MockCluster, one broker, 4 partitions; sink defaults",
+        seconds.as_secs_f64()
+    );
+    let source = runtime.block_on(source_alone(seconds));
+    println!(
+        "(a) synthetic source alone: {:.0} changes/s",
+        source.per_second
+    );
+    let (batches, guid) = runtime.block_on(batches(SAMPLE_TRANSACTIONS));
+    let batches = Arc::new(batches);
+    let changes: Vec<&Change> = batches.iter().flat_map(|b| &b.changes).collect();
+    println!(
+        "pre-built: {} transactions, {} changes in {} batches",
+        SAMPLE_TRANSACTIONS,
+        changes.len(),
+        batches.len()
     );
     println!(
-        "end to end (synthetic source -> pipeline -> MockCluster): {:.0} events/s, {:.0} messages/s, {:.1} MiB/s, {:.2} s",
-        per_second(summary.events, e2e),
-        per_second(summary.messages, e2e),
-        summary.bytes as f64 / 1048576.0 / e2e.as_secs_f64(),
-        e2e.as_secs_f64()
+        "{:<16} {:>22} {:>22} {:>22} {:>22} {:>6} {:>6}",
+        "case",
+        "(b) encode+route",
+        "(c) pipeline,pre-built",
+        "(d) end to end",
+        "(e) raw librdkafka",
+        "c/e",
+        "d/e"
     );
-    println!(
-        "raw librdkafka, same {} messages: {:.0} messages/s, {:.2} s",
-        batch.len(),
-        per_second(batch.len() as u64, raw),
-        raw.as_secs_f64()
-    );
-    println!(
-        "end-to-end messages/s as a share of raw: {:.0}%",
-        100.0 * per_second(summary.messages, e2e) / per_second(batch.len() as u64, raw)
-    );
+    for case in CASES {
+        if wanted
+            .as_deref()
+            .is_some_and(|w| !w.split(',').any(|c| c == case.name))
+        {
+            continue;
+        }
+        let encoded = encode_route(case, &changes, guid, seconds);
+        // The bytes (e) sends: the pre-built changes, encoded and routed once.
+        let encoder = Encoder::new(options(case.encoding)(guid));
+        let router = router(case);
+        let messages: Vec<OutgoingMessage> = changes
+            .iter()
+            .filter_map(|c| {
+                let event = encoder.encode(c).ok()?;
+                router.route(c, event).ok()
+            })
+            .flatten()
+            .collect();
+        let measure = |what: &dyn Fn(KafkaSettings) -> Rate| match cluster() {
+            Some((cluster, settings)) => {
+                let rate = what(settings);
+                drop(cluster);
+                rate
+            }
+            None => Rate::new(0, 0, Duration::from_secs(1)),
+        };
+        let raw = measure(&|s| runtime.block_on(raw(&messages, &s, seconds)));
+        let replay = measure(&|s| {
+            runtime.block_on(pipeline_replay(
+                case,
+                Arc::clone(&batches),
+                guid,
+                &s,
+                seconds,
+            ))
+        });
+        let e2e = measure(&|s| runtime.block_on(end_to_end(case, &s, seconds)));
+        let cell = |r: &Rate| format!("{:.0}/s {:.0} MiB/s", r.per_second, r.mib_per_second);
+        println!(
+            "{:<16} {:>22} {:>22} {:>22} {:>22} {:>6.2} {:>6.2}",
+            case.name,
+            cell(&encoded),
+            cell(&replay),
+            cell(&e2e),
+            cell(&raw),
+            replay.per_second / raw.per_second,
+            e2e.per_second / raw.per_second
+        );
+    }
 }

@@ -38,6 +38,33 @@ use crate::sink::{Delivery, Router, Sink, SinkError};
 use crate::source::poller::{Batch, PollOutcome, Poller, Position};
 use crate::source::{ChangeSource, SourceError};
 
+/// Where the pipeline's batches come from: the [`Poller`] (every run), or anything
+/// else that hands out ready batches (benchmarks that measure the pipeline alone).
+pub trait BatchSource: Send + 'static {
+    /// The next batch, or [`PollOutcome::Idle`].
+    fn poll(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<PollOutcome, SourceError>> + Send;
+    /// The stream GUID, known once the first batch is out.
+    fn stream_guid(&self) -> Option<uuid::Uuid>;
+    /// Capture instances read (for the metrics).
+    fn tracked_instances(&self) -> usize;
+}
+
+impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
+    async fn poll(&mut self) -> Result<PollOutcome, SourceError> {
+        Poller::poll(self).await
+    }
+
+    fn stream_guid(&self) -> Option<uuid::Uuid> {
+        Poller::stream_guid(self)
+    }
+
+    fn tracked_instances(&self) -> usize {
+        Poller::tracked_instances(self)
+    }
+}
+
 /// Batches sent but not yet acknowledged, at most.
 pub const IN_FLIGHT_BATCHES: usize = 16;
 
@@ -93,8 +120,8 @@ pub type EncoderFactory = Box<dyn FnOnce(uuid::Uuid) -> EncoderOptions + Send>;
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// Runs until `shutdown` is cancelled (or, with `until_idle`, until caught up).
-pub async fn run<S: ChangeSource + 'static>(
-    poller: Poller<S>,
+pub async fn run<B: BatchSource>(
+    poller: B,
     encoder_options: EncoderFactory,
     router: Router,
     mut sink: Sink,
@@ -301,8 +328,8 @@ enum SourceItem {
 }
 
 /// Polls until stopped; retries transient errors with backoff; sends batches on.
-async fn poll_source<S: ChangeSource>(
-    mut poller: Poller<S>,
+async fn poll_source<B: BatchSource>(
+    mut poller: B,
     tx: mpsc::Sender<Result<SourceItem, SourceError>>,
     poll_interval: Duration,
     until_idle: bool,

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use chrono::Duration as Days;
@@ -18,15 +18,10 @@ use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig, Position};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{Fact, LogScan, SourceError};
 use rdkafka::mocking::MockCluster;
+use support::temp_dir;
 use uuid::Uuid;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
 
 fn database() -> CdcSimulator {
     let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
@@ -63,15 +58,20 @@ fn insert(sim: &CdcSimulator, id: i32) {
         .expect("commit");
 }
 
+/// Writes `text` as `dir/name` and loads it.
+fn load(dir: &Path, name: &str, text: &str) -> Config {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("config");
+    Config::load(&path, &[]).expect("valid configuration")
+}
+
 /// A configuration with `sink` (TOML lines of `[sink]`) and a file checkpoint in `dir`.
 fn config(dir: &Path, sink: &str, extra: &str) -> Config {
-    let path = dir.join("config.toml");
     let text = format!(
         "[source]\nkind = \"synthetic\"\n[sink]\n{sink}\n[checkpoint]\npath = \"{cp}\"\n{extra}\n",
         cp = dir.join("cp.json").display()
     );
-    std::fs::write(&path, text).expect("config");
-    Config::load(&path, &[]).expect("valid configuration")
+    load(dir, "config.toml", &text)
 }
 
 fn stdout_config(dir: &Path) -> Config {
@@ -269,13 +269,11 @@ async fn tables_the_login_cannot_read_or_see_fail_by_name() {
 }
 
 fn config_with(dir: &Path, source: &str) -> Config {
-    let path = dir.join("filtered.toml");
     let text = format!(
         "{source}[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
         dir.join("cp.json").display()
     );
-    std::fs::write(&path, text).expect("config");
-    Config::load(&path, &[]).expect("valid")
+    load(dir, "filtered.toml", &text)
 }
 
 #[tokio::test]
@@ -376,13 +374,11 @@ async fn a_checkpoint_of_another_database_or_one_that_cannot_be_written_fails() 
 }
 
 fn config_with_checkpoint(dir: &Path, checkpoint: &Path) -> Config {
-    let path = dir.join("cp-config.toml");
     let text = format!(
         "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
         checkpoint.display()
     );
-    std::fs::write(&path, text).expect("config");
-    Config::load(&path, &[]).expect("valid")
+    load(dir, "cp-config.toml", &text)
 }
 
 #[tokio::test]

@@ -14,15 +14,10 @@ use std::time::{Duration, Instant};
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
 use rdkafka::mocking::MockCluster;
 use support::kafka::{by_partition, consume_quietly};
+use support::temp_dir;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 const PARTITIONS: i32 = 4;
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
 
 fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
     let path = dir.join("config.toml");
@@ -278,11 +273,14 @@ fn a_metrics_address_in_use_fails_the_start_naming_the_setting() {
     );
     let path = dir.join("config.toml");
     std::fs::write(&path, text).expect("config");
-    let output = Command::new(BINARY)
-        .args(["run", "--until-idle", "--config"])
-        .arg(&path)
-        .output()
-        .expect("run");
+    let run = || {
+        Command::new(BINARY)
+            .args(["run", "--until-idle", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run")
+    };
+    let output = run();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(
@@ -295,11 +293,7 @@ fn a_metrics_address_in_use_fails_the_start_naming_the_setting() {
         .expect("config")
         .replace(&address.to_string(), "localhost");
     std::fs::write(&path, bad).expect("config");
-    let output = Command::new(BINARY)
-        .args(["run", "--until-idle", "--config"])
-        .arg(&path)
-        .output()
-        .expect("run");
+    let output = run();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("metrics.listen"), "{stderr}");

@@ -14,15 +14,10 @@ use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimi
 use mssql_ces::source::sim::synthetic::SyntheticConfig;
 use rdkafka::mocking::MockCluster;
 use support::kafka::{by_partition, consume_quietly, position_of};
+use support::temp_dir;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 const PARTITIONS: i32 = 4;
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
 
 fn config(dir: &Path, bootstrap: &str, synthetic: &str) -> PathBuf {
     let path = dir.join("config.toml");

@@ -16,6 +16,13 @@ use mssql_ces::event::{
 use mssql_ces::lsn::Lsn;
 use uuid::Uuid;
 
+/// A fresh directory under the system's temp directory.
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
 /// The stream GUID of the CES documentation's examples.
 pub const DOCS_STREAM_GUID: &str = "1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0";
 

@@ -36,6 +36,10 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
 
+/// The binary's allocator, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const TOPIC: &str = "bench";
 /// Pre-built changes for (b), (c) and (e).
 const SAMPLE_TRANSACTIONS: u64 = 50_000;

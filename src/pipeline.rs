@@ -184,7 +184,7 @@ pub async fn run<B: BatchSource>(
             if encoder.is_none()
                 && let Some(factory) = encoder_options.take()
             {
-                encoder = Some(Encoder::new(factory(database_guid)));
+                encoder = Some(Encoder::new(factory(database_guid)).data_only(router.binary()));
             }
             let Some(encoder) = encoder.as_ref() else {
                 continue;

@@ -224,3 +224,73 @@ fn values_over_one_mib_are_truncated_and_counted() {
         MAX_VALUE_TEXT_BYTES
     );
 }
+
+/// Binary mode's two paths give the same messages: the attributes read back from the
+/// whole structured message, and (the fast path) built from the change with `data`
+/// encoded alone.
+fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bool, TestCaseError> {
+    use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme};
+    let router = mssql_ces::sink::Router::new(
+        "t",
+        PartitionKeyScheme::PrimaryKey,
+        None,
+        CloudEventsMode::Binary,
+        encoding,
+        "s",
+    );
+    let options = options(encoding, FinalEventMode::LastInTransaction, kb);
+    let structured = Encoder::new(options.clone())
+        .encode(change)
+        .expect("encodes");
+    prop_assert!(!structured.data_only);
+    let parts = Encoder::new(options).data_only(true).encode(change).expect("encodes");
+    let fast = parts.data_only;
+    prop_assert_eq!(fast, structured.messages.len() == 1, "data alone exactly when one message");
+    let from_whole = router.route(change, structured).expect("routes");
+    let from_parts = router.route(change, parts).expect("routes");
+    prop_assert_eq!(from_whole, from_parts);
+    Ok(fast)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn binary_mode_from_parts_equals_binary_mode_from_the_message(
+        change in change(),
+        kb in 128u32..=1024,
+        avro in any::<bool>(),
+    ) {
+        let encoding = if avro { Encoding::Avro } else { Encoding::Json };
+        binary_paths_agree(&change, encoding, kb)?;
+    }
+}
+
+/// At the limit: a message of exactly the limit is one message in both paths, one
+/// byte more is segmented in both.
+#[test]
+fn binary_mode_paths_agree_at_the_size_limit() {
+    for encoding in [Encoding::Json, Encoding::Avro] {
+        let with_text = |len: usize| {
+            let mut row = employee(1, "a", "b");
+            row[1] = Value::Text("x".repeat(len));
+            ChangeBuilder::new(employees(), Operation::Insert)
+                .current(row)
+                .build()
+        };
+        let limit = 128 * 1024;
+        // Long enough that Avro's length prefixes have the width they have at the limit.
+        let base_len = 100_000;
+        let base = Encoder::new(options(encoding, FinalEventMode::LastInTransaction, 128))
+            .encode(&with_text(base_len))
+            .expect("encodes");
+        let exact = base_len + limit - base.messages[0].bytes.len();
+        let mut kinds = Vec::new();
+        for len in exact - 2..=exact + 2 {
+            let fast = binary_paths_agree(&with_text(len), encoding, 128)
+                .unwrap_or_else(|e| panic!("{encoding:?} at {len}: {e}"));
+            kinds.push(fast);
+        }
+        assert_eq!(kinds, [true, true, true, false, false], "{encoding:?}");
+    }
+}

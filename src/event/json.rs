@@ -149,6 +149,19 @@ pub fn push_string_at(out: &mut String, s: &str, depth: usize) {
     push_quote(out, depth);
 }
 
+/// Bytes that `text` takes once escaped by [`push_escaped`].
+pub fn escaped_size(text: &str) -> usize {
+    text.len()
+        + text
+            .bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0C => 1,
+                b if b < 0x20 => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
+}
+
 /// Bytes that `c` takes once escaped by [`push_escaped`].
 pub fn escaped_len(c: char) -> usize {
     match c {

@@ -334,6 +334,10 @@ pub struct EncodedEvent {
     pub messages: Vec<Message>,
     /// How many column values were truncated to 1 MiB.
     pub truncated_values: usize,
+    /// The one message's `bytes` are the `data` alone (an [`Encoder::data_only`]
+    /// encoder, an event that fits one message): for CloudEvents binary mode, which
+    /// puts the attributes in headers. Otherwise whole structured messages.
+    pub data_only: bool,
 }
 
 /// The attributes of an event that every one of its segments repeats.
@@ -349,11 +353,25 @@ pub(crate) struct EnvelopeFields<'a> {
 #[derive(Debug, Clone)]
 pub struct Encoder {
     options: EncoderOptions,
+    data_only: bool,
 }
 
 impl Encoder {
     pub fn new(options: EncoderOptions) -> Self {
-        Encoder { options }
+        Encoder {
+            options,
+            data_only: false,
+        }
+    }
+
+    /// With `true`, an event that fits one message is encoded as its `data` alone
+    /// ([`EncodedEvent::data_only`]), for binary mode, whose headers the router builds
+    /// from the change: no envelope is written and parsed again. Whether it fits is
+    /// decided on the structured message's size, so segmentation is the same in both
+    /// modes.
+    pub fn data_only(mut self, data_only: bool) -> Self {
+        self.data_only = data_only;
+        self
     }
 
     pub fn options(&self) -> &EncoderOptions {
@@ -430,6 +448,27 @@ impl Encoder {
                         logical_id,
                         messages,
                         truncated_values,
+                        data_only: false,
+                    });
+                }
+                if self.data_only {
+                    let data = json::data_text(change, &time, final_event);
+                    let whole =
+                        json::envelope_overhead(&fields, 0, true) + json::escaped_size(&data);
+                    if whole <= limit {
+                        return Ok(Self::only_data(
+                            logical_id,
+                            first_id,
+                            data.into_bytes(),
+                            truncated_values,
+                        ));
+                    }
+                    let messages = segment::split_json(&fields, &data, limit, id_for)?;
+                    return Ok(EncodedEvent {
+                        logical_id,
+                        messages,
+                        truncated_values,
+                        data_only: false,
                     });
                 }
                 json::single_message(&fields, &first_id, change, final_event)
@@ -443,7 +482,16 @@ impl Encoder {
                         logical_id,
                         messages,
                         truncated_values,
+                        data_only: false,
                     });
+                }
+                if self.data_only {
+                    return Ok(Self::only_data(
+                        logical_id,
+                        first_id,
+                        data,
+                        truncated_values,
+                    ));
                 }
                 whole
             }
@@ -465,7 +513,27 @@ impl Encoder {
             logical_id,
             messages,
             truncated_values,
+            data_only: false,
         })
+    }
+
+    fn only_data(
+        logical_id: String,
+        id: Uuid,
+        data: Vec<u8>,
+        truncated_values: usize,
+    ) -> EncodedEvent {
+        EncodedEvent {
+            logical_id,
+            messages: vec![Message {
+                id,
+                segment_index: 0,
+                final_segment: true,
+                bytes: data,
+            }],
+            truncated_values,
+            data_only: true,
+        }
     }
 }
 

@@ -281,6 +281,12 @@ impl Router {
         )
     }
 
+    /// Whether messages go out in CloudEvents binary mode (the encoder then hands
+    /// over `data` alone where it can: [`crate::event::Encoder::data_only`]).
+    pub fn binary(&self) -> bool {
+        self.mode == CloudEventsMode::Binary
+    }
+
     /// The message key of a change under the scheme.
     pub fn key(&self, change: &Change) -> Option<Vec<u8>> {
         let table = || format!("{}.{}", change.table.schema(), change.table.table());
@@ -318,9 +324,27 @@ impl Router {
         let topic = self.topic(&change.table);
         let key = self.key(change);
         let partition_hint = key.is_none().then(|| fnv1a(event.logical_id.as_bytes()));
+        if event.data_only && self.mode == CloudEventsMode::Structured {
+            return Err(SinkError::Definite(
+                "an event encoded for binary mode reached a structured-mode router".into(),
+            ));
+        }
         let mut out = Vec::with_capacity(event.messages.len());
+        let logical_id = event.logical_id;
         for message in event.messages {
             let (headers, payload) = match self.mode {
+                CloudEventsMode::Binary if event.data_only => (
+                    binary_headers(&BinaryAttributes {
+                        id: &message.id,
+                        logical_id: &logical_id,
+                        time: &crate::event::format_time(change.commit_time),
+                        operation: change.operation.as_str(),
+                        segment_index: message.segment_index,
+                        final_segment: message.final_segment,
+                        content_type: self.encoding.content_type(),
+                    }),
+                    message.bytes,
+                ),
                 CloudEventsMode::Structured => {
                     let content_type = match self.encoding {
                         Encoding::Json => STRUCTURED_JSON_CONTENT_TYPE,
@@ -361,26 +385,60 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// CloudEvents Kafka binding, binary mode: each attribute as a `ce_` header,
-/// `datacontenttype` as `content-type`, and `data` as the value.
+/// The attributes a binary-mode message carries as headers.
+struct BinaryAttributes<'a> {
+    id: &'a uuid::Uuid,
+    logical_id: &'a str,
+    time: &'a str,
+    operation: &'a str,
+    segment_index: u32,
+    final_segment: bool,
+    content_type: &'a str,
+}
+
+/// CloudEvents Kafka binding, binary mode: each attribute as a `ce_` header and
+/// `datacontenttype` as `content-type` (the value is `data`).
+fn binary_headers(a: &BinaryAttributes<'_>) -> Headers {
+    let mut id = uuid::Uuid::encode_buffer();
+    [
+        ("ce_specversion", crate::event::SPEC_VERSION),
+        ("ce_type", crate::event::EVENT_TYPE),
+        ("ce_source", crate::event::EVENT_SOURCE),
+        ("ce_id", a.id.hyphenated().encode_lower(&mut id)),
+        ("ce_time", a.time),
+        ("ce_logicalid", a.logical_id),
+        ("ce_operation", a.operation),
+        (
+            "ce_segmentindex",
+            itoa::Buffer::new().format(a.segment_index),
+        ),
+        (
+            "ce_finalsegment",
+            if a.final_segment { "true" } else { "false" },
+        ),
+        ("content-type", a.content_type),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value.as_bytes().to_vec()))
+    .collect()
+}
+
+/// Binary mode for a whole structured message (a segment of a large event): its
+/// attributes read back from it.
 fn binary_mode(message: &[u8], encoding: Encoding) -> Result<(Headers, Vec<u8>), SinkError> {
     let event = decode_message(message, encoding)
         .map_err(|e| SinkError::Definite(format!("message {e}")))?;
-    let headers = [
-        ("ce_specversion", event.specversion),
-        ("ce_type", event.event_type),
-        ("ce_source", event.source),
-        ("ce_id", event.id),
-        ("ce_time", event.time),
-        ("ce_logicalid", event.logicalid),
-        ("ce_operation", event.operation),
-        ("ce_segmentindex", event.segmentindex.to_string()),
-        ("ce_finalsegment", event.finalsegment.to_string()),
-        ("content-type", event.datacontenttype),
-    ]
-    .into_iter()
-    .map(|(name, value)| (name.to_owned(), value.into_bytes()))
-    .collect();
+    let id = uuid::Uuid::parse_str(&event.id)
+        .map_err(|e| SinkError::Definite(format!("message id {}: {e}", event.id)))?;
+    let headers = binary_headers(&BinaryAttributes {
+        id: &id,
+        logical_id: &event.logicalid,
+        time: &event.time,
+        operation: &event.operation,
+        segment_index: event.segmentindex,
+        final_segment: event.finalsegment,
+        content_type: &event.datacontenttype,
+    });
     Ok((headers, event.data))
 }
 

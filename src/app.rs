@@ -89,12 +89,23 @@ pub async fn run(
         Some(p) => p.sink_length.map_or(Resume::Unknown, Resume::At),
     };
     let summary = match config.source.kind {
+        SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
+            tracing::info!(
+                transaction_rows = config.source.synthetic.transaction_rows,
+                "source: synthetic large transactions (generated as read, not a database)"
+            );
+            let poller = Poller::new(bulk_source(&config), poller_config, position);
+            drive(&config, poller, store, shutdown, until_idle, resume, &metrics).await?
+        }
         SourceKind::Synthetic => {
             tracing::info!(
                 seed = config.source.synthetic.seed,
                 "source: the synthetic workload (generated changes, not a database)"
             );
-            let source = synthetic_source(&config);
+            let mut source = synthetic_source(&config);
+            if let Some(position) = &position {
+                source.resume_from(position);
+            }
             let poller = Poller::new(source, poller_config, position);
             drive(
                 &config, poller, store, shutdown, until_idle, resume, &metrics,
@@ -148,6 +159,17 @@ pub fn synthetic_source(config: &Config) -> SyntheticSource {
         rate_per_second: (s.rate_per_second > 0.0).then_some(s.rate_per_second),
         large_value_every: s.large_value_every,
     })
+}
+
+/// The large-transaction workload of `[source.synthetic] transaction_rows`.
+pub fn bulk_source(config: &Config) -> crate::source::sim::bulk::BulkSource {
+    let s = &config.source.synthetic;
+    let transactions = if s.transactions == 0 {
+        u64::MAX
+    } else {
+        s.transactions
+    };
+    crate::source::sim::bulk::BulkSource::new(s.seed, transactions, s.transaction_rows)
 }
 
 /// How to reach SQL Server (the secret read now, kept out of every log).

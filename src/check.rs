@@ -144,6 +144,10 @@ impl Report {
 /// destination.
 pub async fn check(config: &Config) -> Report {
     match config.source.kind {
+        SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
+            let mut source = crate::app::bulk_source(config);
+            check_with(config, &mut source, "synthetic large transactions").await
+        }
         SourceKind::Synthetic => {
             let mut source = crate::app::synthetic_source(config);
             check_with(config, &mut source, "synthetic source (a simulated server)").await

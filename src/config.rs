@@ -228,6 +228,11 @@ pub struct SyntheticSettings {
     /// One transaction in this many carries a 300 KB value (segmentation); 0 never.
     #[serde(default)]
     pub large_value_every: u64,
+    /// When set, the workload is `transactions` transactions of this many inserts each
+    /// into one table, generated as they are read (large transactions in bounded
+    /// memory); 0 (default) for the mixed three-table workload.
+    #[serde(default)]
+    pub transaction_rows: u64,
 }
 
 impl Default for SyntheticSettings {
@@ -237,6 +242,7 @@ impl Default for SyntheticSettings {
             transactions: default_transactions(),
             rate_per_second: 0.0,
             large_value_every: 0,
+            transaction_rows: 0,
         }
     }
 }

@@ -14,6 +14,11 @@ use mssql_ces::sink::SinkError;
 use mssql_ces::sink::event_hubs_amqp::outcome::OutcomeLayer;
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc: per-thread heaps without glibc's arena locks, and freed memory reused
+/// rather than kept per arena (measured in the README's performance section).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// SQL Server CDC to Change Event Streaming (CES) events, delivered to Kafka or Azure
 /// Event Hubs.
 #[derive(Debug, Parser)]

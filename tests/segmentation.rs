@@ -243,9 +243,16 @@ fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bo
         .encode(change)
         .expect("encodes");
     prop_assert!(!structured.data_only);
-    let parts = Encoder::new(options).data_only(true).encode(change).expect("encodes");
+    let parts = Encoder::new(options)
+        .data_only(true)
+        .encode(change)
+        .expect("encodes");
     let fast = parts.data_only;
-    prop_assert_eq!(fast, structured.messages.len() == 1, "data alone exactly when one message");
+    prop_assert_eq!(
+        fast,
+        structured.messages.len() == 1,
+        "data alone exactly when one message"
+    );
     let from_whole = router.route(change, structured).expect("routes");
     let from_parts = router.route(change, parts).expect("routes");
     prop_assert_eq!(from_whole, from_parts);

@@ -779,20 +779,22 @@ impl KafkaSink {
                 value: Some(value),
             });
         }
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&message.topic)
+            .payload(message.payload.as_slice())
+            .headers(headers);
+        if let Some(key) = &message.key {
+            record = record.key(key.as_slice());
+        }
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
         loop {
-            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&message.topic)
-                .payload(message.payload.as_slice())
-                .headers(headers.clone());
-            if let Some(key) = &message.key {
-                record = record.key(key.as_slice());
-            }
-            if let Some(partition) = partition {
-                record = record.partition(partition);
-            }
             match self.producer.send_result(record) {
                 Ok(future) => return Ok(Delivery::Kafka(future)),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    // Backpressure: wait for the queue to drain a little.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // Backpressure: wait for the queue to drain a little, then offer
+                    // the same record again.
+                    record = back;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err((e, _)) => return Err(delivery_error(&e)),

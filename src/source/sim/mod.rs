@@ -46,6 +46,7 @@
 //! [`CdcSimulator`] is a cheap handle (`Clone`) to shared state, so a test can change
 //! the database while a poller reads it.
 
+pub mod bulk;
 pub mod synthetic;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};

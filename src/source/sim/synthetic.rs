@@ -65,6 +65,14 @@ impl SplitMix64 {
     }
 }
 
+/// Transactions generated per call at most: what the simulator holds unread, so an
+/// unpaced stream's memory stays small (and its polls keep coming).
+const GENERATED_PER_CALL: u64 = 1_000;
+
+/// Customers, and orders, that the workload keeps at most (each order has up to a
+/// few lines): the simulated tables' size, whatever the stream's length.
+const LIVE_ROWS: usize = 10_000;
+
 const CUSTOMERS: &str = "dbo.customers";
 const ORDERS: &str = "dbo.orders";
 const LINES: &str = "sales.order details";
@@ -80,6 +88,9 @@ pub struct SyntheticSource {
     orders: Vec<(i64, u32)>,
     next_customer: i32,
     next_order: i64,
+    /// Resuming: the history up to a checkpoint's last event is generated first, in
+    /// one go (rows below the second LSN, all delivered, dropped as it goes).
+    catch_up: Option<(Lsn, Lsn)>,
 }
 
 impl SyntheticSource {
@@ -154,6 +165,7 @@ impl SyntheticSource {
             orders: Vec::new(),
             next_customer: 1,
             next_order: 1,
+            catch_up: None,
         }
     }
 
@@ -167,15 +179,35 @@ impl SyntheticSource {
         &self.sim
     }
 
+    /// Makes the first poll see the history up to `position` at once. Without it the
+    /// per-call bound would hand a resumed poller history it has already delivered,
+    /// which looks like nothing new (and stops an `--until-idle` run early).
+    pub fn resume_from(&mut self, position: &crate::source::poller::Position) {
+        let target = position.last_event.map(|e| e.commit_lsn);
+        let delivered = position.instances.values().min().copied();
+        self.catch_up = target.map(|t| (t, delivered.unwrap_or(Lsn::ZERO)));
+    }
+
     /// Generates the transactions due by now.
     fn advance(&mut self) -> Result<(), SourceError> {
+        if let Some((target, delivered)) = self.catch_up.take() {
+            let total = self.config.transactions.unwrap_or(u64::MAX);
+            while self.generated < total && self.sim.current_max_lsn().is_none_or(|m| m < target) {
+                self.generate_one()?;
+                if self.generated.is_multiple_of(GENERATED_PER_CALL) {
+                    self.sim.forget_below(delivered);
+                }
+            }
+            self.sim.forget_below(delivered);
+            // And the usual amount past it, so the first poll finds something new.
+        }
         let due = match self.config.rate_per_second {
             Some(rate) => (self.started.elapsed().as_secs_f64() * rate) as u64,
             None => u64::MAX,
         };
         let target = due.min(self.config.transactions.unwrap_or(u64::MAX));
         // Bound the work of one call so an endless, unpaced stream still polls.
-        let target = target.min(self.generated + 10_000);
+        let target = target.min(self.generated + GENERATED_PER_CALL);
         while self.generated < target {
             self.generate_one()?;
         }
@@ -201,6 +233,13 @@ impl SyntheticSource {
 
     fn statement(&mut self, txn: Transaction, large: bool) -> Transaction {
         let choice = if large { 1 } else { self.rng.below(10) };
+        // Bounded tables, so an endless stream runs in constant memory: at the cap,
+        // an insert becomes a delete (orders) or an update (customers).
+        let choice = match choice {
+            0..=1 if !large && self.orders.len() >= LIVE_ROWS => 4,
+            6.. if self.customers.len() >= LIVE_ROWS => 5,
+            other => other,
+        };
         match choice {
             0..=1 if !self.customers.is_empty() || large => self.insert_order(txn, large),
             2..=3 if !self.orders.is_empty() => {

@@ -13,7 +13,8 @@
 //! pipeline costs over the producer.
 //!
 //! Run: `cargo bench --bench pipeline` (`PIPELINE_BENCH_SECONDS`,
-//! `PIPELINE_BENCH_CASES=json-structured,avro-binary,…` to pick cases).
+//! `PIPELINE_BENCH_CASES=json-structured,avro-binary,…` to pick cases,
+//! `PIPELINE_BENCH_SIDES=c` to run some sides only, e.g. under a profiler).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -358,6 +359,9 @@ fn main() {
             .unwrap_or(5.0),
     );
     let wanted = std::env::var("PIPELINE_BENCH_CASES").ok();
+    let sides = std::env::var("PIPELINE_BENCH_SIDES").unwrap_or_else(|_| "abcde".into());
+    let side = |s: char| sides.contains(s);
+    let skipped = || Rate::new(0, 0, Duration::from_secs(1));
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("cannot start the runtime");
         return;
@@ -366,7 +370,11 @@ fn main() {
         "each side {:.0} s; Kafka: MockCluster, one broker, 4 partitions; sink defaults",
         seconds.as_secs_f64()
     );
-    let source = runtime.block_on(source_alone(seconds));
+    let source = if side('a') {
+        runtime.block_on(source_alone(seconds))
+    } else {
+        skipped()
+    };
     println!(
         "(a) synthetic source alone: {:.0} changes/s",
         source.per_second
@@ -397,7 +405,11 @@ fn main() {
         {
             continue;
         }
-        let encoded = encode_route(case, &changes, guid, seconds);
+        let encoded = if side('b') {
+            encode_route(case, &changes, guid, seconds)
+        } else {
+            skipped()
+        };
         // The bytes (e) sends: the pre-built changes, encoded and routed once.
         let encoder = Encoder::new(options(case.encoding)(guid));
         let router = router(case);
@@ -417,17 +429,29 @@ fn main() {
             }
             None => Rate::new(0, 0, Duration::from_secs(1)),
         };
-        let raw = measure(&|s| runtime.block_on(raw(&messages, &s, seconds)));
-        let replay = measure(&|s| {
-            runtime.block_on(pipeline_replay(
-                case,
-                Arc::clone(&batches),
-                guid,
-                &s,
-                seconds,
-            ))
-        });
-        let e2e = measure(&|s| runtime.block_on(end_to_end(case, &s, seconds)));
+        let raw = if side('e') {
+            measure(&|s| runtime.block_on(raw(&messages, &s, seconds)))
+        } else {
+            skipped()
+        };
+        let replay = if side('c') {
+            measure(&|s| {
+                runtime.block_on(pipeline_replay(
+                    case,
+                    Arc::clone(&batches),
+                    guid,
+                    &s,
+                    seconds,
+                ))
+            })
+        } else {
+            skipped()
+        };
+        let e2e = if side('d') {
+            measure(&|s| runtime.block_on(end_to_end(case, &s, seconds)))
+        } else {
+            skipped()
+        };
         let cell = |r: &Rate| format!("{:.0}/s {:.0} MiB/s", r.per_second, r.mib_per_second);
         println!(
             "{:<16} {:>22} {:>22} {:>22} {:>22} {:>6.2} {:>6.2}",

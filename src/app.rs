@@ -95,7 +95,10 @@ pub async fn run(
                 "source: synthetic large transactions (generated as read, not a database)"
             );
             let poller = Poller::new(bulk_source(&config), poller_config, position);
-            drive(&config, poller, store, shutdown, until_idle, resume, &metrics).await?
+            drive(
+                &config, poller, store, shutdown, until_idle, resume, &metrics,
+            )
+            .await?
         }
         SourceKind::Synthetic => {
             tracing::info!(

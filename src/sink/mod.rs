@@ -371,6 +371,10 @@ impl Router {
 
 /// A topic template with `{db}`, `{schema}` and `{tbl}` replaced.
 pub fn expand_topic(template: &str, database: &str, schema: &str, table: &str) -> String {
+    if !template.contains('{') {
+        // A fixed topic (the common case): no search per event.
+        return template.to_owned();
+    }
     template
         .replace("{db}", database)
         .replace("{schema}", schema)

@@ -270,6 +270,21 @@ pub struct Poller<S> {
     catalog_changes_in_a_row: u32,
 }
 
+/// What the stream has read, summarized without allocating: instance LSNs only rise,
+/// and an instance added, removed or re-created changes the count or the sums.
+fn progress(p: &Position) -> (Option<EventPosition>, usize, u128, i64) {
+    (
+        p.last_event,
+        p.instances.len(),
+        p.instances
+            .values()
+            .fold(0u128, |sum, lsn| sum.wrapping_add(lsn.to_u128())),
+        p.change_tables
+            .values()
+            .fold(0i64, |sum, &id| sum.wrapping_add(i64::from(id))),
+    )
+}
+
 /// After this many `CatalogChanged` errors in a row, each after a fresh catalog, the
 /// error is not the catalog moving but a defect: it stops the run instead.
 const CATALOG_CHANGED_LIMIT: u32 = 5;
@@ -360,7 +375,8 @@ impl<S: ChangeSource> Poller<S> {
     async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
         if self.iteration.is_none() {
             // Progress is what the stream has read; recording the identity is not.
-            let progress = |p: &Position| (p.last_event, p.instances.clone());
+            // Compared by a summary, not a copy: an idle poll with a thousand capture
+            // instances would otherwise copy the map twice.
             let before = progress(&self.position);
             if !self.start_iteration().await? {
                 return Ok(if progress(&self.position) != before {
@@ -716,17 +732,19 @@ impl<S: ChangeSource> Poller<S> {
             }
             return Ok(false);
         }
+        let new_instance = || {
+            self.tracked
+                .iter()
+                .any(|t| !self.position.instances.contains_key(&t.instance.name))
+        };
+        // The idle poll's test first, and one pass over the instances only.
+        if self.done_through.is_some_and(|done| max_lsn <= done) && !new_instance() {
+            return Ok(false);
+        }
         let known_instances = self
             .tracked
             .iter()
             .any(|t| self.position.instances.contains_key(&t.instance.name));
-        let new_instance = self
-            .tracked
-            .iter()
-            .any(|t| !self.position.instances.contains_key(&t.instance.name));
-        if self.done_through.is_some_and(|done| max_lsn <= done) && !new_instance {
-            return Ok(false);
-        }
         let first_run = !known_instances && self.position.last_event.is_none();
         if first_run
             && self.config.start_position == StartPosition::Latest

@@ -295,15 +295,26 @@ async fn pipeline_replay(
         guid,
         until: Instant::now() + seconds,
     };
+    run_pipeline(replay, case, sink, true, CancellationToken::new()).await
+}
+
+/// The pipeline from `source` into `sink`, timed from the start to its end.
+async fn run_pipeline<B: BatchSource>(
+    source: B,
+    case: Case,
+    sink: KafkaSink,
+    until_idle: bool,
+    stop: CancellationToken,
+) -> Rate {
     let started = Instant::now();
     let summary = pipeline::run(
-        replay,
+        source,
         Box::new(options(case.encoding)),
         router(case),
         Sink::Kafka(sink),
         CheckpointStore::Memory(MemoryStore::default()),
-        pipeline_settings(true),
-        CancellationToken::new(),
+        pipeline_settings(until_idle),
+        stop,
     )
     .await;
     match summary {
@@ -331,24 +342,7 @@ async fn end_to_end(case: Case, settings: &KafkaSettings, seconds: Duration) -> 
         tokio::time::sleep(seconds).await;
         timer.cancel();
     });
-    let started = Instant::now();
-    let summary = pipeline::run(
-        poller,
-        Box::new(options(case.encoding)),
-        router(case),
-        Sink::Kafka(sink),
-        CheckpointStore::Memory(MemoryStore::default()),
-        pipeline_settings(false),
-        stop,
-    )
-    .await;
-    match summary {
-        Ok(s) => Rate::new(s.messages, s.bytes, started.elapsed()),
-        Err(e) => {
-            eprintln!("pipeline failed: {e}");
-            Rate::new(0, 0, Duration::from_secs(1))
-        }
-    }
+    run_pipeline(poller, case, sink, false, stop).await
 }
 
 fn main() {

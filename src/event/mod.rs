@@ -444,12 +444,7 @@ impl Encoder {
                 if value_bytes > limit {
                     let data = json::data_text(change, &time, final_event);
                     let messages = segment::split_json(&fields, &data, limit, id_for)?;
-                    return Ok(EncodedEvent {
-                        logical_id,
-                        messages,
-                        truncated_values,
-                        data_only: false,
-                    });
+                    return Ok(Self::segmented(logical_id, messages, truncated_values));
                 }
                 if self.data_only {
                     let data = json::data_text(change, &time, final_event);
@@ -464,12 +459,7 @@ impl Encoder {
                         ));
                     }
                     let messages = segment::split_json(&fields, &data, limit, id_for)?;
-                    return Ok(EncodedEvent {
-                        logical_id,
-                        messages,
-                        truncated_values,
-                        data_only: false,
-                    });
+                    return Ok(Self::segmented(logical_id, messages, truncated_values));
                 }
                 json::single_message(&fields, &first_id, change, final_event)
             }
@@ -478,12 +468,7 @@ impl Encoder {
                 let whole = avro::envelope(&fields, &first_id, 0, true, &data)?;
                 if whole.len() > limit {
                     let messages = segment::split_avro(&fields, &data, limit, id_for)?;
-                    return Ok(EncodedEvent {
-                        logical_id,
-                        messages,
-                        truncated_values,
-                        data_only: false,
-                    });
+                    return Ok(Self::segmented(logical_id, messages, truncated_values));
                 }
                 if self.data_only {
                     return Ok(Self::only_data(
@@ -509,12 +494,21 @@ impl Encoder {
             let data = json::data_text(change, &time, final_event);
             segment::split_json(&fields, &data, limit, id_for)?
         };
-        Ok(EncodedEvent {
+        Ok(Self::segmented(logical_id, messages, truncated_values))
+    }
+
+    /// Whole structured messages (one, or the segments).
+    fn segmented(
+        logical_id: String,
+        messages: Vec<Message>,
+        truncated_values: usize,
+    ) -> EncodedEvent {
+        EncodedEvent {
             logical_id,
             messages,
             truncated_values,
             data_only: false,
-        })
+        }
     }
 
     fn only_data(

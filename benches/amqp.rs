@@ -50,7 +50,7 @@ fn messages() -> Vec<OutgoingMessage> {
                 key: Some(key.into_bytes()),
                 partition_hint: None,
                 headers: vec![(
-                    "content-type".into(),
+                    "content-type",
                     b"application/cloudevents+json; charset=UTF-8".to_vec(),
                 )],
                 payload,

@@ -173,7 +173,7 @@ pub const STRUCTURED_JSON_CONTENT_TYPE: &str = "application/cloudevents+json; ch
 pub const STRUCTURED_AVRO_CONTENT_TYPE: &str = "application/vnd.mssql-ces.changeevent+avro";
 
 /// Message headers: name and value.
-pub type Headers = Vec<(String, Vec<u8>)>;
+pub type Headers = Vec<(&'static str, Vec<u8>)>;
 
 /// One message for the destination.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -351,7 +351,7 @@ impl Router {
                         Encoding::Avro => STRUCTURED_AVRO_CONTENT_TYPE,
                     };
                     (
-                        vec![("content-type".to_owned(), content_type.as_bytes().to_vec())],
+                        vec![("content-type", content_type.as_bytes().to_vec())],
                         message.bytes,
                     )
                 }
@@ -423,7 +423,7 @@ fn binary_headers(a: &BinaryAttributes<'_>) -> Headers {
         ("content-type", a.content_type),
     ]
     .into_iter()
-    .map(|(name, value)| (name.to_owned(), value.as_bytes().to_vec()))
+    .map(|(name, value)| (name, value.as_bytes().to_vec()))
     .collect()
 }
 

@@ -72,7 +72,7 @@ pub fn message(key: &str, payload: Vec<u8>) -> OutgoingMessage {
         key: Some(key.as_bytes().to_vec()),
         partition_hint: None,
         headers: vec![(
-            "content-type".into(),
+            "content-type",
             b"application/cloudevents+json; charset=UTF-8".to_vec(),
         )],
         payload,
@@ -228,7 +228,7 @@ pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
             let content_type = m
                 .headers
                 .iter()
-                .find(|(k, _)| k == "content-type")
+                .find(|(k, _)| *k == "content-type")
                 .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
             assert_eq!(a.content_type, content_type);
             for (header, value) in &m.headers {

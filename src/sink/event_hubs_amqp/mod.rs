@@ -318,7 +318,7 @@ impl EventHubsAmqpSink {
             let text = String::from_utf8_lossy(value).into_owned();
             match property_name(name) {
                 Some(property) => builder = builder.add_property(property, text.as_str()),
-                None if name == "content-type" => builder = builder.with_content_type(text),
+                None if *name == "content-type" => builder = builder.with_content_type(text),
                 None => {}
             }
         }

@@ -208,8 +208,8 @@ async fn source_alone(seconds: Duration) -> Rate {
 
 /// (b) encode + route, cycling over `changes`; counts messages.
 fn encode_route(case: Case, changes: &[&Change], guid: uuid::Uuid, seconds: Duration) -> Rate {
-    let encoder = Encoder::new(options(case.encoding)(guid));
     let router = router(case);
+    let encoder = Encoder::new(options(case.encoding)(guid)).data_only(router.binary());
     let started = Instant::now();
     let (mut messages, mut bytes) = (0u64, 0u64);
     'outer: loop {
@@ -405,8 +405,8 @@ fn main() {
             skipped()
         };
         // The bytes (e) sends: the pre-built changes, encoded and routed once.
-        let encoder = Encoder::new(options(case.encoding)(guid));
         let router = router(case);
+        let encoder = Encoder::new(options(case.encoding)(guid)).data_only(router.binary());
         let messages: Vec<OutgoingMessage> = changes
             .iter()
             .filter_map(|c| {

@@ -247,6 +247,18 @@ mod tests {
             }
         }
         assert_eq!(seen.len(), 75);
+        // The columns' positions in the table (`cols[].index`), and an LSN past the
+        // last transaction belongs to none.
+        let mut source = BulkSource::new(1, 3, 25);
+        let catalog = source.catalog().await.expect("catalog");
+        let indexes: Vec<Option<u32>> = catalog.instances[0]
+            .columns
+            .iter()
+            .map(|c| c.table_index)
+            .collect();
+        assert_eq!(indexes, [Some(0), Some(1)]);
+        assert_eq!(source.transaction_at(BulkSource::commit_lsn(3)), None);
+        assert_eq!(source.transaction_at(BulkSource::commit_lsn(2)), Some(2));
         for (i, (id, sequence, last)) in seen.iter().enumerate() {
             let (t, k) = (i as u64 / 25, i as u64 % 25 + 1);
             assert_eq!(*id, (t * 25 + k) as i64);

@@ -817,9 +817,7 @@ async fn check_destination(report: &mut Report, config: &Config, state: Option<&
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                 _ => std::path::PathBuf::from("."),
             };
-            let probe = dir.join(format!(".mssql-ces-check-{}", std::process::id()));
-            let writable = std::fs::File::create(&probe).and_then(|_| std::fs::remove_file(&probe));
-            match writable {
+            match crate::checkpoint::file::probe_writable(&dir) {
                 Ok(()) => report.pass("destination", format!("file {}", c.path.display())),
                 Err(e) => report.fail(
                     "destination",

@@ -16,6 +16,17 @@ use std::path::{Path, PathBuf};
 use super::{CheckpointError, parse, render};
 use crate::source::poller::Position;
 
+/// Creates and removes a file in `dir`: whether a file can be written there.
+pub fn probe_writable(dir: &Path) -> std::io::Result<()> {
+    let probe = dir.join(format!(".mssql-ces-check-{}", std::process::id()));
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)?;
+    fs::remove_file(&probe)
+}
+
 pub struct FileStore {
     path: PathBuf,
     stream_name: String,
@@ -101,16 +112,7 @@ impl FileStore {
 
     /// Creates and removes a file beside the checkpoint: what a write needs.
     pub fn check_writable(&self) -> Result<(), CheckpointError> {
-        let probe = self
-            .dir()
-            .join(format!(".mssql-ces-check-{}", std::process::id()));
-        OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&probe)
-            .map_err(|e| self.io(e))?;
-        fs::remove_file(&probe).map_err(|e| self.io(e))
+        probe_writable(&self.dir()).map_err(|e| self.io(e))
     }
 
     pub fn save(&self, position: &Position) -> Result<(), CheckpointError> {

@@ -48,8 +48,7 @@ impl SinkHealth {
     pub fn new(watched: bool) -> std::sync::Arc<Self> {
         std::sync::Arc::new(SinkHealth {
             watched,
-            connected: std::sync::atomic::AtomicBool::new(false),
-            retries: std::sync::atomic::AtomicU64::new(0),
+            ..SinkHealth::default()
         })
     }
 

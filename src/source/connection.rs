@@ -89,7 +89,7 @@ pub const TRANSIENT_ERRORS: &[u32] = &[
 
 /// Permission errors: 229/230 permission denied on an object or column, 262 permission
 /// denied in database, 297/300 a missing server permission, 916 no access to database.
-const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916];
+pub(crate) const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916];
 
 /// A failed query: what to do about it, and the server's error number if it sent one.
 #[derive(Debug, Clone, PartialEq, Eq)]

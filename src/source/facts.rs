@@ -6,15 +6,17 @@
 //! connection fails the whole read.
 
 use crate::source::catalog::{NamedRow, null};
-use crate::source::connection::{SqlConnection, SqlError};
+use crate::source::connection::{PERMISSION_ERRORS, SqlConnection, SqlError};
 use crate::source::decode::DecodeError;
 use crate::source::queries;
 use crate::source::{AZURE_SQL_DATABASE_EDITION, CdcJob, Fact, LogScan, ServerFacts, SourceError};
 
-/// Server errors that mean "not allowed here" or "not on this edition": 208 no such
-/// object, 229/230 permission denied, 262 permission denied in the database, 297/300
-/// a missing server or database permission, 916 no access to `msdb`.
-const NOT_VISIBLE: &[u32] = &[208, 229, 230, 262, 297, 300, 916];
+/// Server errors that mean "not allowed here" or "not on this edition": a
+/// permission error ([`PERMISSION_ERRORS`], 916 being no access to `msdb`), or 208, no
+/// such object.
+fn not_visible(code: u32) -> bool {
+    code == 208 || PERMISSION_ERRORS.contains(&code)
+}
 
 fn unexpected(error: DecodeError) -> SourceError {
     SourceError::Definite {
@@ -32,7 +34,7 @@ async fn optional(
         Ok(rows) => Ok(Ok(rows.into_iter().map(NamedRow::new).collect())),
         Err(SqlError {
             code: Some(code), ..
-        }) if NOT_VISIBLE.contains(&code) => Ok(Err(format!("{needs} (error {code})"))),
+        }) if not_visible(code) => Ok(Err(format!("{needs} (error {code})"))),
         Err(e) => Err(e.error),
     }
 }

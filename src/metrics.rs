@@ -137,8 +137,8 @@ impl Metrics {
             "Start time of the process since the Unix epoch, in seconds",
             start_time,
         );
-        let metrics = Metrics {
-            registry: Registry::default(),
+        let mut metrics = Metrics {
+            registry,
             events: Family::default(),
             messages: Family::default(),
             bytes: Family::default(),
@@ -179,7 +179,7 @@ impl Metrics {
                 sink: None,
             }),
         };
-        let ours = registry.sub_registry_with_prefix("mssql_ces");
+        let ours = metrics.registry.sub_registry_with_prefix("mssql_ces");
         let build = Family::<BuildInfo, Gauge>::default();
         build
             .get_or_create(&BuildInfo {
@@ -276,10 +276,7 @@ impl Metrics {
             "Batches sent and not yet acknowledged",
             metrics.batches_in_flight.clone(),
         );
-        Metrics {
-            registry,
-            ..metrics
-        }
+        metrics
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, RunState> {

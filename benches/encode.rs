@@ -86,6 +86,7 @@ fn change(operation: Operation, notes: Value) -> Change {
         commit_time: Utc::now(),
         old: Some(row(notes.clone())),
         current: Some(row(notes)),
+        origin: mssql_ces::event::Origin::Cdc,
     }
 }
 

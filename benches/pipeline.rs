@@ -51,6 +51,7 @@ fn synthetic(transactions: Option<u64>) -> SyntheticConfig {
         transactions,
         rate_per_second: None,
         large_value_every: 0,
+        existing_rows: 0,
     }
 }
 

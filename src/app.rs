@@ -12,6 +12,7 @@ use crate::pipeline::{self, PipelineError, PipelineSettings, RunSummary};
 use crate::sink::stream::Resume;
 use crate::sink::{Router, SinkError, SinkHealth};
 use crate::source::ChangeSource;
+use crate::source::load::SnapshotMode;
 use crate::source::poller::{Poller, Position, StartPosition};
 use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use crate::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
@@ -161,6 +162,7 @@ pub fn synthetic_source(config: &Config) -> SyntheticSource {
         transactions: (s.transactions > 0).then_some(s.transactions),
         rate_per_second: (s.rate_per_second > 0.0).then_some(s.rate_per_second),
         large_value_every: s.large_value_every,
+        existing_rows: s.existing_rows,
     })
 }
 
@@ -192,7 +194,7 @@ pub fn sql_server_settings(config: &Config) -> Result<SqlServerConfig, ConfigErr
 
 async fn drive<S: ChangeSource + 'static>(
     config: &Config,
-    poller: Poller<S>,
+    mut poller: Poller<S>,
     mut store: CheckpointStore,
     shutdown: CancellationToken,
     until_idle: bool,
@@ -206,14 +208,23 @@ async fn drive<S: ChangeSource + 'static>(
         .kind
         .build(&config.sink.routing, &config.event, resume, health)
         .await?;
-    // Before the file's first line: a crash before the first real checkpoint must
-    // still find one that says the file was empty. Not with "latest": a restart would
-    // start later than the lines it cut, so there the restart refuses the non-empty
-    // file instead of losing them.
-    if matches!(config.sink.kind, SinkConfig::File(_))
-        && resume == Resume::Fresh
-        && config.source.start_position == StartPosition::Earliest
-    {
+    let fresh_file = matches!(config.sink.kind, SinkConfig::File(_)) && resume == Resume::Fresh;
+    if poller.needs_plan() {
+        // The load's LSN goes into the checkpoint before any row is sent: a restart
+        // resumes this load (same LSN, same message ids) instead of planning another.
+        if !plan_load(&mut poller, &shutdown).await? {
+            return Ok(RunSummary::default());
+        }
+        let mut planned = poller.position().clone();
+        if fresh_file {
+            planned.sink_length = Some(0);
+        }
+        store.save(&planned).await?;
+    } else if fresh_file && config.source.start_position == StartPosition::Earliest {
+        // Before the file's first line: a crash before the first real checkpoint must
+        // still find one that says the file was empty. Not with "latest": a restart
+        // would start later than the lines it cut, so there the restart refuses the
+        // non-empty file instead of losing them.
         store
             .save(&Position {
                 sink_length: Some(0),
@@ -245,11 +256,36 @@ async fn drive<S: ChangeSource + 'static>(
         poll_interval: config.source.poll_interval,
         checkpoint_interval: config.checkpoint.interval,
         drain_timeout: config.shutdown.drain_timeout,
-        until_idle,
+        // initial_only: the run ends once the load is delivered.
+        until_idle: until_idle || config.snapshot.mode == SnapshotMode::InitialOnly,
         metrics: std::sync::Arc::clone(metrics),
     };
     Ok(pipeline::run(
         poller, factory, router, built.sink, store, settings, shutdown,
     )
     .await?)
+}
+
+/// Plans the initial load, retrying what can pass (a pending capture instance, a
+/// dropped connection) with backoff. False when stopped meanwhile.
+async fn plan_load<S: ChangeSource>(
+    poller: &mut Poller<S>,
+    shutdown: &CancellationToken,
+) -> Result<bool, RunError> {
+    let mut wait = std::time::Duration::from_millis(500);
+    loop {
+        match poller.plan_load().await {
+            Ok(true) => return Ok(true),
+            Ok(false) => {}
+            Err(e) if e.is_transient() => {
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "planning the initial load failed; retrying");
+            }
+            Err(e) => return Err(RunError::Pipeline(PipelineError::Source(e))),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(false),
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(std::time::Duration::from_secs(30));
+    }
 }

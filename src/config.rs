@@ -23,6 +23,7 @@ pub use crate::sink::event_hubs_amqp::config::{EntraCredentialKind, EventHubsAmq
 pub use crate::sink::kafka::{Compression, KafkaSinkConfig, Partitioner};
 pub use crate::sink::stream::{FileSinkConfig, StdoutSinkConfig};
 use crate::source::filter::TableFilter;
+use crate::source::load::SnapshotMode;
 use crate::source::poller::{GapPolicy, PollerConfig, StartPosition};
 use crate::source::timezone::TimeZoneSetting;
 
@@ -233,6 +234,10 @@ pub struct SyntheticSettings {
     /// memory); 0 (default) for the mixed three-table workload.
     #[serde(default)]
     pub transaction_rows: u64,
+    /// Rows of `dbo.products`, a table that held them before CDC was enabled and that
+    /// the workload never changes, for trying `[snapshot]`; 0 (default) for none.
+    #[serde(default)]
+    pub existing_rows: u64,
 }
 
 impl Default for SyntheticSettings {
@@ -243,6 +248,7 @@ impl Default for SyntheticSettings {
             rate_per_second: 0.0,
             large_value_every: 0,
             transaction_rows: 0,
+            existing_rows: 0,
         }
     }
 }
@@ -509,7 +515,33 @@ pub struct Config {
     pub log: LogSettings,
     #[serde(default)]
     pub metrics: MetricsSettings,
+    #[serde(default)]
+    pub snapshot: SnapshotSettings,
 }
+
+/// `[snapshot]`: the initial load of the rows tables already hold.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotSettings {
+    /// `"never"` (default), `"initial"`, `"initial_only"` or `"when_needed"`.
+    #[serde(default)]
+    pub mode: SnapshotMode,
+    /// Rows per chunk: one statement and one batch (default 1000, 1 to 100000).
+    #[serde(default = "default_page_size")]
+    pub chunk_size: usize,
+}
+
+impl Default for SnapshotSettings {
+    fn default() -> Self {
+        SnapshotSettings {
+            mode: SnapshotMode::Never,
+            chunk_size: default_page_size(),
+        }
+    }
+}
+
+/// Largest `snapshot.chunk_size`: a chunk is held in memory and sent as one batch.
+pub const MAX_LOAD_CHUNK: usize = 100_000;
 
 /// `[metrics]`: Prometheus metrics and health probes over HTTP.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -694,6 +726,15 @@ impl Config {
         if self.source.batch_size == 0 {
             return Err(invalid("source.batch_size", "must be at least 1"));
         }
+        if !(1..=MAX_LOAD_CHUNK).contains(&self.snapshot.chunk_size) {
+            return Err(invalid(
+                "snapshot.chunk_size",
+                format!(
+                    "{} is outside 1 to {MAX_LOAD_CHUNK} (rows per statement and batch; the default is 1000)",
+                    self.snapshot.chunk_size
+                ),
+            ));
+        }
         if self.source.kind == SourceKind::Sqlserver {
             let c = &self.source.connection_string;
             if c.env.is_none() && c.file.is_none() {
@@ -742,6 +783,8 @@ impl Config {
             catalog_refresh: Duration::from_secs(s.catalog_refresh_s),
             stream_guid: self.event.stream_guid,
             unreadable_grace: s.unreadable_grace,
+            snapshot: self.snapshot.mode,
+            load_chunk: self.snapshot.chunk_size,
         })
     }
 }

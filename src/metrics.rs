@@ -58,6 +58,13 @@ struct Kind {
     kind: &'static str,
 }
 
+/// The `table` label of the load gauges.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Table {
+    /// `schema.table`.
+    table: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildInfo {
     version: &'static str,
@@ -86,6 +93,10 @@ pub struct Metrics {
     checkpoint_writes: Counter,
     capture_instances: Gauge,
     batches_in_flight: Gauge,
+    load_rows: Family<Table, Gauge>,
+    load_rows_estimated: Family<Table, Gauge>,
+    load_rows_per_second: Family<Table, FloatGauge>,
+    load_tables: Gauge,
     stalled_after: Duration,
     state: Mutex<RunState>,
 }
@@ -160,6 +171,10 @@ impl Metrics {
             checkpoint_writes: Counter::default(),
             capture_instances: Gauge::default(),
             batches_in_flight: Gauge::default(),
+            load_rows: Family::default(),
+            load_rows_estimated: Family::default(),
+            load_rows_per_second: Family::default(),
+            load_tables: Gauge::default(),
             stalled_after,
             state: Mutex::new(RunState {
                 started: Instant::now(),
@@ -276,7 +291,55 @@ impl Metrics {
             "Batches sent and not yet acknowledged",
             metrics.batches_in_flight.clone(),
         );
+        ours.register(
+            "load_rows",
+            "Rows an unfinished initial load ([snapshot]) has sent, by table",
+            metrics.load_rows.clone(),
+        );
+        ours.register(
+            "load_rows_estimated",
+            "Rows of a table being loaded, as sys.partitions estimated them when its load began",
+            metrics.load_rows_estimated.clone(),
+        );
+        ours.register(
+            "load_rows_per_second",
+            "Rows per second of a table's load in this process",
+            metrics.load_rows_per_second.clone(),
+        );
+        ours.register(
+            "load_tables",
+            "Tables whose initial load has not finished (changes stream once it is 0)",
+            metrics.load_tables.clone(),
+        );
         metrics
+    }
+
+    /// The unfinished loads, after a poll: a finished table's series are removed.
+    pub fn set_loads(&self, loads: &[crate::source::load::LoadStatus]) {
+        let tables = i64::try_from(loads.len()).unwrap_or(i64::MAX);
+        if tables == 0 && self.load_tables.get() == 0 {
+            return;
+        }
+        self.load_tables.set(tables);
+        self.load_rows.clear();
+        self.load_rows_estimated.clear();
+        self.load_rows_per_second.clear();
+        for load in loads {
+            let table = Table {
+                table: load.table.clone(),
+            };
+            self.load_rows
+                .get_or_create(&table)
+                .set(i64::try_from(load.rows).unwrap_or(i64::MAX));
+            if let Some(estimated) = load.estimated {
+                self.load_rows_estimated
+                    .get_or_create(&table)
+                    .set(i64::try_from(estimated).unwrap_or(i64::MAX));
+            }
+            self.load_rows_per_second
+                .get_or_create(&table)
+                .set(load.rows_per_second);
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, RunState> {

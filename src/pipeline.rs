@@ -49,6 +49,10 @@ pub trait BatchSource: Send + 'static {
     fn stream_guid(&self) -> Option<uuid::Uuid>;
     /// Capture instances read (for the metrics).
     fn tracked_instances(&self) -> usize;
+    /// The initial loads not finished (for the metrics); none by default.
+    fn load_status(&self) -> Vec<crate::source::load::LoadStatus> {
+        Vec::new()
+    }
 }
 
 impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
@@ -62,6 +66,10 @@ impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
 
     fn tracked_instances(&self) -> usize {
         Poller::tracked_instances(self)
+    }
+
+    fn load_status(&self) -> Vec<crate::source::load::LoadStatus> {
+        Poller::load_status(self)
     }
 }
 
@@ -350,6 +358,7 @@ async fn poll_source<B: BatchSource>(
                     PollOutcome::Idle => None,
                 };
                 metrics.poll_finished(started.elapsed(), rows, poller.tracked_instances());
+                metrics.set_loads(&poller.load_status());
             }
             Err(e) => metrics.poll_failed(e),
         }

@@ -30,6 +30,7 @@ fn synthetic(transactions: u64) -> SyntheticConfig {
         transactions: Some(transactions),
         rate_per_second: None,
         large_value_every: 40,
+        existing_rows: 0,
     }
 }
 

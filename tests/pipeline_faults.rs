@@ -90,6 +90,17 @@ impl ChangeSource for Panicking {
     async fn lsn_time(&mut self, _: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
         panic!("the source broke")
     }
+    async fn table_rows(&mut self, _: &CaptureInstance) -> Result<Option<u64>, SourceError> {
+        panic!("the source broke")
+    }
+    async fn read_table(
+        &mut self,
+        _: &CaptureInstance,
+        _: mssql_ces::source::TableCursor<'_>,
+        _: usize,
+    ) -> Result<Vec<Vec<mssql_ces::event::Value>>, SourceError> {
+        panic!("the source broke")
+    }
 }
 
 fn synthetic(transactions: u64) -> SyntheticConfig {
@@ -98,6 +109,7 @@ fn synthetic(transactions: u64) -> SyntheticConfig {
         transactions: Some(transactions),
         rate_per_second: None,
         large_value_every: 0,
+        existing_rows: 0,
     }
 }
 

@@ -154,6 +154,7 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
             transactions: Some(4000),
             rate_per_second: None,
             large_value_every: 150,
+            existing_rows: 0,
         }));
     let consumed = consume_quietly(
         &bootstrap,
@@ -445,6 +446,7 @@ interval_ms = 30
             transactions: Some(3000),
             rate_per_second: None,
             large_value_every: 200,
+            existing_rows: 0,
         }));
     let text = std::fs::read_to_string(&out).expect("output");
     assert!(text.ends_with('\n'), "no torn last line");
@@ -576,6 +578,7 @@ fn a_standby_on_the_same_stream_waits_then_takes_over_and_nothing_is_lost() {
             transactions: Some(3000),
             rate_per_second: None,
             large_value_every: 0,
+            existing_rows: 0,
         }));
     let consumed = consume_quietly(
         &bootstrap,
@@ -706,6 +709,7 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
             transactions: Some(600),
             rate_per_second: None,
             large_value_every: 40,
+            existing_rows: 0,
         }));
     let output = Command::new(BINARY)
         .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])

@@ -174,6 +174,17 @@ mod tests {
             sink_length: Some(4096),
             source: None,
             switches: BTreeMap::new(),
+            loads: [(
+                "dbo_Items".to_string(),
+                crate::source::load::TableLoad {
+                    table: "dbo.Items".into(),
+                    at: Lsn::from_parts(0xB1, 0x8A0, 1),
+                    commit_time_ns: 1_786_120_000_123_000_000,
+                    after: Some(vec![Some("42".into()), None]),
+                    rows: 1000,
+                },
+            )]
+            .into(),
         }
     }
 

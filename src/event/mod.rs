@@ -227,6 +227,21 @@ pub struct Change {
     pub old: Option<Row>,
     /// After image: `None` for deletes.
     pub current: Option<Row>,
+    /// A change CDC recorded, or a row of an initial load.
+    pub origin: Origin,
+}
+
+/// Where an event comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// A change row of a capture instance.
+    #[default]
+    Cdc,
+    /// A row an initial load read from the table itself. Its message ids derive from
+    /// `id_seed` (a function of the stream, the load's LSN, the table and the row's
+    /// key), never from the sequence number, so they are distinct from every CDC
+    /// event's and the same whenever the same row is sent again.
+    Load { id_seed: Uuid },
 }
 
 impl Change {
@@ -418,13 +433,14 @@ impl Encoder {
             content_type: self.options.encoding.content_type(),
             operation: change.operation.as_str(),
         };
-        let id_for = |segment| {
-            message_id(
+        let id_for = |segment| match change.origin {
+            Origin::Cdc => message_id(
                 self.options.stream_guid,
                 change.commit_lsn,
                 change.sequence_number,
                 segment,
-            )
+            ),
+            Origin::Load { id_seed } => load_message_id(id_seed, segment),
         };
         let limit = self.options.max_message_size.bytes();
         let first_id = id_for(0);
@@ -531,6 +547,16 @@ impl Encoder {
     }
 }
 
+/// The message id of segment `segment` of a loaded row: UUID v5 of the row's id seed
+/// and the segment index under [`MESSAGE_ID_NAMESPACE`]. The name is 20 bytes where a
+/// CDC event's is 38, so no loaded row's id can equal a CDC event's.
+pub fn load_message_id(id_seed: Uuid, segment: u32) -> Uuid {
+    let mut name = [0u8; 16 + 4];
+    name[..16].copy_from_slice(id_seed.as_bytes());
+    name[16..].copy_from_slice(&segment.to_be_bytes());
+    Uuid::new_v5(&MESSAGE_ID_NAMESPACE, &name)
+}
+
 /// `<stream GUID>:<commit LSN, 20 hex>:<sequence number, 20 digits>`.
 pub fn logical_id(stream_guid: Uuid, commit_lsn: Lsn, sequence_number: u64) -> String {
     let mut out = String::with_capacity(36 + 1 + 20 + 1 + 20);
@@ -627,6 +653,7 @@ pub(crate) mod test_support {
                 + chrono::Duration::milliseconds(890),
             old: None,
             current: Some(row),
+            origin: Origin::Cdc,
         }
     }
 

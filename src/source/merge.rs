@@ -229,6 +229,7 @@ impl Sequencer {
             commit_time: self.zone.to_utc(end_time, offset),
             old,
             current,
+            origin: crate::event::Origin::Cdc,
         }
     }
 

@@ -17,6 +17,7 @@ pub mod connection;
 pub mod decode;
 pub mod facts;
 pub mod filter;
+pub mod load;
 pub mod merge;
 pub mod poller;
 pub mod queries;
@@ -380,6 +381,26 @@ pub trait ChangeSource: Send {
     /// [`Fact::Unknown`], saying which permission would show them.
     fn server_facts(&mut self) -> impl Future<Output = Result<ServerFacts, SourceError>> + Send;
 
+    /// The number of rows in `instance`'s source table as the server estimates it
+    /// (`sys.partitions`, no scan); `None` when it cannot tell.
+    fn table_rows(
+        &mut self,
+        instance: &CaptureInstance,
+    ) -> impl Future<Output = Result<Option<u64>, SourceError>> + Send;
+
+    /// Up to `limit` committed rows of `instance`'s source table, read without a
+    /// long transaction or table lock: a keyed table in the order of
+    /// [`CaptureInstance::key_columns`] (keyset pagination: each call is one statement
+    /// seeking past `cursor`), a table without a key as one ordered pass. Values are
+    /// in the order of [`CaptureInstance::emitted_columns`], with the types and
+    /// decoding of [`read_changes`](Self::read_changes).
+    fn read_table(
+        &mut self,
+        instance: &CaptureInstance,
+        cursor: TableCursor<'_>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Vec<Value>>, SourceError>> + Send;
+
     /// `sys.fn_cdc_map_lsn_to_time(lsn)`: the server-local commit time of the
     /// transaction at `lsn` (the latest one at or before it); `None` when
     /// `cdc.lsn_time_mapping` no longer holds it.
@@ -387,6 +408,19 @@ pub trait ChangeSource: Send {
         &mut self,
         lsn: Lsn,
     ) -> impl Future<Output = Result<Option<NaiveDateTime>, SourceError>> + Send;
+}
+
+/// Where a read of a source table ([`ChangeSource::read_table`]) starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableCursor<'a> {
+    /// The first rows: a keyed table from its smallest key; a table without a key
+    /// starts a new pass over all its rows.
+    Start,
+    /// A keyed table: the rows whose key is greater than these key values (the text
+    /// forms of [`Value::to_text`], in key order; `None` is NULL).
+    AfterKey(&'a [Option<String>]),
+    /// A table without a key: the next rows of the pass [`TableCursor::Start`] began.
+    Continue,
 }
 
 /// Something the server may not let this login see.

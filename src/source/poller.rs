@@ -35,13 +35,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::Change;
+use crate::event::{Change, Origin};
 use crate::lsn::Lsn;
 use crate::source::filter::TableFilter;
+use crate::source::load::{LoadStatus, RowIdentity, SnapshotMode, TableLoad, id_seed};
 use crate::source::merge::{InstanceContext, Sequencer, smallest_head};
 use crate::source::timezone::{CommitTimeZone, TimeZoneSetting};
 use crate::source::{
-    CaptureInstance, Catalog, ChangeRow, ChangeSource, Probe, RowKey, SourceError,
+    CaptureInstance, Catalog, ChangeRow, ChangeSource, Probe, RowKey, SourceError, TableCursor,
 };
 use uuid::Uuid;
 
@@ -94,6 +95,10 @@ pub struct PollerConfig {
     /// How long an included capture instance may answer `min_lsn` 0x00 (no
     /// permission, or just enabled) before that is an error; nothing is read meanwhile.
     pub unreadable_grace: Duration,
+    /// `[snapshot] mode`: whether the rows tables already hold are loaded first.
+    pub snapshot: SnapshotMode,
+    /// Rows per load chunk (one statement, one batch).
+    pub load_chunk: usize,
 }
 
 impl Default for PollerConfig {
@@ -108,6 +113,8 @@ impl Default for PollerConfig {
             catalog_refresh: Duration::from_secs(30),
             stream_guid: None,
             unreadable_grace: Duration::from_secs(60),
+            snapshot: SnapshotMode::Never,
+            load_chunk: 1000,
         }
     }
 }
@@ -154,6 +161,10 @@ pub struct Position {
     /// longer tells where the switch was.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub switches: BTreeMap<String, Switch>,
+    /// Per capture instance: its table's load that has not finished (`[snapshot]`).
+    /// While any is here, no change is read.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub loads: BTreeMap<String, TableLoad>,
 }
 
 /// Where an older capture instance hands over to a newer one.
@@ -195,6 +206,11 @@ impl std::fmt::Display for SourceIdentity {
 }
 
 impl Position {
+    /// Whether nothing has been read or planned yet: a stream's very start.
+    pub fn is_start(&self) -> bool {
+        self.last_event.is_none() && self.instances.is_empty() && self.loads.is_empty()
+    }
+
     /// Raises `instance`'s complete-through LSN to `through` (never lowers it).
     pub fn advance(&mut self, instance: &str, through: Lsn) {
         let current = self
@@ -268,7 +284,29 @@ pub struct Poller<S> {
     stream_guid: Option<Uuid>,
     /// `CatalogChanged` errors in a row, each after the catalog was read again.
     catalog_changes_in_a_row: u32,
+    /// The initial load is still to be planned (no checkpoint, `[snapshot]` on).
+    needs_plan: bool,
+    /// Per capture instance: the load of its table running in this process.
+    load_runs: BTreeMap<String, LoadRun>,
+    /// The cleanup job's retention, read when a load is planned.
+    retention: Option<Duration>,
 }
+
+/// A table's load as this process runs it (the checkpoint has the rest).
+struct LoadRun {
+    started: Instant,
+    rows_at_start: u64,
+    estimated: Option<u64>,
+    last_log: Instant,
+    /// A table without a key: the pass is open in the source.
+    pass_open: bool,
+    /// A table without a key: the last row read, held until the next chunk shows
+    /// whether it is the table's last.
+    held: Option<Vec<crate::event::Value>>,
+}
+
+/// How often a load's progress is logged.
+const LOAD_LOG_EVERY: Duration = Duration::from_secs(5);
 
 /// What the stream has read, summarized without allocating: instance LSNs only rise,
 /// and an instance added, removed or re-created changes the count or the sums.
@@ -294,6 +332,8 @@ impl<S: ChangeSource> Poller<S> {
     /// `config.start_position` when there is none.
     pub fn new(source: S, config: PollerConfig, position: Option<Position>) -> Self {
         let resume_after = position.as_ref().and_then(|p| p.last_event);
+        let needs_plan =
+            config.snapshot.loads() && position.as_ref().is_none_or(Position::is_start);
         Poller {
             source,
             config,
@@ -311,6 +351,9 @@ impl<S: ChangeSource> Poller<S> {
             unreadable_since: BTreeMap::new(),
             stream_guid: None,
             catalog_changes_in_a_row: 0,
+            needs_plan,
+            load_runs: BTreeMap::new(),
+            retention: None,
         }
     }
 
@@ -349,6 +392,11 @@ impl<S: ChangeSource> Poller<S> {
             self.resume_after = self.resume_after.max(self.position.last_event);
             // Whatever failed, the catalog may be why: read it again first.
             self.catalog_stale = true;
+            // A pass over a table without a key may have broken with it: start over.
+            for run in self.load_runs.values_mut() {
+                run.pass_open = false;
+                run.held = None;
+            }
         }
         match result {
             Err(SourceError::CatalogChanged { message }) => {
@@ -374,6 +422,21 @@ impl<S: ChangeSource> Poller<S> {
 
     async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
         if self.iteration.is_none() {
+            if self.needs_plan {
+                if !self.plan_load().await? {
+                    return Err(SourceError::Transient {
+                        message: "the initial load waits for the capture job to set the start_lsn of every included capture instance".into(),
+                    });
+                }
+                return Ok(PollOutcome::Batch(self.position_batch(Vec::new())));
+            }
+            if !self.position.loads.is_empty() {
+                return self.load_step().await;
+            }
+            if self.config.snapshot == SnapshotMode::InitialOnly {
+                // Loaded: this run streams no changes.
+                return Ok(PollOutcome::Idle);
+            }
             // Progress is what the stream has read; recording the identity is not.
             // Compared by a summary, not a copy: an idle poll with a thousand capture
             // instances would otherwise copy the map twice.
@@ -398,6 +461,334 @@ impl<S: ChangeSource> Poller<S> {
             position: self.position.clone(),
             max_lsn: to,
         }))
+    }
+
+    /// Whether the initial load is still to be planned: the caller may plan it (and
+    /// write the checkpoint) before the first poll, so that the load's LSN is durable
+    /// before any row is sent.
+    pub fn needs_plan(&self) -> bool {
+        self.needs_plan
+    }
+
+    /// Plans the initial load: records L0 (`max_lsn`), marks every tracked capture
+    /// instance complete through it, and queues a load of each table (the newest
+    /// capture instance of each). Returns false, planning nothing, while an included
+    /// instance has no `start_lsn` yet (the capture job has not scanned since it was
+    /// enabled): where its changes begin is not known.
+    pub async fn plan_load(&mut self) -> Result<bool, SourceError> {
+        if !self.needs_plan {
+            return Ok(true);
+        }
+        self.load_catalog().await?;
+        let max = self.source.max_lsn().await?;
+        if self
+            .catalog
+            .as_ref()
+            .is_some_and(|c| c.version != max.catalog_version)
+        {
+            self.catalog_stale = true;
+            self.load_catalog().await?;
+        }
+        if let Some(catalog) = &self.catalog {
+            let filter = &self.config.filter;
+            if let Some(pending) = catalog
+                .instances
+                .iter()
+                .find(|i| i.start_lsn.is_none() && filter.allows(&i.schema, &i.table))
+            {
+                tracing::info!(capture_instance = %pending.name, "the initial load waits for the capture job to set this capture instance's start_lsn");
+                return Ok(false);
+            }
+        }
+        let at = max.lsn.filter(|l| !l.is_zero()).unwrap_or(Lsn::ZERO);
+        let commit_time_ns = self.commit_time_ns(at).await?;
+        self.retention = match self.source.server_facts().await {
+            Ok(facts) => match facts.jobs {
+                crate::source::Fact::Known(jobs) => jobs
+                    .iter()
+                    .filter_map(|j| j.retention_minutes)
+                    .max()
+                    .and_then(|m| u64::try_from(m).ok())
+                    .map(|m| Duration::from_secs(m * 60)),
+                crate::source::Fact::Unknown(_) => None,
+            },
+            Err(_) => None,
+        };
+        let mut tables = Vec::new();
+        for t in &self.tracked {
+            // Complete through L0 — unless the instance begins after it (enabled since
+            // the last change CDC recorded, or nothing recorded yet): then it is new,
+            // read from its start_lsn, and nothing of it lies at or below L0.
+            if t.instance.start_lsn.is_some_and(|start| start <= at) {
+                self.position.advance(&t.instance.name, at);
+                self.position
+                    .change_tables
+                    .insert(t.instance.name.clone(), t.instance.object_id);
+            }
+            if t.superseded_at.is_some() {
+                // The newer capture instance of the same table is the one loaded.
+                continue;
+            }
+            tables.push(t.instance.qualified_table());
+            self.position.loads.insert(
+                t.instance.name.clone(),
+                TableLoad {
+                    table: t.instance.qualified_table(),
+                    at,
+                    commit_time_ns,
+                    after: None,
+                    rows: 0,
+                },
+            );
+        }
+        self.done_through = Some(at);
+        self.needs_plan = false;
+        tracing::info!(
+            mode = %self.config.snapshot,
+            at_lsn = %at,
+            tables = %tables.join(", "),
+            retention_minutes = self.retention.map(|r| r.as_secs() / 60),
+            "initial load planned: each table's rows are read in key order, then its changes after this LSN follow"
+        );
+        Ok(true)
+    }
+
+    /// The UTC commit time of the transaction at `at` (what loaded rows carry), or
+    /// the present when CDC has recorded nothing yet.
+    async fn commit_time_ns(&mut self, at: Lsn) -> Result<i64, SourceError> {
+        let local = if at.is_zero() {
+            None
+        } else {
+            self.source.lsn_time(at).await?
+        };
+        let zone = self.zone.unwrap_or(CommitTimeZone::LocalAsUtc);
+        let time = local.map_or_else(chrono::Utc::now, |local| zone.to_utc(local, None));
+        Ok(time
+            .timestamp_nanos_opt()
+            .unwrap_or_else(|| time.timestamp().saturating_mul(1_000_000_000)))
+    }
+
+    /// A batch of `changes` ending at the current position.
+    fn position_batch(&self, changes: Vec<Change>) -> Batch {
+        Batch {
+            changes,
+            position: self.position.clone(),
+            max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
+        }
+    }
+
+    /// The loads running or queued, for the metrics.
+    pub fn load_status(&self) -> Vec<LoadStatus> {
+        self.position
+            .loads
+            .iter()
+            .map(|(name, load)| {
+                let run = self.load_runs.get(name);
+                LoadStatus {
+                    table: load.table.clone(),
+                    rows: load.rows,
+                    estimated: run.and_then(|r| r.estimated),
+                    rows_per_second: run.map_or(0.0, |r| {
+                        let seconds = r.started.elapsed().as_secs_f64();
+                        if seconds > 0.0 {
+                            load.rows.saturating_sub(r.rows_at_start) as f64 / seconds
+                        } else {
+                            0.0
+                        }
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// One chunk of the first queued load: a batch of its rows, with the position
+    /// after them.
+    async fn load_step(&mut self) -> Result<PollOutcome, SourceError> {
+        self.load_catalog().await?;
+        let Some((name, mut load)) = self
+            .position
+            .loads
+            .iter()
+            .next()
+            .map(|(name, load)| (name.clone(), load.clone()))
+        else {
+            return Ok(PollOutcome::Idle);
+        };
+        let Some(tracked) = self.tracked.iter().find(|t| t.instance.name == name) else {
+            tracing::warn!(capture_instance = %name, table = %load.table, "the table's capture instance is gone (disabled, or no longer included): its load is dropped");
+            self.position.loads.remove(&name);
+            self.load_runs.remove(&name);
+            return Ok(PollOutcome::Batch(self.position_batch(Vec::new())));
+        };
+        let instance = tracked.instance.clone();
+        let table = Arc::clone(&tracked.context.table);
+        let key_positions = key_positions(&instance)?;
+        let keyed = !key_positions.is_empty();
+        if !self.load_runs.contains_key(&name) {
+            let estimated = self.source.table_rows(&instance).await?;
+            tracing::info!(table = %load.table, rows_estimated = estimated, at_lsn = %load.at, resumed_after_rows = load.rows, "loading table");
+            let now = Instant::now();
+            self.load_runs.insert(
+                name.clone(),
+                LoadRun {
+                    started: now,
+                    rows_at_start: load.rows,
+                    estimated,
+                    last_log: now,
+                    pass_open: false,
+                    held: None,
+                },
+            );
+        }
+        let chunk = self.config.load_chunk.max(1);
+        let (rows, done) = if keyed {
+            let cursor = match &load.after {
+                None => TableCursor::Start,
+                Some(key) => TableCursor::AfterKey(key),
+            };
+            // One row more than a chunk: whether it comes tells if this chunk ends
+            // the table (its last row then carries finalevent).
+            let mut rows = self.source.read_table(&instance, cursor, chunk + 1).await?;
+            let done = rows.len() <= chunk;
+            rows.truncate(chunk);
+            (rows, done)
+        } else {
+            let open = self.load_runs.get(&name).is_some_and(|r| r.pass_open);
+            let cursor = if open {
+                TableCursor::Continue
+            } else {
+                // A new pass: from the first row again.
+                load.rows = 0;
+                load.after = None;
+                TableCursor::Start
+            };
+            let read = self.source.read_table(&instance, cursor, chunk).await?;
+            let Some(run) = self.load_runs.get_mut(&name) else {
+                return Ok(PollOutcome::Idle);
+            };
+            run.pass_open = true;
+            let done = read.is_empty();
+            let mut rows: Vec<_> = run.held.take().into_iter().collect();
+            rows.extend(read);
+            if !done {
+                run.held = rows.pop();
+            }
+            (rows, done)
+        };
+        let commit_time = chrono::DateTime::from_timestamp_nanos(load.commit_time_ns);
+        let guid = self.stream_guid.unwrap_or_default();
+        let count = rows.len();
+        let mut changes = Vec::with_capacity(count);
+        for (i, values) in rows.into_iter().enumerate() {
+            if values.len() != table.columns().len() {
+                return Err(SourceError::Malformed {
+                    capture_instance: name.clone(),
+                    message: format!(
+                        "a table row has {} values for {} columns",
+                        values.len(),
+                        table.columns().len()
+                    ),
+                });
+            }
+            let sequence_number = load.rows + i as u64 + 1;
+            let id_seed = if keyed {
+                let key: Vec<Option<String>> = key_positions
+                    .iter()
+                    .map(|&at| values[at].to_text())
+                    .collect();
+                let seed = id_seed(guid, load.at, &load.table, RowIdentity::Key(&key));
+                if i + 1 == count {
+                    load.after = Some(key);
+                }
+                seed
+            } else {
+                id_seed(
+                    guid,
+                    load.at,
+                    &load.table,
+                    RowIdentity::Ordinal(sequence_number),
+                )
+            };
+            changes.push(Change {
+                table: Arc::clone(&table),
+                operation: crate::event::Operation::Insert,
+                commit_lsn: load.at,
+                begin_lsn: Lsn::ZERO,
+                sequence_number,
+                last_in_transaction: done && i + 1 == count,
+                commit_time,
+                old: None,
+                current: Some(values),
+                origin: Origin::Load { id_seed },
+            });
+        }
+        load.rows += count as u64;
+        if done {
+            self.position.loads.remove(&name);
+            let run = self.load_runs.remove(&name);
+            let seconds = run.map_or(0.0, |r| r.started.elapsed().as_secs_f64());
+            tracing::info!(
+                table = %load.table,
+                rows = load.rows,
+                seconds = format!("{seconds:.1}"),
+                rows_per_second = (seconds > 0.0).then(|| (load.rows as f64 / seconds).round()),
+                "table loaded"
+            );
+            if self.position.loads.is_empty() {
+                tracing::info!(at_lsn = %load.at, "initial load finished; changes after its LSN follow");
+            }
+        } else {
+            self.position.loads.insert(name.clone(), load);
+            self.log_load_progress(&name);
+        }
+        Ok(PollOutcome::Batch(self.position_batch(changes)))
+    }
+
+    /// Logs a load's progress every [`LOAD_LOG_EVERY`], and warns when at its rate it
+    /// will outlast the cleanup retention (changes after L0 would be purged before
+    /// they are read).
+    fn log_load_progress(&mut self, name: &str) {
+        let due = self
+            .load_runs
+            .get(name)
+            .is_some_and(|r| r.last_log.elapsed() >= LOAD_LOG_EVERY);
+        if !due {
+            return;
+        }
+        let Some(status) = self.load_status().into_iter().find(|s| {
+            self.position
+                .loads
+                .get(name)
+                .is_some_and(|l| l.table == s.table)
+        }) else {
+            return;
+        };
+        let left = status.seconds_left();
+        tracing::info!(
+            table = %status.table,
+            rows = status.rows,
+            rows_estimated = status.estimated,
+            rows_per_second = status.rows_per_second.round(),
+            seconds_left = left.map(f64::round),
+            "loading"
+        );
+        if let (Some(run), Some(retention), Some(left)) =
+            (self.load_runs.get_mut(name), self.retention, left)
+        {
+            run.last_log = Instant::now();
+            let total = run.started.elapsed() + Duration::from_secs_f64(left);
+            if total >= retention && self.warned.insert(format!("retention {name}")) {
+                tracing::warn!(
+                    table = %status.table,
+                    projected_minutes = total.as_secs() / 60,
+                    retention_minutes = retention.as_secs() / 60,
+                    on_gap = ?self.config.on_gap,
+                    "at this rate the load outlasts the CDC cleanup retention: changes made since the load began may be purged before they are read, which source.on_gap (or snapshot.mode = \"when_needed\") then decides; raise the retention (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = <minutes>) or snapshot.chunk_size"
+                );
+            }
+        } else if let Some(run) = self.load_runs.get_mut(name) {
+            run.last_log = Instant::now();
+        }
     }
 
     /// Re-reads the catalog when it is stale or due.
@@ -810,6 +1201,7 @@ impl<S: ChangeSource> Poller<S> {
             return Ok(false);
         }
         let mut cursors = Vec::new();
+        let mut reloads = Vec::new();
         for (index, t) in self.tracked.iter().enumerate() {
             let name = &t.instance.name;
             let Some(result) = results.iter().find(|r| &r.capture_instance == name) else {
@@ -835,6 +1227,20 @@ impl<S: ChangeSource> Poller<S> {
             // Only what this instance still had to deliver can be lost from it.
             if first_unread < min_lsn && first_unread <= upper && !new_instance {
                 let last_lost = last_before(min_lsn).min(upper);
+                if self.config.snapshot == SnapshotMode::WhenNeeded && t.superseded_at.is_none() {
+                    // Re-load the table at `upper` instead: its rows now, then its
+                    // changes after `upper` (this iteration reads none of them).
+                    tracing::error!(
+                        capture_instance = %name,
+                        table = %t.instance.qualified_table(),
+                        first_lost = %first_unread,
+                        %last_lost,
+                        at_lsn = %upper,
+                        "changes were purged by the CDC cleanup job before delivery: re-loading the table (snapshot.mode = \"when_needed\"); rows deleted in the lost range are not in the re-load"
+                    );
+                    reloads.push((name.clone(), t.instance.qualified_table(), upper));
+                    continue;
+                }
                 match self.config.on_gap {
                     GapPolicy::Fail => {
                         return Err(SourceError::Gap {
@@ -877,6 +1283,21 @@ impl<S: ChangeSource> Poller<S> {
                     .instances
                     .insert(name.clone(), through.max(upper));
             }
+        }
+        for (name, table, at) in reloads {
+            let commit_time_ns = self.commit_time_ns(at).await?;
+            self.position.advance(&name, at);
+            self.load_runs.remove(&name);
+            self.position.loads.insert(
+                name,
+                TableLoad {
+                    table,
+                    at,
+                    commit_time_ns,
+                    after: None,
+                    rows: 0,
+                },
+            );
         }
         if cursors.is_empty() {
             self.done_through = Some(max_lsn);
@@ -938,7 +1359,15 @@ impl<S: ChangeSource> Poller<S> {
                                 last_lost: last_before(min_lsn),
                             },
                             // Start the iteration again: its probe finds the gap and
-                            // skips it as configured.
+                            // skips it (or re-loads the table) as configured.
+                            _ if self.config.snapshot == SnapshotMode::WhenNeeded => {
+                                SourceError::CatalogChanged {
+                                    message: format!(
+                                        "the cleanup job moved the low end of {} to {min_lsn} during a read",
+                                        t.instance.name
+                                    ),
+                                }
+                            }
                             GapPolicy::Skip => SourceError::CatalogChanged {
                                 message: format!(
                                     "the cleanup job moved the low end of {} to {min_lsn} during a read",
@@ -1006,6 +1435,29 @@ impl<S: ChangeSource> Poller<S> {
             changes.push(change);
         }
     }
+}
+
+/// Where each key column of `instance` is among its emitted columns: the values a
+/// load's keyset resumes after. Empty for a table without a key; an error when a key
+/// column is not emitted (a type CES leaves out), as its values could not be passed
+/// back.
+fn key_positions(instance: &CaptureInstance) -> Result<Vec<usize>, SourceError> {
+    let emitted: Vec<&str> = instance
+        .emitted_columns()
+        .map(|e| e.column.name.as_str())
+        .collect();
+    instance
+        .key_columns
+        .iter()
+        .map(|k| {
+            emitted.iter().position(|e| e == k).ok_or_else(|| SourceError::Malformed {
+                capture_instance: instance.name.clone(),
+                message: format!(
+                    "key column `{k}` is not among the streamed columns (a type CES leaves out, or not captured), so the table cannot be loaded in key order; exclude it from the load with source.exclude or set snapshot.mode = \"never\""
+                ),
+            })
+        })
+        .collect()
 }
 
 /// The lowest commit LSN whose rows a read after `after` still needs: the

@@ -213,6 +213,112 @@ ORDER BY ct.__$start_lsn, ct.__$command_id, ct.__$seqval, ct.__$operation;",
     )
 }
 
+/// Initial load: the number of rows in a table as `sys.partitions` counts them (the
+/// heap or clustered index, every partition): an estimate without a scan. `@P1` is the
+/// quoted two-part name.
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-partitions-transact-sql>
+pub const TABLE_ROWS: &str = "SELECT SUM(p.rows) AS row_count FROM sys.partitions AS p \
+WHERE p.object_id = OBJECT_ID(@P1) AND p.index_id IN (0, 1);";
+
+/// `schema.table` of a capture instance's source table, quoted.
+pub fn source_table(instance: &CaptureInstance) -> String {
+    format!(
+        "{}.{}",
+        quote_name(&instance.schema),
+        quote_name(&instance.table)
+    )
+}
+
+/// A key value to resume after, given as its text form (an `nvarchar` parameter) and
+/// converted by the server to the key column's type: `datetime` and `smalldatetime`
+/// with style 121 (ODBC canonical, independent of the session's language and
+/// `DATEFORMAT`), binary with style 1 (`0x` hex), everything else with `CAST`, whose
+/// ISO forms do not depend on the session.
+/// <https://learn.microsoft.com/sql/t-sql/functions/cast-and-convert-transact-sql>
+fn key_parameter(parameter: usize, sql_type: SqlType) -> String {
+    match sql_type {
+        SqlType::DateTime | SqlType::SmallDateTime => {
+            format!("CONVERT({sql_type}, @P{parameter}, 121)")
+        }
+        SqlType::Binary(_) | SqlType::VarBinary(_) => {
+            format!("CONVERT({sql_type}, @P{parameter}, 1)")
+        }
+        _ => format!("CAST(@P{parameter} AS {sql_type})"),
+    }
+}
+
+/// Initial load: one chunk of a source table.
+///
+/// `key` is the capture instance's key (name and type, in key order), empty for a
+/// table without one; `after` says, per key column, whether the value to resume after
+/// is NULL (`Some(true)`) or not, and is `None` for the first chunk. Parameters: `@P1`
+/// the chunk size (only with a key), then the non-NULL values of `after`, in key
+/// order, as text (see [`key_parameter`]). Columns, by name: each emitted column with
+/// the casts of the change query.
+///
+/// A keyed table is read in key order, each chunk one statement that seeks past the
+/// last key read (keyset pagination: no offset to shift under concurrent writes, no
+/// transaction spanning chunks). A table without a key is read by one statement in
+/// one pass (the caller streams it). Both under the session's default READ COMMITTED:
+/// only committed rows, each row's shared lock released once read — no table lock, and
+/// no version store held for the whole load as SNAPSHOT isolation would.
+pub fn read_table(
+    instance: &CaptureInstance,
+    key: &[(String, SqlType)],
+    after: Option<&[bool]>,
+) -> String {
+    let columns: Vec<String> = instance
+        .emitted_columns()
+        .map(|e| column_expression(e.name(), e.sql_type))
+        .collect();
+    let table = source_table(instance);
+    let columns = columns.join(", ");
+    if key.is_empty() {
+        return format!("SELECT {columns} FROM {table} AS ct;");
+    }
+    let order: Vec<String> = key
+        .iter()
+        .map(|(name, _)| format!("ct.{}", quote_name(name)))
+        .collect();
+    let mut filter = String::new();
+    if let Some(nulls) = after {
+        // (k1 > v1) OR (k1 = v1 AND k2 > v2) OR …, where NULL sorts first: after a
+        // NULL comes any non-NULL value, and NULL equals NULL here.
+        let mut parameter = 1;
+        let mut compared: Vec<(String, String)> = Vec::new();
+        for ((name, sql_type), &is_null) in key.iter().zip(nulls) {
+            let column = format!("ct.{}", quote_name(name));
+            let (greater, equal) = if is_null {
+                (format!("{column} IS NOT NULL"), format!("{column} IS NULL"))
+            } else {
+                parameter += 1;
+                let value = key_parameter(parameter, *sql_type);
+                (format!("{column} > {value}"), format!("{column} = {value}"))
+            };
+            compared.push((greater, equal));
+        }
+        let alternatives: Vec<String> = (0..compared.len())
+            .map(|i| {
+                let mut terms: Vec<&str> =
+                    compared[..i].iter().map(|(_, eq)| eq.as_str()).collect();
+                terms.push(&compared[i].0);
+                format!("({})", terms.join(" AND "))
+            })
+            .collect();
+        // The redundant bound on the first key column lets the server seek instead of
+        // scanning every row before the keyset (the OR alone is not sargable).
+        let seek = match nulls.first() {
+            Some(false) => format!("{} >= {} AND ", order[0], key_parameter(2, key[0].1)),
+            _ => String::new(),
+        };
+        filter = format!(" WHERE {seek}({})", alternatives.join(" OR "));
+    }
+    format!(
+        "SELECT TOP (@P1) {columns} FROM {table} AS ct{filter} ORDER BY {};",
+        order.join(", ")
+    )
+}
+
 /// Largest number of capture instances probed in one statement (SQL Server allows
 /// 2,100 parameters; each instance takes two).
 pub const PROBE_CHUNK: usize = 500;
@@ -251,6 +357,7 @@ pub const ALL_CONSTANTS: &[(&str, &str)] = &[
     ("CAPTURE_JOB_RUNNING", CAPTURE_JOB_RUNNING),
     ("LOG_SCAN", LOG_SCAN),
     ("LSN_TIME", LSN_TIME),
+    ("TABLE_ROWS", TABLE_ROWS),
 ];
 
 /// Panics, naming the query, when `sql` does not parse as T-SQL (tests only).

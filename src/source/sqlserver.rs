@@ -25,7 +25,7 @@ use crate::source::decode::{DecodeError, decode_bytes, decode_change_value};
 use crate::source::queries::{self, fixed};
 use crate::source::{
     CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
-    RowKey, SourceError,
+    RowKey, SourceError, TableCursor,
 };
 
 /// The change query of one capture instance and what it was built from.
@@ -41,6 +41,8 @@ pub struct SqlServerSource {
     /// `CURRENT_TIMEZONE_ID()`, once the catalog has been read, where the server has it.
     server_zone: Option<String>,
     change_queries: HashMap<String, ChangeQuery>,
+    /// Open passes over tables without a key, per capture instance.
+    passes: HashMap<String, Pass>,
 }
 
 /// Errors that mean the catalog changed under a query: 208 invalid object name (a
@@ -117,19 +119,7 @@ pub fn decode_change_row(
             message: format!("{value} is out of range"),
         })
     };
-    let mut values = Vec::with_capacity(columns.len());
-    let mut replaced = Vec::new();
-    for (name, sql_type) in columns {
-        let data = row.take_raw(name).map_err(bad)?;
-        let (value, lossy) =
-            decode_change_value(name, sql_type, data).map_err(|e| SourceError::CatalogChanged {
-                message: format!("capture instance {capture_instance}: {e}"),
-            })?;
-        if lossy {
-            replaced.push(name.clone());
-        }
-        values.push(value);
-    }
+    let (values, replaced) = decode_values(capture_instance, &mut row, columns)?;
     let change = ChangeRow {
         key: RowKey {
             start_lsn,
@@ -150,12 +140,109 @@ pub fn decode_change_row(
     Ok((change, replaced))
 }
 
+/// The emitted columns of a change or table row, by name. Besides the values: the
+/// names of the columns whose text held invalid UTF-16 (replaced with U+FFFD).
+pub fn decode_values(
+    capture_instance: &str,
+    row: &mut NamedRow,
+    columns: &[(String, SqlType)],
+) -> Result<(Vec<Value>, Vec<String>), SourceError> {
+    let mut values = Vec::with_capacity(columns.len());
+    let mut replaced = Vec::new();
+    for (name, sql_type) in columns {
+        let data = row
+            .take_raw(name)
+            .map_err(|e| malformed(capture_instance, e))?;
+        let (value, lossy) =
+            decode_change_value(name, sql_type, data).map_err(|e| SourceError::CatalogChanged {
+                message: format!("capture instance {capture_instance}: {e}"),
+            })?;
+        if lossy {
+            replaced.push(name.clone());
+        }
+        values.push(value);
+    }
+    Ok((values, replaced))
+}
+
+/// The key of a capture instance with each column's type, for the load's keyset; an
+/// error names a key column that is not captured or of a type CES leaves out (its
+/// values could not be passed back to the server).
+fn typed_key(instance: &CaptureInstance) -> Result<Vec<(String, SqlType)>, SourceError> {
+    instance
+        .key_columns
+        .iter()
+        .map(|name| {
+            instance
+                .columns
+                .iter()
+                .find(|c| &c.name == name)
+                .and_then(|c| c.sql_type.as_ref().ok())
+                .map(|t| (name.clone(), *t))
+                .ok_or_else(|| SourceError::Malformed {
+                    capture_instance: instance.name.clone(),
+                    message: format!(
+                        "key column `{name}` is not captured or of a type CES leaves out, so the table cannot be loaded in key order; load it with snapshot.mode = \"never\" and enable CDC with @captured_column_list including it"
+                    ),
+                })
+        })
+        .collect()
+}
+
+/// A pass over a table without a key, read by one statement on a connection of its
+/// own and handed over in chunks through a channel of one: the statement streams,
+/// so memory holds two chunks at most.
+type Pass = tokio::sync::mpsc::Receiver<Result<Vec<Vec<Value>>, SourceError>>;
+
+async fn stream_pass(
+    settings: crate::source::connection::SqlServerConfig,
+    sql: String,
+    capture_instance: String,
+    columns: Vec<(String, SqlType)>,
+    limit: usize,
+    out: tokio::sync::mpsc::Sender<Result<Vec<Vec<Value>>, SourceError>>,
+) {
+    use futures_util::TryStreamExt as _;
+    let result: Result<(), SourceError> = async {
+        let mut client = crate::source::connection::connect(&settings, true)
+            .await
+            .map_err(|e| e.error)?;
+        let classify =
+            |e: tiberius::error::Error| crate::source::connection::classify(&e, true).error;
+        let mut rows = client
+            .query(sql.as_str(), &[])
+            .await
+            .map_err(classify)?
+            .into_row_stream();
+        let mut chunk = Vec::with_capacity(limit.min(4096));
+        while let Some(row) = rows.try_next().await.map_err(classify)? {
+            let (values, _) = decode_values(&capture_instance, &mut NamedRow::new(row), &columns)?;
+            chunk.push(values);
+            if chunk.len() >= limit {
+                let full = std::mem::replace(&mut chunk, Vec::with_capacity(limit.min(4096)));
+                if out.send(Ok(full)).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        if !chunk.is_empty() {
+            let _ = out.send(Ok(chunk)).await;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = out.send(Err(e)).await;
+    }
+}
+
 impl SqlServerSource {
     pub fn new(config: SqlServerConfig) -> Self {
         SqlServerSource {
             conn: SqlConnection::new(config),
             server_zone: None,
             change_queries: HashMap::new(),
+            passes: HashMap::new(),
         }
     }
 
@@ -317,6 +404,101 @@ impl ChangeSource for SqlServerSource {
 
     async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
         crate::source::facts::lsn_time(&mut self.conn, lsn).await
+    }
+
+    async fn table_rows(&mut self, instance: &CaptureInstance) -> Result<Option<u64>, SourceError> {
+        let name = queries::source_table(instance);
+        let rows = self.conn.query(queries::TABLE_ROWS, &[&name]).await?;
+        let Some(row) = rows.into_iter().next() else {
+            return Ok(None);
+        };
+        let count = NamedRow::new(row)
+            .opt_int("row_count")
+            .map_err(catalog_error)?;
+        Ok(count.and_then(|c| u64::try_from(c).ok()))
+    }
+
+    async fn read_table(
+        &mut self,
+        instance: &CaptureInstance,
+        cursor: TableCursor<'_>,
+        limit: usize,
+    ) -> Result<Vec<Vec<Value>>, SourceError> {
+        let columns = emitted(instance);
+        let key = typed_key(instance)?;
+        let misuse = |what: &str| SourceError::Malformed {
+            capture_instance: instance.name.clone(),
+            message: format!("read_table: {what}"),
+        };
+        if key.is_empty() {
+            if cursor == TableCursor::Start {
+                let (sender, receiver) = tokio::sync::mpsc::channel(1);
+                tokio::spawn(stream_pass(
+                    self.conn.settings().clone(),
+                    queries::read_table(instance, &key, None),
+                    instance.name.clone(),
+                    columns,
+                    limit.max(1),
+                    sender,
+                ));
+                self.passes.insert(instance.name.clone(), receiver);
+            } else if cursor != TableCursor::Continue {
+                return Err(misuse("the table has no key"));
+            }
+            let Some(pass) = self.passes.get_mut(&instance.name) else {
+                return Err(misuse("no pass over the table was started"));
+            };
+            let wait = self.conn.settings().query_timeout;
+            return match tokio::time::timeout(wait, pass.recv()).await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => {
+                    self.passes.remove(&instance.name);
+                    Ok(Vec::new())
+                }
+                Err(_) => {
+                    self.passes.remove(&instance.name);
+                    Err(SourceError::Transient {
+                        message: format!(
+                            "reading table {} took longer than {} ms (source.query_timeout_ms)",
+                            instance.qualified_table(),
+                            wait.as_millis()
+                        ),
+                    })
+                }
+            };
+        }
+        let after = match cursor {
+            TableCursor::Start => None,
+            TableCursor::AfterKey(values) if values.len() == key.len() => Some(values),
+            _ => return Err(misuse("the cursor does not match the key")),
+        };
+        let nulls: Option<Vec<bool>> = after.map(|a| a.iter().map(Option::is_none).collect());
+        let sql = queries::read_table(instance, &key, nulls.as_deref());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let texts: Vec<&str> = after
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_deref())
+            .collect();
+        let mut params: Vec<&dyn ToSql> = vec![&limit];
+        for text in &texts {
+            params.push(text);
+        }
+        let rows = self
+            .conn
+            .query(&sql, &params)
+            .await
+            .map_err(catalog_changed)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (values, replaced) =
+                decode_values(&instance.name, &mut NamedRow::new(row), &columns)?;
+            for column in replaced {
+                tracing::warn!(table = %instance.qualified_table(), %column, "text held invalid UTF-16 (a lone surrogate); each invalid unit was replaced with U+FFFD");
+            }
+            out.push(values);
+        }
+        Ok(out)
     }
 
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {

@@ -97,6 +97,7 @@ impl ChangeBuilder {
                 commit_time: utc("2026-01-01T00:00:00.000"),
                 old: None,
                 current: None,
+                origin: mssql_ces::event::Origin::Cdc,
             },
         }
     }

@@ -17,7 +17,7 @@ use crate::event::value::{Length, SqlType};
 use crate::lsn::Lsn;
 use crate::source::{
     CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, DdlEvent, Fact,
-    MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, op,
+    MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, TableCursor, op,
 };
 
 const INSTANCE: &str = "dbo_bulk";
@@ -186,6 +186,23 @@ impl ChangeSource for BulkSource {
     }
 
     async fn ddl_history(&mut self, _capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
+        Ok(Vec::new())
+    }
+
+    /// `dbo.bulk` held no rows before CDC: all of them come as changes.
+    async fn table_rows(
+        &mut self,
+        _instance: &CaptureInstance,
+    ) -> Result<Option<u64>, SourceError> {
+        Ok(Some(0))
+    }
+
+    async fn read_table(
+        &mut self,
+        _instance: &CaptureInstance,
+        _cursor: TableCursor<'_>,
+        _limit: usize,
+    ) -> Result<Vec<Vec<Value>>, SourceError> {
         Ok(Vec::new())
     }
 

@@ -47,6 +47,7 @@
 //! the database while a poller reads it.
 
 pub mod bulk;
+pub mod order;
 pub mod synthetic;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -59,9 +60,10 @@ use uuid::Uuid;
 use crate::event::Value;
 use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
+use crate::source::sim::order::SortKey;
 use crate::source::{
     CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, DdlEvent, Fact,
-    LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, op,
+    LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, TableCursor, op,
 };
 
 /// A column of a simulated table.
@@ -99,27 +101,36 @@ struct SimTable {
     /// The column names, shared by every row image taken while they hold.
     names: Arc<[String]>,
     key: Vec<String>,
-    /// Current rows by the text of their key values.
-    rows: BTreeMap<Vec<String>, Vec<Value>>,
+    /// Current rows in key order (SQL Server's, [`order`]); a table without a key is
+    /// a heap: its rows in insertion order, under a hidden row number.
+    rows: BTreeMap<SortKey, Vec<Value>>,
+    /// The next hidden row number of a table without a key.
+    next_row: i128,
 }
 
-/// The text of key values, as rows are indexed by it.
-fn key_text(values: &[Value]) -> Vec<String> {
-    values
-        .iter()
-        .map(|v| v.to_text().unwrap_or_default())
-        .collect()
+/// The sort key of key values.
+fn sort_key(values: &[Value]) -> SortKey {
+    values.iter().map(order::part).collect()
 }
 
 impl SimTable {
-    fn key_of(&self, row: &[Value]) -> Vec<String> {
+    fn key_of(&self, row: &[Value]) -> SortKey {
         let values: Vec<Value> = self
             .key
             .iter()
             .filter_map(|k| self.columns.iter().position(|c| &c.name == k))
             .filter_map(|i| row.get(i).cloned())
             .collect();
-        key_text(&values)
+        sort_key(&values)
+    }
+
+    /// The key a new row is stored under.
+    fn new_key(&mut self, row: &[Value]) -> SortKey {
+        if self.key.is_empty() {
+            self.next_row += 1;
+            return vec![order::KeyPart::Number(self.next_row)];
+        }
+        self.key_of(row)
     }
 
     fn column_names(&self) -> Arc<[String]> {
@@ -219,6 +230,10 @@ struct SimState {
     faults: VecDeque<SourceError>,
     round_trips: usize,
     rows_read: usize,
+    /// Source-table rows returned by `read_table`.
+    table_rows_read: usize,
+    /// Per capture instance: where the open pass over a table without a key is.
+    passes: BTreeMap<String, SortKey>,
 }
 
 impl SimState {
@@ -581,7 +596,7 @@ impl Transaction {
                                 t.columns.len()
                             ));
                         }
-                        let key = t.key_of(&row);
+                        let key = t.new_key(&row);
                         if t.rows.contains_key(&key) {
                             return Err(format!("{table}: duplicate key {key:?}"));
                         }
@@ -594,7 +609,12 @@ impl Transaction {
                             .tables
                             .get_mut(&table)
                             .ok_or(format!("no table {table}"))?;
-                        let key = key_text(&key_values);
+                        if t.key.is_empty() {
+                            return Err(format!(
+                                "{table}: a table without a key (rows cannot be addressed here)"
+                            ));
+                        }
+                        let key = sort_key(&key_values);
                         let old = t
                             .rows
                             .get(&key)
@@ -612,6 +632,9 @@ impl Transaction {
                             changed.push(column);
                         }
                         let new_key = t.key_of(&new);
+                        if new_key != key && t.rows.contains_key(&new_key) {
+                            return Err(format!("{table}: duplicate key {new_key:?}"));
+                        }
                         t.rows.remove(&key);
                         t.rows.insert(new_key, new.clone());
                         let columns = t.column_names();
@@ -629,7 +652,7 @@ impl Transaction {
                             .tables
                             .get_mut(&table)
                             .ok_or(format!("no table {table}"))?;
-                        let key = key_text(&key_values);
+                        let key = sort_key(&key_values);
                         let old = t
                             .rows
                             .remove(&key)
@@ -722,6 +745,8 @@ impl CdcSimulator {
                 faults: VecDeque::new(),
                 round_trips: 0,
                 rows_read: 0,
+                table_rows_read: 0,
+                passes: BTreeMap::new(),
             })),
         }
     }
@@ -745,6 +770,7 @@ impl CdcSimulator {
                 columns,
                 key: key.iter().map(|k| k.to_string()).collect(),
                 rows: BTreeMap::new(),
+                next_row: 0,
             },
         );
     }
@@ -1070,6 +1096,29 @@ impl CdcSimulator {
         self.lock().rows_read
     }
 
+    /// Source-table rows returned by `read_table` so far.
+    pub fn table_rows_read(&self) -> usize {
+        self.lock().table_rows_read
+    }
+
+    /// The current rows of `table` (`schema.name`) in key order, each as its
+    /// columns' names and values: what a consumer's copy must equal.
+    pub fn table_contents(&self, table: &str) -> Vec<Vec<(String, Value)>> {
+        let state = self.lock();
+        state.tables.get(table).map_or_else(Vec::new, |t| {
+            t.rows
+                .values()
+                .map(|row| {
+                    t.columns
+                        .iter()
+                        .zip(row)
+                        .map(|(c, v)| (c.name.clone(), v.clone()))
+                        .collect()
+                })
+                .collect()
+        })
+    }
+
     /// The current `sys.fn_cdc_get_max_lsn()`.
     pub fn current_max_lsn(&self) -> Option<Lsn> {
         self.lock().max_lsn()
@@ -1269,6 +1318,145 @@ impl ChangeSource for CdcSimulator {
             });
         }
         state.rows_read += rows.len();
+        Ok(rows)
+    }
+
+    async fn table_rows(&mut self, instance: &CaptureInstance) -> Result<Option<u64>, SourceError> {
+        let state = self.call()?;
+        // sys.partitions' row count: exact here, an estimate on a server.
+        Ok(state
+            .tables
+            .get(&instance.qualified_table())
+            .map(|t| t.rows.len() as u64))
+    }
+
+    async fn read_table(
+        &mut self,
+        instance: &CaptureInstance,
+        cursor: TableCursor<'_>,
+        limit: usize,
+    ) -> Result<Vec<Vec<Value>>, SourceError> {
+        let mut state = self.call()?;
+        let name = instance.qualified_table();
+        if state.denied.contains(&name) {
+            return Err(SourceError::PermissionDenied {
+                message: format!(
+                    "The SELECT permission was denied on the object '{}' (error 229)",
+                    instance.table
+                ),
+            });
+        }
+        let Some(table) = state.tables.get(&name) else {
+            return Err(SimState::catalog_changed(format!(
+                "Invalid object name '{name}' (error 208)"
+            )));
+        };
+        // The statement names the columns of the caller's catalog.
+        let position = |column: &str| {
+            table
+                .columns
+                .iter()
+                .position(|c| c.name == column)
+                .ok_or_else(|| {
+                    SimState::catalog_changed(format!("Invalid column name '{column}' (error 207)"))
+                })
+        };
+        let mut wanted = Vec::new();
+        for e in instance.emitted_columns() {
+            wanted.push((position(e.name())?, e.sql_type));
+        }
+        let mut key = Vec::new();
+        for k in &instance.key_columns {
+            let at = position(k)?;
+            let sql_type = table.columns[at]
+                .sql_type
+                .clone()
+                .map_err(|e| SimState::catalog_changed(format!("key column {k}: {e}")))?;
+            key.push((at, sql_type));
+        }
+        let project = |row: &Vec<Value>| -> Result<Vec<Value>, SourceError> {
+            wanted
+                .iter()
+                .map(|&(at, sql_type)| {
+                    let value = &row[at];
+                    if fits(value, sql_type) {
+                        Ok(value.clone())
+                    } else {
+                        Err(SimState::catalog_changed(format!(
+                            "table {name}: column `{}` holds a value that is not {sql_type}",
+                            table.columns[at].name
+                        )))
+                    }
+                })
+                .collect()
+        };
+        let misuse = |what: &str| SourceError::Malformed {
+            capture_instance: instance.name.clone(),
+            message: format!("read_table: {what}"),
+        };
+        let mut rows = Vec::new();
+        let mut pass_end = None;
+        if key.is_empty() {
+            // A heap: one pass in storage order, resumed where the last call stopped.
+            let from = match cursor {
+                TableCursor::Start => None,
+                TableCursor::Continue => Some(
+                    state
+                        .passes
+                        .get(&instance.name)
+                        .cloned()
+                        .ok_or_else(|| misuse("no pass over the table was started"))?,
+                ),
+                TableCursor::AfterKey(_) => return Err(misuse("the table has no key")),
+            };
+            let range = match &from {
+                None => table.rows.range::<SortKey, _>(..),
+                Some(after) => table.rows.range::<SortKey, _>((
+                    std::ops::Bound::Excluded(after),
+                    std::ops::Bound::Unbounded,
+                )),
+            };
+            for (k, row) in range.take(limit) {
+                rows.push(project(row)?);
+                pass_end = Some(k.clone());
+            }
+            pass_end = pass_end.or(from);
+        } else {
+            let after = match cursor {
+                TableCursor::Start => None,
+                TableCursor::AfterKey(texts) if texts.len() == key.len() => Some(
+                    key.iter()
+                        .zip(texts)
+                        .map(|(&(_, sql_type), text)| {
+                            order::part_of_text(sql_type, text.as_deref())
+                        })
+                        .collect::<Option<SortKey>>()
+                        .ok_or_else(|| misuse("a key value is not of its column's type"))?,
+                ),
+                _ => return Err(misuse("the cursor does not match the key")),
+            };
+            // ORDER BY the capture instance's key: the table's own key uses its index,
+            // another unique index sorts.
+            let mut ordered: Vec<(SortKey, &Vec<Value>)> = table
+                .rows
+                .values()
+                .map(|row| {
+                    (
+                        key.iter().map(|&(at, _)| order::part(&row[at])).collect(),
+                        row,
+                    )
+                })
+                .filter(|(k, _)| after.as_ref().is_none_or(|a| k > a))
+                .collect();
+            ordered.sort_by(|a, b| a.0.cmp(&b.0));
+            for (_, row) in ordered.into_iter().take(limit) {
+                rows.push(project(row)?);
+            }
+        }
+        if let Some(end) = pass_end {
+            state.passes.insert(instance.name.clone(), end);
+        }
+        state.table_rows_read += rows.len();
         Ok(rows)
     }
 

@@ -18,7 +18,7 @@ use crate::lsn::Lsn;
 use crate::source::sim::{CdcSimulator, SimColumn, Transaction};
 use crate::source::{
     CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
-    RowKey, SourceError,
+    RowKey, SourceError, TableCursor,
 };
 
 /// Settings of the synthetic workload.
@@ -33,6 +33,10 @@ pub struct SyntheticConfig {
     /// Every this many transactions, one carries a large (300 KB) text value, so that
     /// segmentation is exercised; 0 for never.
     pub large_value_every: u64,
+    /// Rows of `dbo.products`, a table that held them before CDC was enabled and that
+    /// the workload never changes: what an initial load reads (0: no such table).
+    /// Row `k` is generated when read, so the table may be of any size.
+    pub existing_rows: u64,
 }
 
 impl Default for SyntheticConfig {
@@ -42,6 +46,7 @@ impl Default for SyntheticConfig {
             transactions: Some(10_000),
             rate_per_second: None,
             large_value_every: 0,
+            existing_rows: 0,
         }
     }
 }
@@ -76,6 +81,29 @@ const LIVE_ROWS: usize = 10_000;
 const CUSTOMERS: &str = "dbo.customers";
 const ORDERS: &str = "dbo.orders";
 const LINES: &str = "sales.order details";
+const PRODUCTS: &str = "products";
+
+/// Row `id` (1-based) of `dbo.products`: a function of the seed and the id alone.
+fn product(seed: u64, id: u64) -> Vec<Value> {
+    let mut rng = SplitMix64(seed ^ id.wrapping_mul(0x2545_F491_4F6C_DD1D));
+    let updated = NaiveDate::from_ymd_opt(2025, 1, 1)
+        .and_then(|d| d.and_hms_milli_opt(0, 0, 0, 0))
+        .unwrap_or_default()
+        + chrono::Duration::milliseconds(rng.below(1 << 34) as i64);
+    vec![
+        Value::BigInt(i64::try_from(id).unwrap_or(i64::MAX)),
+        Value::Text(format!("Product {id} · größe {}", rng.below(50))),
+        Value::Decimal {
+            unscaled: i128::from(rng.below(1_000_000)),
+            scale: 2,
+        },
+        Value::Int(rng.below(10_000) as i32),
+        Value::DateTime2 {
+            value: updated,
+            scale: 3,
+        },
+    ]
+}
 
 /// The synthetic source.
 pub struct SyntheticSource {
@@ -154,6 +182,28 @@ impl SyntheticSource {
         for table in [CUSTOMERS, ORDERS, LINES] {
             // The tables and names above are fixed; enabling them cannot fail.
             let _ = sim.enable_table(table, None);
+        }
+        if config.existing_rows > 0 {
+            // Its rows are generated when read (`read_table`), never held.
+            sim.create_table(
+                "dbo",
+                PRODUCTS,
+                vec![
+                    SimColumn::new("id", SqlType::BigInt),
+                    SimColumn::new("name", SqlType::NVarChar(Length::Bounded(100))),
+                    SimColumn::new(
+                        "price",
+                        SqlType::Decimal {
+                            precision: 10,
+                            scale: 2,
+                        },
+                    ),
+                    SimColumn::new("stock", SqlType::Int),
+                    SimColumn::new("updated_at", SqlType::DateTime2 { scale: 3 }),
+                ],
+                &["id"],
+            );
+            let _ = sim.enable_table("dbo.products", None);
         }
         SyntheticSource {
             sim,
@@ -418,6 +468,52 @@ impl ChangeSource for SyntheticSource {
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
         self.sim.ddl_history(capture_instance).await
     }
+
+    async fn table_rows(&mut self, instance: &CaptureInstance) -> Result<Option<u64>, SourceError> {
+        if self.is_products(instance) {
+            return Ok(Some(self.config.existing_rows));
+        }
+        self.sim.table_rows(instance).await
+    }
+
+    async fn read_table(
+        &mut self,
+        instance: &CaptureInstance,
+        cursor: TableCursor<'_>,
+        limit: usize,
+    ) -> Result<Vec<Vec<Value>>, SourceError> {
+        if !self.is_products(instance) {
+            return self.sim.read_table(instance, cursor, limit).await;
+        }
+        let after = match cursor {
+            TableCursor::Start => 0,
+            TableCursor::AfterKey([Some(id)]) => {
+                id.parse::<u64>().map_err(|_| SourceError::Malformed {
+                    capture_instance: instance.name.clone(),
+                    message: format!("read_table: `{id}` is not a products id"),
+                })?
+            }
+            _ => {
+                return Err(SourceError::Malformed {
+                    capture_instance: instance.name.clone(),
+                    message: "read_table: the cursor does not match the key (id)".into(),
+                });
+            }
+        };
+        let end = after
+            .saturating_add(limit as u64)
+            .min(self.config.existing_rows);
+        Ok((after + 1..=end)
+            .map(|id| product(self.config.seed, id))
+            .collect())
+    }
+}
+
+impl SyntheticSource {
+    /// Whether `instance` is the generated `dbo.products` (whose columns never change).
+    fn is_products(&self, instance: &CaptureInstance) -> bool {
+        self.config.existing_rows > 0 && instance.schema == "dbo" && instance.table == PRODUCTS
+    }
 }
 
 #[cfg(test)]
@@ -445,6 +541,7 @@ mod tests {
             transactions: Some(300),
             rate_per_second: None,
             large_value_every: 100,
+            existing_rows: 0,
         };
         let a = history(config.clone(), 1000).await;
         let b = history(config.clone(), 7).await;

@@ -516,15 +516,17 @@ impl<S: ChangeSource> Poller<S> {
         };
         let mut tables = Vec::new();
         for t in &self.tracked {
-            // Complete through L0 — unless the instance begins after it (enabled since
-            // the last change CDC recorded, or nothing recorded yet): then it is new,
-            // read from its start_lsn, and nothing of it lies at or below L0.
-            if t.instance.start_lsn.is_some_and(|start| start <= at) {
-                self.position.advance(&t.instance.name, at);
-                self.position
-                    .change_tables
-                    .insert(t.instance.name.clone(), t.instance.object_id);
-            }
+            // Complete through L0 — or, for an instance that begins after it (enabled
+            // since the last change CDC recorded, or nothing recorded yet), through
+            // just below its start_lsn: it holds nothing at or below L0.
+            let through = match t.instance.start_lsn {
+                Some(start) if start > at => last_before(start),
+                _ => at,
+            };
+            self.position.advance(&t.instance.name, through);
+            self.position
+                .change_tables
+                .insert(t.instance.name.clone(), t.instance.object_id);
             if t.superseded_at.is_some() {
                 // The newer capture instance of the same table is the one loaded.
                 continue;

@@ -437,6 +437,73 @@ mod tests {
     }
 
     #[test]
+    fn load_queries_parse_for_every_key_shape_and_null_pattern() {
+        let instance = awkward_instance("dbo_order details");
+        let key = vec![
+            ("Id".to_owned(), SqlType::Int),
+            ("x]y".to_owned(), SqlType::NVarChar(Length::Bounded(10))),
+            ("When".to_owned(), SqlType::DateTime),
+            ("Raw".to_owned(), SqlType::VarBinary(Length::Bounded(16))),
+        ];
+        parses("read_table, no key", &read_table(&instance, &[], None));
+        parses("read_table, first chunk", &read_table(&instance, &key, None));
+        for nulls in 0..16u32 {
+            let pattern: Vec<bool> = (0..4).map(|i| nulls & (1 << i) != 0).collect();
+            parses(
+                "read_table, after a key",
+                &read_table(&instance, &key, Some(&pattern)),
+            );
+        }
+    }
+
+    #[test]
+    fn the_load_query_seeks_past_the_key_in_key_order() {
+        let instance = awkward_instance("dbo_order details");
+        let key = vec![
+            ("Id".to_owned(), SqlType::Int),
+            ("When".to_owned(), SqlType::DateTime),
+        ];
+        assert_eq!(
+            read_table(&instance, &key, None),
+            "SELECT TOP (@P1) ct.[Id] AS [Id], CAST(ct.[unit price] AS decimal(19,4)) AS [unit price], \
+CAST(ct.[x]]y] AS varbinary(max)) AS [x]]y], \
+CAST(CAST(ct.[Code] AS nvarchar(10)) AS varbinary(20)) AS [Code], \
+CAST(CAST(ct.[Note] AS nvarchar(max)) AS varbinary(max)) AS [Note], \
+CAST(ct.[Name] AS varbinary(100)) AS [Name] \
+FROM [dbo].[order details] AS ct ORDER BY ct.[Id], ct.[When];"
+        );
+        let after = read_table(&instance, &key, Some(&[false, false]));
+        assert!(
+            after.ends_with(
+                " WHERE ct.[Id] >= CAST(@P2 AS int) AND ((ct.[Id] > CAST(@P2 AS int)) \
+OR (ct.[Id] = CAST(@P2 AS int) AND ct.[When] > CONVERT(datetime, @P3, 121))) \
+ORDER BY ct.[Id], ct.[When];"
+            ),
+            "{after}"
+        );
+        // A NULL takes no parameter: the next value is @P2, and NULL sorts first.
+        let after_null = read_table(&instance, &key, Some(&[true, false]));
+        assert!(
+            after_null.contains(
+                " WHERE ((ct.[Id] IS NOT NULL) OR (ct.[Id] IS NULL AND ct.[When] > CONVERT(datetime, @P2, 121)))"
+            ),
+            "{after_null}"
+        );
+        let binary = read_table(
+            &instance,
+            &[("Raw".to_owned(), SqlType::Binary(Length::Bounded(8)))],
+            Some(&[false]),
+        );
+        assert!(binary.contains("ct.[Raw] > CONVERT(binary(8), @P2, 1)"), "{binary}");
+        assert_eq!(
+            read_table(&instance, &[], None),
+            read_table(&instance, &[], Some(&[])),
+            "a table without a key is one statement, whatever the cursor"
+        );
+        assert!(!read_table(&instance, &[], None).contains("TOP"));
+    }
+
+    #[test]
     fn the_malformed_is_rejected_by_the_parse_check() {
         // The parse check has teeth: a broken query fails it.
         assert!(Parser::parse_sql(&MsSqlDialect {}, "SELECT FROM WHERE;").is_err());

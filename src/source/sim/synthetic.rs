@@ -470,6 +470,8 @@ impl ChangeSource for SyntheticSource {
     }
 
     async fn table_rows(&mut self, instance: &CaptureInstance) -> Result<Option<u64>, SourceError> {
+        // The workload goes on while a table is loaded, as writers do.
+        self.advance()?;
         if self.is_products(instance) {
             return Ok(Some(self.config.existing_rows));
         }
@@ -483,6 +485,7 @@ impl ChangeSource for SyntheticSource {
         limit: usize,
     ) -> Result<Vec<Vec<Value>>, SourceError> {
         if !self.is_products(instance) {
+            self.advance()?;
             return self.sim.read_table(instance, cursor, limit).await;
         }
         let after = match cursor {

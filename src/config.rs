@@ -972,6 +972,26 @@ bootstrap_servers = "localhost:9092"
     }
 
     #[test]
+    fn snapshot_settings_default_to_never_and_are_checked_by_name() {
+        let c = load(MINIMAL).unwrap();
+        assert_eq!(c.snapshot.mode, SnapshotMode::Never);
+        assert_eq!(c.poller().unwrap().snapshot, SnapshotMode::Never);
+        let c = load(&format!(
+            "{MINIMAL}\n[snapshot]\nmode = \"when_needed\"\nchunk_size = 100000\n"
+        ))
+        .unwrap();
+        let poller = c.poller().unwrap();
+        assert_eq!(poller.snapshot, SnapshotMode::WhenNeeded);
+        assert_eq!(poller.load_chunk, 100_000);
+        for bad in ["chunk_size = 0", "chunk_size = 100001"] {
+            let err = load(&format!("{MINIMAL}\n[snapshot]\n{bad}\n")).unwrap_err();
+            assert!(err.to_string().contains("snapshot.chunk_size"), "{err}");
+        }
+        let err = load(&format!("{MINIMAL}\n[snapshot]\nmode = \"always\"\n")).unwrap_err();
+        assert!(err.to_string().contains("always"), "{err}");
+    }
+
+    #[test]
     fn out_of_range_message_size_names_the_setting() {
         let err = load(&format!("{MINIMAL}\n[event]\nmax_message_size_kb = 2000\n")).unwrap_err();
         assert!(err.to_string().contains("max_message_size_kb"), "{err}");

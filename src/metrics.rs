@@ -674,14 +674,29 @@ mod tests {
         metrics.set_loads(&[status("dbo.a", 1000, Some(5000)), status("dbo.b", 0, None)]);
         let text = metrics.render();
         assert!(text.contains("mssql_ces_load_tables 2"), "{text}");
-        assert!(text.contains("mssql_ces_load_rows{table=\"dbo.a\"} 1000"), "{text}");
-        assert!(text.contains("mssql_ces_load_rows_estimated{table=\"dbo.a\"} 5000"), "{text}");
-        assert!(!text.contains("mssql_ces_load_rows_estimated{table=\"dbo.b\"}"), "{text}");
-        assert!(text.contains("mssql_ces_load_rows_per_second{table=\"dbo.b\"} 250.5"), "{text}");
+        assert!(
+            text.contains("mssql_ces_load_rows{table=\"dbo.a\"} 1000"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mssql_ces_load_rows_estimated{table=\"dbo.a\"} 5000"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("mssql_ces_load_rows_estimated{table=\"dbo.b\"}"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mssql_ces_load_rows_per_second{table=\"dbo.b\"} 250.5"),
+            "{text}"
+        );
         metrics.set_loads(&[status("dbo.b", 10, None)]);
         let text = metrics.render();
         assert!(text.contains("mssql_ces_load_tables 1"), "{text}");
-        assert!(!text.contains("table=\"dbo.a\""), "a finished table's series go: {text}");
+        assert!(
+            !text.contains("table=\"dbo.a\""),
+            "a finished table's series go: {text}"
+        );
         metrics.set_loads(&[]);
         assert!(metrics.render().contains("mssql_ces_load_tables 0"));
         assert!(!metrics.render().contains("table=\"dbo.b\""));

@@ -172,7 +172,8 @@ impl<W: Write> EventReader<W> {
         };
         // A loaded row (beginlsn zero) numbers its table's rows at the load's LSN, so
         // its logicalid is no place in commit order: only changes are checked.
-        let loaded = data["eventsource"]["transaction"]["beginlsn"].as_str() == Some(LOADED_BEGIN_LSN);
+        let loaded =
+            data["eventsource"]["transaction"]["beginlsn"].as_str() == Some(LOADED_BEGIN_LSN);
         if let Some(state) = self.streams.get_mut(stream).filter(|_| !loaded) {
             let here = readback::position(&event.event.logicalid)
                 .map(|(lsn, sequence)| (lsn.to_owned(), sequence.to_owned()));

@@ -834,8 +834,14 @@ interval_ms = 25
     let mut whole = spawn(&reference_config, &reference_dir, &["--until-idle"], 0);
     assert!(wait(&mut whole, Duration::from_secs(180)).success());
     let reference = std::fs::read(reference_dir.join("events.jsonl")).expect("reference");
-    let lines = reference.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count();
-    assert!(lines > 60_000, "{lines} lines: the products table and the other tables' rows");
+    let lines = reference
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
+    assert!(
+        lines > 60_000,
+        "{lines} lines: the products table and the other tables' rows"
+    );
 
     let dir = temp_dir("load-killed");
     let config_path = write_config(&dir);
@@ -857,9 +863,16 @@ interval_ms = 25
     }
     let mut last = spawn(&config_path, &dir, &["--until-idle"], 8);
     let status = wait(&mut last, Duration::from_secs(180));
-    assert!(status.success(), "final run: {status} (seed {seed}); logs in {}", dir.display());
+    assert!(
+        status.success(),
+        "final run: {status} (seed {seed}); logs in {}",
+        dir.display()
+    );
     let resumed = std::fs::read(dir.join("events.jsonl")).expect("output");
-    assert!(mid_load > 0, "no kill landed in the middle of the load (seed {seed})");
+    assert!(
+        mid_load > 0,
+        "no kill landed in the middle of the load (seed {seed})"
+    );
     assert_eq!(
         resumed.len(),
         reference.len(),

@@ -934,7 +934,14 @@ async fn rows_held_before_cdc_are_loaded_in_key_order_then_changes_follow() {
     };
     let keys: Vec<String> = of(&keyed)
         .iter()
-        .map(|c| format!("{} {} {}", value(c, "current", "region"), value(c, "current", "at"), value(c, "current", "n")))
+        .map(|c| {
+            format!(
+                "{} {} {}",
+                value(c, "current", "region"),
+                value(c, "current", "at"),
+                value(c, "current", "n")
+            )
+        })
         .collect();
     // The server's order: its collation (case-insensitive), then time, then n.
     assert_eq!(
@@ -947,7 +954,10 @@ async fn rows_held_before_cdc_are_loaded_in_key_order_then_changes_follow() {
             "south 2026-01-01 00:00:00.000 3",
         ]
     );
-    let heap_rows: Vec<String> = of(&heap).iter().map(|c| value(c, "current", "msg")).collect();
+    let heap_rows: Vec<String> = of(&heap)
+        .iter()
+        .map(|c| value(c, "current", "msg"))
+        .collect();
     let mut sorted = heap_rows.clone();
     sorted.sort();
     assert_eq!(sorted, ["NULL", "x", "x", "y"]);
@@ -955,7 +965,10 @@ async fn rows_held_before_cdc_are_loaded_in_key_order_then_changes_follow() {
         let numbers: Vec<u64> = rows.iter().map(|c| c.sequence_number).collect();
         assert_eq!(numbers, (1..=rows.len() as u64).collect::<Vec<_>>());
         assert!(rows.last().unwrap().last_in_transaction);
-        assert!(rows.iter().all(|c| c.operation == Operation::Insert && c.begin_lsn == Lsn::ZERO));
+        assert!(
+            rows.iter()
+                .all(|c| c.operation == Operation::Insert && c.begin_lsn == Lsn::ZERO)
+        );
     }
     exec(
         &mut db,
@@ -963,7 +976,11 @@ async fn rows_held_before_cdc_are_loaded_in_key_order_then_changes_follow() {
     )
     .await;
     let changes = collect(&mut p, 2).await;
-    assert!(changes.iter().all(|c| c.begin_lsn != Lsn::ZERO && c.commit_lsn > loaded[0].commit_lsn));
+    assert!(
+        changes
+            .iter()
+            .all(|c| c.begin_lsn != Lsn::ZERO && c.commit_lsn > loaded[0].commit_lsn)
+    );
     assert_eq!(value(&changes[0], "current", "note"), "changed");
     drop_table(&mut db, &keyed).await;
     drop_table(&mut db, &heap).await;

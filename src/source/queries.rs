@@ -446,7 +446,10 @@ mod tests {
             ("Raw".to_owned(), SqlType::VarBinary(Length::Bounded(16))),
         ];
         parses("read_table, no key", &read_table(&instance, &[], None));
-        parses("read_table, first chunk", &read_table(&instance, &key, None));
+        parses(
+            "read_table, first chunk",
+            &read_table(&instance, &key, None),
+        );
         for nulls in 0..16u32 {
             let pattern: Vec<bool> = (0..4).map(|i| nulls & (1 << i) != 0).collect();
             parses(
@@ -494,7 +497,10 @@ ORDER BY ct.[Id], ct.[When];"
             &[("Raw".to_owned(), SqlType::Binary(Length::Bounded(8)))],
             Some(&[false]),
         );
-        assert!(binary.contains("ct.[Raw] > CONVERT(binary(8), @P2, 1)"), "{binary}");
+        assert!(
+            binary.contains("ct.[Raw] > CONVERT(binary(8), @P2, 1)"),
+            "{binary}"
+        );
         assert_eq!(
             read_table(&instance, &[], None),
             read_table(&instance, &[], Some(&[])),

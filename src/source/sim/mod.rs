@@ -1435,8 +1435,22 @@ impl ChangeSource for CdcSimulator {
                 ),
                 _ => return Err(misuse("the cursor does not match the key")),
             };
-            // ORDER BY the capture instance's key: the table's own key uses its index,
-            // another unique index sorts.
+            // ORDER BY the capture instance's key: the table's own key uses its index
+            // (the map's order), another unique index sorts.
+            if instance.key_columns == table.key {
+                let range = match &after {
+                    None => table.rows.range::<SortKey, _>(..),
+                    Some(after) => table.rows.range::<SortKey, _>((
+                        std::ops::Bound::Excluded(after),
+                        std::ops::Bound::Unbounded,
+                    )),
+                };
+                for (_, row) in range.take(limit) {
+                    rows.push(project(row)?);
+                }
+                state.table_rows_read += rows.len();
+                return Ok(rows);
+            }
             let mut ordered: Vec<(SortKey, &Vec<Value>)> = table
                 .rows
                 .values()

@@ -135,6 +135,13 @@ pub async fn run(
             .as_ref()
             .and_then(|p| p.last_event)
             .map_or_else(|| "none".to_owned(), |e| e.to_string()),
+        unfinished_load = summary.checkpoint.as_ref().filter(|p| !p.loads.is_empty()).map(|p| {
+            p.loads
+                .values()
+                .map(|l| format!("{} after {} rows", l.table, l.rows))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }),
         "stopped"
     );
     Ok(Some(summary))

@@ -187,7 +187,7 @@ pub async fn run<B: BatchSource>(
                     return Ok(());
                 }
                 Some(Err(e)) => return Err(e.into()),
-                Some(Ok(SourceItem::Batch(batch, guid))) => (batch, guid),
+                Some(Ok(SourceItem::Batch(batch, guid))) => (*batch, guid),
             };
             if encoder.is_none()
                 && let Some(factory) = encoder_options.take()
@@ -330,7 +330,7 @@ pub async fn run<B: BatchSource>(
 /// What the source task hands on.
 enum SourceItem {
     /// A batch, with the database GUID (the default stream GUID).
-    Batch(Batch, uuid::Uuid),
+    Batch(Box<Batch>, uuid::Uuid),
     /// Nothing new (only sent when the run stops once idle).
     Idle,
 }
@@ -371,7 +371,11 @@ async fn poll_source<B: BatchSource>(
                     let _ = tx.send(Err(SourceError::DatabaseGuidUnreadable)).await;
                     return;
                 };
-                if tx.send(Ok(SourceItem::Batch(batch, guid))).await.is_err() {
+                if tx
+                    .send(Ok(SourceItem::Batch(Box::new(batch), guid)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

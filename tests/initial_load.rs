@@ -356,11 +356,8 @@ async fn a_load_resumed_from_a_checkpoint_re_sends_identical_rows_and_loses_none
     // The uninterrupted run.
     let mut whole = Poller::new(sim.clone(), config(SnapshotMode::Initial, 8), None);
     let mut batches = Vec::new();
-    loop {
-        match whole.poll().await.unwrap() {
-            PollOutcome::Batch(batch) => batches.push(batch),
-            PollOutcome::Idle => break,
-        }
+    while let PollOutcome::Batch(batch) = whole.poll().await.unwrap() {
+        batches.push(batch);
     }
     let all: Vec<Change> = batches.iter().flat_map(|b| b.changes.clone()).collect();
     assert_eq!(all.len(), 100);

@@ -217,10 +217,10 @@ impl<W: Write> EventReader<W> {
     }
 }
 
-/// `schema.table` from a Data object's `eventsource`.
 /// `beginlsn` of a row an initial load read: no transaction begins at LSN zero.
 const LOADED_BEGIN_LSN: &str = "00000000:00000000:0000";
 
+/// `schema.table` from a Data object's `eventsource`.
 fn table_of(data: &serde_json::Value) -> String {
     let source = &data["eventsource"];
     match (source["schema"].as_str(), source["tbl"].as_str()) {

@@ -290,6 +290,9 @@ pub struct Poller<S> {
     load_runs: BTreeMap<String, LoadRun>,
     /// The cleanup job's retention, read when a load is planned.
     retention: Option<Duration>,
+    /// Per capture instance: its table's rows as `sys.partitions` estimated them,
+    /// asked once (for the retention projection).
+    estimates: BTreeMap<String, Option<u64>>,
 }
 
 /// A table's load as this process runs it (the checkpoint has the rest).
@@ -303,6 +306,10 @@ struct LoadRun {
     /// A table without a key: the last row read, held until the next chunk shows
     /// whether it is the table's last.
     held: Option<Vec<crate::event::Value>>,
+    /// Hashes of the keys chunks resumed after: one coming back means the server's
+    /// seek did not move past it (a key value that does not survive the round trip
+    /// as text), which would otherwise loop for ever.
+    resumed_after: std::collections::HashSet<u64>,
 }
 
 /// How often a load's progress is logged.
@@ -354,6 +361,7 @@ impl<S: ChangeSource> Poller<S> {
             needs_plan,
             load_runs: BTreeMap::new(),
             retention: None,
+            estimates: BTreeMap::new(),
         }
     }
 
@@ -617,9 +625,46 @@ impl<S: ChangeSource> Poller<S> {
             return Ok(PollOutcome::Idle);
         };
         let Some(tracked) = self.tracked.iter().find(|t| t.instance.name == name) else {
-            tracing::warn!(capture_instance = %name, table = %load.table, "the table's capture instance is gone (disabled, or no longer included): its load is dropped");
             self.position.loads.remove(&name);
             self.load_runs.remove(&name);
+            // A schema change done the documented way (a second capture instance,
+            // then the first disabled) leaves the table streamed by the other one:
+            // load it again through that one, at a new LSN.
+            let successor = self
+                .tracked
+                .iter()
+                .find(|t| {
+                    t.instance.qualified_table() == load.table
+                        && t.superseded_at.is_none()
+                        && !self.position.loads.contains_key(&t.instance.name)
+                })
+                .map(|t| t.instance.name.clone());
+            match successor {
+                Some(next) => {
+                    let max = self.source.max_lsn().await?;
+                    let at = max
+                        .lsn
+                        .filter(|l| !l.is_zero())
+                        .unwrap_or(load.at)
+                        .max(load.at);
+                    let commit_time_ns = self.commit_time_ns(at).await?;
+                    tracing::warn!(capture_instance = %name, table = %load.table, now_through = %next, at_lsn = %at, "the capture instance being loaded is gone; the table is loaded again, from its first row, through its other capture instance");
+                    self.position.advance(&next, at);
+                    self.position.loads.insert(
+                        next,
+                        TableLoad {
+                            table: load.table,
+                            at,
+                            commit_time_ns,
+                            after: None,
+                            rows: 0,
+                        },
+                    );
+                }
+                None => {
+                    tracing::warn!(capture_instance = %name, table = %load.table, "the table's capture instance is gone (CDC disabled on it, or it is no longer included): it is no longer streamed, and its load ends here")
+                }
+            }
             return Ok(PollOutcome::Batch(self.position_batch(Vec::new())));
         };
         let instance = tracked.instance.clone();
@@ -627,7 +672,11 @@ impl<S: ChangeSource> Poller<S> {
         let key_positions = key_positions(&instance)?;
         let keyed = !key_positions.is_empty();
         if !self.load_runs.contains_key(&name) {
-            let estimated = self.source.table_rows(&instance).await?;
+            let estimated = match self.estimates.get(&name) {
+                Some(known) => *known,
+                None => self.source.table_rows(&instance).await?,
+            };
+            self.estimates.insert(name.clone(), estimated);
             tracing::info!(table = %load.table, rows_estimated = estimated, at_lsn = %load.at, resumed_after_rows = load.rows, "loading table");
             let now = Instant::now();
             self.load_runs.insert(
@@ -639,6 +688,7 @@ impl<S: ChangeSource> Poller<S> {
                     last_log: now,
                     pass_open: false,
                     held: None,
+                    resumed_after: Default::default(),
                 },
             );
         }
@@ -653,6 +703,33 @@ impl<S: ChangeSource> Poller<S> {
             let mut rows = self.source.read_table(&instance, cursor, chunk + 1).await?;
             let done = rows.len() <= chunk;
             rows.truncate(chunk);
+            if let (false, Some(last)) = (done, rows.last()) {
+                let key: Vec<Option<String>> =
+                    key_positions.iter().map(|&at| last[at].to_text()).collect();
+                let hash = {
+                    use std::hash::{Hash as _, Hasher as _};
+                    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                    key.hash(&mut hasher);
+                    hasher.finish()
+                };
+                let repeated = self
+                    .load_runs
+                    .get_mut(&name)
+                    .is_some_and(|run| !run.resumed_after.insert(hash));
+                if repeated || load.after.as_ref() == Some(&key) {
+                    return Err(SourceError::Malformed {
+                        capture_instance: name.clone(),
+                        message: format!(
+                            "the load of {} does not move past the key ({}): the server's seek after this value returns rows already sent (a text key with characters the database's default code page lacks?); load this table with snapshot.mode = \"never\" and exclude it, or change its key's collation",
+                            load.table,
+                            key.iter()
+                                .map(|v| v.as_deref().unwrap_or("NULL"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    });
+                }
+            }
             (rows, done)
         } else {
             let open = self.load_runs.get(&name).is_some_and(|r| r.pass_open);
@@ -662,6 +739,10 @@ impl<S: ChangeSource> Poller<S> {
                 // A new pass: from the first row again.
                 load.rows = 0;
                 load.after = None;
+                if let Some(run) = self.load_runs.get_mut(&name) {
+                    run.rows_at_start = 0;
+                    run.started = Instant::now();
+                }
                 TableCursor::Start
             };
             let read = self.source.read_table(&instance, cursor, chunk).await?;
@@ -741,29 +822,35 @@ impl<S: ChangeSource> Poller<S> {
             }
         } else {
             self.position.loads.insert(name.clone(), load);
-            self.log_load_progress(&name);
+            self.log_load_progress(&name).await?;
         }
         Ok(PollOutcome::Batch(self.position_batch(changes)))
     }
 
-    /// Logs a load's progress every [`LOAD_LOG_EVERY`], and warns when at its rate it
-    /// will outlast the cleanup retention (changes after L0 would be purged before
-    /// they are read).
-    fn log_load_progress(&mut self, name: &str) {
+    /// Logs a load's progress every [`LOAD_LOG_EVERY`], and warns once when the loads
+    /// will outlast the cleanup retention: no change is read until every load ends,
+    /// so the changes after L0 wait from L0's commit until then. The projection is the
+    /// time since L0's commit plus what is left of this table and of the tables still
+    /// queued, at this table's rate.
+    async fn log_load_progress(&mut self, name: &str) -> Result<(), SourceError> {
         let due = self
             .load_runs
             .get(name)
             .is_some_and(|r| r.last_log.elapsed() >= LOAD_LOG_EVERY);
         if !due {
-            return;
+            return Ok(());
         }
-        let Some(status) = self.load_status().into_iter().find(|s| {
-            self.position
-                .loads
-                .get(name)
-                .is_some_and(|l| l.table == s.table)
-        }) else {
-            return;
+        if let Some(run) = self.load_runs.get_mut(name) {
+            run.last_log = Instant::now();
+        }
+        let statuses = self.load_status();
+        let Some(status) = self
+            .position
+            .loads
+            .get(name)
+            .and_then(|l| statuses.iter().find(|s| s.table == l.table))
+        else {
+            return Ok(());
         };
         let left = status.seconds_left();
         tracing::info!(
@@ -774,23 +861,51 @@ impl<S: ChangeSource> Poller<S> {
             seconds_left = left.map(f64::round),
             "loading"
         );
-        if let (Some(run), Some(retention), Some(left)) =
-            (self.load_runs.get_mut(name), self.retention, left)
-        {
-            run.last_log = Instant::now();
-            let total = run.started.elapsed() + Duration::from_secs_f64(left);
-            if total >= retention && self.warned.insert(format!("retention {name}")) {
-                tracing::warn!(
-                    table = %status.table,
-                    projected_minutes = total.as_secs() / 60,
-                    retention_minutes = retention.as_secs() / 60,
-                    on_gap = ?self.config.on_gap,
-                    "at this rate the load outlasts the CDC cleanup retention: changes made since the load began may be purged before they are read, which source.on_gap (or snapshot.mode = \"when_needed\") then decides; raise the retention (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = <minutes>) or snapshot.chunk_size"
-                );
-            }
-        } else if let Some(run) = self.load_runs.get_mut(name) {
-            run.last_log = Instant::now();
+        let (Some(retention), Some(left)) = (self.retention, left) else {
+            return Ok(());
+        };
+        // The queued tables' sizes, asked once each.
+        let queued: Vec<String> = self
+            .position
+            .loads
+            .keys()
+            .filter(|n| n.as_str() != name && !self.estimates.contains_key(n.as_str()))
+            .cloned()
+            .collect();
+        for queued_name in queued {
+            let estimate = match self.tracked.iter().find(|t| t.instance.name == queued_name) {
+                Some(t) => self.source.table_rows(&t.instance).await?,
+                None => None,
+            };
+            self.estimates.insert(queued_name, estimate);
         }
+        let queued_rows: u64 = self
+            .position
+            .loads
+            .keys()
+            .filter(|n| n.as_str() != name)
+            .filter_map(|n| self.estimates.get(n).copied().flatten())
+            .sum();
+        let rate = status.rows_per_second.max(1e-9);
+        let since_l0 = self.position.loads.get(name).map_or(0.0, |l| {
+            let l0 = chrono::DateTime::from_timestamp_nanos(l.commit_time_ns);
+            (chrono::Utc::now() - l0).num_milliseconds().max(0) as f64 / 1000.0
+        });
+        let projected = since_l0 + left + queued_rows as f64 / rate;
+        let Ok(projected) = Duration::try_from_secs_f64(projected) else {
+            return Ok(());
+        };
+        if projected >= retention && self.warned.insert("retention".to_owned()) {
+            tracing::warn!(
+                table = %status.table,
+                tables_queued = self.position.loads.len().saturating_sub(1),
+                projected_minutes = projected.as_secs() / 60,
+                retention_minutes = retention.as_secs() / 60,
+                on_gap = ?self.config.on_gap,
+                "at this rate the initial load ends after the CDC cleanup retention, counted from its LSN: changes made since then may be purged before they are read, which source.on_gap (or snapshot.mode = \"when_needed\") then decides; raise the retention (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = <minutes>)"
+            );
+        }
+        Ok(())
     }
 
     /// Re-reads the catalog when it is stale or due.
@@ -1354,23 +1469,17 @@ impl<S: ChangeSource> Poller<S> {
                     let min_lsn = self.source.min_lsn(&t.instance.name).await?;
                     let first_needed = first_needed_after(cursor.after);
                     if let Some(min_lsn) = min_lsn.filter(|m| *m > first_needed) {
+                        let reload = self.config.snapshot == SnapshotMode::WhenNeeded
+                            && t.superseded_at.is_none();
                         return Err(match self.config.on_gap {
-                            GapPolicy::Fail => SourceError::Gap {
+                            GapPolicy::Fail if !reload => SourceError::Gap {
                                 capture_instance: t.instance.name.clone(),
                                 first_lost: first_needed,
                                 last_lost: last_before(min_lsn),
                             },
                             // Start the iteration again: its probe finds the gap and
-                            // skips it (or re-loads the table) as configured.
-                            _ if self.config.snapshot == SnapshotMode::WhenNeeded => {
-                                SourceError::CatalogChanged {
-                                    message: format!(
-                                        "the cleanup job moved the low end of {} to {min_lsn} during a read",
-                                        t.instance.name
-                                    ),
-                                }
-                            }
-                            GapPolicy::Skip => SourceError::CatalogChanged {
+                            // re-loads the table, or skips the gap, as configured.
+                            _ => SourceError::CatalogChanged {
                                 message: format!(
                                     "the cleanup job moved the low end of {} to {min_lsn} during a read",
                                     t.instance.name

@@ -259,7 +259,8 @@ fn key_parameter(parameter: usize, sql_type: SqlType) -> String {
 /// A keyed table is read in key order, each chunk one statement that seeks past the
 /// last key read (keyset pagination: no offset to shift under concurrent writes, no
 /// transaction spanning chunks). A table without a key is read by one statement in
-/// one pass (the caller streams it). Both under the session's default READ COMMITTED:
+/// one pass ordered by every column (the caller streams it; the statement holds the
+/// table's schema-stability lock until the pass ends). Both under the session's default READ COMMITTED:
 /// only committed rows, each row's shared lock released once read — no table lock, and
 /// no version store held for the whole load as SNAPSHOT isolation would.
 pub fn read_table(
@@ -274,7 +275,17 @@ pub fn read_table(
     let table = source_table(instance);
     let columns = columns.join(", ");
     if key.is_empty() {
-        return format!("SELECT {columns} FROM {table} AS ct;");
+        // Every column in the order: the pass comes in the same order each time the
+        // table is unchanged, so a pass started again sends the same rows under the
+        // same sequence numbers (identical rows are interchangeable).
+        let order: Vec<String> = instance
+            .emitted_columns()
+            .map(|e| format!("ct.{}", quote_name(e.name())))
+            .collect();
+        return format!(
+            "SELECT {columns} FROM {table} AS ct ORDER BY {};",
+            order.join(", ")
+        );
     }
     let order: Vec<String> = key
         .iter()
@@ -506,7 +517,14 @@ ORDER BY ct.[Id], ct.[When];"
             read_table(&instance, &[], Some(&[])),
             "a table without a key is one statement, whatever the cursor"
         );
-        assert!(!read_table(&instance, &[], None).contains("TOP"));
+        let heap = read_table(&instance, &[], None);
+        assert!(!heap.contains("TOP"), "{heap}");
+        assert!(
+            heap.ends_with(
+                "ORDER BY ct.[Id], ct.[unit price], ct.[x]]y], ct.[Code], ct.[Note], ct.[Name];"
+            ),
+            "a pass in one order: {heap}"
+        );
     }
 
     #[test]

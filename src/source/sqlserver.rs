@@ -194,6 +194,8 @@ fn typed_key(instance: &CaptureInstance) -> Result<Vec<(String, SqlType)>, Sourc
 /// so memory holds two chunks at most.
 type Pass = tokio::sync::mpsc::Receiver<Result<Vec<Vec<Value>>, SourceError>>;
 
+/// Reads the pass's rows into the channel; each row must come within the query
+/// time-out, else the pass (and its connection) ends with a transient error.
 async fn stream_pass(
     settings: crate::source::connection::SqlServerConfig,
     sql: String,
@@ -215,7 +217,19 @@ async fn stream_pass(
             .map_err(classify)?
             .into_row_stream();
         let mut chunk = Vec::with_capacity(limit.min(4096));
-        while let Some(row) = rows.try_next().await.map_err(classify)? {
+        let wait = settings.query_timeout;
+        loop {
+            let next = tokio::time::timeout(wait, rows.try_next())
+                .await
+                .map_err(|_| SourceError::Transient {
+                    message: format!(
+                        "a row of the pass over a table without a key took longer than {} ms (source.query_timeout_ms)",
+                        wait.as_millis()
+                    ),
+                })?;
+            let Some(row) = next.map_err(classify)? else {
+                break;
+            };
             let (values, _) = decode_values(&capture_instance, &mut NamedRow::new(row), &columns)?;
             chunk.push(values);
             if chunk.len() >= limit {
@@ -424,6 +438,10 @@ impl ChangeSource for SqlServerSource {
         cursor: TableCursor<'_>,
         limit: usize,
     ) -> Result<Vec<Vec<Value>>, SourceError> {
+        // Loads run one table at a time: a pass still open over another table belongs
+        // to a load that ended (or was dropped). Closing its channel ends its task
+        // and its connection.
+        self.passes.retain(|name, _| name == &instance.name);
         let columns = emitted(instance);
         let key = typed_key(instance)?;
         let misuse = |what: &str| SourceError::Malformed {
@@ -448,7 +466,9 @@ impl ChangeSource for SqlServerSource {
             let Some(pass) = self.passes.get_mut(&instance.name) else {
                 return Err(misuse("no pass over the table was started"));
             };
-            let wait = self.conn.settings().query_timeout;
+            // The task bounds each row by the query time-out; this bounds the wait
+            // for a whole chunk, which the task may spend waiting for the channel.
+            let wait = self.conn.settings().query_timeout.saturating_mul(2);
             return match tokio::time::timeout(wait, pass.recv()).await {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => {
@@ -494,6 +514,16 @@ impl ChangeSource for SqlServerSource {
             let (values, replaced) =
                 decode_values(&instance.name, &mut NamedRow::new(row), &columns)?;
             for column in replaced {
+                if instance.key_columns.contains(&column) {
+                    // The load would resume after U+FFFD, not after the stored value.
+                    return Err(SourceError::Malformed {
+                        capture_instance: instance.name.clone(),
+                        message: format!(
+                            "key column `{column}` of {} holds invalid UTF-16 (a lone surrogate), which cannot be sent back to seek past it: load this table with snapshot.mode = \"never\" or fix the value",
+                            instance.qualified_table()
+                        ),
+                    });
+                }
                 tracing::warn!(table = %instance.qualified_table(), %column, "text held invalid UTF-16 (a lone surrogate); each invalid unit was replaced with U+FFFD");
             }
             out.push(values);

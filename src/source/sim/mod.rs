@@ -1397,7 +1397,8 @@ impl ChangeSource for CdcSimulator {
         let mut rows = Vec::new();
         let mut pass_end = None;
         if key.is_empty() {
-            // A heap: one pass in storage order, resumed where the last call stopped.
+            // A heap, read by one statement ordered by every column (then, for
+            // identical rows, storage order), resumed where the last call stopped.
             let from = match cursor {
                 TableCursor::Start => None,
                 TableCursor::Continue => Some(
@@ -1409,16 +1410,23 @@ impl ChangeSource for CdcSimulator {
                 ),
                 TableCursor::AfterKey(_) => return Err(misuse("the table has no key")),
             };
-            let range = match &from {
-                None => table.rows.range::<SortKey, _>(..),
-                Some(after) => table.rows.range::<SortKey, _>((
-                    std::ops::Bound::Excluded(after),
-                    std::ops::Bound::Unbounded,
-                )),
-            };
-            for (k, row) in range.take(limit) {
+            let mut ordered: Vec<(SortKey, &Vec<Value>)> = table
+                .rows
+                .iter()
+                .map(|(stored, row)| {
+                    let mut k: SortKey = wanted
+                        .iter()
+                        .map(|&(at, _)| order::part(&row[at]))
+                        .collect();
+                    k.extend(stored.iter().cloned());
+                    (k, row)
+                })
+                .filter(|(k, _)| from.as_ref().is_none_or(|f| k > f))
+                .collect();
+            ordered.sort_by(|a, b| a.0.cmp(&b.0));
+            for (k, row) in ordered.into_iter().take(limit) {
                 rows.push(project(row)?);
-                pass_end = Some(k.clone());
+                pass_end = Some(k);
             }
             pass_end = pass_end.or(from);
         } else {

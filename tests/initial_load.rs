@@ -825,3 +825,75 @@ async fn a_seek_that_does_not_move_on_stops_the_load_instead_of_looping() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn loaded_rows_read_back_as_ces_events_in_both_encodings_large_values_segmented() {
+    use mssql_ces::event::readback::{Reassembler, decode_avro_message, decode_json_message};
+    let sim = CdcSimulator::new("shop", GUID, 0);
+    sim.create_table(
+        "dbo",
+        "docs",
+        vec![
+            SimColumn::new("id", SqlType::Int),
+            SimColumn::new("body", SqlType::NVarChar(Length::Max)),
+        ],
+        &["id"],
+    );
+    sim.transaction()
+        .insert("dbo.docs", vec![Value::Int(1), Value::Text("short".into())])
+        // 1.5 MiB of text: truncated to 1 MiB, then segmented.
+        .insert(
+            "dbo.docs",
+            vec![Value::Int(2), Value::Text("é".repeat(786_432))],
+        )
+        .commit()
+        .unwrap();
+    sim.enable_table("dbo.docs", None).unwrap();
+    let mut poller = Poller::new(sim, config(SnapshotMode::Initial, 10), None);
+    let events = drain(&mut poller, |_| {}).await;
+    assert_eq!(events.len(), 2);
+    for encoding in [Encoding::Json, Encoding::Avro] {
+        let encoder = Encoder::new(EncoderOptions {
+            stream_guid: GUID,
+            encoding,
+            final_event: FinalEventMode::LastInTransaction,
+            max_message_size: MessageSizeLimit::from_kb(128).unwrap(),
+        });
+        let mut reassembler = Reassembler::new();
+        let mut whole = Vec::new();
+        let mut truncated = 0;
+        for change in &events {
+            let encoded = encoder.encode(change).unwrap();
+            truncated += encoded.truncated_values;
+            for message in encoded.messages {
+                assert!(message.bytes.len() <= 128 * 1024);
+                let event = match encoding {
+                    Encoding::Json => decode_json_message(&message.bytes),
+                    Encoding::Avro => decode_avro_message(&message.bytes),
+                }
+                .unwrap_or_else(|e| panic!("{encoding:?}: not a CES message: {e}"));
+                assert_eq!(event.specversion, "1.0");
+                assert_eq!(event.event_type, "com.microsoft.SQL.CES.DML.V1");
+                assert_eq!(event.operation, "INS");
+                if let Some(done) = reassembler.push(event).unwrap() {
+                    whole.push(done);
+                }
+            }
+        }
+        assert_eq!(truncated, 1, "{encoding:?}: the large value cut to 1 MiB");
+        assert_eq!(whole.len(), 2, "{encoding:?}");
+        assert!(whole[1].segment_ids.len() > 1, "{encoding:?}: segmented");
+        for (n, event) in whole.iter().enumerate() {
+            let data = event.data_json(encoding).unwrap();
+            let transaction = &data["eventsource"]["transaction"];
+            assert_eq!(transaction["beginlsn"], "00000000:00000000:0000");
+            assert_eq!(transaction["sequencenumber"], n as u64 + 1);
+            assert_eq!(transaction["finalevent"], n == 1);
+            assert_eq!(
+                data["eventsource"]["pkkey"][0]["value"],
+                (n + 1).to_string()
+            );
+            assert_eq!(data["eventrow"]["old"], "{}");
+        }
+    }
+}

@@ -5,6 +5,8 @@ pub mod amqp_peer;
 pub mod event_hubs;
 pub mod expected;
 pub mod kafka;
+pub mod tds;
+pub mod tds_cdc;
 
 use std::sync::Arc;
 

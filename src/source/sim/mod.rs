@@ -296,7 +296,7 @@ impl SimState {
                     self.version += 1;
                 }
                 LogRecord::Idle { lsn } => {
-                    let now = self.now;
+                    let now = datetime(self.now);
                     self.mapping.push((lsn, now));
                 }
             }
@@ -462,6 +462,18 @@ pub enum SimAction {
     Disable(String),
 }
 
+/// A time as a `datetime` column holds it (`cdc.lsn_time_mapping.tran_end_time`,
+/// `cdc.change_tables.create_date`, `cdc.ddl_history.ddl_time`): in 1/300-second
+/// ticks, rounded to the nearest (*datetime (Transact-SQL)*: "rounded to increments
+/// of .000, .003, or .007 seconds"), and read back as the SQL Server source decodes
+/// a tick count ([`crate::source::decode::datetime_from_ticks`]).
+fn datetime(t: NaiveDateTime) -> NaiveDateTime {
+    let midnight = t.date().and_time(chrono::NaiveTime::MIN);
+    let nanos = (t - midnight).num_nanoseconds().unwrap_or(0);
+    let ticks = (nanos * 300 + 500_000_000) / 1_000_000_000;
+    midnight + Duration::milliseconds((ticks * 10 + 1) / 3)
+}
+
 /// A value converted to a column's new type, as `ALTER COLUMN` converts stored rows.
 fn convert(value: &Value, to: SqlType) -> Value {
     match (value, to) {
@@ -566,7 +578,7 @@ impl Transaction {
             seqvals.reverse();
         }
         let commit_lsn = state.next_lsn();
-        let end_time = state.now;
+        let end_time = datetime(state.now);
         let mut seqvals = seqvals.into_iter();
         let mut images = Vec::new();
         for (command, statement) in self.statements.into_iter().enumerate() {
@@ -804,7 +816,7 @@ impl CdcSimulator {
                 sql_type: c.sql_type.clone(),
             })
             .collect();
-        let create_date = state.now;
+        let create_date = datetime(state.now);
         state.next_object_id += 1;
         let object_id = state.next_object_id;
         state.instances.push(SimInstance {
@@ -893,7 +905,7 @@ impl CdcSimulator {
     ) -> Result<(), String> {
         let mut state = self.lock();
         let lsn = state.next_lsn();
-        let time = state.now;
+        let time = datetime(state.now);
         let t = state
             .tables
             .get_mut(table)

@@ -1,0 +1,446 @@
+//! The SQL Server source through the real driver (tiberius) and real TDS bytes,
+//! against the TDS-speaking stand-in of `support::tds` — a test double following
+//! [MS-TDS] on loopback, not SQL Server: login, queries as sent, result decoding,
+//! server errors, dropped and hung connections.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use mssql_ces::lsn::Lsn;
+use mssql_ces::source::queries;
+use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
+use mssql_ces::source::{ChangeSource, SourceError};
+use support::tds::{Cell, Column, ColumnType, Handler, Param, Reply, Request, ResultSet, StandIn};
+
+const USER: &str = "mssql_ces";
+const PASSWORD: &str = "Ces_Poller_Passw0rd!";
+
+fn source(standin: &StandIn, password: &str, query_timeout: Duration) -> SqlServerSource {
+    SqlServerSource::new(SqlServerConfig {
+        connection_string: ConnectionString::new(standin.connection_string(USER, password)),
+        trust_server_certificate: false,
+        encrypt: false,
+        connect_timeout: Duration::from_secs(5),
+        query_timeout,
+    })
+}
+
+fn lsn(n: u16) -> Lsn {
+    Lsn::from_parts(0xB1, 0x8A8, n)
+}
+
+/// `sys.fn_cdc_get_max_lsn()` and the catalog fingerprint, typed as SQL Server types
+/// them: binary(10), int (CHECKSUM_AGG), bigint (COUNT_BIG).
+fn max_lsn_rows(max: Option<Lsn>) -> Reply {
+    Reply::Rows(vec![ResultSet {
+        columns: vec![
+            Column::new("max_lsn", ColumnType::VarBinary(Some(10))),
+            Column::new("tables_checksum", ColumnType::Int(4)),
+            Column::new("tables_count", ColumnType::Int(8)),
+            Column::new("ddl_count", ColumnType::Int(8)),
+        ],
+        rows: vec![vec![
+            max.map_or(Cell::Null, |l| Cell::Bytes(l.to_vec())),
+            Cell::Int(-7),
+            Cell::Int(3),
+            Cell::Int(1),
+        ]],
+    }])
+}
+
+fn handler(f: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> Handler {
+    Arc::new(f)
+}
+
+#[tokio::test]
+async fn the_poller_queries_reach_the_wire_and_their_answers_decode() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Request>::new()));
+    let log = Arc::clone(&seen);
+    let standin = StandIn::start(
+        USER,
+        PASSWORD,
+        handler(move |request| {
+            log.lock().unwrap().push(request.clone());
+            if request.sql == queries::MAX_LSN {
+                max_lsn_rows(Some(lsn(7)))
+            } else if request.sql == queries::MIN_LSN {
+                Reply::Rows(vec![ResultSet {
+                    columns: vec![Column::new("min_lsn", ColumnType::VarBinary(Some(10)))],
+                    rows: vec![vec![Cell::Bytes(lsn(2).to_vec())]],
+                }])
+            } else if request.sql == queries::LSN_TIME {
+                Reply::Rows(vec![ResultSet {
+                    columns: vec![Column::new("commit_time", ColumnType::DateTime)],
+                    // 2026-08-07 16:25:00.890: days since 1900, then 1/300 s ticks.
+                    rows: vec![vec![Cell::DateTime {
+                        days: 46_239,
+                        ticks: (16 * 3600 + 25 * 60) * 300 + 267,
+                    }]],
+                }])
+            } else {
+                support::tds::unknown(request)
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let mut source = source(&standin, PASSWORD, Duration::from_secs(5));
+    let max = source.max_lsn().await.unwrap();
+    assert_eq!(max.lsn, Some(lsn(7)));
+    let min = source.min_lsn("dbo_Orders").await.unwrap();
+    assert_eq!(min, Some(lsn(2)));
+    let time = source.lsn_time(lsn(7)).await.unwrap().unwrap();
+    assert_eq!(time.to_string(), "2026-08-07 16:25:00.890");
+    let requests = seen.lock().unwrap().clone();
+    // The parameters as the driver typed them: the capture instance as text, the LSN
+    // as binary.
+    assert_eq!(requests[1].params, vec![Param::Text("dbo_Orders".into())]);
+    assert_eq!(requests[2].params, vec![Param::Bytes(lsn(7).to_vec())]);
+    // A query the stand-in does not know is an error that names it.
+    let error = source.ddl_history("dbo_Orders").await.unwrap_err();
+    assert!(
+        error.to_string().contains("no answer for the query"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_the_login_error_that_names_the_setting() {
+    let standin = StandIn::start(USER, PASSWORD, handler(support::tds::unknown))
+        .await
+        .unwrap();
+    let mut source = source(&standin, "not the password", Duration::from_secs(5));
+    let error = source.max_lsn().await.unwrap_err();
+    assert_eq!(error, SourceError::LoginFailed);
+    assert!(error.to_string().contains("source.connection_string"));
+    assert!(
+        !error.to_string().contains("not the password"),
+        "no secret in errors"
+    );
+}
+
+#[tokio::test]
+async fn server_errors_are_classified_as_documented() {
+    let number = Arc::new(AtomicUsize::new(0));
+    let current = Arc::clone(&number);
+    let standin = StandIn::start(
+        USER,
+        PASSWORD,
+        handler(move |request| {
+            if request.sql == queries::MAX_LSN {
+                return max_lsn_rows(Some(lsn(1)));
+            }
+            Reply::Error {
+                number: current.load(Ordering::SeqCst) as u32,
+                class: 16,
+                message: "the stand-in's error".into(),
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let mut source = source(&standin, PASSWORD, Duration::from_secs(5));
+    // Connected once, so 4060 (database unavailable) is a failover, not a typo.
+    source.max_lsn().await.unwrap();
+    for (code, expect) in [
+        (1205, "transient"),
+        (40613, "transient"),
+        (4060, "transient"),
+        (229, "permission"),
+        (916, "permission"),
+        (2627, "definite"),
+    ] {
+        number.store(code, Ordering::SeqCst);
+        let error = source.min_lsn("dbo_Orders").await.unwrap_err();
+        let kind = match &error {
+            SourceError::Transient { .. } => "transient",
+            SourceError::PermissionDenied { .. } => "permission",
+            SourceError::Definite { .. } => "definite",
+            other => panic!("{code}: {other:?}"),
+        };
+        assert_eq!(kind, expect, "error {code}: {error}");
+    }
+    // 208 on a change table means the catalog moved: read it again, then retry.
+    number.store(208, Ordering::SeqCst);
+    let probe = mssql_ces::source::Probe {
+        capture_instance: "dbo_Orders".into(),
+        after: lsn(1),
+    };
+    let error = source.probe(&[probe], lsn(9)).await.unwrap_err();
+    assert!(
+        matches!(error, SourceError::CatalogChanged { .. }),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_or_hung_connection_is_transient_and_the_next_query_reconnects() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let standin = StandIn::start(
+        USER,
+        PASSWORD,
+        handler(move |request| {
+            if request.sql != queries::MAX_LSN {
+                return support::tds::unknown(request);
+            }
+            match counter.fetch_add(1, Ordering::SeqCst) {
+                0 => Reply::Drop,
+                1 => Reply::DropMidResult(match max_lsn_rows(Some(lsn(3))) {
+                    Reply::Rows(sets) => sets,
+                    _ => unreachable!(),
+                }),
+                2 => Reply::Hang,
+                3 => Reply::Slow(
+                    Duration::from_millis(100),
+                    Box::new(max_lsn_rows(Some(lsn(4)))),
+                ),
+                _ => max_lsn_rows(Some(lsn(5))),
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let mut source = source(&standin, PASSWORD, Duration::from_millis(700));
+    let dropped = source.max_lsn().await.unwrap_err();
+    assert!(dropped.is_transient(), "{dropped:?}");
+    let cut = source.max_lsn().await.unwrap_err();
+    assert!(cut.is_transient(), "{cut:?}");
+    let hung = source.max_lsn().await.unwrap_err();
+    assert!(hung.is_transient(), "{hung:?}");
+    assert!(
+        hung.to_string().contains("source.query_timeout_ms"),
+        "{hung}"
+    );
+    // Slow but within the time-out, on a new connection.
+    assert_eq!(source.max_lsn().await.unwrap().lsn, Some(lsn(4)));
+    assert_eq!(source.max_lsn().await.unwrap().lsn, Some(lsn(5)));
+}
+
+mod through_the_wire {
+    use super::*;
+    use chrono::{FixedOffset, NaiveDate, NaiveTime, TimeZone};
+    use mssql_ces::event::value::{Length, SqlType};
+    use mssql_ces::event::{
+        Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value,
+    };
+    use mssql_ces::source::load::SnapshotMode;
+    use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+    use mssql_ces::source::sim::{CdcSimulator, SimColumn};
+
+    const GUID: uuid::Uuid = uuid::Uuid::from_u128(0x1bf2_756a_c15f_4d2e_a2d5_7d3f_9dbf_85b0);
+
+    fn every_type() -> Vec<SimColumn> {
+        let t = |name: &str, sql_type| SimColumn::new(name, sql_type);
+        vec![
+            t("id", SqlType::Int),
+            t("c_bit", SqlType::Bit),
+            t("c_tinyint", SqlType::TinyInt),
+            t("c_smallint", SqlType::SmallInt),
+            t("c_bigint", SqlType::BigInt),
+            t(
+                "c_decimal",
+                SqlType::Decimal {
+                    precision: 18,
+                    scale: 2,
+                },
+            ),
+            t(
+                "c_numeric38",
+                SqlType::Numeric {
+                    precision: 38,
+                    scale: 10,
+                },
+            ),
+            t("c_money", SqlType::Money),
+            t("c_smallmoney", SqlType::SmallMoney),
+            t("c_float", SqlType::Float),
+            t("c_real", SqlType::Real),
+            t("c_date", SqlType::Date),
+            t("c_time0", SqlType::Time { scale: 0 }),
+            t("c_time7", SqlType::Time { scale: 7 }),
+            t("c_datetime", SqlType::DateTime),
+            t("c_smalldatetime", SqlType::SmallDateTime),
+            t("c_datetime2_3", SqlType::DateTime2 { scale: 3 }),
+            t("c_datetime2_7", SqlType::DateTime2 { scale: 7 }),
+            t("c_dto", SqlType::DateTimeOffset { scale: 7 }),
+            t("c_guid", SqlType::UniqueIdentifier),
+            t("c_char", SqlType::Char(Length::Bounded(10))),
+            t("c_varchar", SqlType::VarChar(Length::Bounded(50))),
+            t("c_nchar", SqlType::NChar(Length::Bounded(5))),
+            t("c_nvarchar", SqlType::NVarChar(Length::Bounded(50))),
+            t("c_nvmax", SqlType::NVarChar(Length::Max)),
+            t("c_binary", SqlType::Binary(Length::Bounded(4))),
+            t("c_varbinary", SqlType::VarBinary(Length::Bounded(16))),
+            t("c_vbmax", SqlType::VarBinary(Length::Max)),
+            SimColumn::excluded("c_geo", "geography"),
+        ]
+    }
+
+    fn row(id: i32, text: &str) -> Vec<Value> {
+        let day = NaiveDate::from_ymd_opt(2026, 8, 7).unwrap();
+        let at = |h, m, s, nano| day.and_hms_nano_opt(h, m, s, nano).unwrap();
+        vec![
+            Value::Int(id),
+            Value::Bit(id % 2 == 0),
+            Value::TinyInt(255),
+            Value::SmallInt(-32768),
+            Value::BigInt(i64::MIN + 1),
+            Value::Decimal {
+                unscaled: -12_345_678_901_234_567,
+                scale: 2,
+            },
+            Value::Decimal {
+                unscaled: 12_345_678_901_234_567_890_123_456_789_012_345_678,
+                scale: 10,
+            },
+            Value::Decimal {
+                unscaled: -9_223_372_036_854_775_808,
+                scale: 4,
+            },
+            Value::Decimal {
+                unscaled: 2_147_483_647,
+                scale: 4,
+            },
+            Value::Float(0.1 + 0.2),
+            Value::Real(3.402_823_5e38),
+            Value::Date(NaiveDate::from_ymd_opt(1, 1, 1).unwrap()),
+            Value::Time {
+                value: NaiveTime::from_hms_opt(23, 59, 59).unwrap(),
+                scale: 0,
+            },
+            Value::Time {
+                value: NaiveTime::from_hms_nano_opt(16, 25, 0, 883_333_300).unwrap(),
+                scale: 7,
+            },
+            Value::DateTime(at(16, 45, 1, 3_000_000)),
+            Value::SmallDateTime(at(16, 45, 0, 0)),
+            Value::DateTime2 {
+                value: at(16, 25, 0, 883_000_000),
+                scale: 3,
+            },
+            Value::DateTime2 {
+                value: NaiveDate::from_ymd_opt(9999, 12, 31)
+                    .unwrap()
+                    .and_hms_nano_opt(23, 59, 59, 999_999_900)
+                    .unwrap(),
+                scale: 7,
+            },
+            Value::DateTimeOffset {
+                value: FixedOffset::east_opt(-(5 * 3600 + 30 * 60))
+                    .unwrap()
+                    .from_local_datetime(&at(0, 10, 0, 100))
+                    .unwrap(),
+                scale: 7,
+            },
+            Value::Guid(uuid::Uuid::parse_str("6F9619FF-8B86-D011-B42D-00C04FD430C8").unwrap()),
+            Value::Text("pad       ".into()),
+            Value::Text(format!("{text} – Zoë “quoted” \\ \u{1F600}")),
+            Value::Text("ab   ".into()),
+            Value::Text("日本語 text".into()),
+            Value::Text("x".repeat(9000)),
+            Value::Binary(vec![0, 0xFF, 0x10, 0]),
+            Value::Binary(vec![0xDE, 0xAD]),
+            Value::Binary((0..=255).cycle().take(10_000).collect()),
+            Value::Null,
+        ]
+    }
+
+    fn nulls(id: i32) -> Vec<Value> {
+        let mut values = vec![Value::Int(id)];
+        values.extend(std::iter::repeat_n(Value::Null, every_type().len() - 1));
+        values
+    }
+
+    async fn events<S: ChangeSource>(poller: &mut Poller<S>) -> Vec<Vec<u8>> {
+        let encoder = Encoder::new(EncoderOptions {
+            stream_guid: GUID,
+            encoding: Encoding::Json,
+            final_event: FinalEventMode::LastInTransaction,
+            max_message_size: MessageSizeLimit::default(),
+        });
+        let mut out = Vec::new();
+        for _ in 0..1000 {
+            match poller.poll().await {
+                Ok(PollOutcome::Batch(batch)) => {
+                    for change in &batch.changes {
+                        for message in encoder.encode(change).unwrap().messages {
+                            out.push(message.bytes);
+                        }
+                    }
+                }
+                Ok(PollOutcome::Idle) => return out,
+                Err(e) => panic!("poll: {e}"),
+            }
+        }
+        panic!("never idle");
+    }
+
+    #[tokio::test]
+    async fn every_type_reads_through_the_wire_to_the_same_events_as_from_the_simulator() {
+        let sim = CdcSimulator::new("CesDemo", GUID, 120);
+        sim.create_table("dbo", "every type", every_type(), &["id"]);
+        sim.create_table(
+            "sales",
+            "heap",
+            vec![SimColumn::new(
+                "note",
+                SqlType::NVarChar(Length::Bounded(20)),
+            )],
+            &[],
+        );
+        sim.transaction()
+            .insert("dbo.every type", row(1, "loaded"))
+            .insert("dbo.every type", nulls(2))
+            .insert("sales.heap", vec![Value::Text("before CDC".into())])
+            .commit()
+            .unwrap();
+        sim.enable_table("dbo.every type", None).unwrap();
+        sim.enable_table("sales.heap", None).unwrap();
+        let config = PollerConfig {
+            snapshot: SnapshotMode::Initial,
+            load_chunk: 1,
+            page_size: 2,
+            batch_size: 3,
+            ..PollerConfig::default()
+        };
+        let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
+            .await
+            .unwrap();
+        let mut direct = Poller::new(sim.clone(), config.clone(), None);
+        let mut wire = Poller::new(
+            source(&standin, PASSWORD, Duration::from_secs(10)),
+            config,
+            None,
+        );
+        // Both plan their load at the same LSN; the changes come after it.
+        assert!(direct.plan_load().await.unwrap());
+        assert!(wire.plan_load().await.unwrap());
+        assert_eq!(direct.position(), wire.position());
+        sim.transaction()
+            .insert("dbo.every type", row(3, "inserted"))
+            .update(
+                "dbo.every type",
+                vec![Value::Int(1)],
+                vec![("c_nvarchar", Value::Text("changed".into()))],
+            )
+            .delete("dbo.every type", vec![Value::Int(2)])
+            .insert("sales.heap", vec![Value::Text("after".into())])
+            .commit()
+            .unwrap();
+        let expected = events(&mut direct).await;
+        assert!(expected.len() >= 7, "{} messages", expected.len());
+        let got = events(&mut wire).await;
+        for (n, (got, expected)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(
+                String::from_utf8_lossy(got),
+                String::from_utf8_lossy(expected),
+                "message {n}"
+            );
+        }
+        assert_eq!(got.len(), expected.len());
+    }
+}

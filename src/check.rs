@@ -207,7 +207,7 @@ async fn check_source<S: ChangeSource>(
     source: &mut S,
     server: &str,
 ) -> Option<SourceState> {
-    let server = if server.is_empty() {
+    let prefix = if server.is_empty() {
         String::new()
     } else {
         format!("{server}: ")
@@ -224,7 +224,7 @@ async fn check_source<S: ChangeSource>(
             };
             report.fail(
                 "SQL Server",
-                format!("{server}cannot connect and log in: {e}"),
+                format!("{prefix}cannot connect and log in: {e}"),
                 fix,
             );
             report.skip("CDC catalog", "not checked: no connection to the source");
@@ -245,7 +245,7 @@ async fn check_source<S: ChangeSource>(
         Some(m) if m < 13 && facts.engine_edition != AZURE_SQL_DATABASE_EDITION => report.fail(
             "SQL Server",
             format!(
-                "{server}: {} {}: mssql-ces needs SQL Server 2016 (13.x) or later",
+                "{prefix}{} {}: mssql-ces needs SQL Server 2016 (13.x) or later",
                 facts.edition, facts.product_version
             ),
             "upgrade SQL Server to 2016 or later",
@@ -253,7 +253,7 @@ async fn check_source<S: ChangeSource>(
         _ => report.pass(
             "SQL Server",
             format!(
-                "{server}: {} {}, database {}; {tls}",
+                "{prefix}{} {}, database {}; {tls}",
                 facts.edition, facts.product_version, facts.database
             ),
         ),

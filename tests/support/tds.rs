@@ -209,7 +209,17 @@ impl StandIn {
     /// Listens on 127.0.0.1 (a free port) for logins as `user`/`password` and answers
     /// queries with `handler`.
     pub async fn start(user: &str, password: &str, handler: Handler) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on("127.0.0.1:0", user, password, handler).await
+    }
+
+    /// As [`StandIn::start`], on a given address.
+    pub async fn start_on(
+        address: &str,
+        user: &str,
+        password: &str,
+        handler: Handler,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(address).await?;
         let address = listener.local_addr()?;
         let credentials = Arc::new((user.to_owned(), password.to_owned()));
         let task = tokio::spawn(async move {

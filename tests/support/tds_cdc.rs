@@ -322,6 +322,9 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
             rows,
         ));
     }
+    if let Some(reply) = facts(source, sql)? {
+        return Ok(reply);
+    }
     // Everything below needs the catalog.
     let catalog = match now(source.catalog()) {
         Ok(catalog) => catalog,
@@ -424,6 +427,105 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
         }
     }
     Ok(super::tds::unknown(request))
+}
+
+/// What `check` and the load's plan ask about the server and its Agent jobs. A fact
+/// the served source does not know is the permission error a login without it gets.
+fn facts<S: ChangeSource>(source: &mut S, sql: &str) -> Result<Option<Reply>, SourceError> {
+    use mssql_ces::source::Fact;
+    let known = [
+        queries::SERVER_FACTS,
+        queries::AGENT_STATUS,
+        queries::CDC_JOBS,
+        queries::CAPTURE_JOB_RUNNING,
+        queries::LOG_SCAN,
+    ];
+    if !known.contains(&sql) {
+        return Ok(None);
+    }
+    let facts = now(source.server_facts())?;
+    let denied = |why: &str| Reply::Error {
+        number: 229,
+        class: 14,
+        message: format!("The SELECT permission was denied ({why})"),
+    };
+    let name = |n: &str| col(n, ColumnType::NVarChar(Some(128)));
+    Ok(Some(if sql == queries::SERVER_FACTS {
+        one(
+            vec![
+                name("product_version"),
+                name("edition"),
+                col("engine_edition", ColumnType::Int(4)),
+                name("database_name"),
+                col("is_cdc_enabled", ColumnType::Int(4)),
+                col("encrypt_option", ColumnType::NVarChar(Some(10))),
+                col("local_time", ColumnType::DateTime2(7)),
+            ],
+            vec![vec![
+                text(&facts.product_version),
+                text(&facts.edition),
+                Cell::Int(facts.engine_edition),
+                text(&facts.database),
+                Cell::Int(i64::from(facts.cdc_enabled)),
+                // No TLS on the stand-in.
+                text("FALSE"),
+                cell(&Value::DateTime2 {
+                    value: facts.local_time,
+                    scale: 7,
+                }),
+            ]],
+        )
+    } else if sql == queries::AGENT_STATUS {
+        match &facts.agent {
+            Fact::Known(status) => one(vec![name("status_desc")], vec![vec![text(status)]]),
+            Fact::Unknown(why) => denied(why),
+        }
+    } else if sql == queries::CDC_JOBS {
+        match &facts.jobs {
+            Fact::Known(jobs) => one(
+                vec![name("job_type"), col("retention", ColumnType::Int(8))],
+                jobs.iter()
+                    .map(|j| {
+                        vec![
+                            text(&j.job_type),
+                            j.retention_minutes.map_or(Cell::Null, Cell::Int),
+                        ]
+                    })
+                    .collect(),
+            ),
+            Fact::Unknown(why) => denied(why),
+        }
+    } else if sql == queries::CAPTURE_JOB_RUNNING {
+        match &facts.capture_running {
+            Fact::Known(running) => one(
+                vec![col("running", ColumnType::Int(8))],
+                vec![vec![Cell::Int(i64::from(*running))]],
+            ),
+            Fact::Unknown(why) => denied(why),
+        }
+    } else {
+        match &facts.log_scan {
+            Fact::Known(scan) => one(
+                vec![
+                    col("start_time", ColumnType::DateTime),
+                    col("end_time", ColumnType::DateTime),
+                    col("latency", ColumnType::Int(8)),
+                    col("error_count", ColumnType::Int(8)),
+                ],
+                scan.iter()
+                    .map(|s| {
+                        vec![
+                            datetime_cell(s.start_time),
+                            s.end_time.map_or(Cell::Null, datetime_cell),
+                            Cell::Int(s.latency_seconds),
+                            Cell::Int(s.error_count),
+                        ]
+                    })
+                    .collect(),
+            ),
+            Fact::Unknown(why) => denied(why),
+        }
+    }))
 }
 
 fn database_info(server: &str, database: &str, cdc: bool, offset: i32) -> Reply {

@@ -119,6 +119,9 @@ pub struct SyntheticSource {
     /// Resuming: the history up to a checkpoint's last event is generated first, in
     /// one go (rows below the second LSN, all delivered, dropped as it goes).
     catch_up: Option<(Lsn, Lsn)>,
+    /// Keep every change row, as a database does for its readers (served to other
+    /// processes, which may resume from further back than this one has read).
+    keep_history: bool,
 }
 
 impl SyntheticSource {
@@ -216,7 +219,16 @@ impl SyntheticSource {
             next_customer: 1,
             next_order: 1,
             catch_up: None,
+            keep_history: false,
         }
+    }
+
+    /// Keeps every change row instead of dropping what a probe has passed: for
+    /// serving the workload as a database (the TDS stand-in), whose clients restart
+    /// from their own checkpoints. Memory then grows with the history.
+    pub fn keep_history(mut self) -> Self {
+        self.keep_history = true;
+        self
     }
 
     /// Transactions generated so far.
@@ -449,7 +461,9 @@ impl ChangeSource for SyntheticSource {
     async fn probe(&mut self, probes: &[Probe], to: Lsn) -> Result<Vec<ProbeResult>, SourceError> {
         // Nothing at or below every instance's position will be asked for again in
         // this process: drop it to keep memory bounded.
-        if let Some(low) = probes.iter().map(|p| p.after).min() {
+        if let Some(low) = probes.iter().map(|p| p.after).min()
+            && !self.keep_history
+        {
             self.sim.forget_below(low.increment().unwrap_or(low));
         }
         self.sim.probe(probes, to).await

@@ -1,0 +1,89 @@
+//! Serves the synthetic workload over TDS on a loopback port, so `mssql-ces run` with
+//! `kind = "sqlserver"` can be tried without SQL Server or docker.
+//!
+//! This is a **test double** that follows [MS-TDS] far enough for the driver the
+//! daemon uses (tests/support/tds.rs), answering the daemon's own queries from the
+//! synthetic workload (tests/support/tds_cdc.rs). It is not SQL Server: it parses no
+//! SQL, speaks no TLS (connect with `Encrypt=false`), and knows only the daemon's
+//! queries.
+//!
+//! ```sh
+//! cargo run --example tds_standin -- --port 14330 --transactions 1000 --existing-rows 10000
+//! ```
+//! then, in another shell, `examples/standin.toml`.
+
+#[path = "../tests/support/tds.rs"]
+mod tds;
+#[path = "../tests/support/tds_cdc.rs"]
+mod tds_cdc;
+
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+
+/// The login the stand-in accepts.
+const USER: &str = "mssql_ces";
+const PASSWORD: &str = "Ces_Poller_Passw0rd!";
+
+fn main() {
+    let mut port = 14330u16;
+    let mut config = SyntheticConfig {
+        transactions: Some(1000),
+        ..SyntheticConfig::default()
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut number = || -> u64 {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage(&format!("{flag} needs a number")))
+        };
+        match flag.as_str() {
+            "--port" => port = u16::try_from(number()).unwrap_or_else(|_| usage("bad --port")),
+            "--seed" => config.seed = number(),
+            "--transactions" => {
+                config.transactions = Some(number()).filter(|&n| n > 0);
+            }
+            "--rate" => {
+                config.rate_per_second = Some(number() as f64).filter(|&r| r > 0.0);
+            }
+            "--existing-rows" => config.existing_rows = number(),
+            "--large-value-every" => config.large_value_every = number(),
+            other => usage(&format!("unknown argument {other}")),
+        }
+    }
+    let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    else {
+        eprintln!("cannot start the runtime");
+        std::process::exit(1);
+    };
+    runtime.block_on(async move {
+        let source = SyntheticSource::new(config).keep_history();
+        let address = format!("127.0.0.1:{port}");
+        match tds::StandIn::start_on(&address, USER, PASSWORD, tds_cdc::handler(source)).await {
+            Ok(standin) => {
+                println!(
+                    "TDS stand-in (a test double, not SQL Server) serving the synthetic workload on {}",
+                    standin.address
+                );
+                println!(
+                    "connection string: {}",
+                    standin.connection_string(USER, "<password>")
+                );
+                println!("login {USER}, password {PASSWORD}; Ctrl-C to stop");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+            Err(e) => {
+                eprintln!("cannot listen on {address}: {e}");
+                std::process::exit(1);
+            }
+        }
+    });
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!(
+        "{problem}\nusage: tds_standin [--port N] [--seed N] [--transactions N (0 endless)] [--rate N] [--existing-rows N] [--large-value-every N]"
+    );
+    std::process::exit(2);
+}

@@ -1,0 +1,203 @@
+//! The real binary with `kind = "sqlserver"` against the TDS stand-in (a test double
+//! following [MS-TDS], serving the synthetic workload; `support::tds`): the whole
+//! SQL Server path — connection string, login, every query through tiberius, decoding
+//! — writes the very bytes the synthetic source writes directly, also when killed at
+//! random moments; and `check` passes through it.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use support::tds::StandIn;
+use support::temp_dir;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
+const USER: &str = "mssql_ces";
+const PASSWORD: &str = "Ces_Poller_Passw0rd!";
+const SEED: u64 = 17;
+const TRANSACTIONS: u64 = 400;
+const EXISTING_ROWS: u64 = 20_000;
+
+fn workload() -> SyntheticConfig {
+    SyntheticConfig {
+        seed: SEED,
+        transactions: Some(TRANSACTIONS),
+        rate_per_second: None,
+        large_value_every: 97,
+        existing_rows: EXISTING_ROWS,
+    }
+}
+
+/// A configuration writing to `dir/events.jsonl`: from the stand-in when `sqlserver`,
+/// else from the synthetic source in-process.
+fn config(dir: &Path, sqlserver: bool) -> PathBuf {
+    let source = if sqlserver {
+        "kind = \"sqlserver\"\nconnection_string = { env = \"MSSQL_CES_TEST_STANDIN\" }\nencrypt = false\nquery_timeout_ms = 5000\n".to_owned()
+    } else {
+        format!(
+            "kind = \"synthetic\"\n[source.synthetic]\nseed = {SEED}\ntransactions = {TRANSACTIONS}\nrate_per_second = 0\nlarge_value_every = 97\nexisting_rows = {EXISTING_ROWS}\n"
+        )
+    };
+    let path = dir.join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[source]
+poll_interval_ms = 20
+batch_size = 200
+{source}
+[snapshot]
+mode = "initial"
+chunk_size = 250
+
+[event]
+max_message_size_kb = 128
+
+[sink]
+kind = "file"
+path = "{out}"
+
+[checkpoint]
+path = "{checkpoint}"
+interval_ms = 20
+"#,
+            out = dir.join("events.jsonl").display(),
+            checkpoint = dir.join("cp.json").display()
+        ),
+    )
+    .expect("config");
+    path
+}
+
+fn command(config: &Path, standin: &StandIn, args: &[&str]) -> Command {
+    let mut command = Command::new(BINARY);
+    command
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env(
+            "MSSQL_CES_TEST_STANDIN",
+            standin.connection_string(USER, PASSWORD),
+        )
+        .stdout(Stdio::null());
+    command
+}
+
+async fn standin() -> StandIn {
+    let source = SyntheticSource::new(workload()).keep_history();
+    StandIn::start(USER, PASSWORD, support::tds_cdc::handler(source))
+        .await
+        .expect("stand-in")
+}
+
+/// What the synthetic source writes in-process, uninterrupted.
+async fn reference() -> Vec<u8> {
+    let dir = temp_dir("standin-reference");
+    let config = config(&dir, false);
+    let status = tokio::task::spawn_blocking(move || {
+        Command::new(BINARY)
+            .args(["run", "--until-idle", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run")
+    })
+    .await
+    .unwrap();
+    assert!(status.success());
+    let bytes = std::fs::read(dir.join("events.jsonl")).expect("reference output");
+    std::fs::remove_dir_all(dir).ok();
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kind_sqlserver_through_the_wire_writes_the_bytes_the_synthetic_source_writes() {
+    let expected = reference().await;
+    assert!(
+        expected.split(|b| *b == b'\n').count() > EXISTING_ROWS as usize,
+        "the load and the changes"
+    );
+    let standin = standin().await;
+    let dir = temp_dir("standin-run");
+    let config = config(&dir, true);
+    let mut run = command(&config, &standin, &["run", "--until-idle"]);
+    let log = std::fs::File::create(dir.join("run.log")).expect("log");
+    run.stderr(log);
+    let status = tokio::task::spawn_blocking(move || run.status().expect("run"))
+        .await
+        .unwrap();
+    assert!(status.success(), "logs in {}", dir.display());
+    let got = std::fs::read(dir.join("events.jsonl")).expect("output");
+    assert_eq!(got.len(), expected.len(), "logs in {}", dir.display());
+    assert!(got == expected, "byte for byte");
+
+    let mut check = command(&config, &standin, &["check"]);
+    check.stdout(Stdio::piped()).stderr(Stdio::null());
+    let output = tokio::task::spawn_blocking(move || check.output().expect("check"))
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("0 failed"), "{text}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_on_the_sqlserver_path_loses_nothing_and_ends_with_the_same_bytes() {
+    let expected = reference().await;
+    let standin = standin().await;
+    let dir = temp_dir("standin-kills");
+    let config = config(&dir, true);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64)
+        | 1;
+    let mut moment = seed;
+    let mut next_ms = move || {
+        moment ^= moment << 13;
+        moment ^= moment >> 7;
+        moment ^= moment << 17;
+        50 + moment % 400
+    };
+    let mut cut_short = 0;
+    for run in 0..6 {
+        let mut child = command(&config, &standin, &["run"]);
+        child.stderr(std::fs::File::create(dir.join(format!("run-{run}.log"))).expect("log"));
+        let mut child = child.spawn().expect("spawn");
+        tokio::time::sleep(Duration::from_millis(next_ms())).await;
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        let written = std::fs::metadata(dir.join("events.jsonl")).map_or(0, |m| m.len());
+        if (written as usize) < expected.len() {
+            cut_short += 1;
+        }
+    }
+    assert!(cut_short > 0, "no kill landed before the end (seed {seed})");
+    let mut last = command(&config, &standin, &["run", "--until-idle"]);
+    last.stderr(std::fs::File::create(dir.join("run-last.log")).expect("log"));
+    let started = Instant::now();
+    let status = tokio::task::spawn_blocking(move || last.status().expect("run"))
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "final run after {:?} (seed {seed}); logs in {}",
+        started.elapsed(),
+        dir.display()
+    );
+    let got = std::fs::read(dir.join("events.jsonl")).expect("output");
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "seed {seed}; logs in {}",
+        dir.display()
+    );
+    assert!(got == expected, "byte for byte (seed {seed})");
+    println!("{cut_short} of 6 kills cut the stream short");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -407,15 +407,24 @@ mod through_the_wire {
             batch_size: 3,
             ..PollerConfig::default()
         };
-        let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
-            .await
-            .unwrap();
+        // Over TLS inside TDS, as the default `encrypt = true` connects.
+        let tls = support::tds::self_signed_tls().expect("certificate");
+        let standin =
+            StandIn::start_tls(USER, PASSWORD, support::tds_cdc::handler(sim.clone()), tls)
+                .await
+                .unwrap();
         let mut direct = Poller::new(sim.clone(), config.clone(), None);
-        let mut wire = Poller::new(
-            source(&standin, PASSWORD, Duration::from_secs(10)),
-            config,
-            None,
-        );
+        let url = standin
+            .connection_string(USER, PASSWORD)
+            .replace(";Encrypt=false", "");
+        let encrypted = SqlServerSource::new(SqlServerConfig {
+            connection_string: ConnectionString::new(url),
+            trust_server_certificate: true,
+            encrypt: true,
+            connect_timeout: Duration::from_secs(5),
+            query_timeout: Duration::from_secs(10),
+        });
+        let mut wire = Poller::new(encrypted, config, None);
         // Both plan their load at the same LSN; the changes come after it.
         assert!(direct.plan_load().await.unwrap());
         assert!(wire.plan_load().await.unwrap());
@@ -442,5 +451,167 @@ mod through_the_wire {
             );
         }
         assert_eq!(got.len(), expected.len());
+    }
+}
+
+mod faults_through_the_poller {
+    use super::*;
+    use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+    use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+    use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+
+    fn workload() -> SyntheticConfig {
+        SyntheticConfig {
+            seed: 5,
+            transactions: Some(300),
+            rate_per_second: None,
+            large_value_every: 50,
+            existing_rows: 0,
+        }
+    }
+
+    fn config() -> PollerConfig {
+        PollerConfig {
+            page_size: 25,
+            batch_size: 40,
+            ..PollerConfig::default()
+        }
+    }
+
+    /// Every event's message bytes, retrying transient errors as the pipeline does.
+    async fn messages<S: ChangeSource>(poller: &mut Poller<S>) -> (Vec<Vec<u8>>, usize) {
+        let encoder = Encoder::new(EncoderOptions {
+            stream_guid: uuid::Uuid::nil(),
+            encoding: Encoding::Json,
+            final_event: FinalEventMode::LastInTransaction,
+            max_message_size: MessageSizeLimit::from_kb(128).unwrap(),
+        });
+        let (mut out, mut retries) = (Vec::new(), 0);
+        for _ in 0..10_000 {
+            match poller.poll().await {
+                Ok(PollOutcome::Batch(batch)) => {
+                    for change in &batch.changes {
+                        out.extend(
+                            encoder
+                                .encode(change)
+                                .unwrap()
+                                .messages
+                                .into_iter()
+                                .map(|m| m.bytes),
+                        );
+                    }
+                }
+                Ok(PollOutcome::Idle) => return (out, retries),
+                Err(e) if e.is_transient() => retries += 1,
+                Err(e) => panic!("poll: {e}"),
+            }
+        }
+        panic!("never idle");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropped_cut_and_hung_pages_are_retried_and_nothing_is_lost_or_repeated() {
+        let mut direct = Poller::new(SyntheticSource::new(workload()), config(), None);
+        let (expected, _) = messages(&mut direct).await;
+        assert!(expected.len() > 600, "{} messages", expected.len());
+
+        let served = support::tds_cdc::handler(SyntheticSource::new(workload()).keep_history());
+        let pages = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&pages);
+        let faulty: Handler = Arc::new(move |request: &Request| {
+            let reply = served(request);
+            if !request.sql.contains("ORDER BY ct.__$start_lsn") {
+                return reply;
+            }
+            // Every seventh page of changes fails, one way or another.
+            match counter.fetch_add(1, Ordering::SeqCst) % 21 {
+                6 => Reply::Drop,
+                13 => match reply {
+                    Reply::Rows(sets) => Reply::DropMidResult(sets),
+                    other => other,
+                },
+                20 => Reply::Hang,
+                _ => reply,
+            }
+        });
+        let standin = StandIn::start(USER, PASSWORD, faulty).await.unwrap();
+        let mut wire = Poller::new(
+            source(&standin, PASSWORD, Duration::from_millis(800)),
+            config(),
+            None,
+        );
+        let (got, retries) = messages(&mut wire).await;
+        assert!(retries >= 3, "{retries} transient errors");
+        assert_eq!(got.len(), expected.len(), "every message once");
+        assert!(got == expected, "the same messages, in order");
+    }
+}
+
+mod tls {
+    use super::*;
+    use support::tds::self_signed_tls;
+
+    fn encrypted(standin: &StandIn, trust: bool) -> SqlServerSource {
+        let url = standin
+            .connection_string(USER, PASSWORD)
+            .replace(";Encrypt=false", "");
+        SqlServerSource::new(SqlServerConfig {
+            connection_string: ConnectionString::new(url),
+            trust_server_certificate: trust,
+            encrypt: true,
+            connect_timeout: Duration::from_secs(5),
+            query_timeout: Duration::from_secs(5),
+        })
+    }
+
+    fn answers() -> Handler {
+        handler(|request| {
+            if request.sql == queries::MAX_LSN {
+                max_lsn_rows(Some(lsn(9)))
+            } else {
+                support::tds::unknown(request)
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn the_default_encrypted_connection_runs_over_tls_inside_tds() {
+        let tls = self_signed_tls().expect("certificate");
+        let standin = StandIn::start_tls(USER, PASSWORD, answers(), tls)
+            .await
+            .unwrap();
+        let mut source = encrypted(&standin, true);
+        assert_eq!(source.max_lsn().await.unwrap().lsn, Some(lsn(9)));
+        // The session goes on over the same TLS connection.
+        assert_eq!(source.max_lsn().await.unwrap().lsn, Some(lsn(9)));
+    }
+
+    #[tokio::test]
+    async fn a_self_signed_certificate_without_trust_is_refused_with_the_setting_named() {
+        let tls = self_signed_tls().expect("certificate");
+        let standin = StandIn::start_tls(USER, PASSWORD, answers(), tls)
+            .await
+            .unwrap();
+        let mut source = encrypted(&standin, false);
+        let error = source.max_lsn().await.unwrap_err();
+        assert!(!error.is_transient(), "{error:?}");
+        assert!(
+            error
+                .to_string()
+                .contains("source.trust_server_certificate"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_without_tls_is_refused_when_encryption_is_required() {
+        let standin = StandIn::start(USER, PASSWORD, answers()).await.unwrap();
+        let mut source = encrypted(&standin, true);
+        let error = source.max_lsn().await.unwrap_err();
+        assert!(
+            !error.is_transient(),
+            "an unencrypted server is not retried: {error:?}"
+        );
+        assert!(error.to_string().contains("source.encrypt"), "{error}");
     }
 }

@@ -109,6 +109,13 @@ impl From<SqlError> for SourceError {
 pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlError {
     use tiberius::error::Error as E;
     let error = match error {
+        // The server answered PRELOGIN without the encryption asked for: retrying
+        // cannot change its configuration.
+        E::Protocol(message) if message.contains("encryption level") => SourceError::Definite {
+            message: format!(
+                "{message} The server does not offer TLS: enable encryption on the server, or set source.encrypt = false (only on a network you trust)"
+            ),
+        },
         E::Io { .. } | E::Protocol(_) | E::Routing { .. } => SourceError::Transient {
             message: error.to_string(),
         },

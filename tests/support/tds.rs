@@ -219,6 +219,27 @@ impl StandIn {
         password: &str,
         handler: Handler,
     ) -> std::io::Result<Self> {
+        Self::listen(address, user, password, handler, None).await
+    }
+
+    /// As [`StandIn::start`], offering TLS with `tls` (see [`self_signed_tls`]): a
+    /// client that asks for encryption gets it, as from SQL Server.
+    pub async fn start_tls(
+        user: &str,
+        password: &str,
+        handler: Handler,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> std::io::Result<Self> {
+        Self::listen("127.0.0.1:0", user, password, handler, Some(tls)).await
+    }
+
+    async fn listen(
+        address: &str,
+        user: &str,
+        password: &str,
+        handler: Handler,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(address).await?;
         let address = listener.local_addr()?;
         let credentials = Arc::new((user.to_owned(), password.to_owned()));
@@ -226,8 +247,9 @@ impl StandIn {
             while let Ok((stream, _)) = listener.accept().await {
                 let handler = Arc::clone(&handler);
                 let credentials = Arc::clone(&credentials);
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    let _ = serve(stream, &credentials, handler).await;
+                    let _ = serve(stream, &credentials, handler, tls).await;
                 });
             }
         });
@@ -243,8 +265,118 @@ impl StandIn {
     }
 }
 
+/// The connection: plain TCP, or TLS over it once the handshake is done (then every
+/// TDS packet travels inside TLS records, as with `Encrypt=true`).
+struct Channel {
+    tcp: TcpStream,
+    tls: Option<rustls::ServerConnection>,
+    /// Decrypted bytes not read yet.
+    plain: std::collections::VecDeque<u8>,
+}
+
+fn io_error(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+impl Channel {
+    async fn read_exact(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+        let Some(tls) = self.tls.as_mut() else {
+            self.tcp.read_exact(buf).await?;
+            return Ok(());
+        };
+        while self.plain.len() < buf.len() {
+            let mut chunk = [0u8; 16 * 1024];
+            match std::io::Read::read(&mut tls.reader(), &mut chunk) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    self.plain.extend(&chunk[..n]);
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            let n = self.tcp.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            tls.read_tls(&mut &chunk[..n])?;
+            tls.process_new_packets().map_err(io_error)?;
+        }
+        let wanted = buf.len();
+        for (to, from) in buf.iter_mut().zip(self.plain.drain(..wanted)) {
+            *to = from;
+        }
+        Ok(())
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let Some(tls) = self.tls.as_mut() else {
+            return self.tcp.write_all(bytes).await;
+        };
+        std::io::Write::write_all(&mut tls.writer(), bytes)?;
+        let mut out = Vec::new();
+        while tls.wants_write() {
+            tls.write_tls(&mut out)?;
+        }
+        self.tcp.write_all(&out).await
+    }
+}
+
+/// The TLS handshake inside PRELOGIN packets (2.2.6.5: "the TLS/SSL payload is
+/// carried in PRELOGIN messages" until the handshake completes), then TLS directly
+/// on the socket. TLS 1.3 session tickets are off: the client stops wrapping once
+/// its handshake is done, so anything sent after would reach it unwrapped-expected.
+async fn tls_handshake(
+    channel: &mut Channel,
+    config: Arc<rustls::ServerConfig>,
+) -> std::io::Result<()> {
+    let mut conn = rustls::ServerConnection::new(config).map_err(io_error)?;
+    let flush = |conn: &mut rustls::ServerConnection| -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut out)?;
+        }
+        Ok(out)
+    };
+    while conn.is_handshaking() {
+        let out = flush(&mut conn)?;
+        if !out.is_empty() {
+            write_message(channel, packet::PRELOGIN, &out).await?;
+        }
+        let (_, payload) = read_message(channel).await?;
+        conn.read_tls(&mut &payload[..])?;
+        conn.process_new_packets().map_err(io_error)?;
+    }
+    // TLS 1.2 ends with the server's Finished, still wrapped.
+    let out = flush(&mut conn)?;
+    if !out.is_empty() {
+        write_message(channel, packet::PRELOGIN, &out).await?;
+    }
+    channel.tls = Some(conn);
+    Ok(())
+}
+
+/// A TLS configuration with a self-signed certificate for `localhost`, made now.
+pub fn self_signed_tls() -> Result<Arc<rustls::ServerConfig>, String> {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .map_err(|e| e.to_string())?;
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(
+        certified.signing_key.serialize_der(),
+    ));
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(vec![certified.cert.der().clone()], key)
+        .map_err(|e| e.to_string())?;
+    config.send_tls13_tickets = 0;
+    Ok(Arc::new(config))
+}
+
 /// Reads one message (its packets up to end-of-message): its type and payload.
-async fn read_message(stream: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+async fn read_message(stream: &mut Channel) -> std::io::Result<(u8, Vec<u8>)> {
     let mut payload = Vec::new();
     loop {
         let mut header = [0u8; 8];
@@ -260,7 +392,7 @@ async fn read_message(stream: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> 
 }
 
 /// Writes `payload` as a reply message in packets of the negotiated size.
-async fn write_message(stream: &mut TcpStream, kind: u8, payload: &[u8]) -> std::io::Result<()> {
+async fn write_message(stream: &mut Channel, kind: u8, payload: &[u8]) -> std::io::Result<()> {
     let chunk = PACKET_SIZE - 8;
     let parts: Vec<&[u8]> = if payload.is_empty() {
         vec![&[]]
@@ -305,13 +437,33 @@ fn us_varchar(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(&units);
 }
 
+/// The ENCRYPTION option of a client's PRELOGIN (2.2.6.5), if it sent one.
+fn requested_encryption(prelogin: &[u8]) -> Option<u8> {
+    let mut at = 0;
+    while let Some(&token) = prelogin.get(at) {
+        if token == 0xFF {
+            return None;
+        }
+        let offset = usize::from(u16::from_be_bytes([
+            *prelogin.get(at + 1)?,
+            *prelogin.get(at + 2)?,
+        ]));
+        if token == 0x01 {
+            return prelogin.get(offset).copied();
+        }
+        at += 5;
+    }
+    None
+}
+
 /// The PRELOGIN answer (2.2.6.5): option table, then the data it points at.
-fn prelogin_reply() -> Vec<u8> {
-    // VERSION 16.0.4135 (6 bytes), ENCRYPTION NOT_SUP (1), INSTOPT "" (1),
+/// `encryption`: ENCRYPT_ON (0x01) or ENCRYPT_NOT_SUP (0x02).
+fn prelogin_reply(encryption: u8) -> Vec<u8> {
+    // VERSION 16.0.4135 (6 bytes), ENCRYPTION (1), INSTOPT "" (1),
     // THREADID (empty from a server), MARS off (1).
     let options: [(u8, Vec<u8>); 5] = [
         (0x00, vec![16, 0, 0x10, 0x27, 0, 0]),
-        (0x01, vec![0x02]),
+        (0x01, vec![encryption]),
         (0x02, vec![0x00]),
         (0x03, Vec::new()),
         (0x04, vec![0x00]),
@@ -692,16 +844,30 @@ fn parse_rpc(payload: &[u8]) -> Option<Request> {
 }
 
 async fn serve(
-    mut stream: TcpStream,
+    tcp: TcpStream,
     credentials: &(String, String),
     handler: Handler,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> std::io::Result<()> {
-    stream.set_nodelay(true)?;
-    let (kind, _) = read_message(&mut stream).await?;
+    tcp.set_nodelay(true)?;
+    let mut stream = Channel {
+        tcp,
+        tls: None,
+        plain: Default::default(),
+    };
+    let (kind, prelogin) = read_message(&mut stream).await?;
     if kind != packet::PRELOGIN {
         return Ok(());
     }
-    write_message(&mut stream, packet::REPLY, &prelogin_reply()).await?;
+    // ENCRYPT_OFF (0), ENCRYPT_ON (1) or ENCRYPT_REQ (3) from the client: TLS when
+    // this stand-in has it; ENCRYPT_NOT_SUP (2): none.
+    let wants_tls = requested_encryption(&prelogin).is_some_and(|e| e != 0x02);
+    let tls = tls.filter(|_| wants_tls);
+    let answer = if tls.is_some() { 0x01 } else { 0x02 };
+    write_message(&mut stream, packet::REPLY, &prelogin_reply(answer)).await?;
+    if let Some(config) = tls {
+        tls_handshake(&mut stream, config).await?;
+    }
     let (kind, login) = read_message(&mut stream).await?;
     if kind != packet::LOGIN7 {
         return Ok(());

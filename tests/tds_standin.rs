@@ -615,3 +615,142 @@ mod tls {
         assert!(error.to_string().contains("source.encrypt"), "{error}");
     }
 }
+
+mod lifecycle_through_the_wire {
+    use super::*;
+    use mssql_ces::event::value::{Length, SqlType};
+    use mssql_ces::event::{
+        Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value,
+    };
+    use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+    use mssql_ces::source::sim::{CdcSimulator, SimColumn};
+
+    fn config() -> PollerConfig {
+        PollerConfig {
+            catalog_refresh: Duration::ZERO,
+            unreadable_grace: Duration::ZERO,
+            ..PollerConfig::default()
+        }
+    }
+
+    /// Messages until idle, or the error that stopped the poller.
+    async fn step<S: ChangeSource>(poller: &mut Poller<S>) -> Result<Vec<Vec<u8>>, String> {
+        let encoder = Encoder::new(EncoderOptions {
+            stream_guid: uuid::Uuid::from_u128(7),
+            encoding: Encoding::Json,
+            final_event: FinalEventMode::LastInTransaction,
+            max_message_size: MessageSizeLimit::default(),
+        });
+        let mut out = Vec::new();
+        for _ in 0..1000 {
+            match poller.poll().await {
+                Ok(PollOutcome::Batch(batch)) => {
+                    for change in &batch.changes {
+                        out.extend(
+                            encoder
+                                .encode(change)
+                                .unwrap()
+                                .messages
+                                .into_iter()
+                                .map(|m| m.bytes),
+                        );
+                    }
+                }
+                Ok(PollOutcome::Idle) => return Ok(out),
+                Err(e) if e.is_transient() => {}
+                // The kind of error, as both sources must agree on it.
+                Err(e) => return Err(format!("{:?}", std::mem::discriminant(&e))),
+            }
+        }
+        Err("never idle".into())
+    }
+
+    fn row(id: i32, name: &str) -> Vec<Value> {
+        vec![
+            Value::Int(id),
+            Value::Text(name.into()),
+            Value::Int(id * 10),
+        ]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn capture_instance_lifecycle_ddl_and_permissions_read_the_same_through_the_wire() {
+        let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 60);
+        sim.create_table(
+            "dbo",
+            "T",
+            vec![
+                SimColumn::new("Id", SqlType::Int),
+                SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+                SimColumn::new("Qty", SqlType::Int),
+            ],
+            &["Id"],
+        );
+        sim.enable_table("dbo.T", None).unwrap();
+        let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
+            .await
+            .unwrap();
+        let mut direct = Poller::new(sim.clone(), config(), None);
+        let mut wire = Poller::new(
+            source(&standin, PASSWORD, Duration::from_secs(5)),
+            config(),
+            None,
+        );
+        let compare = async |what: &str,
+                             direct: &mut Poller<CdcSimulator>,
+                             wire: &mut Poller<SqlServerSource>| {
+            let expected = step(direct).await;
+            let got = step(wire).await;
+            assert_eq!(got, expected, "{what}");
+            expected
+        };
+        let tx = |f: &dyn Fn(
+            mssql_ces::source::sim::Transaction,
+        ) -> mssql_ces::source::sim::Transaction| {
+            f(sim.transaction()).commit().unwrap()
+        };
+        tx(&|t| t.insert("dbo.T", row(1, "a")).insert("dbo.T", row(2, "b")));
+        assert_eq!(
+            compare("inserts", &mut direct, &mut wire)
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        // ALTER TABLE … DROP COLUMN: the change table keeps it, events leave it out.
+        sim.drop_column("dbo.T", "Qty").unwrap();
+        tx(&|t| {
+            t.update(
+                "dbo.T",
+                vec![Value::Int(1)],
+                vec![("Name", Value::Text("a2".into()))],
+            )
+        });
+        compare("after DROP COLUMN", &mut direct, &mut wire)
+            .await
+            .unwrap();
+        // ALTER COLUMN to another type, then a second capture instance, the first disabled.
+        sim.alter_column_type("dbo.T", "Name", SqlType::NVarChar(Length::Bounded(100)))
+            .unwrap();
+        sim.enable_table("dbo.T", Some("dbo_T_v2")).unwrap();
+        tx(&|t| t.insert("dbo.T", vec![Value::Int(3), Value::Text("c".into())]));
+        compare("a second capture instance", &mut direct, &mut wire)
+            .await
+            .unwrap();
+        sim.disable_instance("dbo_T");
+        tx(&|t| t.delete("dbo.T", vec![Value::Int(2)]));
+        compare("the first instance disabled", &mut direct, &mut wire)
+            .await
+            .unwrap();
+        // Disabled and enabled again under the same name: a new change table.
+        sim.disable_instance("dbo_T_v2");
+        sim.enable_table("dbo.T", Some("dbo_T_v2")).unwrap();
+        tx(&|t| t.insert("dbo.T", vec![Value::Int(4), Value::Text("d".into())]));
+        compare("re-created", &mut direct, &mut wire).await.unwrap();
+        // SELECT denied: min_lsn 0x00, then the error that names the grant.
+        sim.deny_select("dbo.T", true);
+        tx(&|t| t.insert("dbo.T", vec![Value::Int(5), Value::Text("e".into())]));
+        let denied = compare("SELECT denied", &mut direct, &mut wire).await;
+        assert!(denied.is_err(), "{denied:?}");
+    }
+}

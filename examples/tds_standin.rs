@@ -4,12 +4,12 @@
 //! This is a **test double** that follows [MS-TDS] far enough for the driver the
 //! daemon uses (tests/support/tds.rs), answering the daemon's own queries from the
 //! synthetic workload (tests/support/tds_cdc.rs). It is not SQL Server: it parses no
-//! SQL, speaks no TLS (connect with `Encrypt=false`), and knows only the daemon's
-//! queries.
+//! SQL and knows only the daemon's queries.
 //!
 //! ```sh
 //! cargo run --example tds_standin -- --port 14330 --transactions 1000 --existing-rows 10000
 //! ```
+//! (`--tls` offers TLS with a self-signed certificate made at start.)
 //! then, in another shell, `examples/standin.toml`.
 
 #[path = "../tests/support/tds.rs"]
@@ -25,6 +25,7 @@ const PASSWORD: &str = "Ces_Poller_Passw0rd!";
 
 fn main() {
     let mut port = 14330u16;
+    let mut tls = false;
     let mut config = SyntheticConfig {
         transactions: Some(1000),
         ..SyntheticConfig::default()
@@ -36,6 +37,10 @@ fn main() {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| usage(&format!("{flag} needs a number")))
         };
+        if flag == "--tls" {
+            tls = true;
+            continue;
+        }
         match flag.as_str() {
             "--port" => port = u16::try_from(number()).unwrap_or_else(|_| usage("bad --port")),
             "--seed" => config.seed = number(),
@@ -60,16 +65,40 @@ fn main() {
     runtime.block_on(async move {
         let source = SyntheticSource::new(config).keep_history();
         let address = format!("127.0.0.1:{port}");
-        match tds::StandIn::start_on(&address, USER, PASSWORD, tds_cdc::handler(source)).await {
+        let tls = if tls {
+            match tds::self_signed_tls() {
+                Ok(config) => Some(config),
+                Err(e) => {
+                    eprintln!("cannot make a certificate: {e}");
+                    std::process::exit(1);
+                }
+            }
+        } else {
+            None
+        };
+        let encrypted = tls.is_some();
+        let started = match tls {
+            Some(config) => {
+                tds::StandIn::start_tls_on(&address, USER, PASSWORD, tds_cdc::handler(source), config)
+                    .await
+            }
+            None => tds::StandIn::start_on(&address, USER, PASSWORD, tds_cdc::handler(source)).await,
+        };
+        match started {
             Ok(standin) => {
                 println!(
                     "TDS stand-in (a test double, not SQL Server) serving the synthetic workload on {}",
                     standin.address
                 );
-                println!(
-                    "connection string: {}",
-                    standin.connection_string(USER, "<password>")
-                );
+                let url = standin.connection_string(USER, "<password>");
+                if encrypted {
+                    println!(
+                        "connection string: {} (TLS with a self-signed certificate: set source.encrypt = true and source.trust_server_certificate = true)",
+                        url.replace(";Encrypt=false", "")
+                    );
+                } else {
+                    println!("connection string: {url} (no TLS: set source.encrypt = false)");
+                }
                 println!("login {USER}, password {PASSWORD}; Ctrl-C to stop");
                 let _ = tokio::signal::ctrl_c().await;
             }
@@ -83,7 +112,7 @@ fn main() {
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "{problem}\nusage: tds_standin [--port N] [--seed N] [--transactions N (0 endless)] [--rate N] [--existing-rows N] [--large-value-every N]"
+        "{problem}\nusage: tds_standin [--port N] [--tls] [--seed N] [--transactions N (0 endless)] [--rate N] [--existing-rows N] [--large-value-every N]"
     );
     std::process::exit(2);
 }

@@ -2,8 +2,9 @@
 //! [MS-TDS] far enough for the real driver (tiberius) to connect, log in and run
 //! queries, and answers them from a handler the test gives it. It is not SQL Server:
 //! it parses no SQL (the handler matches the query text the poller sends), and it
-//! speaks what tiberius 0.13 uses — TDS 7.4, no TLS (the client's `encrypt = false`,
-//! PRELOGIN `ENCRYPT_NOT_SUP`), SQL authentication.
+//! speaks what tiberius 0.13 uses — TDS 7.4, SQL authentication, and either no TLS
+//! (`ENCRYPT_NOT_SUP`) or TLS carried in PRELOGIN packets during the handshake and
+//! directly on the socket after it (`ENCRYPT_ON`, a self-signed certificate).
 //!
 //! Encodings, with the [MS-TDS] section each follows:
 //! - packet header: 8 bytes, type, status (0x01 end of message), length big-endian,
@@ -231,6 +232,17 @@ impl StandIn {
         tls: Arc<rustls::ServerConfig>,
     ) -> std::io::Result<Self> {
         Self::listen("127.0.0.1:0", user, password, handler, Some(tls)).await
+    }
+
+    /// As [`StandIn::start_tls`], on a given address.
+    pub async fn start_tls_on(
+        address: &str,
+        user: &str,
+        password: &str,
+        handler: Handler,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> std::io::Result<Self> {
+        Self::listen(address, user, password, handler, Some(tls)).await
     }
 
     async fn listen(

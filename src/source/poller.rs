@@ -487,16 +487,7 @@ impl<S: ChangeSource> Poller<S> {
         if !self.needs_plan {
             return Ok(true);
         }
-        self.load_catalog().await?;
-        let max = self.source.max_lsn().await?;
-        if self
-            .catalog
-            .as_ref()
-            .is_some_and(|c| c.version != max.catalog_version)
-        {
-            self.catalog_stale = true;
-            self.load_catalog().await?;
-        }
+        let max = self.max_lsn_with_catalog().await?;
         if let Some(catalog) = &self.catalog {
             let filter = &self.config.filter;
             if let Some(pending) = catalog
@@ -1211,9 +1202,10 @@ impl<S: ChangeSource> Poller<S> {
         }
     }
 
-    /// Starts an iteration up to `max_lsn`. Returns false when there is nothing to
-    /// read (the position may still have advanced).
-    async fn start_iteration(&mut self) -> Result<bool, SourceError> {
+    /// `max_lsn`, with a catalog as new as it: re-read when the fingerprint that comes
+    /// with `max_lsn` differs (a capture instance enabled, disabled, re-created or
+    /// altered, a `start_lsn` set or moved), so that nothing is read with the old one.
+    async fn max_lsn_with_catalog(&mut self) -> Result<crate::source::MaxLsn, SourceError> {
         self.load_catalog().await?;
         let max = self.source.max_lsn().await?;
         if self
@@ -1221,12 +1213,16 @@ impl<S: ChangeSource> Poller<S> {
             .as_ref()
             .is_some_and(|c| c.version != max.catalog_version)
         {
-            // A capture instance was enabled, disabled, re-created or altered, a
-            // start_lsn was set or moved: read the catalog again before reading
-            // anything with the old one.
             self.catalog_stale = true;
             self.load_catalog().await?;
         }
+        Ok(max)
+    }
+
+    /// Starts an iteration up to `max_lsn`. Returns false when there is nothing to
+    /// read (the position may still have advanced).
+    async fn start_iteration(&mut self) -> Result<bool, SourceError> {
+        let max = self.max_lsn_with_catalog().await?;
         let Some(max_lsn) = max.lsn.filter(|l| !l.is_zero()) else {
             tracing::debug!("sys.fn_cdc_get_max_lsn() is NULL: CDC has recorded nothing yet");
             return Ok(false);

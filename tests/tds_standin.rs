@@ -754,3 +754,75 @@ mod lifecycle_through_the_wire {
         assert!(denied.is_err(), "{denied:?}");
     }
 }
+
+mod collations {
+    use super::*;
+    use mssql_ces::source::connection::SqlConnection;
+
+    /// `varchar` bytes in a collation, answered for any query.
+    fn varchar(collation: [u8; 5], bytes: Vec<u8>) -> Handler {
+        handler(move |_| {
+            Reply::Rows(vec![ResultSet {
+                columns: vec![Column::new(
+                    "v",
+                    ColumnType::VarChar {
+                        length: 50,
+                        collation,
+                    },
+                )],
+                rows: vec![vec![Cell::Bytes(bytes.clone())]],
+            }])
+        })
+    }
+
+    async fn first_text(standin: &StandIn) -> Result<String, String> {
+        let mut conn = SqlConnection::new(SqlServerConfig {
+            connection_string: ConnectionString::new(standin.connection_string(USER, PASSWORD)),
+            trust_server_certificate: false,
+            encrypt: false,
+            connect_timeout: Duration::from_secs(5),
+            query_timeout: Duration::from_secs(5),
+        });
+        let rows = conn
+            .query("SELECT v FROM t;", &[])
+            .await
+            .map_err(|e| e.error.to_string())?;
+        let row = rows.into_iter().next().ok_or("no row")?;
+        row.try_get::<&str, _>(0)
+            .map_err(|e| e.to_string())?
+            .map(str::to_owned)
+            .ok_or_else(|| "NULL".to_owned())
+    }
+
+    /// Why every text column is converted to UTF-16 on the server (the change and
+    /// load queries' casts): handed `varchar` in a UTF-8 collation the driver decodes
+    /// it with the LCID's code page, ignoring the fUTF8 flag, and a CP437 collation it
+    /// cannot decode at all. Through the casts the same text arrives exact (the
+    /// every-type test above).
+    #[tokio::test]
+    async fn the_driver_alone_gets_utf8_and_cp437_varchar_wrong() {
+        let text = "Zoë 日本";
+        // Latin1_General_100_CI_AS_SC_UTF8: LCID 0x0409, fIgnoreCase, fUTF8, sort id 0.
+        let utf8 = [0x09, 0x04, 0x10, 0x04, 0x00];
+        let standin = StandIn::start(USER, PASSWORD, varchar(utf8, text.as_bytes().to_vec()))
+            .await
+            .unwrap();
+        let decoded = first_text(&standin).await;
+        assert_eq!(
+            decoded.as_deref(),
+            Ok("ZoÃ« æ—¥æœ¬"),
+            "tiberius reads UTF-8 as cp1252"
+        );
+        // SQL_Latin1_General_CP437_CI_AS: sort id 32.
+        let cp437 = [0x09, 0x04, 0x00, 0x00, 32];
+        let standin = StandIn::start(USER, PASSWORD, varchar(cp437, vec![0x82, 0x94]))
+            .await
+            .unwrap();
+        let decoded = first_text(&standin).await;
+        let error = decoded.expect_err("tiberius has no CP437");
+        assert!(
+            error.contains("encoding") || error.contains("ollation"),
+            "{error}"
+        );
+    }
+}

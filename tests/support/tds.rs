@@ -71,6 +71,12 @@ pub enum ColumnType {
     DateTimeOffset(u8),
     /// GUIDTYPE.
     Guid,
+    /// BIGVARCHRTYPE of this length with this collation (2.2.5.1.2: LCID and flags
+    /// in four bytes little-endian — bit 26 is fUTF8 — then the sort id).
+    VarChar {
+        length: u16,
+        collation: [u8; 5],
+    },
 }
 
 /// Bytes of a `time(n)` value (2.2.5.5.1.8): 3 up to scale 2, 4 up to 4, else 5.
@@ -598,6 +604,11 @@ fn col_metadata(out: &mut Vec<u8>, columns: &[Column]) {
             ColumnType::DateTime2(scale) => out.extend_from_slice(&[0x2A, scale]),
             ColumnType::DateTimeOffset(scale) => out.extend_from_slice(&[0x2B, scale]),
             ColumnType::Guid => out.extend_from_slice(&[0x24, 16]),
+            ColumnType::VarChar { length, collation } => {
+                out.push(0xA7);
+                out.extend_from_slice(&length.to_le_bytes());
+                out.extend_from_slice(&collation);
+            }
         }
         b_varchar(out, &c.name);
     }
@@ -646,7 +657,8 @@ fn value(out: &mut Vec<u8>, column: &ColumnType, cell: &Cell) {
             out.extend_from_slice(&days.to_le_bytes());
             out.extend_from_slice(&minutes.to_le_bytes());
         }
-        (ColumnType::Binary(_), Cell::Bytes(b)) => short(out, Some(b)),
+        (ColumnType::Binary(_) | ColumnType::VarChar { .. }, Cell::Bytes(b)) => short(out, Some(b)),
+        (ColumnType::VarChar { .. }, Cell::Null) => short(out, None),
         (ColumnType::Binary(_), Cell::Null) => short(out, None),
         (ColumnType::Decimal { precision, .. }, Cell::Decimal(n)) => {
             let len = decimal_bytes(*precision);

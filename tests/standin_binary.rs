@@ -143,7 +143,7 @@ async fn kind_sqlserver_through_the_wire_writes_the_bytes_the_synthetic_source_w
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{text}");
-    assert!(text.contains("0 failed"), "{text}");
+    assert!(text.contains(", 0 failed,"), "{text}");
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -173,11 +173,11 @@ async fn sigkill_on_the_sqlserver_path_loses_nothing_and_ends_with_the_same_byte
         child.kill().expect("kill");
         child.wait().expect("reap");
         let written = std::fs::metadata(dir.join("events.jsonl")).map_or(0, |m| m.len());
-        if (written as usize) < expected.len() {
+        if written > 0 && (written as usize) < expected.len() {
             cut_short += 1;
         }
     }
-    assert!(cut_short > 0, "no kill landed before the end (seed {seed})");
+    assert!(cut_short > 0, "no kill landed mid-stream (seed {seed})");
     let mut last = command(&config, &standin, &["run", "--until-idle"]);
     last.stderr(std::fs::File::create(dir.join("run-last.log")).expect("log"));
     let started = Instant::now();

@@ -186,8 +186,6 @@ pub enum Param {
     Int(i64),
     Text(String),
     Bytes(Vec<u8>),
-    /// A type the stand-in does not decode: its TYPE_INFO byte.
-    Other(u8),
 }
 
 /// A query as the driver sent it.
@@ -196,6 +194,8 @@ pub struct Request {
     pub sql: String,
     /// `@P1`, `@P2`, … in order (RPC only).
     pub params: Vec<Param>,
+    /// The connection runs over TLS (what `CONNECTIONPROPERTY('encrypt_option')` says).
+    pub encrypted: bool,
 }
 
 pub type Handler = Arc<dyn Fn(&Request) -> Reply + Send + Sync>;
@@ -317,8 +317,12 @@ impl Channel {
             if n == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
-            tls.read_tls(&mut &chunk[..n])?;
-            tls.process_new_packets().map_err(io_error)?;
+            // `read_tls` takes at most a few KiB a call: feed all of it.
+            let mut rest = &chunk[..n];
+            while !rest.is_empty() {
+                tls.read_tls(&mut rest)?;
+                tls.process_new_packets().map_err(io_error)?;
+            }
         }
         let wanted = buf.len();
         for (to, from) in buf.iter_mut().zip(self.plain.drain(..wanted)) {
@@ -349,6 +353,8 @@ async fn tls_handshake(
     config: Arc<rustls::ServerConfig>,
 ) -> std::io::Result<()> {
     let mut conn = rustls::ServerConnection::new(config).map_err(io_error)?;
+    // A reply of any size is handed over at once (rustls buffers 64 KiB by default).
+    conn.set_buffer_limit(None);
     let flush = |conn: &mut rustls::ServerConnection| -> std::io::Result<Vec<u8>> {
         let mut out = Vec::new();
         while conn.wants_write() {
@@ -362,8 +368,11 @@ async fn tls_handshake(
             write_message(channel, packet::PRELOGIN, &out).await?;
         }
         let (_, payload) = read_message(channel).await?;
-        conn.read_tls(&mut &payload[..])?;
-        conn.process_new_packets().map_err(io_error)?;
+        let mut rest = &payload[..];
+        while !rest.is_empty() {
+            conn.read_tls(&mut rest)?;
+            conn.process_new_packets().map_err(io_error)?;
+        }
     }
     // TLS 1.2 ends with the server's Finished, still wrapped.
     let out = flush(&mut conn)?;
@@ -383,8 +392,10 @@ pub fn self_signed_tls() -> Result<Arc<rustls::ServerConfig>, String> {
         certified.signing_key.serialize_der(),
     ));
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    // TLS 1.2, as SQL Server negotiates it inside TDS 7.x PRELOGIN (1.3 comes with
+    // TDS 8's strict encryption, which this stand-in does not speak).
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(&[&rustls::version::TLS12])
         .map_err(|e| e.to_string())?
         .with_no_client_auth()
         .with_single_cert(vec![certified.cert.der().clone()], key)
@@ -423,7 +434,7 @@ async fn write_message(stream: &mut Channel, kind: u8, payload: &[u8]) -> std::i
         out.push(kind);
         out.push(u8::from(i == last));
         out.extend_from_slice(&((part.len() + 8) as u16).to_be_bytes());
-        out.extend_from_slice(&[0, 0, (i % 256) as u8, 0]);
+        out.extend_from_slice(&[0, 0, ((i + 1) % 256) as u8, 0]);
         out.extend_from_slice(part);
     }
     stream.write_all(&out).await
@@ -523,7 +534,12 @@ fn login_credentials(login: &[u8]) -> Option<(String, String)> {
 }
 
 fn done(out: &mut Vec<u8>, status: u16, rows: u64) {
-    out.push(0xFD);
+    done_token(out, 0xFD, status, rows);
+}
+
+/// DONE (0xFD), DONEINPROC (0xFF) or DONEPROC (0xFE): status, current command, rows.
+fn done_token(out: &mut Vec<u8>, token: u8, status: u16, rows: u64) {
+    out.push(token);
     out.extend_from_slice(&status.to_le_bytes());
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&rows.to_le_bytes());
@@ -565,7 +581,7 @@ fn env_changes(out: &mut Vec<u8>) {
     }
 }
 
-/// The collation of text columns: Latin1_General_CI_AS (LCID 0x0409, sort id 52).
+/// The collation of text columns: SQL_Latin1_General_CP1_CI_AS (LCID 0x0409, sort id 52).
 const COLLATION: [u8; 5] = [0x09, 0x04, 0xD0, 0x00, 0x34];
 
 fn col_metadata(out: &mut Vec<u8>, columns: &[Column]) {
@@ -729,7 +745,11 @@ fn value(out: &mut Vec<u8>, column: &ColumnType, cell: &Cell) {
     }
 }
 
-fn result_sets(out: &mut Vec<u8>, sets: &[ResultSet]) {
+/// The result sets of a batch (each ending in DONE, 2.2.7.6) or of an RPC, where
+/// each statement of the procedure ends in DONEINPROC (2.2.7.7) and the call in
+/// RETURNSTATUS (2.2.7.18, status 0) and DONEPROC (2.2.7.8), as `sp_executesql`
+/// answers.
+fn result_sets(out: &mut Vec<u8>, sets: &[ResultSet], rpc: bool) {
     for (i, set) in sets.iter().enumerate() {
         col_metadata(out, &set.columns);
         for row in &set.rows {
@@ -739,10 +759,18 @@ fn result_sets(out: &mut Vec<u8>, sets: &[ResultSet]) {
             }
         }
         // DONE_MORE (0x01) between sets, DONE_COUNT (0x10) on each.
-        let more = if i + 1 < sets.len() { 0x01 } else { 0 };
-        done(out, 0x10 | more, set.rows.len() as u64);
+        let more = if i + 1 < sets.len() || rpc { 0x01 } else { 0 };
+        if rpc {
+            done_token(out, 0xFF, 0x10 | more, set.rows.len() as u64);
+        } else {
+            done(out, 0x10 | more, set.rows.len() as u64);
+        }
     }
-    if sets.is_empty() {
+    if rpc {
+        out.push(0x79);
+        out.extend_from_slice(&0i32.to_le_bytes());
+        done_token(out, 0xFE, 0, 0);
+    } else if sets.is_empty() {
         done(out, 0, 0);
     }
 }
@@ -829,7 +857,9 @@ fn read_param(data: &[u8], at: &mut usize) -> Option<Param> {
                 Param::Bytes(bytes)
             })
         }
-        other => Some(Param::Other(other)),
+        // A type whose value this stand-in cannot skip: the request is not parsed
+        // (an error names it) rather than misread.
+        _ => None,
     }
 }
 
@@ -864,6 +894,7 @@ fn parse_rpc(payload: &[u8]) -> Option<Request> {
     Some(Request {
         sql,
         params: values.collect(),
+        encrypted: false,
     })
 }
 
@@ -919,13 +950,19 @@ async fn serve(
     }
     loop {
         let (kind, payload) = read_message(&mut stream).await?;
+        let encrypted = stream.tls.is_some();
+        let rpc = kind == packet::RPC;
         let request = match kind {
             packet::SQL_BATCH => Request {
                 sql: from_utf16(skip_all_headers(&payload)),
                 params: Vec::new(),
+                encrypted,
             },
             packet::RPC => match parse_rpc(&payload) {
-                Some(request) => request,
+                Some(mut request) => {
+                    request.encrypted = encrypted;
+                    request
+                }
                 None => {
                     let mut out = Vec::new();
                     error_token(&mut out, 2812, 16, "stand-in: an RPC it does not know");
@@ -951,20 +988,24 @@ async fn serve(
         }
         let mut out = Vec::new();
         match reply {
-            Reply::Rows(sets) => result_sets(&mut out, &sets),
+            Reply::Rows(sets) => result_sets(&mut out, &sets, rpc),
             Reply::Error {
                 number,
                 class,
                 message,
             } => {
                 error_token(&mut out, number, class, &message);
-                done(&mut out, 0x02, 0);
+                if rpc {
+                    done_token(&mut out, 0xFE, 0x02, 0);
+                } else {
+                    done(&mut out, 0x02, 0);
+                }
             }
             Reply::Drop => return Ok(()),
             Reply::DropMidResult(sets) => {
                 // Half of the answer in a packet that does not end the message, then
                 // the connection closes.
-                result_sets(&mut out, &sets);
+                result_sets(&mut out, &sets, rpc);
                 out.truncate((out.len() / 2).min(PACKET_SIZE - 8));
                 let mut packet = vec![packet::REPLY, 0x00];
                 packet.extend_from_slice(&((out.len() + 8) as u16).to_be_bytes());

@@ -322,7 +322,7 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
             rows,
         ));
     }
-    if let Some(reply) = facts(source, sql)? {
+    if let Some(reply) = facts(source, sql, request.encrypted)? {
         return Ok(reply);
     }
     // Everything below needs the catalog.
@@ -431,7 +431,11 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
 
 /// What `check` and the load's plan ask about the server and its Agent jobs. A fact
 /// the served source does not know is the permission error a login without it gets.
-fn facts<S: ChangeSource>(source: &mut S, sql: &str) -> Result<Option<Reply>, SourceError> {
+fn facts<S: ChangeSource>(
+    source: &mut S,
+    sql: &str,
+    encrypted: bool,
+) -> Result<Option<Reply>, SourceError> {
     use mssql_ces::source::Fact;
     let known = [
         queries::SERVER_FACTS,
@@ -467,8 +471,7 @@ fn facts<S: ChangeSource>(source: &mut S, sql: &str) -> Result<Option<Reply>, So
                 Cell::Int(facts.engine_edition),
                 text(&facts.database),
                 Cell::Int(i64::from(facts.cdc_enabled)),
-                // No TLS on the stand-in.
-                text("FALSE"),
+                text(if encrypted { "TRUE" } else { "FALSE" }),
                 cell(&Value::DateTime2 {
                     value: facts.local_time,
                     scale: 7,

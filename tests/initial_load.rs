@@ -265,6 +265,9 @@ async fn a_load_under_concurrent_writes_plus_the_changes_after_it_give_the_curre
         for _ in 0..20 {
             random_write(&sim, &mut rng, &mut next_id);
         }
+        // L0: what max_lsn says when the load is planned (nothing commits before the
+        // first poll plans it).
+        let planned_at = sim.current_max_lsn().unwrap();
         let mut poller = Poller::new(sim.clone(), config(SnapshotMode::Initial, 9), None);
         let writer = sim.clone();
         let mut writes = Rng(seed ^ 0xABCD);
@@ -300,8 +303,10 @@ async fn a_load_under_concurrent_writes_plus_the_changes_after_it_give_the_curre
             );
         }
         // Each table's loaded rows come before any of its changes, all at L0, with
-        // beginlsn zero, numbered 1.. per table, the last one final.
+        // beginlsn zero, numbered 1.. per table, the last one final; no change at or
+        // below L0 is sent (the load holds it).
         let l0 = loaded[0].commit_lsn;
+        assert_eq!(l0, planned_at, "seed {seed}: L0 is max_lsn at the plan");
         for table in ["dbo.items", "dbo.pairs"] {
             let of_table: Vec<&Change> = events
                 .iter()

@@ -122,6 +122,20 @@ pub fn id_seed(stream_guid: Uuid, at: Lsn, table: &str, row: RowIdentity<'_>) ->
     Uuid::new_v5(&MESSAGE_ID_NAMESPACE, &name)
 }
 
+/// How long the cleanup job keeps changes (its `retention`, in minutes), when the
+/// login may read `msdb.dbo.cdc_jobs`.
+pub fn cleanup_retention(facts: &crate::source::ServerFacts) -> Option<std::time::Duration> {
+    match &facts.jobs {
+        crate::source::Fact::Known(jobs) => jobs
+            .iter()
+            .filter_map(|j| j.retention_minutes)
+            .max()
+            .and_then(|m| u64::try_from(m).ok())
+            .map(|m| std::time::Duration::from_secs(m.saturating_mul(60))),
+        crate::source::Fact::Unknown(_) => None,
+    }
+}
+
 /// How a table's load is going, for the log and the metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadStatus {
@@ -179,6 +193,43 @@ mod tests {
         for other in others {
             assert_ne!(seed, other);
         }
+    }
+
+    #[test]
+    fn the_retention_is_the_cleanup_jobs_in_minutes() {
+        use crate::source::{CdcJob, Fact, ServerFacts};
+        let facts = |jobs| ServerFacts {
+            product_version: "16.0".into(),
+            edition: "Developer".into(),
+            engine_edition: 3,
+            database: "db".into(),
+            cdc_enabled: true,
+            encrypted: true,
+            local_time: chrono::NaiveDateTime::default(),
+            agent: Fact::Unknown(String::new()),
+            jobs,
+            capture_running: Fact::Unknown(String::new()),
+            log_scan: Fact::Unknown(String::new()),
+        };
+        let job = |job_type: &str, retention_minutes| CdcJob {
+            job_type: job_type.into(),
+            retention_minutes,
+        };
+        assert_eq!(
+            cleanup_retention(&facts(Fact::Known(vec![
+                job("capture", None),
+                job("cleanup", Some(4320)),
+            ]))),
+            Some(std::time::Duration::from_secs(4320 * 60))
+        );
+        assert_eq!(
+            cleanup_retention(&facts(Fact::Known(vec![job("capture", None)]))),
+            None
+        );
+        assert_eq!(
+            cleanup_retention(&facts(Fact::Unknown("no msdb".into()))),
+            None
+        );
     }
 
     #[test]

@@ -38,7 +38,9 @@ use serde::{Deserialize, Serialize};
 use crate::event::{Change, Origin};
 use crate::lsn::Lsn;
 use crate::source::filter::TableFilter;
-use crate::source::load::{LoadStatus, RowIdentity, SnapshotMode, TableLoad, id_seed};
+use crate::source::load::{
+    LoadStatus, RowIdentity, SnapshotMode, TableLoad, cleanup_retention, id_seed,
+};
 use crate::source::merge::{InstanceContext, Sequencer, smallest_head};
 use crate::source::timezone::{CommitTimeZone, TimeZoneSetting};
 use crate::source::{
@@ -502,15 +504,7 @@ impl<S: ChangeSource> Poller<S> {
         let at = max.lsn.filter(|l| !l.is_zero()).unwrap_or(Lsn::ZERO);
         let commit_time_ns = self.commit_time_ns(at).await?;
         self.retention = match self.source.server_facts().await {
-            Ok(facts) => match facts.jobs {
-                crate::source::Fact::Known(jobs) => jobs
-                    .iter()
-                    .filter_map(|j| j.retention_minutes)
-                    .max()
-                    .and_then(|m| u64::try_from(m).ok())
-                    .map(|m| Duration::from_secs(m * 60)),
-                crate::source::Fact::Unknown(_) => None,
-            },
+            Ok(facts) => cleanup_retention(&facts),
             Err(_) => None,
         };
         let mut tables = Vec::new();

@@ -95,8 +95,10 @@ async fn keys_go_where_the_service_puts_them_many_to_a_batch_partitions_side_by_
     assert_eq!(sink.partition_count(), Some(4));
     let mut sink = Sink::EventHubsAmqp(Box::new(sink));
     warm_up(&mut sink, &arrivals).await;
-    // A service's round trip: makes sends that overlap visible to the peer.
-    arrivals.settle_delay_ms.store(100, Ordering::SeqCst);
+    // A service's round trip: makes sends that overlap visible to the peer. Long
+    // enough that a partition's batch is still unsettled when the next partition's
+    // arrives on a loaded machine (100 ms was not, now and then).
+    arrivals.settle_delay_ms.store(400, Ordering::SeqCst);
     let sent = send_all(&mut sink, 200, 3).await;
     let arrived = distinct(&arrivals);
     assert_complete_and_in_key_order(&sent, &arrived);

@@ -44,6 +44,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const TOPIC: &str = "bench";
 /// Pre-built changes for (b), (c) and (e).
 const SAMPLE_TRANSACTIONS: u64 = 50_000;
+/// Changes per second of running time that (c) gets ready-made copies for.
+const REPLAY_COPIES_PER_SECOND: f64 = 400_000.0;
 
 fn synthetic(transactions: Option<u64>) -> SyntheticConfig {
     SyntheticConfig {
@@ -137,9 +139,30 @@ async fn batches(transactions: u64) -> (Vec<Batch>, uuid::Uuid) {
     (out, poller.stream_guid().unwrap_or_default())
 }
 
-/// Replays pre-built batches (cloned) until `until`, then is idle.
+/// Copies of the pre-built batches, made before a measurement starts, so that the
+/// source of (c) costs nothing while it runs.
+type Copies = Arc<std::sync::Mutex<VecDeque<Batch>>>;
+
+/// Enough copies for `seconds` at `per_second` changes, in replay order.
+fn copies(batches: &[Batch], seconds: Duration, per_second: f64) -> Copies {
+    let changes = batches
+        .iter()
+        .map(|b| b.changes.len())
+        .sum::<usize>()
+        .max(1);
+    let wanted = (seconds.as_secs_f64() * per_second) as usize;
+    let count = batches.len() * wanted.div_ceil(changes);
+    let copies = (0..count)
+        .map(|i| batches[i % batches.len()].clone())
+        .collect();
+    Arc::new(std::sync::Mutex::new(copies))
+}
+
+/// Replays pre-built batches until `until`, then is idle: ready copies first, then
+/// (should they run out) a clone each.
 struct Replay {
     batches: Arc<Vec<Batch>>,
+    ready: Copies,
     next: usize,
     guid: uuid::Uuid,
     until: Instant,
@@ -150,7 +173,8 @@ impl BatchSource for Replay {
         if Instant::now() >= self.until || self.batches.is_empty() {
             return Ok(PollOutcome::Idle);
         }
-        let batch = self.batches[self.next % self.batches.len()].clone();
+        let ready = self.ready.lock().ok().and_then(|mut r| r.pop_front());
+        let batch = ready.unwrap_or_else(|| self.batches[self.next % self.batches.len()].clone());
         self.next += 1;
         Ok(PollOutcome::Batch(batch))
     }
@@ -174,19 +198,50 @@ fn pipeline_settings(until_idle: bool) -> PipelineSettings {
     }
 }
 
-/// A rate and the bytes per second behind it.
+/// The CPU time this process has used so far, on every thread (librdkafka's and the
+/// in-process broker's included).
+fn cpu_time() -> Duration {
+    // SAFETY: `getrusage` writes the struct it is given and nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
+/// A rate, the bytes per second behind it, and what it cost in CPU.
 struct Rate {
+    count: u64,
     per_second: f64,
     mib_per_second: f64,
+    /// CPU time of the whole process per message, in microseconds.
+    cpu_micros: f64,
+    /// CPU time over wall time: how many cores were busy.
+    cores: f64,
 }
 
 impl Rate {
     fn new(count: u64, bytes: u64, took: Duration) -> Self {
         let seconds = took.as_secs_f64().max(1e-9);
         Rate {
+            count,
             per_second: count as f64 / seconds,
             mib_per_second: bytes as f64 / 1_048_576.0 / seconds,
+            cpu_micros: f64::NAN,
+            cores: f64::NAN,
         }
+    }
+
+    /// Runs `side`, measuring its CPU time along with its rate.
+    fn measured(side: impl FnOnce() -> Rate) -> Rate {
+        let (cpu, wall) = (cpu_time(), Instant::now());
+        let mut rate = side();
+        let (cpu, wall) = (cpu_time() - cpu, wall.elapsed());
+        rate.cpu_micros = cpu.as_secs_f64() * 1e6 / rate.count.max(1) as f64;
+        rate.cores = cpu.as_secs_f64() / wall.as_secs_f64().max(1e-9);
+        rate
     }
 }
 
@@ -283,6 +338,7 @@ async fn raw(messages: &[OutgoingMessage], settings: &KafkaSettings, seconds: Du
 async fn pipeline_replay(
     case: Case,
     batches: Arc<Vec<Batch>>,
+    ready: Copies,
     guid: uuid::Uuid,
     settings: &KafkaSettings,
     seconds: Duration,
@@ -292,6 +348,7 @@ async fn pipeline_replay(
     };
     let replay = Replay {
         batches,
+        ready,
         next: 0,
         guid,
         until: Instant::now() + seconds,
@@ -346,6 +403,18 @@ async fn end_to_end(case: Case, settings: &KafkaSettings, seconds: Duration) -> 
     run_pipeline(poller, case, sink, false, stop).await
 }
 
+/// Runs `what` against a fresh in-process broker, measuring its rate and CPU time.
+fn measure(what: impl FnOnce(KafkaSettings) -> Rate) -> Rate {
+    match cluster() {
+        Some((cluster, settings)) => {
+            let rate = Rate::measured(|| what(settings));
+            drop(cluster);
+            rate
+        }
+        None => Rate::new(0, 0, Duration::from_secs(1)),
+    }
+}
+
 fn main() {
     let seconds = Duration::from_secs_f64(
         std::env::var("PIPELINE_BENCH_SECONDS")
@@ -357,6 +426,7 @@ fn main() {
     let sides = std::env::var("PIPELINE_BENCH_SIDES").unwrap_or_else(|_| "abcde".into());
     let side = |s: char| sides.contains(s);
     let skipped = || Rate::new(0, 0, Duration::from_secs(1));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("cannot start the runtime");
         return;
@@ -401,7 +471,7 @@ fn main() {
             continue;
         }
         let encoded = if side('b') {
-            encode_route(case, &changes, guid, seconds)
+            Rate::measured(|| encode_route(case, &changes, guid, seconds))
         } else {
             skipped()
         };
@@ -416,34 +486,32 @@ fn main() {
             })
             .flatten()
             .collect();
-        let measure = |what: &dyn Fn(KafkaSettings) -> Rate| match cluster() {
-            Some((cluster, settings)) => {
-                let rate = what(settings);
-                drop(cluster);
-                rate
-            }
-            None => Rate::new(0, 0, Duration::from_secs(1)),
-        };
         let raw = if side('e') {
-            measure(&|s| runtime.block_on(raw(&messages, &s, seconds)))
+            measure(|s| runtime.block_on(raw(&messages, &s, seconds)))
         } else {
             skipped()
         };
         let replay = if side('c') {
-            measure(&|s| {
+            // Copies for a rate well above what (c) reaches here; more are cloned
+            // on the fly should they run out.
+            let ready = copies(&batches, seconds, REPLAY_COPIES_PER_SECOND);
+            let rate = measure(|s| {
                 runtime.block_on(pipeline_replay(
                     case,
                     Arc::clone(&batches),
+                    Arc::clone(&ready),
                     guid,
                     &s,
                     seconds,
                 ))
-            })
+            });
+            drop(ready);
+            rate
         } else {
             skipped()
         };
         let e2e = if side('d') {
-            measure(&|s| runtime.block_on(end_to_end(case, &s, seconds)))
+            measure(|s| runtime.block_on(end_to_end(case, &s, seconds)))
         } else {
             skipped()
         };
@@ -457,6 +525,27 @@ fn main() {
             cell(&raw),
             replay.per_second / raw.per_second,
             e2e.per_second / raw.per_second
+        );
+        let cpu = |r: &Rate| format!("{:.2} µs on {:.2} cores", r.cpu_micros, r.cores);
+        println!(
+            "{:<16} {:>22} {:>22} {:>22} {:>22}",
+            "  cpu per msg",
+            cpu(&encoded),
+            cpu(&replay),
+            cpu(&e2e),
+            cpu(&raw),
+        );
+        // (c) does the work of (b) and of (e) per message, plus the pipeline's own:
+        // with every core busy it cannot beat cores / ((b) + (e)).
+        let bound = cores / ((encoded.cpu_micros + raw.cpu_micros) * 1e-6);
+        println!(
+            "{:<16} (c) − (b) − (e) = {:.2} µs of pipeline per message; on {cores:.0} cores \
+             (c) ≤ {cores:.0} / ((b) + (e)) = {:.0}/s = {:.2} × (e); (c) reaches {:.2} of that",
+            "",
+            replay.cpu_micros - encoded.cpu_micros - raw.cpu_micros,
+            bound,
+            bound / raw.per_second,
+            replay.per_second / bound,
         );
     }
 }

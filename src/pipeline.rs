@@ -33,8 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, CheckpointStore};
 use crate::event::{Encoder, EncoderOptions, EventError};
+use crate::lsn::Lsn;
 use crate::metrics::{BatchCounts, Metrics};
-use crate::sink::{Delivery, Router, Sink, SinkError};
+use crate::sink::{Delivery, OutgoingMessage, Router, Sink, SinkError};
 use crate::source::poller::{Batch, PollOutcome, Poller, Position};
 use crate::source::{ChangeSource, SourceError};
 
@@ -152,7 +153,7 @@ pub async fn run<B: BatchSource>(
 
     // The source runs in its own task, a couple of batches ahead, so that reading
     // and generating changes overlaps encoding and sending.
-    let (batch_tx, mut batch_rx) = mpsc::channel::<Result<SourceItem, SourceError>>(2);
+    let (batch_tx, batch_rx) = mpsc::channel::<Result<SourceItem, SourceError>>(2);
     let stop_source = CancellationToken::new();
     let source = tokio::spawn(poll_source(
         poller,
@@ -163,91 +164,82 @@ pub async fn run<B: BatchSource>(
         stop_source.clone(),
     ));
 
+    // Encoding runs in its own task, a few chunks ahead of sending, so that building
+    // the messages of one batch overlaps handing the previous ones to the sink.
+    let (encoded_tx, mut encoded_rx) =
+        mpsc::channel::<Result<Encoded, PipelineError>>(ENCODED_CHUNKS_AHEAD);
+    let encode = tokio::spawn(encode_batches(
+        batch_rx,
+        encoder_options,
+        router,
+        encoded_tx,
+    ));
+
     let mut summary = RunSummary::default();
-    let mut encoder_options = Some(encoder_options);
-    let mut encoder: Option<Encoder> = None;
     let mut last_report = Instant::now();
     // (events, messages) at the last progress line.
     let mut reported = (0u64, 0u64);
     let mut last_commit: Option<chrono::DateTime<chrono::Utc>> = None;
     let mut last_sent = None;
+    // The deliveries of the batch being sent, until its last chunk.
+    let mut deliveries = Vec::new();
     // Set when the source's channel closed without a word.
     let mut source_vanished = false;
     let outcome: Result<(), PipelineError> = async {
         loop {
             let item = tokio::select! {
-                item = batch_rx.recv() => item,
+                item = encoded_rx.recv() => item,
                 () = shutdown.cancelled() => return Ok(()),
                 () = failed.cancelled() => return Ok(()),
             };
-            let (batch, database_guid) = match item {
-                Some(Ok(SourceItem::Idle)) => return Ok(()),
+            let chunk = match item {
+                Some(Ok(Encoded::Idle)) => return Ok(()),
                 None => {
                     source_vanished = true;
                     return Ok(());
                 }
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(SourceItem::Batch(batch, guid))) => (*batch, guid),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(Encoded::Chunk(chunk))) => chunk,
             };
-            if encoder.is_none()
-                && let Some(factory) = encoder_options.take()
-            {
-                encoder = Some(Encoder::new(factory(database_guid)).data_only(router.binary()));
-            }
-            let Some(encoder) = encoder.as_ref() else {
-                continue;
-            };
-            let mut deliveries = Vec::new();
-            let mut counts = BatchCounts::default();
             let counted = |e: SinkError| {
                 metrics.delivery_failed(&e);
                 e
             };
-            for change in &batch.changes {
-                let event = encoder.encode(change)?;
-                let truncated = event.truncated_values as u64;
-                summary.events += 1;
-                summary.truncated_values += truncated;
-                let messages = router.route(change, event)?;
-                let (count, bytes) = (
-                    messages.len() as u64,
-                    messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),
-                );
-                counts.add(&change.table, change.operation, count, bytes, truncated);
-                summary.messages += count;
-                summary.bytes += bytes;
-                for message in messages {
-                    // A full producer queue (brokers down) must not hold a shutdown.
-                    // `biased`: a send that can complete does, so a shutdown cuts a
-                    // batch short only while the queue is really full.
-                    let delivery = tokio::select! {
-                        biased;
-                        delivery = sink.send(message) => delivery.map_err(counted)?,
-                        () = shutdown.cancelled() => return Ok(()),
-                        () = failed.cancelled() => return Ok(()),
-                    };
-                    deliveries.push(delivery);
-                }
+            summary.events += chunk.events;
+            summary.truncated_values += chunk.truncated_values;
+            summary.messages += chunk.messages.len() as u64;
+            summary.bytes += chunk.bytes;
+            for message in chunk.messages {
+                // A full producer queue (brokers down) must not hold a shutdown.
+                // `biased`: a send that can complete does, so a shutdown cuts a
+                // batch short only while the queue is really full.
+                let delivery = tokio::select! {
+                    biased;
+                    delivery = sink.send(message) => delivery.map_err(counted)?,
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = failed.cancelled() => return Ok(()),
+                };
+                deliveries.push(delivery);
             }
+            let Some(end) = chunk.end else {
+                continue;
+            };
             tokio::select! {
                 biased;
                 ended = sink.end_batch() => ended.map_err(counted)?,
                 () = shutdown.cancelled() => return Ok(()),
             }
-            if let Some(change) = batch.changes.last() {
-                last_commit = Some(change.commit_time);
-                counts.set_last_commit(change.commit_time, change.commit_lsn);
-            }
-            let mut position = batch.position;
+            last_commit = end.last_commit.or(last_commit);
+            let mut position = end.position;
             position.sink_length = sink.durable_length();
             last_sent = position.last_event.or(last_sent);
             let pending = Pending {
-                deliveries,
+                deliveries: std::mem::take(&mut deliveries),
                 position,
-                counts,
+                counts: end.counts,
             };
             // Counted before the acker can see it, so that it never counts down first.
-            metrics.batch_sent(batch.max_lsn);
+            metrics.batch_sent(end.max_lsn);
             let sent = tokio::select! {
                 biased;
                 sent = tx.send(pending) => sent,
@@ -278,12 +270,16 @@ pub async fn run<B: BatchSource>(
     .await;
     let deadline = tokio::time::Instant::now() + settings.drain_timeout;
     stop_source.cancel();
-    drop(batch_rx);
+    // The encode task stops when it can no longer hand anything on, and with it goes
+    // the source's channel.
+    drop(encoded_rx);
+    let encode_result = encode.await;
     let source_result = source.await;
-    let source_failure = match (&source_result, source_vanished) {
-        (Err(e), _) => Some(format!("the source task failed: {e}")),
-        (Ok(()), true) => Some("the source task ended without a result".to_owned()),
-        (Ok(()), false) => None,
+    let source_failure = match (&source_result, &encode_result, source_vanished) {
+        (Err(e), _, _) => Some(format!("the source task failed: {e}")),
+        (_, Err(e), _) => Some(format!("the encode task failed: {e}")),
+        (Ok(()), Ok(()), true) => Some("the source task ended without a result".to_owned()),
+        (Ok(()), Ok(()), false) => None,
     };
 
     // Stop feeding the acker; let it finish what is in flight, within the bound.
@@ -333,6 +329,141 @@ enum SourceItem {
     Batch(Box<Batch>, uuid::Uuid),
     /// Nothing new (only sent when the run stops once idle).
     Idle,
+}
+
+/// Messages handed from the encode task to the send loop, at most, per chunk: a
+/// chunk ends after the change that reaches either bound, or with its batch.
+const CHUNK_MESSAGES: usize = 256;
+const CHUNK_BYTES: u64 = 1 << 20;
+/// Chunks encoded ahead of the one being sent. With [`CHUNK_BYTES`] this bounds the
+/// memory held between encoding and sending to a few MiB (plus one change's messages).
+const ENCODED_CHUNKS_AHEAD: usize = 4;
+
+/// What the encode task hands on.
+enum Encoded {
+    Chunk(Chunk),
+    /// The source had nothing new (only sent when the run stops once idle).
+    Idle,
+}
+
+/// The messages of whole changes of one batch, in order.
+struct Chunk {
+    messages: Vec<OutgoingMessage>,
+    /// Changes encoded into `messages`.
+    events: u64,
+    truncated_values: u64,
+    /// Payload bytes of `messages`.
+    bytes: u64,
+    /// Set on a batch's last chunk.
+    end: Option<Box<BatchEnd>>,
+}
+
+impl Chunk {
+    fn new() -> Self {
+        Chunk {
+            messages: Vec::new(),
+            events: 0,
+            truncated_values: 0,
+            bytes: 0,
+            end: None,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.messages.len() >= CHUNK_MESSAGES || self.bytes >= CHUNK_BYTES
+    }
+}
+
+/// What the send loop needs once a batch's messages are all sent.
+struct BatchEnd {
+    position: Position,
+    counts: BatchCounts,
+    max_lsn: Lsn,
+    last_commit: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Encodes and routes each batch from the source into chunks of messages; builds
+/// the encoder once the first batch brings the stream GUID. Ends when the source
+/// ends, after an error (handed on), or when the send loop stops listening.
+async fn encode_batches(
+    mut batches: mpsc::Receiver<Result<SourceItem, SourceError>>,
+    factory: EncoderFactory,
+    router: Router,
+    out: mpsc::Sender<Result<Encoded, PipelineError>>,
+) {
+    let mut factory = Some(factory);
+    let mut encoder: Option<Encoder> = None;
+    while let Some(item) = batches.recv().await {
+        let (batch, database_guid) = match item {
+            Ok(SourceItem::Batch(batch, guid)) => (*batch, guid),
+            Ok(SourceItem::Idle) => {
+                let _ = out.send(Ok(Encoded::Idle)).await;
+                return;
+            }
+            Err(e) => {
+                let _ = out.send(Err(e.into())).await;
+                return;
+            }
+        };
+        if encoder.is_none()
+            && let Some(factory) = factory.take()
+        {
+            encoder = Some(Encoder::new(factory(database_guid)).data_only(router.binary()));
+        }
+        let Some(encoder) = encoder.as_ref() else {
+            continue;
+        };
+        match encode_batch(encoder, &router, batch, &out).await {
+            Ok(true) => {}
+            Ok(false) => return, // the send loop stopped
+            Err(e) => {
+                let _ = out.send(Err(e)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Encodes one batch into chunks; false once the send loop no longer listens.
+async fn encode_batch(
+    encoder: &Encoder,
+    router: &Router,
+    batch: Batch,
+    out: &mpsc::Sender<Result<Encoded, PipelineError>>,
+) -> Result<bool, PipelineError> {
+    let mut counts = BatchCounts::default();
+    let mut chunk = Chunk::new();
+    for change in &batch.changes {
+        let event = encoder.encode(change)?;
+        let truncated = event.truncated_values as u64;
+        let messages = router.route(change, event)?;
+        let (count, bytes) = (
+            messages.len() as u64,
+            messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),
+        );
+        counts.add(&change.table, change.operation, count, bytes, truncated);
+        chunk.events += 1;
+        chunk.truncated_values += truncated;
+        chunk.bytes += bytes;
+        chunk.messages.extend(messages);
+        if chunk.full() {
+            let full = std::mem::replace(&mut chunk, Chunk::new());
+            if out.send(Ok(Encoded::Chunk(full))).await.is_err() {
+                return Ok(false);
+            }
+        }
+    }
+    let last_commit = batch.changes.last().map(|change| {
+        counts.set_last_commit(change.commit_time, change.commit_lsn);
+        change.commit_time
+    });
+    chunk.end = Some(Box::new(BatchEnd {
+        position: batch.position,
+        counts,
+        max_lsn: batch.max_lsn,
+        last_commit,
+    }));
+    Ok(out.send(Ok(Encoded::Chunk(chunk))).await.is_ok())
 }
 
 /// Polls until stopped; retries transient errors with backoff; sends batches on.
@@ -550,6 +681,108 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::config::{CloudEventsMode, PartitionKeyScheme};
+    use crate::event::{Encoding, FinalEventMode, MessageSizeLimit};
+    use crate::source::poller::PollerConfig;
+    use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+
+    /// A batch of the synthetic workload, with a 1.5 MiB value every `large` changes.
+    async fn batch(large: u64) -> Batch {
+        let config = SyntheticConfig {
+            seed: 3,
+            transactions: Some(400),
+            rate_per_second: None,
+            large_value_every: large,
+            existing_rows: 0,
+        };
+        let mut poller = Poller::new(SyntheticSource::new(config), PollerConfig::default(), None);
+        match poller.poll().await {
+            Ok(PollOutcome::Batch(batch)) => batch,
+            other => panic!("no batch: {other:?}"),
+        }
+    }
+
+    fn encoder() -> Encoder {
+        Encoder::new(EncoderOptions {
+            stream_guid: uuid::Uuid::nil(),
+            encoding: Encoding::Json,
+            final_event: FinalEventMode::LastInTransaction,
+            max_message_size: MessageSizeLimit::default(),
+        })
+    }
+
+    fn router() -> Router {
+        Router::new(
+            "t",
+            PartitionKeyScheme::PrimaryKey,
+            None,
+            CloudEventsMode::Structured,
+            Encoding::Json,
+            "test",
+        )
+    }
+
+    /// Chunks hold whole changes, stay within their bounds (but for one change's
+    /// messages), carry the batch's end on the last one only, and add up to encoding
+    /// the batch change by change.
+    #[tokio::test]
+    async fn a_batch_is_encoded_into_bounded_chunks_of_whole_changes() {
+        for large in [0, 7] {
+            let batch = batch(large).await;
+            let (encoder, router) = (encoder(), router());
+            let expected: Vec<Vec<u8>> = batch
+                .changes
+                .iter()
+                .flat_map(|c| router.route(c, encoder.encode(c).unwrap()).unwrap())
+                .map(|m| m.payload)
+                .collect();
+            let (position, max_lsn) = (batch.position.clone(), batch.max_lsn);
+            let changes = batch.changes.len() as u64;
+            let (tx, mut rx) = mpsc::channel(1_000);
+            assert!(encode_batch(&encoder, &router, batch, &tx).await.unwrap());
+            drop(tx);
+            let mut chunks = Vec::new();
+            while let Some(Ok(Encoded::Chunk(chunk))) = rx.recv().await {
+                chunks.push(chunk);
+            }
+            assert!(chunks.len() > 1, "{} chunks", chunks.len());
+            let (last, full) = chunks.split_last().unwrap();
+            for chunk in full {
+                assert!(chunk.end.is_none());
+                assert!(chunk.full(), "a chunk before the last is full");
+                let without_last_change = chunk.messages.len() - 1;
+                assert!(without_last_change < CHUNK_MESSAGES || large > 0);
+            }
+            let end = last.end.as_ref().unwrap();
+            assert_eq!(end.position, position);
+            assert_eq!(end.max_lsn, max_lsn);
+            assert_eq!(chunks.iter().map(|c| c.events).sum::<u64>(), changes);
+            let bytes: u64 = expected.iter().map(|p| p.len() as u64).sum();
+            assert_eq!(chunks.iter().map(|c| c.bytes).sum::<u64>(), bytes);
+            let got: Vec<Vec<u8>> = chunks
+                .into_iter()
+                .flat_map(|c| c.messages)
+                .map(|m| m.payload)
+                .collect();
+            assert_eq!(got, expected);
+            if large > 0 {
+                assert!(bytes > 2 * CHUNK_BYTES, "large values reach the byte bound");
+            }
+        }
+    }
+
+    /// The encode task stops as soon as the send loop stops listening.
+    #[tokio::test]
+    async fn encoding_stops_when_nobody_listens() {
+        let (tx, rx) = mpsc::channel(1);
+        drop(rx);
+        assert!(
+            !encode_batch(&encoder(), &router(), batch(0).await, &tx)
+                .await
+                .unwrap()
+        );
+    }
 
     #[test]
     fn backoff_doubles_to_a_cap_and_resets() {

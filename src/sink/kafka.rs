@@ -772,16 +772,19 @@ impl KafkaSink {
             }
             None => None,
         };
-        let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
-        for (name, value) in &message.headers {
-            headers = headers.insert(Header {
-                key: name,
-                value: Some(value),
-            });
+        let mut record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&message.topic).payload(message.payload.as_slice());
+        // Structured mode has no headers: no header list to allocate and free.
+        if !message.headers.is_empty() {
+            let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
+            for (name, value) in &message.headers {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(value),
+                });
+            }
+            record = record.headers(headers);
         }
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&message.topic)
-            .payload(message.payload.as_slice())
-            .headers(headers);
         if let Some(key) = &message.key {
             record = record.key(key.as_slice());
         }

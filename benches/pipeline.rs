@@ -12,7 +12,12 @@
 //! for `PIPELINE_BENCH_SECONDS` (default 5); the ratios (c)/(e) and (d)/(e) are what the
 //! pipeline costs over the producer.
 //!
-//! Run: `cargo bench --bench pipeline` (`PIPELINE_BENCH_SECONDS`,
+//! The Kafka sides take turns for `PIPELINE_BENCH_ROUNDS` (default 3) rounds and the
+//! median of each is reported, with the CPU time per message of the whole process
+//! (librdkafka's and the in-process broker's threads included) and the cores it kept
+//! busy: what bounds (c) on this machine is printed next to it.
+//!
+//! Run: `cargo bench --bench pipeline` (`PIPELINE_BENCH_SECONDS`, `PIPELINE_BENCH_ROUNDS`,
 //! `PIPELINE_BENCH_CASES=json-structured,avro-binary,…` to pick cases,
 //! `PIPELINE_BENCH_SIDES=c` to run some sides only, e.g. under a profiler).
 
@@ -33,6 +38,7 @@ use mssql_ces::source::poller::{Batch, PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
@@ -311,6 +317,17 @@ async fn raw(messages: &[OutgoingMessage], settings: &KafkaSettings, seconds: Du
                 if let Some(key) = &m.key {
                     record = record.key(key.as_slice());
                 }
+                // Binary mode's `ce_` headers are part of the same bytes.
+                if !m.headers.is_empty() {
+                    let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
+                    for (name, value) in &m.headers {
+                        headers = headers.insert(Header {
+                            key: name,
+                            value: Some(value),
+                        });
+                    }
+                    record = record.headers(headers);
+                }
                 match producer.send_result(record) {
                     Ok(future) => {
                         outstanding.push_back(future);
@@ -403,6 +420,13 @@ async fn end_to_end(case: Case, settings: &KafkaSettings, seconds: Duration) -> 
     run_pipeline(poller, case, sink, false, stop).await
 }
 
+/// The middle rate of several rounds (the upper one of an even count).
+fn median(mut rates: Vec<Rate>) -> Rate {
+    rates.sort_by(|a, b| a.per_second.total_cmp(&b.per_second));
+    let middle = rates.len() / 2;
+    rates.swap_remove(middle)
+}
+
 /// Runs `what` against a fresh in-process broker, measuring its rate and CPU time.
 fn measure(what: impl FnOnce(KafkaSettings) -> Rate) -> Rate {
     match cluster() {
@@ -427,12 +451,17 @@ fn main() {
     let side = |s: char| sides.contains(s);
     let skipped = || Rate::new(0, 0, Duration::from_secs(1));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let rounds: usize = std::env::var("PIPELINE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let Ok(runtime) = tokio::runtime::Runtime::new() else {
         eprintln!("cannot start the runtime");
         return;
     };
     println!(
-        "each side {:.0} s; Kafka: MockCluster, one broker, 4 partitions; sink defaults",
+        "each side {:.0} s, {rounds} rounds (medians); Kafka: MockCluster, one broker, 4 partitions; sink defaults",
         seconds.as_secs_f64()
     );
     let source = if side('a') {
@@ -470,11 +499,6 @@ fn main() {
         {
             continue;
         }
-        let encoded = if side('b') {
-            Rate::measured(|| encode_route(case, &changes, guid, seconds))
-        } else {
-            skipped()
-        };
         // The bytes (e) sends: the pre-built changes, encoded and routed once.
         let router = router(case);
         let encoder = Encoder::new(options(case.encoding)(guid)).data_only(router.binary());
@@ -486,35 +510,59 @@ fn main() {
             })
             .flatten()
             .collect();
-        let raw = if side('e') {
-            measure(|s| runtime.block_on(raw(&messages, &s, seconds)))
-        } else {
-            skipped()
-        };
-        let replay = if side('c') {
-            // Copies for a rate well above what (c) reaches here; more are cloned
-            // on the fly should they run out.
-            let ready = copies(&batches, seconds, REPLAY_COPIES_PER_SECOND);
-            let rate = measure(|s| {
-                runtime.block_on(pipeline_replay(
-                    case,
-                    Arc::clone(&batches),
-                    Arc::clone(&ready),
-                    guid,
-                    &s,
-                    seconds,
-                ))
-            });
-            drop(ready);
-            rate
-        } else {
-            skipped()
-        };
-        let e2e = if side('d') {
-            measure(|s| runtime.block_on(end_to_end(case, &s, seconds)))
-        } else {
-            skipped()
-        };
+        // The sides take turns, round after round, so that a slow spell of this
+        // shared machine falls on all of them; the median of each is reported.
+        let mut sides: [Vec<Rate>; 4] = Default::default();
+        for round in 1..=rounds {
+            let encoded = if side('b') {
+                Rate::measured(|| encode_route(case, &changes, guid, seconds))
+            } else {
+                skipped()
+            };
+            let raw = if side('e') {
+                measure(|s| runtime.block_on(raw(&messages, &s, seconds)))
+            } else {
+                skipped()
+            };
+            let replay = if side('c') {
+                // Copies for a rate well above what (c) reaches here; more are
+                // cloned on the fly should they run out.
+                let ready = copies(&batches, seconds, REPLAY_COPIES_PER_SECOND);
+                let rate = measure(|s| {
+                    runtime.block_on(pipeline_replay(
+                        case,
+                        Arc::clone(&batches),
+                        Arc::clone(&ready),
+                        guid,
+                        &s,
+                        seconds,
+                    ))
+                });
+                drop(ready);
+                rate
+            } else {
+                skipped()
+            };
+            let e2e = if side('d') {
+                measure(|s| runtime.block_on(end_to_end(case, &s, seconds)))
+            } else {
+                skipped()
+            };
+            println!(
+                "  {} round {round}: (b) {:.0}/s (c) {:.0}/s (d) {:.0}/s (e) {:.0}/s  c/e {:.2} d/e {:.2}",
+                case.name,
+                encoded.per_second,
+                replay.per_second,
+                e2e.per_second,
+                raw.per_second,
+                replay.per_second / raw.per_second,
+                e2e.per_second / raw.per_second
+            );
+            for (all, rate) in sides.iter_mut().zip([encoded, replay, e2e, raw]) {
+                all.push(rate);
+            }
+        }
+        let [encoded, replay, e2e, raw] = sides.map(median);
         let cell = |r: &Rate| format!("{:.0}/s {:.0} MiB/s", r.per_second, r.mib_per_second);
         println!(
             "{:<16} {:>22} {:>22} {:>22} {:>22} {:>6.2} {:>6.2}",
@@ -536,11 +584,11 @@ fn main() {
             cpu(&raw),
         );
         // (c) does the work of (b) and of (e) per message, plus the pipeline's own:
-        // with every core busy it cannot beat cores / ((b) + (e)).
+        // even with every core busy it cannot beat cores / ((b) + (e)).
         let bound = cores / ((encoded.cpu_micros + raw.cpu_micros) * 1e-6);
         println!(
-            "{:<16} (c) − (b) − (e) = {:.2} µs of pipeline per message; on {cores:.0} cores \
-             (c) ≤ {cores:.0} / ((b) + (e)) = {:.0}/s = {:.2} × (e); (c) reaches {:.2} of that",
+            "{:<16} (c) − (b) − (e) = {:.2} µs of pipeline per message; CPU bound on {cores:.0} \
+             cores: (c) ≤ {cores:.0} / ((b) + (e)) = {:.0}/s = {:.2} × (e); (c) reaches {:.2} of it",
             "",
             replay.cpu_micros - encoded.cpu_micros - raw.cpu_micros,
             bound,

@@ -1,17 +1,21 @@
 //! Wires the stages: poll → encode → route → send, and acknowledgements → checkpoint.
 //!
 //! ```text
-//! poller ──batch──▶ encode + route ──send (waits on a full queue)──▶ sink
-//!                                         │ deliveries, in send order
-//!                        bounded channel  ▼
+//! poller ──batch──▶ encode + route ──chunks──▶ send (waits on a full queue) ──▶ sink
+//!   (task)             (task)                   │ deliveries, in send order
+//!                                bounded channel ▼
 //!                                  acker: awaits each delivery in order,
 //!                                  then releases the batch's position ──▶ checkpoint
 //! ```
 //!
+//! The three stages run at once on different threads: on two cores, sending from
+//! the thread that also encoded was the pipeline's bottleneck.
+//!
 //! Invariants:
 //! - The checkpoint only moves to a position whose every earlier message the
 //!   destination acknowledged (the acker awaits deliveries strictly in send order).
-//! - Memory is bounded: at most `source.batch_size` events per batch and
+//! - Memory is bounded: at most `source.batch_size` events per batch,
+//!   `ENCODED_CHUNKS_AHEAD` chunks of encoded messages waiting to be sent, and
 //!   [`IN_FLIGHT_BATCHES`] batches awaiting acknowledgement; the sink's queue applies
 //!   backpressure to `send`.
 //! - Shutdown (the token is cancelled) stops at once wherever the loop waits (a full
@@ -164,16 +168,16 @@ pub async fn run<B: BatchSource>(
         stop_source.clone(),
     ));
 
-    // Encoding runs in its own task, a few chunks ahead of sending, so that building
-    // the messages of one batch overlaps handing the previous ones to the sink.
+    // Encoding runs on its own thread, a few chunks ahead of sending, so that
+    // building the messages of one batch overlaps handing the previous ones to the
+    // sink. A thread rather than a task: a task woken by the source would wait in the
+    // source's worker's LIFO slot, where no other worker can take it, until the
+    // source yields; the two would take turns instead of running at once.
     let (encoded_tx, mut encoded_rx) =
         mpsc::channel::<Result<Encoded, PipelineError>>(ENCODED_CHUNKS_AHEAD);
-    let encode = tokio::spawn(encode_batches(
-        batch_rx,
-        encoder_options,
-        router,
-        encoded_tx,
-    ));
+    let encode = tokio::task::spawn_blocking(move || {
+        encode_batches(batch_rx, encoder_options, router, encoded_tx);
+    });
 
     let mut summary = RunSummary::default();
     let mut last_report = Instant::now();
@@ -384,8 +388,9 @@ struct BatchEnd {
 
 /// Encodes and routes each batch from the source into chunks of messages; builds
 /// the encoder once the first batch brings the stream GUID. Ends when the source
-/// ends, after an error (handed on), or when the send loop stops listening.
-async fn encode_batches(
+/// ends, after an error (handed on), or when the send loop stops listening. Blocks:
+/// runs on a thread of its own.
+fn encode_batches(
     mut batches: mpsc::Receiver<Result<SourceItem, SourceError>>,
     factory: EncoderFactory,
     router: Router,
@@ -393,15 +398,15 @@ async fn encode_batches(
 ) {
     let mut factory = Some(factory);
     let mut encoder: Option<Encoder> = None;
-    while let Some(item) = batches.recv().await {
+    while let Some(item) = batches.blocking_recv() {
         let (batch, database_guid) = match item {
             Ok(SourceItem::Batch(batch, guid)) => (*batch, guid),
             Ok(SourceItem::Idle) => {
-                let _ = out.send(Ok(Encoded::Idle)).await;
+                let _ = out.blocking_send(Ok(Encoded::Idle));
                 return;
             }
             Err(e) => {
-                let _ = out.send(Err(e.into())).await;
+                let _ = out.blocking_send(Err(e.into()));
                 return;
             }
         };
@@ -413,11 +418,11 @@ async fn encode_batches(
         let Some(encoder) = encoder.as_ref() else {
             continue;
         };
-        match encode_batch(encoder, &router, batch, &out).await {
+        match encode_batch(encoder, &router, batch, &out) {
             Ok(true) => {}
             Ok(false) => return, // the send loop stopped
             Err(e) => {
-                let _ = out.send(Err(e)).await;
+                let _ = out.blocking_send(Err(e));
                 return;
             }
         }
@@ -425,7 +430,7 @@ async fn encode_batches(
 }
 
 /// Encodes one batch into chunks; false once the send loop no longer listens.
-async fn encode_batch(
+fn encode_batch(
     encoder: &Encoder,
     router: &Router,
     batch: Batch,
@@ -448,7 +453,7 @@ async fn encode_batch(
         chunk.messages.extend(messages);
         if chunk.full() {
             let full = std::mem::replace(&mut chunk, Chunk::new());
-            if out.send(Ok(Encoded::Chunk(full))).await.is_err() {
+            if out.blocking_send(Ok(Encoded::Chunk(full))).is_err() {
                 return Ok(false);
             }
         }
@@ -463,7 +468,7 @@ async fn encode_batch(
         max_lsn: batch.max_lsn,
         last_commit,
     }));
-    Ok(out.send(Ok(Encoded::Chunk(chunk))).await.is_ok())
+    Ok(out.blocking_send(Ok(Encoded::Chunk(chunk))).is_ok())
 }
 
 /// Polls until stopped; retries transient errors with backoff; sends batches on.
@@ -688,7 +693,7 @@ mod tests {
     use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 
     /// A batch of the synthetic workload, with a 1.5 MiB value every `large` changes.
-    async fn batch(large: u64) -> Batch {
+    fn batch(large: u64) -> Batch {
         let config = SyntheticConfig {
             seed: 3,
             transactions: Some(400),
@@ -697,7 +702,10 @@ mod tests {
             existing_rows: 0,
         };
         let mut poller = Poller::new(SyntheticSource::new(config), PollerConfig::default(), None);
-        match poller.poll().await {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        match runtime.block_on(poller.poll()) {
             Ok(PollOutcome::Batch(batch)) => batch,
             other => panic!("no batch: {other:?}"),
         }
@@ -726,10 +734,10 @@ mod tests {
     /// Chunks hold whole changes, stay within their bounds (but for one change's
     /// messages), carry the batch's end on the last one only, and add up to encoding
     /// the batch change by change.
-    #[tokio::test]
-    async fn a_batch_is_encoded_into_bounded_chunks_of_whole_changes() {
+    #[test]
+    fn a_batch_is_encoded_into_bounded_chunks_of_whole_changes() {
         for large in [0, 7] {
-            let batch = batch(large).await;
+            let batch = batch(large);
             let (encoder, router) = (encoder(), router());
             let expected: Vec<Vec<u8>> = batch
                 .changes
@@ -740,10 +748,10 @@ mod tests {
             let (position, max_lsn) = (batch.position.clone(), batch.max_lsn);
             let changes = batch.changes.len() as u64;
             let (tx, mut rx) = mpsc::channel(1_000);
-            assert!(encode_batch(&encoder, &router, batch, &tx).await.unwrap());
+            assert!(encode_batch(&encoder, &router, batch, &tx).unwrap());
             drop(tx);
             let mut chunks = Vec::new();
-            while let Some(Ok(Encoded::Chunk(chunk))) = rx.recv().await {
+            while let Some(Ok(Encoded::Chunk(chunk))) = rx.blocking_recv() {
                 chunks.push(chunk);
             }
             assert!(chunks.len() > 1, "{} chunks", chunks.len());
@@ -773,15 +781,11 @@ mod tests {
     }
 
     /// The encode task stops as soon as the send loop stops listening.
-    #[tokio::test]
-    async fn encoding_stops_when_nobody_listens() {
+    #[test]
+    fn encoding_stops_when_nobody_listens() {
         let (tx, rx) = mpsc::channel(1);
         drop(rx);
-        assert!(
-            !encode_batch(&encoder(), &router(), batch(0).await, &tx)
-                .await
-                .unwrap()
-        );
+        assert!(!encode_batch(&encoder(), &router(), batch(0), &tx).unwrap());
     }
 
     #[test]

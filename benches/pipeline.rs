@@ -31,14 +31,13 @@ use mssql_ces::event::{
     Change, Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit,
 };
 use mssql_ces::pipeline::{self, BatchSource, PipelineSettings};
-use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink};
+use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink, librdkafka_headers};
 use mssql_ces::sink::{OutgoingMessage, Router, Sink};
 use mssql_ces::source::SourceError;
 use mssql_ces::source::poller::{Batch, PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio_util::sync::CancellationToken;
@@ -318,14 +317,7 @@ async fn raw(messages: &[OutgoingMessage], settings: &KafkaSettings, seconds: Du
                     record = record.key(key.as_slice());
                 }
                 // Binary mode's `ce_` headers are part of the same bytes.
-                if !m.headers.is_empty() {
-                    let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
-                    for (name, value) in &m.headers {
-                        headers = headers.insert(Header {
-                            key: name,
-                            value: Some(value),
-                        });
-                    }
+                if let Some(headers) = librdkafka_headers(&m.headers) {
                     record = record.headers(headers);
                 }
                 match producer.send_result(record) {

@@ -692,23 +692,37 @@ mod tests {
     use crate::source::poller::PollerConfig;
     use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 
-    /// A batch of the synthetic workload, with a 1.5 MiB value every `large` changes.
+    /// A batch of the synthetic workload, with a 1.5 MiB text value (cut to 1 MiB,
+    /// then segmented) every `large` changes.
     fn batch(large: u64) -> Batch {
         let config = SyntheticConfig {
             seed: 3,
             transactions: Some(400),
             rate_per_second: None,
-            large_value_every: large,
+            large_value_every: 0,
             existing_rows: 0,
         };
         let mut poller = Poller::new(SyntheticSource::new(config), PollerConfig::default(), None);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        match runtime.block_on(poller.poll()) {
+        let mut batch = match runtime.block_on(poller.poll()) {
             Ok(PollOutcome::Batch(batch)) => batch,
             other => panic!("no batch: {other:?}"),
+        };
+        if large > 0 {
+            for change in batch.changes.iter_mut().step_by(large as usize) {
+                let text = change
+                    .current
+                    .iter_mut()
+                    .flatten()
+                    .find(|v| matches!(v, crate::event::Value::Text(_)));
+                if let Some(value) = text {
+                    *value = crate::event::Value::Text("x".repeat(1_500_000));
+                }
+            }
         }
+        batch
     }
 
     fn encoder() -> Encoder {
@@ -739,10 +753,15 @@ mod tests {
         for large in [0, 7] {
             let batch = batch(large);
             let (encoder, router) = (encoder(), router());
+            let mut truncated = 0;
             let expected: Vec<Vec<u8>> = batch
                 .changes
                 .iter()
-                .flat_map(|c| router.route(c, encoder.encode(c).unwrap()).unwrap())
+                .flat_map(|c| {
+                    let event = encoder.encode(c).unwrap();
+                    truncated += event.truncated_values as u64;
+                    router.route(c, event).unwrap()
+                })
                 .map(|m| m.payload)
                 .collect();
             let (position, max_lsn) = (batch.position.clone(), batch.max_lsn);
@@ -766,6 +785,9 @@ mod tests {
             assert_eq!(end.position, position);
             assert_eq!(end.max_lsn, max_lsn);
             assert_eq!(chunks.iter().map(|c| c.events).sum::<u64>(), changes);
+            let cut: u64 = chunks.iter().map(|c| c.truncated_values).sum();
+            assert_eq!(cut, truncated);
+            assert_eq!(cut > 0, large > 0, "1.5 MiB values are cut to 1 MiB");
             let bytes: u64 = expected.iter().map(|p| p.len() as u64).sum();
             assert_eq!(chunks.iter().map(|c| c.bytes).sum::<u64>(), bytes);
             let got: Vec<Vec<u8>> = chunks

@@ -774,15 +774,7 @@ impl KafkaSink {
         };
         let mut record: FutureRecord<'_, [u8], [u8]> =
             FutureRecord::to(&message.topic).payload(message.payload.as_slice());
-        // Structured mode has no headers: no header list to allocate and free.
-        if !message.headers.is_empty() {
-            let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
-            for (name, value) in &message.headers {
-                headers = headers.insert(Header {
-                    key: name,
-                    value: Some(value),
-                });
-            }
+        if let Some(headers) = librdkafka_headers(&message.headers) {
             record = record.headers(headers);
         }
         if let Some(key) = &message.key {
@@ -814,6 +806,22 @@ impl KafkaSink {
     }
 }
 
+/// A message's headers as librdkafka takes them; `None` for none (structured mode),
+/// which spares librdkafka an empty header list to allocate and free.
+pub fn librdkafka_headers(headers: &crate::sink::Headers) -> Option<OwnedHeaders> {
+    if headers.is_empty() {
+        return None;
+    }
+    let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+    for (name, value) in headers {
+        owned = owned.insert(Header {
+            key: name,
+            value: Some(value),
+        });
+    }
+    Some(owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -826,6 +834,26 @@ mod tests {
     }
 
     use KafkaFlavour::{EventHubs, Kafka};
+
+    /// Structured messages get no header list; binary ones get every header, in order.
+    #[test]
+    fn headers_reach_librdkafka_in_order_and_none_are_made_for_none() {
+        use rdkafka::message::Headers as _;
+        assert!(librdkafka_headers(&Vec::new()).is_none());
+        let headers: crate::sink::Headers =
+            vec![("ce_id", b"1".to_vec()), ("ce_type", b"t".to_vec())];
+        let owned = librdkafka_headers(&headers).unwrap();
+        assert_eq!(owned.count(), 2);
+        let got: Vec<(String, Vec<u8>)> = owned
+            .iter()
+            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+            .collect();
+        let want: Vec<(String, Vec<u8>)> = headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        assert_eq!(got, want);
+    }
 
     fn get<'a>(s: &'a KafkaSettings, key: &str) -> Option<&'a str> {
         s.properties

@@ -51,6 +51,53 @@ fn max_lsn_rows(max: Option<Lsn>) -> Reply {
     }])
 }
 
+/// Polls until idle and encodes every change as JSON, with `guid` as the stream GUID
+/// and `max_kb` as the message size limit (the default without); returns the
+/// messages and how many transient errors were polled past. Any other error ends it.
+async fn drain<S: ChangeSource>(
+    poller: &mut mssql_ces::source::poller::Poller<S>,
+    guid: uuid::Uuid,
+    max_kb: Option<u32>,
+) -> Result<(Vec<Vec<u8>>, usize), SourceError> {
+    use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+    use mssql_ces::source::poller::PollOutcome;
+    let max_message_size = match max_kb {
+        Some(kb) => MessageSizeLimit::from_kb(kb).expect("a legal max_message_size_kb"),
+        None => MessageSizeLimit::default(),
+    };
+    let encoder = Encoder::new(EncoderOptions {
+        stream_guid: guid,
+        encoding: Encoding::Json,
+        final_event: FinalEventMode::LastInTransaction,
+        max_message_size,
+    });
+    let (mut out, mut retries) = (Vec::new(), 0);
+    for _ in 0..10_000 {
+        match poller.poll().await {
+            Ok(PollOutcome::Batch(batch)) => {
+                for change in &batch.changes {
+                    let event = encoder.encode(change).expect("encodes");
+                    out.extend(event.messages.into_iter().map(|m| m.bytes));
+                }
+            }
+            Ok(PollOutcome::Idle) => return Ok((out, retries)),
+            Err(e) if e.is_transient() => retries += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    panic!("never idle");
+}
+
+/// [`drain`] where no error of any kind is expected.
+async fn drain_clean<S: ChangeSource>(
+    poller: &mut mssql_ces::source::poller::Poller<S>,
+    guid: uuid::Uuid,
+) -> Vec<Vec<u8>> {
+    let (out, retries) = drain(poller, guid, None).await.expect("poll");
+    assert_eq!(retries, 0, "transient errors where none were expected");
+    out
+}
+
 fn handler(f: impl Fn(&Request) -> Reply + Send + Sync + 'static) -> Handler {
     Arc::new(f)
 }
@@ -231,12 +278,10 @@ async fn a_dropped_or_hung_connection_is_transient_and_the_next_query_reconnects
 mod through_the_wire {
     use super::*;
     use chrono::{FixedOffset, NaiveDate, NaiveTime, TimeZone};
+    use mssql_ces::event::Value;
     use mssql_ces::event::value::{Length, SqlType};
-    use mssql_ces::event::{
-        Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value,
-    };
     use mssql_ces::source::load::SnapshotMode;
-    use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+    use mssql_ces::source::poller::{Poller, PollerConfig};
     use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
     const GUID: uuid::Uuid = uuid::Uuid::from_u128(0x1bf2_756a_c15f_4d2e_a2d5_7d3f_9dbf_85b0);
@@ -364,27 +409,7 @@ mod through_the_wire {
     }
 
     async fn events<S: ChangeSource>(poller: &mut Poller<S>) -> Vec<Vec<u8>> {
-        let encoder = Encoder::new(EncoderOptions {
-            stream_guid: GUID,
-            encoding: Encoding::Json,
-            final_event: FinalEventMode::LastInTransaction,
-            max_message_size: MessageSizeLimit::default(),
-        });
-        let mut out = Vec::new();
-        for _ in 0..1000 {
-            match poller.poll().await {
-                Ok(PollOutcome::Batch(batch)) => {
-                    for change in &batch.changes {
-                        for message in encoder.encode(change).unwrap().messages {
-                            out.push(message.bytes);
-                        }
-                    }
-                }
-                Ok(PollOutcome::Idle) => return out,
-                Err(e) => panic!("poll: {e}"),
-            }
-        }
-        panic!("never idle");
+        drain_clean(poller, GUID).await
     }
 
     #[tokio::test]
@@ -464,8 +489,7 @@ mod through_the_wire {
 
 mod faults_through_the_poller {
     use super::*;
-    use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-    use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+    use mssql_ces::source::poller::{Poller, PollerConfig};
     use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 
     fn workload() -> SyntheticConfig {
@@ -488,33 +512,9 @@ mod faults_through_the_poller {
 
     /// Every event's message bytes, retrying transient errors as the pipeline does.
     async fn messages<S: ChangeSource>(poller: &mut Poller<S>) -> (Vec<Vec<u8>>, usize) {
-        let encoder = Encoder::new(EncoderOptions {
-            stream_guid: uuid::Uuid::nil(),
-            encoding: Encoding::Json,
-            final_event: FinalEventMode::LastInTransaction,
-            max_message_size: MessageSizeLimit::from_kb(128).unwrap(),
-        });
-        let (mut out, mut retries) = (Vec::new(), 0);
-        for _ in 0..10_000 {
-            match poller.poll().await {
-                Ok(PollOutcome::Batch(batch)) => {
-                    for change in &batch.changes {
-                        out.extend(
-                            encoder
-                                .encode(change)
-                                .unwrap()
-                                .messages
-                                .into_iter()
-                                .map(|m| m.bytes),
-                        );
-                    }
-                }
-                Ok(PollOutcome::Idle) => return (out, retries),
-                Err(e) if e.is_transient() => retries += 1,
-                Err(e) => panic!("poll: {e}"),
-            }
-        }
-        panic!("never idle");
+        drain(poller, uuid::Uuid::nil(), Some(128))
+            .await
+            .unwrap_or_else(|e| panic!("poll: {e}"))
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -626,11 +626,9 @@ mod tls {
 
 mod lifecycle_through_the_wire {
     use super::*;
+    use mssql_ces::event::Value;
     use mssql_ces::event::value::{Length, SqlType};
-    use mssql_ces::event::{
-        Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value,
-    };
-    use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+    use mssql_ces::source::poller::{Poller, PollerConfig};
     use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
     fn config() -> PollerConfig {
@@ -643,34 +641,11 @@ mod lifecycle_through_the_wire {
 
     /// Messages until idle, or the error that stopped the poller.
     async fn step<S: ChangeSource>(poller: &mut Poller<S>) -> Result<Vec<Vec<u8>>, String> {
-        let encoder = Encoder::new(EncoderOptions {
-            stream_guid: uuid::Uuid::from_u128(7),
-            encoding: Encoding::Json,
-            final_event: FinalEventMode::LastInTransaction,
-            max_message_size: MessageSizeLimit::default(),
-        });
-        let mut out = Vec::new();
-        for _ in 0..1000 {
-            match poller.poll().await {
-                Ok(PollOutcome::Batch(batch)) => {
-                    for change in &batch.changes {
-                        out.extend(
-                            encoder
-                                .encode(change)
-                                .unwrap()
-                                .messages
-                                .into_iter()
-                                .map(|m| m.bytes),
-                        );
-                    }
-                }
-                Ok(PollOutcome::Idle) => return Ok(out),
-                Err(e) if e.is_transient() => {}
-                // The kind of error, as both sources must agree on it.
-                Err(e) => return Err(format!("{:?}", std::mem::discriminant(&e))),
-            }
-        }
-        Err("never idle".into())
+        drain(poller, uuid::Uuid::from_u128(7), None)
+            .await
+            .map(|(out, _)| out)
+            // The kind of error, as both sources must agree on it.
+            .map_err(|e| format!("{:?}", std::mem::discriminant(&e)))
     }
 
     fn row(id: i32, name: &str) -> Vec<Value> {
@@ -855,39 +830,14 @@ mod collations {
 
 mod large_over_tls {
     use super::*;
+    use mssql_ces::event::Value;
     use mssql_ces::event::value::SqlType;
-    use mssql_ces::event::{
-        Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value,
-    };
     use mssql_ces::source::load::SnapshotMode;
-    use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+    use mssql_ces::source::poller::{Poller, PollerConfig};
     use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
     async fn all<S: ChangeSource>(poller: &mut Poller<S>) -> Vec<Vec<u8>> {
-        let encoder = Encoder::new(EncoderOptions {
-            stream_guid: uuid::Uuid::from_u128(3),
-            encoding: Encoding::Json,
-            final_event: FinalEventMode::LastInTransaction,
-            max_message_size: MessageSizeLimit::default(),
-        });
-        let mut out = Vec::new();
-        loop {
-            match poller.poll().await.expect("poll") {
-                PollOutcome::Batch(batch) => {
-                    for change in &batch.changes {
-                        out.extend(
-                            encoder
-                                .encode(change)
-                                .unwrap()
-                                .messages
-                                .into_iter()
-                                .map(|m| m.bytes),
-                        );
-                    }
-                }
-                PollOutcome::Idle => return out,
-            }
-        }
+        drain_clean(poller, uuid::Uuid::from_u128(3)).await
     }
 
     /// A wide table: its change query is longer than a TDS packet (and a TLS

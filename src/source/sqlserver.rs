@@ -251,6 +251,24 @@ async fn stream_pass(
 }
 
 impl SqlServerSource {
+    /// Runs one of the reads of changes or table rows, where a missing object means
+    /// the catalog changed, and decodes each row in order.
+    async fn read_rows<T>(
+        &mut self,
+        sql: &str,
+        params: &[&dyn ToSql],
+        mut decode: impl FnMut(NamedRow) -> Result<T, SourceError>,
+    ) -> Result<Vec<T>, SourceError> {
+        let rows = self
+            .conn
+            .query(sql, params)
+            .await
+            .map_err(catalog_changed)?;
+        rows.into_iter()
+            .map(|row| decode(NamedRow::new(row)))
+            .collect()
+    }
+
     pub fn new(config: SqlServerConfig) -> Self {
         SqlServerSource {
             conn: SqlConnection::new(config),
@@ -395,21 +413,14 @@ impl ChangeSource for SqlServerSource {
         if self.server_zone.is_some() {
             params.push(&zone);
         }
-        let rows = self
-            .conn
-            .query(&sql, &params)
-            .await
-            .map_err(catalog_changed)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let (change, replaced) =
-                decode_change_row(&instance.name, NamedRow::new(row), &columns)?;
+        self.read_rows(&sql, &params, |row| {
+            let (change, replaced) = decode_change_row(&instance.name, row, &columns)?;
             if !replaced.is_empty() {
                 Self::warn_replaced(instance, &change, &columns, &replaced);
             }
-            out.push(change);
-        }
-        Ok(out)
+            Ok(change)
+        })
+        .await
     }
 
     async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
@@ -504,15 +515,8 @@ impl ChangeSource for SqlServerSource {
         for text in &texts {
             params.push(text);
         }
-        let rows = self
-            .conn
-            .query(&sql, &params)
-            .await
-            .map_err(catalog_changed)?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            let (values, replaced) =
-                decode_values(&instance.name, &mut NamedRow::new(row), &columns)?;
+        self.read_rows(&sql, &params, |mut row| {
+            let (values, replaced) = decode_values(&instance.name, &mut row, &columns)?;
             for column in replaced {
                 if instance.key_columns.contains(&column) {
                     // The load would resume after U+FFFD, not after the stored value.
@@ -526,9 +530,9 @@ impl ChangeSource for SqlServerSource {
                 }
                 tracing::warn!(table = %instance.qualified_table(), %column, "text held invalid UTF-16 (a lone surrogate); each invalid unit was replaced with U+FFFD");
             }
-            out.push(values);
-        }
-        Ok(out)
+            Ok(values)
+        })
+        .await
     }
 
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {

@@ -870,11 +870,16 @@ fn deserialize_with_text_fallback(
             let mut candidate = table.clone();
             let as_text = toml::Value::String(raw.clone());
             set_path(&mut candidate, path, as_text.clone(), "override")?;
-            // Text helps when it makes the whole parse, or when the error is about
-            // this value (it quotes it) and changes; never to hide another error.
+            // Text helps when it makes the whole parse, or when the error is this
+            // value's type (it quotes it) and changes; never to hide another error,
+            // nor a number's own (out of range is not a reason to try it as text).
             let better = match toml::Value::Table(candidate.clone()).try_into::<Config>() {
                 Ok(_) => true,
-                Err(e) => error.contains(raw.as_str()) && e.to_string() != error,
+                Err(e) => {
+                    error.contains("invalid type")
+                        && error.contains(raw.as_str())
+                        && e.to_string() != error
+                }
             };
             if better {
                 table = candidate;
@@ -1209,6 +1214,22 @@ topic = "hub"
         )];
         let err = Config::from_parts(MINIMAL, &bad, &[]).unwrap_err();
         assert!(err.to_string().contains("page_size"), "{err}");
+        // A number out of its range is reported as such, not as text of the wrong type.
+        let flags = vec![Override::parse("event.max_message_size_kb", "64")];
+        let env = vec![(
+            "MSSQL_CES__EVENT__MAX_MESSAGE_SIZE_KB".to_string(),
+            "2048".to_string(),
+        )];
+        for (env, flags) in [(&[][..], &flags[..]), (&env[..], &[][..])] {
+            let err = Config::from_parts(MINIMAL, env, flags)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("outside the allowed range 128..=1024"),
+                "{err}"
+            );
+            assert!(!err.contains("invalid type"), "{err}");
+        }
     }
 
     #[test]

@@ -1215,8 +1215,8 @@ topic = "hub"
         let err = Config::from_parts(MINIMAL, &bad, &[]).unwrap_err();
         assert!(err.to_string().contains("page_size"), "{err}");
         // A number out of its range is reported as such, not as text of the wrong type.
-        let flags = vec![Override::parse("event.max_message_size_kb", "64")];
-        let env = vec![(
+        let flags = [Override::parse("event.max_message_size_kb", "64")];
+        let env = [(
             "MSSQL_CES__EVENT__MAX_MESSAGE_SIZE_KB".to_string(),
             "2048".to_string(),
         )];

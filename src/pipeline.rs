@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! poller ──batch──▶ encode + route ──chunks──▶ send (waits on a full queue) ──▶ sink
-//!   (task)             (task)                   │ deliveries, in send order
+//!   (task)            (thread)                  │ deliveries, in send order
 //!                                bounded channel ▼
 //!                                  acker: awaits each delivery in order,
 //!                                  then releases the batch's position ──▶ checkpoint
@@ -232,6 +232,7 @@ pub async fn run<B: BatchSource>(
                 biased;
                 ended = sink.end_batch() => ended.map_err(counted)?,
                 () = shutdown.cancelled() => return Ok(()),
+                () = failed.cancelled() => return Ok(()),
             }
             last_commit = end.last_commit.or(last_commit);
             let mut position = end.position;
@@ -248,6 +249,9 @@ pub async fn run<B: BatchSource>(
                 biased;
                 sent = tx.send(pending) => sent,
                 () = shutdown.cancelled() => return Ok(()),
+                // The acker failed: it may be retrying its last checkpoint, and the
+                // drain deadline that bounds that starts only once this loop ends.
+                () = failed.cancelled() => return Ok(()),
             };
             if sent.is_err() {
                 return Ok(()); // the acker stopped: its error is reported below
@@ -272,6 +276,9 @@ pub async fn run<B: BatchSource>(
         }
     }
     .await;
+    // What was sent of a batch cut short is not acknowledged here: it is sent again
+    // on the next start.
+    drop(std::mem::take(&mut deliveries));
     let deadline = tokio::time::Instant::now() + settings.drain_timeout;
     stop_source.cancel();
     // The encode task stops when it can no longer hand anything on, and with it goes
@@ -339,8 +346,9 @@ enum SourceItem {
 /// chunk ends after the change that reaches either bound, or with its batch.
 const CHUNK_MESSAGES: usize = 256;
 const CHUNK_BYTES: u64 = 1 << 20;
-/// Chunks encoded ahead of the one being sent. With [`CHUNK_BYTES`] this bounds the
-/// memory held between encoding and sending to a few MiB (plus one change's messages).
+/// Chunks encoded ahead of the one being sent. Between encoding and sending there
+/// are at most six chunks (these, one being sent, one being built), each at most
+/// [`CHUNK_MESSAGES`] messages or [`CHUNK_BYTES`] plus one change's messages.
 const ENCODED_CHUNKS_AHEAD: usize = 4;
 
 /// What the encode task hands on.
@@ -451,6 +459,9 @@ fn encode_batch(
         chunk.truncated_values += truncated;
         chunk.bytes += bytes;
         chunk.messages.extend(messages);
+        if out.is_closed() {
+            return Ok(false); // the send loop stopped: no need to finish the chunk
+        }
         if chunk.full() {
             let full = std::mem::replace(&mut chunk, Chunk::new());
             if out.blocking_send(Ok(Encoded::Chunk(full))).is_err() {

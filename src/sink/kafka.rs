@@ -806,8 +806,9 @@ impl KafkaSink {
     }
 }
 
-/// A message's headers as librdkafka takes them; `None` for none (structured mode),
-/// which spares librdkafka an empty header list to allocate and free.
+/// A message's headers as librdkafka takes them; `None` for none (the router always
+/// sets at least `content-type`, so only a message built elsewhere has none), which
+/// spares librdkafka an empty header list to allocate and free.
 pub fn librdkafka_headers(headers: &crate::sink::Headers) -> Option<OwnedHeaders> {
     if headers.is_empty() {
         return None;
@@ -835,9 +836,9 @@ mod tests {
 
     use KafkaFlavour::{EventHubs, Kafka};
 
-    /// Structured messages get no header list; binary ones get every header, in order.
+    /// No headers make no header list; headers arrive every one, in order.
     #[test]
-    fn headers_reach_librdkafka_in_order_and_none_are_made_for_none() {
+    fn headers_reach_librdkafka_in_order_and_no_list_is_made_for_none() {
         use rdkafka::message::Headers as _;
         assert!(librdkafka_headers(&Vec::new()).is_none());
         let headers: crate::sink::Headers =

@@ -278,7 +278,7 @@ pub async fn run<B: BatchSource>(
     .await;
     // What was sent of a batch cut short is not acknowledged here: it is sent again
     // on the next start.
-    drop(std::mem::take(&mut deliveries));
+    drop(deliveries);
     let deadline = tokio::time::Instant::now() + settings.drain_timeout;
     stop_source.cancel();
     // The encode task stops when it can no longer hand anything on, and with it goes
@@ -359,6 +359,7 @@ enum Encoded {
 }
 
 /// The messages of whole changes of one batch, in order.
+#[derive(Default)]
 struct Chunk {
     messages: Vec<OutgoingMessage>,
     /// Changes encoded into `messages`.
@@ -371,16 +372,6 @@ struct Chunk {
 }
 
 impl Chunk {
-    fn new() -> Self {
-        Chunk {
-            messages: Vec::new(),
-            events: 0,
-            truncated_values: 0,
-            bytes: 0,
-            end: None,
-        }
-    }
-
     fn full(&self) -> bool {
         self.messages.len() >= CHUNK_MESSAGES || self.bytes >= CHUNK_BYTES
     }
@@ -445,7 +436,7 @@ fn encode_batch(
     out: &mpsc::Sender<Result<Encoded, PipelineError>>,
 ) -> Result<bool, PipelineError> {
     let mut counts = BatchCounts::default();
-    let mut chunk = Chunk::new();
+    let mut chunk = Chunk::default();
     for change in &batch.changes {
         let event = encoder.encode(change)?;
         let truncated = event.truncated_values as u64;
@@ -463,7 +454,7 @@ fn encode_batch(
             return Ok(false); // the send loop stopped: no need to finish the chunk
         }
         if chunk.full() {
-            let full = std::mem::replace(&mut chunk, Chunk::new());
+            let full = std::mem::take(&mut chunk);
             if out.blocking_send(Ok(Encoded::Chunk(full))).is_err() {
                 return Ok(false);
             }

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
 use mssql_ces::checkpoint::{CheckpointStore, memory::MemoryStore};
-use mssql_ces::config::{CloudEventsMode, KafkaSinkConfig, PartitionKeyScheme};
+use mssql_ces::sink::kafka::KafkaSinkConfig;
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value};
 use mssql_ces::pipeline::{self, PipelineSettings};

@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mssql_ces::checkpoint::{CheckpointStore, memory::MemoryStore};
-use mssql_ces::config::{CloudEventsMode, KafkaSinkConfig, PartitionKeyScheme};
+use mssql_ces::sink::kafka::KafkaSinkConfig;
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::{
     Change, Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit,
 };

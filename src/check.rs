@@ -12,11 +12,12 @@ use std::time::Duration;
 use chrono::NaiveDateTime;
 
 use crate::checkpoint::CheckpointStore;
-use crate::config::{Config, SinkConfig, SourceKind};
+use crate::config::{Config, SourceKind};
+use crate::sink::SinkConfig;
 use crate::lsn::Lsn;
 use crate::sink::kafka::{self, DestinationFacts, KafkaFlavour};
 use crate::sink::{SinkHealth, expand_topic};
-use crate::source::poller::{Position, SourceIdentity};
+use crate::position::{Position, SourceIdentity};
 use crate::source::sqlserver::SqlServerSource;
 use crate::source::{
     AZURE_SQL_DATABASE_EDITION, CaptureInstance, Catalog, ChangeSource, Fact, ServerFacts,

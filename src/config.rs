@@ -15,13 +15,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use uuid::Uuid;
 
-use crate::event::{Encoding, FinalEventMode, MessageSizeLimit};
-pub use crate::sink::SinkConfig;
-pub use crate::sink::event_hubs_amqp::config::{EntraCredentialKind, EventHubsAmqpSinkConfig};
-pub use crate::sink::kafka::{Compression, KafkaSinkConfig, Partitioner};
-pub use crate::sink::stream::{FileSinkConfig, StdoutSinkConfig};
+use crate::event::settings::EventSettings;
+use crate::setting::{ConfigError, SecretRef, invalid, millis};
+use crate::sink::settings::SinkSettings;
 use crate::source::filter::TableFilter;
 use crate::source::load::SnapshotMode;
 use crate::source::poller::{GapPolicy, PollerConfig, StartPosition};
@@ -30,104 +27,8 @@ use crate::source::timezone::TimeZoneSetting;
 /// Prefix of environment overrides.
 pub const ENV_PREFIX: &str = "MSSQL_CES__";
 
-/// A configuration that cannot be used, naming the setting.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read the configuration file {path}: {reason}")]
-    Read { path: PathBuf, reason: String },
-    #[error("configuration: {0}")]
-    Parse(String),
-    #[error("{setting}: {reason}")]
-    Invalid { setting: String, reason: String },
-    #[error("{setting}: the secret is missing: {reason}")]
-    MissingSecret { setting: String, reason: String },
-}
-
-pub(crate) fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        setting: setting.to_owned(),
-        reason: reason.into(),
-    }
-}
-
-/// Where a secret comes from: an environment variable or a file, never the config.
-///
-/// Its deserializer never echoes what it was given: a secret written where
-/// `{ env = … }` was expected is refused with a message that names the setting's
-/// form, not the value (serde's own message would quote it).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SecretRef {
-    /// Name of the environment variable that holds the secret.
-    pub env: Option<String>,
-    /// Path of a file whose content (trimmed) is the secret.
-    pub file: Option<PathBuf>,
-}
-
 /// The settings that hold secrets, as override paths.
 pub const SECRET_SETTINGS: &[&str] = &["source.connection_string", "sink.connection_string"];
-
-impl<'de> Deserialize<'de> for SecretRef {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        const EXPECTED: &str = "{ env = \"VARIABLE\" } or { file = \"/path\" }; a secret is never written in the configuration itself";
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = SecretRef;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(EXPECTED)
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<SecretRef, A::Error> {
-                let mut secret = SecretRef::default();
-                while let Some(key) = map.next_key::<String>()? {
-                    match key.as_str() {
-                        "env" => secret.env = Some(map.next_value()?),
-                        "file" => secret.file = Some(map.next_value()?),
-                        other => {
-                            return Err(serde::de::Error::custom(format!(
-                                "unknown field `{other}`, expected `env` or `file`"
-                            )));
-                        }
-                    }
-                }
-                Ok(secret)
-            }
-        }
-        // Anything but a table (a string, a number…) is refused without its value.
-        deserializer
-            .deserialize_any(Visitor)
-            .map_err(|_: D::Error| serde::de::Error::custom(format!("expected {EXPECTED}")))
-    }
-}
-
-impl SecretRef {
-    /// Whether it names a place to read the secret from.
-    pub fn is_set(&self) -> bool {
-        self.env.is_some() || self.file.is_some()
-    }
-
-    /// Reads the secret. The error names `setting` and where it looked, never a value.
-    pub fn resolve(&self, setting: &str) -> Result<String, ConfigError> {
-        let missing = |reason: String| ConfigError::MissingSecret {
-            setting: setting.to_owned(),
-            reason,
-        };
-        match (&self.env, &self.file) {
-            (Some(var), None) => std::env::var(var)
-                .ok()
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| missing(format!("environment variable {var} is not set"))),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map(|s| s.trim().to_owned())
-                .map_err(|e| missing(format!("cannot read {}: {e}", path.display()))),
-            (Some(_), Some(_)) => Err(invalid(setting, "give either `env` or `file`, not both")),
-            (None, None) => Err(missing(
-                "set `env` (an environment variable name) or `file` (a path)".into(),
-            )),
-        }
-    }
-}
 
 /// `[source]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -250,187 +151,6 @@ impl Default for SyntheticSettings {
             transaction_rows: 0,
             existing_rows: 0,
         }
-    }
-}
-
-/// `[event]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventSettings {
-    /// `"json"` (default) or `"avro"`.
-    #[serde(default = "default_encoding")]
-    pub encoding: Encoding,
-    /// `"last_in_transaction"` (default) or `"always_false"` (CES's behaviour).
-    #[serde(default)]
-    pub final_event: FinalEventMode,
-    /// Largest message in KiB, 128–1024 (default 256, as CES).
-    #[serde(default)]
-    pub max_message_size_kb: MessageSizeLimit,
-    /// Stream GUID in `logicalid` and ids; default: the database GUID.
-    #[serde(default)]
-    pub stream_guid: Option<Uuid>,
-}
-
-impl Default for EventSettings {
-    fn default() -> Self {
-        EventSettings {
-            encoding: default_encoding(),
-            final_event: FinalEventMode::default(),
-            max_message_size_kb: MessageSizeLimit::default(),
-            stream_guid: None,
-        }
-    }
-}
-
-/// CES's `partition_key_scheme`, plus `primary_key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PartitionKeyScheme {
-    /// No key; an event's segments are still pinned to one partition.
-    None,
-    /// One constant key for the whole stream.
-    StreamGroup,
-    /// `schema.table` (default).
-    #[default]
-    Table,
-    /// The value of `sink.partition_key_column`.
-    Column,
-    /// `schema.table` plus the primary-key values.
-    PrimaryKey,
-}
-
-/// Kafka message layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CloudEventsMode {
-    /// The whole CloudEvent is the message value (default).
-    #[default]
-    Structured,
-    /// `ce_*` headers, `data` as the value.
-    Binary,
-}
-
-/// `[sink]`: how events are routed, and where they go — `kind` with that sink's
-/// own settings, each kind's settings beside its sink ([`SinkConfig`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SinkSettings {
-    pub routing: RoutingSettings,
-    pub kind: SinkConfig,
-}
-
-/// The settings of `[sink]` that every kind shares: where and how messages are keyed.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RoutingSettings {
-    /// Topic name, or a template over `{db}`, `{schema}`, `{tbl}` (default `"ces"`).
-    /// For Event Hubs: the event hub (default: `EntityPath` of the connection string).
-    #[serde(default)]
-    pub topic: Option<String>,
-    #[serde(default)]
-    pub partition_key: PartitionKeyScheme,
-    /// The column whose value is the key when `partition_key = "column"`.
-    #[serde(default)]
-    pub partition_key_column: Option<String>,
-    #[serde(default)]
-    pub mode: CloudEventsMode,
-}
-
-/// The keys of `[sink]` that [`RoutingSettings`] reads; the rest belong to the kind.
-const ROUTING_KEYS: &[&str] = &["topic", "partition_key", "partition_key_column", "mode"];
-
-impl<'de> Deserialize<'de> for SinkSettings {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        use serde::de::Error as _;
-        let mut rest = toml::Table::deserialize(deserializer)?;
-        let mut routing = toml::Table::new();
-        for key in ROUTING_KEYS {
-            if let Some(value) = rest.remove(*key) {
-                routing.insert((*key).to_owned(), value);
-            }
-        }
-        // Each part is read on its own table, so an error names the key itself.
-        let named = |e: toml::de::Error| {
-            let text = e.to_string();
-            D::Error::custom(format!("sink.{}", text.trim_end().replace('\n', " ")))
-        };
-        let routing = toml::Value::Table(routing)
-            .try_into::<RoutingSettings>()
-            .map_err(named)?;
-        let kind = match rest.remove("kind") {
-            None => {
-                return Err(D::Error::custom(
-                    "sink.kind: missing; one of kafka, event_hubs_kafka, event_hubs_amqp, stdout, file",
-                ));
-            }
-            Some(toml::Value::String(kind)) => kind,
-            Some(_) => return Err(D::Error::custom("sink.kind: expected a string")),
-        };
-        if rest.get("connection_string").is_some_and(|v| !v.is_table()) {
-            return Err(D::Error::custom(
-                "sink.connection_string: expected { env = \"VARIABLE\" } or { file = \"/path\" }; a secret is never written in the configuration itself",
-            ));
-        }
-        let table = toml::Value::Table(rest);
-        let in_kind = |e: toml::de::Error| {
-            D::Error::custom(format!(
-                "sink ({kind}): {}",
-                e.to_string().trim_end().replace('\n', " ")
-            ))
-        };
-        let kind = match kind.as_str() {
-            "kafka" => SinkConfig::Kafka(table.try_into().map_err(in_kind)?),
-            "event_hubs_kafka" => SinkConfig::EventHubsKafka(table.try_into().map_err(in_kind)?),
-            "event_hubs_amqp" => SinkConfig::EventHubsAmqp(table.try_into().map_err(in_kind)?),
-            "stdout" => SinkConfig::Stdout(table.try_into().map_err(in_kind)?),
-            "file" => SinkConfig::File(table.try_into().map_err(in_kind)?),
-            other => {
-                return Err(D::Error::custom(format!(
-                    "sink.kind: unknown kind \"{other}\"; one of kafka, event_hubs_kafka, event_hubs_amqp, stdout, file"
-                )));
-            }
-        };
-        Ok(SinkSettings { routing, kind })
-    }
-}
-
-impl SinkSettings {
-    /// A Kafka sink at `bootstrap_servers`, every other setting at its default.
-    pub fn kafka(bootstrap_servers: &str) -> Self {
-        SinkSettings {
-            routing: RoutingSettings::default(),
-            kind: SinkConfig::Kafka(KafkaSinkConfig::new(bootstrap_servers)),
-        }
-    }
-
-    /// Checks the routing and the kind's own settings.
-    pub fn validate(&self, event: &EventSettings) -> Result<(), ConfigError> {
-        if self.routing.partition_key == PartitionKeyScheme::Column
-            && self.routing.partition_key_column.is_none()
-        {
-            return Err(invalid(
-                "sink.partition_key_column",
-                "partition_key = \"column\" needs the column name",
-            ));
-        }
-        if self.routing.mode == CloudEventsMode::Binary
-            && matches!(self.kind, SinkConfig::Stdout(_) | SinkConfig::File(_))
-        {
-            return Err(invalid(
-                "sink.mode",
-                "\"binary\" puts the attributes in message headers, which a file or stdout has not: the lines would lose them; use \"structured\"",
-            ));
-        }
-        self.kind.validate(&self.routing, event)
-    }
-}
-
-/// Milliseconds in the file (`…_ms = 30000`), a [`Duration`] in the program.
-pub mod millis {
-    use serde::Deserialize as _;
-    use std::time::Duration;
-
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
     }
 }
 
@@ -641,10 +361,6 @@ fn default_seed() -> u64 {
 fn default_transactions() -> u64 {
     10_000
 }
-fn default_encoding() -> Encoding {
-    Encoding::Json
-}
-/// librdkafka's default `message.timeout.ms` (5 minutes).
 fn default_checkpoint_path() -> PathBuf {
     PathBuf::from("mssql-ces.checkpoint.json")
 }
@@ -920,6 +636,12 @@ fn set_path(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::Encoding;
+    use crate::sink::SinkConfig;
+    use crate::sink::event_hubs_amqp::config::{EntraCredentialKind, EventHubsAmqpSinkConfig};
+    use crate::sink::kafka::{KafkaSinkConfig, Partitioner};
+    use crate::sink::settings::PartitionKeyScheme;
+    use crate::sink::stream::{FileSinkConfig, StdoutSinkConfig};
 
     const MINIMAL: &str = r#"
 [source]
@@ -1139,7 +861,7 @@ topic = "hub"
         let err = c.check_secrets().unwrap_err();
         assert!(matches!(err, ConfigError::MissingSecret { .. }), "{err}");
         // A string without Endpoint= is refused before connecting, not echoed.
-        let path = std::env::temp_dir().join(format!("mssql-ces-secret-{}", Uuid::new_v4()));
+        let path = std::env::temp_dir().join(format!("mssql-ces-secret-{}", uuid::Uuid::new_v4()));
         std::fs::write(&path, "SharedAccessKey=SUPERSECRET").unwrap();
         let text = format!(
             "{EVENT_HUBS}connection_string = {{ file = \"{}\" }}\n",

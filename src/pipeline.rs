@@ -40,7 +40,8 @@ use crate::event::{Encoder, EncoderOptions, EventError};
 use crate::lsn::Lsn;
 use crate::metrics::{BatchCounts, Metrics};
 use crate::sink::{Delivery, OutgoingMessage, Router, Sink, SinkError};
-use crate::source::poller::{Batch, PollOutcome, Poller, Position};
+use crate::position::Position;
+use crate::source::poller::{Batch, PollOutcome, Poller};
 use crate::source::{ChangeSource, SourceError};
 
 /// Where the pipeline's batches come from: the [`Poller`] (every run), or anything
@@ -689,7 +690,7 @@ impl Backoff {
 mod tests {
     use super::*;
 
-    use crate::config::{CloudEventsMode, PartitionKeyScheme};
+    use crate::sink::settings::{CloudEventsMode, PartitionKeyScheme};
     use crate::event::{Encoding, FinalEventMode, MessageSizeLimit};
     use crate::source::poller::PollerConfig;
     use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};

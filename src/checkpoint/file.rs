@@ -14,7 +14,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::{CheckpointError, parse, render};
-use crate::source::poller::Position;
+use crate::position::Position;
 
 /// Creates and removes a file in `dir`: whether a file can be written there.
 pub fn probe_writable(dir: &Path) -> std::io::Result<()> {
@@ -116,7 +116,11 @@ impl FileStore {
     }
 
     pub fn save(&self, position: &Position) -> Result<(), CheckpointError> {
-        let text = render(&self.stream_name, position);
+        let text = render(
+            &self.stream_name,
+            position,
+            &self.path.display().to_string(),
+        )?;
         let dir = self.dir();
         let file_name = self
             .path
@@ -160,7 +164,7 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::lsn::Lsn;
-    use crate::source::poller::EventPosition;
+    use crate::position::EventPosition;
     use std::collections::BTreeMap;
 
     fn position() -> Position {
@@ -176,7 +180,7 @@ mod tests {
             switches: BTreeMap::new(),
             loads: [(
                 "dbo_Items".to_string(),
-                crate::source::load::TableLoad {
+                crate::position::TableLoad {
                     table: "dbo.Items".into(),
                     at: Lsn::from_parts(0xB1, 0x8A0, 1),
                     commit_time_ns: 1_786_120_000_123_000_000,

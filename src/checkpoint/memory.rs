@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::CheckpointError;
-use crate::source::poller::Position;
+use crate::position::Position;
 
 #[derive(Debug, Default)]
 struct Inner {

@@ -22,7 +22,7 @@ pub mod table;
 
 use serde::{Deserialize, Serialize};
 
-use crate::source::poller::Position;
+use crate::position::Position;
 
 /// What a store holds for one stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,8 +33,19 @@ pub struct Checkpoint {
     pub position: Position,
 }
 
-/// The current checkpoint format.
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// The checkpoint format this release writes.
+///
+/// - 1: `last_event` and `instances`; later releases of the same version added
+///   `change_tables`, `sink_length`, `source`, `switches` and `loads`, each optional.
+/// - 2: the same fields as the last release of version 1. The number changed so
+///   that a release that knows only version 1 refuses the document by name instead
+///   of reading it without the fields it does not know (it would silently drop a
+///   load in progress or a capture-instance switch).
+pub const CHECKPOINT_VERSION: u32 = 2;
+
+/// The oldest format this release reads: every version-1 document is a valid
+/// version-2 position (version 2 added no field and removed none).
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// Why a checkpoint could not be read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,6 +59,20 @@ pub enum CheckpointError {
         "checkpoint {location} is not a valid checkpoint ({reason}); move it away to start from source.start_position"
     )]
     Corrupt { location: String, reason: String },
+    /// A document written by a newer release, whose fields this one may not know.
+    #[error(
+        "checkpoint {location} has format version {found}, written by a newer mssql-ces; this release reads versions {oldest} to {newest}: run the newer release (or move the checkpoint away to start from source.start_position)"
+    )]
+    NewerVersion {
+        location: String,
+        found: u32,
+        oldest: u32,
+        newest: u32,
+    },
+    /// The position could not be written as JSON (it always can: a struct of
+    /// strings, numbers and maps; kept as an error rather than an empty document).
+    #[error("checkpoint {location}: the position cannot be written as JSON ({reason})")]
+    Serialize { location: String, reason: String },
     #[error(
         "checkpoint {location}: another process took this stream's lease ({holder}); this one stops writing"
     )]
@@ -161,10 +186,21 @@ pub fn parse(text: &str, stream_name: &str, location: &str) -> Result<Position, 
             location: location.to_owned(),
             reason: e.to_string(),
         })?;
-    if checkpoint.version != CHECKPOINT_VERSION {
+    if checkpoint.version > CHECKPOINT_VERSION {
+        return Err(CheckpointError::NewerVersion {
+            location: location.to_owned(),
+            found: checkpoint.version,
+            oldest: OLDEST_READABLE_VERSION,
+            newest: CHECKPOINT_VERSION,
+        });
+    }
+    if checkpoint.version < OLDEST_READABLE_VERSION {
         return Err(CheckpointError::Corrupt {
             location: location.to_owned(),
-            reason: format!("version {} is not {CHECKPOINT_VERSION}", checkpoint.version),
+            reason: format!(
+                "format version {} is older than any release wrote",
+                checkpoint.version
+            ),
         });
     }
     if checkpoint.stream_name != stream_name {
@@ -177,13 +213,123 @@ pub fn parse(text: &str, stream_name: &str, location: &str) -> Result<Position, 
     Ok(checkpoint.position)
 }
 
-/// The stored document for `position`.
-pub fn render(stream_name: &str, position: &Position) -> String {
+/// The stored document for `position`, in the current format.
+pub fn render(
+    stream_name: &str,
+    position: &Position,
+    location: &str,
+) -> Result<String, CheckpointError> {
     let checkpoint = Checkpoint {
         version: CHECKPOINT_VERSION,
         stream_name: stream_name.to_owned(),
         position: position.clone(),
     };
-    // A struct of strings, numbers and maps always serializes.
-    serde_json::to_string_pretty(&checkpoint).unwrap_or_default()
+    serde_json::to_string_pretty(&checkpoint).map_err(|e| CheckpointError::Serialize {
+        location: location.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lsn::Lsn;
+    use crate::position::{EventPosition, SourceIdentity, Switch, TableLoad};
+
+    /// A checkpoint as release 0.1 (format version 1, with every optional field)
+    /// wrote it: this release reads it whole.
+    const V1_DOCUMENT: &str = include_str!("../../tests/fixtures/checkpoint/v1-release-0.1.json");
+
+    #[test]
+    fn a_version_1_checkpoint_is_read_whole() {
+        let position = parse(V1_DOCUMENT, "default", "cp.json").expect("reads version 1");
+        assert_eq!(
+            position.last_event,
+            Some(EventPosition {
+                commit_lsn: Lsn::from_parts(0xB1, 0x8A8, 7),
+                sequence_number: 3,
+            })
+        );
+        assert_eq!(position.instances.len(), 2);
+        assert_eq!(position.change_tables["dbo_Orders"], 1_205_579_333);
+        assert_eq!(position.sink_length, Some(4096));
+        let source = position.source.as_deref().expect("identity");
+        assert_eq!(
+            *source,
+            SourceIdentity {
+                server: "sql1".into(),
+                database: "Shop".into(),
+                database_guid: Some(
+                    uuid::Uuid::parse_str("0b1f3c2e-9a4d-4f7b-8e21-6c5d4a3b2f10").unwrap()
+                ),
+                stream_guid: uuid::Uuid::parse_str("1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0")
+                    .unwrap(),
+            }
+        );
+        assert_eq!(
+            position.switches["dbo_Orders_v1"],
+            Switch {
+                to: "dbo_Orders".into(),
+                at: Lsn::from_parts(0xB1, 0x810, 1),
+            }
+        );
+        assert_eq!(
+            position.loads["dbo_Items"],
+            TableLoad {
+                table: "dbo.Items".into(),
+                at: Lsn::from_parts(0xB1, 0x8A0, 1),
+                commit_time_ns: 1_786_120_000_123_000_000,
+                after: Some(vec![Some("42".into()), None]),
+                rows: 1000,
+            }
+        );
+        // Written again, it is the current version with the same position.
+        let again = render("default", &position, "cp.json").expect("renders");
+        assert!(again.contains(&format!("\"version\": {CHECKPOINT_VERSION}")));
+        assert_eq!(parse(&again, "default", "cp.json"), Ok(position));
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_by_name() {
+        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 3", 1);
+        let err = parse(&newer, "default", "cp.json").unwrap_err();
+        assert_eq!(
+            err,
+            CheckpointError::NewerVersion {
+                location: "cp.json".into(),
+                found: 3,
+                oldest: OLDEST_READABLE_VERSION,
+                newest: CHECKPOINT_VERSION,
+            }
+        );
+        let text = err.to_string();
+        assert!(text.contains("version 3") && text.contains("newer mssql-ces"), "{text}");
+        let older = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 0", 1);
+        assert!(matches!(
+            parse(&older, "default", "cp.json"),
+            Err(CheckpointError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn a_field_this_release_does_not_know_is_refused() {
+        let unknown = V1_DOCUMENT.replacen(
+            "\"sink_length\": 4096,",
+            "\"sink_length\": 4096,\n    \"leases\": {},",
+            1,
+        );
+        let err = parse(&unknown, "default", "cp.json").unwrap_err();
+        assert!(matches!(err, CheckpointError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("leases"), "{err}");
+    }
+
+    #[test]
+    fn the_version_this_release_writes_is_2() {
+        // An older release compares the version with 1 and refuses anything else:
+        // the bump is what keeps it from dropping fields it does not know.
+        assert_eq!(CHECKPOINT_VERSION, 2);
+        let text = render("s", &Position::default(), "x").expect("renders");
+        let value: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(value["version"], 2);
+    }
 }

@@ -7,7 +7,7 @@ use tiberius::ToSql;
 
 use super::{CheckpointError, parse, render};
 use crate::source::connection::{SqlConnection, SqlError, SqlServerConfig};
-use crate::source::poller::Position;
+use crate::position::Position;
 
 /// The checkpoint table's read.
 pub const CHECKPOINT_READ: &str =
@@ -164,7 +164,7 @@ impl TableStore {
         self.fence().await?;
         let (name, text) = (
             self.stream_name.clone(),
-            render(&self.stream_name, position),
+            render(&self.stream_name, position, LOCATION)?,
         );
         self.query(CHECKPOINT_WRITE, &[&name, &text]).await?;
         Ok(())

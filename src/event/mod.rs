@@ -16,6 +16,7 @@ pub mod avro;
 pub mod json;
 pub mod readback;
 pub mod segment;
+pub mod settings;
 pub mod value;
 
 use std::sync::Arc;
@@ -338,7 +339,9 @@ pub struct Message {
     pub id: Uuid,
     pub segment_index: u32,
     pub final_segment: bool,
-    /// The serialized CloudEvent (structured mode).
+    /// The serialized CloudEvent (structured mode), or from a data-only encoder
+    /// ([`Encoder::data_only`]) this message's `data` alone: for a segment, its part
+    /// of the whole `data` (JSON: the text, unescaped; Avro: the bytes).
     pub bytes: Vec<u8>,
 }
 
@@ -349,9 +352,11 @@ pub struct EncodedEvent {
     pub messages: Vec<Message>,
     /// How many column values were truncated to 1 MiB.
     pub truncated_values: usize,
-    /// The one message's `bytes` are the `data` alone (an [`Encoder::data_only`]
-    /// encoder, an event that fits one message): for CloudEvents binary mode, which
-    /// puts the attributes in headers. Otherwise whole structured messages.
+    /// Each message's `bytes` are its `data` alone (an [`Encoder::data_only`]
+    /// encoder): for CloudEvents binary mode, which puts the attributes in headers
+    /// and so needs no envelope written and parsed again. Otherwise whole structured
+    /// messages. Segmentation is the same either way: it is decided on the
+    /// structured messages' sizes.
     pub data_only: bool,
 }
 
@@ -379,11 +384,11 @@ impl Encoder {
         }
     }
 
-    /// With `true`, an event that fits one message is encoded as its `data` alone
+    /// With `true`, every message of an event is encoded as its `data` alone
     /// ([`EncodedEvent::data_only`]), for binary mode, whose headers the router builds
-    /// from the change: no envelope is written and parsed again. Whether it fits is
-    /// decided on the structured message's size, so segmentation is the same in both
-    /// modes.
+    /// from the change: no envelope is written and parsed again. Whether an event fits
+    /// one message, and where its segments are cut, is decided on the structured
+    /// messages' sizes, so segmentation is the same in both modes.
     pub fn data_only(mut self, data_only: bool) -> Self {
         self.data_only = data_only;
         self
@@ -459,8 +464,8 @@ impl Encoder {
                     .sum();
                 if value_bytes > limit {
                     let data = json::data_text(change, &time, final_event);
-                    let messages = segment::split_json(&fields, &data, limit, id_for)?;
-                    return Ok(Self::segmented(logical_id, messages, truncated_values));
+                    let messages = segment::split_json(&fields, &data, limit, id_for, self.data_only)?;
+                    return Ok(self.segmented(logical_id, messages, truncated_values));
                 }
                 if self.data_only {
                     let data = json::data_text(change, &time, final_event);
@@ -474,8 +479,8 @@ impl Encoder {
                             truncated_values,
                         ));
                     }
-                    let messages = segment::split_json(&fields, &data, limit, id_for)?;
-                    return Ok(Self::segmented(logical_id, messages, truncated_values));
+                    let messages = segment::split_json(&fields, &data, limit, id_for, self.data_only)?;
+                    return Ok(self.segmented(logical_id, messages, truncated_values));
                 }
                 json::single_message(&fields, &first_id, change, final_event)
             }
@@ -483,8 +488,8 @@ impl Encoder {
                 let data = avro::data_datum(change, &time, final_event)?;
                 let whole = avro::envelope(&fields, &first_id, 0, true, &data)?;
                 if whole.len() > limit {
-                    let messages = segment::split_avro(&fields, &data, limit, id_for)?;
-                    return Ok(Self::segmented(logical_id, messages, truncated_values));
+                    let messages = segment::split_avro(&fields, &data, limit, id_for, self.data_only)?;
+                    return Ok(self.segmented(logical_id, messages, truncated_values));
                 }
                 if self.data_only {
                     return Ok(Self::only_data(
@@ -508,13 +513,15 @@ impl Encoder {
             // Only JSON reaches here: the data text is needed to cut it.
             drop(whole);
             let data = json::data_text(change, &time, final_event);
-            segment::split_json(&fields, &data, limit, id_for)?
+            segment::split_json(&fields, &data, limit, id_for, self.data_only)?
         };
-        Ok(Self::segmented(logical_id, messages, truncated_values))
+        Ok(self.segmented(logical_id, messages, truncated_values))
     }
 
-    /// Whole structured messages (one, or the segments).
+    /// The messages of an event (one, or the segments): whole structured messages,
+    /// or from a data-only encoder each message's `data` alone.
     fn segmented(
+        &self,
         logical_id: String,
         messages: Vec<Message>,
         truncated_values: usize,
@@ -523,7 +530,7 @@ impl Encoder {
             logical_id,
             messages,
             truncated_values,
-            data_only: false,
+            data_only: self.data_only,
         }
     }
 

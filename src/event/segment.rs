@@ -124,12 +124,14 @@ fn capacity(limit: usize, overhead: usize) -> Result<usize, EventError> {
 }
 
 /// Splits a JSON event whose single message would exceed `limit` bytes into messages
-/// of at most `limit` bytes.
+/// of at most `limit` bytes. With `data_only`, each message holds its part of `data`
+/// alone, cut where the structured message would be.
 pub(crate) fn split_json(
     fields: &EnvelopeFields<'_>,
     data: &str,
     limit: usize,
     id_for: impl Fn(u32) -> Uuid,
+    data_only: bool,
 ) -> Result<Vec<Message>, EventError> {
     let mut messages = Vec::new();
     let mut rest = data;
@@ -154,7 +156,11 @@ pub(crate) fn split_json(
             id,
             segment_index: index,
             final_segment,
-            bytes: json::envelope(fields, &id, index, final_segment, chunk),
+            bytes: if data_only {
+                chunk.as_bytes().to_vec()
+            } else {
+                json::envelope(fields, &id, index, final_segment, chunk)
+            },
         });
         rest = tail;
         index += 1;
@@ -163,12 +169,14 @@ pub(crate) fn split_json(
 }
 
 /// Splits an Avro event whose single message would exceed `limit` bytes into
-/// messages of at most `limit` bytes.
+/// messages of at most `limit` bytes. With `data_only`, each message holds its byte
+/// range of `data` alone, cut where the structured message would be.
 pub(crate) fn split_avro(
     fields: &EnvelopeFields<'_>,
     data: &[u8],
     limit: usize,
     id_for: impl Fn(u32) -> Uuid,
+    data_only: bool,
 ) -> Result<Vec<Message>, EventError> {
     let mut messages = Vec::new();
     let mut rest = data;
@@ -187,7 +195,11 @@ pub(crate) fn split_avro(
             id,
             segment_index: index,
             final_segment,
-            bytes: avro::envelope(fields, &id, index, final_segment, chunk)?,
+            bytes: if data_only {
+                chunk.to_vec()
+            } else {
+                avro::envelope(fields, &id, index, final_segment, chunk)?
+            },
         });
         rest = tail;
         index += 1;

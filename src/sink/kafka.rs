@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, EventSettings, RoutingSettings, SecretRef, invalid};
+use crate::event::settings::EventSettings;
+use crate::setting::{ConfigError, SecretRef, invalid};
+use crate::sink::settings::RoutingSettings;
 
 /// Room for the record, headers and protocol framing around a message of the
 /// configured maximum size.
@@ -64,7 +66,7 @@ pub struct KafkaSinkConfig {
     /// (`delivery_timeout_ms`, default 300000).
     #[serde(
         rename = "delivery_timeout_ms",
-        with = "crate::config::millis",
+        with = "crate::setting::millis",
         default = "default_delivery_timeout"
     )]
     pub delivery_timeout: Duration,
@@ -878,7 +880,7 @@ mod tests {
             "Java's placement"
         );
         let mut consistent = sink();
-        consistent.partitioner = crate::config::Partitioner::ConsistentRandom;
+        consistent.partitioner = Partitioner::ConsistentRandom;
         let s = KafkaSettings::new(&consistent, Kafka, 256 * 1024, None).unwrap();
         assert_eq!(get(&s, "partitioner"), Some("consistent_random"));
     }

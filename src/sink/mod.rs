@@ -12,12 +12,12 @@
 
 pub mod event_hubs_amqp;
 pub mod kafka;
+pub mod settings;
 pub mod stream;
 
-use crate::config::{
-    CloudEventsMode, ConfigError, EventSettings, PartitionKeyScheme, RoutingSettings,
-};
-use crate::event::readback::decode_message;
+use crate::event::settings::EventSettings;
+use crate::setting::ConfigError;
+use crate::sink::settings::{CloudEventsMode, PartitionKeyScheme, RoutingSettings};
 use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
 
 /// Where events go: `[sink]`'s `kind`, with that sink's own settings. Each variant
@@ -323,16 +323,19 @@ impl Router {
         let topic = self.topic(&change.table);
         let key = self.key(change);
         let partition_hint = key.is_none().then(|| fnv1a(event.logical_id.as_bytes()));
-        if event.data_only && self.mode == CloudEventsMode::Structured {
-            return Err(SinkError::Definite(
-                "an event encoded for binary mode reached a structured-mode router".into(),
-            ));
+        if event.data_only != (self.mode == CloudEventsMode::Binary) {
+            // A wiring defect: the pipeline builds the encoder from the router.
+            return Err(SinkError::Definite(format!(
+                "an event encoded for {} mode reached a {} router",
+                if event.data_only { "binary" } else { "structured" },
+                if self.binary() { "binary-mode" } else { "structured-mode" },
+            )));
         }
         let mut out = Vec::with_capacity(event.messages.len());
         let logical_id = event.logical_id;
         for message in event.messages {
             let (headers, payload) = match self.mode {
-                CloudEventsMode::Binary if event.data_only => (
+                CloudEventsMode::Binary => (
                     binary_headers(&BinaryAttributes {
                         id: &message.id,
                         logical_id: &logical_id,
@@ -354,7 +357,6 @@ impl Router {
                         message.bytes,
                     )
                 }
-                CloudEventsMode::Binary => binary_mode(&message.bytes, self.encoding)?,
             };
             out.push(OutgoingMessage {
                 topic: topic.clone(),
@@ -424,25 +426,6 @@ fn binary_headers(a: &BinaryAttributes<'_>) -> Headers {
     .into_iter()
     .map(|(name, value)| (name, value.as_bytes().to_vec()))
     .collect()
-}
-
-/// Binary mode for a whole structured message (a segment of a large event): its
-/// attributes read back from it.
-fn binary_mode(message: &[u8], encoding: Encoding) -> Result<(Headers, Vec<u8>), SinkError> {
-    let event = decode_message(message, encoding)
-        .map_err(|e| SinkError::Definite(format!("message {e}")))?;
-    let id = uuid::Uuid::parse_str(&event.id)
-        .map_err(|e| SinkError::Definite(format!("message id {}: {e}", event.id)))?;
-    let headers = binary_headers(&BinaryAttributes {
-        id: &id,
-        logical_id: &event.logicalid,
-        time: &event.time,
-        operation: &event.operation,
-        segment_index: event.segmentindex,
-        final_segment: event.finalsegment,
-        content_type: &event.datacontenttype,
-    });
-    Ok((headers, event.data))
 }
 
 /// A destination.

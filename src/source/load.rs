@@ -67,24 +67,6 @@ impl std::fmt::Display for SnapshotMode {
     }
 }
 
-/// A table's load that has not finished, as the checkpoint records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TableLoad {
-    /// `schema.table`, for logs.
-    pub table: String,
-    /// L0: the LSN the load stands at; the table's changes stream from after it.
-    pub at: Lsn,
-    /// `committime` of every loaded row: the commit time of `at` in UTC, in
-    /// nanoseconds since 1970 (recorded once, so a resumed load prints the same).
-    pub commit_time_ns: i64,
-    /// The key of the last row sent, as text forms in key order; `None` before the
-    /// first chunk (and always for a table without a key, which restarts its pass).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub after: Option<Vec<Option<String>>>,
-    /// Rows sent so far: the last one's `sequencenumber`.
-    pub rows: u64,
-}
-
 /// What identifies a loaded row for its message ids.
 #[derive(Debug, Clone, Copy)]
 pub enum RowIdentity<'a> {

@@ -294,6 +294,17 @@ pub enum SourceError {
     /// catalog and retrying resolves it.
     #[error("the CDC catalog changed while reading: {message}")]
     CatalogChanged { message: String },
+    /// The cleanup job raised a capture instance's low end past what a page needed
+    /// while the iteration read it. The iteration starts over, and its probe finds
+    /// the gap, which `source.on_gap` (or `snapshot.mode = "when_needed"`) decides.
+    /// Not a catalog change: it does not count toward the limit of those in a row.
+    #[error(
+        "the CDC cleanup job moved the low end of capture instance `{capture_instance}` to {min_lsn} during a read; reading again from the last position"
+    )]
+    CleanupRaced {
+        capture_instance: String,
+        min_lsn: Lsn,
+    },
     #[error(
         "the database GUID (the default stream GUID) cannot be read by this login: on SQL Server grant VIEW ANY DATABASE to the login (`GRANT VIEW ANY DATABASE TO <login>`; the public role has it unless revoked), on Azure SQL Database VIEW DATABASE STATE (`GRANT VIEW DATABASE STATE TO <user>`); or set event.stream_guid to a fixed GUID"
     )]
@@ -326,7 +337,9 @@ impl SourceError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            SourceError::Transient { .. } | SourceError::CatalogChanged { .. }
+            SourceError::Transient { .. }
+                | SourceError::CatalogChanged { .. }
+                | SourceError::CleanupRaced { .. }
         )
     }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{EventHubsAmqpSink, EventHubsCredential};
-use crate::config::{ConfigError, RoutingSettings, SecretRef, invalid};
+use crate::setting::{ConfigError, SecretRef, invalid};
+use crate::sink::settings::RoutingSettings;
 use crate::sink::kafka::{default_delivery_timeout, parse_event_hubs_connection_string};
 use crate::sink::{BuiltSink, Sink, SinkError};
 
@@ -44,7 +45,7 @@ pub struct EventHubsAmqpSinkConfig {
     /// (`amqp_resend_after_ms`, default 30000), until `delivery_timeout_ms` has passed.
     #[serde(
         rename = "amqp_resend_after_ms",
-        with = "crate::config::millis",
+        with = "crate::setting::millis",
         default = "default_resend_after"
     )]
     pub resend_after: Duration,
@@ -52,7 +53,7 @@ pub struct EventHubsAmqpSinkConfig {
     /// (`delivery_timeout_ms`, default 300000).
     #[serde(
         rename = "delivery_timeout_ms",
-        with = "crate::config::millis",
+        with = "crate::setting::millis",
         default = "default_delivery_timeout"
     )]
     pub delivery_timeout: Duration,

@@ -244,7 +244,7 @@ impl SyntheticSource {
     /// Makes the first poll see the history up to `position` at once. Without it the
     /// per-call bound would hand a resumed poller history it has already delivered,
     /// which looks like nothing new (and stops an `--until-idle` run early).
-    pub fn resume_from(&mut self, position: &crate::source::poller::Position) {
+    pub fn resume_from(&mut self, position: &crate::position::Position) {
         let target = position.last_event.map(|e| e.commit_lsn);
         let delivered = position.instances.values().min().copied();
         self.catch_up = target.map(|t| (t, delivered.unwrap_or(Lsn::ZERO)));

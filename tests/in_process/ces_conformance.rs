@@ -3,7 +3,7 @@
 //! with the documented JSON, attribute by attribute and inside every nested string.
 //! Only `id` differs: CES's ids are random, ours are deterministic.
 
-mod support;
+use crate::support;
 
 use mssql_ces::event::readback::decode_avro_message;
 use mssql_ces::event::{Change, Encoder, Encoding, FinalEventMode, Operation};

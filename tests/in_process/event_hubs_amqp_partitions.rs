@@ -5,7 +5,7 @@
 //! side — each key in order. Without readable partitions it falls back to the gateway,
 //! one key per batch.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;

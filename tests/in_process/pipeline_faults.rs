@@ -1,4 +1,3 @@
-#![recursion_limit = "256"]
 //! The pipeline under faults that are not the destination's: a source that vanishes,
 //! a checkpoint store that fails for a while, and quiet periods after the last batch.
 
@@ -6,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use mssql_ces::checkpoint::CheckpointStore;
 use mssql_ces::checkpoint::memory::MemoryStore;
-use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme};
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::pipeline::{self, PipelineError, PipelineSettings};

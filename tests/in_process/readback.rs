@@ -1,7 +1,7 @@
 //! Read-back of segmented events: reassembly, and clear errors for a missing segment,
 //! a gap in indexes, events mixed together, and a stream that ends mid-event.
 
-mod support;
+use crate::support;
 
 use mssql_ces::event::readback::{ReadError, Reassembler, decode_json_message, reassemble};
 use mssql_ces::event::{Encoder, Encoding, FinalEventMode, Message, Operation, Value};

@@ -4,13 +4,14 @@
 //! independently from the same source. Every partition-key scheme, both CloudEvents
 //! modes, both encodings.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
-use mssql_ces::config::{CloudEventsMode, KafkaSinkConfig, PartitionKeyScheme};
+use mssql_ces::sink::kafka::KafkaSinkConfig;
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::readback::{CloudEvent, Reassembler, decode_message};
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::pipeline::{self, PipelineSettings, RunSummary};

@@ -4,7 +4,7 @@
 //! — writes the very bytes the synthetic source writes directly, also when killed at
 //! random moments; and `check` passes through it.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -6,7 +6,7 @@
 //! an acknowledged send, which the sink answers by sending the batch again. So the
 //! checks are on the distinct messages, in order of first arrival.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! setup passes, and each thing that can be wrong fails its own check with a fix —
 //! or, where the login may not look, is reported as not checked.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;
@@ -14,7 +14,8 @@ use mssql_ces::config::Config;
 use mssql_ces::event::Value;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::sink::kafka::{DestinationFacts, TopicFacts};
-use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig, Position};
+use mssql_ces::position::Position;
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{Fact, LogScan, SourceError};
 use rdkafka::mocking::MockCluster;

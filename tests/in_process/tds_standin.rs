@@ -3,7 +3,7 @@
 //! [MS-TDS] on loopback, not SQL Server: login, queries as sent, result decoding,
 //! server errors, dropped and hung connections.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -20,7 +20,8 @@ use mssql_ces::event::{Change, Operation};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::filter::TableFilter;
-use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig, Position, StartPosition};
+use mssql_ces::position::Position;
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig, StartPosition};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
 use tiberius::{Client, Config};
 use tokio::net::TcpStream;
@@ -560,7 +561,7 @@ async fn a_quiet_table_advances_with_the_log() {
 #[tokio::test]
 async fn the_checkpoint_table_round_trips_per_stream() {
     use mssql_ces::checkpoint::table::TableStore;
-    use mssql_ces::source::poller::EventPosition;
+    use mssql_ces::position::EventPosition;
     let Some((mut db, url)) = admin().await else {
         return;
     };

@@ -2,9 +2,9 @@
 //! `cloudEvents:` application properties, and each event's segments share a partition
 //! key derived from the event (see `tests/event_hubs_amqp.rs`).
 
-mod support;
+use crate::support;
 
-use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme};
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_events_arrive_with_cloudevents_application_properties() {

@@ -3,7 +3,7 @@
 //! fails at once with a definite error, rather than being retried until
 //! `delivery_timeout_ms`.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

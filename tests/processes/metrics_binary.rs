@@ -2,7 +2,7 @@
 //! (`MockCluster`) and the synthetic source: the counters scraped from `/metrics`
 //! equal what the topic holds, and `/readyz` follows the brokers going down and up.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};

@@ -2,7 +2,7 @@
 //! (`MockCluster`) and the synthetic source: crash recovery under SIGKILL, graceful
 //! SIGTERM, and configuration errors reported before any connection.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! the last, a shared `logicalid`, distinct ids, and reassembly giving back the
 //! original `data` byte for byte.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -225,11 +225,13 @@ fn values_over_one_mib_are_truncated_and_counted() {
     );
 }
 
-/// Binary mode's two paths give the same messages: the attributes read back from the
-/// whole structured message, and (the fast path) built from the change with `data`
-/// encoded alone.
+/// Binary mode from the encoder's parts gives the messages that CloudEvents' Kafka
+/// binding makes of the structured messages: each attribute of the structured
+/// message, read back, as a `ce_` header, `datacontenttype` as `content-type`, and
+/// `data` as the value; segmented exactly where the structured event is.
 fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bool, TestCaseError> {
-    use mssql_ces::config::{CloudEventsMode, PartitionKeyScheme};
+    use mssql_ces::sink::OutgoingMessage;
+    use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
     let router = mssql_ces::sink::Router::new(
         "t",
         PartitionKeyScheme::PrimaryKey,
@@ -247,16 +249,48 @@ fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bo
         .data_only(true)
         .encode(change)
         .expect("encodes");
-    let fast = parts.data_only;
+    prop_assert!(parts.data_only);
     prop_assert_eq!(
-        fast,
-        structured.messages.len() == 1,
-        "data alone exactly when one message"
+        parts.messages.len(),
+        structured.messages.len(),
+        "segmented alike"
     );
-    let from_whole = router.route(change, structured).expect("routes");
+    let whole = structured.messages.len() == 1;
+    let expected: Vec<OutgoingMessage> = structured
+        .messages
+        .iter()
+        .map(|m| {
+            let e = decode_message(&m.bytes, encoding).expect("structured message decodes");
+            let headers = [
+                ("ce_specversion", e.specversion),
+                ("ce_type", e.event_type),
+                ("ce_source", e.source),
+                ("ce_id", e.id),
+                ("ce_time", e.time),
+                ("ce_logicalid", e.logicalid),
+                ("ce_operation", e.operation),
+                ("ce_segmentindex", e.segmentindex.to_string()),
+                ("ce_finalsegment", e.finalsegment.to_string()),
+                ("content-type", e.datacontenttype),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name, value.into_bytes()))
+            .collect();
+            OutgoingMessage {
+                topic: "t".into(),
+                key: router.key(change),
+                partition_hint: None,
+                headers,
+                payload: e.data,
+            }
+        })
+        .collect();
     let from_parts = router.route(change, parts).expect("routes");
-    prop_assert_eq!(from_whole, from_parts);
-    Ok(fast)
+    prop_assert_eq!(expected, from_parts);
+    // A structured event never reaches a binary-mode router: the pipeline builds
+    // the encoder from the router.
+    prop_assert!(router.route(change, structured).is_err());
+    Ok(whole)
 }
 
 proptest! {

@@ -8,9 +8,8 @@ use mssql_ces::event::{Change, Operation, Value};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::filter::TableFilter;
-use mssql_ces::source::poller::{
-    GapPolicy, PollOutcome, Poller, PollerConfig, Position, StartPosition,
-};
+use mssql_ces::position::Position;
+use mssql_ces::source::poller::{GapPolicy, PollOutcome, Poller, PollerConfig, StartPosition};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::timezone::TimeZoneSetting;
 use uuid::Uuid;

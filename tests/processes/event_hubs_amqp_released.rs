@@ -1,10 +1,9 @@
-#![recursion_limit = "256"]
 //! Event Hubs over AMQP: a batch the service settles as `Released` (not stored) is
 //! sent again, not counted as delivered. The client library reports that outcome as a
 //! success with a warning; the sink reads the warning through its tracing layer,
 //! installed here as the binary installs it.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

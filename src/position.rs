@@ -1,0 +1,140 @@
+//! Where a stream stands: the content of a checkpoint.
+//!
+//! A [`Position`] is a place where every earlier event has been emitted: per capture
+//! instance the LSN through which it is complete (always a transaction boundary), the
+//! last event emitted, the switches between capture instances of one table, the
+//! initial loads not yet finished and the file sink's durable length. The poller
+//! produces positions and the checkpoint stores keep them; neither owns the format,
+//! so both depend on this module and it depends on nothing but [`crate::lsn`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::lsn::Lsn;
+
+/// The last event emitted: its commit LSN and sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct EventPosition {
+    pub commit_lsn: Lsn,
+    pub sequence_number: u64,
+}
+
+/// `<commit LSN> #<sequence number>`, as an operator reads it in logs.
+impl std::fmt::Display for EventPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} #{}", self.commit_lsn, self.sequence_number)
+    }
+}
+
+/// Where a stream stands; what a checkpoint stores.
+///
+/// Unknown fields are refused: a field this release does not know belongs to a newer
+/// format, whose version number says so first (see `checkpoint::CHECKPOINT_VERSION`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Position {
+    /// The last event emitted, if any.
+    pub last_event: Option<EventPosition>,
+    /// Per capture instance: every change with `__$start_lsn` at or below this LSN
+    /// has been emitted.
+    pub instances: BTreeMap<String, Lsn>,
+    /// Per capture instance: the `object_id` of the change table the entry in
+    /// `instances` belongs to, so that an instance disabled and enabled again under
+    /// the same name is known to be new. Absent in checkpoints written before it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub change_tables: BTreeMap<String, i32>,
+    /// File sink: the output file's length once every event up to here was written
+    /// and fsynced. A start truncates the file to it, so the file holds each event
+    /// exactly once whatever a crash left behind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_length: Option<u64>,
+    /// What the position belongs to; a start against another database (or a restored
+    /// copy, which has a new GUID) is refused. Absent in checkpoints written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Box<SourceIdentity>>,
+    /// Per older capture instance of a table with two: the newer instance and the
+    /// LSN where reading switches to it, as first seen. Kept because the cleanup job
+    /// later raises both instances' `start_lsn` alike, after which the catalog no
+    /// longer tells where the switch was.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub switches: BTreeMap<String, Switch>,
+    /// Per capture instance: its table's load that has not finished (`[snapshot]`).
+    /// While any is here, no change is read.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub loads: BTreeMap<String, TableLoad>,
+}
+
+/// Where an older capture instance hands over to a newer one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Switch {
+    pub to: String,
+    pub at: Lsn,
+}
+
+/// The server, database and stream a position belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceIdentity {
+    pub server: String,
+    pub database: String,
+    pub database_guid: Option<Uuid>,
+    pub stream_guid: Uuid,
+}
+
+impl SourceIdentity {
+    /// Whether a position recorded as `self` may be resumed on `now`: the same
+    /// database and stream GUID (the server's name may change in a failover).
+    pub fn same_stream(&self, now: &SourceIdentity) -> bool {
+        self.database == now.database
+            && self.stream_guid == now.stream_guid
+            && (self.database_guid == now.database_guid
+                || self.database_guid.is_none()
+                || now.database_guid.is_none())
+    }
+}
+
+impl std::fmt::Display for SourceIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "database `{}` on `{}` (", self.database, self.server)?;
+        if let Some(guid) = self.database_guid {
+            write!(f, "database GUID {guid}, ")?;
+        }
+        write!(f, "stream GUID {})", self.stream_guid)
+    }
+}
+
+impl Position {
+    /// Whether nothing has been read or planned yet: a stream's very start.
+    pub fn is_start(&self) -> bool {
+        self.last_event.is_none() && self.instances.is_empty() && self.loads.is_empty()
+    }
+
+    /// Raises `instance`'s complete-through LSN to `through` (never lowers it).
+    pub fn advance(&mut self, instance: &str, through: Lsn) {
+        let current = self
+            .instances
+            .entry(instance.to_owned())
+            .or_insert(Lsn::ZERO);
+        *current = (*current).max(through);
+    }
+}
+
+/// A table's load that has not finished, as the checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableLoad {
+    /// `schema.table`, for logs.
+    pub table: String,
+    /// L0: the LSN the load stands at; the table's changes stream from after it.
+    pub at: Lsn,
+    /// `committime` of every loaded row: the commit time of `at` in UTC, in
+    /// nanoseconds since 1970 (recorded once, so a resumed load prints the same).
+    pub commit_time_ns: i64,
+    /// The key of the last row sent, as text forms in key order; `None` before the
+    /// first chunk (and always for a table without a key, which restarts its pass).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Vec<Option<String>>>,
+    /// Rows sent so far: the last one's `sequencenumber`.
+    pub rows: u64,
+}
+

@@ -1,0 +1,119 @@
+//! The primitives every stage's settings are made of: the error that names a
+//! setting, secrets that are read from the environment or a file and never echoed,
+//! and durations written in milliseconds.
+//!
+//! This module depends on nothing of the crate: each stage keeps its own section of
+//! the configuration beside its code ([`crate::sink::settings`],
+//! [`crate::event::settings`], …) and builds it from these, and [`crate::config`]
+//! composes the sections into the file a user writes.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// A configuration that cannot be used, naming the setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read the configuration file {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("configuration: {0}")]
+    Parse(String),
+    #[error("{setting}: {reason}")]
+    Invalid { setting: String, reason: String },
+    #[error("{setting}: the secret is missing: {reason}")]
+    MissingSecret { setting: String, reason: String },
+}
+
+pub(crate) fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting: setting.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Where a secret comes from: an environment variable or a file, never the config.
+///
+/// Its deserializer never echoes what it was given: a secret written where
+/// `{ env = … }` was expected is refused with a message that names the setting's
+/// form, not the value (serde's own message would quote it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecretRef {
+    /// Name of the environment variable that holds the secret.
+    pub env: Option<String>,
+    /// Path of a file whose content (trimmed) is the secret.
+    pub file: Option<PathBuf>,
+}
+
+impl<'de> Deserialize<'de> for SecretRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        const EXPECTED: &str = "{ env = \"VARIABLE\" } or { file = \"/path\" }; a secret is never written in the configuration itself";
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = SecretRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<SecretRef, A::Error> {
+                let mut secret = SecretRef::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "env" => secret.env = Some(map.next_value()?),
+                        "file" => secret.file = Some(map.next_value()?),
+                        other => {
+                            return Err(serde::de::Error::custom(format!(
+                                "unknown field `{other}`, expected `env` or `file`"
+                            )));
+                        }
+                    }
+                }
+                Ok(secret)
+            }
+        }
+        // Anything but a table (a string, a number…) is refused without its value.
+        deserializer
+            .deserialize_any(Visitor)
+            .map_err(|_: D::Error| serde::de::Error::custom(format!("expected {EXPECTED}")))
+    }
+}
+
+impl SecretRef {
+    /// Whether it names a place to read the secret from.
+    pub fn is_set(&self) -> bool {
+        self.env.is_some() || self.file.is_some()
+    }
+
+    /// Reads the secret. The error names `setting` and where it looked, never a value.
+    pub fn resolve(&self, setting: &str) -> Result<String, ConfigError> {
+        let missing = |reason: String| ConfigError::MissingSecret {
+            setting: setting.to_owned(),
+            reason,
+        };
+        match (&self.env, &self.file) {
+            (Some(var), None) => std::env::var(var)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| missing(format!("environment variable {var} is not set"))),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map(|s| s.trim().to_owned())
+                .map_err(|e| missing(format!("cannot read {}: {e}", path.display()))),
+            (Some(_), Some(_)) => Err(invalid(setting, "give either `env` or `file`, not both")),
+            (None, None) => Err(missing(
+                "set `env` (an environment variable name) or `file` (a path)".into(),
+            )),
+        }
+    }
+}
+
+/// Milliseconds in the file (`…_ms = 30000`), a [`Duration`] in the program.
+pub mod millis {
+    use serde::Deserialize as _;
+    use std::time::Duration;
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+

@@ -1,0 +1,152 @@
+//! `[sink]`: how events are routed (topic, key, CloudEvents mode), shared by every
+//! kind, and the kind with its own settings ([`SinkConfig`]).
+
+use serde::Deserialize;
+
+use crate::event::settings::EventSettings;
+use crate::setting::{ConfigError, invalid};
+use crate::sink::SinkConfig;
+use crate::sink::kafka::KafkaSinkConfig;
+
+/// CES's `partition_key_scheme`, plus `primary_key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionKeyScheme {
+    /// No key; an event's segments are still pinned to one partition.
+    None,
+    /// One constant key for the whole stream.
+    StreamGroup,
+    /// `schema.table` (default).
+    #[default]
+    Table,
+    /// The value of `sink.partition_key_column`.
+    Column,
+    /// `schema.table` plus the primary-key values.
+    PrimaryKey,
+}
+
+/// Kafka message layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CloudEventsMode {
+    /// The whole CloudEvent is the message value (default).
+    #[default]
+    Structured,
+    /// `ce_*` headers, `data` as the value.
+    Binary,
+}
+
+/// `[sink]`: how events are routed, and where they go — `kind` with that sink's
+/// own settings, each kind's settings beside its sink ([`SinkConfig`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkSettings {
+    pub routing: RoutingSettings,
+    pub kind: SinkConfig,
+}
+
+/// The settings of `[sink]` that every kind shares: where and how messages are keyed.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingSettings {
+    /// Topic name, or a template over `{db}`, `{schema}`, `{tbl}` (default `"ces"`).
+    /// For Event Hubs: the event hub (default: `EntityPath` of the connection string).
+    #[serde(default)]
+    pub topic: Option<String>,
+    #[serde(default)]
+    pub partition_key: PartitionKeyScheme,
+    /// The column whose value is the key when `partition_key = "column"`.
+    #[serde(default)]
+    pub partition_key_column: Option<String>,
+    #[serde(default)]
+    pub mode: CloudEventsMode,
+}
+
+/// The keys of `[sink]` that [`RoutingSettings`] reads; the rest belong to the kind.
+const ROUTING_KEYS: &[&str] = &["topic", "partition_key", "partition_key_column", "mode"];
+
+impl<'de> Deserialize<'de> for SinkSettings {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut rest = toml::Table::deserialize(deserializer)?;
+        let mut routing = toml::Table::new();
+        for key in ROUTING_KEYS {
+            if let Some(value) = rest.remove(*key) {
+                routing.insert((*key).to_owned(), value);
+            }
+        }
+        // Each part is read on its own table, so an error names the key itself.
+        let named = |e: toml::de::Error| {
+            let text = e.to_string();
+            D::Error::custom(format!("sink.{}", text.trim_end().replace('\n', " ")))
+        };
+        let routing = toml::Value::Table(routing)
+            .try_into::<RoutingSettings>()
+            .map_err(named)?;
+        let kind = match rest.remove("kind") {
+            None => {
+                return Err(D::Error::custom(
+                    "sink.kind: missing; one of kafka, event_hubs_kafka, event_hubs_amqp, stdout, file",
+                ));
+            }
+            Some(toml::Value::String(kind)) => kind,
+            Some(_) => return Err(D::Error::custom("sink.kind: expected a string")),
+        };
+        if rest.get("connection_string").is_some_and(|v| !v.is_table()) {
+            return Err(D::Error::custom(
+                "sink.connection_string: expected { env = \"VARIABLE\" } or { file = \"/path\" }; a secret is never written in the configuration itself",
+            ));
+        }
+        let table = toml::Value::Table(rest);
+        let in_kind = |e: toml::de::Error| {
+            D::Error::custom(format!(
+                "sink ({kind}): {}",
+                e.to_string().trim_end().replace('\n', " ")
+            ))
+        };
+        let kind = match kind.as_str() {
+            "kafka" => SinkConfig::Kafka(table.try_into().map_err(in_kind)?),
+            "event_hubs_kafka" => SinkConfig::EventHubsKafka(table.try_into().map_err(in_kind)?),
+            "event_hubs_amqp" => SinkConfig::EventHubsAmqp(table.try_into().map_err(in_kind)?),
+            "stdout" => SinkConfig::Stdout(table.try_into().map_err(in_kind)?),
+            "file" => SinkConfig::File(table.try_into().map_err(in_kind)?),
+            other => {
+                return Err(D::Error::custom(format!(
+                    "sink.kind: unknown kind \"{other}\"; one of kafka, event_hubs_kafka, event_hubs_amqp, stdout, file"
+                )));
+            }
+        };
+        Ok(SinkSettings { routing, kind })
+    }
+}
+
+impl SinkSettings {
+    /// A Kafka sink at `bootstrap_servers`, every other setting at its default.
+    pub fn kafka(bootstrap_servers: &str) -> Self {
+        SinkSettings {
+            routing: RoutingSettings::default(),
+            kind: SinkConfig::Kafka(KafkaSinkConfig::new(bootstrap_servers)),
+        }
+    }
+
+    /// Checks the routing and the kind's own settings.
+    pub fn validate(&self, event: &EventSettings) -> Result<(), ConfigError> {
+        if self.routing.partition_key == PartitionKeyScheme::Column
+            && self.routing.partition_key_column.is_none()
+        {
+            return Err(invalid(
+                "sink.partition_key_column",
+                "partition_key = \"column\" needs the column name",
+            ));
+        }
+        if self.routing.mode == CloudEventsMode::Binary
+            && matches!(self.kind, SinkConfig::Stdout(_) | SinkConfig::File(_))
+        {
+            return Err(invalid(
+                "sink.mode",
+                "\"binary\" puts the attributes in message headers, which a file or stdout has not: the lines would lose them; use \"structured\"",
+            ));
+        }
+        self.kind.validate(&self.routing, event)
+    }
+}
+

@@ -1,0 +1,423 @@
+//! One iteration: probe every tracked capture instance, open a cursor on each that
+//! has changes, and merge their pages into ordered, numbered events.
+
+use super::*;
+use crate::source::ProbeResult;
+
+/// A table to load again: its capture instance, `schema.table`, and the LSN the load
+/// stands at.
+type Reload = (String, String, Lsn);
+
+/// What one iteration does with a tracked capture instance.
+enum Planned {
+    Read(Cursor),
+    Reload(Reload),
+    Nothing,
+}
+
+impl<S: ChangeSource> Poller<S> {
+    /// Starts an iteration up to `max_lsn`. Returns false when there is nothing to
+    /// read (the position may still have advanced).
+    pub(super) async fn start_iteration(&mut self) -> Result<bool, SourceError> {
+        let max = self.max_lsn_with_catalog().await?;
+        let Some(max_lsn) = max.lsn.filter(|l| !l.is_zero()) else {
+            tracing::debug!("sys.fn_cdc_get_max_lsn() is NULL: CDC has recorded nothing yet");
+            return Ok(false);
+        };
+        if let Some(pending) = self.waiting_for.first() {
+            if self.warned.insert(format!("waiting {pending}")) {
+                tracing::info!(
+                    capture_instance = %pending,
+                    "waiting for the capture job to set the start_lsn of a table's newer capture instance before reading on (the switch point between the two instances)"
+                );
+            }
+            return Ok(false);
+        }
+        let new_instance = || {
+            self.tracked
+                .iter()
+                .any(|t| !self.position.instances.contains_key(&t.instance.name))
+        };
+        // The idle poll's test first, and one pass over the instances only.
+        if self.done_through.is_some_and(|done| max_lsn <= done) && !new_instance() {
+            return Ok(false);
+        }
+        if self.start_at_latest(max_lsn) {
+            return Ok(false);
+        }
+        let probes: Vec<Probe> = self
+            .tracked
+            .iter()
+            .map(|t| Probe {
+                capture_instance: t.instance.name.clone(),
+                after: self.complete_through(t),
+            })
+            .collect();
+        if probes.is_empty() {
+            return Ok(false);
+        }
+        let results = self.source.probe(&probes, max_lsn).await?;
+        let Some(min_lsns) = self.readable_min_lsns(&results)? else {
+            return Ok(false);
+        };
+        let mut cursors = Vec::new();
+        let mut reloads = Vec::new();
+        for (index, min_lsn) in min_lsns.into_iter().enumerate() {
+            let name = &self.tracked[index].instance.name;
+            let Some(result) = results.iter().find(|r| &r.capture_instance == name) else {
+                continue;
+            };
+            let next_change = result.next_change;
+            match self.plan_instance(index, min_lsn, next_change, max_lsn)? {
+                Planned::Read(cursor) => cursors.push(cursor),
+                Planned::Reload(reload) => reloads.push(reload),
+                Planned::Nothing => {}
+            }
+        }
+        self.queue_reloads(reloads).await?;
+        if cursors.is_empty() {
+            self.done_through = Some(max_lsn);
+            return Ok(false);
+        }
+        let zone = self.zone.unwrap_or(CommitTimeZone::LocalAsUtc);
+        self.iteration = Some(Iteration {
+            to: max_lsn,
+            cursors,
+            sequencer: Sequencer::new(zone),
+        });
+        Ok(true)
+    }
+
+    /// With no checkpoint and `start_position = "latest"`, every tracked instance
+    /// starts complete through `max_lsn`. Whether it did.
+    fn start_at_latest(&mut self, max_lsn: Lsn) -> bool {
+        let known_instances = self
+            .tracked
+            .iter()
+            .any(|t| self.position.instances.contains_key(&t.instance.name));
+        let first_run = !known_instances && self.position.last_event.is_none();
+        if !first_run
+            || self.config.start_position != StartPosition::Latest
+            || self.tracked.is_empty()
+        {
+            return false;
+        }
+        for t in &self.tracked {
+            self.position
+                .instances
+                .insert(t.instance.name.clone(), max_lsn);
+            self.position
+                .change_tables
+                .insert(t.instance.name.clone(), t.instance.object_id);
+        }
+        self.done_through = Some(max_lsn);
+        tracing::info!(%max_lsn, "no checkpoint: starting after the latest change (start_position = \"latest\")");
+        true
+    }
+
+    /// Each tracked instance's `min_lsn`, in tracking order; `None` while one of them
+    /// answers 0x00 (no permission, or just enabled), which is an error once it has
+    /// lasted `source.unreadable_grace_ms`.
+    fn readable_min_lsns(
+        &mut self,
+        results: &[ProbeResult],
+    ) -> Result<Option<Vec<Lsn>>, SourceError> {
+        let mut readable = Vec::with_capacity(self.tracked.len());
+        for t in &self.tracked {
+            let name = &t.instance.name;
+            let min_lsn = results
+                .iter()
+                .find(|r| &r.capture_instance == name)
+                .and_then(|r| r.min_lsn)
+                .filter(|l| !l.is_zero());
+            match min_lsn {
+                Some(_) => {
+                    self.unreadable_since.remove(name);
+                }
+                None => {
+                    let since = *self
+                        .unreadable_since
+                        .entry(name.clone())
+                        .or_insert_with(Instant::now);
+                    if since.elapsed() >= self.config.unreadable_grace {
+                        return Err(SourceError::TableUnreadable {
+                            capture_instance: name.clone(),
+                            table: t.instance.qualified_table(),
+                        });
+                    }
+                    tracing::warn!(
+                        capture_instance = %name,
+                        table = %t.instance.qualified_table(),
+                        "sys.fn_cdc_get_min_lsn returns 0x00: the login cannot SELECT every captured column of the table (see sql/03_least_privilege_login.sql), or the instance was just enabled; nothing is read until it can be (an error after source.unreadable_grace_ms)"
+                    );
+                }
+            }
+            readable.push(min_lsn);
+        }
+        Ok(readable.into_iter().collect())
+    }
+
+    /// What this iteration does with tracked instance `index`: read it up to its
+    /// upper bound, re-load its table after a gap (`when_needed`), or nothing (it has
+    /// no change to read; it is then complete through its upper bound). A gap stops
+    /// the run under `on_gap = "fail"`, and is logged and passed under `"skip"`.
+    fn plan_instance(
+        &mut self,
+        index: usize,
+        min_lsn: Lsn,
+        next_change: Option<Lsn>,
+        max_lsn: Lsn,
+    ) -> Result<Planned, SourceError> {
+        let t = &self.tracked[index];
+        let name = &t.instance.name;
+        let mut through = self.complete_through(t);
+        let new_instance = !self.position.instances.contains_key(name);
+        let first_unread = through.increment().unwrap_or(Lsn::MAX);
+        let upper = match t.superseded_at {
+            Some(switch) => max_lsn.min(last_before(switch)),
+            None => max_lsn,
+        };
+        self.position
+            .change_tables
+            .insert(name.clone(), t.instance.object_id);
+        if t.superseded_at.is_some() && through >= upper {
+            // Read to its switch point: the newer instance carries the table on.
+            return Ok(Planned::Nothing);
+        }
+        // Only what this instance still had to deliver can be lost from it.
+        if first_unread < min_lsn && first_unread <= upper && !new_instance {
+            let last_lost = last_before(min_lsn).min(upper);
+            if self.config.snapshot == SnapshotMode::WhenNeeded && t.superseded_at.is_none() {
+                // Re-load the table at `upper` instead: its rows now, then its
+                // changes after `upper` (this iteration reads none of them).
+                tracing::error!(
+                    capture_instance = %name,
+                    table = %t.instance.qualified_table(),
+                    first_lost = %first_unread,
+                    %last_lost,
+                    at_lsn = %upper,
+                    "changes were purged by the CDC cleanup job before delivery: re-loading the table (snapshot.mode = \"when_needed\"); rows deleted in the lost range are not in the re-load"
+                );
+                return Ok(Planned::Reload((
+                    name.clone(),
+                    t.instance.qualified_table(),
+                    upper,
+                )));
+            }
+            match self.config.on_gap {
+                GapPolicy::Fail => {
+                    return Err(SourceError::Gap {
+                        capture_instance: name.clone(),
+                        first_lost: first_unread,
+                        last_lost,
+                    });
+                }
+                GapPolicy::Skip => {
+                    tracing::error!(
+                        capture_instance = %name,
+                        first_lost = %first_unread,
+                        %last_lost,
+                        "CHANGES LOST: purged by the CDC cleanup job before delivery; skipping (source.on_gap = \"skip\")"
+                    );
+                }
+            }
+        }
+        let skipped = first_unread < min_lsn;
+        if skipped {
+            through = last_before(min_lsn).min(upper.max(through));
+        }
+        // The probe looked for changes after the old position; after a skip, what it
+        // found may lie below the new one while later changes exist.
+        let has_changes = next_change.is_some_and(|lsn| (skipped || lsn > through) && lsn <= upper);
+        let name = name.clone();
+        if !has_changes {
+            // Nothing to read up to `upper`: complete through it (idle advance).
+            self.position.instances.insert(name, through.max(upper));
+            return Ok(Planned::Nothing);
+        }
+        self.position.instances.insert(name, through);
+        Ok(Planned::Read(Cursor {
+            tracked: index,
+            after: RowKey::after_lsn(through),
+            upper,
+            buffer: VecDeque::new(),
+            exhausted: false,
+        }))
+    }
+
+    /// Queues the re-load of each table whose changes were purged (`when_needed`),
+    /// at the LSN its changes resume after.
+    async fn queue_reloads(&mut self, reloads: Vec<Reload>) -> Result<(), SourceError> {
+        for (name, table, at) in reloads {
+            let commit_time_ns = self.commit_time_ns(at).await?;
+            self.position.advance(&name, at);
+            self.load_runs.remove(&name);
+            self.position.loads.insert(
+                name,
+                TableLoad {
+                    table,
+                    at,
+                    commit_time_ns,
+                    after: None,
+                    rows: 0,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The LSN through which `t` is complete: its checkpoint, or for an instance not
+    /// seen before, just below its `start_lsn`.
+    pub(super) fn complete_through(&self, t: &Tracked) -> Lsn {
+        self.position
+            .instances
+            .get(&t.instance.name)
+            .copied()
+            .unwrap_or_else(|| last_before(t.instance.start_lsn.unwrap_or(Lsn::ZERO)))
+    }
+
+    /// Reads and merges rows until the batch is full or the iteration ends.
+    pub(super) async fn fill(&mut self, changes: &mut Vec<Change>) -> Result<(), SourceError> {
+        let Some(mut iteration) = self.iteration.take() else {
+            return Ok(());
+        };
+        let mut emitted = Vec::new();
+        loop {
+            if changes.len() >= self.config.batch_size {
+                self.iteration = Some(iteration);
+                return Ok(());
+            }
+            for cursor in &mut iteration.cursors {
+                if cursor.buffer.is_empty() && !cursor.exhausted {
+                    let t = &self.tracked[cursor.tracked];
+                    let rows = self
+                        .source
+                        .read_changes(
+                            &t.instance,
+                            cursor.after,
+                            cursor.upper,
+                            self.config.page_size,
+                        )
+                        .await?;
+                    check_page(&t.instance.name, cursor.after, cursor.upper, &rows)?;
+                    // The cleanup job raises the low end first and then deletes in
+                    // batches: if it moved past what this page needed, rows of it
+                    // may be missing. That is a gap, never a partial transaction.
+                    let min_lsn = self.source.min_lsn(&t.instance.name).await?;
+                    let first_needed = first_needed_after(cursor.after);
+                    if let Some(min_lsn) = min_lsn.filter(|m| *m > first_needed) {
+                        let reload = self.config.snapshot == SnapshotMode::WhenNeeded
+                            && t.superseded_at.is_none();
+                        return Err(match self.config.on_gap {
+                            GapPolicy::Fail if !reload => SourceError::Gap {
+                                capture_instance: t.instance.name.clone(),
+                                first_lost: first_needed,
+                                last_lost: last_before(min_lsn),
+                            },
+                            // Start the iteration again: its probe finds the gap and
+                            // re-loads the table, or skips the gap, as configured.
+                            _ => SourceError::CleanupRaced {
+                                capture_instance: t.instance.name.clone(),
+                                min_lsn,
+                            },
+                        });
+                    }
+                    cursor.exhausted = rows.len() < self.config.page_size;
+                    if let Some(last) = rows.last() {
+                        cursor.after = last.key;
+                    }
+                    cursor.buffer.extend(rows);
+                }
+            }
+            let heads: Vec<&VecDeque<ChangeRow>> =
+                iteration.cursors.iter().map(|c| &c.buffer).collect();
+            let Some(next) = smallest_head(&heads) else {
+                iteration.sequencer.finish(&mut emitted)?;
+                self.take_emitted(&mut emitted, changes, &iteration);
+                for cursor in &iteration.cursors {
+                    let name = &self.tracked[cursor.tracked].instance.name;
+                    self.position.advance(name, cursor.upper);
+                }
+                self.done_through = Some(iteration.to);
+                return Ok(());
+            };
+            let cursor = &mut iteration.cursors[next];
+            let Some(row) = cursor.buffer.pop_front() else {
+                continue;
+            };
+            let context = Arc::clone(&self.tracked[cursor.tracked].context);
+            iteration.sequencer.push(&context, row, &mut emitted)?;
+            self.take_emitted(&mut emitted, changes, &iteration);
+        }
+    }
+
+    /// Moves sequenced events into the batch, skipping those already emitted before a
+    /// restart, and advances the position.
+    pub(super) fn take_emitted(
+        &mut self,
+        emitted: &mut Vec<Change>,
+        changes: &mut Vec<Change>,
+        iteration: &Iteration,
+    ) {
+        for change in emitted.drain(..) {
+            let at = EventPosition {
+                commit_lsn: change.commit_lsn,
+                sequence_number: change.sequence_number,
+            };
+            if change.last_in_transaction {
+                // Every instance read in this iteration is complete through this
+                // transaction: the merge has passed its LSN in all of them.
+                for cursor in &iteration.cursors {
+                    let name = &self.tracked[cursor.tracked].instance.name;
+                    self.position
+                        .advance(name, change.commit_lsn.min(cursor.upper));
+                }
+            }
+            if self.resume_after.is_some_and(|resume| at <= resume) {
+                continue;
+            }
+            self.resume_after = None;
+            self.position.last_event = Some(at);
+            changes.push(change);
+        }
+    }
+}
+
+/// The lowest commit LSN whose rows a read after `after` still needs: the
+/// transaction `after` stops inside, or the one after it.
+pub(super) fn first_needed_after(after: RowKey) -> Lsn {
+    if after == RowKey::after_lsn(after.start_lsn) {
+        after.start_lsn.increment().unwrap_or(Lsn::MAX)
+    } else {
+        after.start_lsn
+    }
+}
+
+/// The LSN just below `lsn` (zero stays zero).
+pub(super) fn last_before(lsn: Lsn) -> Lsn {
+    Lsn::from_u128(lsn.to_u128().saturating_sub(1)).unwrap_or(Lsn::ZERO)
+}
+
+/// Rejects a page that is out of order or outside the requested range: a defect in a
+/// query must not turn into silently reordered or repeated events.
+pub(super) fn check_page(
+    name: &str,
+    after: RowKey,
+    upper: Lsn,
+    rows: &[ChangeRow],
+) -> Result<(), SourceError> {
+    let mut previous = after;
+    for row in rows {
+        if row.key <= previous || row.key.start_lsn > upper {
+            return Err(SourceError::Malformed {
+                capture_instance: name.to_owned(),
+                message: format!(
+                    "row {:?} is out of order or outside (after {:?}, up to {upper})",
+                    row.key, previous
+                ),
+            });
+        }
+        previous = row.key;
+    }
+    Ok(())
+}

@@ -1,0 +1,540 @@
+//! The initial load's runner: plans the load of every included table, reads each
+//! table in key order in chunks, and turns its rows into the `INS` events the
+//! checkpoint's [`TableLoad`]s account for (the model is in [`crate::source::load`]).
+
+use super::*;
+use crate::event::Value;
+
+/// A table's load as this process runs it (the checkpoint has the rest).
+pub(super) struct LoadRun {
+    pub(super) started: Instant,
+    pub(super) rows_at_start: u64,
+    pub(super) estimated: Option<u64>,
+    pub(super) last_log: Instant,
+    /// A table without a key: the pass is open in the source.
+    pub(super) pass_open: bool,
+    /// A table without a key: the last row read, held until the next chunk shows
+    /// whether it is the table's last.
+    pub(super) held: Option<Vec<crate::event::Value>>,
+    /// Hashes of the keys chunks resumed after: one coming back means the server's
+    /// seek did not move past it (a key value that does not survive the round trip
+    /// as text), which would otherwise loop for ever.
+    pub(super) resumed_after: std::collections::HashSet<u64>,
+}
+
+/// How often a load's progress is logged.
+const LOAD_LOG_EVERY: Duration = Duration::from_secs(5);
+
+impl<S: ChangeSource> Poller<S> {
+    /// Whether the initial load is still to be planned: the caller may plan it (and
+    /// write the checkpoint) before the first poll, so that the load's LSN is durable
+    /// before any row is sent.
+    pub fn needs_plan(&self) -> bool {
+        self.needs_plan
+    }
+
+    /// Plans the initial load: records L0 (`max_lsn`), marks every tracked capture
+    /// instance complete through it, and queues a load of each table (the newest
+    /// capture instance of each). Returns false, planning nothing, while an included
+    /// instance has no `start_lsn` yet (the capture job has not scanned since it was
+    /// enabled): where its changes begin is not known.
+    pub async fn plan_load(&mut self) -> Result<bool, SourceError> {
+        if !self.needs_plan {
+            return Ok(true);
+        }
+        let max = self.max_lsn_with_catalog().await?;
+        if let Some(catalog) = &self.catalog {
+            let filter = &self.config.filter;
+            if let Some(pending) = catalog
+                .instances
+                .iter()
+                .find(|i| i.start_lsn.is_none() && filter.allows(&i.schema, &i.table))
+            {
+                tracing::info!(capture_instance = %pending.name, "the initial load waits for the capture job to set this capture instance's start_lsn");
+                return Ok(false);
+            }
+        }
+        let at = max.lsn.filter(|l| !l.is_zero()).unwrap_or(Lsn::ZERO);
+        let commit_time_ns = self.commit_time_ns(at).await?;
+        self.retention = match self.source.server_facts().await {
+            Ok(facts) => cleanup_retention(&facts),
+            Err(_) => None,
+        };
+        let mut tables = Vec::new();
+        for t in &self.tracked {
+            // Complete through L0 — or, for an instance that begins after it (enabled
+            // since the last change CDC recorded, or nothing recorded yet), through
+            // just below its start_lsn: it holds nothing at or below L0.
+            let through = match t.instance.start_lsn {
+                Some(start) if start > at => last_before(start),
+                _ => at,
+            };
+            self.position.advance(&t.instance.name, through);
+            self.position
+                .change_tables
+                .insert(t.instance.name.clone(), t.instance.object_id);
+            if t.superseded_at.is_some() {
+                // The newer capture instance of the same table is the one loaded.
+                continue;
+            }
+            tables.push(t.instance.qualified_table());
+            self.position.loads.insert(
+                t.instance.name.clone(),
+                TableLoad {
+                    table: t.instance.qualified_table(),
+                    at,
+                    commit_time_ns,
+                    after: None,
+                    rows: 0,
+                },
+            );
+        }
+        self.done_through = Some(at);
+        self.needs_plan = false;
+        tracing::info!(
+            mode = %self.config.snapshot,
+            at_lsn = %at,
+            tables = %tables.join(", "),
+            retention_minutes = self.retention.map(|r| r.as_secs() / 60),
+            "initial load planned: each table's rows are read in key order, then its changes after this LSN follow"
+        );
+        Ok(true)
+    }
+
+    /// The UTC commit time of the transaction at `at` (what loaded rows carry), or
+    /// the present when CDC has recorded nothing yet.
+    pub(super) async fn commit_time_ns(&mut self, at: Lsn) -> Result<i64, SourceError> {
+        let local = if at.is_zero() {
+            None
+        } else {
+            self.source.lsn_time(at).await?
+        };
+        let zone = self.zone.unwrap_or(CommitTimeZone::LocalAsUtc);
+        let time = local.map_or_else(chrono::Utc::now, |local| zone.to_utc(local, None));
+        Ok(time
+            .timestamp_nanos_opt()
+            .unwrap_or_else(|| time.timestamp().saturating_mul(1_000_000_000)))
+    }
+
+    /// A batch of `changes` ending at the current position.
+    pub(super) fn position_batch(&self, changes: Vec<Change>) -> Batch {
+        Batch {
+            changes,
+            position: self.position.clone(),
+            max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
+        }
+    }
+
+    /// The loads running or queued, for the metrics.
+    pub fn load_status(&self) -> Vec<LoadStatus> {
+        self.position
+            .loads
+            .iter()
+            .map(|(name, load)| {
+                let run = self.load_runs.get(name);
+                LoadStatus {
+                    table: load.table.clone(),
+                    rows: load.rows,
+                    estimated: run.and_then(|r| r.estimated),
+                    rows_per_second: run.map_or(0.0, |r| {
+                        let seconds = r.started.elapsed().as_secs_f64();
+                        if seconds > 0.0 {
+                            load.rows.saturating_sub(r.rows_at_start) as f64 / seconds
+                        } else {
+                            0.0
+                        }
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// One chunk of the first queued load: a batch of its rows, with the position
+    /// after them.
+    pub(super) async fn load_step(&mut self) -> Result<PollOutcome, SourceError> {
+        self.load_catalog().await?;
+        let Some((name, mut load)) = self
+            .position
+            .loads
+            .iter()
+            .next()
+            .map(|(name, load)| (name.clone(), load.clone()))
+        else {
+            return Ok(PollOutcome::Idle);
+        };
+        let Some(tracked) = self.tracked.iter().find(|t| t.instance.name == name) else {
+            self.replace_vanished_load(&name, load).await?;
+            return Ok(PollOutcome::Batch(self.position_batch(Vec::new())));
+        };
+        let instance = tracked.instance.clone();
+        let table = Arc::clone(&tracked.context.table);
+        let key_positions = key_positions(&instance)?;
+        self.start_load_run(&name, &instance, &load).await?;
+        let (rows, done) = if key_positions.is_empty() {
+            match self.read_keyless_chunk(&name, &instance, &mut load).await? {
+                Some(read) => read,
+                None => return Ok(PollOutcome::Idle),
+            }
+        } else {
+            self.read_keyed_chunk(&name, &instance, &load, &key_positions)
+                .await?
+        };
+        let changes = self.loaded_changes(&name, &table, &mut load, rows, done, &key_positions)?;
+        if done {
+            self.finish_load(&name, &load);
+        } else {
+            self.position.loads.insert(name.clone(), load);
+            self.log_load_progress(&name).await?;
+        }
+        Ok(PollOutcome::Batch(self.position_batch(changes)))
+    }
+
+    /// The capture instance being loaded is gone. A schema change done the
+    /// documented way (a second capture instance, then the first disabled) leaves the
+    /// table streamed by the other one: it is loaded again through that one, at a new
+    /// LSN. Otherwise the table is no longer streamed and its load ends.
+    async fn replace_vanished_load(
+        &mut self,
+        name: &str,
+        load: TableLoad,
+    ) -> Result<(), SourceError> {
+        self.position.loads.remove(name);
+        self.load_runs.remove(name);
+        let successor = self
+            .tracked
+            .iter()
+            .find(|t| {
+                t.instance.qualified_table() == load.table
+                    && t.superseded_at.is_none()
+                    && !self.position.loads.contains_key(&t.instance.name)
+            })
+            .map(|t| t.instance.name.clone());
+        let Some(next) = successor else {
+            tracing::warn!(capture_instance = %name, table = %load.table, "the table's capture instance is gone (CDC disabled on it, or it is no longer included): it is no longer streamed, and its load ends here");
+            return Ok(());
+        };
+        let max = self.source.max_lsn().await?;
+        let at = max
+            .lsn
+            .filter(|l| !l.is_zero())
+            .unwrap_or(load.at)
+            .max(load.at);
+        let commit_time_ns = self.commit_time_ns(at).await?;
+        tracing::warn!(capture_instance = %name, table = %load.table, now_through = %next, at_lsn = %at, "the capture instance being loaded is gone; the table is loaded again, from its first row, through its other capture instance");
+        self.position.advance(&next, at);
+        self.position.loads.insert(
+            next,
+            TableLoad {
+                table: load.table,
+                at,
+                commit_time_ns,
+                after: None,
+                rows: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// Starts this process's run of a table's load (its rate and estimate) unless
+    /// it runs already.
+    async fn start_load_run(
+        &mut self,
+        name: &str,
+        instance: &CaptureInstance,
+        load: &TableLoad,
+    ) -> Result<(), SourceError> {
+        if self.load_runs.contains_key(name) {
+            return Ok(());
+        }
+        let estimated = match self.estimates.get(name) {
+            Some(known) => *known,
+            None => self.source.table_rows(instance).await?,
+        };
+        self.estimates.insert(name.to_owned(), estimated);
+        tracing::info!(table = %load.table, rows_estimated = estimated, at_lsn = %load.at, resumed_after_rows = load.rows, "loading table");
+        let now = Instant::now();
+        self.load_runs.insert(
+            name.to_owned(),
+            LoadRun {
+                started: now,
+                rows_at_start: load.rows,
+                estimated,
+                last_log: now,
+                pass_open: false,
+                held: None,
+                resumed_after: Default::default(),
+            },
+        );
+        Ok(())
+    }
+
+    /// The next chunk of a keyed table, after the last key sent, and whether it ends
+    /// the table. A seek that does not move past its key is an error, not a loop.
+    async fn read_keyed_chunk(
+        &mut self,
+        name: &str,
+        instance: &CaptureInstance,
+        load: &TableLoad,
+        key_positions: &[usize],
+    ) -> Result<(Vec<Vec<Value>>, bool), SourceError> {
+        let chunk = self.config.load_chunk.max(1);
+        let cursor = match &load.after {
+            None => TableCursor::Start,
+            Some(key) => TableCursor::AfterKey(key),
+        };
+        // One row more than a chunk: whether it comes tells if this chunk ends the
+        // table (its last row then carries finalevent).
+        let mut rows = self.source.read_table(instance, cursor, chunk + 1).await?;
+        let done = rows.len() <= chunk;
+        rows.truncate(chunk);
+        let (false, Some(last)) = (done, rows.last()) else {
+            return Ok((rows, done));
+        };
+        let key: Vec<Option<String>> = key_positions.iter().map(|&at| last[at].to_text()).collect();
+        let hash = {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            key.hash(&mut hasher);
+            hasher.finish()
+        };
+        let repeated = self
+            .load_runs
+            .get_mut(name)
+            .is_some_and(|run| !run.resumed_after.insert(hash));
+        if repeated || load.after.as_ref() == Some(&key) {
+            return Err(SourceError::Malformed {
+                capture_instance: name.to_owned(),
+                message: format!(
+                    "the load of {} does not move past the key ({}): the server's seek after this value returns rows already sent (a text key with characters the database's default code page lacks?); load this table with snapshot.mode = \"never\" and exclude it, or change its key's collation",
+                    load.table,
+                    key.iter()
+                        .map(|v| v.as_deref().unwrap_or("NULL"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
+        Ok((rows, done))
+    }
+
+    /// The next chunk of a table without a key, read in one pass that starts over
+    /// (from row 1) when it was broken; the last row read is held back until the
+    /// next chunk shows whether it is the table's last. `None` when the run is gone.
+    async fn read_keyless_chunk(
+        &mut self,
+        name: &str,
+        instance: &CaptureInstance,
+        load: &mut TableLoad,
+    ) -> Result<Option<(Vec<Vec<Value>>, bool)>, SourceError> {
+        let chunk = self.config.load_chunk.max(1);
+        let open = self.load_runs.get(name).is_some_and(|r| r.pass_open);
+        let cursor = if open {
+            TableCursor::Continue
+        } else {
+            // A new pass: from the first row again.
+            load.rows = 0;
+            load.after = None;
+            if let Some(run) = self.load_runs.get_mut(name) {
+                run.rows_at_start = 0;
+                run.started = Instant::now();
+            }
+            TableCursor::Start
+        };
+        let read = self.source.read_table(instance, cursor, chunk).await?;
+        let Some(run) = self.load_runs.get_mut(name) else {
+            return Ok(None);
+        };
+        run.pass_open = true;
+        let done = read.is_empty();
+        let mut rows: Vec<_> = run.held.take().into_iter().collect();
+        rows.extend(read);
+        if !done {
+            run.held = rows.pop();
+        }
+        Ok(Some((rows, done)))
+    }
+
+    /// A chunk's rows as `INS` events of the load, numbered after the rows already
+    /// sent; the load's resume key moves to the last of them.
+    fn loaded_changes(
+        &self,
+        name: &str,
+        table: &Arc<crate::event::TableDescription>,
+        load: &mut TableLoad,
+        rows: Vec<Vec<Value>>,
+        done: bool,
+        key_positions: &[usize],
+    ) -> Result<Vec<Change>, SourceError> {
+        let commit_time = chrono::DateTime::from_timestamp_nanos(load.commit_time_ns);
+        // Set by the catalog read that every load step begins with.
+        let guid = self.stream_guid.ok_or(SourceError::DatabaseGuidUnreadable)?;
+        let count = rows.len();
+        let mut changes = Vec::with_capacity(count);
+        for (i, values) in rows.into_iter().enumerate() {
+            if values.len() != table.columns().len() {
+                return Err(SourceError::Malformed {
+                    capture_instance: name.to_owned(),
+                    message: format!(
+                        "a table row has {} values for {} columns",
+                        values.len(),
+                        table.columns().len()
+                    ),
+                });
+            }
+            let sequence_number = load.rows + i as u64 + 1;
+            let id_seed = if key_positions.is_empty() {
+                id_seed(
+                    guid,
+                    load.at,
+                    &load.table,
+                    RowIdentity::Ordinal(sequence_number),
+                )
+            } else {
+                let key: Vec<Option<String>> = key_positions
+                    .iter()
+                    .map(|&at| values[at].to_text())
+                    .collect();
+                let seed = id_seed(guid, load.at, &load.table, RowIdentity::Key(&key));
+                if i + 1 == count {
+                    load.after = Some(key);
+                }
+                seed
+            };
+            changes.push(Change {
+                table: Arc::clone(table),
+                operation: crate::event::Operation::Insert,
+                commit_lsn: load.at,
+                begin_lsn: Lsn::ZERO,
+                sequence_number,
+                last_in_transaction: done && i + 1 == count,
+                commit_time,
+                old: None,
+                current: Some(values),
+                origin: Origin::Load { id_seed },
+            });
+        }
+        load.rows += count as u64;
+        Ok(changes)
+    }
+
+    /// A table's load has sent its last row: it leaves the checkpoint.
+    fn finish_load(&mut self, name: &str, load: &TableLoad) {
+        self.position.loads.remove(name);
+        let run = self.load_runs.remove(name);
+        let seconds = run.map_or(0.0, |r| r.started.elapsed().as_secs_f64());
+        tracing::info!(
+            table = %load.table,
+            rows = load.rows,
+            seconds = format!("{seconds:.1}"),
+            rows_per_second = (seconds > 0.0).then(|| (load.rows as f64 / seconds).round()),
+            "table loaded"
+        );
+        if self.position.loads.is_empty() {
+            tracing::info!(at_lsn = %load.at, "initial load finished; changes after its LSN follow");
+        }
+    }
+
+    /// Logs a load's progress every [`LOAD_LOG_EVERY`], and warns once when the loads
+    /// will outlast the cleanup retention: no change is read until every load ends,
+    /// so the changes after L0 wait from L0's commit until then. The projection is the
+    /// time since L0's commit plus what is left of this table and of the tables still
+    /// queued, at this table's rate.
+    pub(super) async fn log_load_progress(&mut self, name: &str) -> Result<(), SourceError> {
+        let due = self
+            .load_runs
+            .get(name)
+            .is_some_and(|r| r.last_log.elapsed() >= LOAD_LOG_EVERY);
+        if !due {
+            return Ok(());
+        }
+        if let Some(run) = self.load_runs.get_mut(name) {
+            run.last_log = Instant::now();
+        }
+        let statuses = self.load_status();
+        let Some(status) = self
+            .position
+            .loads
+            .get(name)
+            .and_then(|l| statuses.iter().find(|s| s.table == l.table))
+        else {
+            return Ok(());
+        };
+        let left = status.seconds_left();
+        tracing::info!(
+            table = %status.table,
+            rows = status.rows,
+            rows_estimated = status.estimated,
+            rows_per_second = status.rows_per_second.round(),
+            seconds_left = left.map(f64::round),
+            "loading"
+        );
+        let (Some(retention), Some(left)) = (self.retention, left) else {
+            return Ok(());
+        };
+        // The queued tables' sizes, asked once each.
+        let queued: Vec<String> = self
+            .position
+            .loads
+            .keys()
+            .filter(|n| n.as_str() != name && !self.estimates.contains_key(n.as_str()))
+            .cloned()
+            .collect();
+        for queued_name in queued {
+            let estimate = match self.tracked.iter().find(|t| t.instance.name == queued_name) {
+                Some(t) => self.source.table_rows(&t.instance).await?,
+                None => None,
+            };
+            self.estimates.insert(queued_name, estimate);
+        }
+        let queued_rows: u64 = self
+            .position
+            .loads
+            .keys()
+            .filter(|n| n.as_str() != name)
+            .filter_map(|n| self.estimates.get(n).copied().flatten())
+            .sum();
+        let rate = status.rows_per_second.max(1e-9);
+        let since_l0 = self.position.loads.get(name).map_or(0.0, |l| {
+            let l0 = chrono::DateTime::from_timestamp_nanos(l.commit_time_ns);
+            (chrono::Utc::now() - l0).num_milliseconds().max(0) as f64 / 1000.0
+        });
+        let projected = since_l0 + left + queued_rows as f64 / rate;
+        let Ok(projected) = Duration::try_from_secs_f64(projected) else {
+            return Ok(());
+        };
+        if projected >= retention && self.warned.insert("retention".to_owned()) {
+            tracing::warn!(
+                table = %status.table,
+                tables_queued = self.position.loads.len().saturating_sub(1),
+                projected_minutes = projected.as_secs() / 60,
+                retention_minutes = retention.as_secs() / 60,
+                on_gap = ?self.config.on_gap,
+                "at this rate the initial load ends after the CDC cleanup retention, counted from its LSN: changes made since then may be purged before they are read, which source.on_gap (or snapshot.mode = \"when_needed\") then decides; raise the retention (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = <minutes>)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Where each key column of `instance` is among its emitted columns: the values a
+/// load's keyset resumes after. Empty for a table without a key; an error when a key
+/// column is not emitted (a type CES leaves out), as its values could not be passed
+/// back.
+fn key_positions(instance: &CaptureInstance) -> Result<Vec<usize>, SourceError> {
+    let emitted: Vec<&str> = instance
+        .emitted_columns()
+        .map(|e| e.column.name.as_str())
+        .collect();
+    instance
+        .key_columns
+        .iter()
+        .map(|k| {
+            emitted.iter().position(|e| e == k).ok_or_else(|| SourceError::Malformed {
+                capture_instance: instance.name.clone(),
+                message: format!(
+                    "key column `{k}` is not among the streamed columns (a type CES leaves out, or not captured), so the table cannot be loaded in key order; exclude it from the load with source.exclude or set snapshot.mode = \"never\""
+                ),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,357 @@
+//! The poll loop: from a [`ChangeSource`] to ordered, numbered [`Change`]s and the
+//! [`Position`] each batch reaches.
+//!
+//! One iteration: read `max_lsn`; probe every tracked capture instance at once for its
+//! `min_lsn` and whether it has changes after its position; read those that do in
+//! bounded pages, merged into one stream in CDC order; pair, number and flag the
+//! events ([`Sequencer`]). Batches of at most `batch_size` events come out as they are
+//! ready, so memory stays bounded whatever the backlog.
+//!
+//! Invariants:
+//! - A capture instance with no change up to `max_lsn` still advances to `max_lsn`: a
+//!   quiet table never falls behind the cleanup job.
+//! - An instance whose next LSN to read is below its `min_lsn` lost changes to cleanup:
+//!   by default that is an error naming the instance and the lost range.
+//! - A table with two capture instances switches to the newer one at its `start_lsn`;
+//!   the older one is read only below it. While the newer one's `start_lsn` is not
+//!   established yet, nothing is read: the switch point is unknown.
+//! - An instance is *new* — read from its `start_lsn`, never a gap — when the position
+//!   does not know it, or knows another change table under its name (disabled and
+//!   enabled again). An instance whose `start_lsn` is NULL is not read until the
+//!   capture job sets it.
+//! - The catalog is re-read when the fingerprint that comes with every `max_lsn`
+//!   changes, and after any error: a disabled, re-created or altered instance never
+//!   stops the run.
+//! - After each page the instance's `min_lsn` is checked again: a cleanup that raced
+//!   the read (and may have deleted part of a transaction) is the gap it is.
+//! - A [`Position`] is a place where every earlier event has been emitted: per
+//!   instance the LSN through which it is complete (always a transaction boundary), and
+//!   the last event emitted. Resuming from it re-reads at most one partial transaction
+//!   and skips the events already emitted, with identical sequence numbers.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Change, Origin};
+use crate::lsn::Lsn;
+use crate::position::{EventPosition, Position, SourceIdentity, Switch, TableLoad};
+use crate::source::filter::TableFilter;
+use crate::source::load::{
+    LoadStatus, RowIdentity, SnapshotMode, cleanup_retention, id_seed,
+};
+use crate::source::merge::{InstanceContext, Sequencer, smallest_head};
+use crate::source::timezone::{CommitTimeZone, TimeZoneSetting};
+use crate::source::{
+    CaptureInstance, Catalog, ChangeRow, ChangeSource, Probe, RowKey, SourceError, TableCursor,
+};
+use uuid::Uuid;
+
+mod iteration;
+mod load;
+mod tracking;
+
+use iteration::last_before;
+use load::LoadRun;
+
+/// What to do when changes were purged before they were delivered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GapPolicy {
+    /// Stop with an error naming the capture instance and the lost LSN range.
+    #[default]
+    Fail,
+    /// Log the loss loudly and continue from the oldest change still held.
+    Skip,
+}
+
+/// Where to start when there is no checkpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartPosition {
+    /// The oldest change CDC still holds.
+    #[default]
+    Earliest,
+    /// Only changes committed after the first poll.
+    Latest,
+}
+
+impl std::fmt::Display for StartPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StartPosition::Earliest => "earliest",
+            StartPosition::Latest => "latest",
+        })
+    }
+}
+
+/// Settings of the poll loop.
+#[derive(Debug, Clone)]
+pub struct PollerConfig {
+    /// Rows per `read_changes` page.
+    pub page_size: usize,
+    /// Most events per batch.
+    pub batch_size: usize,
+    pub on_gap: GapPolicy,
+    pub time_zone: TimeZoneSetting,
+    pub filter: TableFilter,
+    pub start_position: StartPosition,
+    /// How often the catalog is re-read even when its fingerprint did not change.
+    pub catalog_refresh: Duration,
+    /// `event.stream_guid`: when set, the database GUID is not needed.
+    pub stream_guid: Option<Uuid>,
+    /// How long an included capture instance may answer `min_lsn` 0x00 (no
+    /// permission, or just enabled) before that is an error; nothing is read meanwhile.
+    pub unreadable_grace: Duration,
+    /// `[snapshot] mode`: whether the rows tables already hold are loaded first.
+    pub snapshot: SnapshotMode,
+    /// Rows per load chunk (one statement, one batch).
+    pub load_chunk: usize,
+}
+
+impl Default for PollerConfig {
+    fn default() -> Self {
+        PollerConfig {
+            page_size: 1000,
+            batch_size: 1000,
+            on_gap: GapPolicy::Fail,
+            time_zone: TimeZoneSetting::Server,
+            filter: TableFilter::default(),
+            start_position: StartPosition::Earliest,
+            catalog_refresh: Duration::from_secs(30),
+            stream_guid: None,
+            unreadable_grace: Duration::from_secs(60),
+            snapshot: SnapshotMode::Never,
+            load_chunk: 1000,
+        }
+    }
+}
+
+/// Events and the position reached once they (and every earlier batch) are delivered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub changes: Vec<Change>,
+    pub position: Position,
+    /// The `max_lsn` of the iteration this batch belongs to (for lag).
+    pub max_lsn: Lsn,
+}
+
+/// The result of one call to [`Poller::poll`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum PollOutcome {
+    /// Nothing new; poll again after the interval.
+    Idle,
+    /// Events, or only an advanced position (quiet instances catching up).
+    Batch(Batch),
+}
+
+struct Tracked {
+    instance: CaptureInstance,
+    context: Arc<InstanceContext>,
+    /// `start_lsn` of a newer capture instance of the same table, if any.
+    superseded_at: Option<Lsn>,
+}
+
+struct Cursor {
+    tracked: usize,
+    after: RowKey,
+    upper: Lsn,
+    buffer: VecDeque<ChangeRow>,
+    exhausted: bool,
+}
+
+struct Iteration {
+    to: Lsn,
+    cursors: Vec<Cursor>,
+    sequencer: Sequencer,
+}
+
+/// Reads a [`ChangeSource`] into ordered batches of changes.
+pub struct Poller<S> {
+    source: S,
+    config: PollerConfig,
+    tracked: Vec<Tracked>,
+    catalog: Option<Catalog>,
+    catalog_read_at: Option<Instant>,
+    zone: Option<CommitTimeZone>,
+    position: Position,
+    /// The end of the last finished iteration.
+    done_through: Option<Lsn>,
+    resume_after: Option<EventPosition>,
+    iteration: Option<Iteration>,
+    warned: std::collections::BTreeSet<String>,
+    /// The catalog must be re-read before the next iteration.
+    catalog_stale: bool,
+    /// Instances not read because a newer instance of their table has no
+    /// `start_lsn` yet: the whole stream waits for it.
+    waiting_for: Vec<String>,
+    /// Since when an instance's `min_lsn` has been 0x00.
+    unreadable_since: BTreeMap<String, Instant>,
+    stream_guid: Option<Uuid>,
+    /// `CatalogChanged` errors in a row, each after the catalog was read again.
+    catalog_changes_in_a_row: u32,
+    /// The initial load is still to be planned (no checkpoint, `[snapshot]` on).
+    needs_plan: bool,
+    /// Per capture instance: the load of its table running in this process.
+    load_runs: BTreeMap<String, LoadRun>,
+    /// The cleanup job's retention, read when a load is planned.
+    retention: Option<Duration>,
+    /// Per capture instance: its table's rows as `sys.partitions` estimated them,
+    /// asked once (for the retention projection).
+    estimates: BTreeMap<String, Option<u64>>,
+}
+
+/// What the stream has read, summarized without allocating: instance LSNs only rise,
+/// and an instance added, removed or re-created changes the count or the sums.
+fn progress(p: &Position) -> (Option<EventPosition>, usize, u128, i64) {
+    (
+        p.last_event,
+        p.instances.len(),
+        p.instances
+            .values()
+            .fold(0u128, |sum, lsn| sum.wrapping_add(lsn.to_u128())),
+        p.change_tables
+            .values()
+            .fold(0i64, |sum, &id| sum.wrapping_add(i64::from(id))),
+    )
+}
+
+/// After this many `CatalogChanged` errors in a row, each after a fresh catalog, the
+/// error is not the catalog moving but a defect: it stops the run instead.
+const CATALOG_CHANGED_LIMIT: u32 = 5;
+
+impl<S: ChangeSource> Poller<S> {
+    /// A poller starting at `position` (from a checkpoint), or at
+    /// `config.start_position` when there is none.
+    pub fn new(source: S, config: PollerConfig, position: Option<Position>) -> Self {
+        let resume_after = position.as_ref().and_then(|p| p.last_event);
+        let needs_plan =
+            config.snapshot.loads() && position.as_ref().is_none_or(Position::is_start);
+        Poller {
+            source,
+            config,
+            tracked: Vec::new(),
+            catalog: None,
+            catalog_read_at: None,
+            zone: None,
+            done_through: None,
+            resume_after,
+            position: position.unwrap_or_default(),
+            iteration: None,
+            warned: Default::default(),
+            catalog_stale: true,
+            waiting_for: Vec::new(),
+            unreadable_since: BTreeMap::new(),
+            stream_guid: None,
+            catalog_changes_in_a_row: 0,
+            needs_plan,
+            load_runs: BTreeMap::new(),
+            retention: None,
+            estimates: BTreeMap::new(),
+        }
+    }
+
+    /// The stream GUID: `event.stream_guid`, else the database GUID (known once the
+    /// catalog has been read).
+    pub fn stream_guid(&self) -> Option<Uuid> {
+        self.stream_guid
+    }
+
+    /// The position reached by the batches returned so far.
+    pub fn position(&self) -> &Position {
+        &self.position
+    }
+
+    /// How many capture instances the poller reads.
+    pub fn tracked_instances(&self) -> usize {
+        self.tracked.len()
+    }
+
+    /// Produces the next batch, or [`PollOutcome::Idle`] when there is nothing new.
+    /// On error the poller can be polled again: it restarts the interrupted iteration
+    /// from the last position it returned.
+    pub async fn poll(&mut self) -> Result<PollOutcome, SourceError> {
+        let saved = (self.position.clone(), self.resume_after, self.done_through);
+        let result = self.poll_inner().await;
+        if result.is_err() {
+            // Start over from the last returned position: nothing is lost or repeated,
+            // because re-read events up to `resume_after` are skipped.
+            self.iteration = None;
+            (self.position, self.resume_after, self.done_through) = saved;
+            self.resume_after = self.resume_after.max(self.position.last_event);
+            // Whatever failed, the catalog may be why: read it again first.
+            self.catalog_stale = true;
+            // A pass over a table without a key may have broken with it: start over.
+            for run in self.load_runs.values_mut() {
+                run.pass_open = false;
+                run.held = None;
+            }
+        }
+        match result {
+            Err(SourceError::CatalogChanged { message }) => {
+                self.catalog_changes_in_a_row += 1;
+                if self.catalog_changes_in_a_row >= CATALOG_CHANGED_LIMIT {
+                    return Err(SourceError::Definite {
+                        message: format!(
+                            "{message} (still so after reading the CDC catalog again {} times)",
+                            self.catalog_changes_in_a_row
+                        ),
+                    });
+                }
+                Err(SourceError::CatalogChanged { message })
+            }
+            other => {
+                if other.is_ok() {
+                    self.catalog_changes_in_a_row = 0;
+                }
+                other
+            }
+        }
+    }
+
+    async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
+        if self.iteration.is_none() {
+            if self.needs_plan {
+                if !self.plan_load().await? {
+                    return Err(SourceError::Transient {
+                        message: "the initial load waits for the capture job to set the start_lsn of every included capture instance".into(),
+                    });
+                }
+                return Ok(PollOutcome::Batch(self.position_batch(Vec::new())));
+            }
+            if !self.position.loads.is_empty() {
+                return self.load_step().await;
+            }
+            if self.config.snapshot == SnapshotMode::InitialOnly {
+                // Loaded: this run streams no changes.
+                return Ok(PollOutcome::Idle);
+            }
+            // Progress is what the stream has read; recording the identity is not.
+            // Compared by a summary, not a copy: an idle poll with a thousand capture
+            // instances would otherwise copy the map twice.
+            let before = progress(&self.position);
+            if !self.start_iteration().await? {
+                return Ok(if progress(&self.position) != before {
+                    PollOutcome::Batch(Batch {
+                        changes: Vec::new(),
+                        position: self.position.clone(),
+                        max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
+                    })
+                } else {
+                    PollOutcome::Idle
+                });
+            }
+        }
+        let mut changes = Vec::new();
+        let to = self.iteration.as_ref().map_or(Lsn::ZERO, |it| it.to);
+        self.fill(&mut changes).await?;
+        Ok(PollOutcome::Batch(Batch {
+            changes,
+            position: self.position.clone(),
+            max_lsn: to,
+        }))
+    }
+
+}

@@ -1,0 +1,360 @@
+//! Capture-instance tracking: which capture instances are read, from where, and
+//! when a table hands over from an older instance to a newer one; the stream's
+//! identity and time zone, checked each time the catalog is read.
+
+use super::*;
+
+impl<S: ChangeSource> Poller<S> {
+    /// Re-reads the catalog when it is stale or due.
+    pub(super) async fn load_catalog(&mut self) -> Result<(), SourceError> {
+        let due = self.catalog_stale
+            || self
+                .catalog_read_at
+                .is_none_or(|at| at.elapsed() >= self.config.catalog_refresh);
+        if !due {
+            return Ok(());
+        }
+        let catalog = self.source.catalog().await?;
+        self.catalog_read_at = Some(Instant::now());
+        self.catalog_stale = false;
+        self.adopt_identity(&catalog)?;
+        if self.zone.is_none() {
+            self.zone = Some(self.resolve_time_zone(&catalog));
+        }
+        self.check_invisible(&catalog)?;
+        let included: Vec<&CaptureInstance> = catalog
+            .instances
+            .iter()
+            .filter(|i| self.config.filter.allows(&i.schema, &i.table))
+            .collect();
+        let mut tracked = Vec::new();
+        let mut waiting_for = Vec::new();
+        for instance in &included {
+            if !instance.has_command_id {
+                return Err(SourceError::NoCommandId {
+                    capture_instance: instance.name.clone(),
+                });
+            }
+            let Some(start_lsn) = instance.start_lsn else {
+                self.note_pending(instance);
+                continue;
+            };
+            self.warn_left_out_columns(instance);
+            let superseded_at = self.superseded_at(instance, start_lsn, &included, &mut waiting_for);
+            let context = Arc::new(InstanceContext::new(instance, &catalog.database)?);
+            tracked.push(Tracked {
+                instance: (*instance).clone(),
+                context,
+                superseded_at,
+            });
+        }
+        self.retire_vanished(&catalog);
+        self.note_new_instances(&tracked).await?;
+        if tracked.is_empty() && included.is_empty() {
+            // At startup that is a configuration error; later, the last table was
+            // disabled: wait for one to be enabled again.
+            if self.catalog.is_none() {
+                return Err(SourceError::NoCapturedTables {
+                    database: catalog.database.clone(),
+                });
+            }
+            if self.warned.insert("no captured tables".into()) {
+                tracing::warn!(
+                    "no captured table is left to stream; waiting for CDC to be enabled on one"
+                );
+            }
+        } else {
+            self.warned.remove("no captured tables");
+        }
+        self.tracked = tracked;
+        self.waiting_for = waiting_for;
+        self.catalog = Some(catalog);
+        Ok(())
+    }
+
+    /// The stream GUID (`event.stream_guid`, else the database's), and the identity
+    /// the position belongs to, checked against the one it recorded.
+    fn adopt_identity(&mut self, catalog: &Catalog) -> Result<(), SourceError> {
+        let stream_guid = match (self.config.stream_guid, catalog.database_guid) {
+            (Some(configured), _) => configured,
+            (None, Some(database)) => database,
+            (None, None) => return Err(SourceError::DatabaseGuidUnreadable),
+        };
+        self.stream_guid = Some(stream_guid);
+        self.check_identity(SourceIdentity {
+            server: catalog.server.clone(),
+            database: catalog.database.clone(),
+            database_guid: catalog.database_guid,
+            stream_guid,
+        })
+    }
+
+    /// The zone commit times are converted with (`source.time_zone`), said once.
+    fn resolve_time_zone(&self, catalog: &Catalog) -> CommitTimeZone {
+        let per_row = catalog.server_time_zone.is_some();
+        let zone = self
+            .config
+            .time_zone
+            .resolve(catalog.server_utc_offset_minutes, per_row);
+        match (&self.config.time_zone, &catalog.server_time_zone) {
+            (TimeZoneSetting::Server, Some(id)) => tracing::info!(
+                server_time_zone = %id,
+                "commit times converted to UTC with the server's own time zone (CURRENT_TIMEZONE_ID), the offset in force at each commit"
+            ),
+            (TimeZoneSetting::Server, None) => tracing::warn!(
+                server_utc_offset_minutes = catalog.server_utc_offset_minutes,
+                "the server cannot name its time zone (CURRENT_TIMEZONE_ID needs SQL Server 2022 or Azure SQL): commit times are converted with the offset it reports now, which is wrong for commits on the other side of a daylight-saving change; set source.time_zone to the server's IANA zone (e.g. \"Europe/Berlin\")"
+            ),
+            _ => tracing::info!(
+                zone = %zone.describe(),
+                "commit times converted to UTC with this zone (setting source.time_zone)"
+            ),
+        }
+        zone
+    }
+
+    /// Says once that an instance is not read until the capture job sets its
+    /// `start_lsn`.
+    fn note_pending(&mut self, instance: &CaptureInstance) {
+        if self
+            .warned
+            .insert(format!("pending {}", instance.object_id))
+        {
+            tracing::info!(
+                capture_instance = %instance.name,
+                table = %instance.qualified_table(),
+                "capture instance has no start_lsn yet: the capture job has not scanned since it was enabled; it is read once it has (if this lasts, check that SQL Server Agent runs the cdc.<db>_capture job)"
+            );
+        }
+    }
+
+    /// Where `instance` hands its table over to a newer capture instance, if it has
+    /// one: as recorded in the position when first seen, else the smallest
+    /// `start_lsn` among the newer ones (recorded now). A newer instance without a
+    /// `start_lsn` yet goes to `waiting_for`: the switch point is unknown until it has
+    /// one.
+    fn superseded_at(
+        &mut self,
+        instance: &CaptureInstance,
+        start_lsn: Lsn,
+        included: &[&CaptureInstance],
+        waiting_for: &mut Vec<String>,
+    ) -> Option<Lsn> {
+        let recorded = self
+            .position
+            .switches
+            .get(&instance.name)
+            .filter(|s| included.iter().any(|o| o.name == s.to))
+            .map(|s| s.at);
+        if recorded.is_some() {
+            return recorded;
+        }
+        // Newer: created later (the object id breaks a tie), never judged by
+        // start_lsn, which the cleanup job raises on both alike.
+        let newer = |other: &&&CaptureInstance| {
+            other.schema == instance.schema
+                && other.table == instance.table
+                && (other.create_date, other.object_id) > (instance.create_date, instance.object_id)
+        };
+        if let Some(pending) = included
+            .iter()
+            .filter(newer)
+            .find(|o| o.start_lsn.is_none())
+        {
+            waiting_for.push(pending.name.clone());
+        }
+        let (at, to) = included
+            .iter()
+            .filter(newer)
+            .filter_map(|o| o.start_lsn.map(|at| (at, o.name.clone())))
+            .min()?;
+        let at = at.max(start_lsn);
+        self.position
+            .switches
+            .insert(instance.name.clone(), Switch { to, at });
+        Some(at)
+    }
+
+    /// Ends the position of every tracked instance whose change table is gone from
+    /// `cdc.change_tables` (one filtered out or briefly invisible keeps it); an older
+    /// instance of the same table that had handed over to it goes on where it got to.
+    fn retire_vanished(&mut self, catalog: &Catalog) {
+        for old in &self.tracked {
+            let still = catalog
+                .instances
+                .iter()
+                .any(|i| i.object_id == old.instance.object_id)
+                || catalog.invisible.contains(&old.instance.name);
+            if still {
+                continue;
+            }
+            tracing::warn!(
+                capture_instance = %old.instance.name,
+                table = %old.instance.qualified_table(),
+                "capture instance disabled (or re-created); its change table is gone and it is no longer read"
+            );
+            let reached = self.position.instances.remove(&old.instance.name);
+            self.position.change_tables.remove(&old.instance.name);
+            self.position.switches.remove(&old.instance.name);
+            let handed_back: Vec<String> = self
+                .position
+                .switches
+                .iter()
+                .filter(|(_, s)| s.to == old.instance.name)
+                .map(|(from, _)| from.clone())
+                .collect();
+            for from in handed_back {
+                self.position.switches.remove(&from);
+                if let Some(reached) = reached {
+                    self.position.advance(&from, reached);
+                }
+                tracing::warn!(capture_instance = %from, "the newer capture instance of its table is gone: reading this one again from where that one got to");
+            }
+        }
+    }
+
+    /// For each instance now tracked: forgets the position of one disabled and
+    /// enabled again under the same name (another change table), and logs the switch
+    /// (with the table's DDL history) of one newly seen with a newer instance.
+    async fn note_new_instances(&mut self, tracked: &[Tracked]) -> Result<(), SourceError> {
+        for t in tracked {
+            let name = &t.instance.name;
+            match self.position.change_tables.get(name) {
+                Some(&id) if id != t.instance.object_id => {
+                    tracing::warn!(
+                        capture_instance = %name,
+                        table = %t.instance.qualified_table(),
+                        start_lsn = %t.instance.start_lsn.map_or_else(|| "NULL".to_owned(), |l| l.to_string()),
+                        "capture instance was disabled and enabled again: reading the new one from its start LSN; changes the old one held and that were not delivered are gone with it"
+                    );
+                    self.position.instances.remove(name);
+                    self.position.change_tables.remove(name);
+                }
+                // Otherwise (also a checkpoint written before change tables were
+                // recorded) the entry is this instance's: the first iteration
+                // records its change table.
+                _ => {}
+            }
+            let known = self
+                .tracked
+                .iter()
+                .any(|o| o.instance.object_id == t.instance.object_id);
+            let Some(switch) = t.superseded_at.filter(|_| !known) else {
+                continue;
+            };
+            let ddl = self.source.ddl_history(name).await?;
+            tracing::info!(
+                table = %t.instance.qualified_table(),
+                from = %name,
+                at_lsn = %switch,
+                "table has a newer capture instance; switching to it at its start LSN"
+            );
+            for d in ddl {
+                tracing::info!(capture_instance = %d.capture_instance, ddl_lsn = %d.ddl_lsn, ddl_time = %d.ddl_time, command = %d.ddl_command, "DDL");
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a position that belongs to another database or stream; records the
+    /// identity in one that has none yet. Another server name alone (a failover, a
+    /// listener) is only logged.
+    pub(super) fn check_identity(&mut self, now: SourceIdentity) -> Result<(), SourceError> {
+        match &self.position.source {
+            None => {
+                self.position.source = Some(Box::new(now));
+                Ok(())
+            }
+            Some(recorded) => {
+                if !recorded.same_stream(&now) {
+                    return Err(SourceError::OtherDatabase {
+                        checkpoint: recorded.to_string(),
+                        now: now.to_string(),
+                    });
+                }
+                if recorded.server != now.server {
+                    tracing::warn!(checkpoint = %recorded.server, now = %now.server, "the server name changed since the checkpoint (a failover?); the database and stream are the same, so the stream goes on");
+                    self.position.source = Some(Box::new(now));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Capture instances whose source table the login cannot see: an error when the
+    /// table may be one to stream, a warning when the filter cannot tell.
+    pub(super) fn check_invisible(&mut self, catalog: &Catalog) -> Result<(), SourceError> {
+        let Some(first) = catalog.invisible.first() else {
+            return Ok(());
+        };
+        let filter = &self.config.filter;
+        if !filter.has_patterns() {
+            // Every table is to be streamed, so this one too.
+            return Err(SourceError::TableInvisible {
+                capture_instance: first.clone(),
+            });
+        }
+        // A table named exactly in source.include that no visible instance matches
+        // may well be the invisible one.
+        for name in filter.literal_includes() {
+            let found = catalog
+                .instances
+                .iter()
+                .any(|i| i.qualified_table().eq_ignore_ascii_case(name));
+            if !found {
+                return Err(SourceError::TableInvisible {
+                    capture_instance: catalog.invisible.join(", "),
+                });
+            }
+        }
+        for name in &catalog.invisible {
+            if self.warned.insert(format!("invisible {name}")) {
+                tracing::warn!(
+                    capture_instance = %name,
+                    "the source table of this capture instance is not visible to this login; it is not streamed (grant SELECT on it if it should be)"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Warns once per column that events leave out, saying why.
+    pub(super) fn warn_left_out_columns(&mut self, instance: &CaptureInstance) {
+        for column in &instance.columns {
+            let reason = match (&column.sql_type, column.table_index) {
+                (Err(reason), _) => reason.to_string(),
+                (Ok(_), None) => {
+                    "dropped from the source table (the change table keeps it, NULL from then on)"
+                        .to_owned()
+                }
+                (Ok(_), Some(_)) => continue,
+            };
+            let key = format!("{} {}", instance.object_id, column.name);
+            if self.warned.insert(key) {
+                tracing::warn!(
+                    capture_instance = %instance.name,
+                    column = %column.name,
+                    %reason,
+                    "column left out of events"
+                );
+            }
+        }
+    }
+
+    /// `max_lsn`, with a catalog as new as it: re-read when the fingerprint that comes
+    /// with `max_lsn` differs (a capture instance enabled, disabled, re-created or
+    /// altered, a `start_lsn` set or moved), so that nothing is read with the old one.
+    pub(super) async fn max_lsn_with_catalog(&mut self) -> Result<crate::source::MaxLsn, SourceError> {
+        self.load_catalog().await?;
+        let max = self.source.max_lsn().await?;
+        if self
+            .catalog
+            .as_ref()
+            .is_some_and(|c| c.version != max.catalog_version)
+        {
+            self.catalog_stale = true;
+            self.load_catalog().await?;
+        }
+        Ok(max)
+    }
+}

@@ -1,0 +1,24 @@
+//! The in-process suites: the library's stages wired together against the CDC
+//! simulator, the TDS stand-in (the real driver over loopback), rdkafka's
+//! `MockCluster` and a local AMQP peer. One binary, so that the test doubles in
+//! `tests/support/` compile and link once.
+
+#![recursion_limit = "256"]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cdc_scenarios;
+mod cdc_simulator;
+mod ces_conformance;
+mod event_hubs_amqp;
+mod event_hubs_amqp_binary;
+mod event_hubs_amqp_large;
+mod event_hubs_amqp_partitions;
+mod event_hubs_amqp_rejected;
+mod initial_load;
+mod kafka_pipeline;
+mod pipeline_faults;
+mod readback;
+mod segmentation;
+mod tds_standin;

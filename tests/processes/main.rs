@@ -1,0 +1,15 @@
+//! The suites that run the real binary as a user does (`run`, `check`, `read`,
+//! metrics, SIGKILL and restart) and the one that installs a process-global tracing
+//! subscriber as the binary does (`event_hubs_amqp_released`), kept out of the
+//! in-process binary so that its subscriber sees only its own test.
+
+#![recursion_limit = "256"]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod check;
+mod event_hubs_amqp_released;
+mod metrics_binary;
+mod run_binary;
+mod standin_binary;

@@ -433,11 +433,14 @@ async fn check_tables<S: ChangeSource>(
         );
         return included;
     }
-    let mut tables: Vec<String> = included
+    // Each table once, in catalog order, however its capture instances are named
+    // (a second instance need not sort next to the first).
+    let mut seen = std::collections::HashSet::new();
+    let tables: Vec<String> = included
         .iter()
         .map(CaptureInstance::qualified_table)
+        .filter(|table| seen.insert(table.clone()))
         .collect();
-    tables.dedup();
     for table in tables {
         let check = format!("table {table}");
         let mut details = Vec::new();

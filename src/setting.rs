@@ -3,9 +3,9 @@
 //! and durations written in milliseconds.
 //!
 //! This module depends on nothing of the crate: each stage keeps its own section of
-//! the configuration beside its code ([`crate::sink::settings`],
-//! [`crate::event::settings`], …) and builds it from these, and [`crate::config`]
-//! composes the sections into the file a user writes.
+//! the configuration beside its code (`sink::settings`, `event::settings`, …) and
+//! builds it from these, and the `config` module composes the sections into the
+//! file a user writes.
 
 use std::path::PathBuf;
 

@@ -134,6 +134,29 @@ async fn a_healthy_setup_passes_every_check() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// A table with two capture instances whose names do not sort together (another
+/// table's instance between them) is one finding, not two.
+#[tokio::test]
+async fn a_table_with_two_capture_instances_is_reported_once() {
+    let dir = temp_dir("check-two-instances");
+    let sim = database();
+    sim.enable_table("dbo.Customers", Some("zz_customers_v2"))
+        .expect("second instance");
+    insert(&sim, 1);
+    let report = run(&stdout_config(&dir), &sim).await;
+    for table in ["table dbo.Customers", "table dbo.Orders"] {
+        let findings = report.findings.iter().filter(|f| f.check == table).count();
+        assert_eq!(findings, 1, "{table}: {}", report.to_text());
+    }
+    let customers = expect(&report, "table dbo.Customers", Status::Pass);
+    assert!(
+        customers.detail.contains("zz_customers_v2"),
+        "both instances named: {}",
+        customers.detail
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[tokio::test]
 async fn the_server_checks_fail_with_their_fix() {
     let dir = temp_dir("check-server");

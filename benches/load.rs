@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
 use mssql_ces::checkpoint::{CheckpointStore, memory::MemoryStore};
-use mssql_ces::sink::kafka::KafkaSinkConfig;
-use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value};
 use mssql_ces::pipeline::{self, PipelineSettings};
+use mssql_ces::sink::kafka::KafkaSinkConfig;
 use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink};
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::load::SnapshotMode;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};

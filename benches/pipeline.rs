@@ -26,13 +26,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mssql_ces::checkpoint::{CheckpointStore, memory::MemoryStore};
-use mssql_ces::sink::kafka::KafkaSinkConfig;
-use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::{
     Change, Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit,
 };
 use mssql_ces::pipeline::{self, BatchSource, PipelineSettings};
+use mssql_ces::sink::kafka::KafkaSinkConfig;
 use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink, librdkafka_headers};
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{OutgoingMessage, Router, Sink};
 use mssql_ces::source::SourceError;
 use mssql_ces::source::poller::{Batch, PollOutcome, Poller, PollerConfig};

@@ -6,16 +6,16 @@
 
 use crate::checkpoint::{CheckpointError, CheckpointStore, file::FileStore, table::TableStore};
 use crate::config::{CheckpointStoreKind, Config, SourceKind};
-use crate::setting::ConfigError;
-use crate::sink::SinkConfig;
 use crate::event::EncoderOptions;
 use crate::metrics::{Metrics, MetricsError};
 use crate::pipeline::{self, PipelineError, PipelineSettings, RunSummary};
+use crate::position::Position;
+use crate::setting::ConfigError;
+use crate::sink::SinkConfig;
 use crate::sink::stream::Resume;
 use crate::sink::{Router, SinkError, SinkHealth};
 use crate::source::ChangeSource;
 use crate::source::load::SnapshotMode;
-use crate::position::Position;
 use crate::source::poller::{Poller, StartPosition};
 use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use crate::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};

@@ -13,11 +13,11 @@ use chrono::NaiveDateTime;
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::{Config, SourceKind};
-use crate::sink::SinkConfig;
 use crate::lsn::Lsn;
+use crate::position::{Position, SourceIdentity};
+use crate::sink::SinkConfig;
 use crate::sink::kafka::{self, DestinationFacts, KafkaFlavour};
 use crate::sink::{SinkHealth, expand_topic};
-use crate::position::{Position, SourceIdentity};
 use crate::source::sqlserver::SqlServerSource;
 use crate::source::{
     AZURE_SQL_DATABASE_EDITION, CaptureInstance, Catalog, ChangeSource, Fact, ServerFacts,

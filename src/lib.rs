@@ -11,19 +11,28 @@
 //!                          checkpoint ◀──────── delivery acks, in LSN order ◀──┘
 //! ```
 //!
-//! - [`lsn`]: the 10-byte log sequence number and its text forms.
+//! The modules, in the order of the data flow; each imports only modules below it
+//! in this list (the README's *Code layout* has the table):
+//!
+//! - [`app`]: the composition root: one run of the daemon, from a [`config::Config`]
+//!   to a stopped pipeline (the embedding API: [`app::run`] and [`app::RunError`]).
+//! - [`check`]: the preflight of `mssql-ces check`; [`read`]: reading back what was
+//!   written, as a consumer would (`mssql-ces read`).
+//! - [`config`]: the TOML file and its overrides; it composes the sections that each
+//!   stage keeps beside its code.
+//! - [`pipeline`]: the stages wired with bounded channels and ordered acknowledgement;
+//!   [`metrics`]: Prometheus metrics and health probes over HTTP.
 //! - [`source`]: the `ChangeSource` seam, SQL Server over tiberius, the CDC simulator,
-//!   the synthetic workload, merge/pairing and the poll loop.
+//!   the synthetic workload, merge/pairing, and the poller (`source::poller`: one
+//!   iteration, capture-instance tracking, the initial load's runner).
+//! - [`sink`]: routing (topic, key, CloudEvents mode) and destinations.
+//! - [`checkpoint`]: where the position survives restarts, as a versioned document.
 //! - [`event`]: one paired change → the exact CES messages on the wire: value text
 //!   forms, JSON and Avro encodings, 1 MiB truncation, segmentation, read-back.
-//! - [`sink`]: routing (topic, key, CloudEvents mode) and destinations.
-//! - [`checkpoint`]: where the position survives restarts.
-//! - [`pipeline`]: the stages wired with bounded channels and ordered acknowledgement.
-//! - [`config`]: the TOML configuration and its overrides.
-//! - [`check`]: the preflight of `mssql-ces check`.
-//! - [`app`]: one run of the daemon, from a configuration to a stopped pipeline.
-//! - [`metrics`]: Prometheus metrics and health probes over HTTP.
-//! - [`read`]: reading back what was written, as a consumer would (`mssql-ces read`).
+//! - [`position`]: where a stream stands — the checkpoint's content, owned by neither
+//!   the poller that produces it nor the stores that keep it.
+//! - [`setting`]: the primitives of every setting (its error, secrets, durations).
+//! - [`lsn`]: the 10-byte log sequence number and its text forms.
 
 pub mod app;
 pub mod check;
@@ -32,9 +41,9 @@ pub mod config;
 pub mod event;
 pub mod lsn;
 pub mod metrics;
+pub mod pipeline;
 pub mod position;
 pub mod read;
 pub mod setting;
-pub mod pipeline;
 pub mod sink;
 pub mod source;

@@ -39,8 +39,8 @@ use crate::checkpoint::{CheckpointError, CheckpointStore};
 use crate::event::{Encoder, EncoderOptions, EventError};
 use crate::lsn::Lsn;
 use crate::metrics::{BatchCounts, Metrics};
-use crate::sink::{Delivery, OutgoingMessage, Router, Sink, SinkError};
 use crate::position::Position;
+use crate::sink::{Delivery, OutgoingMessage, Router, Sink, SinkError};
 use crate::source::poller::{Batch, PollOutcome, Poller};
 use crate::source::{ChangeSource, SourceError};
 
@@ -690,8 +690,8 @@ impl Backoff {
 mod tests {
     use super::*;
 
-    use crate::sink::settings::{CloudEventsMode, PartitionKeyScheme};
     use crate::event::{Encoding, FinalEventMode, MessageSizeLimit};
+    use crate::sink::settings::{CloudEventsMode, PartitionKeyScheme};
     use crate::source::poller::PollerConfig;
     use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 

@@ -137,4 +137,3 @@ pub struct TableLoad {
     /// Rows sent so far: the last one's `sequencenumber`.
     pub rows: u64,
 }
-

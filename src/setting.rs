@@ -116,4 +116,3 @@ pub mod millis {
         u64::deserialize(d).map(Duration::from_millis)
     }
 }
-

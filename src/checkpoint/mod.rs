@@ -262,8 +262,7 @@ mod tests {
                 database_guid: Some(
                     uuid::Uuid::parse_str("0b1f3c2e-9a4d-4f7b-8e21-6c5d4a3b2f10").unwrap()
                 ),
-                stream_guid: uuid::Uuid::parse_str("1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0")
-                    .unwrap(),
+                stream_guid: uuid::Uuid::parse_str("1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0").unwrap(),
             }
         );
         assert_eq!(
@@ -303,7 +302,10 @@ mod tests {
             }
         );
         let text = err.to_string();
-        assert!(text.contains("version 3") && text.contains("newer mssql-ces"), "{text}");
+        assert!(
+            text.contains("version 3") && text.contains("newer mssql-ces"),
+            "{text}"
+        );
         let older = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 0", 1);
         assert!(matches!(
             parse(&older, "default", "cp.json"),

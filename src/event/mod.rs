@@ -464,7 +464,8 @@ impl Encoder {
                     .sum();
                 if value_bytes > limit {
                     let data = json::data_text(change, &time, final_event);
-                    let messages = segment::split_json(&fields, &data, limit, id_for, self.data_only)?;
+                    let messages =
+                        segment::split_json(&fields, &data, limit, id_for, self.data_only)?;
                     return Ok(self.segmented(logical_id, messages, truncated_values));
                 }
                 if self.data_only {
@@ -479,7 +480,8 @@ impl Encoder {
                             truncated_values,
                         ));
                     }
-                    let messages = segment::split_json(&fields, &data, limit, id_for, self.data_only)?;
+                    let messages =
+                        segment::split_json(&fields, &data, limit, id_for, self.data_only)?;
                     return Ok(self.segmented(logical_id, messages, truncated_values));
                 }
                 json::single_message(&fields, &first_id, change, final_event)
@@ -488,7 +490,8 @@ impl Encoder {
                 let data = avro::data_datum(change, &time, final_event)?;
                 let whole = avro::envelope(&fields, &first_id, 0, true, &data)?;
                 if whole.len() > limit {
-                    let messages = segment::split_avro(&fields, &data, limit, id_for, self.data_only)?;
+                    let messages =
+                        segment::split_avro(&fields, &data, limit, id_for, self.data_only)?;
                     return Ok(self.segmented(logical_id, messages, truncated_values));
                 }
                 if self.data_only {

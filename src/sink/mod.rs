@@ -16,9 +16,9 @@ pub mod settings;
 pub mod stream;
 
 use crate::event::settings::EventSettings;
+use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
 use crate::setting::ConfigError;
 use crate::sink::settings::{CloudEventsMode, PartitionKeyScheme, RoutingSettings};
-use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
 
 /// Where events go: `[sink]`'s `kind`, with that sink's own settings. Each variant
 /// lives beside its sink, with its validation and its `build`.
@@ -327,8 +327,16 @@ impl Router {
             // A wiring defect: the pipeline builds the encoder from the router.
             return Err(SinkError::Definite(format!(
                 "an event encoded for {} mode reached a {} router",
-                if event.data_only { "binary" } else { "structured" },
-                if self.binary() { "binary-mode" } else { "structured-mode" },
+                if event.data_only {
+                    "binary"
+                } else {
+                    "structured"
+                },
+                if self.binary() {
+                    "binary-mode"
+                } else {
+                    "structured-mode"
+                },
             )));
         }
         let mut out = Vec::with_capacity(event.messages.len());

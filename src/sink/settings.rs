@@ -149,4 +149,3 @@ impl SinkSettings {
         self.kind.validate(&self.routing, event)
     }
 }
-

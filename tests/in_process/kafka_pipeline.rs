@@ -10,12 +10,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
-use mssql_ces::sink::kafka::KafkaSinkConfig;
-use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::readback::{CloudEvent, Reassembler, decode_message};
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::pipeline::{self, PipelineSettings, RunSummary};
+use mssql_ces::sink::kafka::KafkaSinkConfig;
 use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink};
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use mssql_ces::checkpoint::CheckpointStore;
 use mssql_ces::checkpoint::memory::MemoryStore;
-use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::pipeline::{self, PipelineError, PipelineSettings};
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::stream::{Resume, StreamSink};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};

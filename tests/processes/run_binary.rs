@@ -115,7 +115,8 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
     let mut moments = Moments(seed);
     let mut killed_while_running = 0;
     let checkpoint = dir.join("cp.json");
-    for run in 0..20 {
+    let rounds = support::soak_rounds(10, 20);
+    for run in 0..rounds {
         let before = std::fs::read(&checkpoint).ok();
         let mut child = spawn(&config, &dir, &[], run);
         // Kill while it publishes: once this run has checkpointed something (or has
@@ -136,7 +137,7 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
         child.wait().expect("reap");
     }
     assert_eq!(
-        killed_while_running, 20,
+        killed_while_running, rounds,
         "every kill hit a running process (seed {seed})"
     );
     let mut last = spawn(&config, &dir, &["--until-idle"], 20);
@@ -412,7 +413,7 @@ interval_ms = 30
         | 1;
     let mut moments = Moments(seed);
     let mut torn_before_restart = 0;
-    for run in 0..25 {
+    for run in 0..support::soak_rounds(12, 25) {
         let mut child = spawn(&config_path, &dir, &[], run);
         std::thread::sleep(Duration::from_millis(moments.next_ms(80, 350)));
         child.kill().expect("kill");

@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 
 use mssql_ces::event::{Change, Operation};
 use mssql_ces::lsn::Lsn;
+use mssql_ces::position::Position;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::filter::TableFilter;
-use mssql_ces::position::Position;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig, StartPosition};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
 use tiberius::{Client, Config};

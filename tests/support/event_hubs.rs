@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use super::amqp_peer::{self, ArrivedEvent};
 use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
-use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::event::{Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
 use mssql_ces::pipeline::{self, PipelineSettings};
 use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{OutgoingMessage, Router, Sink};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
@@ -54,8 +54,8 @@ async fn expected(router: &Router) -> Vec<OutgoingMessage> {
     let mut out = Vec::new();
     while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {
         let guid = poller.stream_guid().expect("stream GUID");
-        let encoder = encoder
-            .get_or_insert_with(|| Encoder::new(options(guid)).data_only(router.binary()));
+        let encoder =
+            encoder.get_or_insert_with(|| Encoder::new(options(guid)).data_only(router.binary()));
         for change in &batch.changes {
             out.extend(
                 router

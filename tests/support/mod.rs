@@ -18,6 +18,16 @@ use mssql_ces::event::{
 use mssql_ces::lsn::Lsn;
 use uuid::Uuid;
 
+/// The rounds of a soak loop (kills, restarts): `quick` on a plain `cargo test`, as CI
+/// runs it, and `full` with `MSSQL_CES_SOAK=full` (the sizes the guarantees were first
+/// proven with; the README's test section says how to run them).
+pub fn soak_rounds(quick: usize, full: usize) -> usize {
+    match std::env::var("MSSQL_CES_SOAK").as_deref() {
+        Ok("full") => full,
+        _ => quick,
+    }
+}
+
 /// A fresh directory under the system's temp directory.
 pub fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", Uuid::new_v4()));

@@ -7,8 +7,8 @@ use serde::Deserialize;
 
 use super::{EventHubsAmqpSink, EventHubsCredential};
 use crate::setting::{ConfigError, SecretRef, invalid};
-use crate::sink::settings::RoutingSettings;
 use crate::sink::kafka::{default_delivery_timeout, parse_event_hubs_connection_string};
+use crate::sink::settings::RoutingSettings;
 use crate::sink::{BuiltSink, Sink, SinkError};
 
 /// Which Microsoft Entra ID credential an AMQP Event Hubs sink uses.

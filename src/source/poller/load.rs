@@ -367,7 +367,9 @@ impl<S: ChangeSource> Poller<S> {
     ) -> Result<Vec<Change>, SourceError> {
         let commit_time = chrono::DateTime::from_timestamp_nanos(load.commit_time_ns);
         // Set by the catalog read that every load step begins with.
-        let guid = self.stream_guid.ok_or(SourceError::DatabaseGuidUnreadable)?;
+        let guid = self
+            .stream_guid
+            .ok_or(SourceError::DatabaseGuidUnreadable)?;
         let count = rows.len();
         let mut changes = Vec::with_capacity(count);
         for (i, values) in rows.into_iter().enumerate() {

@@ -39,9 +39,7 @@ use crate::event::{Change, Origin};
 use crate::lsn::Lsn;
 use crate::position::{EventPosition, Position, SourceIdentity, Switch, TableLoad};
 use crate::source::filter::TableFilter;
-use crate::source::load::{
-    LoadStatus, RowIdentity, SnapshotMode, cleanup_retention, id_seed,
-};
+use crate::source::load::{LoadStatus, RowIdentity, SnapshotMode, cleanup_retention, id_seed};
 use crate::source::merge::{InstanceContext, Sequencer, smallest_head};
 use crate::source::timezone::{CommitTimeZone, TimeZoneSetting};
 use crate::source::{
@@ -353,5 +351,4 @@ impl<S: ChangeSource> Poller<S> {
             max_lsn: to,
         }))
     }
-
 }

@@ -40,7 +40,8 @@ impl<S: ChangeSource> Poller<S> {
                 continue;
             };
             self.warn_left_out_columns(instance);
-            let superseded_at = self.superseded_at(instance, start_lsn, &included, &mut waiting_for);
+            let superseded_at =
+                self.superseded_at(instance, start_lsn, &included, &mut waiting_for);
             let context = Arc::new(InstanceContext::new(instance, &catalog.database)?);
             tracked.push(Tracked {
                 instance: (*instance).clone(),
@@ -344,7 +345,9 @@ impl<S: ChangeSource> Poller<S> {
     /// `max_lsn`, with a catalog as new as it: re-read when the fingerprint that comes
     /// with `max_lsn` differs (a capture instance enabled, disabled, re-created or
     /// altered, a `start_lsn` set or moved), so that nothing is read with the old one.
-    pub(super) async fn max_lsn_with_catalog(&mut self) -> Result<crate::source::MaxLsn, SourceError> {
+    pub(super) async fn max_lsn_with_catalog(
+        &mut self,
+    ) -> Result<crate::source::MaxLsn, SourceError> {
         self.load_catalog().await?;
         let max = self.source.max_lsn().await?;
         if self

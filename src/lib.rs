@@ -29,6 +29,8 @@
 //! - [`checkpoint`]: where the position survives restarts, as a versioned document.
 //! - [`event`]: one paired change → the exact CES messages on the wire: value text
 //!   forms, JSON and Avro encodings, 1 MiB truncation, segmentation, read-back.
+//! - [`mssql`]: the one SQL Server connection (time-outs, reconnects, error kinds),
+//!   used by the source and by the table checkpoint store.
 //! - [`position`]: where a stream stands — the checkpoint's content, owned by neither
 //!   the poller that produces it nor the stores that keep it.
 //! - [`setting`]: the primitives of every setting (its error, secrets, durations).
@@ -41,6 +43,7 @@ pub mod config;
 pub mod event;
 pub mod lsn;
 pub mod metrics;
+pub mod mssql;
 pub mod pipeline;
 pub mod position;
 pub mod read;

@@ -6,8 +6,8 @@
 use tiberius::ToSql;
 
 use super::{CheckpointError, parse, render};
+use crate::mssql::{SqlConnection, SqlError, SqlServerConfig};
 use crate::position::Position;
-use crate::source::connection::{SqlConnection, SqlError, SqlServerConfig};
 
 /// The checkpoint table's read.
 pub const CHECKPOINT_READ: &str =

@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
-use crate::source::connection::{SqlConnection, SqlError};
+use crate::mssql::{SqlConnection, SqlError, SqlErrorKind};
 use crate::source::decode::{
     DecodeError, decode_guid, decode_int, decode_lsn, decode_naive_datetime, decode_string,
 };
@@ -395,7 +395,7 @@ async fn read_guid(conn: &mut SqlConnection, azure: bool) -> Result<Option<Uuid>
         Ok(rows) => rows,
         // Without the permission the view answers no row, or (Azure) error 297/300.
         Err(SqlError {
-            error: SourceError::PermissionDenied { .. },
+            error: SqlErrorKind::PermissionDenied { .. },
             ..
         }) => return Ok(None),
         Err(e) => return Err(e.into()),

@@ -5,8 +5,8 @@
 //! fact [`Fact::Unknown`] with the permission that would show it; only a fault of the
 //! connection fails the whole read.
 
+use crate::mssql::{PERMISSION_ERRORS, SqlConnection, SqlError};
 use crate::source::catalog::{NamedRow, null};
-use crate::source::connection::{PERMISSION_ERRORS, SqlConnection, SqlError};
 use crate::source::decode::DecodeError;
 use crate::source::queries;
 use crate::source::{AZURE_SQL_DATABASE_EDITION, CdcJob, Fact, LogScan, ServerFacts, SourceError};
@@ -35,7 +35,7 @@ async fn optional(
         Err(SqlError {
             code: Some(code), ..
         }) if not_visible(code) => Ok(Err(format!("{needs} (error {code})"))),
-        Err(e) => Err(e.error),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -13,7 +13,6 @@
 //! row of a transaction; op 3 (before image) is immediately followed by its op 4.
 
 pub mod catalog;
-pub mod connection;
 pub mod decode;
 pub mod facts;
 pub mod filter;
@@ -330,6 +329,24 @@ pub enum SourceError {
     OtherDatabase { checkpoint: String, now: String },
     #[error("database error: {message}")]
     Definite { message: String },
+}
+
+impl From<crate::mssql::SqlErrorKind> for SourceError {
+    fn from(kind: crate::mssql::SqlErrorKind) -> Self {
+        use crate::mssql::SqlErrorKind as K;
+        match kind {
+            K::Transient { message } => SourceError::Transient { message },
+            K::LoginFailed => SourceError::LoginFailed,
+            K::PermissionDenied { message } => SourceError::PermissionDenied { message },
+            K::Definite { message } => SourceError::Definite { message },
+        }
+    }
+}
+
+impl From<crate::mssql::SqlError> for SourceError {
+    fn from(e: crate::mssql::SqlError) -> Self {
+        e.error.into()
+    }
 }
 
 impl SourceError {

@@ -18,9 +18,9 @@ use tiberius::ToSql;
 use crate::event::Value;
 use crate::event::value::SqlType;
 use crate::lsn::Lsn;
+pub use crate::mssql::{ConnectionString, SqlServerConfig, TdsClient};
+use crate::mssql::{SqlConnection, SqlError};
 use crate::source::catalog::{self, NamedRow, null};
-pub use crate::source::connection::{ConnectionString, SqlServerConfig, TdsClient};
-use crate::source::connection::{SqlConnection, SqlError};
 use crate::source::decode::{DecodeError, decode_bytes, decode_change_value};
 use crate::source::queries::{self, fixed};
 use crate::source::{
@@ -52,7 +52,7 @@ fn catalog_changed(e: SqlError) -> SourceError {
         Some(208 | 207) => SourceError::CatalogChanged {
             message: e.error.to_string(),
         },
-        _ => e.error,
+        _ => e.into(),
     }
 }
 
@@ -197,7 +197,7 @@ type Pass = tokio::sync::mpsc::Receiver<Result<Vec<Vec<Value>>, SourceError>>;
 /// Reads the pass's rows into the channel; each row must come within the query
 /// time-out, else the pass (and its connection) ends with a transient error.
 async fn stream_pass(
-    settings: crate::source::connection::SqlServerConfig,
+    settings: crate::mssql::SqlServerConfig,
     sql: String,
     capture_instance: String,
     columns: Vec<(String, SqlType)>,
@@ -206,11 +206,11 @@ async fn stream_pass(
 ) {
     use futures_util::TryStreamExt as _;
     let result: Result<(), SourceError> = async {
-        let mut client = crate::source::connection::connect(&settings, true)
+        let mut client = crate::mssql::connect(&settings, true)
             .await
-            .map_err(|e| e.error)?;
+            .map_err(SourceError::from)?;
         let classify =
-            |e: tiberius::error::Error| crate::source::connection::classify(&e, true).error;
+            |e: tiberius::error::Error| SourceError::from(crate::mssql::classify(&e, true));
         let mut rows = client
             .query(sql.as_str(), &[])
             .await

@@ -758,7 +758,7 @@ mod lifecycle_through_the_wire {
 
 mod collations {
     use super::*;
-    use mssql_ces::source::connection::SqlConnection;
+    use mssql_ces::mssql::SqlConnection;
 
     /// `varchar` bytes in a collation, answered for any query.
     fn varchar(collation: [u8; 5], bytes: Vec<u8>) -> Handler {

@@ -1,5 +1,5 @@
 //! One SQL Server connection type, used by the CDC source and by the table checkpoint
-//! store alike, with one policy for time-outs, reconnects and error classification.
+//! store alike (so it depends on neither), with one policy for time-outs, reconnects and error classification.
 //!
 //! - Connects from an ADO.NET connection string with TLS required by default
 //!   (`trust_server_certificate` only when configured; `Encrypt=strict` in the string
@@ -21,8 +21,6 @@ use std::time::Duration;
 use tiberius::{Client, Config, EncryptionLevel, Row, ToSql};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
-
-use crate::source::SourceError;
 
 /// A connection string: its `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -91,35 +89,56 @@ pub const TRANSIENT_ERRORS: &[u32] = &[
 /// denied in database, 297/300 a missing server permission, 916 no access to database.
 pub(crate) const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916];
 
+/// What a failed connection or query means for the caller. The texts are the ones
+/// the source reports (it maps each kind to its own error of the same name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SqlErrorKind {
+    /// Connection loss, time-out, deadlock victim, throttling: retry with backoff.
+    #[error("transient database error: {message}")]
+    Transient { message: String },
+    #[error(
+        "login failed for the configured user: check source.connection_string (user and password)"
+    )]
+    LoginFailed,
+    #[error(
+        "permission denied: {message}. Grant the poller's user what `sql/03_least_privilege_login.sql` grants"
+    )]
+    PermissionDenied { message: String },
+    /// Retrying the same request cannot help; the message says what to change.
+    #[error("database error: {message}")]
+    Definite { message: String },
+}
+
+impl SqlErrorKind {
+    /// True when retrying the same request can succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, SqlErrorKind::Transient { .. })
+    }
+}
+
 /// A failed query: what to do about it, and the server's error number if it sent one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqlError {
     pub code: Option<u32>,
-    pub error: SourceError,
+    pub error: SqlErrorKind,
 }
 
-impl From<SqlError> for SourceError {
-    fn from(e: SqlError) -> Self {
-        e.error
-    }
-}
-
-/// Maps a driver error to a [`SourceError`]. `connected_before`: a connection to
+/// Maps a driver error to a [`SqlErrorKind`]. `connected_before`: a connection to
 /// this database has worked in this process.
 pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlError {
     use tiberius::error::Error as E;
     let error = match error {
         // The server answered PRELOGIN without the encryption asked for: retrying
         // cannot change its configuration.
-        E::Protocol(message) if message.contains("encryption level") => SourceError::Definite {
+        E::Protocol(message) if message.contains("encryption level") => SqlErrorKind::Definite {
             message: format!(
                 "{message} The server does not offer TLS: enable encryption on the server, or set source.encrypt = false (only on a network you trust)"
             ),
         },
-        E::Io { .. } | E::Protocol(_) | E::Routing { .. } => SourceError::Transient {
+        E::Io { .. } | E::Protocol(_) | E::Routing { .. } => SqlErrorKind::Transient {
             message: error.to_string(),
         },
-        E::Tls(message) => SourceError::Definite {
+        E::Tls(message) => SqlErrorKind::Definite {
             message: format!(
                 "TLS handshake failed ({message}); for a server with a self-signed certificate set source.trust_server_certificate = true"
             ),
@@ -130,40 +149,40 @@ pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlEr
                 error: classify_server_error(token.code(), token.message(), connected_before),
             };
         }
-        other => SourceError::Definite {
+        other => SqlErrorKind::Definite {
             message: other.to_string(),
         },
     };
     SqlError { code: None, error }
 }
 
-/// Maps a SQL Server error number and message to a [`SourceError`].
-pub fn classify_server_error(code: u32, message: &str, connected_before: bool) -> SourceError {
+/// Maps a SQL Server error number and message to a [`SqlErrorKind`].
+pub fn classify_server_error(code: u32, message: &str, connected_before: bool) -> SqlErrorKind {
     let message = message.to_owned();
     match code {
-        18456 => SourceError::LoginFailed,
-        4060 if connected_before => SourceError::Transient { message },
-        4060 => SourceError::Definite {
+        18456 => SqlErrorKind::LoginFailed,
+        4060 if connected_before => SqlErrorKind::Transient { message },
+        4060 => SqlErrorKind::Definite {
             message: format!(
                 "{message} (check Database= in source.connection_string and that the login is a user of that database)"
             ),
         },
-        c if TRANSIENT_ERRORS.contains(&c) => SourceError::Transient { message },
-        c if PERMISSION_ERRORS.contains(&c) => SourceError::PermissionDenied { message },
-        _ => SourceError::Definite {
+        c if TRANSIENT_ERRORS.contains(&c) => SqlErrorKind::Transient { message },
+        c if PERMISSION_ERRORS.contains(&c) => SqlErrorKind::PermissionDenied { message },
+        _ => SqlErrorKind::Definite {
             message: format!("SQL Server error {code}: {message}"),
         },
     }
 }
 
-fn definite(message: impl Into<String>) -> SourceError {
-    SourceError::Definite {
+fn definite(message: impl Into<String>) -> SqlErrorKind {
+    SqlErrorKind::Definite {
         message: message.into(),
     }
 }
 
 /// The driver's configuration, refusing what would make it panic or hang.
-pub fn driver_config(settings: &SqlServerConfig) -> Result<Config, SourceError> {
+pub fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
     let cs = &settings.connection_string;
     let server = cs.setting(&[
         "server",
@@ -222,7 +241,7 @@ pub async fn connect(
         Ok(result) => result,
         Err(_) => Err(SqlError {
             code: None,
-            error: SourceError::Transient {
+            error: SqlErrorKind::Transient {
                 message: format!(
                     "connecting and logging in took longer than {} ms (source.connect_timeout_ms)",
                     limit.as_millis()
@@ -238,7 +257,7 @@ async fn connect_unbounded(
 ) -> Result<TdsClient, SqlError> {
     let transient = |message: String| SqlError {
         code: None,
-        error: SourceError::Transient { message },
+        error: SqlErrorKind::Transient { message },
     };
     // Azure SQL may redirect to another node once.
     for _ in 0..2 {
@@ -315,7 +334,7 @@ impl SqlConnection {
         let Some(client) = self.client.as_mut() else {
             return Err(SqlError {
                 code: None,
-                error: SourceError::Transient {
+                error: SqlErrorKind::Transient {
                     message: "no connection".into(),
                 },
             });
@@ -331,7 +350,7 @@ impl SqlConnection {
             Ok(result) => result.map_err(|e| classify(&e, self.connected_before)),
             Err(_) => Err(SqlError {
                 code: None,
-                error: SourceError::Transient {
+                error: SqlErrorKind::Transient {
                     message: format!(
                         "a query took longer than {} ms (source.query_timeout_ms)",
                         limit.as_millis()
@@ -366,7 +385,7 @@ mod tests {
     fn a_deadlock_or_lock_timeout_keeps_the_session_anything_else_transient_drops_it() {
         let transient = |code| SqlError {
             code,
-            error: SourceError::Transient {
+            error: SqlErrorKind::Transient {
                 message: "x".into(),
             },
         };
@@ -474,10 +493,10 @@ mod tests {
         }
         assert_eq!(
             classify_server_error(18456, "Login failed", true),
-            SourceError::LoginFailed
+            SqlErrorKind::LoginFailed
         );
         assert!(
-            SourceError::LoginFailed
+            SqlErrorKind::LoginFailed
                 .to_string()
                 .contains("source.connection_string")
         );
@@ -487,7 +506,7 @@ mod tests {
         assert!(first.to_string().contains("Database="), "{first}");
         assert!(classify_server_error(4060, "Cannot open database", true).is_transient());
         let denied = classify_server_error(229, "SELECT permission denied", false);
-        assert!(matches!(denied, SourceError::PermissionDenied { .. }));
+        assert!(matches!(denied, SqlErrorKind::PermissionDenied { .. }));
         assert!(
             denied
                 .to_string()

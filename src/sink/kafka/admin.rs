@@ -1,0 +1,196 @@
+//! The admin side: what `check` reads of a destination (brokers, topics, their
+//! limits) and the background check of each topic's `max.message.bytes` against the
+//! largest segment. Every DescribeConfigs answer is read by one function.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+
+use super::{KafkaSettings, SinkError, delivery_error};
+
+/// Room for the key, headers and record framing of a message in a produce request,
+/// which the topic's `max.message.bytes` must leave besides the largest segment.
+pub const RECORD_OVERHEAD_BYTES: usize = 1024;
+
+/// How a topic's `max.message.bytes` compares with the largest message: an error
+/// naming both settings when a segment cannot fit.
+pub fn check_topic_limit(
+    topic: &str,
+    topic_limit: usize,
+    largest_message: usize,
+) -> Result<(), SinkError> {
+    if largest_message + RECORD_OVERHEAD_BYTES > topic_limit {
+        return Err(SinkError::Definite(format!(
+            "topic {topic} accepts messages up to {topic_limit} bytes (its max.message.bytes, or the broker's message.max.bytes), but event.max_message_size_kb = {} allows segments of {largest_message} bytes plus about {RECORD_OVERHEAD_BYTES} of headers: raise the topic's max.message.bytes or lower event.max_message_size_kb",
+            largest_message / 1024
+        )));
+    }
+    Ok(())
+}
+
+/// An admin client's configuration: only where and how to connect.
+pub(super) fn admin_config(settings: &KafkaSettings) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    for (key, value) in &settings.properties {
+        let connection = key == "bootstrap.servers"
+            || key.starts_with("security.")
+            || key.starts_with("sasl.")
+            || key.starts_with("ssl.")
+            || key.starts_with("socket.");
+        if connection {
+            config.set(key, value);
+        }
+    }
+    config
+}
+
+/// What `check` learns of a Kafka destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DestinationFacts {
+    /// Brokers in the cluster's metadata.
+    pub brokers: usize,
+    pub topics: Vec<TopicFacts>,
+    /// The broker's `auto.create.topics.enable`, or why it could not be read.
+    pub auto_create: Result<bool, String>,
+}
+
+/// One topic the stream writes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicFacts {
+    pub name: String,
+    /// `None`: no such topic.
+    pub partitions: Option<usize>,
+    /// Its `max.message.bytes` (or the broker's `message.max.bytes`), or why it could
+    /// not be read.
+    pub max_message_bytes: Result<usize, String>,
+}
+
+/// Reads the cluster's metadata (which does not create topics) and each existing
+/// topic's limit, within `timeout` each.
+pub async fn describe_destination(
+    settings: &KafkaSettings,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<DestinationFacts, SinkError> {
+    let admin: AdminClient<DefaultClientContext> = admin_config(settings)
+        .create()
+        .map_err(|e| SinkError::Definite(format!("cannot create a Kafka admin client: {e}")))?;
+    let admin = Arc::new(admin);
+    let fetcher = Arc::clone(&admin);
+    let metadata =
+        tokio::task::spawn_blocking(move || fetcher.inner().fetch_metadata(None, timeout))
+            .await
+            .map_err(|e| SinkError::Transient(format!("metadata request: {e}")))?
+            .map_err(|e| delivery_error(&e))?;
+    let options = AdminOptions::new().request_timeout(Some(timeout));
+    let mut out = Vec::new();
+    let mut missing = false;
+    for name in topics {
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == name && t.error().is_none())
+            .map(|t| t.partitions().len());
+        missing |= partitions.is_none();
+        let max_message_bytes = if partitions.is_some() {
+            let resource = ResourceSpecifier::Topic(name);
+            described_value(&admin, &resource, "max.message.bytes", &options)
+                .await
+                .and_then(|v| {
+                    v.parse::<usize>()
+                        .map_err(|_| unreadable(&"no max.message.bytes in the answer"))
+                })
+        } else {
+            Err("no such topic".to_owned())
+        };
+        out.push(TopicFacts {
+            name: name.clone(),
+            partitions,
+            max_message_bytes,
+        });
+    }
+    let auto_create = match metadata.brokers().first() {
+        Some(broker) if missing => {
+            let resource = ResourceSpecifier::Broker(broker.id());
+            described_value(&admin, &resource, "auto.create.topics.enable", &options)
+                .await
+                .map(|v| v == "true")
+        }
+        _ => Err("not needed".to_owned()),
+    };
+    Ok(DestinationFacts {
+        brokers: metadata.brokers().len(),
+        topics: out,
+        auto_create,
+    })
+}
+
+/// Why a configuration value could not be read.
+fn unreadable(e: &dyn std::fmt::Display) -> String {
+    format!("not readable ({e}): the endpoint may not answer DescribeConfigs")
+}
+
+/// One configuration value of `resource` from DescribeConfigs, or why it could not
+/// be read.
+async fn described_value(
+    admin: &AdminClient<DefaultClientContext>,
+    resource: &ResourceSpecifier<'_>,
+    key: &str,
+    options: &AdminOptions,
+) -> Result<String, String> {
+    match admin.describe_configs([resource], options).await {
+        Ok(results) => results
+            .into_iter()
+            .next()
+            .and_then(|r| r.ok())
+            .and_then(|c| c.get(key).and_then(|e| e.value.clone()))
+            .ok_or_else(|| unreadable(&format!("no {key} in the answer"))),
+        Err(e) => Err(unreadable(&e)),
+    }
+}
+
+/// Reads `topic`'s `max.message.bytes` (the admin API's DescribeConfigs, which
+/// reports the broker's `message.max.bytes` where the topic does not override it);
+/// a limit below the largest segment goes to `verdict`, which fails the next send.
+/// Where the limit cannot be read (no such topic yet, an endpoint without the API),
+/// says so and goes on.
+pub(super) async fn check_topic_in_background(
+    admin: Arc<AdminClient<DefaultClientContext>>,
+    topic: String,
+    largest: usize,
+    verdict: Arc<Mutex<Option<SinkError>>>,
+) {
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
+    let resource = ResourceSpecifier::Topic(&topic);
+    let described = tokio::time::timeout(
+        Duration::from_secs(35),
+        described_value(&admin, &resource, "max.message.bytes", &options),
+    )
+    .await;
+    let limit = match described {
+        Ok(Ok(value)) => value.parse::<usize>().ok(),
+        Ok(Err(_)) | Err(_) => None,
+    };
+    match limit {
+        Some(limit) => match check_topic_limit(&topic, limit, largest) {
+            Ok(()) => tracing::debug!(
+                topic,
+                max_message_bytes = limit,
+                "the topic's limit fits the largest segment"
+            ),
+            Err(e) => {
+                if let Ok(mut slot) = verdict.lock() {
+                    *slot = Some(e);
+                }
+            }
+        },
+        None => tracing::warn!(
+            topic,
+            largest_message = largest,
+            "cannot read the topic's max.message.bytes (no such topic yet, or the endpoint does not answer DescribeConfigs): make sure it, or the broker's message.max.bytes, exceeds event.max_message_size_kb"
+        ),
+    }
+}

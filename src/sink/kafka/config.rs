@@ -1,0 +1,407 @@
+//! `[sink]` for `kind = "kafka"` and `"event_hubs_kafka"`: the typed settings, their
+//! checks, and the librdkafka properties they become (pass-through properties that
+//! would fight a typed setting are refused).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use std::sync::Arc;
+
+use super::{KafkaSink, SinkError, SinkHealth};
+use crate::event::settings::EventSettings;
+use crate::setting::{ConfigError, SecretRef, invalid};
+use crate::sink::settings::RoutingSettings;
+
+/// Room for the record, headers and protocol framing around a message of the
+/// configured maximum size.
+const MESSAGE_OVERHEAD_BYTES: usize = 64 * 1024;
+
+/// Event Hubs' Kafka endpoint closes the connection on a request of this size or more
+/// (Microsoft's "Apache Kafka client configurations" page: `message.max.bytes` must
+/// stay below 1,046,528).
+pub const EVENT_HUBS_REQUEST_LIMIT: usize = 1_046_528;
+
+/// Room for the key, the headers and the record framing of one message, which a
+/// segment of `max_message_size_kb` must leave below [`EVENT_HUBS_REQUEST_LIMIT`].
+pub const EVENT_HUBS_RECORD_OVERHEAD: usize = 2 * 1024;
+
+/// The largest `event.max_message_size_kb` Event Hubs' Kafka endpoint can carry.
+pub const EVENT_HUBS_MAX_MESSAGE_KB: usize =
+    (EVENT_HUBS_REQUEST_LIMIT - 1 - EVENT_HUBS_RECORD_OVERHEAD) / 1024;
+
+/// `[sink]` with `kind = "kafka"` or `kind = "event_hubs_kafka"` (Event Hubs through
+/// its Kafka endpoint): the settings of the Kafka producer.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    /// Kafka bootstrap servers (`host:port,…`); Event Hubs: from the connection string.
+    #[serde(default)]
+    pub bootstrap_servers: Option<String>,
+    /// Event Hubs connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
+    #[serde(default)]
+    pub connection_string: SecretRef,
+    /// `"lz4"` (default), `"zstd"`, `"gzip"`, `"snappy"` or `"none"`; Event Hubs: none
+    /// (default) or gzip.
+    #[serde(default)]
+    pub compression: Option<Compression>,
+    /// How keys map to partitions (librdkafka's `partitioner`); default
+    /// `"murmur2_random"`, the placement of Java clients, so Kafka Streams and Flink
+    /// can co-partition with these topics.
+    #[serde(default)]
+    pub partitioner: Partitioner,
+    /// How long a message may wait for delivery before the run fails
+    /// (`delivery_timeout_ms`, default 300000).
+    #[serde(
+        rename = "delivery_timeout_ms",
+        with = "crate::setting::millis",
+        default = "default_delivery_timeout"
+    )]
+    pub delivery_timeout: Duration,
+    /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+}
+
+/// Which Kafka endpoint a [`KafkaSinkConfig`] is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaFlavour {
+    /// A Kafka cluster (`kind = "kafka"`).
+    Kafka,
+    /// Event Hubs' Kafka endpoint (`kind = "event_hubs_kafka"`).
+    EventHubs,
+}
+
+/// The default of `sink.delivery_timeout_ms`.
+pub fn default_delivery_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Gzip,
+    #[default]
+    Lz4,
+    Zstd,
+    Snappy,
+}
+
+impl Compression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+            Compression::Snappy => "snappy",
+        }
+    }
+}
+
+/// librdkafka's `partitioner` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partitioner {
+    /// murmur2 of the key, as the Java client (keyless messages: random).
+    #[default]
+    Murmur2Random,
+    /// murmur2 of the key (keyless messages: one partition).
+    Murmur2,
+    /// librdkafka's own default: CRC32 of the key (keyless: random).
+    ConsistentRandom,
+    /// CRC32 of the key (keyless: one partition).
+    Consistent,
+    /// FNV-1a of the key, as Sarama (keyless: random).
+    Fnv1aRandom,
+    /// FNV-1a of the key (keyless: one partition).
+    Fnv1a,
+    /// Random, whatever the key.
+    Random,
+}
+
+impl Partitioner {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Partitioner::Murmur2Random => "murmur2_random",
+            Partitioner::Murmur2 => "murmur2",
+            Partitioner::ConsistentRandom => "consistent_random",
+            Partitioner::Consistent => "consistent",
+            Partitioner::Fnv1aRandom => "fnv1a_random",
+            Partitioner::Fnv1a => "fnv1a",
+            Partitioner::Random => "random",
+        }
+    }
+}
+
+/// librdkafka properties that typed settings own; setting them in `sink.kafka` would
+/// fight the typed setting or break a guarantee.
+const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("bootstrap.servers", "sink.bootstrap_servers"),
+    (
+        "enable.idempotence",
+        "always true: needed for ordered, duplicate-free retries",
+    ),
+    ("acks", "always all: needed for at-least-once delivery"),
+    ("compression.type", "sink.compression"),
+    ("compression.codec", "sink.compression"),
+    ("message.max.bytes", "event.max_message_size_kb"),
+    ("message.timeout.ms", "sink.delivery_timeout_ms"),
+    ("delivery.timeout.ms", "sink.delivery_timeout_ms"),
+    ("sasl.password", "sink.connection_string"),
+    ("partitioner", "sink.partitioner"),
+];
+
+impl KafkaSinkConfig {
+    /// A Kafka sink at `bootstrap_servers`, every other setting at its default.
+    pub fn new(bootstrap_servers: &str) -> Self {
+        KafkaSinkConfig {
+            bootstrap_servers: Some(bootstrap_servers.to_owned()),
+            connection_string: SecretRef::default(),
+            compression: None,
+            partitioner: Partitioner::default(),
+            delivery_timeout: default_delivery_timeout(),
+            kafka: BTreeMap::new(),
+        }
+    }
+
+    /// Checks what can be checked before connecting; each error names the setting.
+    pub fn validate(
+        &self,
+        flavour: KafkaFlavour,
+        event: &EventSettings,
+    ) -> Result<(), ConfigError> {
+        match flavour {
+            KafkaFlavour::Kafka => {
+                if self.bootstrap_servers.is_none() {
+                    return Err(invalid(
+                        "sink.bootstrap_servers",
+                        "required for sink.kind = \"kafka\"",
+                    ));
+                }
+            }
+            KafkaFlavour::EventHubs => {
+                let max_kb = event.max_message_size_kb.kb() as usize;
+                if max_kb > EVENT_HUBS_MAX_MESSAGE_KB {
+                    return Err(invalid(
+                        "event.max_message_size_kb",
+                        format!(
+                            "{max_kb} is more than Event Hubs' Kafka endpoint accepts (it closes the connection on requests of {EVENT_HUBS_REQUEST_LIMIT} bytes or more); use at most {EVENT_HUBS_MAX_MESSAGE_KB}"
+                        ),
+                    ));
+                }
+                if let Some(c) = self.compression
+                    && !matches!(c, Compression::None | Compression::Gzip)
+                {
+                    return Err(invalid(
+                        "sink.compression",
+                        format!(
+                            "Event Hubs accepts only \"none\" or \"gzip\", not \"{}\"",
+                            c.as_str()
+                        ),
+                    ));
+                }
+                if !self.connection_string.is_set() {
+                    return Err(ConfigError::MissingSecret {
+                        setting: "sink.connection_string".into(),
+                        reason: "set sink.connection_string.env or .file to the Event Hubs connection string".into(),
+                    });
+                }
+            }
+        }
+        if self.delivery_timeout.is_zero() {
+            return Err(invalid(
+                "sink.delivery_timeout_ms",
+                "must be more than 0 (librdkafka reads 0 as waiting forever)",
+            ));
+        }
+        for key in self.kafka.keys() {
+            if let Some((_, owner)) = OWNED_KAFKA_PROPERTIES.iter().find(|(p, _)| p == key) {
+                return Err(invalid(
+                    &format!("sink.kafka.\"{key}\""),
+                    format!("conflicts with a typed setting ({owner}); remove it"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the Event Hubs connection string (without keeping it) and checks its
+    /// form, so a missing or malformed one is reported before anything connects.
+    pub fn check_secrets(&self, flavour: KafkaFlavour) -> Result<(), ConfigError> {
+        if flavour == KafkaFlavour::EventHubs {
+            let secret = self.connection_string.resolve("sink.connection_string")?;
+            parse_event_hubs_connection_string(&secret)
+                .map_err(|e| invalid("sink.connection_string", e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// The producer and the topic (template) it sends to.
+    pub fn build(
+        &self,
+        flavour: KafkaFlavour,
+        routing: &RoutingSettings,
+        max_message_bytes: usize,
+        health: Arc<SinkHealth>,
+    ) -> Result<crate::sink::BuiltSink, SinkError> {
+        let (settings, topic) = self.settings(flavour, routing, max_message_bytes)?;
+        Ok(crate::sink::BuiltSink {
+            sink: crate::sink::Sink::Kafka(KafkaSink::with_health(
+                &settings,
+                max_message_bytes,
+                health,
+            )?),
+            topic,
+        })
+    }
+
+    /// The client's properties (the secret read now) and the topic (template).
+    pub fn settings(
+        &self,
+        flavour: KafkaFlavour,
+        routing: &RoutingSettings,
+        max_message_bytes: usize,
+    ) -> Result<(KafkaSettings, String), SinkError> {
+        let (secret, topic) = match flavour {
+            KafkaFlavour::Kafka => (None, routing.topic.clone().unwrap_or_else(|| "ces".into())),
+            KafkaFlavour::EventHubs => {
+                let secret = self
+                    .connection_string
+                    .resolve("sink.connection_string")
+                    .map_err(|e| SinkError::Definite(e.to_string()))?;
+                let (_, entity) = parse_event_hubs_connection_string(&secret)?;
+                let topic = routing.topic.clone().or(entity).ok_or_else(|| {
+                    SinkError::Definite(
+                        "sink.topic: name the event hub, or put EntityPath= in the connection string"
+                            .into(),
+                    )
+                })?;
+                (Some(secret), topic)
+            }
+        };
+        let settings = KafkaSettings::new(self, flavour, max_message_bytes, secret.as_deref())?;
+        Ok((settings, topic))
+    }
+}
+
+/// What the Kafka producer is given (secrets included: never log this).
+pub struct KafkaSettings {
+    pub properties: Vec<(String, String)>,
+    /// Whether each topic's `max.message.bytes` is read and checked (not for Event
+    /// Hubs, whose limit the configuration enforces).
+    pub check_topic_limits: bool,
+}
+
+/// `Endpoint=sb://<namespace>.servicebus.windows.net/;…;EntityPath=<hub>` →
+/// (`<namespace>.servicebus.windows.net`, `Some(<hub>)`).
+pub fn parse_event_hubs_connection_string(
+    connection_string: &str,
+) -> Result<(String, Option<String>), SinkError> {
+    let mut host = None;
+    let mut entity = None;
+    for part in connection_string.split(';') {
+        let Some((key, value)) = part.split_once('=') else {
+            continue;
+        };
+        match key.trim().to_ascii_lowercase().as_str() {
+            "endpoint" => {
+                let value = value.trim();
+                let without_scheme = value.split_once("://").map_or(value, |(_, rest)| rest);
+                host = Some(without_scheme.trim_end_matches('/').to_owned());
+            }
+            "entitypath" => entity = Some(value.trim().to_owned()),
+            _ => {}
+        }
+    }
+    let host = host.filter(|h| !h.is_empty()).ok_or_else(|| {
+        SinkError::Definite(
+            "sink.connection_string has no Endpoint=sb://<namespace>.servicebus.windows.net/"
+                .into(),
+        )
+    })?;
+    Ok((host, entity))
+}
+
+impl KafkaSettings {
+    /// The producer properties for a Kafka or Event Hubs sink. `event_hubs_secret` is
+    /// the Event Hubs connection string (Event Hubs sinks only).
+    pub fn new(
+        sink: &KafkaSinkConfig,
+        flavour: KafkaFlavour,
+        max_message_bytes: usize,
+        event_hubs_secret: Option<&str>,
+    ) -> Result<Self, SinkError> {
+        let request_limit = match flavour {
+            KafkaFlavour::EventHubs => {
+                if max_message_bytes + EVENT_HUBS_RECORD_OVERHEAD >= EVENT_HUBS_REQUEST_LIMIT {
+                    return Err(SinkError::Definite(format!(
+                        "event.max_message_size_kb = {}: Event Hubs' Kafka endpoint closes the connection on requests of {EVENT_HUBS_REQUEST_LIMIT} bytes or more; use at most {EVENT_HUBS_MAX_MESSAGE_KB}",
+                        max_message_bytes / 1024
+                    )));
+                }
+                (max_message_bytes + MESSAGE_OVERHEAD_BYTES).min(EVENT_HUBS_REQUEST_LIMIT - 1)
+            }
+            _ => max_message_bytes + MESSAGE_OVERHEAD_BYTES,
+        };
+        let mut properties = vec![
+            ("client.id".to_owned(), "mssql-ces".to_owned()),
+            ("enable.idempotence".to_owned(), "true".to_owned()),
+            ("acks".to_owned(), "all".to_owned()),
+            ("message.max.bytes".to_owned(), request_limit.to_string()),
+            (
+                "message.timeout.ms".to_owned(),
+                sink.delivery_timeout.as_millis().to_string(),
+            ),
+            (
+                "partitioner".to_owned(),
+                sink.partitioner.as_str().to_owned(),
+            ),
+        ];
+        match flavour {
+            KafkaFlavour::EventHubs => {
+                let secret = event_hubs_secret.ok_or_else(|| {
+                    SinkError::Definite("sink.connection_string is required for Event Hubs".into())
+                })?;
+                let (host, _) = parse_event_hubs_connection_string(secret)?;
+                let compression = sink.compression.unwrap_or(Compression::None);
+                properties.extend([
+                    ("bootstrap.servers".to_owned(), format!("{host}:9093")),
+                    ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
+                    ("sasl.mechanism".to_owned(), "PLAIN".to_owned()),
+                    ("sasl.username".to_owned(), "$ConnectionString".to_owned()),
+                    ("sasl.password".to_owned(), secret.to_owned()),
+                    ("request.timeout.ms".to_owned(), "60000".to_owned()),
+                    // Required by the same page: idle connections are closed by the
+                    // service, and metadata must be refreshed within its window.
+                    ("socket.keepalive.enable".to_owned(), "true".to_owned()),
+                    ("metadata.max.age.ms".to_owned(), "180000".to_owned()),
+                    (
+                        "compression.type".to_owned(),
+                        compression.as_str().to_owned(),
+                    ),
+                ]);
+            }
+            KafkaFlavour::Kafka => {
+                let servers = sink.bootstrap_servers.clone().ok_or_else(|| {
+                    SinkError::Definite("sink.bootstrap_servers is required".into())
+                })?;
+                let compression = sink.compression.unwrap_or_default();
+                properties.extend([
+                    ("bootstrap.servers".to_owned(), servers),
+                    (
+                        "compression.type".to_owned(),
+                        compression.as_str().to_owned(),
+                    ),
+                ]);
+            }
+        }
+        properties.extend(sink.kafka.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Ok(KafkaSettings {
+            properties,
+            check_topic_limits: flavour == KafkaFlavour::Kafka,
+        })
+    }
+}

@@ -1,0 +1,429 @@
+//! Kafka, and Azure Event Hubs through its Kafka endpoint (the protocol CES itself
+//! uses).
+//!
+//! The producer is idempotent with `acks=all`, so librdkafka's retries neither
+//! duplicate nor reorder messages within a partition. A full producer queue is waited
+//! out (backpressure), never buffered without bound. With a key, librdkafka's
+//! partitioner sends equal keys to one partition; without one, the partition is chosen
+//! from the event's `logicalid` so that its segments stay together.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
+
+mod admin;
+mod config;
+
+pub use admin::{
+    DestinationFacts, RECORD_OVERHEAD_BYTES, TopicFacts, check_topic_limit, describe_destination,
+};
+pub use config::{
+    Compression, EVENT_HUBS_MAX_MESSAGE_KB, EVENT_HUBS_RECORD_OVERHEAD, EVENT_HUBS_REQUEST_LIMIT,
+    KafkaFlavour, KafkaSettings, KafkaSinkConfig, Partitioner, default_delivery_timeout,
+    parse_event_hubs_connection_string,
+};
+
+/// A Kafka error as a [`SinkError`]: definite where the broker refuses the message
+/// itself or the client's rights (resending cannot help), else transient.
+pub fn delivery_error(error: &KafkaError) -> SinkError {
+    use RDKafkaErrorCode as C;
+    let code = match error {
+        KafkaError::MessageProduction(code) => Some(*code),
+        other => other.rdkafka_error_code(),
+    };
+    let definite = matches!(
+        code,
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidRecord
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::TransactionalIdAuthorizationFailed
+                | C::SaslAuthenticationFailed
+                | C::InvalidTopic
+                | C::UnknownTopic
+                | C::PolicyViolation
+                | C::UnsupportedCompressionType
+                | C::UnsupportedForMessageFormat
+        )
+    );
+    if definite {
+        SinkError::Definite(error.to_string())
+    } else {
+        SinkError::Transient(error.to_string())
+    }
+}
+
+/// The producer's context: turns librdkafka's statistics (every second, when the
+/// health is watched) into the sink's health: connected while a broker is up, and
+/// the brokers' re-send count.
+pub struct HealthContext {
+    health: Arc<SinkHealth>,
+}
+
+impl rdkafka::ClientContext for HealthContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        self.health.set_connected(
+            statistics
+                .brokers
+                .values()
+                .any(|broker| broker.state == "UP"),
+        );
+        self.health.raise_retries_to(
+            statistics
+                .brokers
+                .values()
+                .map(|broker| broker.txretries)
+                .sum(),
+        );
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.health.set_connected(false);
+        }
+        tracing::warn!(error = %error, reason, "librdkafka");
+    }
+}
+
+/// How often librdkafka reports statistics when the health is watched.
+const STATISTICS_INTERVAL_MS: &str = "1000";
+
+pub struct KafkaSink {
+    producer: FutureProducer<HealthContext>,
+    partitions: HashMap<String, i32>,
+    admin: Option<Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>>,
+    /// The largest message the encoder makes, checked against each topic's limit.
+    largest_message: usize,
+    checked_topics: std::collections::HashSet<String>,
+    topic_error: Arc<Mutex<Option<SinkError>>>,
+}
+
+impl KafkaSink {
+    /// A producer; `largest_message` (the encoder's `max_message_size_kb` in bytes) is
+    /// checked against each topic's `max.message.bytes` before the first message to it.
+    pub fn new(settings: &KafkaSettings, largest_message: usize) -> Result<Self, SinkError> {
+        Self::with_health(settings, largest_message, Arc::default())
+    }
+
+    /// As [`new`](Self::new), reporting the brokers' state to `health`.
+    pub fn with_health(
+        settings: &KafkaSettings,
+        largest_message: usize,
+        health: Arc<SinkHealth>,
+    ) -> Result<Self, SinkError> {
+        let mut config = ClientConfig::new();
+        for (key, value) in &settings.properties {
+            config.set(key, value);
+        }
+        if health.watched() {
+            config.set("statistics.interval.ms", STATISTICS_INTERVAL_MS);
+        }
+        // librdkafka's error text names the property, never its value.
+        let producer: FutureProducer<HealthContext> = config
+            .create_with_context(HealthContext { health })
+            .map_err(|e| SinkError::Definite(format!("cannot create the Kafka producer: {e}")))?;
+        // Event Hubs' endpoint limit is enforced by the configuration instead.
+        let admin = if settings.check_topic_limits {
+            match admin::admin_config(settings).create() {
+                Ok(admin) => Some(Arc::new(admin)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot create a Kafka admin client, so topics' max.message.bytes are not checked before sending: make sure each topic's limit exceeds event.max_message_size_kb");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(KafkaSink {
+            producer,
+            partitions: HashMap::new(),
+            admin,
+            largest_message,
+            checked_topics: std::collections::HashSet::new(),
+            topic_error: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// Reads `topic`'s `max.message.bytes` (the admin API's DescribeConfigs, which
+    /// reports the broker's `message.max.bytes` where the topic does not override it)
+    /// in the background, so that a broker slow to answer never holds deliveries; a
+    /// limit below the largest segment fails the next send, naming both settings.
+    /// Where the limit cannot be read (no such topic yet, an endpoint without the
+    /// API), says so and goes on.
+    fn check_topic(&mut self, topic: &str) {
+        if !self.checked_topics.insert(topic.to_owned()) {
+            return;
+        }
+        let Some(admin) = self.admin.clone() else {
+            return;
+        };
+        let (topic, largest, verdict) = (
+            topic.to_owned(),
+            self.largest_message,
+            Arc::clone(&self.topic_error),
+        );
+        tokio::spawn(admin::check_topic_in_background(
+            admin, topic, largest, verdict,
+        ));
+    }
+
+    /// A topic limit found too small, if any.
+    fn topic_error(&self) -> Option<SinkError> {
+        self.topic_error.lock().ok().and_then(|slot| slot.clone())
+    }
+
+    /// The number of partitions of `topic` (asked once, then remembered).
+    async fn partition_count(&mut self, topic: &str) -> Result<i32, SinkError> {
+        if let Some(count) = self.partitions.get(topic) {
+            return Ok(*count);
+        }
+        let producer = self.producer.clone();
+        let name = topic.to_owned();
+        let count = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(Some(&name), Duration::from_secs(30))
+                .map(|m| {
+                    m.topics()
+                        .first()
+                        .map_or(0, |t| i32::try_from(t.partitions().len()).unwrap_or(0))
+                })
+        })
+        .await
+        .map_err(|e| SinkError::Transient(e.to_string()))?
+        .map_err(|e| SinkError::Transient(format!("metadata of topic {topic}: {e}")))?;
+        if count == 0 {
+            return Err(SinkError::Definite(format!(
+                "topic {topic} has no partitions"
+            )));
+        }
+        self.partitions.insert(topic.to_owned(), count);
+        Ok(count)
+    }
+
+    pub async fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
+        if let Some(e) = self.topic_error() {
+            return Err(e);
+        }
+        if !self.checked_topics.contains(&message.topic) {
+            self.check_topic(&message.topic);
+        }
+        let partition = match message.partition_hint {
+            Some(hint) => {
+                let count = self.partition_count(&message.topic).await?;
+                Some(i32::try_from(hint % u64::try_from(count).unwrap_or(1)).unwrap_or(0))
+            }
+            None => None,
+        };
+        let mut record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&message.topic).payload(message.payload.as_slice());
+        if let Some(headers) = librdkafka_headers(&message.headers) {
+            record = record.headers(headers);
+        }
+        if let Some(key) = &message.key {
+            record = record.key(key.as_slice());
+        }
+        if let Some(partition) = partition {
+            record = record.partition(partition);
+        }
+        loop {
+            match self.producer.send_result(record) {
+                Ok(future) => return Ok(Delivery::Kafka(future)),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // Backpressure: wait for the queue to drain a little, then offer
+                    // the same record again.
+                    record = back;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) => return Err(delivery_error(&e)),
+            }
+        }
+    }
+
+    pub async fn flush(&mut self, timeout: Duration) -> Result<(), SinkError> {
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || producer.flush(timeout))
+            .await
+            .map_err(|e| SinkError::Transient(e.to_string()))?
+            .map_err(|e| delivery_error(&e))
+    }
+}
+
+/// A message's headers as librdkafka takes them; `None` for none (the router always
+/// sets at least `content-type`, so only a message built elsewhere has none), which
+/// spares librdkafka an empty header list to allocate and free.
+pub fn librdkafka_headers(headers: &crate::sink::Headers) -> Option<OwnedHeaders> {
+    if headers.is_empty() {
+        return None;
+    }
+    let mut owned = OwnedHeaders::new_with_capacity(headers.len());
+    for (name, value) in headers {
+        owned = owned.insert(Header {
+            key: name,
+            value: Some(value),
+        });
+    }
+    Some(owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink() -> KafkaSinkConfig {
+        KafkaSinkConfig {
+            kafka: [("linger.ms".to_string(), "5".to_string())].into(),
+            ..KafkaSinkConfig::new("localhost:9092")
+        }
+    }
+
+    use KafkaFlavour::{EventHubs, Kafka};
+
+    /// No headers make no header list; headers arrive every one, in order.
+    #[test]
+    fn headers_reach_librdkafka_in_order_and_no_list_is_made_for_none() {
+        use rdkafka::message::Headers as _;
+        assert!(librdkafka_headers(&Vec::new()).is_none());
+        let headers: crate::sink::Headers =
+            vec![("ce_id", b"1".to_vec()), ("ce_type", b"t".to_vec())];
+        let owned = librdkafka_headers(&headers).unwrap();
+        assert_eq!(owned.count(), 2);
+        let got: Vec<(String, Vec<u8>)> = owned
+            .iter()
+            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+            .collect();
+        let want: Vec<(String, Vec<u8>)> = headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    fn get<'a>(s: &'a KafkaSettings, key: &str) -> Option<&'a str> {
+        s.properties
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn kafka_defaults_are_idempotent_lz4_and_sized() {
+        let s = KafkaSettings::new(&sink(), Kafka, 256 * 1024, None).unwrap();
+        assert_eq!(get(&s, "enable.idempotence"), Some("true"));
+        assert_eq!(get(&s, "acks"), Some("all"));
+        assert_eq!(get(&s, "compression.type"), Some("lz4"));
+        assert_eq!(get(&s, "message.max.bytes"), Some("327680"));
+        assert_eq!(get(&s, "linger.ms"), Some("5"));
+        assert_eq!(
+            get(&s, "partitioner"),
+            Some("murmur2_random"),
+            "Java's placement"
+        );
+        let mut consistent = sink();
+        consistent.partitioner = Partitioner::ConsistentRandom;
+        let s = KafkaSettings::new(&consistent, Kafka, 256 * 1024, None).unwrap();
+        assert_eq!(get(&s, "partitioner"), Some("consistent_random"));
+    }
+
+    #[test]
+    fn a_topic_limit_below_the_largest_segment_names_both_settings() {
+        assert!(check_topic_limit("ces", 1_048_588, 1_024 * 1_024).is_err());
+        let err = check_topic_limit("ces", 1_048_588, 1_024 * 1_024)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max.message.bytes"), "{err}");
+        assert!(err.contains("event.max_message_size_kb"), "{err}");
+        assert!(check_topic_limit("ces", 1_048_588, 1_000 * 1_024).is_ok());
+        assert!(check_topic_limit("ces", 300_000, 256 * 1_024).is_ok());
+        assert!(check_topic_limit("ces", 262_144, 256 * 1_024).is_err());
+    }
+
+    #[test]
+    fn event_hubs_requests_stay_below_the_service_limit() {
+        let cs = "Endpoint=sb://myns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0";
+        let eh = sink();
+        let s =
+            KafkaSettings::new(&eh, EventHubs, EVENT_HUBS_MAX_MESSAGE_KB * 1024, Some(cs)).unwrap();
+        let limit: usize = get(&s, "message.max.bytes").unwrap().parse().unwrap();
+        assert!(limit < EVENT_HUBS_REQUEST_LIMIT, "{limit}");
+        assert!(limit >= EVENT_HUBS_MAX_MESSAGE_KB * 1024 + EVENT_HUBS_RECORD_OVERHEAD);
+        assert_eq!(get(&s, "socket.keepalive.enable"), Some("true"));
+        assert_eq!(get(&s, "metadata.max.age.ms"), Some("180000"));
+        for kb in [128, 256, 512] {
+            assert!(
+                KafkaSettings::new(&eh, EventHubs, kb * 1024, Some(cs)).is_ok(),
+                "{kb}"
+            );
+        }
+        let err = KafkaSettings::new(&eh, EventHubs, 1024 * 1024, Some(cs))
+            .err()
+            .unwrap();
+        let text = err.to_string();
+        assert!(text.contains("event.max_message_size_kb"), "{text}");
+        assert!(
+            text.contains(&EVENT_HUBS_MAX_MESSAGE_KB.to_string()),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn event_hubs_endpoint_settings_come_from_the_connection_string() {
+        let cs = "Endpoint=sb://myns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
+        assert_eq!(
+            parse_event_hubs_connection_string(cs).unwrap(),
+            (
+                "myns.servicebus.windows.net".to_string(),
+                Some("orders".to_string())
+            )
+        );
+        let s = KafkaSettings::new(&sink(), EventHubs, 1000 * 1024, Some(cs)).unwrap();
+        assert_eq!(
+            get(&s, "bootstrap.servers"),
+            Some("myns.servicebus.windows.net:9093")
+        );
+        assert_eq!(get(&s, "security.protocol"), Some("SASL_SSL"));
+        assert_eq!(get(&s, "sasl.mechanism"), Some("PLAIN"));
+        assert_eq!(get(&s, "sasl.username"), Some("$ConnectionString"));
+        assert_eq!(get(&s, "sasl.password"), Some(cs));
+        assert_eq!(get(&s, "request.timeout.ms"), Some("60000"));
+        assert_eq!(get(&s, "compression.type"), Some("none"));
+        let err = parse_event_hubs_connection_string("SharedAccessKey=c2VjcmV0").unwrap_err();
+        assert!(!err.to_string().contains("c2VjcmV0"), "{err}");
+    }
+
+    #[test]
+    fn refusals_of_the_message_or_of_rights_are_definite_the_rest_transient() {
+        use RDKafkaErrorCode as C;
+        for code in [
+            C::MessageSizeTooLarge,
+            C::TopicAuthorizationFailed,
+            C::UnknownTopic,
+            C::InvalidTopic,
+            C::SaslAuthenticationFailed,
+        ] {
+            let e = delivery_error(&KafkaError::MessageProduction(code));
+            assert!(matches!(e, SinkError::Definite(_)), "{code:?}: {e:?}");
+        }
+        for code in [
+            C::MessageTimedOut,
+            C::BrokerTransportFailure,
+            C::NotEnoughReplicas,
+            C::RequestTimedOut,
+            C::AllBrokersDown,
+        ] {
+            let e = delivery_error(&KafkaError::MessageProduction(code));
+            assert!(e.is_transient(), "{code:?}: {e:?}");
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Driving the simulated database: what SQL Server's jobs and clock do (the capture
+//! and cleanup jobs, the server's time zone), and — for tests only, behind the
+//! `testing` feature — faults, permissions, visibility and counters.
+
+use super::*;
+
+/// What SQL Server's own jobs and clock do.
+impl CdcSimulator {
+    /// Starts a transaction.
+    pub fn transaction(&self) -> Transaction {
+        Transaction {
+            sim: self.clone(),
+            statements: Vec::new(),
+            reverse_seqvals: false,
+        }
+    }
+
+    /// The capture job's idle marker: a `cdc.lsn_time_mapping` row with
+    /// `tran_id = 0x00`, which raises `max_lsn` with no change rows.
+    pub fn idle_marker(&self) -> Lsn {
+        let mut state = self.lock();
+        state.now += Duration::seconds(5);
+        let lsn = state.next_lsn();
+        state.log.push(LogRecord::Idle { lsn });
+        if !state.manual_capture {
+            state.scan();
+        }
+        lsn
+    }
+
+    /// Whether the capture job waits for [`run_capture_job`](Self::run_capture_job)
+    /// (`true`) or scans after every commit (`false`, the default).
+    pub fn set_capture_job_manual(&self, manual: bool) {
+        self.lock().manual_capture = manual;
+    }
+
+    /// One scan of the capture job.
+    pub fn run_capture_job(&self) {
+        self.lock().scan();
+    }
+
+    /// The cleanup job, whole: raises each instance's low end to `low_water` and
+    /// removes the change rows below it.
+    pub fn cleanup(&self, low_water: Lsn) {
+        self.begin_cleanup(low_water, usize::MAX);
+        self.finish_cleanup();
+    }
+
+    /// The cleanup job's first steps: the low end (`start_lsn`, so `min_lsn`) rises to
+    /// `low_water` at once, and only the first `rows` change rows below it are deleted
+    /// ([`finish_cleanup`](Self::finish_cleanup) deletes the rest).
+    pub fn begin_cleanup(&self, low_water: Lsn, rows: usize) {
+        self.lock().begin_cleanup(low_water, rows);
+    }
+
+    /// The cleanup job's remaining batches.
+    pub fn finish_cleanup(&self) {
+        let mut state = self.lock();
+        if let Some(low_water) = state.cleanup_pending.take() {
+            for instance in &mut state.instances {
+                instance.rows.retain(|r| r.key.start_lsn >= low_water);
+            }
+        }
+    }
+
+    /// Drops change rows (and `cdc.lsn_time_mapping` rows but the newest) below `lsn`
+    /// from memory without moving any low end: not a SQL Server behaviour, only a
+    /// bound on the synthetic workload's memory.
+    pub fn forget_below(&self, lsn: Lsn) {
+        let mut state = self.lock();
+        for instance in &mut state.instances {
+            let below = instance.rows.partition_point(|r| r.key.start_lsn < lsn);
+            instance.rows.drain(..below);
+        }
+        let below = state
+            .mapping
+            .partition_point(|(l, _)| *l < lsn)
+            .min(state.mapping.len().saturating_sub(1));
+        state.mapping.drain(..below);
+    }
+
+    /// Gives the server a time zone it can name (`CURRENT_TIMEZONE_ID()`): rows then
+    /// carry the offset in force at their commit time.
+    pub fn set_time_zone(&self, zone: Tz) {
+        self.lock().time_zone = Some(zone);
+    }
+
+    /// The current `sys.fn_cdc_get_max_lsn()`.
+    pub fn current_max_lsn(&self) -> Option<Lsn> {
+        self.lock().max_lsn()
+    }
+}
+
+/// Test controls: what a test makes the database do or tells about it. Not part of
+/// the library's API outside tests (the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
+impl CdcSimulator {
+    /// Makes `action` happen just before the next `read_changes` answers.
+    pub fn on_next_read(&self, action: SimAction) {
+        self.lock().on_next_read.push(action);
+    }
+
+    /// Uses the columns of a unique index as the instance's key (`@index_name` of
+    /// `sp_cdc_enable_table`), as `cdc.index_columns` then lists them.
+    pub fn set_index_columns(&self, capture_instance: &str, columns: &[&str]) {
+        if let Some(i) = self
+            .lock()
+            .instances
+            .iter_mut()
+            .find(|i| i.info.name == capture_instance)
+        {
+            i.info.key_columns = columns.iter().map(|c| c.to_string()).collect();
+        }
+    }
+
+    /// Models a change table created before `__$command_id` existed.
+    pub fn remove_command_id(&self, capture_instance: &str) {
+        if let Some(i) = self
+            .lock()
+            .instances
+            .iter_mut()
+            .find(|i| i.info.name == capture_instance)
+        {
+            i.info.has_command_id = false;
+        }
+    }
+
+    /// Changes what `check` sees of the server (its version, CDC on the database,
+    /// the Agent and the CDC jobs, the log scan's visibility). With CDC disabled the
+    /// catalog fails as SQL Server's does.
+    pub fn configure_server(&self, change: impl FnOnce(&mut ServerFacts)) {
+        change(&mut self.lock().server);
+    }
+
+    /// Whether `sys.fn_cdc_get_min_lsn` answers (it is NULL right after CDC is
+    /// enabled, until the capture job has run).
+    pub fn set_min_lsn_available(&self, available: bool) {
+        self.lock().min_lsn_available = available;
+    }
+
+    /// Takes SELECT on `table` away from the login (`true`) or grants it back.
+    pub fn deny_select(&self, table: &str, denied: bool) {
+        let mut state = self.lock();
+        if denied {
+            state.denied.insert(table.into());
+        } else {
+            state.denied.remove(table);
+        }
+    }
+
+    /// Hides `table` from the login: `OBJECT_NAME` of it is NULL.
+    pub fn hide_table(&self, table: &str) {
+        self.lock().invisible.insert(table.into());
+    }
+
+    /// Shows a hidden table again (the grant is back).
+    pub fn show_table(&self, table: &str) {
+        self.lock().invisible.remove(table);
+    }
+
+    /// Gives the database another GUID, as a restored copy has.
+    pub fn set_guid(&self, guid: Uuid) {
+        self.lock().guid = guid;
+    }
+
+    /// Whether the login can read the database GUID.
+    pub fn set_guid_readable(&self, readable: bool) {
+        self.lock().guid_readable = readable;
+    }
+
+    /// Sets the server's local clock (commit times follow it).
+    pub fn set_local_time(&self, now: NaiveDateTime) {
+        self.lock().now = now;
+    }
+
+    /// Advances the server's local clock.
+    pub fn advance_local_time(&self, by: Duration) {
+        self.lock().now += by;
+    }
+
+    /// Makes the next call fail with `error`.
+    pub fn inject_fault(&self, error: SourceError) {
+        self.lock().faults.push_back(error);
+    }
+
+    /// Calls made through [`ChangeSource`] so far (each is one round trip).
+    pub fn round_trips(&self) -> usize {
+        self.lock().round_trips
+    }
+
+    /// Change rows returned by `read_changes` so far.
+    pub fn rows_read(&self) -> usize {
+        self.lock().rows_read
+    }
+
+    /// The current rows of `table` (`schema.name`) in key order, each as its
+    /// columns' names and values: what a consumer's copy must equal.
+    pub fn table_contents(&self, table: &str) -> Vec<Vec<(String, Value)>> {
+        let state = self.lock();
+        state.tables.get(table).map_or_else(Vec::new, |t| {
+            t.rows
+                .values()
+                .map(|row| {
+                    t.columns
+                        .iter()
+                        .zip(row)
+                        .map(|(c, v)| (c.name.clone(), v.clone()))
+                        .collect()
+                })
+                .collect()
+        })
+    }
+
+    /// The number of change rows held for `capture_instance`.
+    pub fn change_rows(&self, capture_instance: &str) -> usize {
+        self.lock()
+            .instances
+            .iter()
+            .find(|i| i.info.name == capture_instance)
+            .map_or(0, |i| i.rows.len())
+    }
+
+    /// `cdc.change_tables.start_lsn` of `capture_instance`.
+    pub fn start_lsn(&self, capture_instance: &str) -> Option<Lsn> {
+        self.lock()
+            .instances
+            .iter()
+            .find(|i| i.info.name == capture_instance)
+            .and_then(|i| i.info.start_lsn)
+    }
+}

@@ -1,0 +1,187 @@
+//! Transactions against the simulated tables: each statement applied and logged
+//! as SQL Server's log would hold it, for the capture job to scan.
+
+use super::*;
+
+impl Transaction {
+    /// `INSERT` of one row (values in table column order).
+    pub fn insert(mut self, table: &str, row: Vec<Value>) -> Self {
+        self.statements
+            .push(vec![Statement::Insert(table.into(), row)]);
+        self
+    }
+
+    /// `UPDATE … SET` the given columns of the row with key values `key`.
+    pub fn update(mut self, table: &str, key: Vec<Value>, set: Vec<(&str, Value)>) -> Self {
+        let set = set.into_iter().map(|(c, v)| (c.to_owned(), v)).collect();
+        self.statements
+            .push(vec![Statement::Update(table.into(), key, set)]);
+        self
+    }
+
+    /// One `UPDATE` statement touching several rows: one command id, a seqval each.
+    pub fn update_many(
+        mut self,
+        table: &str,
+        keys: Vec<Vec<Value>>,
+        set: Vec<(&str, Value)>,
+    ) -> Self {
+        let set: Vec<(String, Value)> = set.into_iter().map(|(c, v)| (c.to_owned(), v)).collect();
+        self.statements.push(
+            keys.into_iter()
+                .map(|key| Statement::Update(table.into(), key, set.clone()))
+                .collect(),
+        );
+        self
+    }
+
+    /// `DELETE` of the row with key values `key`.
+    pub fn delete(mut self, table: &str, key: Vec<Value>) -> Self {
+        self.statements
+            .push(vec![Statement::Delete(table.into(), key)]);
+        self
+    }
+
+    /// Gives later statements lower `__$seqval`s than earlier ones, as SQL Server can
+    /// for some statements: only `__$command_id` then orders them correctly.
+    pub fn with_reversed_seqvals(mut self) -> Self {
+        self.reverse_seqvals = true;
+        self
+    }
+
+    /// Commits to the tables and the log: returns the commit LSN (`__$start_lsn` of
+    /// every row). The change rows appear when the capture job scans.
+    pub fn commit(self) -> Result<Lsn, String> {
+        let mut state = self.sim.lock();
+        state.now += Duration::milliseconds(7);
+        let begin_lsn = state.next_lsn();
+        let row_count: usize = self.statements.iter().map(Vec::len).sum();
+        let mut seqvals: Vec<Lsn> = (0..row_count).map(|_| state.next_lsn()).collect();
+        if self.reverse_seqvals {
+            seqvals.reverse();
+        }
+        let commit_lsn = state.next_lsn();
+        let end_time = datetime(state.now);
+        let mut seqvals = seqvals.into_iter();
+        let mut images = Vec::new();
+        for (command, statement) in self.statements.into_iter().enumerate() {
+            let command_id = i32::try_from(command + 1).unwrap_or(i32::MAX);
+            for row_statement in statement {
+                let seqval = seqvals.next().unwrap_or(commit_lsn);
+                let image = |table: String, operation, columns, old, new, changed| Image {
+                    table,
+                    operation,
+                    command_id,
+                    seqval,
+                    columns,
+                    old,
+                    new,
+                    changed,
+                };
+                match row_statement {
+                    Statement::Insert(table, row) => {
+                        let t = state
+                            .tables
+                            .get_mut(&table)
+                            .ok_or(format!("no table {table}"))?;
+                        if row.len() != t.columns.len() {
+                            return Err(format!(
+                                "{table}: {} values for {} columns",
+                                row.len(),
+                                t.columns.len()
+                            ));
+                        }
+                        let key = t.new_key(&row);
+                        if t.rows.contains_key(&key) {
+                            return Err(format!("{table}: duplicate key {key:?}"));
+                        }
+                        t.rows.insert(key, row.clone());
+                        let columns = t.column_names();
+                        images.push(image(table, op::INSERT, columns, None, Some(row), None));
+                    }
+                    Statement::Update(table, key_values, set) => {
+                        let t = state
+                            .tables
+                            .get_mut(&table)
+                            .ok_or(format!("no table {table}"))?;
+                        if t.key.is_empty() {
+                            return Err(format!(
+                                "{table}: a table without a key (rows cannot be addressed here)"
+                            ));
+                        }
+                        let key = sort_key(&key_values);
+                        let old = t
+                            .rows
+                            .get(&key)
+                            .cloned()
+                            .ok_or(format!("{table}: no row {key:?}"))?;
+                        let mut new = old.clone();
+                        let mut changed = Vec::new();
+                        for (column, value) in set {
+                            let i = t
+                                .columns
+                                .iter()
+                                .position(|c| c.name == column)
+                                .ok_or(format!("{table}: no column {column}"))?;
+                            new[i] = value;
+                            changed.push(column);
+                        }
+                        let new_key = t.key_of(&new);
+                        if new_key != key && t.rows.contains_key(&new_key) {
+                            return Err(format!("{table}: duplicate key {new_key:?}"));
+                        }
+                        t.rows.remove(&key);
+                        t.rows.insert(new_key, new.clone());
+                        let columns = t.column_names();
+                        images.push(image(
+                            table,
+                            op::UPDATE_AFTER,
+                            columns,
+                            Some(old),
+                            Some(new),
+                            Some(changed),
+                        ));
+                    }
+                    Statement::Delete(table, key_values) => {
+                        let t = state
+                            .tables
+                            .get_mut(&table)
+                            .ok_or(format!("no table {table}"))?;
+                        let key = sort_key(&key_values);
+                        let old = t
+                            .rows
+                            .remove(&key)
+                            .ok_or(format!("{table}: no row {key:?}"))?;
+                        let columns = t.column_names();
+                        images.push(image(table, op::DELETE, columns, Some(old), None, None));
+                    }
+                }
+            }
+        }
+        state.log.push(LogRecord::Commit {
+            commit_lsn,
+            begin_lsn,
+            end_time,
+            images,
+        });
+        if !state.manual_capture {
+            state.scan();
+        }
+        Ok(commit_lsn)
+    }
+}
+
+/// `__$update_mask`: all captured columns for inserts and deletes, the changed ones
+/// for updates; bit `ordinal - 1` counted from the end.
+pub(super) fn update_mask(columns: &[CapturedColumn], changed: Option<&[String]>) -> Vec<u8> {
+    let bytes = columns.len().div_ceil(8).max(1);
+    let mut mask = vec![0u8; bytes];
+    for c in columns {
+        let set = changed.is_none_or(|ch| ch.contains(&c.name));
+        if set && c.ordinal > 0 {
+            let bit = (c.ordinal - 1) as usize;
+            mask[bytes - 1 - bit / 8] |= 1 << (bit % 8);
+        }
+    }
+    mask
+}

@@ -282,8 +282,12 @@ async fn plan_load<S: ChangeSource>(
     poller: &mut Poller<S>,
     shutdown: &CancellationToken,
 ) -> Result<bool, RunError> {
-    let mut wait = std::time::Duration::from_millis(500);
+    let mut backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(500),
+        std::time::Duration::from_secs(30),
+    );
     loop {
+        let wait = backoff.next_wait();
         match poller.plan_load().await {
             Ok(true) => return Ok(true),
             Ok(false) => {}
@@ -296,6 +300,5 @@ async fn plan_load<S: ChangeSource>(
             () = shutdown.cancelled() => return Ok(false),
             () = tokio::time::sleep(wait) => {}
         }
-        wait = (wait * 2).min(std::time::Duration::from_secs(30));
     }
 }

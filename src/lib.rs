@@ -34,9 +34,11 @@
 //! - [`position`]: where a stream stands — the checkpoint's content, owned by neither
 //!   the poller that produces it nor the stores that keep it.
 //! - [`setting`]: the primitives of every setting (its error, secrets, durations).
+//! - [`backoff`]: the one exponential backoff of every retry loop.
 //! - [`lsn`]: the 10-byte log sequence number and its text forms.
 
 pub mod app;
+pub mod backoff;
 pub mod check;
 pub mod checkpoint;
 pub mod config;

@@ -14,6 +14,7 @@
 
 pub mod catalog;
 pub mod decode;
+pub mod diagnostics;
 pub mod facts;
 pub mod filter;
 pub mod load;

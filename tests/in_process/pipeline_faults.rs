@@ -132,7 +132,7 @@ async fn a_source_that_panics_fails_the_run_with_the_cause() {
     .await;
     match result {
         Err(PipelineError::SourceStopped { cause }) => {
-            assert!(cause.contains("panic"), "{cause}")
+            assert!(cause.to_string().contains("panic"), "{cause}")
         }
         other => panic!("expected the source's failure, got {other:?}"),
     }

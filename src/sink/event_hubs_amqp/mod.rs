@@ -481,8 +481,10 @@ impl EventHubsAmqpSink {
         if connection.generation != stale {
             return Ok(());
         }
-        let mut wait = Duration::from_millis(100);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         loop {
+            let wait = backoff.next_wait();
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match Self::open(&self.target, left).await {
                 Ok(fresh) => {
@@ -496,7 +498,6 @@ impl EventHubsAmqpSink {
                 Err(e) if tokio::time::Instant::now() + wait < deadline => {
                     tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "reopening the Event Hubs connection failed; retrying");
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(10));
                 }
                 Err(e) => return Err(e),
             }

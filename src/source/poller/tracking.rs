@@ -3,6 +3,7 @@
 //! identity and time zone, checked each time the catalog is read.
 
 use super::*;
+use crate::source::diagnostics::{self, Invisible, LeftOut};
 
 impl<S: ChangeSource> Poller<S> {
     /// Re-reads the catalog when it is stale or due.
@@ -284,51 +285,46 @@ impl<S: ChangeSource> Poller<S> {
 
     /// Capture instances whose source table the login cannot see: an error when the
     /// table may be one to stream, a warning when the filter cannot tell.
-    pub(super) fn check_invisible(&mut self, catalog: &Catalog) -> Result<(), SourceError> {
-        let Some(first) = catalog.invisible.first() else {
-            return Ok(());
-        };
-        let filter = &self.config.filter;
-        if !filter.has_patterns() {
-            // Every table is to be streamed, so this one too.
-            return Err(SourceError::TableInvisible {
-                capture_instance: first.clone(),
-            });
-        }
-        // A table named exactly in source.include that no visible instance matches
-        // may well be the invisible one.
-        for name in filter.literal_includes() {
-            let found = catalog
-                .instances
-                .iter()
-                .any(|i| i.qualified_table().eq_ignore_ascii_case(name));
-            if !found {
-                return Err(SourceError::TableInvisible {
-                    capture_instance: catalog.invisible.join(", "),
-                });
+    fn check_invisible(&mut self, catalog: &Catalog) -> Result<(), SourceError> {
+        match diagnostics::invisible(catalog, &self.config.filter) {
+            Invisible::None => Ok(()),
+            Invisible::Stops(names) => Err(SourceError::TableInvisible {
+                // With no pattern every table is streamed: the first one named is
+                // enough to fix first; otherwise any of them may be the one named.
+                capture_instance: names
+                    .iter()
+                    .take(if self.config.filter.has_patterns() {
+                        names.len()
+                    } else {
+                        1
+                    })
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+            Invisible::NotStreamed(names) => {
+                for name in names {
+                    if self.warned.insert(format!("invisible {name}")) {
+                        tracing::warn!(
+                            capture_instance = %name,
+                            "the source table of this capture instance is not visible to this login; it is not streamed (grant SELECT on it if it should be)"
+                        );
+                    }
+                }
+                Ok(())
             }
         }
-        for name in &catalog.invisible {
-            if self.warned.insert(format!("invisible {name}")) {
-                tracing::warn!(
-                    capture_instance = %name,
-                    "the source table of this capture instance is not visible to this login; it is not streamed (grant SELECT on it if it should be)"
-                );
-            }
-        }
-        Ok(())
     }
 
     /// Warns once per column that events leave out, saying why.
-    pub(super) fn warn_left_out_columns(&mut self, instance: &CaptureInstance) {
-        for column in &instance.columns {
-            let reason = match (&column.sql_type, column.table_index) {
-                (Err(reason), _) => reason.to_string(),
-                (Ok(_), None) => {
+    fn warn_left_out_columns(&mut self, instance: &CaptureInstance) {
+        for (column, why) in diagnostics::left_out_columns(instance) {
+            let reason = match why {
+                LeftOut::Unsupported(reason) => reason.to_string(),
+                LeftOut::Dropped => {
                     "dropped from the source table (the change table keeps it, NULL from then on)"
                         .to_owned()
                 }
-                (Ok(_), Some(_)) => continue,
             };
             let key = format!("{} {}", instance.object_id, column.name);
             if self.warned.insert(key) {

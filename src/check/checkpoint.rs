@@ -1,0 +1,251 @@
+//! The checkpoint checks: readable, writable (without a write or the lease), of
+//! this database, and still within the cleanup retention.
+
+use super::*;
+
+pub(super) async fn check_checkpoint<S: ChangeSource>(
+    report: &mut Report,
+    config: &Config,
+    source: &mut S,
+    state: Option<&SourceState>,
+) {
+    let mut store = match crate::app::checkpoint_store(config) {
+        Ok(store) => store,
+        Err(e) => {
+            report.fail("checkpoint", e.to_string(), "see the setting it names");
+            return;
+        }
+    };
+    let where_ = match config.checkpoint.store {
+        crate::config::CheckpointStoreKind::File => config.checkpoint.path.display().to_string(),
+        crate::config::CheckpointStoreKind::Table => "table dbo.mssql_ces_checkpoint".to_owned(),
+    };
+    let position = match store.load().await {
+        Ok(Some(position)) => {
+            let at = position
+                .last_event
+                .map_or_else(|| "no event yet".to_owned(), |e| e.to_string());
+            report.pass(
+                "checkpoint: readable",
+                format!(
+                    "{where_}, stream {}: at {at}",
+                    config.checkpoint.stream_name
+                ),
+            );
+            Some(position)
+        }
+        Ok(None) => {
+            report.pass(
+                "checkpoint: readable",
+                format!(
+                    "{where_}: none yet for stream {}; the first run starts at source.start_position ({})",
+                    config.checkpoint.stream_name, config.source.start_position
+                ),
+            );
+            None
+        }
+        Err(e) => {
+            report.fail(
+                "checkpoint: readable",
+                e.to_string(),
+                "the message says what to change (checkpoint.path, checkpoint.stream_name)",
+            );
+            None
+        }
+    };
+    match check_writable(&mut store).await {
+        Ok(()) => report.pass("checkpoint: writable", where_.clone()),
+        Err(e) => report.fail(
+            "checkpoint: writable",
+            e.to_string(),
+            match config.checkpoint.store {
+                crate::config::CheckpointStoreKind::File => {
+                    "make the checkpoint's directory writable by this user, or set checkpoint.path elsewhere"
+                }
+                crate::config::CheckpointStoreKind::Table => {
+                    "create dbo.mssql_ces_checkpoint (sql/04_checkpoint_table.sql) and GRANT INSERT, UPDATE on it to the login"
+                }
+            },
+        ),
+    }
+    let (Some(position), Some(state)) = (position, state) else {
+        return;
+    };
+    check_identity(report, &position, state);
+    check_retention(report, source, &position, state).await;
+}
+
+pub(super) async fn check_writable(
+    store: &mut CheckpointStore,
+) -> Result<(), crate::checkpoint::CheckpointError> {
+    tokio::time::timeout(CHECK_TIMEOUT, store.check_writable())
+        .await
+        .unwrap_or_else(|_| {
+            Err(crate::checkpoint::CheckpointError::Io {
+                location: "the checkpoint store".into(),
+                reason: format!("no answer within {} s", CHECK_TIMEOUT.as_secs()),
+            })
+        })
+}
+
+pub(super) fn check_identity(report: &mut Report, position: &Position, state: &SourceState) {
+    let (Some(recorded), Some(stream_guid)) = (&position.source, state.stream_guid) else {
+        report.pass(
+            "checkpoint: this database",
+            "the checkpoint does not record its database (written by an older version)",
+        );
+        return;
+    };
+    let now = SourceIdentity {
+        server: state.catalog.server.clone(),
+        database: state.catalog.database.clone(),
+        database_guid: state.catalog.database_guid,
+        stream_guid,
+    };
+    if recorded.same_stream(&now) {
+        report.pass("checkpoint: this database", recorded.to_string());
+    } else {
+        report.fail(
+            "checkpoint: this database",
+            format!("the checkpoint is of {recorded}, but the source is {now}"),
+            "point checkpoint.path (or checkpoint.stream_name) at this database's own checkpoint, or move the other one away to start afresh",
+        );
+    }
+}
+
+/// Whether changes the checkpoint still needs were purged, or soon will be.
+pub(super) async fn check_retention<S: ChangeSource>(
+    report: &mut Report,
+    source: &mut S,
+    position: &Position,
+    state: &SourceState,
+) {
+    let check = "checkpoint: within retention";
+    let mut oldest_needed: Option<Lsn> = None;
+    for instance in &state.included {
+        let Some(&through) = position.instances.get(&instance.name) else {
+            continue; // new since the checkpoint: read from its start
+        };
+        if position
+            .change_tables
+            .get(&instance.name)
+            .is_some_and(|&id| id != instance.object_id)
+        {
+            continue; // re-created since: a new instance
+        }
+        let first_unread = through.increment().unwrap_or(Lsn::MAX);
+        match source.min_lsn(&instance.name).await {
+            Ok(Some(min_lsn)) if first_unread < min_lsn => {
+                let last_lost =
+                    Lsn::from_u128(min_lsn.to_u128().saturating_sub(1)).unwrap_or(min_lsn);
+                report.fail(
+                    check,
+                    format!(
+                        "CHANGES LOST: the cleanup job purged {}'s changes from {first_unread} to {last_lost} before they were delivered",
+                        instance.name
+                    ),
+                    "they cannot be read from CDC any more: set source.on_gap = \"skip\" to go on (the loss is logged), or move the checkpoint away to start again from source.start_position",
+                );
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                report.skip(
+                    check,
+                    format!("cannot read the low end of {}: {e}", instance.name),
+                );
+                return;
+            }
+        }
+        oldest_needed = Some(oldest_needed.map_or(through, |o| o.min(through)));
+    }
+    let Some(oldest) = oldest_needed else {
+        report.pass(check, "no table of the checkpoint is still read");
+        return;
+    };
+    let max_lsn = match source.max_lsn().await {
+        Ok(max) => max.lsn,
+        Err(e) => {
+            report.skip(check, format!("cannot read max_lsn: {e}"));
+            return;
+        }
+    };
+    if max_lsn.is_none_or(|max| max <= oldest) {
+        report.pass(check, "caught up: nothing newer to lose");
+        return;
+    }
+    let retention = match &state.facts.jobs {
+        Fact::Known(jobs) => jobs
+            .iter()
+            .find(|j| j.job_type == "cleanup")
+            .and_then(|j| j.retention_minutes),
+        Fact::Unknown(why) => {
+            report.skip(check, format!("the cleanup retention is not known: {why}"));
+            return;
+        }
+    };
+    let Some(retention) = retention else {
+        report.pass(check, "no cleanup job: nothing is purged");
+        return;
+    };
+    let since: Option<NaiveDateTime> = match source.lsn_time(oldest).await {
+        Ok(time) => time,
+        Err(e) => {
+            report.skip(
+                check,
+                format!("cannot map the checkpoint's LSN to a time: {e}"),
+            );
+            return;
+        }
+    };
+    let Some(since) = since else {
+        report.skip(
+            check,
+            format!("cdc.lsn_time_mapping no longer holds {oldest}: the cleanup job is near it"),
+        );
+        return;
+    };
+    let age_minutes = (state.facts.local_time - since).num_minutes().max(0);
+    let share = age_minutes as f64 / retention as f64;
+    if share >= RETENTION_WARNING {
+        report.fail(
+            check,
+            format!(
+                "the oldest change still to deliver was committed {} ago, {:.0} % of the cleanup retention ({}): it is purged in about {}",
+                human_minutes(age_minutes),
+                share * 100.0,
+                human_minutes(retention),
+                human_minutes((retention - age_minutes).max(0))
+            ),
+            format!(
+                "start mssql-ces now, or give it time: EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = {};",
+                (retention * 2).min(52_494_800)
+            ),
+        );
+    } else {
+        report.pass(
+            check,
+            format!(
+                "the oldest change still to deliver was committed {} ago; retention {}",
+                human_minutes(age_minutes),
+                human_minutes(retention)
+            ),
+        );
+    }
+}
+
+/// `4320` → `3 d`, `90` → `1 h 30 min`.
+pub(super) fn human_minutes(minutes: i64) -> String {
+    let (days, hours, mins) = (minutes / 1440, minutes % 1440 / 60, minutes % 60);
+    let mut parts = Vec::new();
+    if days > 0 {
+        parts.push(format!("{days} d"));
+    }
+    if hours > 0 {
+        parts.push(format!("{hours} h"));
+    }
+    if mins > 0 || parts.is_empty() {
+        parts.push(format!("{mins} min"));
+    }
+    parts.join(" ")
+}

@@ -1,0 +1,163 @@
+//! The destination checks: each sink reached with its own client, the topics the
+//! stream writes to, and their limits against the largest segment.
+
+use super::*;
+
+pub(super) async fn check_destination(
+    report: &mut Report,
+    config: &Config,
+    state: Option<&SourceState>,
+) {
+    let routing = &config.sink.routing;
+    let largest = config.event.max_message_size_kb.bytes();
+    match &config.sink.kind {
+        SinkConfig::Kafka(c) | SinkConfig::EventHubsKafka(c) => {
+            let flavour = match &config.sink.kind {
+                SinkConfig::Kafka(_) => KafkaFlavour::Kafka,
+                _ => KafkaFlavour::EventHubs,
+            };
+            let (settings, template) = match c.settings(flavour, routing, largest) {
+                Ok(found) => found,
+                Err(e) => {
+                    report.fail("destination", e.to_string(), "see the setting it names");
+                    return;
+                }
+            };
+            let topics = topics(&template, state);
+            match kafka::describe_destination(&settings, &topics, CHECK_TIMEOUT).await {
+                Ok(facts) => kafka_findings(report, &facts, largest, settings.check_topic_limits),
+                Err(e) => report.fail(
+                    "Kafka: brokers",
+                    format!("no answer from sink.bootstrap_servers within {} s: {e}", CHECK_TIMEOUT.as_secs()),
+                    "check sink.bootstrap_servers, that the brokers run and are reachable from here, and the credentials (sink.security_protocol, sink.sasl_*, sink.connection_string)",
+                ),
+            }
+        }
+        SinkConfig::EventHubsAmqp(c) => {
+            let built =
+                tokio::time::timeout(CHECK_TIMEOUT * 3, c.build(routing, SinkHealth::new(false)))
+                    .await;
+            match built {
+                Ok(Ok(built)) => {
+                    let partitions = match &built.sink {
+                        crate::sink::Sink::EventHubsAmqp(s) => s.partition_count(),
+                        _ => None,
+                    };
+                    match partitions {
+                        Some(n) => report.pass(
+                            format!("Event Hubs: {}", built.topic),
+                            format!("connected; the hub exists with {n} partitions"),
+                        ),
+                        None => report.fail(
+                            format!("Event Hubs: {}", built.topic),
+                            "connected, but the hub's properties are not readable: every key would go through the gateway, slowly",
+                            "give the credential the Listen or Manage right (or the Azure Event Hubs Data Owner role), so it can read the hub's partitions",
+                        ),
+                    }
+                    let _ = built.sink.close().await;
+                }
+                Ok(Err(e)) => report.fail(
+                    "Event Hubs",
+                    e.to_string(),
+                    "check sink.connection_string (or sink.namespace and sink.entra_credential) and sink.topic",
+                ),
+                Err(_) => report.fail(
+                    "Event Hubs",
+                    format!("no connection within {} s", (CHECK_TIMEOUT * 3).as_secs()),
+                    "check the namespace, that AMQP (port 5671) is reachable from here, and sink.custom_endpoint",
+                ),
+            }
+        }
+        SinkConfig::File(c) => {
+            let dir = match c.path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => std::path::PathBuf::from("."),
+            };
+            match crate::checkpoint::file::probe_writable(&dir) {
+                Ok(()) => report.pass("destination", format!("file {}", c.path.display())),
+                Err(e) => report.fail(
+                    "destination",
+                    format!("cannot write in {}: {e}", dir.display()),
+                    "make the directory writable by this user, or set sink.path elsewhere",
+                ),
+            }
+        }
+        SinkConfig::Stdout(_) => report.pass("destination", "stdout"),
+    }
+}
+
+/// The topics the stream writes to: the template for each included table.
+pub(super) fn topics(template: &str, state: Option<&SourceState>) -> Vec<String> {
+    let mut topics: Vec<String> = match state {
+        Some(state) => state
+            .included
+            .iter()
+            .map(|i| expand_topic(template, &state.catalog.database, &i.schema, &i.table))
+            .collect(),
+        None if !template.contains('{') => vec![template.to_owned()],
+        None => Vec::new(),
+    };
+    topics.sort();
+    topics.dedup();
+    topics
+}
+
+/// The verdicts on a Kafka destination's facts.
+pub fn kafka_findings(
+    report: &mut Report,
+    facts: &DestinationFacts,
+    largest: usize,
+    check_limits: bool,
+) {
+    report.pass(
+        "Kafka: brokers",
+        format!("{} reachable; credentials accepted", facts.brokers),
+    );
+    for topic in &facts.topics {
+        let check = format!("topic {}", topic.name);
+        let Some(partitions) = topic.partitions else {
+            match &facts.auto_create {
+                Ok(true) => report.pass(
+                    check,
+                    "does not exist yet; the broker creates it on first use (auto.create.topics.enable), with its num.partitions",
+                ),
+                Ok(false) => report.fail(
+                    check,
+                    "does not exist, and the broker does not create topics (auto.create.topics.enable = false)",
+                    format!("create it: kafka-topics.sh --create --topic {} --partitions <n>", topic.name),
+                ),
+                Err(why) => report.fail(
+                    check,
+                    format!("does not exist (whether the broker would create it: {why})"),
+                    format!("create it (kafka-topics.sh --create --topic {} --partitions <n>; on Event Hubs, an event hub of that name)", topic.name),
+                ),
+            }
+            continue;
+        };
+        if !check_limits {
+            report.pass(check, format!("{partitions} partitions"));
+            continue;
+        }
+        match &topic.max_message_bytes {
+            Ok(limit) => match kafka::check_topic_limit(&topic.name, *limit, largest) {
+                Ok(()) => report.pass(
+                    check,
+                    format!("{partitions} partitions; max.message.bytes {limit} fits segments of {largest} bytes"),
+                ),
+                Err(e) => report.fail(
+                    check,
+                    format!("{partitions} partitions; {e}"),
+                    format!(
+                        "kafka-configs.sh --alter --entity-type topics --entity-name {} --add-config max.message.bytes={}, or lower event.max_message_size_kb",
+                        topic.name,
+                        largest + kafka::RECORD_OVERHEAD_BYTES
+                    ),
+                ),
+            },
+            Err(why) => report.skip(
+                check,
+                format!("{partitions} partitions; max.message.bytes {why}: make sure it exceeds event.max_message_size_kb"),
+            ),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! `mssql-ces check`: a preflight of everything a run needs, one finding per check:
+//! passed (✔), failed (✘, with the exact fix) or not checked (–, saying why).
+//!
+//! The checks go through the same seams as a run — [`ChangeSource`] for the database,
+//! [`CheckpointStore`] for the checkpoint, the sinks' own clients for the destination
+//! — so the simulator and the Kafka test double exercise every verdict. Nothing is
+//! written: the checkpoint's writability is probed without a write or the lease, so
+//! `check` may run beside the active process.
+
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+
+use crate::checkpoint::CheckpointStore;
+use crate::config::{Config, SourceKind};
+use crate::lsn::Lsn;
+use crate::position::{Position, SourceIdentity};
+use crate::sink::SinkConfig;
+use crate::sink::kafka::{self, DestinationFacts, KafkaFlavour};
+use crate::sink::{SinkHealth, expand_topic};
+use crate::source::sqlserver::SqlServerSource;
+use crate::source::{
+    AZURE_SQL_DATABASE_EDITION, CaptureInstance, Catalog, ChangeSource, Fact, ServerFacts,
+    SourceError,
+};
+
+mod checkpoint;
+mod destination;
+mod source;
+
+use checkpoint::{check_checkpoint, human_minutes};
+use destination::check_destination;
+pub use destination::kafka_findings;
+use source::{SourceState, check_source};
+
+/// How long each network check may take.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A checkpoint this far into the cleanup retention is at risk (its changes are
+/// purged when it reaches 100 %).
+const RETENTION_WARNING: f64 = 0.8;
+
+/// A capture job this far behind the log is reported.
+const LATENCY_LIMIT_SECONDS: i64 = 300;
+
+/// The verdict of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Pass,
+    Fail,
+    /// Could not be checked (a permission, an earlier failure): says why.
+    Skip,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Finding {
+    pub check: String,
+    pub status: Status,
+    pub detail: String,
+    /// For a failure: what to do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+/// Every finding, in the order checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub findings: Vec<Finding>,
+}
+
+impl Report {
+    fn push(&mut self, check: impl Into<String>, status: Status, detail: impl Into<String>) {
+        self.findings.push(Finding {
+            check: check.into(),
+            status,
+            detail: detail.into(),
+            fix: None,
+        });
+    }
+
+    fn pass(&mut self, check: impl Into<String>, detail: impl Into<String>) {
+        self.push(check, Status::Pass, detail);
+    }
+
+    fn skip(&mut self, check: impl Into<String>, why: impl Into<String>) {
+        self.push(check, Status::Skip, why);
+    }
+
+    fn fail(
+        &mut self,
+        check: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) {
+        self.findings.push(Finding {
+            check: check.into(),
+            status: Status::Fail,
+            detail: detail.into(),
+            fix: Some(fix.into()),
+        });
+    }
+
+    /// True when no check failed (skipped ones do not count against it).
+    pub fn passed(&self) -> bool {
+        self.findings.iter().all(|f| f.status != Status::Fail)
+    }
+
+    /// The finding named `check`, if any.
+    pub fn get(&self, check: &str) -> Option<&Finding> {
+        self.findings.iter().find(|f| f.check == check)
+    }
+
+    fn count(&self, status: Status) -> usize {
+        self.findings.iter().filter(|f| f.status == status).count()
+    }
+
+    /// One line per check, a `fix:` line under each failure, and a total.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for f in &self.findings {
+            let mark = match f.status {
+                Status::Pass => '✔',
+                Status::Fail => '✘',
+                Status::Skip => '–',
+            };
+            out.push_str(&format!("{mark} {}: {}\n", f.check, f.detail));
+            if let Some(fix) = &f.fix {
+                out.push_str(&format!("    fix: {fix}\n"));
+            }
+        }
+        out.push_str(&format!(
+            "{} passed, {} failed, {} not checked\n",
+            self.count(Status::Pass),
+            self.count(Status::Fail),
+            self.count(Status::Skip)
+        ));
+        out
+    }
+
+    /// `{"passed": bool, "checks": [...]}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "passed": self.passed(),
+            "failed": self.count(Status::Fail),
+            "skipped": self.count(Status::Skip),
+            "checks": self.findings,
+        })
+    }
+}
+
+/// Checks the configured stream: its secrets, the source, the checkpoint and the
+/// destination.
+pub async fn check(config: &Config) -> Report {
+    match config.source.kind {
+        SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
+            let mut source = crate::app::bulk_source(config);
+            check_with(config, &mut source, "synthetic large transactions").await
+        }
+        SourceKind::Synthetic => {
+            let mut source = crate::app::synthetic_source(config);
+            check_with(config, &mut source, "synthetic source (a simulated server)").await
+        }
+        SourceKind::Sqlserver => match crate::app::sql_server_settings(config) {
+            Ok(settings) => {
+                let mut source = SqlServerSource::new(settings);
+                check_with(config, &mut source, "").await
+            }
+            Err(e) => {
+                let mut report = Report::default();
+                secrets(&mut report, config);
+                report.fail(
+                    "SQL Server",
+                    e.to_string(),
+                    "set source.connection_string.env or .file to where the connection string is",
+                );
+                report
+            }
+        },
+    }
+}
+
+/// [`check`] against a given source; `server`, when not empty, names it in the
+/// report (the synthetic source says it is simulated).
+pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server: &str) -> Report {
+    let mut report = Report::default();
+    secrets(&mut report, config);
+    let catalog = check_source(&mut report, config, source, server).await;
+    check_checkpoint(&mut report, config, source, catalog.as_ref()).await;
+    check_destination(&mut report, config, catalog.as_ref()).await;
+    report
+}
+
+fn secrets(report: &mut Report, config: &Config) {
+    match config.check_secrets() {
+        Ok(()) => report.pass("configuration", "valid; every secret it names resolves"),
+        Err(e) => report.fail(
+            "configuration",
+            e.to_string(),
+            "make the secret available (the environment variable or the file the setting names)",
+        ),
+    }
+}

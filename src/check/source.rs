@@ -1,0 +1,340 @@
+//! The source checks: the server, CDC on the database, the SQL Server Agent and its
+//! jobs, the stream GUID, and per included table whether this login can read its
+//! changes (with the verdicts the poller itself acts on).
+
+use super::*;
+use crate::source::diagnostics::{self, Invisible, LeftOut};
+
+/// What the source checks learn that the later ones need.
+pub(super) struct SourceState {
+    pub(super) catalog: Catalog,
+    pub(super) facts: ServerFacts,
+    pub(super) included: Vec<CaptureInstance>,
+    pub(super) stream_guid: Option<uuid::Uuid>,
+}
+
+pub(super) async fn check_source<S: ChangeSource>(
+    report: &mut Report,
+    config: &Config,
+    source: &mut S,
+    server: &str,
+) -> Option<SourceState> {
+    let prefix = if server.is_empty() {
+        String::new()
+    } else {
+        format!("{server}: ")
+    };
+    let facts = match source.server_facts().await {
+        Ok(facts) => facts,
+        Err(e) => {
+            let fix = match &e {
+                SourceError::LoginFailed => {
+                    "check User Id and Password in source.connection_string".to_owned()
+                }
+                SourceError::Transient { .. } => "check Server= (host and port) in source.connection_string, that SQL Server listens there, and the firewall".to_owned(),
+                _ => "see the error; the setting it names".to_owned(),
+            };
+            report.fail(
+                "SQL Server",
+                format!("{prefix}cannot connect and log in: {e}"),
+                fix,
+            );
+            report.skip("CDC catalog", "not checked: no connection to the source");
+            return None;
+        }
+    };
+    let major = facts
+        .product_version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok());
+    let tls = if facts.encrypted {
+        "encrypted (TLS)"
+    } else {
+        "not encrypted (source.encrypt = false)"
+    };
+    match major {
+        Some(m) if m < 13 && facts.engine_edition != AZURE_SQL_DATABASE_EDITION => report.fail(
+            "SQL Server",
+            format!(
+                "{prefix}{} {}: mssql-ces needs SQL Server 2016 (13.x) or later",
+                facts.edition, facts.product_version
+            ),
+            "upgrade SQL Server to 2016 or later",
+        ),
+        _ => report.pass(
+            "SQL Server",
+            format!(
+                "{prefix}{} {}, database {}; {tls}",
+                facts.edition, facts.product_version, facts.database
+            ),
+        ),
+    }
+    let cdc = format!("CDC on database {}", facts.database);
+    if facts.cdc_enabled {
+        report.pass(cdc, "enabled");
+    } else {
+        report.fail(
+            cdc,
+            "not enabled (sys.databases.is_cdc_enabled = 0)",
+            format!(
+                "as sysadmin: USE [{}]; EXEC sys.sp_cdc_enable_db;",
+                facts.database
+            ),
+        );
+    }
+    check_agent(report, &facts);
+    let catalog = match source.catalog().await {
+        Ok(catalog) => catalog,
+        Err(e) => {
+            report.fail("CDC catalog", e.to_string(), "see the error");
+            return None;
+        }
+    };
+    let stream_guid = config.event.stream_guid.or(catalog.database_guid);
+    match (config.event.stream_guid, catalog.database_guid) {
+        (Some(configured), _) => {
+            report.pass("stream GUID", format!("{configured} (event.stream_guid)"))
+        }
+        (None, Some(guid)) => report.pass("stream GUID", format!("{guid} (the database GUID)")),
+        (None, None) => report.fail(
+            "stream GUID",
+            "the database GUID is not readable by this login (sys.database_recovery_status)",
+            "GRANT VIEW ANY DATABASE TO the login, or set event.stream_guid",
+        ),
+    }
+    let included = check_tables(report, config, source, &catalog).await;
+    Some(SourceState {
+        catalog,
+        facts,
+        included,
+        stream_guid,
+    })
+}
+
+pub(super) fn check_agent(report: &mut Report, facts: &ServerFacts) {
+    match &facts.agent {
+        Fact::Known(status) if status.eq_ignore_ascii_case("Running") => {
+            report.pass("SQL Server Agent", "running")
+        }
+        Fact::Known(status) => report.fail(
+            "SQL Server Agent",
+            format!("{status}: without it the capture job does not run and no change reaches the change tables"),
+            "start SQL Server Agent (Linux: mssql-conf set sqlagent.enabled true and restart; container: MSSQL_AGENT_ENABLED=true)",
+        ),
+        Fact::Unknown(why) => report.skip("SQL Server Agent", why.clone()),
+    }
+    let capture = match &facts.jobs {
+        Fact::Known(jobs) => jobs.iter().any(|j| j.job_type == "capture"),
+        Fact::Unknown(why) => {
+            report.skip("capture job", why.clone());
+            report.skip("cleanup retention", why.clone());
+            check_log_scan(report, facts);
+            return;
+        }
+    };
+    if !capture {
+        report.fail(
+            "capture job",
+            "this database has no CDC capture job",
+            "EXEC sys.sp_cdc_add_job @job_type = N'capture';",
+        );
+    } else {
+        match &facts.capture_running {
+            Fact::Known(true) => report.pass("capture job", "running"),
+            Fact::Known(false) => report.fail(
+                "capture job",
+                "present, not running: no change reaches the change tables",
+                "EXEC sys.sp_cdc_start_job @job_type = N'capture';",
+            ),
+            Fact::Unknown(why) => report.skip("capture job", format!("present; running: {why}")),
+        }
+    }
+    if let Fact::Known(jobs) = &facts.jobs {
+        match jobs
+            .iter()
+            .find(|j| j.job_type == "cleanup")
+            .and_then(|j| j.retention_minutes)
+        {
+            Some(minutes) => report.pass(
+                "cleanup retention",
+                format!("changes are kept {minutes} min ({})", human_minutes(minutes)),
+            ),
+            None => report.pass(
+                "cleanup retention",
+                "no cleanup job: change tables grow until one is added (EXEC sys.sp_cdc_add_job @job_type = N'cleanup')",
+            ),
+        }
+    }
+    check_log_scan(report, facts);
+}
+
+pub(super) fn check_log_scan(report: &mut Report, facts: &ServerFacts) {
+    match &facts.log_scan {
+        Fact::Unknown(why) => report.skip("last log scan", why.clone()),
+        Fact::Known(None) => report.pass(
+            "last log scan",
+            "none since the server started (nothing captured yet)",
+        ),
+        Fact::Known(Some(scan)) if scan.error_count > 0 => report.fail(
+            "last log scan",
+            format!("the capture job's last scan had {} errors", scan.error_count),
+            "read them in sys.dm_cdc_errors and the capture job's history",
+        ),
+        Fact::Known(Some(scan)) if scan.latency_seconds > LATENCY_LIMIT_SECONDS => report.fail(
+            "last log scan",
+            format!(
+                "the capture job is {} s behind the log: changes reach the change tables late",
+                scan.latency_seconds
+            ),
+            "look at the capture job's settings (sys.sp_cdc_change_job @maxtrans, @maxscans, @pollinginterval) and the log's growth",
+        ),
+        Fact::Known(Some(scan)) => {
+            let ended = scan.end_time.unwrap_or(scan.start_time);
+            let ago = (facts.local_time - ended).num_seconds().max(0);
+            let state = if scan.end_time.is_none() { "running since" } else { "ended" };
+            report.pass(
+                "last log scan",
+                format!("{state} {ago} s ago; latency {} s", scan.latency_seconds),
+            );
+        }
+    }
+}
+
+/// Per included table: its capture instances, key, left-out columns and whether this
+/// login can read its changes. Returns the included instances.
+pub(super) async fn check_tables<S: ChangeSource>(
+    report: &mut Report,
+    config: &Config,
+    source: &mut S,
+    catalog: &Catalog,
+) -> Vec<CaptureInstance> {
+    let filter = match config.poller() {
+        Ok(poller) => poller.filter,
+        Err(e) => {
+            report.fail("tables", e.to_string(), "fix the setting it names");
+            return Vec::new();
+        }
+    };
+    // The poller's own verdict: what would stop a run fails here.
+    let (invisible, fails) = match diagnostics::invisible(catalog, &filter) {
+        Invisible::None => (&[][..], false),
+        Invisible::Stops(names) => (names, true),
+        Invisible::NotStreamed(names) => (names, false),
+    };
+    for name in invisible {
+        let check = format!("capture instance {name}");
+        if fails {
+            report.fail(
+                check,
+                "its table is not visible to this login (OBJECT_NAME is NULL)",
+                "GRANT SELECT on the table to the login, or leave it out with source.exclude",
+            );
+        } else {
+            report.skip(
+                check,
+                "its table is not visible to this login, so source.include/exclude cannot tell whether it is streamed",
+            );
+        }
+    }
+    let included: Vec<CaptureInstance> = catalog
+        .instances
+        .iter()
+        .filter(|i| filter.allows(&i.schema, &i.table))
+        .cloned()
+        .collect();
+    if included.is_empty() {
+        report.fail(
+            "tables",
+            format!(
+                "no capture instance of the {} in the catalog matches source.include/source.exclude",
+                catalog.instances.len()
+            ),
+            "enable CDC on a table (EXEC sys.sp_cdc_enable_table @source_schema = N'dbo', @source_name = N'…', @role_name = NULL) or widen source.include",
+        );
+        return included;
+    }
+    // Each table once, in catalog order, however its capture instances are named
+    // (a second instance need not sort next to the first).
+    let mut seen = std::collections::HashSet::new();
+    let tables: Vec<String> = included
+        .iter()
+        .map(CaptureInstance::qualified_table)
+        .filter(|table| seen.insert(table.clone()))
+        .collect();
+    for table in tables {
+        let check = format!("table {table}");
+        let mut details = Vec::new();
+        let mut failure: Option<(String, String)> = None;
+        for instance in included.iter().filter(|i| i.qualified_table() == table) {
+            match instance_finding(source, instance).await {
+                Ok(detail) => details.push(detail),
+                Err(failed) => failure = Some(failed),
+            }
+        }
+        match failure {
+            Some((detail, fix)) => report.fail(check, detail, fix),
+            None => report.pass(check, details.join(" | ")),
+        }
+    }
+    included
+}
+
+/// What `check` says of one capture instance: where it starts, its key and the
+/// columns events leave out; or, when this login cannot read it, why and the fix.
+async fn instance_finding<S: ChangeSource>(
+    source: &mut S,
+    instance: &CaptureInstance,
+) -> Result<String, (String, String)> {
+    let Some(start) = instance.start_lsn else {
+        return Err((
+            format!(
+                "capture instance {} has no start_lsn yet: the capture job has not scanned since it was enabled",
+                instance.name
+            ),
+            "make sure the capture job runs (EXEC sys.sp_cdc_start_job @job_type = N'capture')"
+                .into(),
+        ));
+    };
+    match source.min_lsn(&instance.name).await {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            return Err((
+                format!(
+                    "this login cannot read the changes of capture instance {} (sys.fn_cdc_get_min_lsn is 0x00)",
+                    instance.name
+                ),
+                format!(
+                    "GRANT SELECT ON [{}].[{}] TO the login (every captured column), and membership of the capture instance's gating role if it has one",
+                    instance.schema, instance.table
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err((
+                format!("reading the low end of {}: {e}", instance.name),
+                "see the error".into(),
+            ));
+        }
+    }
+    let key = if instance.key_columns.is_empty() {
+        "no key (no primary key or @index_name)".to_owned()
+    } else {
+        format!("key ({})", instance.key_columns.join(", "))
+    };
+    let left_out: Vec<String> = diagnostics::left_out_columns(instance)
+        .map(|(c, why)| match why {
+            LeftOut::Unsupported(reason) => format!("{} ({reason})", c.name),
+            LeftOut::Dropped => format!("{} (dropped)", c.name),
+        })
+        .collect();
+    let streamed = instance.emitted_columns().count();
+    let mut detail = format!(
+        "capture instance {} from {start}; {key}; {streamed} columns streamed",
+        instance.name
+    );
+    if !left_out.is_empty() {
+        detail.push_str(&format!("; left out: {}", left_out.join(", ")));
+    }
+    Ok(detail)
+}

@@ -1,0 +1,137 @@
+//! The encode thread: each batch from the source encoded and routed into bounded
+//! chunks of whole changes, a few chunks ahead of the send loop.
+
+use super::*;
+
+/// Messages handed from the encode task to the send loop, at most, per chunk: a
+/// chunk ends after the change that reaches either bound, or with its batch.
+pub(super) const CHUNK_MESSAGES: usize = 256;
+
+pub(super) const CHUNK_BYTES: u64 = 1 << 20;
+
+/// Chunks encoded ahead of the one being sent. Between encoding and sending there
+/// are at most six chunks (these, one being sent, one being built), each at most
+/// [`CHUNK_MESSAGES`] messages or [`CHUNK_BYTES`] plus one change's messages.
+pub(super) const ENCODED_CHUNKS_AHEAD: usize = 4;
+
+/// What the encode task hands on.
+pub(super) enum Encoded {
+    Chunk(Chunk),
+    /// The source had nothing new (only sent when the run stops once idle).
+    Idle,
+}
+
+/// The messages of whole changes of one batch, in order.
+#[derive(Default)]
+pub(super) struct Chunk {
+    pub(super) messages: Vec<OutgoingMessage>,
+    /// Changes encoded into `messages`.
+    pub(super) events: u64,
+    pub(super) truncated_values: u64,
+    /// Payload bytes of `messages`.
+    pub(super) bytes: u64,
+    /// Set on a batch's last chunk.
+    pub(super) end: Option<Box<BatchEnd>>,
+}
+
+impl Chunk {
+    pub(super) fn full(&self) -> bool {
+        self.messages.len() >= CHUNK_MESSAGES || self.bytes >= CHUNK_BYTES
+    }
+}
+
+/// What the send loop needs once a batch's messages are all sent.
+pub(super) struct BatchEnd {
+    pub(super) position: Position,
+    pub(super) counts: BatchCounts,
+    pub(super) max_lsn: Lsn,
+    pub(super) last_commit: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Encodes and routes each batch from the source into chunks of messages; builds
+/// the encoder once the first batch brings the stream GUID. Ends when the source
+/// ends, after an error (handed on), or when the send loop stops listening. Blocks:
+/// runs on a thread of its own.
+pub(super) fn encode_batches(
+    mut batches: mpsc::Receiver<Result<SourceItem, SourceError>>,
+    factory: EncoderFactory,
+    router: Router,
+    out: mpsc::Sender<Result<Encoded, PipelineError>>,
+) {
+    let mut factory = Some(factory);
+    let mut encoder: Option<Encoder> = None;
+    while let Some(item) = batches.blocking_recv() {
+        let (batch, database_guid) = match item {
+            Ok(SourceItem::Batch(batch, guid)) => (*batch, guid),
+            Ok(SourceItem::Idle) => {
+                let _ = out.blocking_send(Ok(Encoded::Idle));
+                return;
+            }
+            Err(e) => {
+                let _ = out.blocking_send(Err(e.into()));
+                return;
+            }
+        };
+        if encoder.is_none()
+            && let Some(factory) = factory.take()
+        {
+            encoder = Some(Encoder::new(factory(database_guid)).data_only(router.binary()));
+        }
+        let Some(encoder) = encoder.as_ref() else {
+            continue;
+        };
+        match encode_batch(encoder, &router, batch, &out) {
+            Ok(true) => {}
+            Ok(false) => return, // the send loop stopped
+            Err(e) => {
+                let _ = out.blocking_send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
+/// Encodes one batch into chunks; false once the send loop no longer listens.
+pub(super) fn encode_batch(
+    encoder: &Encoder,
+    router: &Router,
+    batch: Batch,
+    out: &mpsc::Sender<Result<Encoded, PipelineError>>,
+) -> Result<bool, PipelineError> {
+    let mut counts = BatchCounts::default();
+    let mut chunk = Chunk::default();
+    for change in &batch.changes {
+        let event = encoder.encode(change)?;
+        let truncated = event.truncated_values as u64;
+        let messages = router.route(change, event)?;
+        let (count, bytes) = (
+            messages.len() as u64,
+            messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),
+        );
+        counts.add(&change.table, change.operation, count, bytes, truncated);
+        chunk.events += 1;
+        chunk.truncated_values += truncated;
+        chunk.bytes += bytes;
+        chunk.messages.extend(messages);
+        if out.is_closed() {
+            return Ok(false); // the send loop stopped: no need to finish the chunk
+        }
+        if chunk.full() {
+            let full = std::mem::take(&mut chunk);
+            if out.blocking_send(Ok(Encoded::Chunk(full))).is_err() {
+                return Ok(false);
+            }
+        }
+    }
+    let last_commit = batch.changes.last().map(|change| {
+        counts.set_last_commit(change.commit_time, change.commit_lsn);
+        change.commit_time
+    });
+    chunk.end = Some(Box::new(BatchEnd {
+        position: batch.position,
+        counts,
+        max_lsn: batch.max_lsn,
+        last_commit,
+    }));
+    Ok(out.blocking_send(Ok(Encoded::Chunk(chunk))).is_ok())
+}

@@ -1,0 +1,175 @@
+//! The send loop: hands each chunk's messages to the sink (waiting on a full queue,
+//! never past a shutdown) and each finished batch, with its deliveries, to the
+//! acker; logs progress.
+
+use super::*;
+
+/// The send loop: hands each chunk's messages to the sink, and each finished batch,
+/// with its deliveries, to the acker.
+pub(super) struct Sender {
+    pub(super) sink: Sink,
+    pub(super) tx: mpsc::Sender<Pending>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) shutdown: CancellationToken,
+    /// Cancelled when the acker failed.
+    pub(super) failed: CancellationToken,
+    pub(super) summary: RunSummary,
+    /// The deliveries of the batch being sent, until its last chunk.
+    pub(super) deliveries: Vec<Delivery>,
+    /// Set when the encode task's channel closed without a word.
+    pub(super) source_vanished: bool,
+    pub(super) progress: Progress,
+}
+
+impl Sender {
+    pub(super) fn new(
+        sink: Sink,
+        tx: mpsc::Sender<Pending>,
+        metrics: Arc<Metrics>,
+        shutdown: CancellationToken,
+        failed: CancellationToken,
+    ) -> Self {
+        Sender {
+            sink,
+            tx,
+            metrics,
+            shutdown,
+            failed,
+            summary: RunSummary::default(),
+            deliveries: Vec::new(),
+            source_vanished: false,
+            progress: Progress::new(),
+        }
+    }
+
+    /// Until the source is idle (with `until_idle`) or gone, a shutdown, the acker's
+    /// failure or an error. Every wait ends on a shutdown or the acker's failure.
+    pub(super) async fn run(
+        &mut self,
+        encoded: &mut mpsc::Receiver<Result<Encoded, PipelineError>>,
+    ) -> Result<(), PipelineError> {
+        loop {
+            let item = tokio::select! {
+                item = encoded.recv() => item,
+                () = self.shutdown.cancelled() => return Ok(()),
+                () = self.failed.cancelled() => return Ok(()),
+            };
+            let chunk = match item {
+                Some(Ok(Encoded::Idle)) => return Ok(()),
+                None => {
+                    self.source_vanished = true;
+                    return Ok(());
+                }
+                Some(Err(e)) => return Err(e),
+                Some(Ok(Encoded::Chunk(chunk))) => chunk,
+            };
+            if !self.send_chunk(chunk).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends a chunk's messages and, after its batch's last, hands the batch to the
+    /// acker. `false` when the run is to stop.
+    async fn send_chunk(&mut self, chunk: Chunk) -> Result<bool, PipelineError> {
+        let metrics = Arc::clone(&self.metrics);
+        let counted = |e: SinkError| {
+            metrics.delivery_failed(&e);
+            e
+        };
+        self.summary.events += chunk.events;
+        self.summary.truncated_values += chunk.truncated_values;
+        self.summary.messages += chunk.messages.len() as u64;
+        self.summary.bytes += chunk.bytes;
+        for message in chunk.messages {
+            // A full producer queue (brokers down) must not hold a shutdown.
+            // `biased`: a send that can complete does, so a shutdown cuts a batch
+            // short only while the queue is really full.
+            let delivery = tokio::select! {
+                biased;
+                delivery = self.sink.send(message) => delivery.map_err(counted)?,
+                () = self.shutdown.cancelled() => return Ok(false),
+                () = self.failed.cancelled() => return Ok(false),
+            };
+            self.deliveries.push(delivery);
+        }
+        let Some(end) = chunk.end else {
+            return Ok(true);
+        };
+        tokio::select! {
+            biased;
+            ended = self.sink.end_batch() => ended.map_err(counted)?,
+            () = self.shutdown.cancelled() => return Ok(false),
+            () = self.failed.cancelled() => return Ok(false),
+        }
+        self.progress.last_commit = end.last_commit.or(self.progress.last_commit);
+        let mut position = end.position;
+        position.sink_length = self.sink.durable_length();
+        self.progress.last_sent = position.last_event.or(self.progress.last_sent);
+        let pending = Pending {
+            deliveries: std::mem::take(&mut self.deliveries),
+            position,
+            counts: end.counts,
+        };
+        // Counted before the acker can see it, so that it never counts down first.
+        self.metrics.batch_sent(end.max_lsn);
+        let sent = tokio::select! {
+            biased;
+            sent = self.tx.send(pending) => sent,
+            () = self.shutdown.cancelled() => return Ok(false),
+            // The acker failed: it may be retrying its last checkpoint, and the
+            // drain deadline that bounds that starts only once this loop ends.
+            () = self.failed.cancelled() => return Ok(false),
+        };
+        if sent.is_err() {
+            return Ok(false); // the acker stopped: its error is reported after the loop
+        }
+        self.progress.report(&self.summary);
+        Ok(true)
+    }
+}
+
+/// The progress line a busy run logs every [`PROGRESS_EVERY`].
+pub(super) struct Progress {
+    last_report: Instant,
+    /// (events, messages) at the last progress line.
+    reported: (u64, u64),
+    last_commit: Option<chrono::DateTime<chrono::Utc>>,
+    last_sent: Option<crate::position::EventPosition>,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            last_report: Instant::now(),
+            reported: (0, 0),
+            last_commit: None,
+            last_sent: None,
+        }
+    }
+
+    fn report(&mut self, summary: &RunSummary) {
+        if self.last_report.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        let seconds = self.last_report.elapsed().as_secs_f64();
+        let lag = self
+            .last_commit
+            .map(|t| (chrono::Utc::now() - t).num_milliseconds() as f64 / 1000.0);
+        tracing::info!(
+            events = summary.events,
+            messages = summary.messages,
+            events_per_second = ((summary.events - self.reported.0) as f64 / seconds) as u64,
+            messages_per_second = ((summary.messages - self.reported.1) as f64 / seconds) as u64,
+            // A number (tenths), absent until an event's commit time is known.
+            lag_seconds = lag.map(|l| (l * 10.0).round() / 10.0),
+            position = %self.last_sent.map_or_else(|| "none".to_owned(), |p| p.to_string()),
+            "progress"
+        );
+        self.last_report = Instant::now();
+        self.reported = (summary.events, summary.messages);
+    }
+}
+
+/// How often a busy run logs a progress line.
+pub(super) const PROGRESS_EVERY: Duration = Duration::from_secs(10);

@@ -58,19 +58,7 @@ pub async fn run(
     // Served for the whole run, the wait for the lease included.
     let stop_serving = CancellationToken::new();
     let _stop_serving = stop_serving.clone().drop_guard();
-    if let Some(address) = config.metrics.listen_address()? {
-        let listener = crate::metrics::bind(address).await?;
-        let local = listener
-            .local_addr()
-            .map_or_else(|_| address.to_string(), |a| a.to_string());
-        tracing::info!(listen = %local, "serving /metrics, /healthz and /readyz (metrics.listen)");
-        let served = std::sync::Arc::clone(&metrics);
-        tokio::spawn(async move {
-            if let Err(e) = crate::metrics::serve(listener, served, stop_serving).await {
-                tracing::warn!(error = %e, "the metrics server stopped");
-            }
-        });
-    }
+    serve_metrics(&config, &metrics, stop_serving).await?;
     let mut store = checkpoint_store(&config)?;
     // One writer per stream: wait here as a hot standby while another process holds
     // the lease, and read the checkpoint only once this one does.
@@ -128,6 +116,36 @@ pub async fn run(
             .await?
         }
     };
+    log_stopped(&summary);
+    Ok(Some(summary))
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` when `[metrics] listen` is set, until
+/// `stop`.
+async fn serve_metrics(
+    config: &Config,
+    metrics: &std::sync::Arc<Metrics>,
+    stop: CancellationToken,
+) -> Result<(), RunError> {
+    let Some(address) = config.metrics.listen_address()? else {
+        return Ok(());
+    };
+    let listener = crate::metrics::bind(address).await?;
+    let local = listener
+        .local_addr()
+        .map_or_else(|_| address.to_string(), |a| a.to_string());
+    tracing::info!(listen = %local, "serving /metrics, /healthz and /readyz (metrics.listen)");
+    let served = std::sync::Arc::clone(metrics);
+    tokio::spawn(async move {
+        if let Err(e) = crate::metrics::serve(listener, served, stop).await {
+            tracing::warn!(error = %e, "the metrics server stopped");
+        }
+    });
+    Ok(())
+}
+
+/// The run's last line: what it delivered and where it stopped.
+fn log_stopped(summary: &RunSummary) {
     tracing::info!(
         events = summary.events,
         messages = summary.messages,
@@ -147,7 +165,6 @@ pub async fn run(
         }),
         "stopped"
     );
-    Ok(Some(summary))
 }
 
 /// The configured checkpoint store (not yet leased or read).

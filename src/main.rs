@@ -219,14 +219,10 @@ fn read(args: &ReadArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut properties = Vec::new();
-    for item in &args.kafka {
-        let Some((key, value)) = item.split_once('=') else {
-            eprintln!("error: --kafka {item}: expected KEY=VALUE");
-            return ExitCode::from(2);
-        };
-        properties.push((key.trim().to_owned(), value.to_owned()));
-    }
+    let properties = match kafka_properties(&args.kafka) {
+        Ok(properties) => properties,
+        Err(code) => return code,
+    };
     let stdout = std::io::stdout().lock();
     let mut reader = EventReader::new(
         std::io::BufWriter::new(stdout),
@@ -254,19 +250,7 @@ fn read(args: &ReadArgs) -> ExitCode {
             }
         },
         (None, Some(topic), Some(servers)) => {
-            // The first Ctrl-C ends the read with its summary.
-            let flag = std::sync::Arc::clone(&stop);
-            std::thread::spawn(move || {
-                if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    runtime.block_on(async {
-                        let _ = tokio::signal::ctrl_c().await;
-                        flag.store(true, std::sync::atomic::Ordering::Relaxed);
-                    });
-                }
-            });
+            stop_on_ctrl_c(&stop);
             let input = KafkaInput {
                 bootstrap_servers: servers.clone(),
                 topic: topic.clone(),
@@ -288,6 +272,42 @@ fn read(args: &ReadArgs) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(1);
     }
+    report_summary(summary)
+}
+
+/// `--kafka KEY=VALUE` items as librdkafka properties; exit code 2 on a malformed one.
+fn kafka_properties(items: &[String]) -> Result<Vec<(String, String)>, ExitCode> {
+    let mut properties = Vec::new();
+    for item in items {
+        let Some((key, value)) = item.split_once('=') else {
+            eprintln!("error: --kafka {item}: expected KEY=VALUE");
+            return Err(ExitCode::from(2));
+        };
+        properties.push((key.trim().to_owned(), value.to_owned()));
+    }
+    Ok(properties)
+}
+
+/// The first Ctrl-C sets `stop`, which ends a read with its summary.
+fn stop_on_ctrl_c(stop: &std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let flag = std::sync::Arc::clone(stop);
+    std::thread::spawn(move || {
+        if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            runtime.block_on(async {
+                let _ = tokio::signal::ctrl_c().await;
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+        }
+    });
+}
+
+/// Prints a read's problems and summary line; exit code 1 when there were problems.
+fn report_summary<E: std::fmt::Display>(
+    summary: Result<mssql_ces::read::ReadSummary, E>,
+) -> ExitCode {
     match summary {
         Ok(summary) => {
             for problem in &summary.problems {

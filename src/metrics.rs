@@ -127,6 +127,28 @@ struct RunState {
     sink: Option<Arc<SinkHealth>>,
 }
 
+impl RunState {
+    fn new() -> Self {
+        RunState {
+            started: Instant::now(),
+            standby: false,
+            last_progress: Instant::now(),
+            polled: false,
+            source_ok: false,
+            idle: false,
+            in_flight: 0,
+            produced: 0,
+            acknowledged: 0,
+            delivered_commit: None,
+            delivered_lsn: None,
+            max_lsn: None,
+            last_checkpoint: None,
+            retries_seen: 0,
+            sink: None,
+        }
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new(Duration::from_secs(300))
@@ -176,25 +198,11 @@ impl Metrics {
             load_rows_per_second: Family::default(),
             load_tables: Gauge::default(),
             stalled_after,
-            state: Mutex::new(RunState {
-                started: Instant::now(),
-                standby: false,
-                last_progress: Instant::now(),
-                polled: false,
-                source_ok: false,
-                idle: false,
-                in_flight: 0,
-                produced: 0,
-                acknowledged: 0,
-                delivered_commit: None,
-                delivered_lsn: None,
-                max_lsn: None,
-                last_checkpoint: None,
-                retries_seen: 0,
-                sink: None,
-            }),
+            state: Mutex::new(RunState::new()),
         };
-        let ours = metrics.registry.sub_registry_with_prefix("mssql_ces");
+        // Registered in this order, which is the order of the exposition.
+        let mut registry = std::mem::take(&mut metrics.registry);
+        let ours = registry.sub_registry_with_prefix("mssql_ces");
         let build = Family::<BuildInfo, Gauge>::default();
         build
             .get_or_create(&BuildInfo {
@@ -202,116 +210,137 @@ impl Metrics {
             })
             .set(1);
         ours.register("build_info", "The running version (always 1)", build);
+        Self::register_delivery(ours, &metrics);
+        Self::register_source(ours, &metrics);
+        Self::register_progress(ours, &metrics);
+        Self::register_loads(ours, &metrics);
+        metrics.registry = registry;
+        metrics
+    }
+
+    /// What was delivered, and the sink's retries and errors.
+    fn register_delivery(ours: &mut Registry, m: &Metrics) {
         ours.register(
             "events",
             "Events delivered (acknowledged by the destination), by table and operation",
-            metrics.events.clone(),
+            m.events.clone(),
         );
         ours.register(
             "messages",
             "Messages delivered (an event is several when segmented), by table and operation",
-            metrics.messages.clone(),
+            m.messages.clone(),
         );
         ours.register_with_unit(
             "delivered",
             "Message payload bytes delivered, by table and operation",
             Unit::Bytes,
-            metrics.bytes.clone(),
+            m.bytes.clone(),
         );
         ours.register(
             "truncated_values",
             "Column values truncated to 1 MiB in delivered events",
-            metrics.truncated_values.clone(),
+            m.truncated_values.clone(),
         );
         ours.register(
             "segmented_events",
             "Delivered events that took more than one message",
-            metrics.segmented_events.clone(),
+            m.segmented_events.clone(),
         );
         ours.register(
             "delivery_retries",
             "Messages or batches the sink sent again (broker retries, Event Hubs re-sends)",
-            metrics.delivery_retries.clone(),
+            m.delivery_retries.clone(),
         );
         ours.register(
             "delivery_errors",
             "Deliveries that failed, by kind (transient, definite, io)",
-            metrics.delivery_errors.clone(),
+            m.delivery_errors.clone(),
         );
+    }
+
+    /// The source's errors and polls.
+    fn register_source(ours: &mut Registry, m: &Metrics) {
         ours.register(
             "source_errors",
             "Failed polls, by kind (transient: retried; definite: the run stops)",
-            metrics.source_errors.clone(),
+            m.source_errors.clone(),
         );
         ours.register(
             "source_polls",
             "Polls of the CDC source that succeeded",
-            metrics.polls.clone(),
+            m.polls.clone(),
         );
         ours.register(
             "source_rows_per_poll",
             "Changes returned by each successful poll",
-            metrics.rows_per_poll.clone(),
+            m.rows_per_poll.clone(),
         );
         ours.register_with_unit(
             "source_poll_duration",
             "Time each successful poll took",
             Unit::Seconds,
-            metrics.poll_duration.clone(),
+            m.poll_duration.clone(),
         );
+    }
+
+    /// How far behind the run is, and its checkpoints and batches in flight.
+    fn register_progress(ours: &mut Registry, m: &Metrics) {
         ours.register_with_unit(
             "lag",
             "Now minus the commit time of the last delivered event; 0 when caught up, NaN before the first delivery",
             Unit::Seconds,
-            metrics.lag.clone(),
+            m.lag.clone(),
         );
         ours.register(
             "lsn_lag",
             "CDC's max_lsn minus the last delivered commit LSN, as 80-bit numbers (VLF * 2^48 + block * 2^16 + slot); 0 when caught up",
-            metrics.lsn_lag.clone(),
+            m.lsn_lag.clone(),
         );
         ours.register_with_unit(
             "checkpoint_age",
             "Time since the last checkpoint write (since the start before the first)",
             Unit::Seconds,
-            metrics.checkpoint_age.clone(),
+            m.checkpoint_age.clone(),
         );
         ours.register(
             "checkpoint_writes",
             "Checkpoint writes",
-            metrics.checkpoint_writes.clone(),
+            m.checkpoint_writes.clone(),
         );
         ours.register(
             "capture_instances",
             "Capture instances the poller tracks",
-            metrics.capture_instances.clone(),
+            m.capture_instances.clone(),
         );
         ours.register(
             "batches_in_flight",
             "Batches sent and not yet acknowledged",
-            metrics.batches_in_flight.clone(),
+            m.batches_in_flight.clone(),
         );
+    }
+
+    /// The initial loads not finished.
+    fn register_loads(ours: &mut Registry, m: &Metrics) {
         ours.register(
             "load_rows",
             "Rows an unfinished initial load ([snapshot]) has sent, by table",
-            metrics.load_rows.clone(),
+            m.load_rows.clone(),
         );
         ours.register(
             "load_rows_estimated",
             "Rows of a table being loaded, as sys.partitions estimated them when its load began",
-            metrics.load_rows_estimated.clone(),
+            m.load_rows_estimated.clone(),
         );
         ours.register(
             "load_rows_per_second",
             "Rows per second of a table's load in this process",
-            metrics.load_rows_per_second.clone(),
+            m.load_rows_per_second.clone(),
         );
         ours.register(
             "load_tables",
             "Tables whose initial load has not finished (changes stream once it is 0)",
-            metrics.load_tables.clone(),
+            m.load_tables.clone(),
         );
-        metrics
     }
 
     /// The unfinished loads, after a poll: a finished table's series are removed.

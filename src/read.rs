@@ -374,57 +374,8 @@ pub fn read_kafka<W: Write>(
     reader: &mut EventReader<W>,
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<(), InputError> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Headers, Message};
-    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-    let kafka = |e: rdkafka::error::KafkaError| InputError::Kafka(e.to_string());
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", &input.bootstrap_servers)
-        .set(
-            "group.id",
-            input.group.as_deref().unwrap_or("mssql-ces-read"),
-        )
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false");
-    for (key, value) in &input.properties {
-        config.set(key, value);
-    }
-    let consumer: BaseConsumer = config.create().map_err(kafka)?;
-    let partitions = match &input.partitions {
-        Some(list) => list.clone(),
-        None => {
-            let metadata = consumer
-                .fetch_metadata(Some(&input.topic), std::time::Duration::from_secs(30))
-                .map_err(kafka)?;
-            let topic = metadata
-                .topics()
-                .first()
-                .ok_or_else(|| InputError::Kafka(format!("no topic {}", input.topic)))?;
-            if let Some(e) = topic.error() {
-                return Err(InputError::Kafka(format!(
-                    "topic {}: {}",
-                    input.topic,
-                    rdkafka::error::RDKafkaErrorCode::from(e)
-                )));
-            }
-            topic.partitions().iter().map(|p| p.id()).collect()
-        }
-    };
-    let mut assignment = TopicPartitionList::new();
-    for partition in &partitions {
-        // With a group: where it left off (`Stored`), else from the beginning.
-        let offset = if input.group.is_some() {
-            Offset::Stored
-        } else {
-            Offset::Beginning
-        };
-        assignment
-            .add_partition_offset(&input.topic, *partition, offset)
-            .map_err(kafka)?;
-    }
-    consumer.assign(&assignment).map_err(kafka)?;
+    use rdkafka::message::Message;
+    let consumer = assigned_consumer(input)?;
     let encoding = reader.options.encoding;
     let mut next_offsets: BTreeMap<i32, i64> = BTreeMap::new();
     let mut quiet_since = std::time::Instant::now();
@@ -451,26 +402,7 @@ pub fn read_kafka<W: Write>(
         received = true;
         quiet_since = std::time::Instant::now();
         let stream = format!("{}[{}]", message.topic(), message.partition());
-        let headers: Vec<(String, Vec<u8>)> = message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|header| {
-                        (
-                            header.key.to_owned(),
-                            header.value.map(<[u8]>::to_vec).unwrap_or_default(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let value = message.payload().unwrap_or_default();
-        let decoded = if headers.iter().any(|(k, _)| k == "ce_id") {
-            from_binary_mode(&headers, value)
-        } else {
-            decode_message(value, encoding)
-        };
-        match decoded {
+        match decode_kafka_message(&message, encoding) {
             Ok(event) => reader.push(&stream, event)?,
             Err(e) => reader.undecodable(&stream, e),
         }
@@ -483,17 +415,116 @@ pub fn read_kafka<W: Write>(
     if input.group.is_some() && !next_offsets.is_empty() {
         // What was read is committed only now, once it has been printed.
         reader.out.flush()?;
-        let mut commit = TopicPartitionList::new();
-        for (partition, offset) in &next_offsets {
-            commit
-                .add_partition_offset(&input.topic, *partition, Offset::Offset(*offset))
-                .map_err(kafka)?;
-        }
-        consumer
-            .commit(&commit, rdkafka::consumer::CommitMode::Sync)
-            .map_err(kafka)?;
+        commit_offsets(&consumer, &input.topic, &next_offsets)?;
     }
     Ok(())
+}
+
+fn kafka_error(e: rdkafka::error::KafkaError) -> InputError {
+    InputError::Kafka(e.to_string())
+}
+
+/// A consumer assigned the topic's partitions (the given ones, else all): with a
+/// group where it left off, else from the beginning.
+fn assigned_consumer(input: &KafkaInput) -> Result<rdkafka::consumer::BaseConsumer, InputError> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &input.bootstrap_servers)
+        .set(
+            "group.id",
+            input.group.as_deref().unwrap_or("mssql-ces-read"),
+        )
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false");
+    for (key, value) in &input.properties {
+        config.set(key, value);
+    }
+    let consumer: BaseConsumer = config.create().map_err(kafka_error)?;
+    let partitions = match &input.partitions {
+        Some(list) => list.clone(),
+        None => {
+            let metadata = consumer
+                .fetch_metadata(Some(&input.topic), std::time::Duration::from_secs(30))
+                .map_err(kafka_error)?;
+            let topic = metadata
+                .topics()
+                .first()
+                .ok_or_else(|| InputError::Kafka(format!("no topic {}", input.topic)))?;
+            if let Some(e) = topic.error() {
+                return Err(InputError::Kafka(format!(
+                    "topic {}: {}",
+                    input.topic,
+                    rdkafka::error::RDKafkaErrorCode::from(e)
+                )));
+            }
+            topic.partitions().iter().map(|p| p.id()).collect()
+        }
+    };
+    let offset = if input.group.is_some() {
+        Offset::Stored
+    } else {
+        Offset::Beginning
+    };
+    let mut assignment = TopicPartitionList::new();
+    for partition in &partitions {
+        assignment
+            .add_partition_offset(&input.topic, *partition, offset)
+            .map_err(kafka_error)?;
+    }
+    consumer.assign(&assignment).map_err(kafka_error)?;
+    Ok(consumer)
+}
+
+/// A consumed message as a CloudEvent: binary mode when it has a `ce_id` header,
+/// else structured.
+fn decode_kafka_message(
+    message: &rdkafka::message::BorrowedMessage<'_>,
+    encoding: Encoding,
+) -> Result<CloudEvent, ReadError> {
+    use rdkafka::message::{Headers, Message};
+    let headers: Vec<(String, Vec<u8>)> = message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|header| {
+                    (
+                        header.key.to_owned(),
+                        // A header without a value is an empty one.
+                        header.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // A message without a payload is an empty one, which does not decode.
+    let value = message.payload().unwrap_or_default();
+    if headers.iter().any(|(k, _)| k == "ce_id") {
+        from_binary_mode(&headers, value)
+    } else {
+        decode_message(value, encoding)
+    }
+}
+
+/// Commits the group's offsets: past the last whole event read in each partition.
+fn commit_offsets(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    topic: &str,
+    next_offsets: &BTreeMap<i32, i64>,
+) -> Result<(), InputError> {
+    use rdkafka::consumer::Consumer;
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut commit = TopicPartitionList::new();
+    for (partition, offset) in next_offsets {
+        commit
+            .add_partition_offset(topic, *partition, Offset::Offset(*offset))
+            .map_err(kafka_error)?;
+    }
+    consumer
+        .commit(&commit, rdkafka::consumer::CommitMode::Sync)
+        .map_err(kafka_error)
 }
 
 #[cfg(test)]

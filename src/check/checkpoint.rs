@@ -121,47 +121,14 @@ pub(super) async fn check_retention<S: ChangeSource>(
     state: &SourceState,
 ) {
     let check = "checkpoint: within retention";
-    let mut oldest_needed: Option<Lsn> = None;
-    for instance in &state.included {
-        let Some(&through) = position.instances.get(&instance.name) else {
-            continue; // new since the checkpoint: read from its start
-        };
-        if position
-            .change_tables
-            .get(&instance.name)
-            .is_some_and(|&id| id != instance.object_id)
-        {
-            continue; // re-created since: a new instance
+    let oldest = match oldest_needed(source, position, state).await {
+        Ok(Some(oldest)) => oldest,
+        Ok(None) => {
+            report.pass(check, "no table of the checkpoint is still read");
+            return;
         }
-        let first_unread = through.increment().unwrap_or(Lsn::MAX);
-        match source.min_lsn(&instance.name).await {
-            Ok(Some(min_lsn)) if first_unread < min_lsn => {
-                let last_lost =
-                    Lsn::from_u128(min_lsn.to_u128().saturating_sub(1)).unwrap_or(min_lsn);
-                report.fail(
-                    check,
-                    format!(
-                        "CHANGES LOST: the cleanup job purged {}'s changes from {first_unread} to {last_lost} before they were delivered",
-                        instance.name
-                    ),
-                    "they cannot be read from CDC any more: set source.on_gap = \"skip\" to go on (the loss is logged), or move the checkpoint away to start again from source.start_position",
-                );
-                return;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                report.skip(
-                    check,
-                    format!("cannot read the low end of {}: {e}", instance.name),
-                );
-                return;
-            }
-        }
-        oldest_needed = Some(oldest_needed.map_or(through, |o| o.min(through)));
-    }
-    let Some(oldest) = oldest_needed else {
-        report.pass(check, "no table of the checkpoint is still read");
-        return;
+        Err(Verdict::Lost { detail, fix }) => return report.fail(check, detail, fix),
+        Err(Verdict::Unknown(why)) => return report.skip(check, why),
     };
     let max_lsn = match source.max_lsn().await {
         Ok(max) => max.lsn,
@@ -206,6 +173,65 @@ pub(super) async fn check_retention<S: ChangeSource>(
         return;
     };
     let age_minutes = (state.facts.local_time - since).num_minutes().max(0);
+    retention_finding(report, check, age_minutes, retention);
+}
+
+/// Why the oldest change still needed could not be judged.
+enum Verdict {
+    /// Changes were purged before delivery: the detail and the fix.
+    Lost { detail: String, fix: &'static str },
+    /// Not checked, and why.
+    Unknown(String),
+}
+
+/// The oldest LSN through which an included instance of the checkpoint is complete:
+/// the oldest change still to deliver follows it. `None` when the checkpoint holds
+/// no instance that is still read.
+async fn oldest_needed<S: ChangeSource>(
+    source: &mut S,
+    position: &Position,
+    state: &SourceState,
+) -> Result<Option<Lsn>, Verdict> {
+    let mut oldest_needed: Option<Lsn> = None;
+    for instance in &state.included {
+        let Some(&through) = position.instances.get(&instance.name) else {
+            continue; // new since the checkpoint: read from its start
+        };
+        if position
+            .change_tables
+            .get(&instance.name)
+            .is_some_and(|&id| id != instance.object_id)
+        {
+            continue; // re-created since: a new instance
+        }
+        let first_unread = through.increment().unwrap_or(Lsn::MAX);
+        match source.min_lsn(&instance.name).await {
+            Ok(Some(min_lsn)) if first_unread < min_lsn => {
+                let last_lost =
+                    Lsn::from_u128(min_lsn.to_u128().saturating_sub(1)).unwrap_or(min_lsn);
+                return Err(Verdict::Lost {
+                    detail: format!(
+                        "CHANGES LOST: the cleanup job purged {}'s changes from {first_unread} to {last_lost} before they were delivered",
+                        instance.name
+                    ),
+                    fix: "they cannot be read from CDC any more: set source.on_gap = \"skip\" to go on (the loss is logged), or move the checkpoint away to start again from source.start_position",
+                });
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Err(Verdict::Unknown(format!(
+                    "cannot read the low end of {}: {e}",
+                    instance.name
+                )));
+            }
+        }
+        oldest_needed = Some(oldest_needed.map_or(through, |o| o.min(through)));
+    }
+    Ok(oldest_needed)
+}
+
+/// How far into the cleanup retention the oldest change still to deliver is.
+fn retention_finding(report: &mut Report, check: &str, age_minutes: i64, retention: i64) {
     let share = age_minutes as f64 / retention as f64;
     if share >= RETENTION_WARNING {
         report.fail(

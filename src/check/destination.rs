@@ -33,41 +33,7 @@ pub(super) async fn check_destination(
                 ),
             }
         }
-        SinkConfig::EventHubsAmqp(c) => {
-            let built =
-                tokio::time::timeout(CHECK_TIMEOUT * 3, c.build(routing, SinkHealth::new(false)))
-                    .await;
-            match built {
-                Ok(Ok(built)) => {
-                    let partitions = match &built.sink {
-                        crate::sink::Sink::EventHubsAmqp(s) => s.partition_count(),
-                        _ => None,
-                    };
-                    match partitions {
-                        Some(n) => report.pass(
-                            format!("Event Hubs: {}", built.topic),
-                            format!("connected; the hub exists with {n} partitions"),
-                        ),
-                        None => report.fail(
-                            format!("Event Hubs: {}", built.topic),
-                            "connected, but the hub's properties are not readable: every key would go through the gateway, slowly",
-                            "give the credential the Listen or Manage right (or the Azure Event Hubs Data Owner role), so it can read the hub's partitions",
-                        ),
-                    }
-                    let _ = built.sink.close().await;
-                }
-                Ok(Err(e)) => report.fail(
-                    "Event Hubs",
-                    e.to_string(),
-                    "check sink.connection_string (or sink.namespace and sink.entra_credential) and sink.topic",
-                ),
-                Err(_) => report.fail(
-                    "Event Hubs",
-                    format!("no connection within {} s", (CHECK_TIMEOUT * 3).as_secs()),
-                    "check the namespace, that AMQP (port 5671) is reachable from here, and sink.custom_endpoint",
-                ),
-            }
-        }
+        SinkConfig::EventHubsAmqp(c) => check_event_hubs(report, c, routing).await,
         SinkConfig::File(c) => {
             let dir = match c.path.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -83,6 +49,48 @@ pub(super) async fn check_destination(
             }
         }
         SinkConfig::Stdout(_) => report.pass("destination", "stdout"),
+    }
+}
+
+/// Event Hubs over AMQP: connects as a run would and reads the hub's partitions.
+async fn check_event_hubs(
+    report: &mut Report,
+    c: &crate::sink::event_hubs_amqp::config::EventHubsAmqpSinkConfig,
+    routing: &crate::sink::settings::RoutingSettings,
+) {
+    let built =
+        tokio::time::timeout(CHECK_TIMEOUT * 3, c.build(routing, SinkHealth::new(false))).await;
+    match built {
+        Ok(Ok(built)) => {
+            let partitions = match &built.sink {
+                crate::sink::Sink::EventHubsAmqp(s) => s.partition_count(),
+                _ => None,
+            };
+            match partitions {
+                Some(n) => report.pass(
+                    format!("Event Hubs: {}", built.topic),
+                    format!("connected; the hub exists with {n} partitions"),
+                ),
+                None => report.fail(
+                    format!("Event Hubs: {}", built.topic),
+                    "connected, but the hub's properties are not readable: every key would go through the gateway, slowly",
+                    "give the credential the Listen or Manage right (or the Azure Event Hubs Data Owner role), so it can read the hub's partitions",
+                ),
+            }
+            if let Err(e) = built.sink.close().await {
+            tracing::debug!(error = %e, "closing the check's Event Hubs connection");
+        }
+        }
+        Ok(Err(e)) => report.fail(
+            "Event Hubs",
+            e.to_string(),
+            "check sink.connection_string (or sink.namespace and sink.entra_credential) and sink.topic",
+        ),
+        Err(_) => report.fail(
+            "Event Hubs",
+            format!("no connection within {} s", (CHECK_TIMEOUT * 3).as_secs()),
+            "check the namespace, that AMQP (port 5671) is reachable from here, and sink.custom_endpoint",
+        ),
     }
 }
 

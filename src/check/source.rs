@@ -43,6 +43,38 @@ pub(super) async fn check_source<S: ChangeSource>(
             return None;
         }
     };
+    check_server(report, &facts, &prefix);
+    check_agent(report, &facts);
+    let catalog = match source.catalog().await {
+        Ok(catalog) => catalog,
+        Err(e) => {
+            report.fail("CDC catalog", e.to_string(), "see the error");
+            return None;
+        }
+    };
+    let stream_guid = config.event.stream_guid.or(catalog.database_guid);
+    match (config.event.stream_guid, catalog.database_guid) {
+        (Some(configured), _) => {
+            report.pass("stream GUID", format!("{configured} (event.stream_guid)"))
+        }
+        (None, Some(guid)) => report.pass("stream GUID", format!("{guid} (the database GUID)")),
+        (None, None) => report.fail(
+            "stream GUID",
+            "the database GUID is not readable by this login (sys.database_recovery_status)",
+            "GRANT VIEW ANY DATABASE TO the login, or set event.stream_guid",
+        ),
+    }
+    let included = check_tables(report, config, source, &catalog).await;
+    Some(SourceState {
+        catalog,
+        facts,
+        included,
+        stream_guid,
+    })
+}
+
+/// The server's version and encryption, and CDC on the database.
+fn check_server(report: &mut Report, facts: &ServerFacts, prefix: &str) {
     let major = facts
         .product_version
         .split('.')
@@ -83,33 +115,6 @@ pub(super) async fn check_source<S: ChangeSource>(
             ),
         );
     }
-    check_agent(report, &facts);
-    let catalog = match source.catalog().await {
-        Ok(catalog) => catalog,
-        Err(e) => {
-            report.fail("CDC catalog", e.to_string(), "see the error");
-            return None;
-        }
-    };
-    let stream_guid = config.event.stream_guid.or(catalog.database_guid);
-    match (config.event.stream_guid, catalog.database_guid) {
-        (Some(configured), _) => {
-            report.pass("stream GUID", format!("{configured} (event.stream_guid)"))
-        }
-        (None, Some(guid)) => report.pass("stream GUID", format!("{guid} (the database GUID)")),
-        (None, None) => report.fail(
-            "stream GUID",
-            "the database GUID is not readable by this login (sys.database_recovery_status)",
-            "GRANT VIEW ANY DATABASE TO the login, or set event.stream_guid",
-        ),
-    }
-    let included = check_tables(report, config, source, &catalog).await;
-    Some(SourceState {
-        catalog,
-        facts,
-        included,
-        stream_guid,
-    })
 }
 
 pub(super) fn check_agent(report: &mut Report, facts: &ServerFacts) {

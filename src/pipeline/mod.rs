@@ -164,30 +164,18 @@ pub async fn run<B: BatchSource>(
         abandon.clone(),
     ));
 
-    // The source runs in its own task, a couple of batches ahead, so that reading
-    // and generating changes overlaps encoding and sending.
-    let (batch_tx, batch_rx) = mpsc::channel::<Result<SourceItem, SourceError>>(2);
-    let stop_source = CancellationToken::new();
-    let source = tokio::spawn(poll_source(
+    let Upstream {
+        source,
+        encode,
+        stop_source,
+        encoded: mut encoded_rx,
+    } = spawn_source_and_encoder(
         poller,
-        batch_tx,
-        settings.poll_interval,
-        settings.until_idle,
+        encoder_options,
+        router,
+        &settings,
         Arc::clone(&metrics),
-        stop_source.clone(),
-    ));
-
-    // Encoding runs on its own thread, a few chunks ahead of sending, so that
-    // building the messages of one batch overlaps handing the previous ones to the
-    // sink. A thread rather than a task: a task woken by the source would wait in the
-    // source's worker's LIFO slot, where no other worker can take it, until the
-    // source yields; the two would take turns instead of running at once.
-    let (encoded_tx, mut encoded_rx) =
-        mpsc::channel::<Result<Encoded, PipelineError>>(ENCODED_CHUNKS_AHEAD);
-    let encode = tokio::task::spawn_blocking(move || {
-        encode_batches(batch_rx, encoder_options, router, encoded_tx);
-    });
-
+    );
     let mut sender = Sender::new(sink, tx, metrics, shutdown, failed);
     let outcome = sender.run(&mut encoded_rx).await;
     let Sender {
@@ -228,6 +216,53 @@ pub async fn run<B: BatchSource>(
         return Err(PipelineError::SourceStopped { cause });
     }
     Ok(summary)
+}
+
+/// The task that reads the source a couple of batches ahead (so that reading and
+/// generating changes overlaps encoding and sending), and the thread that encodes a
+/// few chunks ahead of sending (so that building the messages of one batch overlaps
+/// handing the previous ones to the sink). A thread rather than a task: a task woken
+/// by the source would wait in the source's worker's LIFO slot, where no other worker
+/// can take it, until the source yields; the two would take turns instead of running
+/// at once.
+fn spawn_source_and_encoder<B: BatchSource>(
+    poller: B,
+    encoder_options: EncoderFactory,
+    router: Router,
+    settings: &PipelineSettings,
+    metrics: Arc<Metrics>,
+) -> Upstream {
+    let (batch_tx, batch_rx) = mpsc::channel::<Result<SourceItem, SourceError>>(2);
+    let stop_source = CancellationToken::new();
+    let source = tokio::spawn(poll_source(
+        poller,
+        batch_tx,
+        settings.poll_interval,
+        settings.until_idle,
+        metrics,
+        stop_source.clone(),
+    ));
+    let (encoded_tx, encoded_rx) =
+        mpsc::channel::<Result<Encoded, PipelineError>>(ENCODED_CHUNKS_AHEAD);
+    let encode = tokio::task::spawn_blocking(move || {
+        encode_batches(batch_rx, encoder_options, router, encoded_tx);
+    });
+    Upstream {
+        source,
+        encode,
+        stop_source,
+        encoded: encoded_rx,
+    }
+}
+
+/// The stages before the send loop, as `run` holds them.
+struct Upstream {
+    source: tokio::task::JoinHandle<()>,
+    encode: tokio::task::JoinHandle<()>,
+    /// Cancels the source task.
+    stop_source: CancellationToken,
+    /// The encoded chunks, in order.
+    encoded: mpsc::Receiver<Result<Encoded, PipelineError>>,
 }
 
 /// Waits for the acker to release what is in flight, up to `deadline`; after it,

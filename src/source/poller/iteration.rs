@@ -186,40 +186,9 @@ impl<S: ChangeSource> Poller<S> {
         }
         // Only what this instance still had to deliver can be lost from it.
         if first_unread < min_lsn && first_unread <= upper && !new_instance {
-            let last_lost = last_before(min_lsn).min(upper);
-            if self.config.snapshot == SnapshotMode::WhenNeeded && t.superseded_at.is_none() {
-                // Re-load the table at `upper` instead: its rows now, then its
-                // changes after `upper` (this iteration reads none of them).
-                tracing::error!(
-                    capture_instance = %name,
-                    table = %t.instance.qualified_table(),
-                    first_lost = %first_unread,
-                    %last_lost,
-                    at_lsn = %upper,
-                    "changes were purged by the CDC cleanup job before delivery: re-loading the table (snapshot.mode = \"when_needed\"); rows deleted in the lost range are not in the re-load"
-                );
-                return Ok(Planned::Reload((
-                    name.clone(),
-                    t.instance.qualified_table(),
-                    upper,
-                )));
-            }
-            match self.config.on_gap {
-                GapPolicy::Fail => {
-                    return Err(SourceError::Gap {
-                        capture_instance: name.clone(),
-                        first_lost: first_unread,
-                        last_lost,
-                    });
-                }
-                GapPolicy::Skip => {
-                    tracing::error!(
-                        capture_instance = %name,
-                        first_lost = %first_unread,
-                        %last_lost,
-                        "CHANGES LOST: purged by the CDC cleanup job before delivery; skipping (source.on_gap = \"skip\")"
-                    );
-                }
+            let lost = first_unread..=last_before(min_lsn).min(upper);
+            if let Some(reload) = self.on_gap(index, lost, upper)? {
+                return Ok(Planned::Reload(reload));
             }
         }
         let skipped = first_unread < min_lsn;
@@ -243,6 +212,49 @@ impl<S: ChangeSource> Poller<S> {
             buffer: VecDeque::new(),
             exhausted: false,
         }))
+    }
+
+    /// Changes of tracked instance `index` in `lost` were purged before delivery: the
+    /// table is re-loaded at `upper` (`snapshot.mode = "when_needed"`), the run stops
+    /// (`on_gap = "fail"`), or the loss is logged and passed (`"skip"`).
+    fn on_gap(
+        &self,
+        index: usize,
+        lost: std::ops::RangeInclusive<Lsn>,
+        upper: Lsn,
+    ) -> Result<Option<Reload>, SourceError> {
+        let t = &self.tracked[index];
+        let name = &t.instance.name;
+        let (first_lost, last_lost) = lost.into_inner();
+        if self.config.snapshot == SnapshotMode::WhenNeeded && t.superseded_at.is_none() {
+            // Re-load the table at `upper` instead: its rows now, then its changes
+            // after `upper` (this iteration reads none of them).
+            tracing::error!(
+                capture_instance = %name,
+                table = %t.instance.qualified_table(),
+                %first_lost,
+                %last_lost,
+                at_lsn = %upper,
+                "changes were purged by the CDC cleanup job before delivery: re-loading the table (snapshot.mode = \"when_needed\"); rows deleted in the lost range are not in the re-load"
+            );
+            return Ok(Some((name.clone(), t.instance.qualified_table(), upper)));
+        }
+        match self.config.on_gap {
+            GapPolicy::Fail => Err(SourceError::Gap {
+                capture_instance: name.clone(),
+                first_lost,
+                last_lost,
+            }),
+            GapPolicy::Skip => {
+                tracing::error!(
+                    capture_instance = %name,
+                    %first_lost,
+                    %last_lost,
+                    "CHANGES LOST: purged by the CDC cleanup job before delivery; skipping (source.on_gap = \"skip\")"
+                );
+                Ok(None)
+            }
+        }
     }
 
     /// Queues the re-load of each table whose changes were purged (`when_needed`),

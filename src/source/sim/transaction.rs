@@ -78,84 +78,28 @@ impl Transaction {
                     new,
                     changed,
                 };
-                match row_statement {
+                let (table, operation, old, new, changed) = match row_statement {
                     Statement::Insert(table, row) => {
-                        let t = state
-                            .tables
-                            .get_mut(&table)
-                            .ok_or(format!("no table {table}"))?;
-                        if row.len() != t.columns.len() {
-                            return Err(format!(
-                                "{table}: {} values for {} columns",
-                                row.len(),
-                                t.columns.len()
-                            ));
-                        }
-                        let key = t.new_key(&row);
-                        if t.rows.contains_key(&key) {
-                            return Err(format!("{table}: duplicate key {key:?}"));
-                        }
-                        t.rows.insert(key, row.clone());
-                        let columns = t.column_names();
-                        images.push(image(table, op::INSERT, columns, None, Some(row), None));
+                        insert_row(table_mut(&mut state, &table)?, &table, &row)?;
+                        (table, op::INSERT, None, Some(row), None)
                     }
                     Statement::Update(table, key_values, set) => {
-                        let t = state
-                            .tables
-                            .get_mut(&table)
-                            .ok_or(format!("no table {table}"))?;
-                        if t.key.is_empty() {
-                            return Err(format!(
-                                "{table}: a table without a key (rows cannot be addressed here)"
-                            ));
-                        }
-                        let key = sort_key(&key_values);
-                        let old = t
-                            .rows
-                            .get(&key)
-                            .cloned()
-                            .ok_or(format!("{table}: no row {key:?}"))?;
-                        let mut new = old.clone();
-                        let mut changed = Vec::new();
-                        for (column, value) in set {
-                            let i = t
-                                .columns
-                                .iter()
-                                .position(|c| c.name == column)
-                                .ok_or(format!("{table}: no column {column}"))?;
-                            new[i] = value;
-                            changed.push(column);
-                        }
-                        let new_key = t.key_of(&new);
-                        if new_key != key && t.rows.contains_key(&new_key) {
-                            return Err(format!("{table}: duplicate key {new_key:?}"));
-                        }
-                        t.rows.remove(&key);
-                        t.rows.insert(new_key, new.clone());
-                        let columns = t.column_names();
-                        images.push(image(
-                            table,
-                            op::UPDATE_AFTER,
-                            columns,
-                            Some(old),
-                            Some(new),
-                            Some(changed),
-                        ));
+                        let t = table_mut(&mut state, &table)?;
+                        let (old, new, changed) = update_row(t, &table, &key_values, set)?;
+                        (table, op::UPDATE_AFTER, Some(old), Some(new), Some(changed))
                     }
                     Statement::Delete(table, key_values) => {
-                        let t = state
-                            .tables
-                            .get_mut(&table)
-                            .ok_or(format!("no table {table}"))?;
+                        let t = table_mut(&mut state, &table)?;
                         let key = sort_key(&key_values);
                         let old = t
                             .rows
                             .remove(&key)
                             .ok_or(format!("{table}: no row {key:?}"))?;
-                        let columns = t.column_names();
-                        images.push(image(table, op::DELETE, columns, Some(old), None, None));
+                        (table, op::DELETE, Some(old), None, None)
                     }
-                }
+                };
+                let columns = table_mut(&mut state, &table)?.column_names();
+                images.push(image(table, operation, columns, old, new, changed));
             }
         }
         state.log.push(LogRecord::Commit {
@@ -184,4 +128,70 @@ pub(super) fn update_mask(columns: &[CapturedColumn], changed: Option<&[String]>
         }
     }
     mask
+}
+
+/// The simulated table `table`, or an error naming it.
+fn table_mut<'a>(state: &'a mut SimState, table: &str) -> Result<&'a mut SimTable, String> {
+    state
+        .tables
+        .get_mut(table)
+        .ok_or(format!("no table {table}"))
+}
+
+/// `INSERT`: the row, refused when its key is taken.
+fn insert_row(t: &mut SimTable, table: &str, row: &[Value]) -> Result<(), String> {
+    if row.len() != t.columns.len() {
+        return Err(format!(
+            "{table}: {} values for {} columns",
+            row.len(),
+            t.columns.len()
+        ));
+    }
+    let key = t.new_key(row);
+    if t.rows.contains_key(&key) {
+        return Err(format!("{table}: duplicate key {key:?}"));
+    }
+    t.rows.insert(key, row.to_vec());
+    Ok(())
+}
+
+/// A row before and after an update, and the columns set.
+type Updated = (Vec<Value>, Vec<Value>, Vec<String>);
+
+/// `UPDATE … SET` of the row with `key_values`.
+fn update_row(
+    t: &mut SimTable,
+    table: &str,
+    key_values: &[Value],
+    set: Vec<(String, Value)>,
+) -> Result<Updated, String> {
+    if t.key.is_empty() {
+        return Err(format!(
+            "{table}: a table without a key (rows cannot be addressed here)"
+        ));
+    }
+    let key = sort_key(key_values);
+    let old = t
+        .rows
+        .get(&key)
+        .cloned()
+        .ok_or(format!("{table}: no row {key:?}"))?;
+    let mut new = old.clone();
+    let mut changed = Vec::new();
+    for (column, value) in set {
+        let i = t
+            .columns
+            .iter()
+            .position(|c| c.name == column)
+            .ok_or(format!("{table}: no column {column}"))?;
+        new[i] = value;
+        changed.push(column);
+    }
+    let new_key = t.key_of(&new);
+    if new_key != key && t.rows.contains_key(&new_key) {
+        return Err(format!("{table}: duplicate key {new_key:?}"));
+    }
+    t.rows.remove(&key);
+    t.rows.insert(new_key, new.clone());
+    Ok((old, new, changed))
 }

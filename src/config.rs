@@ -72,7 +72,7 @@ pub struct SourceSettings {
     #[serde(default = "default_page_size")]
     pub page_size: usize,
     /// Events per batch handed to the sink (default 1000).
-    #[serde(default = "default_page_size")]
+    #[serde(default = "default_batch_size")]
     pub batch_size: usize,
     /// How often the CDC catalog is re-read even when its fingerprint (checked every
     /// poll) did not change, in seconds (default 30).
@@ -247,7 +247,7 @@ pub struct SnapshotSettings {
     #[serde(default)]
     pub mode: SnapshotMode,
     /// Rows per chunk: one statement and one batch (default 1000, 1 to 100000).
-    #[serde(default = "default_page_size")]
+    #[serde(default = "default_chunk_size")]
     pub chunk_size: usize,
 }
 
@@ -255,7 +255,7 @@ impl Default for SnapshotSettings {
     fn default() -> Self {
         SnapshotSettings {
             mode: SnapshotMode::Never,
-            chunk_size: default_page_size(),
+            chunk_size: default_chunk_size(),
         }
     }
 }
@@ -346,14 +346,21 @@ fn default_connect_timeout_ms() -> Duration {
 fn default_query_timeout_ms() -> Duration {
     Duration::from_millis(60_000)
 }
+// The poll loop's defaults are its own (`PollerConfig::default`), kept in one place.
 fn default_unreadable_grace_ms() -> Duration {
-    Duration::from_millis(60_000)
+    PollerConfig::default().unreadable_grace
 }
 fn default_page_size() -> usize {
-    1000
+    PollerConfig::default().page_size
+}
+fn default_batch_size() -> usize {
+    PollerConfig::default().batch_size
+}
+fn default_chunk_size() -> usize {
+    PollerConfig::default().load_chunk
 }
 fn default_catalog_refresh_s() -> u64 {
-    30
+    PollerConfig::default().catalog_refresh.as_secs()
 }
 fn default_seed() -> u64 {
     1

@@ -22,8 +22,10 @@ use crate::sink::settings::{CloudEventsMode, PartitionKeyScheme, RoutingSettings
 
 /// Where events go: `[sink]`'s `kind`, with that sink's own settings. Each variant
 /// lives beside its sink, with its validation and its `build`.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+///
+/// Read from `[sink]` by [`settings::SinkSettings`], which dispatches on `kind` itself
+/// so that an error names the key.
+#[derive(Debug, Clone, PartialEq)]
 pub enum SinkConfig {
     Kafka(kafka::KafkaSinkConfig),
     /// Event Hubs through its Kafka endpoint.

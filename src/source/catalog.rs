@@ -270,10 +270,13 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
         });
     };
     let database = info.string("database_name").map_err(catalog_error)?;
+    // @@SERVERNAME is NULL on a server whose name was never registered
+    // (sp_addserver): the identity says so in words. Only the database and stream
+    // GUIDs decide whether a checkpoint belongs here; the server's name is logged.
     let server = info
         .opt_string("server_name")
         .map_err(catalog_error)?
-        .unwrap_or_default();
+        .unwrap_or_else(|| "(@@SERVERNAME is NULL)".to_owned());
     if info.opt_int("is_cdc_enabled").map_err(catalog_error)? != Some(1) {
         return Err(SourceError::CdcNotEnabled { database });
     }
@@ -338,7 +341,8 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
 pub fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
     let name = row.string("column_name")?;
     let ordinal = row.int("column_ordinal")?;
-    let declared = row.opt_string("column_type")?.unwrap_or_default();
+    // Only named in messages about a type CES leaves out.
+    let declared = row.opt_string("column_type")?;
     let base = row.opt_string("type_name")?;
     let user_defined = row.opt_int("is_user_defined")? == Some(1);
     let in_change_table = row.opt_int("change_column_id")?.is_some();
@@ -358,7 +362,7 @@ pub fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError
     }
     let sql_type = match (base, max_length, precision, scale) {
         _ if user_defined => Err(TypeError::UserDefined {
-            type_name: declared,
+            type_name: declared.unwrap_or_else(|| "(a type the catalog does not name)".into()),
         }),
         (Some(base), Some(len), Some(p), Some(s)) => SqlType::from_catalog(
             &base,
@@ -368,7 +372,9 @@ pub fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError
         ),
         // A type without a name here: left out, as CES leaves unknown types out.
         (base, ..) => Err(TypeError::Excluded {
-            type_name: base.unwrap_or(declared),
+            type_name: base
+                .or(declared)
+                .unwrap_or_else(|| "(a type the catalog does not name)".into()),
         }),
     };
     let out_of_range = |what: &str, value: i64| DecodeError {

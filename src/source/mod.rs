@@ -54,6 +54,18 @@ pub struct RowKey {
     pub operation: u8,
 }
 
+/// `__$start_lsn …, __$command_id …, __$seqval …, __$operation …`, as an operator
+/// finds the row in the change table.
+impl std::fmt::Display for RowKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "__$start_lsn {}, __$command_id {}, __$seqval {}, __$operation {}",
+            self.start_lsn, self.command_id, self.seqval, self.operation
+        )
+    }
+}
+
 impl RowKey {
     /// A key after every row whose `__$start_lsn` is at most `lsn`: reading after it
     /// yields the rows of later transactions only.
@@ -277,7 +289,7 @@ pub enum SourceError {
         last_lost: Lsn,
     },
     #[error(
-        "capture instance `{capture_instance}`: an update before-image (op 3) at {key:?} is not followed by its after-image (op 4)"
+        "capture instance `{capture_instance}`: an update before-image (op 3) at {key} is not followed by its after-image (op 4)"
     )]
     UnpairedUpdate {
         capture_instance: String,

@@ -58,7 +58,10 @@ impl<S: ChangeSource> Poller<S> {
         let commit_time_ns = self.commit_time_ns(at).await?;
         self.retention = match self.source.server_facts().await {
             Ok(facts) => cleanup_retention(&facts),
-            Err(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the server's facts, so the cleanup job's retention is not known: no warning comes if the initial load outlasts it");
+                None
+            }
         };
         let mut tables = Vec::new();
         for t in &self.tracked {
@@ -510,7 +513,7 @@ impl<S: ChangeSource> Poller<S> {
                 tables_queued = self.position.loads.len().saturating_sub(1),
                 projected_minutes = projected.as_secs() / 60,
                 retention_minutes = retention.as_secs() / 60,
-                on_gap = ?self.config.on_gap,
+                on_gap = %self.config.on_gap,
                 "at this rate the initial load ends after the CDC cleanup retention, counted from its LSN: changes made since then may be purged before they are read, which source.on_gap (or snapshot.mode = \"when_needed\") then decides; raise the retention (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = <minutes>)"
             );
         }

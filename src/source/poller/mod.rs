@@ -55,6 +55,8 @@ use iteration::last_before;
 use load::LoadRun;
 
 /// What to do when changes were purged before they were delivered.
+///
+/// Shown as the configuration spells it (`fail`, `skip`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GapPolicy {
@@ -63,6 +65,15 @@ pub enum GapPolicy {
     Fail,
     /// Log the loss loudly and continue from the oldest change still held.
     Skip,
+}
+
+impl std::fmt::Display for GapPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GapPolicy::Fail => "fail",
+            GapPolicy::Skip => "skip",
+        })
+    }
 }
 
 /// Where to start when there is no checkpoint.
@@ -350,5 +361,17 @@ impl<S: ChangeSource> Poller<S> {
             position: self.position.clone(),
             max_lsn: to,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_print_as_the_configuration_spells_them() {
+        assert_eq!(GapPolicy::Fail.to_string(), "fail");
+        assert_eq!(GapPolicy::Skip.to_string(), "skip");
+        assert_eq!(StartPosition::Latest.to_string(), "latest");
     }
 }

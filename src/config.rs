@@ -219,6 +219,33 @@ impl Default for ShutdownSettings {
     }
 }
 
+/// `[check]`: `mssql-ces check`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSettings {
+    /// How long each network check (brokers, topics, the checkpoint store) may wait
+    /// for an answer, in ms (default 10000); an Event Hubs connection may take three
+    /// times as long.
+    #[serde(
+        rename = "timeout_ms",
+        with = "millis",
+        default = "default_check_timeout_ms"
+    )]
+    pub timeout: Duration,
+}
+
+impl Default for CheckSettings {
+    fn default() -> Self {
+        CheckSettings {
+            timeout: default_check_timeout_ms(),
+        }
+    }
+}
+
+fn default_check_timeout_ms() -> Duration {
+    Duration::from_millis(10_000)
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -237,6 +264,8 @@ pub struct Config {
     pub metrics: MetricsSettings,
     #[serde(default)]
     pub snapshot: SnapshotSettings,
+    #[serde(default)]
+    pub check: CheckSettings,
 }
 
 /// `[snapshot]`: the initial load of the rows tables already hold.
@@ -694,6 +723,18 @@ bootstrap_servers = "localhost:9092"
         assert_eq!(c.checkpoint.store, CheckpointStoreKind::File);
         assert_eq!(c.source.synthetic.transactions, 10_000);
         assert_eq!(c.event.encoding, Encoding::Json);
+    }
+
+    #[test]
+    fn the_check_timeout_defaults_to_10_s_and_is_set_in_ms() {
+        assert_eq!(
+            load(MINIMAL).unwrap().check.timeout,
+            Duration::from_secs(10)
+        );
+        let set = load(&format!("{MINIMAL}\n[check]\ntimeout_ms = 1500\n")).unwrap();
+        assert_eq!(set.check.timeout, Duration::from_millis(1500));
+        let err = load(&format!("{MINIMAL}\n[check]\ntimeout = 1\n")).unwrap_err();
+        assert!(err.to_string().contains("timeout"), "{err}");
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
             None
         }
     };
-    match check_writable(&mut store).await {
+    match check_writable(&mut store, config.check.timeout).await {
         Ok(()) => report.pass("checkpoint: writable", where_.clone()),
         Err(e) => report.fail(
             "checkpoint: writable",
@@ -77,13 +77,14 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
 
 pub(super) async fn check_writable(
     store: &mut CheckpointStore,
+    timeout: Duration,
 ) -> Result<(), crate::checkpoint::CheckpointError> {
-    tokio::time::timeout(CHECK_TIMEOUT, store.check_writable())
+    tokio::time::timeout(timeout, store.check_writable())
         .await
         .unwrap_or_else(|_| {
             Err(crate::checkpoint::CheckpointError::Io {
                 location: "the checkpoint store".into(),
-                reason: format!("no answer within {} s", CHECK_TIMEOUT.as_secs()),
+                reason: format!("no answer within {} s", timeout.as_secs_f64()),
             })
         })
 }

@@ -24,16 +24,18 @@ pub(super) async fn check_destination(
                 }
             };
             let topics = topics(&template, state);
-            match kafka::describe_destination(&settings, &topics, CHECK_TIMEOUT).await {
+            match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
                 Ok(facts) => kafka_findings(report, &facts, largest, settings.check_topic_limits),
                 Err(e) => report.fail(
                     "Kafka: brokers",
-                    format!("no answer from sink.bootstrap_servers within {} s: {e}", CHECK_TIMEOUT.as_secs()),
+                    format!("no answer from sink.bootstrap_servers within {} s: {e}", config.check.timeout.as_secs_f64()),
                     "check sink.bootstrap_servers, that the brokers run and are reachable from here, and the credentials (sink.security_protocol, sink.sasl_*, sink.connection_string)",
                 ),
             }
         }
-        SinkConfig::EventHubsAmqp(c) => check_event_hubs(report, c, routing).await,
+        SinkConfig::EventHubsAmqp(c) => {
+            check_event_hubs(report, c, routing, config.check.timeout * 3).await
+        }
         SinkConfig::File(c) => {
             let dir = match c.path.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -57,9 +59,9 @@ async fn check_event_hubs(
     report: &mut Report,
     c: &crate::sink::event_hubs_amqp::config::EventHubsAmqpSinkConfig,
     routing: &crate::sink::settings::RoutingSettings,
+    timeout: Duration,
 ) {
-    let built =
-        tokio::time::timeout(CHECK_TIMEOUT * 3, c.build(routing, SinkHealth::new(false))).await;
+    let built = tokio::time::timeout(timeout, c.build(routing, SinkHealth::new(false))).await;
     match built {
         Ok(Ok(built)) => {
             let partitions = match &built.sink {
@@ -88,7 +90,7 @@ async fn check_event_hubs(
         ),
         Err(_) => report.fail(
             "Event Hubs",
-            format!("no connection within {} s", (CHECK_TIMEOUT * 3).as_secs()),
+            format!("no connection within {} s", timeout.as_secs_f64()),
             "check the namespace, that AMQP (port 5671) is reachable from here, and sink.custom_endpoint",
         ),
     }

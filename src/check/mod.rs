@@ -33,9 +33,6 @@ use destination::check_destination;
 pub use destination::kafka_findings;
 use source::{SourceState, check_source};
 
-/// How long each network check may take.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// A checkpoint this far into the cleanup retention is at risk (its changes are
 /// purged when it reaches 100 %).
 const RETENTION_WARNING: f64 = 0.8;

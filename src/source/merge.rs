@@ -443,7 +443,8 @@ mod tests {
         assert!(err.to_string().contains("00000000:0000000A:0000"), "{err}");
         // The row as an operator finds it in the change table, not a Rust value.
         assert!(
-            err.to_string().contains("__$start_lsn 00000000:0000000A:0000, __$command_id")
+            err.to_string()
+                .contains("__$start_lsn 00000000:0000000A:0000, __$command_id")
                 && !err.to_string().contains("RowKey"),
             "{err}"
         );

@@ -59,10 +59,15 @@ fn insert(sim: &CdcSimulator, id: i32) {
         .expect("commit");
 }
 
-/// Writes `text` as `dir/name` and loads it.
+/// What a network check may wait in these tests (`[check] timeout_ms`): the doubles
+/// answer on loopback at once, and what does not answer is given up on sooner than
+/// the 10 s a user's network gets.
+const CHECK_TIMEOUT: &str = "\n[check]\ntimeout_ms = 2000\n";
+
+/// Writes `text` (with [`CHECK_TIMEOUT`]) as `dir/name` and loads it.
 fn load(dir: &Path, name: &str, text: &str) -> Config {
     let path = dir.join(name);
-    std::fs::write(&path, text).expect("config");
+    std::fs::write(&path, format!("{text}{CHECK_TIMEOUT}")).expect("config");
     Config::load(&path, &[]).expect("valid configuration")
 }
 
@@ -578,7 +583,7 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
     let path = dir.join("config.toml");
     let write = |topic: &str| {
         let text = format!(
-            "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 20\n[sink]\n{}\n[checkpoint]\npath = \"{}\"\n",
+            "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 20\n[sink]\n{}\n[checkpoint]\npath = \"{}\"\n{CHECK_TIMEOUT}",
             kafka_sink(&bootstrap, topic),
             dir.join("cp.json").display()
         );

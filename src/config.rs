@@ -573,7 +573,7 @@ impl Override {
 
 /// An override's value (environment variable or `--set`): read as a TOML value when
 /// it parses as one (`7`, `true`, `["a"]`), else taken as text.
-pub fn parse_override_value(text: &str) -> toml::Value {
+fn parse_override_value(text: &str) -> toml::Value {
     toml::from_str::<toml::Table>(&format!("v = {text}"))
         .ok()
         .and_then(|mut t| t.remove("v"))

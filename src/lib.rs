@@ -37,6 +37,10 @@
 //! - [`backoff`]: the one exponential backoff of every retry loop.
 //! - [`lsn`]: the 10-byte log sequence number and its text forms.
 
+// A `pub` item no one outside its module can reach is a mistake in the public
+// surface (CI's clippy runs with -D warnings, so this is enforced).
+#![warn(unreachable_pub)]
+
 pub mod app;
 pub mod backoff;
 pub mod check;

@@ -157,7 +157,7 @@ pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlEr
 }
 
 /// Maps a SQL Server error number and message to a [`SqlErrorKind`].
-pub fn classify_server_error(code: u32, message: &str, connected_before: bool) -> SqlErrorKind {
+fn classify_server_error(code: u32, message: &str, connected_before: bool) -> SqlErrorKind {
     let message = message.to_owned();
     match code {
         18456 => SqlErrorKind::LoginFailed,
@@ -182,7 +182,7 @@ fn definite(message: impl Into<String>) -> SqlErrorKind {
 }
 
 /// The driver's configuration, refusing what would make it panic or hang.
-pub fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
+fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
     let cs = &settings.connection_string;
     let server = cs.setting(&[
         "server",

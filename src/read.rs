@@ -270,7 +270,7 @@ fn whole_event(
 }
 
 /// Decodes one line of a stream sink's output: JSON as it is, Avro as base64.
-pub fn decode_line(line: &str, encoding: Encoding) -> Result<CloudEvent, ReadError> {
+fn decode_line(line: &str, encoding: Encoding) -> Result<CloudEvent, ReadError> {
     match encoding {
         Encoding::Json => decode_message(line.as_bytes(), encoding),
         Encoding::Avro => {
@@ -308,7 +308,7 @@ pub fn read_lines<W: Write>(
 
 /// A binary-mode Kafka message as a CloudEvent: the `ce_*` headers and the value as
 /// `data`.
-pub fn from_binary_mode(
+fn from_binary_mode(
     headers: &[(String, Vec<u8>)],
     value: &[u8],
 ) -> Result<CloudEvent, ReadError> {

@@ -67,7 +67,7 @@ pub fn read_datum(
 }
 
 /// Appends a `long` (or `int`): zig-zag, then base-128 varint.
-pub fn write_long(out: &mut Vec<u8>, value: i64) {
+fn write_long(out: &mut Vec<u8>, value: i64) {
     let mut n = ((value << 1) ^ (value >> 63)) as u64;
     while n >= 0x80 {
         out.push((n as u8 & 0x7F) | 0x80);
@@ -93,13 +93,13 @@ fn write_len(out: &mut Vec<u8>, len: usize) {
 }
 
 /// Appends a `bytes` value.
-pub fn write_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+fn write_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     write_len(out, bytes.len());
     out.extend_from_slice(bytes);
 }
 
 /// Appends a `string` value.
-pub fn write_string(out: &mut Vec<u8>, s: &str) {
+fn write_string(out: &mut Vec<u8>, s: &str) {
     write_bytes(out, s.as_bytes());
 }
 

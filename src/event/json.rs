@@ -24,13 +24,13 @@ use super::{
 pub const MAX_ESCAPE_LEVELS: usize = 3;
 
 /// Appends `s` as a JSON string literal, quotes included.
-pub fn push_string(out: &mut String, s: &str) {
+fn push_string(out: &mut String, s: &str) {
     push_string_at(out, s, 0);
 }
 
 /// Appends the JSON escaping of `s` (no quotes): `"`, `\` and control characters are
 /// escaped; everything else, non-ASCII included, is written as UTF-8.
-pub fn push_escaped(out: &mut String, s: &str) {
+fn push_escaped(out: &mut String, s: &str) {
     push_escaped_n(out, s, 1);
 }
 
@@ -79,7 +79,7 @@ fn escape_table() -> &'static [[String; 128]; MAX_ESCAPE_LEVELS] {
 
 /// Appends `s` escaped `levels` times (0: as is). `levels` is at most
 /// [`MAX_ESCAPE_LEVELS`]; deeper levels are escaped the slow way, one pass each.
-pub fn push_escaped_n(out: &mut String, s: &str, levels: usize) {
+fn push_escaped_n(out: &mut String, s: &str, levels: usize) {
     if levels == 0 {
         out.push_str(s);
         return;

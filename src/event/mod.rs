@@ -560,7 +560,7 @@ impl Encoder {
 /// The message id of segment `segment` of a loaded row: UUID v5 of the row's id seed
 /// and the segment index under [`MESSAGE_ID_NAMESPACE`]. The name is 20 bytes where a
 /// CDC event's is 38, so no loaded row's id can equal a CDC event's.
-pub fn load_message_id(id_seed: Uuid, segment: u32) -> Uuid {
+fn load_message_id(id_seed: Uuid, segment: u32) -> Uuid {
     let mut name = [0u8; 16 + 4];
     name[..16].copy_from_slice(id_seed.as_bytes());
     name[16..].copy_from_slice(&segment.to_be_bytes());
@@ -608,7 +608,7 @@ pub(crate) mod test_support {
     use super::*;
     use chrono::{NaiveDate, TimeZone};
 
-    pub fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
+    pub(crate) fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
         ColumnDescription {
             name: name.into(),
             sql_type,
@@ -617,7 +617,7 @@ pub(crate) mod test_support {
     }
 
     /// `EmployeesDb.dbo.Employees` as in the CES documentation's examples.
-    pub fn employees() -> Arc<TableDescription> {
+    pub(crate) fn employees() -> Arc<TableDescription> {
         Arc::new(
             TableDescription::new(
                 "EmployeesDb",
@@ -635,7 +635,7 @@ pub(crate) mod test_support {
         )
     }
 
-    pub fn employee_row(id: i32, first: &str, last: &str) -> Row {
+    pub(crate) fn employee_row(id: i32, first: &str, last: &str) -> Row {
         let signup = NaiveDate::from_ymd_opt(2026, 8, 7)
             .unwrap()
             .and_hms_nano_opt(16, 25, 0, 883_333_300)
@@ -651,7 +651,7 @@ pub(crate) mod test_support {
         ]
     }
 
-    pub fn insert(table: Arc<TableDescription>, row: Row) -> Change {
+    pub(crate) fn insert(table: Arc<TableDescription>, row: Row) -> Change {
         Change {
             table,
             operation: Operation::Insert,
@@ -668,7 +668,7 @@ pub(crate) mod test_support {
     }
 
     #[allow(dead_code)]
-    pub fn options(encoding: Encoding) -> EncoderOptions {
+    pub(crate) fn options(encoding: Encoding) -> EncoderOptions {
         EncoderOptions {
             stream_guid: Uuid::parse_str("1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0").unwrap(),
             encoding,

@@ -351,7 +351,7 @@ fn push_int(out: &mut String, value: impl itoa::Integer) {
 }
 
 /// Plain decimal with exactly `scale` fraction digits and no exponent.
-pub fn write_decimal(out: &mut String, unscaled: i128, scale: u8) {
+fn write_decimal(out: &mut String, unscaled: i128, scale: u8) {
     if unscaled < 0 {
         out.push('-');
     }
@@ -377,7 +377,7 @@ pub fn write_decimal(out: &mut String, unscaled: i128, scale: u8) {
 /// Shortest text that reads back to the same `f64`. Plain notation for magnitudes in
 /// `[1e-5, 1e16)` (and zero), otherwise `d.dddE±x` notation, which is what SQL Server
 /// itself uses for very large and very small floats.
-pub fn write_float(out: &mut String, v: f64) {
+fn write_float(out: &mut String, v: f64) {
     let magnitude = v.abs();
     if magnitude == 0.0 || (1e-5..1e16).contains(&magnitude) {
         push_display(out, v);
@@ -387,7 +387,7 @@ pub fn write_float(out: &mut String, v: f64) {
 }
 
 /// As [`write_float`], for `real` (shortest text that reads back to the same `f32`).
-pub fn write_real(out: &mut String, v: f32) {
+fn write_real(out: &mut String, v: f32) {
     let magnitude = v.abs();
     if magnitude == 0.0 || (1e-5..1e16).contains(&magnitude) {
         push_display(out, v);
@@ -435,7 +435,7 @@ fn push_padded(out: &mut String, value: u32, width: usize) {
 }
 
 /// `2026-08-07`.
-pub fn write_date(out: &mut String, d: NaiveDate) {
+fn write_date(out: &mut String, d: NaiveDate) {
     push_padded(out, d.year().unsigned_abs(), 4);
     out.push('-');
     push_padded(out, d.month(), 2);
@@ -445,7 +445,7 @@ pub fn write_date(out: &mut String, d: NaiveDate) {
 
 /// `16:25:00.8833333` with `scale` fraction digits (none when 0). Digits beyond the
 /// scale are dropped; a value decoded from a column of that scale has none.
-pub fn write_time(out: &mut String, t: NaiveTime, scale: u8) {
+fn write_time(out: &mut String, t: NaiveTime, scale: u8) {
     push_padded(out, t.hour(), 2);
     out.push(':');
     push_padded(out, t.minute(), 2);

@@ -338,7 +338,7 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
 }
 
 /// One row of [`CAPTURED_COLUMNS`].
-pub fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
+fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
     let name = row.string("column_name")?;
     let ordinal = row.int("column_ordinal")?;
     // Only named in messages about a type CES leaves out.

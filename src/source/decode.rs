@@ -68,12 +68,12 @@ fn epoch_0001() -> NaiveDate {
 }
 
 /// `date`: days since 0001-01-01.
-pub fn date_from_days(days: u32) -> Option<NaiveDate> {
+fn date_from_days(days: u32) -> Option<NaiveDate> {
     epoch_0001().checked_add_signed(Duration::days(i64::from(days)))
 }
 
 /// `time(scale)`: `increments` of 10^-scale seconds since midnight.
-pub fn time_from_increments(increments: u64, scale: u8) -> Option<NaiveTime> {
+fn time_from_increments(increments: u64, scale: u8) -> Option<NaiveTime> {
     if scale > 7 {
         return None;
     }
@@ -103,7 +103,7 @@ pub fn datetime_from_ticks(days: i32, ticks: u32) -> Option<NaiveDateTime> {
 }
 
 /// `smalldatetime`: days since 1900-01-01 and minutes since midnight.
-pub fn smalldatetime_from_parts(days: u16, minutes: u16) -> Option<NaiveDateTime> {
+fn smalldatetime_from_parts(days: u16, minutes: u16) -> Option<NaiveDateTime> {
     if minutes >= 24 * 60 {
         return None;
     }
@@ -113,7 +113,7 @@ pub fn smalldatetime_from_parts(days: u16, minutes: u16) -> Option<NaiveDateTime
 }
 
 /// Decodes one value of a column of type `sql_type`.
-pub fn decode_value(
+fn decode_value(
     column: &str,
     sql_type: &SqlType,
     data: ColumnData<'_>,
@@ -225,7 +225,7 @@ pub fn decode_value(
 /// Text that arrives as UTF-16LE bytes (the change query casts every text column so):
 /// the string, and whether an invalid sequence (a lone surrogate, legal in UCS-2
 /// `nvarchar`) was replaced with U+FFFD. An odd byte count is an error.
-pub fn decode_utf16(column: &str, bytes: &[u8]) -> Result<(String, bool), DecodeError> {
+fn decode_utf16(column: &str, bytes: &[u8]) -> Result<(String, bool), DecodeError> {
     if !bytes.len().is_multiple_of(2) {
         return Err(DecodeError {
             column: column.to_owned(),

@@ -88,7 +88,7 @@ pub async fn read(conn: &mut SqlConnection) -> Result<ServerFacts, SourceError> 
 }
 
 /// The row of [`queries::SERVER_FACTS`]; the optional facts start unknown.
-pub fn decode_server(mut row: NamedRow) -> Result<ServerFacts, DecodeError> {
+fn decode_server(mut row: NamedRow) -> Result<ServerFacts, DecodeError> {
     fn pending<T>() -> Fact<T> {
         Fact::Unknown("not read".to_owned())
     }
@@ -110,7 +110,7 @@ pub fn decode_server(mut row: NamedRow) -> Result<ServerFacts, DecodeError> {
 }
 
 /// [`queries::AGENT_STATUS`]: no row means the login sees no Agent service.
-pub fn decode_agent(rows: Vec<NamedRow>) -> Result<Fact<String>, DecodeError> {
+fn decode_agent(rows: Vec<NamedRow>) -> Result<Fact<String>, DecodeError> {
     match rows.into_iter().next() {
         Some(mut row) => Ok(Fact::Known(row.string("status_desc")?)),
         None => Ok(Fact::Unknown(
@@ -119,7 +119,7 @@ pub fn decode_agent(rows: Vec<NamedRow>) -> Result<Fact<String>, DecodeError> {
     }
 }
 
-pub fn decode_jobs(rows: Vec<NamedRow>) -> Result<Vec<CdcJob>, DecodeError> {
+fn decode_jobs(rows: Vec<NamedRow>) -> Result<Vec<CdcJob>, DecodeError> {
     rows.into_iter()
         .map(|mut row| {
             Ok(CdcJob {
@@ -130,14 +130,14 @@ pub fn decode_jobs(rows: Vec<NamedRow>) -> Result<Vec<CdcJob>, DecodeError> {
         .collect()
 }
 
-pub fn decode_running(rows: Vec<NamedRow>) -> Result<bool, DecodeError> {
+fn decode_running(rows: Vec<NamedRow>) -> Result<bool, DecodeError> {
     match rows.into_iter().next() {
         Some(mut row) => Ok(row.int("running")? > 0),
         None => Err(null("running")),
     }
 }
 
-pub fn decode_log_scan(rows: Vec<NamedRow>) -> Result<Option<LogScan>, DecodeError> {
+fn decode_log_scan(rows: Vec<NamedRow>) -> Result<Option<LogScan>, DecodeError> {
     let Some(mut row) = rows.into_iter().next() else {
         return Ok(None);
     };

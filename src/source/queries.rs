@@ -93,7 +93,7 @@ FROM sys.dm_cdc_log_scan_sessions WHERE session_id > 0 ORDER BY session_id DESC;
 pub const LSN_TIME: &str = "SELECT sys.fn_cdc_map_lsn_to_time(@P1) AS commit_time;";
 
 /// `QUOTENAME`: wraps an identifier in brackets, doubling any `]`.
-pub fn quote_name(identifier: &str) -> String {
+fn quote_name(identifier: &str) -> String {
     let mut out = String::with_capacity(identifier.len() + 2);
     out.push('[');
     for c in identifier.chars() {
@@ -107,7 +107,7 @@ pub fn quote_name(identifier: &str) -> String {
 }
 
 /// `cdc.[<capture instance>_CT]`.
-pub fn change_table(capture_instance: &str) -> String {
+fn change_table(capture_instance: &str) -> String {
     format!("cdc.{}", quote_name(&format!("{capture_instance}_CT")))
 }
 

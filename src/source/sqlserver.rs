@@ -81,7 +81,7 @@ fn emitted(instance: &CaptureInstance) -> Vec<(String, SqlType)> {
 /// columns whose text held invalid UTF-16 (replaced with U+FFFD). A value that does
 /// not have its column's type is [`SourceError::CatalogChanged`] (the change table's
 /// type changed since the catalog was read); anything else wrong is malformed.
-pub fn decode_change_row(
+fn decode_change_row(
     capture_instance: &str,
     mut row: NamedRow,
     columns: &[(String, SqlType)],
@@ -142,7 +142,7 @@ pub fn decode_change_row(
 
 /// The emitted columns of a change or table row, by name. Besides the values: the
 /// names of the columns whose text held invalid UTF-16 (replaced with U+FFFD).
-pub fn decode_values(
+fn decode_values(
     capture_instance: &str,
     row: &mut NamedRow,
     columns: &[(String, SqlType)],

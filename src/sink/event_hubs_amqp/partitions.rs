@@ -45,7 +45,7 @@ fn index_for(hash: i16, count: usize) -> usize {
 }
 
 /// The 16-bit hash of a partition key: the two lookup3 results folded together.
-pub fn key_hash(key: &str) -> i16 {
+fn key_hash(key: &str) -> i16 {
     let (c, b) = hashlittle2(key.as_bytes());
     (c ^ b) as u16 as i16
 }

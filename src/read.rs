@@ -308,10 +308,7 @@ pub fn read_lines<W: Write>(
 
 /// A binary-mode Kafka message as a CloudEvent: the `ce_*` headers and the value as
 /// `data`.
-fn from_binary_mode(
-    headers: &[(String, Vec<u8>)],
-    value: &[u8],
-) -> Result<CloudEvent, ReadError> {
+fn from_binary_mode(headers: &[(String, Vec<u8>)], value: &[u8]) -> Result<CloudEvent, ReadError> {
     let get = |name: &str| {
         headers
             .iter()

@@ -116,24 +116,71 @@ pub struct EventHubsAmqpSink {
 
 /// An Event Hubs client error as a [`SinkError`]: definite for the AMQP conditions
 /// that resending cannot change (not authorized, no such event hub, too large, a
-/// refused argument), transient for the rest (timeouts, connections, the service
-/// busy).
-fn delivery_error(e: impl std::fmt::Debug + std::fmt::Display) -> SinkError {
-    const DEFINITE: &[&str] = &[
-        "unauthorized-access",
-        "amqp:not-found",
-        "message-size-exceeded",
-        "argument-error",
-        "argument-out-of-range",
-        "amqp:not-allowed",
-        "amqp:not-implemented",
-    ];
-    let detail = format!("{e:?}");
-    if DEFINITE.iter().any(|condition| detail.contains(condition)) {
+/// refused argument, not allowed or implemented) and for a batch size the link
+/// refuses, transient for the rest (timeouts, connections, the service busy).
+///
+/// Decided by the client's own error types, found along the error's source chain
+/// (`EventHubsError` → `AmqpError` → the described AMQP error the service sent),
+/// never by the text.
+fn delivery_error<E>(e: E) -> SinkError
+where
+    E: std::error::Error + 'static,
+{
+    if is_definite(&e) {
         SinkError::Definite(e.to_string())
     } else {
         SinkError::Transient(e.to_string())
     }
+}
+
+/// Whether anything along `error`'s source chain is a condition resending cannot
+/// change.
+fn is_definite(error: &(dyn std::error::Error + 'static)) -> bool {
+    use azure_core_amqp::error::{AmqpErrorCondition as C, AmqpErrorKind};
+    use azure_messaging_eventhubs::error::{ErrorKind, EventHubsError};
+    let definite_condition = |condition: &C| {
+        matches!(
+            condition,
+            C::UnauthorizedAccess
+                | C::NotFound
+                | C::LinkPayloadSizeExceeded
+                | C::ArgumentError
+                | C::ArgumentOutOfRangeError
+                | C::NotAllowed
+                | C::NotImplemented
+        )
+    };
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(e) = error.downcast_ref::<EventHubsError>() {
+            match &e.kind {
+                ErrorKind::SendRejected(Some(described))
+                    if definite_condition(&described.condition) =>
+                {
+                    return true;
+                }
+                ErrorKind::InvalidBatchSize { .. } => return true,
+                _ => {}
+            }
+        }
+        if let Some(e) = error.downcast_ref::<azure_core_amqp::AmqpError>() {
+            match e.kind() {
+                AmqpErrorKind::AmqpDescribedError(described)
+                    if definite_condition(&described.condition) =>
+                {
+                    return true;
+                }
+                AmqpErrorKind::ManagementStatusCode(status, _)
+                    if matches!(u16::from(*status), 401 | 403 | 404) =>
+                {
+                    return true;
+                }
+                _ => {}
+            }
+        }
+        next = error.source();
+    }
+    false
 }
 
 /// The AMQP application-property name of a Kafka-binding header (`ce_id` →
@@ -267,11 +314,9 @@ impl EventHubsAmqpSink {
                     .await
             }
         }
-        .map_err(|e| match delivery_error(&e) {
-            SinkError::Definite(_) => {
-                SinkError::Definite(format!("cannot open the Event Hubs producer: {e}"))
-            }
-            _ => SinkError::Transient(format!("cannot open the Event Hubs producer: {e}")),
+        .map_err(|e| match is_definite(&e) {
+            true => SinkError::Definite(format!("cannot open the Event Hubs producer: {e}")),
+            false => SinkError::Transient(format!("cannot open the Event Hubs producer: {e}")),
         })
     }
 
@@ -618,9 +663,10 @@ impl EventHubsAmqpSink {
                     "a {}-byte message could not be sent on its own ({e}); if the event hub's tier allows less, lower event.max_message_size_kb",
                     message.payload.len()
                 );
-                match delivery_error(&e) {
-                    SinkError::Definite(_) => SinkError::Definite(text),
-                    _ => SinkError::Transient(text),
+                if is_definite(&e) {
+                    SinkError::Definite(text)
+                } else {
+                    SinkError::Transient(text)
                 }
             })
     }
@@ -639,5 +685,43 @@ async fn close_when_free(producer: Arc<ProducerClient>) {
             Err(shared) => producer = shared,
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use azure_core_amqp::error::{AmqpErrorCondition as C, AmqpErrorKind};
+    use azure_core_amqp::{AmqpDescribedError, AmqpError};
+
+    fn described(condition: C) -> AmqpError {
+        AmqpError::from(AmqpErrorKind::AmqpDescribedError(AmqpDescribedError::new(
+            condition,
+            Some("from the service".into()),
+            Default::default(),
+        )))
+    }
+
+    #[test]
+    fn the_kind_comes_from_the_clients_error_types_wherever_they_are_wrapped() {
+        for condition in [
+            C::UnauthorizedAccess,
+            C::NotFound,
+            C::LinkPayloadSizeExceeded,
+        ] {
+            assert!(is_definite(&described(condition.clone())), "{condition:?}");
+            // As the client hands it over: inside an azure_core error.
+            let wrapped = azure_core::Error::with_error(
+                azure_core::error::ErrorKind::Other,
+                described(condition.clone()),
+                "send failed",
+            );
+            assert!(matches!(delivery_error(wrapped), SinkError::Definite(_)));
+        }
+        for condition in [C::ServerBusyError, C::TimeoutError, C::InternalError] {
+            assert!(!is_definite(&described(condition.clone())), "{condition:?}");
+        }
+        let dropped = AmqpError::from(AmqpErrorKind::SimpleMessage("connection reset".into()));
+        assert!(matches!(delivery_error(dropped), SinkError::Transient(_)));
     }
 }

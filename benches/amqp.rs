@@ -1,5 +1,5 @@
 //! Event Hubs over AMQP: the sink's throughput next to the bare `ProducerClient` on
-//! the same message bytes, against the same local AMQP peer (`tests/support/
+//! the same message bytes, against the same local AMQP peer (`crates/testkit/src/
 //! amqp_peer.rs`, a test double that accepts and records; not Event Hubs), in the same
 //! run.
 //!
@@ -20,8 +20,7 @@
 //! table gives the wall rate with those stalls, the rate at the median batch time
 //! between them, and how many batches stalled.
 
-#[path = "../tests/support/amqp_peer.rs"]
-mod amqp_peer;
+use mssql_ces_testkit::amqp_peer;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

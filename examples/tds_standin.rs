@@ -2,8 +2,8 @@
 //! `kind = "sqlserver"` can be tried without SQL Server or docker.
 //!
 //! This is a **test double** that follows [MS-TDS] far enough for the driver the
-//! daemon uses (tests/support/tds.rs), answering the daemon's own queries from the
-//! synthetic workload (tests/support/tds_cdc.rs). It is not SQL Server: it parses no
+//! daemon uses (crates/testkit/src/tds.rs), answering the daemon's own queries from the
+//! synthetic workload (crates/testkit/src/tds_cdc.rs). It is not SQL Server: it parses no
 //! SQL and knows only the daemon's queries.
 //!
 //! ```sh
@@ -12,10 +12,7 @@
 //! (`--tls` offers TLS with a self-signed certificate made at start.)
 //! then, in another shell, `examples/standin.toml`.
 
-#[path = "../tests/support/tds.rs"]
-mod tds;
-#[path = "../tests/support/tds_cdc.rs"]
-mod tds_cdc;
+use mssql_ces_testkit::{tds, tds_cdc};
 
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 

@@ -73,3 +73,117 @@ pub(super) async fn poll_source<B: BatchSource>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers each poll from a script; records when each poll came.
+    struct Scripted {
+        answers: std::collections::VecDeque<Result<PollOutcome, SourceError>>,
+        polled_at: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    }
+
+    impl BatchSource for Scripted {
+        async fn poll(&mut self) -> Result<PollOutcome, SourceError> {
+            if let Ok(mut at) = self.polled_at.lock() {
+                at.push(tokio::time::Instant::now());
+            }
+            self.answers.pop_front().unwrap_or(Ok(PollOutcome::Idle))
+        }
+        fn stream_guid(&self) -> Option<uuid::Uuid> {
+            Some(uuid::Uuid::from_u128(1))
+        }
+        fn tracked_instances(&self) -> usize {
+            1
+        }
+    }
+
+    fn transient() -> Result<PollOutcome, SourceError> {
+        Err(SourceError::Transient {
+            message: "connection reset".into(),
+        })
+    }
+
+    async fn run_script(
+        answers: Vec<Result<PollOutcome, SourceError>>,
+        until_idle: bool,
+        stop: CancellationToken,
+    ) -> (Vec<Duration>, Vec<Result<SourceItem, SourceError>>) {
+        let polled_at = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let source = Scripted {
+            answers: answers.into(),
+            polled_at: Arc::clone(&polled_at),
+        };
+        let (tx, mut rx) = mpsc::channel(8);
+        let start = tokio::time::Instant::now();
+        poll_source(
+            source,
+            tx,
+            Duration::from_secs(1),
+            until_idle,
+            Arc::new(Metrics::default()),
+            stop,
+        )
+        .await;
+        let mut items = Vec::new();
+        while let Ok(item) = rx.try_recv() {
+            items.push(item);
+        }
+        let at = polled_at.lock().map(|v| v.clone()).unwrap_or_default();
+        (at.into_iter().map(|t| t - start).collect(), items)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_errors_are_retried_after_doubling_waits_and_a_success_resets_them() {
+        let stop = CancellationToken::new();
+        let stopper = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(2_900)).await;
+            stopper.cancel();
+        });
+        let (at, items) = run_script(
+            vec![
+                transient(),
+                transient(),
+                transient(),
+                Ok(PollOutcome::Idle),
+                transient(),
+                Ok(PollOutcome::Idle),
+            ],
+            false,
+            stop,
+        )
+        .await;
+        let ms: Vec<u128> = at.iter().map(Duration::as_millis).collect();
+        // 100, 200 and 400 ms after three failures; the poll interval (1 s) after an
+        // idle poll; 100 ms again after the next failure: the success reset it. The
+        // stop at 2.9 s ends the wait for the next poll.
+        assert_eq!(ms, [0, 100, 300, 700, 1700, 1800, 2800]);
+        assert!(items.is_empty(), "nothing to hand on");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_definite_error_is_handed_on_and_ends_the_task() {
+        let (at, items) = run_script(
+            vec![
+                transient(),
+                Err(SourceError::LoginFailed),
+                Ok(PollOutcome::Idle),
+            ],
+            true,
+            CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(at.len(), 2, "no poll after the definite error");
+        assert!(matches!(items.as_slice(), [Err(SourceError::LoginFailed)]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_until_idle_the_first_idle_poll_ends_the_task() {
+        let (at, items) =
+            run_script(vec![Ok(PollOutcome::Idle)], true, CancellationToken::new()).await;
+        assert_eq!(at, [Duration::ZERO]);
+        assert!(matches!(items.as_slice(), [Ok(SourceItem::Idle)]));
+    }
+}

@@ -1,12 +1,11 @@
 //! The in-process suites: the library's stages wired together against the CDC
 //! simulator, the TDS stand-in (the real driver over loopback), rdkafka's
-//! `MockCluster` and a local AMQP peer. One binary, so that the test doubles in
-//! `tests/support/` compile and link once.
+//! `MockCluster` and a local AMQP peer (the doubles are `crates/testkit`). One
+//! binary, so that librdkafka, tiberius and the Azure SDK link once for all of them.
 
 #![recursion_limit = "256"]
 
-#[path = "../support/mod.rs"]
-mod support;
+use mssql_ces_testkit as support;
 
 mod cdc_scenarios;
 mod cdc_simulator;

@@ -5,8 +5,7 @@
 
 #![recursion_limit = "256"]
 
-#[path = "../support/mod.rs"]
-mod support;
+use mssql_ces_testkit as support;
 
 mod check;
 mod event_hubs_amqp_released;

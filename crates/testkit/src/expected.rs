@@ -1,6 +1,5 @@
 //! What the synthetic source must produce, computed without the pipeline: the
 //! reference the delivery tests compare what arrived against.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 

@@ -2,7 +2,6 @@
 //! AMQP sink against the local peer, checking body bytes, content type, partition key
 //! and application properties of everything that arrives. Each scenario runs in its own
 //! test process, so one producer is open at a time, as in the daemon.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

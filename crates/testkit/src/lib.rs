@@ -1,5 +1,15 @@
-//! Builders shared by the integration tests.
-#![allow(dead_code)]
+//! The test doubles of mssql-ces, in a crate of their own so that they compile once
+//! for every test binary, bench and example that uses them:
+//!
+//! - [`tds`]: a TDS-speaking stand-in on loopback that follows [MS-TDS] far enough
+//!   for the driver the daemon uses — a test double, not SQL Server — and
+//!   [`tds_cdc`], which answers the daemon's own queries from the CDC simulator;
+//! - [`amqp_peer`]: a local AMQP 1.0 peer standing in for Event Hubs, and
+//!   [`event_hubs`], which drives the sink against it;
+//! - [`kafka`]: consuming what `MockCluster` holds;
+//! - [`expected`]: the events a synthetic workload must produce, computed without
+//!   the pipeline;
+//! - builders for tables, rows and changes (below).
 
 pub mod amqp_peer;
 pub mod event_hubs;

@@ -1,6 +1,5 @@
 //! Kafka helpers for the tests: a consumer that reads whole topics back from a
 //! `MockCluster`, and decoding of what it read.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -4,7 +4,6 @@
 //! (its name and partition ids, status 200), sender links with `max-message-size` to
 //! the hub or to one of its partitions (`<hub>/Partitions/<id>`), and batched
 //! transfers (format 0x80013700), each accepted and recorded.
-#![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

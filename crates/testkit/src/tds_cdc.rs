@@ -10,8 +10,6 @@
 //! change-table column in the form the query's cast gives it (text as the UTF-16
 //! bytes of `varbinary`, money as `decimal(19,4)`).
 
-#![allow(dead_code)]
-
 use std::sync::{Arc, Mutex};
 
 use chrono::{NaiveDate, NaiveDateTime, Timelike};

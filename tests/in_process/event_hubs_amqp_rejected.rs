@@ -58,7 +58,8 @@ async fn a_batch_rejected_as_unauthorized_fails_at_once_as_definite() {
     );
     assert!(
         started.elapsed() < Duration::from_secs(20),
-        "not retried until the resend timer or the delivery timeout"
+        "not retried until the resend timer or the delivery timeout: {:?} for {error:?}",
+        started.elapsed()
     );
     assert!(arrivals.events.lock().expect("lock").is_empty());
 }

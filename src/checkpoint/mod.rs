@@ -325,6 +325,67 @@ mod tests {
         assert!(err.to_string().contains("leases"), "{err}");
     }
 
+    fn temp_checkpoint(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("mssql-ces-lease-{name}-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("cp.json")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_waits_for_the_lease_and_takes_it_when_the_holder_goes() {
+        let path = temp_checkpoint("takeover");
+        let mut active = CheckpointStore::File(file::FileStore::new(&path, "s"));
+        let stop = tokio_util::sync::CancellationToken::new();
+        assert_eq!(active.acquire_lease(&stop).await, Ok(true));
+        let standby = tokio::spawn(async move {
+            let mut store = CheckpointStore::File(file::FileStore::new(&path, "s"));
+            let stop = tokio_util::sync::CancellationToken::new();
+            let took = store.acquire_lease(&stop).await;
+            (took, tokio::time::Instant::now())
+        });
+        // The standby retries every LEASE_RETRY while the holder lives.
+        tokio::time::sleep(LEASE_RETRY * 10).await;
+        assert!(!standby.is_finished(), "waits while the lease is held");
+        let released = tokio::time::Instant::now();
+        drop(active);
+        let (took, at) = standby.await.unwrap();
+        assert_eq!(took, Ok(true));
+        assert!(
+            at - released <= LEASE_RETRY,
+            "taken at the next try after the holder went: {:?}",
+            at - released
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_stopped_while_waiting_returns_false() {
+        let path = temp_checkpoint("stopped");
+        let mut active = CheckpointStore::File(file::FileStore::new(&path, "s"));
+        let never = tokio_util::sync::CancellationToken::new();
+        assert_eq!(active.acquire_lease(&never).await, Ok(true));
+        let mut standby = CheckpointStore::File(file::FileStore::new(&path, "s"));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopper = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(LEASE_RETRY * 3).await;
+            stopper.cancel();
+        });
+        assert_eq!(standby.acquire_lease(&stop).await, Ok(false));
+        drop(active);
+    }
+
+    #[test]
+    fn only_transient_faults_are_transient() {
+        let at = |reason: &str| (String::from("cp"), reason.to_owned());
+        let (location, reason) = at("deadlock victim");
+        assert!(CheckpointError::Transient { location, reason }.is_transient());
+        let (location, reason) = at("disk full");
+        assert!(!CheckpointError::Io { location, reason }.is_transient());
+        let (location, reason) = at("bad json");
+        assert!(!CheckpointError::Corrupt { location, reason }.is_transient());
+    }
+
     #[test]
     fn the_version_this_release_writes_is_2() {
         // An older release compares the version with 1 and refuses anything else:

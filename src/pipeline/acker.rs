@@ -4,6 +4,10 @@
 
 use super::*;
 
+// The acker's clock is tokio's, so that its intervals and backoff run in simulated
+// time under test (it is the system's monotonic clock otherwise).
+use tokio::time::Instant;
+
 pub(super) struct Pending {
     pub(super) deliveries: Vec<Delivery>,
     pub(super) position: Position,
@@ -49,7 +53,7 @@ pub(super) async fn acknowledge_into(
             let next = tokio::select! {
                 next = rx.recv() => next,
                 () = abandon.cancelled() => None,
-                () = tokio::time::sleep_until(due.into()), if delivered != written => {
+                () = tokio::time::sleep_until(due), if delivered != written => {
                     if let Some(position) = &delivered {
                         save(store, position, metrics, abandon).await?;
                         written = delivered.clone();
@@ -131,3 +135,143 @@ pub(super) async fn save(
 
 /// How often a final checkpoint write is tried when the store's faults persist.
 pub(super) const SAVE_ATTEMPTS_AFTER_ABANDON: u32 = 5;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::memory::MemoryStore;
+    use crate::position::EventPosition;
+
+    fn position(sequence_number: u64) -> Position {
+        Position {
+            last_event: Some(EventPosition {
+                commit_lsn: Lsn::from_parts(0xB1, 1, 1),
+                sequence_number,
+            }),
+            ..Position::default()
+        }
+    }
+
+    fn pending(sequence_number: u64, deliveries: Vec<Delivery>) -> Pending {
+        Pending {
+            deliveries,
+            position: position(sequence_number),
+            counts: BatchCounts::default(),
+        }
+    }
+
+    /// An acker on a memory store, with its input and the store.
+    fn acker(
+        interval: Duration,
+    ) -> (
+        mpsc::Sender<Pending>,
+        MemoryStore,
+        tokio::task::JoinHandle<AckerResult>,
+    ) {
+        let memory = MemoryStore::default();
+        let (tx, rx) = mpsc::channel(IN_FLIGHT_BATCHES);
+        let task = tokio::spawn(acknowledge(
+            rx,
+            CheckpointStore::Memory(memory.clone()),
+            interval,
+            Arc::new(Metrics::default()),
+            CancellationToken::new(),
+            CancellationToken::new(),
+        ));
+        (tx, memory, task)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn positions_are_released_in_send_order_whatever_order_deliveries_settle_in() {
+        let (tx, memory, task) = acker(Duration::from_millis(10));
+        let (first_done, first) = tokio::sync::oneshot::channel();
+        tx.send(pending(1, vec![Delivery::Pending(first)]))
+            .await
+            .unwrap();
+        // The second batch is delivered at once; the first is not yet.
+        tx.send(pending(2, vec![Delivery::Settled(Ok(()))]))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(memory.writes(), 0, "nothing past an unsettled delivery");
+        first_done.send(Ok(())).unwrap();
+        drop(tx);
+        let (_, written) = task.await.unwrap();
+        assert_eq!(written.expect("checkpointed"), Some(position(2)));
+        assert_eq!(memory.position(), Some(position(2)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_delivered_batch_is_checkpointed_once_the_interval_passes_with_nothing_new() {
+        let (tx, memory, task) = acker(Duration::from_secs(1));
+        tx.send(pending(1, vec![Delivery::Settled(Ok(()))]))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(memory.writes(), 0, "within the interval of the start");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            memory.writes(),
+            1,
+            "written when due, no later batch needed"
+        );
+        assert_eq!(memory.position(), Some(position(1)));
+        drop(tx);
+        let (_, written) = task.await.unwrap();
+        assert_eq!(written.expect("checkpointed"), Some(position(1)));
+        assert_eq!(memory.writes(), 1, "no second write of the same position");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn store_faults_that_can_pass_are_retried_with_backoff() {
+        let (tx, memory, task) = acker(Duration::from_secs(60));
+        memory.fail_next(3);
+        tx.send(pending(1, vec![Delivery::Settled(Ok(()))]))
+            .await
+            .unwrap();
+        drop(tx);
+        let started = Instant::now();
+        let (_, written) = task.await.unwrap();
+        assert_eq!(written.expect("checkpointed"), Some(position(1)));
+        assert_eq!(memory.writes(), 1);
+        // The final write failed three times: 100 + 200 + 400 ms of backoff.
+        assert_eq!(started.elapsed(), Duration::from_millis(700));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_delivery_fails_the_run_after_checkpointing_what_came_before() {
+        let memory = MemoryStore::default();
+        let (tx, rx) = mpsc::channel(IN_FLIGHT_BATCHES);
+        let failed = CancellationToken::new();
+        let task = tokio::spawn(acknowledge(
+            rx,
+            CheckpointStore::Memory(memory.clone()),
+            Duration::from_secs(60),
+            Arc::new(Metrics::default()),
+            failed.clone(),
+            CancellationToken::new(),
+        ));
+        tx.send(pending(1, vec![Delivery::Settled(Ok(()))]))
+            .await
+            .unwrap();
+        tx.send(pending(
+            2,
+            vec![Delivery::Settled(Err(SinkError::Definite(
+                "refused".into(),
+            )))],
+        ))
+        .await
+        .unwrap();
+        let (_, written) = task.await.unwrap();
+        assert!(matches!(
+            written,
+            Err(PipelineError::Sink(SinkError::Definite(_)))
+        ));
+        assert!(failed.is_cancelled(), "the send loop is told");
+        assert_eq!(
+            memory.position(),
+            Some(position(1)),
+            "what was delivered stays"
+        );
+    }
+}

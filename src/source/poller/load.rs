@@ -543,3 +543,72 @@ fn key_positions(instance: &CaptureInstance) -> Result<Vec<usize>, SourceError> 
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::value::SqlType;
+    use crate::source::sim::{CdcSimulator, SimColumn};
+
+    fn table(sim: &CdcSimulator, name: &str) {
+        sim.create_table(
+            "dbo",
+            name,
+            vec![SimColumn::new("Id", SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table(&format!("dbo.{name}"), Some(&format!("dbo_{name}")))
+            .unwrap();
+        sim.transaction()
+            .insert(&format!("dbo.{name}"), vec![Value::Int(1)])
+            .commit()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_load_waits_for_every_start_lsn_then_loads_the_newest_instance_of_each_table() {
+        let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
+        table(&sim, "Orders");
+        table(&sim, "Items");
+        sim.enable_table("dbo.Orders", Some("dbo_Orders_v2"))
+            .unwrap();
+        sim.set_capture_job_manual(true);
+        sim.create_table(
+            "dbo",
+            "Late",
+            vec![SimColumn::new("Id", SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table("dbo.Late", None).unwrap();
+        let config = PollerConfig {
+            snapshot: SnapshotMode::Initial,
+            ..PollerConfig::default()
+        };
+        let mut poller = Poller::new(sim.clone(), config, None);
+        assert!(poller.needs_plan());
+        assert!(
+            !poller.plan_load().await.unwrap(),
+            "dbo.Late has no start_lsn yet: where its changes begin is unknown"
+        );
+        assert!(poller.position.loads.is_empty() && poller.needs_plan());
+
+        sim.run_capture_job();
+        assert!(poller.plan_load().await.unwrap());
+        assert!(!poller.needs_plan());
+        let at = sim.current_max_lsn().unwrap();
+        let loads: Vec<&str> = poller.position.loads.keys().map(String::as_str).collect();
+        assert_eq!(
+            loads,
+            ["dbo_Items", "dbo_Late", "dbo_Orders_v2"],
+            "the newest of Orders"
+        );
+        for load in poller.position.loads.values() {
+            assert_eq!((load.at, load.rows, &load.after), (at, 0, &None));
+        }
+        // Complete through L0, both instances of Orders too: changes after it follow.
+        for name in ["dbo_Items", "dbo_Orders"] {
+            assert_eq!(poller.position.instances[name], at, "{name}");
+        }
+        assert!(poller.plan_load().await.unwrap(), "planned once");
+    }
+}

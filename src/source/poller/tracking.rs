@@ -357,3 +357,128 @@ impl<S: ChangeSource> Poller<S> {
         Ok(max)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Value;
+    use crate::event::value::SqlType;
+    use crate::source::sim::{CdcSimulator, SimColumn};
+
+    /// `dbo.Orders` with the capture instance `dbo_Orders_v1` and one change.
+    fn orders() -> CdcSimulator {
+        let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
+        sim.create_table(
+            "dbo",
+            "Orders",
+            vec![SimColumn::new("Id", SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table("dbo.Orders", Some("dbo_Orders_v1"))
+            .unwrap();
+        insert(&sim, 1);
+        sim
+    }
+
+    fn insert(sim: &CdcSimulator, id: i32) {
+        sim.transaction()
+            .insert("dbo.Orders", vec![Value::Int(id)])
+            .commit()
+            .unwrap();
+    }
+
+    fn tracked<'a, S>(poller: &'a Poller<S>, name: &str) -> &'a Tracked {
+        poller
+            .tracked
+            .iter()
+            .find(|t| t.instance.name == name)
+            .unwrap_or_else(|| panic!("{name} is not tracked"))
+    }
+
+    #[tokio::test]
+    async fn an_older_instance_hands_over_at_the_newer_ones_start_lsn_and_takes_back_when_it_goes()
+    {
+        let sim = orders();
+        sim.enable_table("dbo.Orders", Some("dbo_Orders_v2"))
+            .unwrap();
+        sim.run_capture_job();
+        let v2_start = sim.start_lsn("dbo_Orders_v2").unwrap();
+        let mut poller = Poller::new(sim.clone(), PollerConfig::default(), None);
+        poller.load_catalog().await.unwrap();
+        assert_eq!(
+            tracked(&poller, "dbo_Orders_v1").superseded_at,
+            Some(v2_start)
+        );
+        assert_eq!(tracked(&poller, "dbo_Orders_v2").superseded_at, None);
+        assert_eq!(
+            poller.position.switches.get("dbo_Orders_v1"),
+            Some(&Switch {
+                to: "dbo_Orders_v2".into(),
+                at: v2_start,
+            }),
+            "recorded, so that a cleanup moving both start_lsns cannot move it"
+        );
+        assert!(poller.waiting_for.is_empty());
+
+        // The newer instance is disabled: the older one reads on from where the
+        // newer one got to.
+        let reached = Lsn::from_parts(0xB1, 0x700, 1);
+        poller.position.advance("dbo_Orders_v2", reached);
+        sim.disable_instance("dbo_Orders_v2");
+        poller.catalog_stale = true;
+        poller.load_catalog().await.unwrap();
+        assert!(poller.position.switches.is_empty());
+        assert!(!poller.position.instances.contains_key("dbo_Orders_v2"));
+        assert!(poller.position.instances["dbo_Orders_v1"] >= reached);
+        assert_eq!(tracked(&poller, "dbo_Orders_v1").superseded_at, None);
+    }
+
+    #[tokio::test]
+    async fn a_newer_instance_without_a_start_lsn_makes_the_stream_wait_for_it() {
+        let sim = orders();
+        sim.set_capture_job_manual(true);
+        sim.enable_table("dbo.Orders", Some("dbo_Orders_v2"))
+            .unwrap();
+        let mut poller = Poller::new(sim.clone(), PollerConfig::default(), None);
+        poller.load_catalog().await.unwrap();
+        assert_eq!(poller.waiting_for, ["dbo_Orders_v2"]);
+        assert_eq!(tracked(&poller, "dbo_Orders_v1").superseded_at, None);
+        assert!(
+            poller
+                .tracked
+                .iter()
+                .all(|t| t.instance.name != "dbo_Orders_v2"),
+            "not read before its start_lsn is set"
+        );
+        assert!(poller.position.switches.is_empty(), "no switch point yet");
+    }
+
+    #[tokio::test]
+    async fn an_instance_enabled_again_under_its_name_starts_afresh() {
+        let sim = orders();
+        let mut poller = Poller::new(sim.clone(), PollerConfig::default(), None);
+        poller.load_catalog().await.unwrap();
+        let old_table = tracked(&poller, "dbo_Orders_v1").instance.object_id;
+        poller
+            .position
+            .change_tables
+            .insert("dbo_Orders_v1".into(), old_table);
+        poller
+            .position
+            .advance("dbo_Orders_v1", Lsn::from_parts(0xB1, 0x10, 1));
+        sim.disable_instance("dbo_Orders_v1");
+        sim.enable_table("dbo.Orders", Some("dbo_Orders_v1"))
+            .unwrap();
+        sim.run_capture_job();
+        poller.catalog_stale = true;
+        poller.load_catalog().await.unwrap();
+        assert_ne!(
+            tracked(&poller, "dbo_Orders_v1").instance.object_id,
+            old_table
+        );
+        assert!(
+            !poller.position.instances.contains_key("dbo_Orders_v1"),
+            "read from the new change table's start, not the old position"
+        );
+    }
+}

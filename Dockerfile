@@ -20,6 +20,10 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
+# Workspace members and declared test targets must exist for cargo to read the
+# manifest, though only the binary is built.
+COPY crates ./crates
+COPY tests ./tests
 COPY schemas ./schemas
 RUN cargo build --release --locked --bin mssql-ces \
  && cp target/release/mssql-ces /mssql-ces

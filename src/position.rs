@@ -64,7 +64,19 @@ pub struct Position {
     /// While any is here, no change is read.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub loads: BTreeMap<String, TableLoad>,
+    /// The [`TableLoad::logical_base`] the next table load takes: every load of the
+    /// stream's life gets a range of its own, so loaded rows of different tables at
+    /// one LSN never share a `logicalid`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_load_base: u64,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Rows one table load may number in its own `logicalid` range.
+pub const LOAD_ROWS_PER_RANGE: u64 = 1 << 40;
 
 /// Where an older capture instance hands over to a newer one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,4 +148,9 @@ pub struct TableLoad {
     pub after: Option<Vec<Option<String>>>,
     /// Rows sent so far: the last one's `sequencenumber`.
     pub rows: u64,
+    /// Where this load's rows number their `logicalid`s: row n (its `sequencenumber`,
+    /// counting the table's rows) has `logical_base + n`. Distinct for every load of
+    /// the stream ([`Position::next_load_base`]); 0 in checkpoints written before it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub logical_base: u64,
 }

@@ -186,9 +186,11 @@ mod tests {
                     commit_time_ns: 1_786_120_000_123_000_000,
                     after: Some(vec![Some("42".into()), None]),
                     rows: 1000,
+                    logical_base: 1 << 40,
                 },
             )]
             .into(),
+            next_load_base: 2 << 40,
         }
     }
 

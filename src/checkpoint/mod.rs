@@ -280,6 +280,7 @@ mod tests {
                 commit_time_ns: 1_786_120_000_123_000_000,
                 after: Some(vec![Some("42".into()), None]),
                 rows: 1000,
+                logical_base: 0,
             }
         );
         // Written again, it is the current version with the same position.

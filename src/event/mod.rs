@@ -241,8 +241,13 @@ pub enum Origin {
     /// A row an initial load read from the table itself. Its message ids derive from
     /// `id_seed` (a function of the stream, the load's LSN, the table and the row's
     /// key), never from the sequence number, so they are distinct from every CDC
-    /// event's and the same whenever the same row is sent again.
-    Load { id_seed: Uuid },
+    /// event's and the same whenever the same row is sent again. Its `logicalid`
+    /// carries `logical_sequence`, unique across the tables loaded at one LSN (the
+    /// `sequencenumber` in `data` counts the table's own rows).
+    Load {
+        id_seed: Uuid,
+        logical_sequence: u64,
+    },
 }
 
 impl Change {
@@ -398,6 +403,18 @@ impl Encoder {
         &self.options
     }
 
+    /// The change's `logicalid`: a CDC event's sequence number, a loaded row's number
+    /// in its load's own range.
+    fn logical_id(&self, change: &Change) -> String {
+        let sequence = match change.origin {
+            Origin::Cdc => change.sequence_number,
+            Origin::Load {
+                logical_sequence, ..
+            } => logical_sequence,
+        };
+        logical_id(self.options.stream_guid, change.commit_lsn, sequence)
+    }
+
     /// Encodes one change: truncate, serialize `data`, then segment. The change is
     /// copied only when one of its values has to be truncated.
     pub fn encode(&self, change: &Change) -> Result<EncodedEvent, EventError> {
@@ -426,11 +443,7 @@ impl Encoder {
             FinalEventMode::LastInTransaction => change.last_in_transaction,
             FinalEventMode::AlwaysFalse => false,
         };
-        let logical_id = logical_id(
-            self.options.stream_guid,
-            change.commit_lsn,
-            change.sequence_number,
-        );
+        let logical_id = self.logical_id(change);
         let time = format_time(change.commit_time);
         let fields = EnvelopeFields {
             logical_id: &logical_id,
@@ -445,7 +458,7 @@ impl Encoder {
                 change.sequence_number,
                 segment,
             ),
-            Origin::Load { id_seed } => load_message_id(id_seed, segment),
+            Origin::Load { id_seed, .. } => load_message_id(id_seed, segment),
         };
         let limit = self.options.max_message_size.bytes();
         let first_id = id_for(0);

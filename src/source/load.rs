@@ -17,7 +17,9 @@
 //! row), `committime` the commit time of L0, `sequencenumber` counting the table's
 //! rows, `finalevent` true on its last row. Its message ids derive from the table and
 //! the row's key ([`id_seed`]), so a row re-sent after a restart has the same ids, and
-//! none equals a CDC event's.
+//! none equals a CDC event's. Its `logicalid` is L0 and the row's number in its
+//! load's own range (`TableLoad::logical_base`), unique across the tables loaded at
+//! one LSN.
 //!
 //! The rule a consumer gets: applying each table's events in partition order, per key
 //! (upsert on `INS`/`UPD`, delete on `DEL`), yields the table's current state. A row

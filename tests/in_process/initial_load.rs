@@ -909,3 +909,95 @@ async fn loaded_rows_read_back_as_ces_events_in_both_encodings_large_values_segm
         }
     }
 }
+
+/// Loaded rows of different tables share the load's LSN and count their own rows.
+/// A consumer that reads several tables' partitions into one reassembler keyed by
+/// `logicalid` alone (CES: segments are reassembled by `logicalid`, `segmentindex`
+/// and `finalsegment`) must get every event back whole, and never two tables' rows
+/// under one id.
+#[tokio::test]
+async fn loaded_rows_of_different_tables_never_share_a_logicalid() {
+    use mssql_ces::event::readback::{CloudEvent, decode_json_message};
+    let sim = database();
+    sim.create_table(
+        "dbo",
+        "docs",
+        vec![
+            SimColumn::new("id", SqlType::Int),
+            SimColumn::new("body", SqlType::NVarChar(Length::Max)),
+        ],
+        &["id"],
+    );
+    let mut t = sim.transaction();
+    for id in 1..=12 {
+        t = t
+            .insert("dbo.items", item(id, "x", id))
+            .insert("dbo.pairs", pair(id, "k", i64::from(id)))
+            // Every third document is segmented (300 KiB against 128 KiB messages).
+            .insert(
+                "dbo.docs",
+                vec![
+                    Value::Int(id),
+                    Value::Text("d".repeat(if id % 3 == 0 { 300_000 } else { 10 })),
+                ],
+            );
+    }
+    t.commit().unwrap();
+    for table in ["dbo.items", "dbo.pairs", "dbo.docs"] {
+        sim.enable_table(table, None).unwrap();
+    }
+    let mut poller = Poller::new(sim, config(SnapshotMode::Initial, 5), None);
+    let events = drain(&mut poller, |_| {}).await;
+    assert_eq!(events.len(), 36);
+    assert!(events.iter().all(is_loaded));
+    let encoder = Encoder::new(EncoderOptions {
+        stream_guid: GUID,
+        encoding: Encoding::Json,
+        final_event: FinalEventMode::LastInTransaction,
+        max_message_size: MessageSizeLimit::from_kb(128).unwrap(),
+    });
+    // Each table's messages in order, as its partition holds them.
+    let mut partitions: BTreeMap<String, Vec<CloudEvent>> = BTreeMap::new();
+    for change in &events {
+        for message in encoder.encode(change).unwrap().messages {
+            partitions
+                .entry(change.table.table().to_owned())
+                .or_default()
+                .push(decode_json_message(&message.bytes).unwrap());
+        }
+    }
+    // Read round-robin across the partitions into one reassembler keyed by logicalid.
+    let mut open: HashMap<String, Vec<CloudEvent>> = HashMap::new();
+    let mut whole = Vec::new();
+    let mut cursors: Vec<std::vec::IntoIter<CloudEvent>> =
+        partitions.into_values().map(Vec::into_iter).collect();
+    while cursors.iter().any(|c| c.len() > 0) {
+        for cursor in &mut cursors {
+            let Some(message) = cursor.next() else {
+                continue;
+            };
+            let segments = open.entry(message.logicalid.clone()).or_default();
+            assert_eq!(
+                message.segmentindex as usize,
+                segments.len(),
+                "segment {} of {} arrives in order, and no other event's segment has its id",
+                message.segmentindex,
+                message.logicalid
+            );
+            let last = message.finalsegment;
+            let id = message.logicalid.clone();
+            segments.push(message);
+            if last {
+                whole.extend(open.remove(&id));
+            }
+        }
+    }
+    assert!(open.is_empty(), "every event completed");
+    assert_eq!(whole.len(), events.len(), "one logical event per logicalid");
+    let ids: HashSet<&str> = whole.iter().map(|s| s[0].logicalid.as_str()).collect();
+    assert_eq!(ids.len(), events.len(), "no logicalid used twice");
+    assert!(
+        whole.iter().any(|s| s.len() > 1),
+        "some events were segmented"
+    );
+}

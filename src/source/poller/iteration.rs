@@ -264,16 +264,7 @@ impl<S: ChangeSource> Poller<S> {
             let commit_time_ns = self.commit_time_ns(at).await?;
             self.position.advance(&name, at);
             self.load_runs.remove(&name);
-            self.position.loads.insert(
-                name,
-                TableLoad {
-                    table,
-                    at,
-                    commit_time_ns,
-                    after: None,
-                    rows: 0,
-                },
-            );
+            super::load::queue_table_load(&mut self.position, name, table, at, commit_time_ns);
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::event::Value;
+use crate::position::LOAD_ROWS_PER_RANGE;
 
 /// A table's load as this process runs it (the checkpoint has the rest).
 pub(super) struct LoadRun {
@@ -81,15 +82,12 @@ impl<S: ChangeSource> Poller<S> {
                 continue;
             }
             tables.push(t.instance.qualified_table());
-            self.position.loads.insert(
+            queue_table_load(
+                &mut self.position,
                 t.instance.name.clone(),
-                TableLoad {
-                    table: t.instance.qualified_table(),
-                    at,
-                    commit_time_ns,
-                    after: None,
-                    rows: 0,
-                },
+                t.instance.qualified_table(),
+                at,
+                commit_time_ns,
             );
         }
         self.done_through = Some(at);
@@ -225,16 +223,7 @@ impl<S: ChangeSource> Poller<S> {
         let commit_time_ns = self.commit_time_ns(at).await?;
         tracing::warn!(capture_instance = %name, table = %load.table, now_through = %next, at_lsn = %at, "the capture instance being loaded is gone; the table is loaded again, from its first row, through its other capture instance");
         self.position.advance(&next, at);
-        self.position.loads.insert(
-            next,
-            TableLoad {
-                table: load.table,
-                at,
-                commit_time_ns,
-                after: None,
-                rows: 0,
-            },
-        );
+        queue_table_load(&mut self.position, next, load.table, at, commit_time_ns);
         Ok(())
     }
 
@@ -405,6 +394,16 @@ impl<S: ChangeSource> Poller<S> {
                 }
                 seed
             };
+            if sequence_number >= LOAD_ROWS_PER_RANGE {
+                return Err(SourceError::Malformed {
+                    capture_instance: name.to_owned(),
+                    message: format!(
+                        "the load of {} passed {LOAD_ROWS_PER_RANGE} rows, the most one table load numbers in its own logicalid range",
+                        load.table
+                    ),
+                });
+            }
+            let logical_sequence = load.logical_base + sequence_number;
             changes.push(Change {
                 table: Arc::clone(table),
                 operation: crate::event::Operation::Insert,
@@ -415,7 +414,10 @@ impl<S: ChangeSource> Poller<S> {
                 commit_time,
                 old: None,
                 current: Some(values),
-                origin: Origin::Load { id_seed },
+                origin: Origin::Load {
+                    id_seed,
+                    logical_sequence,
+                },
             });
         }
         load.rows += count as u64;
@@ -542,6 +544,30 @@ fn key_positions(instance: &CaptureInstance) -> Result<Vec<usize>, SourceError> 
             })
         })
         .collect()
+}
+
+/// A table load from its first row at `at`, with a `logicalid` range of its own,
+/// recorded in the position: it queues the load of `instance`.
+pub(super) fn queue_table_load(
+    position: &mut Position,
+    instance: String,
+    table: String,
+    at: Lsn,
+    commit_time_ns: i64,
+) {
+    let logical_base = position.next_load_base;
+    position.next_load_base = logical_base.saturating_add(LOAD_ROWS_PER_RANGE);
+    position.loads.insert(
+        instance,
+        TableLoad {
+            table,
+            at,
+            commit_time_ns,
+            after: None,
+            rows: 0,
+            logical_base,
+        },
+    );
 }
 
 #[cfg(test)]

@@ -37,14 +37,16 @@ pub struct Checkpoint {
 ///
 /// - 1: `last_event` and `instances`; later releases of the same version added
 ///   `change_tables`, `sink_length`, `source`, `switches` and `loads`, each optional.
-/// - 2: the same fields as the last release of version 1. The number changed so
-///   that a release that knows only version 1 refuses the document by name instead
-///   of reading it without the fields it does not know (it would silently drop a
-///   load in progress or a capture-instance switch).
+/// - 2: adds `next_load_base` and each load's `logical_base` (the `logicalid`
+///   range of a table load), both 0 when absent. The number changed so that a
+///   release that knows only version 1 refuses the document by name instead of
+///   reading it without the fields it does not know (it would silently drop a load
+///   in progress, a capture-instance switch or a load's `logicalid` range).
 pub const CHECKPOINT_VERSION: u32 = 2;
 
 /// The oldest format this release reads: every version-1 document is a valid
-/// version-2 position (version 2 added no field and removed none).
+/// version-2 position (version 2 removed no field, and the ones it added default
+/// to 0).
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// Why a checkpoint could not be read or written.

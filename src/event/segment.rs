@@ -267,4 +267,121 @@ mod tests {
         let mut row = vec![Value::Binary(vec![1; (MAX_VALUE_TEXT_BYTES - 2) / 2])];
         assert_eq!(truncate_row(&mut row), 0);
     }
+
+    #[test]
+    fn the_value_limit_is_1_mib_of_text_form_for_text_and_binary_alike() {
+        let text = |len: usize| Value::Text("a".repeat(len));
+        assert!(!exceeds_value_limit(&text(MAX_VALUE_TEXT_BYTES)));
+        assert!(exceeds_value_limit(&text(MAX_VALUE_TEXT_BYTES + 1)));
+        // Binary's text form is `0x` and two hex digits a byte: 524,287 bytes make
+        // exactly 1 MiB, one more byte is over.
+        let binary = |len: usize| Value::Binary(vec![0xAB; len]);
+        let fits = (MAX_VALUE_TEXT_BYTES - 2) / 2;
+        assert!(!exceeds_value_limit(&binary(fits)));
+        assert!(exceeds_value_limit(&binary(fits + 1)));
+        assert!(!exceeds_value_limit(&Value::Int(1)));
+        // One byte over is cut back to what fits, and counted.
+        let mut row = vec![binary(fits + 1), text(MAX_VALUE_TEXT_BYTES + 1)];
+        assert_eq!(truncate_row(&mut row), 2);
+        assert_eq!(row[0].text_len(), MAX_VALUE_TEXT_BYTES);
+        assert_eq!(row[1].text_len(), MAX_VALUE_TEXT_BYTES);
+    }
+
+    #[test]
+    fn a_segment_needs_room_for_the_longest_character_escape() {
+        assert_eq!(capacity(1000, 984), Ok(16));
+        assert!(matches!(
+            capacity(1000, 985),
+            Err(EventError::EnvelopeTooLarge {
+                overhead: 985,
+                available: 15
+            })
+        ));
+        assert!(matches!(
+            capacity(100, 200),
+            Err(EventError::EnvelopeTooLarge {
+                overhead: 200,
+                available: 0
+            })
+        ));
+    }
+
+    fn fields() -> EnvelopeFields<'static> {
+        EnvelopeFields {
+            logical_id: "1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0:000000B1000008A80007:00000000000000000001",
+            time: "2026-08-07T16:25:00.883Z",
+            content_type: "application/json",
+            operation: "INS",
+        }
+    }
+
+    #[test]
+    fn json_segments_are_filled_to_the_byte_the_limit_allows() {
+        let data = "x".repeat(300_000);
+        let limit = 128 * 1024;
+        let messages = split_json(
+            &fields(),
+            &data,
+            limit,
+            |i| Uuid::from_u128(u128::from(i)),
+            false,
+        )
+        .unwrap();
+        let (last, full) = messages.split_last().unwrap();
+        assert!(!full.is_empty());
+        for m in full {
+            // One-byte characters: a segment ends exactly at the limit.
+            assert_eq!(m.bytes.len(), limit, "segment {}", m.segment_index);
+        }
+        assert!(last.bytes.len() <= limit && last.final_segment);
+        // Data alone is cut where the structured messages are.
+        let parts = split_json(
+            &fields(),
+            &data,
+            limit,
+            |i| Uuid::from_u128(u128::from(i)),
+            true,
+        )
+        .unwrap();
+        assert_eq!(parts.len(), messages.len());
+        let joined: Vec<u8> = parts.iter().flat_map(|m| m.bytes.clone()).collect();
+        assert_eq!(joined, data.as_bytes());
+    }
+
+    #[test]
+    fn avro_segments_take_the_largest_chunk_whose_length_prefix_still_fits() {
+        let fields = EnvelopeFields {
+            content_type: "application/avro",
+            ..fields()
+        };
+        let overhead = avro::envelope_overhead(&fields, 0, false).unwrap();
+        // Room just past a varint boundary: 8,193 bytes of room need a 3-byte prefix
+        // for a chunk that size, but 8,191 bytes with a 2-byte prefix fit exactly.
+        let limit = overhead + 8_193;
+        let data = vec![7u8; 20_000];
+        let messages = split_avro(
+            &fields,
+            &data,
+            limit,
+            |i| Uuid::from_u128(u128::from(i)),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            messages[0].bytes.len(),
+            limit,
+            "the first segment fills the limit"
+        );
+        let parts = split_avro(
+            &fields,
+            &data,
+            limit,
+            |i| Uuid::from_u128(u128::from(i)),
+            true,
+        )
+        .unwrap();
+        assert_eq!(parts[0].bytes.len(), 8_191);
+        let joined: Vec<u8> = parts.iter().flat_map(|m| m.bytes.clone()).collect();
+        assert_eq!(joined, data);
+    }
 }

@@ -160,9 +160,11 @@ mod tests {
         }
     }
 
-    /// An acker on a memory store, with its input and the store.
-    fn acker(
+    /// An acker on a memory store, with its input and the store; `failed` is
+    /// cancelled when it fails.
+    fn acker_with(
         interval: Duration,
+        failed: CancellationToken,
     ) -> (
         mpsc::Sender<Pending>,
         MemoryStore,
@@ -175,10 +177,20 @@ mod tests {
             CheckpointStore::Memory(memory.clone()),
             interval,
             Arc::new(Metrics::default()),
-            CancellationToken::new(),
+            failed,
             CancellationToken::new(),
         ));
         (tx, memory, task)
+    }
+
+    fn acker(
+        interval: Duration,
+    ) -> (
+        mpsc::Sender<Pending>,
+        MemoryStore,
+        tokio::task::JoinHandle<AckerResult>,
+    ) {
+        acker_with(interval, CancellationToken::new())
     }
 
     #[tokio::test(start_paused = true)]
@@ -240,17 +252,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_delivery_fails_the_run_after_checkpointing_what_came_before() {
-        let memory = MemoryStore::default();
-        let (tx, rx) = mpsc::channel(IN_FLIGHT_BATCHES);
         let failed = CancellationToken::new();
-        let task = tokio::spawn(acknowledge(
-            rx,
-            CheckpointStore::Memory(memory.clone()),
-            Duration::from_secs(60),
-            Arc::new(Metrics::default()),
-            failed.clone(),
-            CancellationToken::new(),
-        ));
+        let (tx, memory, task) = acker_with(Duration::from_secs(60), failed.clone());
         tx.send(pending(1, vec![Delivery::Settled(Ok(()))]))
             .await
             .unwrap();

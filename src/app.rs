@@ -76,6 +76,7 @@ pub async fn run(
         ),
         None => tracing::info!(start_position = %config.source.start_position, "no checkpoint"),
     }
+    let resumed_at = position.as_ref().and_then(|p| p.last_event);
     let resume = match &position {
         None => Resume::Fresh,
         Some(p) => p.sink_length.map_or(Resume::Unknown, Resume::At),
@@ -116,7 +117,7 @@ pub async fn run(
             .await?
         }
     };
-    log_stopped(&summary);
+    log_stopped(&summary, resumed_at);
     Ok(Some(summary))
 }
 
@@ -144,18 +145,21 @@ async fn serve_metrics(
     Ok(())
 }
 
-/// The run's last line: what it delivered and where it stopped.
-fn log_stopped(summary: &RunSummary) {
+/// The run's last line: what it delivered, what it left undelivered (sent again on
+/// the next start) and the checkpoint it stopped at: the one it wrote last, else the
+/// one it resumed from.
+fn log_stopped(summary: &RunSummary, resumed_at: Option<crate::position::EventPosition>) {
+    let checkpoint = match &summary.checkpoint {
+        Some(p) => p.last_event,
+        None => resumed_at,
+    };
     tracing::info!(
-        events = summary.events,
-        messages = summary.messages,
-        bytes = summary.bytes,
+        events = summary.delivered_events,
+        messages = summary.delivered_messages,
+        undelivered_events = summary.events.saturating_sub(summary.delivered_events),
+        sent_bytes = summary.bytes,
         truncated_values = summary.truncated_values,
-        checkpoint = %summary
-            .checkpoint
-            .as_ref()
-            .and_then(|p| p.last_event)
-            .map_or_else(|| "none".to_owned(), |e| e.to_string()),
+        checkpoint = %checkpoint.map_or_else(|| "none".to_owned(), |e| e.to_string()),
         unfinished_load = summary.checkpoint.as_ref().filter(|p| !p.loads.is_empty()).map(|p| {
             p.loads
                 .values()

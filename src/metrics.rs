@@ -609,6 +609,15 @@ impl BatchCounts {
         }
     }
 
+    /// The batch's events and messages, over all its tables.
+    pub fn totals(&self) -> (u64, u64) {
+        self.tables
+            .iter()
+            .fold((0, 0), |(events, messages), (_, _, t)| {
+                (events + t.events, messages + t.messages)
+            })
+    }
+
     /// The batch's last event was committed at `time`, LSN `lsn`.
     pub fn set_last_commit(&mut self, time: DateTime<Utc>, lsn: Lsn) {
         self.last_commit = Some((time, lsn));

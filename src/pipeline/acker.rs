@@ -16,9 +16,22 @@ pub(super) struct Pending {
 
 /// Awaits deliveries in send order; writes the checkpoint of what is delivered at
 /// most every `interval` — also when no later batch comes — and once more at the end.
-/// What the acker hands back: the store (with the stream's lease, released only
-/// after the sink is closed) and the last position it checkpointed.
-pub(super) type AckerResult = (CheckpointStore, Result<Option<Position>, PipelineError>);
+/// What the acker hands back.
+pub(super) struct AckerResult {
+    /// The store, with the stream's lease (released only after the sink is closed).
+    pub(super) store: CheckpointStore,
+    /// The last position it checkpointed.
+    pub(super) checkpoint: Result<Option<Position>, PipelineError>,
+    /// What the batches delivered in full held.
+    pub(super) delivered: Delivered,
+}
+
+/// Events and messages of the batches whose every delivery was acknowledged.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Delivered {
+    pub(super) events: u64,
+    pub(super) messages: u64,
+}
 
 pub(super) async fn acknowledge(
     mut rx: mpsc::Receiver<Pending>,
@@ -28,11 +41,24 @@ pub(super) async fn acknowledge(
     failed: CancellationToken,
     abandon: CancellationToken,
 ) -> AckerResult {
-    let outcome =
-        acknowledge_into(&mut rx, &mut store, interval, &metrics, &failed, &abandon).await;
+    let mut delivered = Delivered::default();
+    let checkpoint = acknowledge_into(
+        &mut rx,
+        &mut store,
+        interval,
+        &metrics,
+        &failed,
+        &abandon,
+        &mut delivered,
+    )
+    .await;
     // The store (and with it the stream's lease) goes back to the caller, which
     // releases it only after the sink is closed.
-    (store, outcome)
+    AckerResult {
+        store,
+        checkpoint,
+        delivered,
+    }
 }
 
 pub(super) async fn acknowledge_into(
@@ -42,6 +68,7 @@ pub(super) async fn acknowledge_into(
     metrics: &Metrics,
     failed: &CancellationToken,
     abandon: &CancellationToken,
+    tally: &mut Delivered,
 ) -> Result<Option<Position>, PipelineError> {
     let mut delivered: Option<Position> = None;
     let mut written: Option<Position> = None;
@@ -72,6 +99,9 @@ pub(super) async fn acknowledge_into(
                 }
             }
             metrics.batch_delivered(&pending.counts);
+            let (events, messages) = pending.counts.totals();
+            tally.events += events;
+            tally.messages += messages;
             delivered = Some(pending.position);
             if last_write.elapsed() >= interval
                 && delivered != written
@@ -208,7 +238,7 @@ mod tests {
         assert_eq!(memory.writes(), 0, "nothing past an unsettled delivery");
         first_done.send(Ok(())).unwrap();
         drop(tx);
-        let (_, written) = task.await.unwrap();
+        let written = task.await.unwrap().checkpoint;
         assert_eq!(written.expect("checkpointed"), Some(position(2)));
         assert_eq!(memory.position(), Some(position(2)));
     }
@@ -229,7 +259,7 @@ mod tests {
         );
         assert_eq!(memory.position(), Some(position(1)));
         drop(tx);
-        let (_, written) = task.await.unwrap();
+        let written = task.await.unwrap().checkpoint;
         assert_eq!(written.expect("checkpointed"), Some(position(1)));
         assert_eq!(memory.writes(), 1, "no second write of the same position");
     }
@@ -243,7 +273,7 @@ mod tests {
             .unwrap();
         drop(tx);
         let started = Instant::now();
-        let (_, written) = task.await.unwrap();
+        let written = task.await.unwrap().checkpoint;
         assert_eq!(written.expect("checkpointed"), Some(position(1)));
         assert_eq!(memory.writes(), 1);
         // The final write failed three times: 100 + 200 + 400 ms of backoff.
@@ -265,7 +295,7 @@ mod tests {
         ))
         .await
         .unwrap();
-        let (_, written) = task.await.unwrap();
+        let written = task.await.unwrap().checkpoint;
         assert!(matches!(
             written,
             Err(PipelineError::Sink(SinkError::Definite(_)))

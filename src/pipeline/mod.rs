@@ -70,6 +70,11 @@ pub trait BatchSource: Send + 'static {
     fn load_status(&self) -> Vec<crate::source::load::LoadStatus> {
         Vec::new()
     }
+    /// Whether an idle poll only means "nothing yet" (see
+    /// [`ChangeSource::more_expected`]): `until_idle` then keeps polling.
+    fn more_expected(&self) -> bool {
+        false
+    }
 }
 
 impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
@@ -87,6 +92,10 @@ impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
 
     fn load_status(&self) -> Vec<crate::source::load::LoadStatus> {
         Poller::load_status(self)
+    }
+
+    fn more_expected(&self) -> bool {
+        Poller::more_expected(self)
     }
 }
 
@@ -130,10 +139,16 @@ pub struct PipelineSettings {
 /// What a run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunSummary {
+    /// Events handed to the sink (delivered or not).
     pub events: u64,
+    /// Messages handed to the sink (delivered or not).
     pub messages: u64,
     pub bytes: u64,
     pub truncated_values: u64,
+    /// Events of the batches delivered in full (what the checkpoint covers).
+    pub delivered_events: u64,
+    /// Messages of the batches delivered in full.
+    pub delivered_messages: u64,
     /// The last position written to the checkpoint store.
     pub checkpoint: Option<Position>,
 }
@@ -206,10 +221,16 @@ pub async fn run<B: BatchSource>(
     drop(tx);
     let acker_result = drain_acker(acker, deadline, settings.drain_timeout, abandon).await;
     close_sink(sink, deadline).await;
-    let (store, checkpoint) = acker_result?;
+    let AckerResult {
+        store,
+        checkpoint,
+        delivered,
+    } = acker_result?;
     // Only now, with the sink closed, may a standby take the stream over.
     drop(store);
     let mut summary = summary;
+    summary.delivered_events = delivered.events;
+    summary.delivered_messages = delivered.messages;
     summary.checkpoint = checkpoint?;
     outcome?;
     if let Some(cause) = source_failure {

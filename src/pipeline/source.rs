@@ -49,7 +49,9 @@ pub(super) async fn poll_source<B: BatchSource>(
             }
             Ok(PollOutcome::Idle) => {
                 backoff.reset();
-                if until_idle {
+                // Idle means the source has nothing new and expects nothing: a
+                // paced workload between two transactions is not idle.
+                if until_idle && !poller.more_expected() {
                     let _ = tx.send(Ok(SourceItem::Idle)).await;
                     return;
                 }
@@ -82,6 +84,8 @@ mod tests {
     struct Scripted {
         answers: std::collections::VecDeque<Result<PollOutcome, SourceError>>,
         polled_at: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+        /// More is expected until this many polls were made.
+        expecting_until: usize,
     }
 
     impl BatchSource for Scripted {
@@ -97,6 +101,11 @@ mod tests {
         fn tracked_instances(&self) -> usize {
             1
         }
+        fn more_expected(&self) -> bool {
+            self.polled_at
+                .lock()
+                .is_ok_and(|at| at.len() < self.expecting_until)
+        }
     }
 
     fn transient() -> Result<PollOutcome, SourceError> {
@@ -110,10 +119,20 @@ mod tests {
         until_idle: bool,
         stop: CancellationToken,
     ) -> (Vec<Duration>, Vec<Result<SourceItem, SourceError>>) {
+        run_script_expecting(answers, until_idle, stop, 0).await
+    }
+
+    async fn run_script_expecting(
+        answers: Vec<Result<PollOutcome, SourceError>>,
+        until_idle: bool,
+        stop: CancellationToken,
+        expecting_until: usize,
+    ) -> (Vec<Duration>, Vec<Result<SourceItem, SourceError>>) {
         let polled_at = Arc::new(std::sync::Mutex::new(Vec::new()));
         let source = Scripted {
             answers: answers.into(),
             polled_at: Arc::clone(&polled_at),
+            expecting_until,
         };
         let (tx, mut rx) = mpsc::channel(8);
         let start = tokio::time::Instant::now();
@@ -184,6 +203,26 @@ mod tests {
         let (at, items) =
             run_script(vec![Ok(PollOutcome::Idle)], true, CancellationToken::new()).await;
         assert_eq!(at, [Duration::ZERO]);
+        assert!(matches!(items.as_slice(), [Ok(SourceItem::Idle)]));
+    }
+
+    /// A source that expects more (a paced workload between transactions) is not
+    /// idle: the task polls on at the interval until it expects nothing more.
+    #[tokio::test(start_paused = true)]
+    async fn with_until_idle_an_idle_poll_that_expects_more_polls_again() {
+        let (at, items) = run_script_expecting(
+            vec![
+                Ok(PollOutcome::Idle),
+                Ok(PollOutcome::Idle),
+                Ok(PollOutcome::Idle),
+            ],
+            true,
+            CancellationToken::new(),
+            2,
+        )
+        .await;
+        let ms: Vec<u128> = at.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [0, 1000]);
         assert!(matches!(items.as_slice(), [Ok(SourceItem::Idle)]));
     }
 }

@@ -451,6 +451,13 @@ pub trait ChangeSource: Send {
         &mut self,
         lsn: Lsn,
     ) -> impl Future<Output = Result<Option<NaiveDateTime>, SourceError>> + Send;
+
+    /// Whether changes are known to be on their way although none is there now: a
+    /// paced workload that has not generated all of its transactions. A database
+    /// cannot know its future writes, so by default nothing new means idle.
+    fn more_expected(&self) -> bool {
+        false
+    }
 }
 
 /// Where a read of a source table ([`ChangeSource::read_table`]) starts.

@@ -519,6 +519,31 @@ fn sigterm_with_every_broker_down_exits_within_the_drain_timeout() {
     // What was acknowledged before the outage is checkpointed.
     let checkpoint = std::fs::read_to_string(dir.join("cp.json")).expect("checkpoint written");
     assert!(checkpoint.contains("last_event"), "{checkpoint}");
+    // The last line tells delivered from abandoned, and names the checkpoint.
+    let log = std::fs::read_to_string(dir.join("run-0.log")).expect("log");
+    let stopped = log
+        .lines()
+        .find(|l| l.contains(" stopped "))
+        .unwrap_or_else(|| panic!("a stopped line: {log}"));
+    let field = |name: &str| -> u64 {
+        let at = stopped
+            .find(&format!(" {name}="))
+            .unwrap_or_else(|| panic!("{name}: {stopped}"));
+        stopped[at + name.len() + 2..]
+            .split(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} a number: {stopped}"))
+    };
+    assert!(
+        field("events") > 0,
+        "delivered before the outage: {stopped}"
+    );
+    assert!(
+        field("undelivered_events") > 0,
+        "sent into the outage: {stopped}"
+    );
+    assert!(!stopped.contains("checkpoint=none"), "{stopped}");
     cluster.broker_up(1).expect("broker up");
     std::fs::remove_dir_all(dir).ok();
 }
@@ -644,6 +669,15 @@ fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
     // Second run, resuming: the setting gives the same, text lines by default.
     let stderr = run(&["--set", "log.format=\"text\""]);
     assert!(stderr.contains("resuming from the checkpoint"), "{stderr}");
+    // Nothing new to send: the stop line still names the checkpoint it resumed from.
+    let stopped = stderr
+        .lines()
+        .find(|l| l.contains(" stopped "))
+        .unwrap_or_else(|| panic!("a stop line: {stderr}"));
+    assert!(
+        stopped.contains(&format!("checkpoint={checkpoint}")) && stopped.contains(" events=0 "),
+        "{stopped}"
+    );
     for line in stderr.lines() {
         assert!(
             !line.contains("Some(") && !line.contains("EventPosition {") && !line.contains("Lsn("),

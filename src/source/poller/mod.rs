@@ -278,6 +278,13 @@ impl<S: ChangeSource> Poller<S> {
         self.tracked.len()
     }
 
+    /// Whether an idle poll is only "nothing yet": the source knows more changes are
+    /// coming and this run streams them (not an `initial_only` run, which ends with
+    /// its load).
+    pub fn more_expected(&self) -> bool {
+        self.config.snapshot != SnapshotMode::InitialOnly && self.source.more_expected()
+    }
+
     /// Produces the next batch, or [`PollOutcome::Idle`] when there is nothing new.
     /// On error the poller can be polled again: it restarts the interrupted iteration
     /// from the last position it returned.

@@ -111,7 +111,9 @@ pub struct SyntheticSource {
     config: SyntheticConfig,
     rng: SplitMix64,
     generated: u64,
+    /// The pace's origin: `generated_at_start` transactions were due at `started`.
     started: Instant,
+    generated_at_start: u64,
     customers: Vec<i32>,
     orders: Vec<(i64, u32)>,
     next_customer: i32,
@@ -214,6 +216,7 @@ impl SyntheticSource {
             config,
             generated: 0,
             started: Instant::now(),
+            generated_at_start: 0,
             customers: Vec::new(),
             orders: Vec::new(),
             next_customer: 1,
@@ -261,10 +264,16 @@ impl SyntheticSource {
                 }
             }
             self.sim.forget_below(delivered);
+            // The pace goes on from the checkpoint's point in the schedule, not from
+            // its start: a restart is not silent for as long as the last run lasted.
+            self.started = Instant::now();
+            self.generated_at_start = self.generated;
             // And the usual amount past it, so the first poll finds something new.
         }
         let due = match self.config.rate_per_second {
-            Some(rate) => (self.started.elapsed().as_secs_f64() * rate) as u64,
+            Some(rate) => self
+                .generated_at_start
+                .saturating_add((self.started.elapsed().as_secs_f64() * rate) as u64),
             None => u64::MAX,
         };
         let target = due.min(self.config.transactions.unwrap_or(u64::MAX));
@@ -458,6 +467,16 @@ impl ChangeSource for SyntheticSource {
         self.sim.lsn_time(lsn).await
     }
 
+    /// A paced workload has more on its way until every transaction is generated (an
+    /// endless one always has); an unpaced one generates whatever a poll asks for.
+    fn more_expected(&self) -> bool {
+        self.config.rate_per_second.is_some()
+            && self
+                .config
+                .transactions
+                .is_none_or(|total| self.generated < total)
+    }
+
     async fn probe(&mut self, probes: &[Probe], to: Lsn) -> Result<Vec<ProbeResult>, SourceError> {
         // Nothing at or below every instance's position will be asked for again in
         // this process: drop it to keep memory bounded.
@@ -594,6 +613,66 @@ mod tests {
         assert!(
             most_held < read / 2,
             "held up to {most_held} of {read} rows"
+        );
+    }
+    /// A paced workload is not idle between two transactions: it expects more until
+    /// every transaction is generated; an unpaced one never waits for anything.
+    #[tokio::test]
+    async fn a_paced_workload_expects_more_until_it_is_generated() {
+        let paced = |transactions| SyntheticConfig {
+            transactions,
+            rate_per_second: Some(1e12),
+            ..SyntheticConfig::default()
+        };
+        let mut source = SyntheticSource::new(paced(Some(5)));
+        assert!(source.more_expected(), "nothing generated yet");
+        source.max_lsn().await.unwrap();
+        assert_eq!(source.generated(), 5);
+        assert!(!source.more_expected(), "all 5 generated");
+        let mut endless = SyntheticSource::new(paced(None));
+        endless.max_lsn().await.unwrap();
+        assert!(
+            endless.more_expected(),
+            "an endless paced workload always has more"
+        );
+        let unpaced = SyntheticSource::new(SyntheticConfig {
+            transactions: None,
+            ..SyntheticConfig::default()
+        });
+        assert!(!unpaced.more_expected());
+    }
+
+    /// A restarted paced workload goes on from the checkpoint's point in its schedule:
+    /// at 1,000 a second, 20 ms after resuming at transaction 500, more than the
+    /// catch-up was generated (replaying the schedule from its start would wait half
+    /// a second).
+    #[tokio::test]
+    async fn a_resumed_paced_workload_goes_on_at_once() {
+        let unpaced = SyntheticConfig {
+            transactions: Some(500),
+            ..SyntheticConfig::default()
+        };
+        let mut poller = Poller::new(SyntheticSource::new(unpaced), PollerConfig::default(), None);
+        while let PollOutcome::Batch(_) = poller.poll().await.unwrap() {}
+        let position = poller.position().clone();
+        let mut resumed = SyntheticSource::new(SyntheticConfig {
+            transactions: None,
+            rate_per_second: Some(1000.0),
+            ..SyntheticConfig::default()
+        });
+        resumed.resume_from(&position);
+        resumed.max_lsn().await.unwrap();
+        let caught_up = resumed.generated();
+        assert!(
+            caught_up >= 499,
+            "the history up to the checkpoint: {caught_up}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        resumed.max_lsn().await.unwrap();
+        assert!(
+            resumed.generated() >= caught_up + 20,
+            "{} after catching up to {caught_up}",
+            resumed.generated()
         );
     }
 }

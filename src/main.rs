@@ -50,7 +50,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct ReadArgs {
     /// A newline-delimited file written by the file or stdout sink; `-` for stdin.
-    #[arg(long, conflicts_with = "topic", required_unless_present = "topic")]
+    #[arg(long, conflicts_with_all = ["topic", "bootstrap_servers", "partitions", "group", "idle_ms", "kafka"])]
     file: Option<PathBuf>,
     /// A Kafka topic (or event hub through the Kafka endpoint, with `--kafka`
     /// security properties), read from the beginning.
@@ -73,15 +73,16 @@ struct ReadArgs {
     /// whole event.
     #[arg(long)]
     data: bool,
-    /// Stop after this many events.
+    /// Stop after this many events (0 reads none).
     #[arg(long)]
     max_events: Option<u64>,
-    /// Keep reading a topic for new events until interrupted.
+    /// Keep reading for new events until interrupted: a topic's new messages, or the
+    /// lines appended to a file.
     #[arg(long)]
     follow: bool,
-    /// Without `--follow`: stop once the topic was quiet this long.
-    #[arg(long, default_value_t = 2000)]
-    idle_ms: u64,
+    /// A topic without `--follow`: stop once it was quiet this long (default 2000).
+    #[arg(long)]
+    idle_ms: Option<u64>,
     /// A librdkafka property for the consumer (`--kafka security.protocol=SASL_SSL`).
     #[arg(long = "kafka", value_name = "KEY=VALUE")]
     kafka: Vec<String>,
@@ -210,7 +211,9 @@ fn main() -> ExitCode {
 
 /// `mssql-ces read`: events to stdout, the summary to stderr.
 fn read(args: &ReadArgs) -> ExitCode {
-    use mssql_ces::read::{EventReader, KafkaInput, ReadOptions, read_kafka, read_lines};
+    use mssql_ces::read::{
+        EventReader, KafkaInput, ReadOptions, follow_lines, read_kafka, read_lines,
+    };
     let encoding = match args.encoding.as_str() {
         "json" => mssql_ces::event::Encoding::Json,
         "avro" => mssql_ces::event::Encoding::Avro,
@@ -238,12 +241,18 @@ fn read(args: &ReadArgs) -> ExitCode {
             read_lines(std::io::stdin().lock(), "stdin", &mut reader).map_err(Into::into)
         }
         (Some(path), _, _) => match std::fs::File::open(path) {
-            Ok(file) => read_lines(
-                std::io::BufReader::new(file),
-                &path.display().to_string(),
-                &mut reader,
-            )
-            .map_err(Into::into),
+            Ok(file) => {
+                if args.follow {
+                    stop_on_ctrl_c(&stop);
+                }
+                follow_lines(
+                    std::io::BufReader::new(file),
+                    &path.display().to_string(),
+                    &mut reader,
+                    args.follow.then_some(&*stop),
+                )
+                .map_err(Into::into)
+            }
             Err(e) => {
                 eprintln!("error: --file {}: {e}", path.display());
                 return ExitCode::from(2);
@@ -257,13 +266,15 @@ fn read(args: &ReadArgs) -> ExitCode {
                 partitions: (!args.partitions.is_empty()).then(|| args.partitions.clone()),
                 group: args.group.clone(),
                 follow: args.follow,
-                idle: Duration::from_millis(args.idle_ms),
+                idle: Duration::from_millis(args.idle_ms.unwrap_or(2000)),
                 properties,
             };
             read_kafka(&input, &mut reader, &stop)
         }
         _ => {
-            eprintln!("error: give --file, or --topic with --bootstrap-servers");
+            eprintln!(
+                "error: what to read: --file PATH (a file the file or stdout sink wrote; - for stdin), or --topic NAME with --bootstrap-servers HOST:PORT"
+            );
             return ExitCode::from(2);
         }
     };

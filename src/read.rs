@@ -89,6 +89,8 @@ pub struct EventReader<W: Write> {
     streams: HashMap<String, Stream>,
     seen: HashSet<String>,
     summary: ReadSummary,
+    /// Where in its stream the message being read is (`line 12`, `offset 345`).
+    place: Option<String>,
 }
 
 impl<W: Write> EventReader<W> {
@@ -99,6 +101,21 @@ impl<W: Write> EventReader<W> {
             streams: HashMap::new(),
             seen: HashSet::new(),
             summary: ReadSummary::default(),
+            place: None,
+        }
+    }
+
+    /// The next message (or undecodable input) is at `place` of its stream: problems
+    /// name it.
+    pub fn at(&mut self, place: String) {
+        self.place = Some(place);
+    }
+
+    /// `stream line 12`: where a problem was found.
+    fn located(&self, stream: &str) -> String {
+        match &self.place {
+            Some(place) => format!("{stream} {place}"),
+            None => stream.to_owned(),
         }
     }
 
@@ -119,14 +136,16 @@ impl<W: Write> EventReader<W> {
     /// A message of `stream` that could not be decoded.
     pub fn undecodable(&mut self, stream: &str, error: impl std::fmt::Display) {
         self.summary.messages += 1;
+        let at = self.located(stream);
         self.summary
             .problems
-            .push(format!("{stream}: undecodable message: {error}"));
+            .push(format!("{at}: undecodable message: {error}"));
     }
 
     /// The next message of `stream`, in that stream's order.
     pub fn push(&mut self, stream: &str, message: CloudEvent) -> std::io::Result<()> {
         self.summary.messages += 1;
+        let at = self.located(stream);
         let state = self.streams.entry(stream.to_owned()).or_default();
         // Kept while an event is open: if this message breaks it, it may well be
         // the start of the next one.
@@ -135,7 +154,7 @@ impl<W: Write> EventReader<W> {
             Ok(Some(event)) => Some(event),
             Ok(None) => None,
             Err(e) => {
-                self.summary.problems.push(format!("{stream}: {e}"));
+                self.summary.problems.push(format!("{at}: {e}"));
                 // Start the stream afresh with this message.
                 state.reassembler = Reassembler::new();
                 match retry.map(|m| state.reassembler.push(m)) {
@@ -155,6 +174,10 @@ impl<W: Write> EventReader<W> {
     }
 
     fn emit(&mut self, stream: &str, event: LogicalEvent) -> std::io::Result<()> {
+        if self.done() {
+            return Ok(());
+        }
+        let at = self.located(stream);
         let first_id = event.segment_ids.first().cloned().unwrap_or_default();
         if !self.seen.insert(first_id) {
             self.summary.duplicates += 1;
@@ -166,7 +189,7 @@ impl<W: Write> EventReader<W> {
             Err(e) => {
                 self.summary
                     .problems
-                    .push(format!("{stream}: {}: {e}", event.event.logicalid));
+                    .push(format!("{at}: {}: {e}", event.event.logicalid));
                 return Ok(());
             }
         };
@@ -177,8 +200,14 @@ impl<W: Write> EventReader<W> {
         if let Some(state) = self.streams.get_mut(stream).filter(|_| !loaded) {
             let here = readback::position(&event.event.logicalid)
                 .map(|(lsn, sequence)| (lsn.to_owned(), sequence.to_owned()));
-            if here.is_some() && state.last.is_some() && here < state.last {
+            if let (Some(here), Some(last)) = (&here, &state.last)
+                && here < last
+            {
                 self.summary.out_of_order += 1;
+                self.summary.problems.push(format!(
+                    "{at}: event {} is out of commit order: it comes after {}:{}",
+                    event.event.logicalid, last.0, last.1
+                ));
             }
             if here > state.last {
                 state.last = here;
@@ -250,9 +279,14 @@ fn whole_event(
     data: &serde_json::Value,
     encoding: Encoding,
 ) -> serde_json::Value {
-    let data_text = match encoding {
-        Encoding::Json => String::from_utf8_lossy(&event.data).into_owned(),
-        Encoding::Avro => data.to_string(),
+    // Avro's Data record is printed as the JSON text CES carries: so says its
+    // content type then.
+    let (data_text, content_type) = match encoding {
+        Encoding::Json => (
+            String::from_utf8_lossy(&event.data).into_owned(),
+            event.datacontenttype.as_str(),
+        ),
+        Encoding::Avro => (data.to_string(), "application/json"),
     };
     serde_json::json!({
         "specversion": event.specversion,
@@ -261,7 +295,7 @@ fn whole_event(
         "id": event.id,
         "logicalid": event.logicalid,
         "time": event.time,
-        "datacontenttype": event.datacontenttype,
+        "datacontenttype": content_type,
         "operation": event.operation,
         "segmentindex": 0,
         "finalsegment": true,
@@ -284,26 +318,78 @@ fn decode_line(line: &str, encoding: Encoding) -> Result<CloudEvent, ReadError> 
     }
 }
 
-/// Reads a newline-delimited stream (a file, stdin) as one ordered stream.
+/// Reads a newline-delimited stream (a file, stdin) as one ordered stream, to its
+/// end.
 pub fn read_lines<W: Write>(
     input: impl BufRead,
     stream: &str,
     reader: &mut EventReader<W>,
 ) -> std::io::Result<()> {
-    for line in input.lines() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
+    follow_lines(input, stream, reader, None)
+}
+
+/// Reads a newline-delimited stream as one ordered stream. With `follow`, its end is
+/// only "nothing yet": lines appended later are read as they come (a line still
+/// being written waits for its newline), until the flag is set. A line that is not
+/// UTF-8 is a problem naming its line; the reading goes on.
+pub fn follow_lines<W: Write>(
+    mut input: impl BufRead,
+    stream: &str,
+    reader: &mut EventReader<W>,
+    follow: Option<&std::sync::atomic::AtomicBool>,
+) -> std::io::Result<()> {
+    let mut number = 0u64;
+    let mut line = Vec::new();
+    while !reader.done() {
+        let read = input.read_until(b'\n', &mut line)?;
+        let whole = line.ends_with(b"\n");
+        if !whole {
+            match follow {
+                Some(stop) if !stop.load(std::sync::atomic::Ordering::Relaxed) => {
+                    // What was read is printed before waiting for more.
+                    reader.out.flush()?;
+                    std::thread::sleep(FOLLOW_POLL);
+                    continue;
+                }
+                // Interrupted: a line still being written is not read.
+                Some(_) => break,
+                None if line.is_empty() => break,
+                None => {}
+            }
         }
-        match decode_line(&line, reader.options.encoding) {
-            Ok(message) => reader.push(stream, message)?,
-            Err(e) => reader.undecodable(stream, e),
-        }
-        if reader.done() {
+        number += 1;
+        reader.at(format!("line {number}"));
+        read_line(&line, stream, reader)?;
+        line.clear();
+        if read == 0 || !whole {
             break;
         }
     }
     Ok(())
+}
+
+/// How often `--follow` looks for lines appended to a file.
+const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+fn read_line<W: Write>(
+    bytes: &[u8],
+    stream: &str,
+    reader: &mut EventReader<W>,
+) -> std::io::Result<()> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        reader.undecodable(stream, "the line is not UTF-8");
+        return Ok(());
+    };
+    if text.trim().is_empty() {
+        return Ok(());
+    }
+    match decode_line(text, reader.options.encoding) {
+        Ok(message) => reader.push(stream, message),
+        Err(e) => {
+            reader.undecodable(stream, e);
+            Ok(())
+        }
+    }
 }
 
 /// A binary-mode Kafka message as a CloudEvent: the `ce_*` headers and the value as
@@ -382,6 +468,8 @@ pub fn read_kafka<W: Write>(
     let mut received = false;
     while !reader.done() && !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let Some(result) = consumer.poll(std::time::Duration::from_millis(100)) else {
+            // What was read is printed before waiting for more.
+            reader.out.flush()?;
             let limit = if received { input.idle } else { first_wait };
             if !input.follow && quiet_since.elapsed() >= limit {
                 break;
@@ -399,6 +487,7 @@ pub fn read_kafka<W: Write>(
         received = true;
         quiet_since = std::time::Instant::now();
         let stream = format!("{}[{}]", message.topic(), message.partition());
+        reader.at(format!("offset {}", message.offset()));
         match decode_kafka_message(&message, encoding) {
             Ok(event) => reader.push(&stream, event)?,
             Err(e) => reader.undecodable(&stream, e),
@@ -416,6 +505,9 @@ pub fn read_kafka<W: Write>(
     }
     Ok(())
 }
+
+/// How long `read` waits for the topic's partitions before it gives up.
+const METADATA_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn kafka_error(e: rdkafka::error::KafkaError) -> InputError {
     InputError::Kafka(e.to_string())
@@ -444,8 +536,14 @@ fn assigned_consumer(input: &KafkaInput) -> Result<rdkafka::consumer::BaseConsum
         Some(list) => list.clone(),
         None => {
             let metadata = consumer
-                .fetch_metadata(Some(&input.topic), std::time::Duration::from_secs(30))
-                .map_err(kafka_error)?;
+                .fetch_metadata(Some(&input.topic), METADATA_WAIT)
+                .map_err(|e| {
+                    InputError::Kafka(format!(
+                        "no answer from the brokers at {} (--bootstrap-servers) within {} s: {e}",
+                        input.bootstrap_servers,
+                        METADATA_WAIT.as_secs()
+                    ))
+                })?;
             let topic = metadata
                 .topics()
                 .first()
@@ -595,18 +693,16 @@ mod tests {
         let (_, summary) = read(&lines, false);
         assert_eq!(summary.events, 2);
         assert_eq!(summary.out_of_order, 1, "seq 1 after seq 2");
-        assert_eq!(summary.problems.len(), 3, "{:?}", summary.problems);
+        let problems = &summary.problems;
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        // Each names the line of the file it was found at.
         assert!(
-            summary.problems[0].contains("segment"),
-            "{:?}",
-            summary.problems
+            problems[0].starts_with("file line 2: event ") && problems[0].contains("out of commit order"),
+            "{problems:?}"
         );
-        assert!(summary.problems[1].contains("undecodable"));
-        assert!(
-            summary.problems[2].contains("ended"),
-            "{:?}",
-            summary.problems
-        );
+        assert!(problems[1].starts_with("file line 4: ") && problems[1].contains("segment"), "{problems:?}");
+        assert!(problems[2].starts_with("file line 6: undecodable"), "{problems:?}");
+        assert!(problems[3].contains("ended"), "{problems:?}");
     }
 
     #[test]
@@ -687,5 +783,113 @@ mod tests {
         assert_eq!(event.data, b"{}");
         let err = from_binary_mode(&headers[1..], b"{}").unwrap_err();
         assert!(err.to_string().contains("ce_specversion"), "{err}");
+    }
+
+    /// A line that is not UTF-8 is one problem naming its line; the lines after it
+    /// are read.
+    #[test]
+    fn a_line_that_is_not_utf8_is_a_problem_and_the_read_goes_on() {
+        let mut input = json_event("u", 1, 0, true, DATA).into_bytes();
+        input.extend_from_slice(b"\n\xff\xfe{}\n");
+        input.extend_from_slice(json_event("v", 2, 0, true, DATA).as_bytes());
+        let mut out = Vec::new();
+        let mut reader = EventReader::new(&mut out, options(Encoding::Json, false, None));
+        read_lines(input.as_slice(), "f", &mut reader).unwrap();
+        let summary = reader.finish(false).unwrap();
+        assert_eq!(summary.events, 2, "the line after it too");
+        assert_eq!(summary.problems, ["f line 2: undecodable message: the line is not UTF-8"]);
+    }
+
+    fn options(encoding: Encoding, data_only: bool, max_events: Option<u64>) -> ReadOptions {
+        ReadOptions {
+            encoding,
+            data_only,
+            max_events,
+        }
+    }
+
+    #[test]
+    fn max_events_prints_that_many_and_zero_prints_none() {
+        let lines: Vec<String> = (1..=3).map(|n| json_event(&n.to_string(), n, 0, true, DATA)).collect();
+        for max in [0, 2] {
+            let mut out = Vec::new();
+            let mut reader = EventReader::new(&mut out, options(Encoding::Json, false, Some(max)));
+            read_lines(lines.join("\n").as_bytes(), "f", &mut reader).unwrap();
+            let summary = reader.finish(false).unwrap();
+            assert_eq!(summary.events, max);
+            assert_eq!(String::from_utf8(out).unwrap().lines().count() as u64, max);
+        }
+    }
+
+    /// A file that grows is followed: lines appended later are read, a line still
+    /// being written waits for its newline, and the stop flag ends it.
+    #[test]
+    fn follow_reads_what_is_appended_until_stopped() {
+        let path = std::env::temp_dir().join(format!("mssql-ces-follow-{}.jsonl", std::process::id()));
+        std::fs::write(&path, format!("{}\n", json_event("a", 1, 0, true, DATA))).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = std::sync::Arc::clone(&stop);
+        let file = std::fs::File::open(&path).unwrap();
+        let reading = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut reader = EventReader::new(&mut out, options(Encoding::Json, false, None));
+            follow_lines(std::io::BufReader::new(file), "f", &mut reader, Some(&flag)).unwrap();
+            let summary = reader.finish(true).unwrap();
+            (summary, String::from_utf8(out).unwrap())
+        });
+        std::thread::sleep(FOLLOW_POLL * 2);
+        let second = json_event("b", 2, 0, true, DATA);
+        let (head, tail) = second.split_at(40);
+        let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(head.as_bytes()).unwrap();
+        file.flush().unwrap();
+        std::thread::sleep(FOLLOW_POLL * 2);
+        file.write_all(format!("{tail}\n").as_bytes()).unwrap();
+        file.flush().unwrap();
+        std::thread::sleep(FOLLOW_POLL * 3);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (summary, out) = reading.join().unwrap();
+        std::fs::remove_file(&path).ok();
+        assert!(summary.problems.is_empty(), "the torn line was read whole: {:?}", summary.problems);
+        assert_eq!(summary.events, 2, "{out}");
+    }
+
+    /// What `read` prints keeps the event's order: attributes as CES writes them, and
+    /// `--data` columns in the table's column order (`cols`), not sorted. Avro's Data
+    /// record comes out as JSON text, and its content type says so.
+    #[test]
+    fn printed_events_keep_the_order_of_attributes_and_columns() {
+        use crate::event::test_support::{employee_row, employees, insert, options as encoder_options};
+        let change = insert(employees(), employee_row(7, "Ada", "Lovelace"));
+        for encoding in [Encoding::Json, Encoding::Avro] {
+            let encoder = crate::event::Encoder::new(encoder_options(encoding));
+            let message = encoder.encode(&change).unwrap().messages.remove(0).bytes;
+            let cloud_event = crate::event::readback::decode_message(&message, encoding).unwrap();
+            for data_only in [false, true] {
+                let mut out = Vec::new();
+                let mut reader = EventReader::new(&mut out, options(encoding, data_only, None));
+                reader.push("s", cloud_event.clone()).unwrap();
+                reader.finish(false).unwrap();
+                let line: serde_json::Value = serde_json::from_slice(&out).unwrap();
+                let keys = |v: &serde_json::Value| -> Vec<String> {
+                    v.as_object().unwrap().keys().cloned().collect()
+                };
+                if data_only {
+                    assert_eq!(
+                        keys(&line["eventrow"]["current"]),
+                        ["Id", "FirstName", "LastName", "SignupDate"],
+                        "{encoding:?}"
+                    );
+                } else {
+                    assert_eq!(
+                        keys(&line),
+                        ["specversion", "type", "source", "id", "logicalid", "time", "datacontenttype", "operation", "segmentindex", "finalsegment", "data"]
+                    );
+                    assert_eq!(line["datacontenttype"], "application/json", "{encoding:?}");
+                    let data: serde_json::Value = serde_json::from_str(line["data"].as_str().unwrap()).unwrap();
+                    assert_eq!(keys(&data), ["eventsource", "eventrow"], "{encoding:?}");
+                }
+            }
+        }
     }
 }

@@ -56,3 +56,5 @@ pub mod read;
 pub mod setting;
 pub mod sink;
 pub mod source;
+#[cfg(test)]
+pub(crate) mod test_log;

@@ -697,11 +697,18 @@ mod tests {
         assert_eq!(problems.len(), 4, "{problems:?}");
         // Each names the line of the file it was found at.
         assert!(
-            problems[0].starts_with("file line 2: event ") && problems[0].contains("out of commit order"),
+            problems[0].starts_with("file line 2: event ")
+                && problems[0].contains("out of commit order"),
             "{problems:?}"
         );
-        assert!(problems[1].starts_with("file line 4: ") && problems[1].contains("segment"), "{problems:?}");
-        assert!(problems[2].starts_with("file line 6: undecodable"), "{problems:?}");
+        assert!(
+            problems[1].starts_with("file line 4: ") && problems[1].contains("segment"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[2].starts_with("file line 6: undecodable"),
+            "{problems:?}"
+        );
         assert!(problems[3].contains("ended"), "{problems:?}");
     }
 
@@ -797,7 +804,10 @@ mod tests {
         read_lines(input.as_slice(), "f", &mut reader).unwrap();
         let summary = reader.finish(false).unwrap();
         assert_eq!(summary.events, 2, "the line after it too");
-        assert_eq!(summary.problems, ["f line 2: undecodable message: the line is not UTF-8"]);
+        assert_eq!(
+            summary.problems,
+            ["f line 2: undecodable message: the line is not UTF-8"]
+        );
     }
 
     fn options(encoding: Encoding, data_only: bool, max_events: Option<u64>) -> ReadOptions {
@@ -810,7 +820,9 @@ mod tests {
 
     #[test]
     fn max_events_prints_that_many_and_zero_prints_none() {
-        let lines: Vec<String> = (1..=3).map(|n| json_event(&n.to_string(), n, 0, true, DATA)).collect();
+        let lines: Vec<String> = (1..=3)
+            .map(|n| json_event(&n.to_string(), n, 0, true, DATA))
+            .collect();
         for max in [0, 2] {
             let mut out = Vec::new();
             let mut reader = EventReader::new(&mut out, options(Encoding::Json, false, Some(max)));
@@ -825,7 +837,8 @@ mod tests {
     /// being written waits for its newline, and the stop flag ends it.
     #[test]
     fn follow_reads_what_is_appended_until_stopped() {
-        let path = std::env::temp_dir().join(format!("mssql-ces-follow-{}.jsonl", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("mssql-ces-follow-{}.jsonl", std::process::id()));
         std::fs::write(&path, format!("{}\n", json_event("a", 1, 0, true, DATA))).unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = std::sync::Arc::clone(&stop);
@@ -840,7 +853,10 @@ mod tests {
         std::thread::sleep(FOLLOW_POLL * 2);
         let second = json_event("b", 2, 0, true, DATA);
         let (head, tail) = second.split_at(40);
-        let mut file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         file.write_all(head.as_bytes()).unwrap();
         file.flush().unwrap();
         std::thread::sleep(FOLLOW_POLL * 2);
@@ -850,7 +866,11 @@ mod tests {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let (summary, out) = reading.join().unwrap();
         std::fs::remove_file(&path).ok();
-        assert!(summary.problems.is_empty(), "the torn line was read whole: {:?}", summary.problems);
+        assert!(
+            summary.problems.is_empty(),
+            "the torn line was read whole: {:?}",
+            summary.problems
+        );
         assert_eq!(summary.events, 2, "{out}");
     }
 
@@ -859,7 +879,9 @@ mod tests {
     /// record comes out as JSON text, and its content type says so.
     #[test]
     fn printed_events_keep_the_order_of_attributes_and_columns() {
-        use crate::event::test_support::{employee_row, employees, insert, options as encoder_options};
+        use crate::event::test_support::{
+            employee_row, employees, insert, options as encoder_options,
+        };
         let change = insert(employees(), employee_row(7, "Ada", "Lovelace"));
         for encoding in [Encoding::Json, Encoding::Avro] {
             let encoder = crate::event::Encoder::new(encoder_options(encoding));
@@ -883,10 +905,23 @@ mod tests {
                 } else {
                     assert_eq!(
                         keys(&line),
-                        ["specversion", "type", "source", "id", "logicalid", "time", "datacontenttype", "operation", "segmentindex", "finalsegment", "data"]
+                        [
+                            "specversion",
+                            "type",
+                            "source",
+                            "id",
+                            "logicalid",
+                            "time",
+                            "datacontenttype",
+                            "operation",
+                            "segmentindex",
+                            "finalsegment",
+                            "data"
+                        ]
                     );
                     assert_eq!(line["datacontenttype"], "application/json", "{encoding:?}");
-                    let data: serde_json::Value = serde_json::from_str(line["data"].as_str().unwrap()).unwrap();
+                    let data: serde_json::Value =
+                        serde_json::from_str(line["data"].as_str().unwrap()).unwrap();
                     assert_eq!(keys(&data), ["eventsource", "eventrow"], "{encoding:?}");
                 }
             }

@@ -428,16 +428,28 @@ impl<S: ChangeSource> Poller<S> {
     fn finish_load(&mut self, name: &str, load: &TableLoad) {
         self.position.loads.remove(name);
         let run = self.load_runs.remove(name);
-        let seconds = run.map_or(0.0, |r| r.started.elapsed().as_secs_f64());
+        let (seconds, rows_this_run) = run.map_or((0.0, load.rows), |r| {
+            (
+                r.started.elapsed().as_secs_f64(),
+                load.rows.saturating_sub(r.rows_at_start),
+            )
+        });
         tracing::info!(
             table = %load.table,
             rows = load.rows,
-            seconds = format!("{seconds:.1}"),
-            rows_per_second = (seconds > 0.0).then(|| (load.rows as f64 / seconds).round()),
+            // A resumed load: the rate is this process's rows over its time.
+            rows_this_run,
+            seconds = (seconds * 10.0).round() / 10.0,
+            rows_per_second = (seconds > 0.0).then(|| (rows_this_run as f64 / seconds).round()),
             "table loaded"
         );
         if self.position.loads.is_empty() {
-            tracing::info!(at_lsn = %load.at, "initial load finished; changes after its LSN follow");
+            if self.config.snapshot == SnapshotMode::InitialOnly {
+                self.said_loaded = true;
+                tracing::info!(at_lsn = %load.at, "initial load finished; snapshot.mode is \"initial_only\", so this run streams no changes and ends");
+            } else {
+                tracing::info!(at_lsn = %load.at, "initial load finished; changes after its LSN follow");
+            }
         }
     }
 
@@ -636,5 +648,81 @@ mod tests {
             assert_eq!(poller.position.instances[name], at, "{name}");
         }
         assert!(poller.plan_load().await.unwrap(), "planned once");
+    }
+
+    /// A load resumed from a checkpoint reports its rate over this process's rows,
+    /// not the table's; an `initial_only` run says it ends with the load.
+    #[tokio::test]
+    async fn a_resumed_load_reports_the_rate_of_its_own_rows() {
+        use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+        let workload = SyntheticConfig {
+            transactions: Some(1),
+            existing_rows: 5_000,
+            ..SyntheticConfig::default()
+        };
+        let config = PollerConfig {
+            snapshot: SnapshotMode::InitialOnly,
+            load_chunk: 1_000,
+            ..PollerConfig::default()
+        };
+        let mut first = Poller::new(SyntheticSource::new(workload.clone()), config.clone(), None);
+        let products_rows = |p: &Position| {
+            p.loads
+                .values()
+                .find(|l| l.table == "dbo.products")
+                .map(|l| l.rows)
+        };
+        while products_rows(first.position()).is_none_or(|rows| rows < 2_000) {
+            assert!(matches!(first.poll().await.unwrap(), PollOutcome::Batch(_)));
+        }
+        let checkpoint = first.position().clone();
+        let resumed_at = products_rows(&checkpoint).unwrap();
+        let mut source = SyntheticSource::new(workload);
+        source.resume_from(&checkpoint);
+        let mut second = Poller::new(source, config, Some(checkpoint));
+        let log = crate::test_log::capture();
+        while let PollOutcome::Batch(_) = second.poll().await.unwrap() {}
+        assert!(
+            log.lines().iter().all(|l| !l["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("already finished")),
+            "this run finished the load itself"
+        );
+        let loaded = log.with_message("table loaded");
+        let products = loaded
+            .iter()
+            .find(|l| l["table"] == "dbo.products")
+            .unwrap_or_else(|| panic!("{loaded:?}"));
+        assert_eq!(products["rows"], 5_000);
+        assert_eq!(products["rows_this_run"], 5_000 - resumed_at);
+        assert!(
+            products["seconds"].is_number(),
+            "a number, not text: {products}"
+        );
+        let finished = log.lines();
+        assert!(
+            finished.iter().any(|l| l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("initial_only") && m.contains("ends"))),
+            "{finished:?}"
+        );
+        // Run again once loaded: it says why there is nothing to do.
+        let mut third = Poller::new(
+            SyntheticSource::new(SyntheticConfig::default()),
+            PollerConfig {
+                snapshot: SnapshotMode::InitialOnly,
+                ..PollerConfig::default()
+            },
+            Some(second.position().clone()),
+        );
+        assert_eq!(third.poll().await.unwrap(), PollOutcome::Idle);
+        assert!(
+            log.lines().iter().any(|l| l["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("already finished")),
+            "a run with nothing to do says why"
+        );
     }
 }

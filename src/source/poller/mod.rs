@@ -210,6 +210,8 @@ pub struct Poller<S> {
     /// Per capture instance: its table's rows as `sys.partitions` estimated them,
     /// asked once (for the retention projection).
     estimates: BTreeMap<String, Option<u64>>,
+    /// An `initial_only` run has said why it streams nothing more.
+    said_loaded: bool,
 }
 
 /// What the stream has read, summarized without allocating: instance LSNs only rise,
@@ -259,6 +261,7 @@ impl<S: ChangeSource> Poller<S> {
             load_runs: BTreeMap::new(),
             retention: None,
             estimates: BTreeMap::new(),
+            said_loaded: false,
         }
     }
 
@@ -342,6 +345,12 @@ impl<S: ChangeSource> Poller<S> {
             }
             if self.config.snapshot == SnapshotMode::InitialOnly {
                 // Loaded: this run streams no changes.
+                if !self.said_loaded {
+                    self.said_loaded = true;
+                    tracing::info!(
+                        "snapshot.mode is \"initial_only\" and the checkpoint says the initial load already finished: nothing to do (to load again, start without the checkpoint, or set snapshot.mode = \"initial\" to stream the changes since)"
+                    );
+                }
                 return Ok(PollOutcome::Idle);
             }
             // Progress is what the stream has read; recording the identity is not.

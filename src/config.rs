@@ -428,8 +428,7 @@ impl Config {
         env: &[(String, String)],
         overrides: &[Override],
     ) -> Result<Self, ConfigError> {
-        let mut table: toml::Table =
-            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         // (path, the value as given when it was text, the value as read)
         let mut applied: Vec<(Vec<String>, Option<String>, toml::Value)> = Vec::new();
         for (name, value) in env {
@@ -541,6 +540,22 @@ impl Config {
     }
 }
 
+/// A TOML syntax error by line, column and what was expected, never with the line's
+/// text: the line may hold a secret written where it does not belong
+/// (`connection_string = Server=…;Password=…` without quotes).
+fn syntax_error(text: &str, error: &toml::de::Error) -> ConfigError {
+    let reason = error.message().trim().replace('\n', "; ");
+    let Some(span) = error.span() else {
+        return ConfigError::Parse(format!("not valid TOML: {reason}"));
+    };
+    let before = &text.as_bytes()[..span.start.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+    ConfigError::Parse(format!(
+        "not valid TOML at line {line}, column {column}: {reason}"
+    ))
+}
+
 /// One command-line override: the setting, its value, and the text it was typed as,
 /// for the text fallback (`--set sink.topic=007` reads as the number 7; where a number
 /// does not fit the setting, the text is taken as typed: `"007"`, not `"7"`).
@@ -641,7 +656,13 @@ fn deserialize_with_text_fallback(
             }
         }
         if !fixed {
-            return Err(ConfigError::Parse(error));
+            // One line: "… in `sink.topic`", as the other errors read.
+            let lines: Vec<&str> = error
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            return Err(ConfigError::Parse(lines.join(" ")));
         }
     }
 }

@@ -60,8 +60,20 @@ impl<'de> Deserialize<'de> for SecretRef {
                 let mut secret = SecretRef::default();
                 while let Some(key) = map.next_key::<String>()? {
                     match key.as_str() {
-                        "env" => secret.env = Some(map.next_value()?),
-                        "file" => secret.file = Some(map.next_value()?),
+                        "env" => {
+                            let name: String = map.next_value()?;
+                            if !plausible_reference(&name) {
+                                return Err(serde::de::Error::custom(NOT_A_NAME));
+                            }
+                            secret.env = Some(name);
+                        }
+                        "file" => {
+                            let path: String = map.next_value()?;
+                            if !plausible_reference(&path) {
+                                return Err(serde::de::Error::custom(NOT_A_PATH));
+                            }
+                            secret.file = Some(PathBuf::from(path));
+                        }
                         other => {
                             return Err(serde::de::Error::custom(format!(
                                 "unknown field `{other}`, expected `env` or `file`"
@@ -72,11 +84,35 @@ impl<'de> Deserialize<'de> for SecretRef {
                 Ok(secret)
             }
         }
-        // Anything but a table (a string, a number…) is refused without its value.
+        // Anything but a table (a string, a number…) is refused without its value,
+        // and so is a name or path that may be a secret pasted in the wrong place.
         deserializer
             .deserialize_any(Visitor)
-            .map_err(|_: D::Error| serde::de::Error::custom(format!("expected {EXPECTED}")))
+            .map_err(|e: D::Error| {
+                let text = e.to_string();
+                let ours = [NOT_A_NAME, NOT_A_PATH].iter().find(|m| text.contains(**m));
+                serde::de::Error::custom(match ours {
+                    Some(message) => (*message).to_owned(),
+                    None => format!("expected {EXPECTED}"),
+                })
+            })
     }
+}
+
+/// What an `env` that is no variable name is told (without its value).
+const NOT_A_NAME: &str = "`env` is not an environment variable's name (letters, digits, `_`, `.`, `-`, `/`; at most 255 characters), so what was given is not shown: if it is the secret itself, put it in a variable and name that variable here";
+/// What a `file` that is no plausible path is told (without its value).
+const NOT_A_PATH: &str = "`file` is not a plausible path (letters, digits, `_`, `.`, `-`, `/`; at most 255 characters), so what was given is not shown: if it is the secret itself, put it in a file and name that file here";
+
+/// Whether `text` can be a variable name or a path rather than a secret or a
+/// connection string pasted in its place: short, and only `[A-Za-z0-9_./-]`. Anything
+/// else (`;`, `=`, spaces, quotes…) is refused without being echoed.
+fn plausible_reference(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 255
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_./-".contains(&b))
 }
 
 impl SecretRef {
@@ -114,5 +150,62 @@ pub mod millis {
 
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    struct Holder {
+        #[allow(dead_code)]
+        secret: SecretRef,
+    }
+
+    fn parse(text: &str) -> Result<SecretRef, String> {
+        toml::from_str::<toml::Table>(text)
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                toml::Value::Table(t)
+                    .try_into::<Holder>()
+                    .map(|h| h.secret)
+                    .map_err(|e| e.to_string())
+            })
+    }
+
+    /// A secret pasted where a variable name or a path belongs is refused, and the
+    /// message never holds it; names and paths as people write them pass.
+    #[test]
+    fn a_secret_in_place_of_a_name_or_path_is_refused_without_echo() {
+        for pasted in [
+            "Server=tcp:db,1433;User Id=sa;Password=HUNTER2secret",
+            "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKey=HUNTER2secret",
+            "HUNTER2 secret with spaces",
+            "",
+        ] {
+            for key in ["env", "file"] {
+                let error = parse(&format!("secret = {{ {key} = {pasted:?} }}")).unwrap_err();
+                assert!(error.contains(&format!("`{key}` is not")), "{error}");
+                if !pasted.is_empty() {
+                    assert!(!error.contains("HUNTER2"), "{error}");
+                }
+            }
+        }
+        let long = "A".repeat(256);
+        assert!(parse(&format!("secret = {{ env = {long:?} }}")).is_err());
+        let ok = parse(r#"secret = { env = "MSSQL_CES__SOURCE__CONNECTION_STRING" }"#).unwrap();
+        assert_eq!(
+            ok.env.as_deref(),
+            Some("MSSQL_CES__SOURCE__CONNECTION_STRING")
+        );
+        let ok =
+            parse(r#"secret = { file = "/run/secrets/mssql-ces.connection_string" }"#).unwrap();
+        assert_eq!(
+            ok.file,
+            Some(PathBuf::from("/run/secrets/mssql-ces.connection_string"))
+        );
+        let ok = parse(&format!("secret = {{ env = {:?} }}", "A".repeat(255))).unwrap();
+        assert!(ok.is_set());
     }
 }

@@ -371,6 +371,57 @@ fn secrets_never_reach_the_output() {
     assert!(!stderr.contains("hunter2"), "a secret leaked: {stderr}");
 }
 
+/// A secret pasted where a variable name or a path belongs, or left unquoted, is
+/// refused as a configuration error by `run`, `check` and `check --format json`
+/// without ever being printed.
+#[test]
+fn a_secret_pasted_in_the_wrong_place_is_refused_without_echo() {
+    let secret = "Server=tcp:db,1433;User Id=sa;Password=HUNTER2pasted";
+    let configs = [
+        format!(
+            "[source]\nkind = \"sqlserver\"\nconnection_string = {{ env = {secret:?} }}\n[sink]\nkind = \"stdout\"\n"
+        ),
+        format!(
+            "[source]\nkind = \"sqlserver\"\nconnection_string = {{ file = {secret:?} }}\n[sink]\nkind = \"stdout\"\n"
+        ),
+        format!(
+            "[source]\nkind = \"sqlserver\"\nconnection_string = {secret}\n[sink]\nkind = \"stdout\"\n"
+        ),
+        format!(
+            "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_kafka\"\nconnection_string = {{ env = \"Endpoint=sb://x/;SharedAccessKey=HUNTER2eh\" }}\n"
+        ),
+    ];
+    let dir = temp_dir("pasted");
+    let path = dir.join("config.toml");
+    for text in &configs {
+        std::fs::write(&path, text).expect("config");
+        for args in [&["run"][..], &["check"], &["check", "--format", "json"]] {
+            let output = Command::new(BINARY)
+                .args(args)
+                .arg("--config")
+                .arg(&path)
+                .output()
+                .expect("run mssql-ces");
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(
+                !all.contains("HUNTER2"),
+                "{args:?} printed the secret:\n{text}\n{all}"
+            );
+            assert!(
+                all.contains("not shown") || all.contains("line 3"),
+                "{args:?} says why:\n{all}"
+            );
+            let expected = if args[0] == "run" { 2 } else { 1 };
+            assert_eq!(output.status.code(), Some(expected), "{args:?}: {all}");
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[test]
 fn the_file_sink_holds_every_event_exactly_once_whatever_the_kills() {
     let dir = temp_dir("file-exactly-once");

@@ -18,7 +18,7 @@ use crate::source::ChangeSource;
 use crate::source::load::SnapshotMode;
 use crate::source::poller::{Poller, StartPosition};
 use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
-use crate::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
+use crate::source::sqlserver::{SqlServerConfig, SqlServerSource};
 use tokio_util::sync::CancellationToken;
 
 /// Why a run stopped with a failure.
@@ -210,17 +210,7 @@ pub fn bulk_source(config: &Config) -> crate::source::sim::bulk::BulkSource {
 
 /// How to reach SQL Server (the secret read now, kept out of every log).
 pub fn sql_server_settings(config: &Config) -> Result<SqlServerConfig, ConfigError> {
-    let secret = config
-        .source
-        .connection_string
-        .resolve("source.connection_string")?;
-    Ok(SqlServerConfig {
-        connection_string: ConnectionString::new(secret),
-        trust_server_certificate: config.source.trust_server_certificate,
-        encrypt: config.source.encrypt,
-        connect_timeout: config.source.connect_timeout,
-        query_timeout: config.source.query_timeout,
-    })
+    config.sql_server()
 }
 
 async fn drive<S: ChangeSource + 'static>(

@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::event::settings::EventSettings;
+use crate::mssql::{ConnectionString, SqlServerConfig};
 use crate::setting::{ConfigError, SecretRef, invalid, millis};
 use crate::sink::settings::SinkSettings;
 use crate::source::filter::TableFilter;
@@ -512,12 +513,31 @@ impl Config {
     /// it), so a missing one is reported before any connection is tried.
     pub fn check_secrets(&self) -> Result<(), ConfigError> {
         if self.source.kind == SourceKind::Sqlserver {
-            self.source
-                .connection_string
-                .resolve("source.connection_string")?;
+            self.sql_server()?;
         }
         self.sink.kind.check_secrets()?;
         Ok(())
+    }
+
+    /// How to reach SQL Server: the secret read now (kept out of every log), and
+    /// refused as a configuration error when the driver could not use it (a
+    /// connection string that does not parse, an empty server), before anything is
+    /// contacted.
+    pub fn sql_server(&self) -> Result<SqlServerConfig, ConfigError> {
+        let secret = self
+            .source
+            .connection_string
+            .resolve("source.connection_string")?;
+        let settings = SqlServerConfig {
+            connection_string: ConnectionString::new(secret),
+            trust_server_certificate: self.source.trust_server_certificate,
+            encrypt: self.source.encrypt,
+            connect_timeout: self.source.connect_timeout,
+            query_timeout: self.source.query_timeout,
+        };
+        // The reason names the setting (and never quotes the string).
+        crate::mssql::validate(&settings).map_err(ConfigError::Parse)?;
+        Ok(settings)
     }
 
     /// The poll loop's settings.

@@ -181,6 +181,15 @@ fn definite(message: impl Into<String>) -> SqlErrorKind {
     }
 }
 
+/// Whether a run could use these settings: what connecting would refuse at once is
+/// found here, before anything is contacted. The reason never quotes the string.
+pub fn validate(settings: &SqlServerConfig) -> Result<(), String> {
+    driver_config(settings).map(drop).map_err(|e| match e {
+        SqlErrorKind::Definite { message } => message,
+        other => other.to_string(),
+    })
+}
+
 /// The driver's configuration, refusing what would make it panic or hang.
 fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
     let cs = &settings.connection_string;
@@ -193,6 +202,15 @@ fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
     ]);
     if let Some(server) = &server {
         let server = server.trim_start_matches("tcp:");
+        if server
+            .split(',')
+            .next()
+            .is_none_or(|host| host.trim().is_empty())
+        {
+            return Err(definite(
+                "source.connection_string has an empty Server: give the host (Server=tcp:host,1433)",
+            ));
+        }
         if let Some((_, instance)) = server.split_once('\\')
             && !instance.contains(',')
         {

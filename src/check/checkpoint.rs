@@ -3,17 +3,19 @@
 
 use super::*;
 
+/// Returns what the checkpoint says of the output file (for the file sink's check),
+/// when it could be read.
 pub(super) async fn check_checkpoint<S: ChangeSource>(
     report: &mut Report,
     config: &Config,
     source: &mut S,
     state: Option<&SourceState>,
-) {
+) -> Option<Resume> {
     let mut store = match crate::app::checkpoint_store(config) {
         Ok(store) => store,
         Err(e) => {
             report.fail("checkpoint", e.to_string(), "see the setting it names");
-            return;
+            return None;
         }
     };
     let where_ = match config.checkpoint.store {
@@ -32,7 +34,7 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
                     config.checkpoint.stream_name
                 ),
             );
-            Some(position)
+            Ok(Some(position))
         }
         Ok(None) => {
             report.pass(
@@ -42,7 +44,7 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
                     config.checkpoint.stream_name, config.source.start_position
                 ),
             );
-            None
+            Ok(None)
         }
         Err(e) => {
             report.fail(
@@ -50,7 +52,7 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
                 e.to_string(),
                 "the message says what to change (checkpoint.path, checkpoint.stream_name)",
             );
-            None
+            Err(())
         }
     };
     match check_writable(&mut store, config.check.timeout).await {
@@ -68,11 +70,17 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
             },
         ),
     }
-    let (Some(position), Some(state)) = (position, state) else {
-        return;
+    let resume = match &position {
+        Ok(None) => Some(Resume::Fresh),
+        Ok(Some(p)) => Some(p.sink_length.map_or(Resume::Unknown, Resume::At)),
+        Err(()) => None,
+    };
+    let (Ok(Some(position)), Some(state)) = (position, state) else {
+        return resume;
     };
     check_identity(report, &position, state);
     check_retention(report, source, &position, state).await;
+    resume
 }
 
 pub(super) async fn check_writable(

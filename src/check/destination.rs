@@ -3,10 +3,12 @@
 
 use super::*;
 
+/// `resume`: what the checkpoint says of the output file, when it could be read.
 pub(super) async fn check_destination(
     report: &mut Report,
     config: &Config,
     state: Option<&SourceState>,
+    resume: Option<Resume>,
 ) {
     let routing = &config.sink.routing;
     let largest = config.event.max_message_size_kb.bytes();
@@ -29,7 +31,7 @@ pub(super) async fn check_destination(
                 Err(e) => report.fail(
                     "Kafka: brokers",
                     format!("no answer from sink.bootstrap_servers within {} s: {e}", config.check.timeout.as_secs_f64()),
-                    "check sink.bootstrap_servers, that the brokers run and are reachable from here, and the credentials (sink.security_protocol, sink.sasl_*, sink.connection_string)",
+                    "check sink.bootstrap_servers, that the brokers run and are reachable from here, and the security settings (\"security.protocol\" and \"sasl.*\" in [sink.kafka]; sink.connection_string for Event Hubs)",
                 ),
             }
         }
@@ -41,13 +43,31 @@ pub(super) async fn check_destination(
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                 _ => std::path::PathBuf::from("."),
             };
-            match crate::checkpoint::file::probe_writable(&dir) {
-                Ok(()) => report.pass("destination", format!("file {}", c.path.display())),
-                Err(e) => report.fail(
+            if let Err(e) = crate::checkpoint::file::probe_writable(&dir) {
+                report.fail(
                     "destination",
                     format!("cannot write in {}: {e}", dir.display()),
                     "make the directory writable by this user, or set sink.path elsewhere",
-                ),
+                );
+                return;
+            }
+            // What the file holds must be what the checkpoint says, as a run checks.
+            let found = std::fs::metadata(&c.path)
+                .ok()
+                .filter(std::fs::Metadata::is_file)
+                .map(|m| m.len());
+            match (found, resume) {
+                (Some(found), Some(resume)) => {
+                    match crate::sink::stream::kept_length(&c.path, found, resume) {
+                        Ok(_) => report.pass("destination", format!("file {} ({found} bytes, as the checkpoint says)", c.path.display())),
+                        Err(e) => report.fail(
+                            "destination",
+                            e.to_string(),
+                            "move the file or the checkpoint away as the message says; a run refuses it",
+                        ),
+                    }
+                }
+                _ => report.pass("destination", format!("file {}", c.path.display())),
             }
         }
         SinkConfig::Stdout(_) => report.pass("destination", "stdout"),

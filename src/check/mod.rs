@@ -17,6 +17,7 @@ use crate::lsn::Lsn;
 use crate::position::{Position, SourceIdentity};
 use crate::sink::SinkConfig;
 use crate::sink::kafka::{self, DestinationFacts, KafkaFlavour};
+use crate::sink::stream::Resume;
 use crate::sink::{SinkHealth, expand_topic};
 use crate::source::sqlserver::SqlServerSource;
 use crate::source::{
@@ -136,10 +137,11 @@ impl Report {
         out
     }
 
-    /// `{"passed": bool, "checks": [...]}`.
+    /// `{"ok": bool, "passed": n, "failed": n, "skipped": n, "checks": [...]}`.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
-            "passed": self.passed(),
+            "ok": self.passed(),
+            "passed": self.count(Status::Pass),
             "failed": self.count(Status::Fail),
             "skipped": self.count(Status::Skip),
             "checks": self.findings,
@@ -164,13 +166,13 @@ pub async fn check(config: &Config) -> Report {
                 let mut source = SqlServerSource::new(settings);
                 check_with(config, &mut source, "").await
             }
-            Err(e) => {
+            Err(_) => {
+                // The configuration finding says what is wrong with it.
                 let mut report = Report::default();
                 secrets(&mut report, config);
-                report.fail(
+                report.skip(
                     "SQL Server",
-                    e.to_string(),
-                    "set source.connection_string.env or .file to where the connection string is",
+                    "not contacted: source.connection_string is not usable (see the configuration finding)",
                 );
                 report
             }
@@ -184,18 +186,45 @@ pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server
     let mut report = Report::default();
     secrets(&mut report, config);
     let catalog = check_source(&mut report, config, source, server).await;
-    check_checkpoint(&mut report, config, source, catalog.as_ref()).await;
-    check_destination(&mut report, config, catalog.as_ref()).await;
+    let checkpoint = check_checkpoint(&mut report, config, source, catalog.as_ref()).await;
+    check_destination(&mut report, config, catalog.as_ref(), checkpoint).await;
+    check_metrics(&mut report, config).await;
     report
+}
+
+/// `metrics.listen`: the address can be bound, as a run binds it first.
+async fn check_metrics(report: &mut Report, config: &Config) {
+    let Ok(Some(address)) = config.metrics.listen_address() else {
+        return;
+    };
+    match crate::metrics::bind(address).await {
+        Ok(listener) => {
+            drop(listener);
+            report.pass("metrics", format!("{address} can be served"));
+        }
+        Err(e) => report.fail(
+            "metrics",
+            e.to_string(),
+            "set metrics.listen to a free address (a running mssql-ces may hold this one)",
+        ),
+    }
 }
 
 fn secrets(report: &mut Report, config: &Config) {
     match config.check_secrets() {
         Ok(()) => report.pass("configuration", "valid; every secret it names resolves"),
-        Err(e) => report.fail(
-            "configuration",
-            e.to_string(),
-            "make the secret available (the environment variable or the file the setting names)",
-        ),
+        Err(e) => {
+            let fix = match &e {
+                crate::setting::ConfigError::MissingSecret { .. } => {
+                    "make the secret available (the environment variable or the file the setting names)"
+                }
+                _ => "correct the setting the message names",
+            };
+            let detail = match e {
+                crate::setting::ConfigError::Parse(message) => message,
+                other => other.to_string(),
+            };
+            report.fail("configuration", detail, fix)
+        }
     }
 }

@@ -52,6 +52,25 @@ pub enum Resume {
     Unknown,
 }
 
+/// What a start does with an output file of `found` bytes: the length it keeps (cutting
+/// what was written after the checkpoint), or why it refuses the file. `check` asks
+/// the same before a run.
+pub fn kept_length(path: &std::path::Path, found: u64, resume: Resume) -> Result<u64, SinkError> {
+    match resume {
+        Resume::At(length) if length <= found => Ok(length),
+        Resume::At(length) => Err(SinkError::Definite(format!(
+            "sink.path {} holds {found} bytes, fewer than the {length} the checkpoint says were written: it was truncated or replaced; move the checkpoint away to start over",
+            path.display()
+        ))),
+        Resume::Fresh if found > 0 => Err(SinkError::Definite(format!(
+            "sink.path {} already holds {found} bytes and there is no checkpoint saying what they are: move the file away (or restore its checkpoint) so that it holds every event exactly once",
+            path.display()
+        ))),
+        Resume::Fresh => Ok(0),
+        Resume::Unknown => Ok(found),
+    }
+}
+
 pub struct StreamSink {
     output: Output,
     encoding: Encoding,
@@ -97,26 +116,10 @@ impl StreamSink {
         }
         let length = if metadata.is_file() {
             let found = metadata.len();
-            let keep = match resume {
-                Resume::At(length) if length <= found => length,
-                Resume::At(length) => {
-                    return Err(SinkError::Definite(format!(
-                        "sink.path {} holds {found} bytes, fewer than the {length} the checkpoint says were written: it was truncated or replaced; move the checkpoint away to start over",
-                        path.display()
-                    )));
-                }
-                Resume::Fresh if found > 0 => {
-                    return Err(SinkError::Definite(format!(
-                        "sink.path {} already holds {found} bytes and there is no checkpoint saying what they are: move the file away (or restore its checkpoint) so that it holds every event exactly once",
-                        path.display()
-                    )));
-                }
-                Resume::Fresh => 0,
-                Resume::Unknown => {
-                    tracing::warn!(path = %path.display(), "the checkpoint does not record this file's length: appending, and a crash before this run's first checkpoint may repeat events");
-                    found
-                }
-            };
+            let keep = kept_length(&path, found, resume)?;
+            if resume == Resume::Unknown {
+                tracing::warn!(path = %path.display(), "the checkpoint does not record this file's length: appending, and a crash before this run's first checkpoint may repeat events");
+            }
             if keep < found {
                 tracing::info!(path = %path.display(), cut_bytes = found - keep, "removing what was written after the last checkpoint; it is written again");
                 file.set_len(keep).map_err(io)?;

@@ -452,6 +452,96 @@ async fn a_secret_that_does_not_resolve_fails_the_configuration_check() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// What `run` refuses, `check` fails: an output file holding lines no checkpoint
+/// accounts for, a metrics address another process holds, a connection string the
+/// driver cannot parse or without a server.
+#[tokio::test]
+async fn check_fails_what_run_would_refuse() {
+    let dir = temp_dir("check-refuse");
+    let out = dir.join("out.jsonl");
+    let file_sink = format!("kind = \"file\"\npath = \"{}\"", out.display());
+    // No file yet, then an empty one: a first run may write it.
+    let report = run(&config(&dir, &file_sink, ""), &database()).await;
+    expect(&report, "destination", Status::Pass);
+    std::fs::write(&out, "").expect("empty file");
+    let report = run(&config(&dir, &file_sink, ""), &database()).await;
+    expect(&report, "destination", Status::Pass);
+    std::fs::write(&out, "{\"a line\":1}\n").expect("a line");
+    let report = run(&config(&dir, &file_sink, ""), &database()).await;
+    let file = expect(&report, "destination", Status::Fail);
+    assert!(file.detail.contains("no checkpoint"), "{file:?}");
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("address");
+    let report = run(
+        &config(
+            &dir,
+            "kind = \"stdout\"",
+            &format!("[metrics]\nlisten = \"{address}\""),
+        ),
+        &database(),
+    )
+    .await;
+    let metrics = expect(&report, "metrics", Status::Fail);
+    assert!(metrics.detail.contains(&address.to_string()), "{metrics:?}");
+    drop(taken);
+    let report = run(
+        &config(
+            &dir,
+            "kind = \"stdout\"",
+            &format!("[metrics]\nlisten = \"{address}\""),
+        ),
+        &database(),
+    )
+    .await;
+    expect(&report, "metrics", Status::Pass);
+
+    let path = dir.join("sql.toml");
+    for (cs, says) in [
+        (
+            "Server=tcp:db,1433;Bogus;Password=HUNTER2",
+            "not a valid ADO.NET",
+        ),
+        ("Server=;User Id=u;Password=HUNTER2", "empty Server"),
+    ] {
+        std::fs::write(
+            &path,
+            format!("[source]\nkind = \"sqlserver\"\nconnection_string = {{ env = \"MSSQL_CES_CHECK_CS\" }}\n[sink]\nkind = \"stdout\"\n{CHECK_TIMEOUT}"),
+        )
+        .expect("config");
+        for args in [&["check"][..], &["run"]] {
+            let output = Command::new(BINARY)
+                .args(args)
+                .arg("--config")
+                .arg(&path)
+                .env("MSSQL_CES_CHECK_CS", cs)
+                .output()
+                .expect("run mssql-ces");
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(
+                all.contains(says) && all.contains("source.connection_string"),
+                "{args:?}: {all}"
+            );
+            assert!(!all.contains("HUNTER2"), "{all}");
+            // `run`: a configuration error (2), before anything is contacted.
+            let code = if args[0] == "run" { 2 } else { 1 };
+            assert_eq!(output.status.code(), Some(code), "{args:?}: {all}");
+            if args[0] == "check" {
+                assert!(
+                    all.contains("✘ configuration: source.connection_string"),
+                    "{all}"
+                );
+                assert!(all.contains("– SQL Server: not contacted"), "{all}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
 fn kafka_sink(bootstrap: &str, topic: &str) -> String {
     format!("kind = \"kafka\"\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"{topic}\"")
 }
@@ -610,7 +700,12 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
     assert_eq!(output.status.code(), Some(1));
     let report: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("one JSON document");
-    assert_eq!(report["passed"], false);
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["failed"], 1);
+    assert!(
+        report["passed"].as_u64().is_some_and(|n| n > 0),
+        "a count: {report}"
+    );
     let missing = report["checks"]
         .as_array()
         .expect("checks")

@@ -458,6 +458,13 @@ pub trait ChangeSource: Send {
     fn more_expected(&self) -> bool {
         false
     }
+
+    /// The source's own clock in UTC when it is not the wall clock (a simulator's,
+    /// whose commit times are simulated); `None`: the wall clock. Ages measured from
+    /// a commit time (how long ago the load's LSN was committed) use it.
+    fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        None
+    }
 }
 
 /// Where a read of a source table ([`ChangeSource::read_table`]) starts.

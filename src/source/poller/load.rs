@@ -453,6 +453,15 @@ impl<S: ChangeSource> Poller<S> {
         }
     }
 
+    /// Seconds since a commit at `commit_time_ns`, on the source's clock (a
+    /// simulator's commit times are simulated; a server's are compared with this
+    /// machine's clock).
+    fn since_commit(&self, commit_time_ns: i64) -> f64 {
+        let now = self.source.clock().unwrap_or_else(chrono::Utc::now);
+        let then = chrono::DateTime::from_timestamp_nanos(commit_time_ns);
+        (now - then).num_milliseconds().max(0) as f64 / 1000.0
+    }
+
     /// Logs a load's progress every [`LOAD_LOG_EVERY`], and warns once when the loads
     /// will outlast the cleanup retention: no change is read until every load ends,
     /// so the changes after L0 wait from L0's commit until then. The projection is the
@@ -513,10 +522,11 @@ impl<S: ChangeSource> Poller<S> {
             .filter_map(|n| self.estimates.get(n).copied().flatten())
             .sum();
         let rate = status.rows_per_second.max(1e-9);
-        let since_l0 = self.position.loads.get(name).map_or(0.0, |l| {
-            let l0 = chrono::DateTime::from_timestamp_nanos(l.commit_time_ns);
-            (chrono::Utc::now() - l0).num_milliseconds().max(0) as f64 / 1000.0
-        });
+        let since_l0 = self
+            .position
+            .loads
+            .get(name)
+            .map_or(0.0, |l| self.since_commit(l.commit_time_ns));
         let projected = since_l0 + left + queued_rows as f64 / rate;
         let Ok(projected) = Duration::try_from_secs_f64(projected) else {
             return Ok(());
@@ -724,5 +734,30 @@ mod tests {
                 .contains("already finished")),
             "a run with nothing to do says why"
         );
+    }
+
+    /// The age of a load's LSN is measured on the source's clock: a simulator's
+    /// commit times are simulated (months from the wall clock), and a projection on
+    /// the wall clock warned of the retention on every synthetic load.
+    #[tokio::test]
+    async fn the_age_of_the_loads_lsn_is_measured_on_the_sources_clock() {
+        use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+        let workload = SyntheticConfig {
+            transactions: Some(50),
+            existing_rows: 10,
+            ..SyntheticConfig::default()
+        };
+        let config = PollerConfig {
+            snapshot: SnapshotMode::Initial,
+            ..PollerConfig::default()
+        };
+        let mut poller = Poller::new(SyntheticSource::new(workload), config, None);
+        poller.poll().await.unwrap();
+        let load = poller.position().loads.values().next().unwrap().clone();
+        let age = poller.since_commit(load.commit_time_ns);
+        assert!(age < 60.0, "seconds since L0 on the simulated clock: {age}");
+        let wall = (chrono::Utc::now() - chrono::DateTime::from_timestamp_nanos(load.commit_time_ns))
+            .num_seconds();
+        assert!(wall.abs() > 86_400, "the simulated commit is far from the wall clock: {wall} s");
     }
 }

@@ -394,6 +394,13 @@ impl SimState {
         instance.info.start_lsn
     }
 
+    /// The simulated server's clock in UTC (its local time less its zone's offset;
+    /// UTC when it has no zone).
+    fn utc_now(&self) -> chrono::DateTime<chrono::Utc> {
+        let minutes = self.offset_at(self.now).unwrap_or(0);
+        (self.now - Duration::minutes(i64::from(minutes))).and_utc()
+    }
+
     /// The offset SQL Server's `AT TIME ZONE` gives a local time in the server's zone.
     fn offset_at(&self, local: NaiveDateTime) -> Option<i16> {
         let tz = self.time_zone?;

@@ -16,6 +16,12 @@ impl CdcSimulator {
 }
 
 impl ChangeSource for CdcSimulator {
+    /// The simulated clock: commit times are simulated, so ages are measured on it
+    /// (not a round trip).
+    fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        Some(self.lock().utc_now())
+    }
+
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
         let state = self.call()?;
         if !state.server.cdc_enabled {

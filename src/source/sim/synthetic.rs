@@ -469,6 +469,10 @@ impl ChangeSource for SyntheticSource {
 
     /// A paced workload has more on its way until every transaction is generated (an
     /// endless one always has); an unpaced one generates whatever a poll asks for.
+    fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.sim.clock()
+    }
+
     fn more_expected(&self) -> bool {
         self.config.rate_per_second.is_some()
             && self

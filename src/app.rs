@@ -94,8 +94,12 @@ pub async fn run(
             .await?
         }
         SourceKind::Synthetic => {
+            let s = &config.source.synthetic;
             tracing::info!(
-                seed = config.source.synthetic.seed,
+                seed = s.seed,
+                // Absent: endless, and unpaced.
+                transactions = (s.transactions > 0).then_some(s.transactions),
+                rate_per_second = (s.rate_per_second > 0.0).then_some(s.rate_per_second),
                 "source: the synthetic workload (generated changes, not a database)"
             );
             let mut source = synthetic_source(&config);
@@ -109,7 +113,14 @@ pub async fn run(
             .await?
         }
         SourceKind::Sqlserver => {
-            let source = SqlServerSource::new(sql_server_settings(&config)?);
+            let settings = sql_server_settings(&config)?;
+            let (server, database) = settings.connection_string.server_and_database();
+            tracing::info!(
+                server = server.as_deref().unwrap_or("(none given)"),
+                database = database.as_deref().unwrap_or("(the login's default)"),
+                "source: SQL Server"
+            );
+            let source = SqlServerSource::new(settings);
             let poller = Poller::new(source, poller_config, position);
             drive(
                 &config, poller, store, shutdown, until_idle, resume, &metrics,
@@ -229,6 +240,16 @@ async fn drive<S: ChangeSource + 'static>(
         .kind
         .build(&config.sink.routing, &config.event, resume, health)
         .await?;
+    tracing::info!(
+        destination = %config.sink.kind.describe(),
+        // A topic only where there are topics.
+        topic = (!matches!(config.sink.kind, SinkConfig::Stdout(_) | SinkConfig::File(_)))
+            .then_some(built.topic.as_str()),
+        partition_key = %config.sink.routing.partition_key,
+        mode = %config.sink.routing.mode,
+        encoding = %config.event.encoding,
+        "writing CES events"
+    );
     let fresh_file = matches!(config.sink.kind, SinkConfig::File(_)) && resume == Resume::Fresh;
     if poller.needs_plan() {
         // The load's LSN goes into the checkpoint before any row is sent: a restart

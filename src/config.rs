@@ -943,6 +943,41 @@ topic = "hub"
         assert!(!format!("{c:?}").contains("SUPERSECRET"));
     }
 
+    /// The log's destination line: brokers, namespace (never the key), file or
+    /// stdout; and the SQL Server source's server and database, never its password.
+    #[test]
+    fn where_events_go_and_come_from_is_described_without_secrets() {
+        assert_eq!(
+            load(KAFKA).unwrap().sink.kind.describe(),
+            "Kafka at localhost:9092"
+        );
+        assert_eq!(load(MINIMAL).unwrap().sink.kind.describe(), "stdout");
+        let path =
+            std::env::temp_dir().join(format!("mssql-ces-describe-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, SECRET).unwrap();
+        for kind in ["event_hubs_kafka", "event_hubs_amqp"] {
+            let text = format!(
+                "{}connection_string = {{ file = \"{}\" }}\n",
+                EVENT_HUBS.replace("event_hubs_kafka", kind),
+                path.display()
+            );
+            let described = load(&text).unwrap().sink.kind.describe();
+            assert!(
+                described.starts_with("Event Hubs ns.servicebus.windows.net ("),
+                "{described}"
+            );
+            assert!(!described.contains("SUPERSECRET"), "{described}");
+        }
+        std::fs::remove_file(&path).ok();
+        let cs = crate::mssql::ConnectionString::new(
+            "Server=tcp:db.example.com,1433;Initial Catalog=Shop;User Id=u;Password=SUPERSECRET",
+        );
+        assert_eq!(
+            cs.server_and_database(),
+            (Some("tcp:db.example.com,1433".into()), Some("Shop".into()))
+        );
+    }
+
     #[test]
     fn every_sinks_secret_is_checked_before_anything_connects() {
         let amqp = "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_amqp\"\ntopic = \"hub\"\nconnection_string = { env = \"MSSQL_CES_TEST_UNSET_VARIABLE\" }\n";

@@ -36,6 +36,20 @@ impl ConnectionString {
         &self.0
     }
 
+    /// The server and the database it names (not secrets: for the log).
+    pub fn server_and_database(&self) -> (Option<String>, Option<String>) {
+        (
+            self.setting(&[
+                "server",
+                "data source",
+                "address",
+                "addr",
+                "network address",
+            ]),
+            self.setting(&["database", "initial catalog"]),
+        )
+    }
+
     /// The value of `key` (case-insensitive, any of its synonyms), if present.
     fn setting(&self, keys: &[&str]) -> Option<String> {
         self.0.split(';').find_map(|pair| {

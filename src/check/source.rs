@@ -80,10 +80,10 @@ fn check_server(report: &mut Report, facts: &ServerFacts, prefix: &str) {
         .split('.')
         .next()
         .and_then(|m| m.parse::<u32>().ok());
-    let tls = if facts.encrypted {
-        "encrypted (TLS)"
-    } else {
-        "not encrypted (source.encrypt = false)"
+    let tls = match facts.encrypted {
+        Some(true) => "encrypted (TLS)",
+        Some(false) => "not encrypted (source.encrypt = false)",
+        None => "simulated: no network connection",
     };
     match major {
         Some(m) if m < 13 && facts.engine_edition != AZURE_SQL_DATABASE_EDITION => report.fail(

@@ -308,6 +308,16 @@ pub enum Encoding {
     Avro,
 }
 
+impl std::fmt::Display for Encoding {
+    /// As the configuration writes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Encoding::Json => "json",
+            Encoding::Avro => "avro",
+        })
+    }
+}
+
 impl Encoding {
     pub fn content_type(self) -> &'static str {
         match self {

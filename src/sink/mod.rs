@@ -129,6 +129,47 @@ impl SinkConfig {
 
     /// Opens the sink. `resume` says what the checkpoint knows of a file's length;
     /// the sink reports its connection and re-sends to `health`.
+    /// Where events go, for the log: brokers, hub, file or stdout, never a secret
+    /// (an Event Hubs connection string gives only its namespace).
+    pub fn describe(&self) -> String {
+        let namespace = |secret: &crate::setting::SecretRef| {
+            secret
+                .resolve("sink.connection_string")
+                .ok()
+                .and_then(|cs| kafka::parse_event_hubs_connection_string(&cs).ok())
+                .map_or_else(
+                    || "(namespace from sink.connection_string)".to_owned(),
+                    |(host, _)| host,
+                )
+        };
+        match self {
+            SinkConfig::Kafka(c) => format!(
+                "Kafka at {}",
+                c.bootstrap_servers
+                    .as_deref()
+                    .unwrap_or("(no sink.bootstrap_servers)")
+            ),
+            SinkConfig::EventHubsKafka(c) => {
+                format!(
+                    "Event Hubs {} (Kafka endpoint)",
+                    namespace(&c.connection_string)
+                )
+            }
+            SinkConfig::EventHubsAmqp(c) => {
+                let at = c
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| namespace(&c.connection_string));
+                match &c.custom_endpoint {
+                    Some(endpoint) => format!("Event Hubs {at} (AMQP, through {endpoint})"),
+                    None => format!("Event Hubs {at} (AMQP)"),
+                }
+            }
+            SinkConfig::Stdout(_) => "stdout".to_owned(),
+            SinkConfig::File(c) => format!("file {}", c.path.display()),
+        }
+    }
+
     pub async fn build(
         &self,
         routing: &RoutingSettings,

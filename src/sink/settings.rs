@@ -25,6 +25,19 @@ pub enum PartitionKeyScheme {
     PrimaryKey,
 }
 
+impl std::fmt::Display for PartitionKeyScheme {
+    /// As the configuration writes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PartitionKeyScheme::None => "none",
+            PartitionKeyScheme::StreamGroup => "stream_group",
+            PartitionKeyScheme::Table => "table",
+            PartitionKeyScheme::Column => "column",
+            PartitionKeyScheme::PrimaryKey => "primary_key",
+        })
+    }
+}
+
 /// Kafka message layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -34,6 +47,16 @@ pub enum CloudEventsMode {
     Structured,
     /// `ce_*` headers, `data` as the value.
     Binary,
+}
+
+impl std::fmt::Display for CloudEventsMode {
+    /// As the configuration writes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CloudEventsMode::Structured => "structured",
+            CloudEventsMode::Binary => "binary",
+        })
+    }
 }
 
 /// `[sink]`: how events are routed, and where they go — `kind` with that sink's

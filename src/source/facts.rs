@@ -98,9 +98,10 @@ fn decode_server(mut row: NamedRow) -> Result<ServerFacts, DecodeError> {
         engine_edition: row.int("engine_edition")?,
         database: row.string("database_name")?,
         cdc_enabled: row.opt_int("is_cdc_enabled")? == Some(1),
-        encrypted: row
-            .opt_string("encrypt_option")?
-            .is_some_and(|v| v.eq_ignore_ascii_case("TRUE")),
+        encrypted: Some(
+            row.opt_string("encrypt_option")?
+                .is_some_and(|v| v.eq_ignore_ascii_case("TRUE")),
+        ),
         local_time: row.datetime("local_time")?,
         agent: pending(),
         jobs: pending(),
@@ -191,7 +192,7 @@ mod tests {
         let facts = decode_server(row).expect("decodes");
         assert_eq!(facts.product_version, "16.0.4135.4");
         assert_eq!(facts.engine_edition, 3);
-        assert!(facts.cdc_enabled && facts.encrypted);
+        assert!(facts.cdc_enabled && facts.encrypted == Some(true));
         assert_eq!(facts.local_time.to_string(), "2026-08-07 01:00:00");
         let off = NamedRow::from_pairs(vec![
             ("product_version", text("13.0.1")),
@@ -203,7 +204,7 @@ mod tests {
             ("local_time", datetime(46_239, 0)),
         ]);
         let facts = decode_server(off).expect("decodes");
-        assert!(!facts.cdc_enabled && !facts.encrypted);
+        assert!(!facts.cdc_enabled && facts.encrypted == Some(false));
     }
 
     #[test]

@@ -188,7 +188,7 @@ mod tests {
             engine_edition: 3,
             database: "db".into(),
             cdc_enabled: true,
-            encrypted: true,
+            encrypted: Some(true),
             local_time: chrono::NaiveDateTime::default(),
             agent: Fact::Unknown(String::new()),
             jobs,

@@ -523,8 +523,9 @@ pub struct ServerFacts {
     pub database: String,
     /// `sys.databases.is_cdc_enabled`.
     pub cdc_enabled: bool,
-    /// `CONNECTIONPROPERTY('encrypt_option')`: this connection uses TLS.
-    pub encrypted: bool,
+    /// `CONNECTIONPROPERTY('encrypt_option')`: whether this connection uses TLS;
+    /// `None` where there is no connection (a simulated server).
+    pub encrypted: Option<bool>,
     /// `SYSDATETIME()`: the server's local time.
     pub local_time: NaiveDateTime,
     /// `sys.dm_server_services`' `status_desc` of SQL Server Agent.

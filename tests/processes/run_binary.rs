@@ -712,6 +712,26 @@ fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
         .find(|l| l["message"] == "stopped")
         .expect("a stop line");
     assert_eq!(stopped["level"], "INFO");
+    // The start says where events come from and go, and how they are written.
+    let said = |message: &str| {
+        lines
+            .iter()
+            .find(|l| l["message"] == message)
+            .unwrap_or_else(|| panic!("a {message:?} line: {stderr}"))
+    };
+    let source = said("source: the synthetic workload (generated changes, not a database)");
+    assert_eq!(source["transactions"], 50);
+    let writing = said("writing CES events");
+    assert_eq!(
+        writing["destination"],
+        format!("file {}", dir.join("out.ndjson").display())
+    );
+    assert_eq!(writing["encoding"], "json");
+    assert_eq!(writing["mode"], "structured");
+    assert!(
+        writing.get("topic").is_none(),
+        "no topic for a file: {writing}"
+    );
     let checkpoint = stopped["checkpoint"].as_str().expect("checkpoint as text");
     assert!(
         checkpoint.contains(':') && checkpoint.contains(" #"),

@@ -756,8 +756,12 @@ mod tests {
         let load = poller.position().loads.values().next().unwrap().clone();
         let age = poller.since_commit(load.commit_time_ns);
         assert!(age < 60.0, "seconds since L0 on the simulated clock: {age}");
-        let wall = (chrono::Utc::now() - chrono::DateTime::from_timestamp_nanos(load.commit_time_ns))
-            .num_seconds();
-        assert!(wall.abs() > 86_400, "the simulated commit is far from the wall clock: {wall} s");
+        let wall = (chrono::Utc::now()
+            - chrono::DateTime::from_timestamp_nanos(load.commit_time_ns))
+        .num_seconds();
+        assert!(
+            wall.abs() > 86_400,
+            "the simulated commit is far from the wall clock: {wall} s"
+        );
     }
 }

@@ -101,7 +101,7 @@ impl<S: ChangeSource> Poller<S> {
         match (&self.config.time_zone, &catalog.server_time_zone) {
             (TimeZoneSetting::Server, Some(id)) => tracing::info!(
                 server_time_zone = %id,
-                "commit times converted to UTC with the server's own time zone (CURRENT_TIMEZONE_ID), the offset in force at each commit"
+                "commit times converted to UTC with the server's own time zone, the offset in force at each commit"
             ),
             (TimeZoneSetting::Server, None) => tracing::warn!(
                 server_utc_offset_minutes = catalog.server_utc_offset_minutes,

@@ -213,7 +213,7 @@ impl ChangeSource for BulkSource {
             engine_edition: 3,
             database: "bulk".into(),
             cdc_enabled: true,
-            encrypted: true,
+            encrypted: None,
             local_time: self.start,
             agent: Fact::Known("Running".into()),
             jobs: Fact::Known(vec![CdcJob {

@@ -555,7 +555,8 @@ impl CdcSimulator {
                     engine_edition: 3,
                     database: database.into(),
                     cdc_enabled: true,
-                    encrypted: true,
+                    // No connection: nothing to encrypt.
+                    encrypted: None,
                     local_time: now,
                     agent: Fact::Known("Running".into()),
                     jobs: Fact::Known(vec![

@@ -260,7 +260,7 @@ pub enum Delivery {
     /// Already settled (stdout, file: synced at the end of each batch).
     Settled(Result<(), SinkError>),
     /// Waiting for the Kafka broker.
-    Kafka(rdkafka::producer::DeliveryFuture),
+    Kafka(rdkafka::producer::DeliveryFuture, kafka::KafkaTicket),
     /// Settled when the sink sends its buffered batch (Event Hubs over AMQP).
     Pending(tokio::sync::oneshot::Receiver<Result<(), SinkError>>),
 }
@@ -269,11 +269,7 @@ impl Delivery {
     pub async fn wait(self) -> Result<(), SinkError> {
         match self {
             Delivery::Settled(result) => result,
-            Delivery::Kafka(future) => match future.await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err((error, _))) => Err(kafka::delivery_error(&error)),
-                Err(_) => Err(SinkError::Transient("the producer was closed".into())),
-            },
+            Delivery::Kafka(future, ticket) => ticket.outcome(future.await),
             Delivery::Pending(rx) => rx.await.unwrap_or_else(|_| {
                 Err(SinkError::Transient(
                     "the sink stopped before sending".into(),

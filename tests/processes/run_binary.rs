@@ -387,9 +387,8 @@ fn a_secret_pasted_in_the_wrong_place_is_refused_without_echo() {
         format!(
             "[source]\nkind = \"sqlserver\"\nconnection_string = {secret}\n[sink]\nkind = \"stdout\"\n"
         ),
-        format!(
-            "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_kafka\"\nconnection_string = {{ env = \"Endpoint=sb://x/;SharedAccessKey=HUNTER2eh\" }}\n"
-        ),
+        "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_kafka\"\nconnection_string = { env = \"Endpoint=sb://x/;SharedAccessKey=HUNTER2eh\" }\n"
+            .to_owned(),
     ];
     let dir = temp_dir("pasted");
     let path = dir.join("config.toml");
@@ -420,6 +419,34 @@ fn a_secret_pasted_in_the_wrong_place_is_refused_without_echo() {
         }
     }
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// No broker at the address: one warning when the outage starts (not one per
+/// connection attempt), and a failure after the delivery timeout that names the
+/// brokers and the setting.
+#[test]
+fn kafka_unreachable_is_said_once_and_the_failure_names_brokers_and_setting() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let text = format!(
+        "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 20\n[sink]\nkind = \"kafka\"\nbootstrap_servers = \"127.0.0.1:{port}\"\ndelivery_timeout_ms = 3000\n"
+    );
+    let (code, stderr, elapsed) = run_config(&text, &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(elapsed < Duration::from_secs(20), "{elapsed:?}");
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(warnings[0].contains("Kafka unreachable"), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("an error line: {stderr}"));
+    assert!(
+        error.contains(&format!("127.0.0.1:{port}")) && error.contains("sink.delivery_timeout_ms"),
+        "{error}"
+    );
 }
 
 #[test]

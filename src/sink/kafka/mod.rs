@@ -20,6 +20,9 @@ use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 
 mod admin;
 mod config;
+mod outage;
+
+pub use outage::BrokerLog;
 
 pub use admin::{
     DestinationFacts, RECORD_OVERHEAD_BYTES, TopicFacts, check_topic_limit, describe_destination,
@@ -68,16 +71,19 @@ pub fn delivery_error(error: &KafkaError) -> SinkError {
 /// the brokers' re-send count.
 pub struct HealthContext {
     health: Arc<SinkHealth>,
+    brokers: Arc<BrokerLog>,
 }
 
 impl rdkafka::ClientContext for HealthContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
-        self.health.set_connected(
-            statistics
-                .brokers
-                .values()
-                .any(|broker| broker.state == "UP"),
-        );
+        let up = statistics
+            .brokers
+            .values()
+            .any(|broker| broker.state == "UP");
+        self.health.set_connected(up);
+        if up {
+            self.brokers.reachable();
+        }
         self.health.raise_retries_to(
             statistics
                 .brokers
@@ -91,7 +97,65 @@ impl rdkafka::ClientContext for HealthContext {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
             self.health.set_connected(false);
         }
-        tracing::warn!(error = %error, reason, "librdkafka");
+        // Once per outage (and a reminder a minute), not once per attempt.
+        self.brokers.error(&error, reason);
+    }
+
+    /// librdkafka's own log lines repeat what the error callback reports, many times
+    /// a second while a broker is down: they are debug lines, but for configuration
+    /// warnings. Written as our lines (no source path of the build machine).
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error | L::Warning if fac == "CONFWARN" => {
+                tracing::warn!(facility = fac, "librdkafka: {log_message}")
+            }
+            _ => tracing::debug!(facility = fac, "librdkafka: {log_message}"),
+        }
+    }
+}
+
+/// A message in the producer's hands: counted as waiting until it is settled or
+/// dropped.
+pub struct KafkaTicket(Arc<BrokerLog>);
+
+impl KafkaTicket {
+    fn new(brokers: &Arc<BrokerLog>) -> Self {
+        brokers.sent();
+        KafkaTicket(Arc::clone(brokers))
+    }
+
+    /// The message's delivery report, said as the run reports it: a time-out names
+    /// the brokers and the setting that bounds it.
+    pub fn outcome<Closed>(
+        &self,
+        report: Result<rdkafka::producer::future_producer::OwnedDeliveryResult, Closed>,
+    ) -> Result<(), SinkError> {
+        match report {
+            Ok(Ok(_)) => {
+                self.0.reachable();
+                Ok(())
+            }
+            Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut), _))) => {
+                Err(SinkError::Transient(format!(
+                    "a message was not delivered to Kafka at {} within sink.delivery_timeout_ms{}",
+                    self.0.brokers(),
+                    if self.0.is_down() {
+                        " (no broker could be reached)"
+                    } else {
+                        ""
+                    }
+                )))
+            }
+            Ok(Err((error, _))) => Err(delivery_error(&error)),
+            Err(_) => Err(SinkError::Transient("the producer was closed".into())),
+        }
+    }
+}
+
+impl Drop for KafkaTicket {
+    fn drop(&mut self) {
+        self.0.settled();
     }
 }
 
@@ -100,6 +164,7 @@ const STATISTICS_INTERVAL_MS: &str = "1000";
 
 pub struct KafkaSink {
     producer: FutureProducer<HealthContext>,
+    brokers: Arc<BrokerLog>,
     partitions: HashMap<String, i32>,
     admin: Option<Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>>,
     /// The largest message the encoder makes, checked against each topic's limit.
@@ -128,9 +193,19 @@ impl KafkaSink {
         if health.watched() {
             config.set("statistics.interval.ms", STATISTICS_INTERVAL_MS);
         }
+        let bootstrap = settings
+            .properties
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "bootstrap.servers")
+            .map_or_else(String::new, |(_, v)| v.clone());
+        let brokers = Arc::new(BrokerLog::new(bootstrap));
         // librdkafka's error text names the property, never its value.
         let producer: FutureProducer<HealthContext> = config
-            .create_with_context(HealthContext { health })
+            .create_with_context(HealthContext {
+                health,
+                brokers: Arc::clone(&brokers),
+            })
             .map_err(|e| SinkError::Definite(format!("cannot create the Kafka producer: {e}")))?;
         // Event Hubs' endpoint limit is enforced by the configuration instead.
         let admin = if settings.check_topic_limits {
@@ -146,6 +221,7 @@ impl KafkaSink {
         };
         Ok(KafkaSink {
             producer,
+            brokers,
             partitions: HashMap::new(),
             admin,
             largest_message,
@@ -238,7 +314,9 @@ impl KafkaSink {
         }
         loop {
             match self.producer.send_result(record) {
-                Ok(future) => return Ok(Delivery::Kafka(future)),
+                Ok(future) => {
+                    return Ok(Delivery::Kafka(future, KafkaTicket::new(&self.brokers)));
+                }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     // Backpressure: wait for the queue to drain a little, then offer
                     // the same record again.

@@ -1,0 +1,259 @@
+//! What the log says about the brokers: an outage once when it starts and once when
+//! it ends (with how many messages wait), a reminder at most every
+//! [`REMINDER_EVERY`] while it lasts, and any other librdkafka error once per
+//! [`REMINDER_EVERY`] rather than once per occurrence. librdkafka reports a broker
+//! that cannot be reached many times a second, on every connection attempt.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+/// How often a lasting outage (or a repeated error) is logged again.
+pub(super) const REMINDER_EVERY: Duration = Duration::from_secs(60);
+
+/// The brokers' story as the log tells it, and the messages waiting for them.
+#[derive(Debug)]
+pub struct BrokerLog {
+    /// `bootstrap.servers`, to name in every line.
+    brokers: String,
+    /// Messages handed to the producer and not yet settled.
+    waiting: AtomicU64,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Since when no broker could be reached.
+    down_since: Option<Instant>,
+    /// When the outage was last logged.
+    said_at: Option<Instant>,
+    /// Connection errors not logged since then.
+    unsaid: u64,
+    /// Other errors: the last one logged, and when.
+    last_error: Option<(String, Instant)>,
+}
+
+/// Whether an error means the brokers cannot be reached (rather than that they
+/// refuse something).
+fn is_unreachable(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(C::AllBrokersDown | C::BrokerTransportFailure | C::Resolve | C::BrokerNotAvailable)
+    )
+}
+
+impl BrokerLog {
+    pub fn new(brokers: impl Into<String>) -> Self {
+        BrokerLog {
+            brokers: brokers.into(),
+            waiting: AtomicU64::new(0),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The brokers as configured.
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    /// A message was handed to the producer.
+    pub fn sent(&self) {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A message was settled (delivered, or failed for good).
+    pub fn settled(&self) {
+        let _ = self
+            .waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
+    /// Messages handed to the producer and not settled.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// librdkafka's error callback.
+    pub fn error(&self, error: &KafkaError, reason: &str) {
+        self.error_at(error, reason, Instant::now());
+    }
+
+    pub(super) fn error_at(&self, error: &KafkaError, reason: &str, now: Instant) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        if !is_unreachable(error) {
+            let repeated = state.last_error.as_ref().is_some_and(|(last, at)| {
+                last == reason && now.duration_since(*at) < REMINDER_EVERY
+            });
+            if repeated {
+                tracing::debug!(error = %error, reason, "Kafka (repeated)");
+            } else {
+                state.last_error = Some((reason.to_owned(), now));
+                tracing::warn!(brokers = %self.brokers, error = %error, reason, "Kafka");
+            }
+            return;
+        }
+        match (state.down_since, state.said_at) {
+            (None, _) => {
+                state.down_since = Some(now);
+                state.said_at = Some(now);
+                state.unsaid = 0;
+                tracing::warn!(
+                    brokers = %self.brokers,
+                    waiting_messages = self.waiting(),
+                    reason,
+                    "Kafka unreachable: events wait in the producer's queue and are sent when a broker answers; each fails after sink.delivery_timeout_ms"
+                );
+            }
+            (Some(since), Some(said)) if now.duration_since(said) >= REMINDER_EVERY => {
+                state.said_at = Some(now);
+                let repeats = std::mem::take(&mut state.unsaid);
+                tracing::warn!(
+                    brokers = %self.brokers,
+                    waiting_messages = self.waiting(),
+                    down_seconds = now.duration_since(since).as_secs(),
+                    errors_since_last_line = repeats + 1,
+                    reason,
+                    "Kafka still unreachable"
+                );
+            }
+            _ => {
+                state.unsaid += 1;
+                tracing::debug!(reason, "Kafka unreachable (repeated)");
+            }
+        }
+    }
+
+    /// A broker answered (a delivery succeeded, or the statistics show one up).
+    pub fn reachable(&self) {
+        self.reachable_at(Instant::now());
+    }
+
+    pub(super) fn reachable_at(&self, now: Instant) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        if let Some(since) = state.down_since.take() {
+            state.said_at = None;
+            state.unsaid = 0;
+            tracing::info!(
+                brokers = %self.brokers,
+                down_seconds = now.duration_since(since).as_secs(),
+                waiting_messages = self.waiting(),
+                "Kafka reachable again"
+            );
+        }
+    }
+
+    /// Whether an outage is going on.
+    pub fn is_down(&self) -> bool {
+        self.state.lock().is_ok_and(|s| s.down_since.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn transport() -> KafkaError {
+        KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure)
+    }
+
+    /// Hundreds of connection errors make one line when the outage starts, a
+    /// reminder a minute later, and one when it ends, each naming the brokers and
+    /// what waits.
+    #[test]
+    fn an_outage_is_logged_when_it_starts_and_ends_not_per_error() {
+        let log = crate::test_log::capture();
+        let brokers = BrokerLog::new("127.0.0.1:1");
+        for _ in 0..7 {
+            brokers.sent();
+        }
+        brokers.settled();
+        let start = Instant::now();
+        for i in 0..300 {
+            brokers.error_at(
+                &transport(),
+                "Connection refused",
+                start + Duration::from_millis(i * 100),
+            );
+        }
+        assert!(brokers.is_down());
+        let lines = log.lines();
+        let warnings: Vec<_> = lines.iter().filter(|l| l["level"] == "WARN").collect();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(warnings[0]["brokers"], "127.0.0.1:1");
+        assert_eq!(warnings[0]["waiting_messages"], 6);
+        assert!(
+            warnings[0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("sink.delivery_timeout_ms")
+        );
+
+        brokers.error_at(
+            &transport(),
+            "Connection refused",
+            start + REMINDER_EVERY + Duration::from_secs(1),
+        );
+        let reminders = log.with_message("Kafka still unreachable");
+        assert_eq!(reminders.len(), 1);
+        assert_eq!(reminders[0]["down_seconds"], 61);
+        assert_eq!(reminders[0]["errors_since_last_line"], 300);
+
+        brokers.reachable_at(start + Duration::from_secs(90));
+        brokers.reachable_at(start + Duration::from_secs(91));
+        let ended = log.with_message("Kafka reachable again");
+        assert_eq!(ended.len(), 1, "once");
+        assert_eq!(ended[0]["down_seconds"], 90);
+        assert!(!brokers.is_down());
+        // A new outage is a new first line.
+        brokers.error_at(
+            &transport(),
+            "Connection refused",
+            start + Duration::from_secs(100),
+        );
+        let warnings = log
+            .lines()
+            .into_iter()
+            .filter(|l| l["level"] == "WARN")
+            .count();
+        assert_eq!(warnings, 3);
+    }
+
+    #[test]
+    fn other_errors_are_logged_once_a_minute_each() {
+        let log = crate::test_log::capture();
+        let brokers = BrokerLog::new("b:9092");
+        let refused = KafkaError::Global(RDKafkaErrorCode::TopicAuthorizationFailed);
+        let start = Instant::now();
+        for i in 0..10 {
+            brokers.error_at(&refused, "not authorized", start + Duration::from_secs(i));
+        }
+        brokers.error_at(&refused, "another reason", start + Duration::from_secs(11));
+        brokers.error_at(&refused, "not authorized", start + Duration::from_secs(75));
+        let warned: Vec<String> = log
+            .lines()
+            .iter()
+            .filter(|l| l["level"] == "WARN")
+            .map(|l| l["reason"].as_str().unwrap_or("").to_owned())
+            .collect();
+        assert_eq!(
+            warned,
+            ["not authorized", "another reason", "not authorized"]
+        );
+        assert!(!brokers.is_down(), "refusals are no outage");
+    }
+
+    #[test]
+    fn waiting_never_goes_below_zero() {
+        let brokers = BrokerLog::new("b:9092");
+        brokers.settled();
+        brokers.sent();
+        assert_eq!(brokers.waiting(), 1);
+    }
+}

@@ -154,7 +154,8 @@ pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlEr
         },
         E::Tls(message) => SqlErrorKind::Definite {
             message: format!(
-                "TLS handshake failed ({message}); for a server with a self-signed certificate set source.trust_server_certificate = true"
+                "TLS handshake failed: {}. To trust the server: name the CA that signed its certificate with TrustServerCertificateCA=<path to the .pem or .crt> in source.connection_string, or (only on a network you trust) set source.trust_server_certificate = true, which accepts any certificate",
+                tls_reason(message)
             ),
         },
         E::Server(token) => {
@@ -187,6 +188,17 @@ fn classify_server_error(code: u32, message: &str, connected_before: bool) -> Sq
             message: format!("SQL Server error {code}: {message}"),
         },
     }
+}
+
+/// The driver's TLS error without its advice, which is for programmers
+/// (`Config::trust_cert_ca(path)`, building the driver another way): the operator is
+/// told which settings to change instead.
+fn tls_reason(message: &str) -> &str {
+    let reason = message
+        .split(" To connect anyway")
+        .next()
+        .unwrap_or(message);
+    reason.trim().trim_end_matches('.')
 }
 
 fn definite(message: impl Into<String>) -> SqlErrorKind {
@@ -509,6 +521,21 @@ mod tests {
         let text = classify(&tls, false).error.to_string();
         assert!(!classify(&tls, false).error.is_transient());
         assert!(text.contains("source.trust_server_certificate"), "{text}");
+        // The driver's advice is for programmers: the operator gets settings.
+        let driver = tiberius::error::Error::Tls(
+            "the server's certificate was rejected during the TLS handshake: invalid peer certificate: UnknownIssuer. To connect anyway you can: (1) trust a specific CA certificate with `Config::trust_cert_ca(path)`; (4) build tiberius with the `native-tls` backend".into(),
+        );
+        let text = classify(&driver, false).error.to_string();
+        assert!(text.contains("UnknownIssuer"), "{text}");
+        assert!(
+            text.contains("TrustServerCertificateCA=")
+                && text.contains("source.trust_server_certificate = true"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("Config::") && !text.contains("tiberius"),
+            "{text}"
+        );
         let conversion = tiberius::error::Error::Conversion("x".into());
         assert!(!classify(&conversion, false).error.is_transient());
     }

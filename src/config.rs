@@ -432,6 +432,8 @@ impl Config {
         let mut table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         // (path, the value as given when it was text, the value as read)
         let mut applied: Vec<(Vec<String>, Option<String>, toml::Value)> = Vec::new();
+        // Which environment variable or flag set each path, for the error.
+        let mut origins: Vec<(Vec<String>, String)> = Vec::new();
         for (name, value) in env {
             let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
                 continue;
@@ -447,6 +449,7 @@ impl Config {
             }
             let parsed = parse_override_value(value);
             set_path(&mut table, &path, parsed.clone(), name)?;
+            origins.push((path.clone(), format!("the environment variable {name}")));
             applied.retain(|(p, _, _)| *p != path);
             applied.push((path, Some(value.clone()), parsed));
         }
@@ -459,11 +462,13 @@ impl Config {
                 ));
             }
             set_path(&mut table, &path, value.clone(), key)?;
+            origins.push((path.clone(), format!("--set {key}")));
             // A later override of the same setting wins, also in the text fallback.
             applied.retain(|(p, _, _)| *p != path);
             applied.push((path, typed.clone(), value.clone()));
         }
-        let config = deserialize_with_text_fallback(table, &mut applied)?;
+        let config = deserialize_with_text_fallback(table, &mut applied)
+            .map_err(|e| with_origin(e, &origins))?;
         config.validate()?;
         Ok(config)
     }
@@ -685,6 +690,53 @@ fn deserialize_with_text_fallback(
             return Err(ConfigError::Parse(lines.join(" ")));
         }
     }
+}
+
+/// A configuration error about a setting an environment variable or a flag gave,
+/// saying which (the file does not hold it); and serde's Rust names (`struct
+/// SourceSettings`, `u64`) said as the file's words.
+fn with_origin(error: ConfigError, origins: &[(Vec<String>, String)]) -> ConfigError {
+    let ConfigError::Parse(text) = error else {
+        return error;
+    };
+    let mut text = plain_types(&text);
+    let named = |path: &[String]| {
+        let dotted = path.join(".");
+        let last = path.last().map_or(String::new(), |l| format!("`{l}`"));
+        text.contains(&dotted) || (!last.is_empty() && text.contains(&last))
+    };
+    if let Some((_, origin)) = origins.iter().rev().find(|(path, _)| named(path)) {
+        text = format!("{text} (set by {origin})");
+    }
+    ConfigError::Parse(text)
+}
+
+/// serde's words for Rust types as a configuration's: `expected struct
+/// SourceSettings` is a section, `u64` a whole number.
+fn plain_types(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("struct ") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "struct ".len()..];
+        let end = after
+            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .unwrap_or(after.len());
+        out.push_str("a section (a table of settings)");
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    for (rust, plain) in [
+        ("expected u64", "expected a whole number"),
+        ("expected u32", "expected a whole number"),
+        ("expected u16", "expected a whole number"),
+        ("expected usize", "expected a whole number"),
+        ("expected i64", "expected a whole number"),
+        ("expected f64", "expected a number"),
+    ] {
+        out = out.replace(rust, plain);
+    }
+    out
 }
 
 /// Sets `path` in `table` to `value`, creating sections as needed.
@@ -941,6 +993,57 @@ topic = "hub"
         let c = Config::from_parts(EVENT_HUBS, &env, &[]).unwrap();
         assert_eq!(kafka(&c).connection_string.env.as_deref(), Some(name));
         assert!(!format!("{c:?}").contains("SUPERSECRET"));
+    }
+
+    /// An error names the setting where the user can find it: a mistyped key of a
+    /// sink lists what that sink takes, a key from the environment names the
+    /// variable, and no Rust type name reaches the user.
+    #[test]
+    fn configuration_errors_point_at_what_the_user_wrote() {
+        let flags = vec![Override::parse("sink.topik", "x")];
+        let err = Config::from_parts(MINIMAL, &[], &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sink.topik: not a setting of a stdout sink"),
+            "{err}"
+        );
+        assert!(
+            err.contains("`topic`") && err.contains("`partition_key`"),
+            "{err}"
+        );
+        assert!(!err.contains("no fields"), "{err}");
+        let env = vec![("MSSQL_CES__SINK__TOPIK".to_owned(), "x".to_owned())];
+        let err = Config::from_parts(MINIMAL, &env, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the environment variable MSSQL_CES__SINK__TOPIK"),
+            "{err}"
+        );
+        let env = vec![(
+            "MSSQL_CES__SOURCE__POLL_INTERVAL_MS".to_owned(),
+            "abc".to_owned(),
+        )];
+        let err = Config::from_parts(MINIMAL, &env, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected a whole number"), "{err}");
+        assert!(err.contains("MSSQL_CES__SOURCE__POLL_INTERVAL_MS"), "{err}");
+        let flags = vec![Override::parse("source", "1")];
+        let err = Config::from_parts(MINIMAL, &[], &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected a section"), "{err}");
+        assert!(
+            !err.contains("SourceSettings") && !err.contains("struct"),
+            "{err}"
+        );
+        // A mistake in the file itself is not blamed on a variable.
+        let err = load(&format!("{MINIMAL}colour = 1\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("set by"), "{err}");
     }
 
     /// The log's destination line: brokers, namespace (never the key), file or

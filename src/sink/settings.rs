@@ -121,10 +121,25 @@ impl<'de> Deserialize<'de> for SinkSettings {
         }
         let table = toml::Value::Table(rest);
         let in_kind = |e: toml::de::Error| {
-            D::Error::custom(format!(
-                "sink ({kind}): {}",
-                e.to_string().trim_end().replace('\n', " ")
-            ))
+            let text = e.to_string().trim_end().replace('\n', " ");
+            D::Error::custom(match unknown_field(&text) {
+                // The kind's own fields and the routing ones every sink takes.
+                Some((field, own)) => {
+                    let mut all: Vec<&str> = ["kind"]
+                        .into_iter()
+                        .chain(ROUTING_KEYS.iter().copied())
+                        .collect();
+                    all.extend(own.iter().map(String::as_str));
+                    format!(
+                        "sink.{field}: not a setting of a {kind} sink; it takes {}",
+                        all.iter()
+                            .map(|f| format!("`{f}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+                None => format!("sink ({kind}): {text}"),
+            })
         };
         let kind = match kind.as_str() {
             "kafka" => SinkConfig::Kafka(table.try_into().map_err(in_kind)?),
@@ -140,6 +155,22 @@ impl<'de> Deserialize<'de> for SinkSettings {
         };
         Ok(SinkSettings { routing, kind })
     }
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`" (or "there are no fields"):
+/// the field and the fields expected.
+fn unknown_field(text: &str) -> Option<(String, Vec<String>)> {
+    let rest = text.split("unknown field `").nth(1)?;
+    let (field, expected) = rest.split_once('`')?;
+    // A trailing "in `path`" names where, not what is expected.
+    let expected = expected.split(" in `").next().unwrap_or(expected);
+    let names = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    Some((field.to_owned(), names))
 }
 
 impl SinkSettings {

@@ -235,11 +235,19 @@ async fn drive<S: ChangeSource + 'static>(
 ) -> Result<RunSummary, RunError> {
     let health = SinkHealth::new(config.metrics.listen.is_some());
     metrics.watch_sink(std::sync::Arc::clone(&health));
-    let built = config
+    // Opening may wait for an unreachable destination (up to the delivery timeout):
+    // a shutdown ends that wait.
+    let build = config
         .sink
         .kind
-        .build(&config.sink.routing, &config.event, resume, health)
-        .await?;
+        .build(&config.sink.routing, &config.event, resume, health);
+    let built = tokio::select! {
+        built = build => built?,
+        () = shutdown.cancelled() => {
+            tracing::info!("stopped while opening the destination");
+            return Ok(RunSummary::default());
+        }
+    };
     tracing::info!(
         destination = %config.sink.kind.describe(),
         // A topic only where there are topics.

@@ -346,7 +346,13 @@ fn init_logging(format: LogFormat) {
     use tracing_subscriber::prelude::*;
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+            // The Event Hubs client warns on every failed reconnection attempt; the
+            // sink says an outage once itself.
+            .unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(
+                    "info,azure_messaging_eventhubs::common::recoverable=error",
+                )
+            })
     };
     let lines = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()

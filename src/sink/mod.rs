@@ -249,6 +249,15 @@ pub enum SinkError {
 }
 
 impl SinkError {
+    /// What happened, without the verdict's prefix (for a message that says the
+    /// verdict itself).
+    pub fn reason(&self) -> String {
+        match self {
+            SinkError::Transient(reason) | SinkError::Definite(reason) => reason.clone(),
+            other => other.to_string(),
+        }
+    }
+
     /// Whether sending again, unchanged, may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, SinkError::Transient(_))

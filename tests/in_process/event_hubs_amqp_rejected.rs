@@ -74,3 +74,53 @@ async fn a_batch_rejected_as_unauthorized_fails_at_once_as_definite() {
     );
     assert!(arrivals.events.lock().expect("lock").is_empty());
 }
+
+/// An endpoint that refuses connections at the start is tried again, as Kafka's
+/// brokers are waited for, until `delivery_timeout_ms`: a hub that comes up in time is
+/// used; one that does not fails the run naming the setting, without the client's
+/// layered labels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_hub_at_the_start_is_waited_for_until_the_delivery_timeout() {
+    use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+    };
+    let connect = |address: std::net::SocketAddr, timeout: Duration| {
+        EventHubsAmqpSink::connect(
+            EventHubsCredential::ConnectionString(support::event_hubs::CONNECTION_STRING.into()),
+            "orders",
+            Some(format!("amqp://{address}")),
+            Duration::from_secs(20),
+            timeout,
+        )
+    };
+    // Nothing ever listens: a transient failure after the timeout, not at once.
+    let started = Instant::now();
+    let error = match connect(free(), Duration::from_secs(2)).await {
+        Ok(_) => panic!("nothing listens there"),
+        Err(e) => e,
+    };
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(error.is_transient(), "{error:?}");
+    let text = error.to_string();
+    assert!(text.contains("sink.delivery_timeout_ms"), "{text}");
+    assert!(!text.contains("AMQP Error: AMQP Error"), "{text}");
+    // The peer comes up after a second and a half: the sink connects to it.
+    let address = free();
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let listener = tokio::net::TcpListener::bind(address).await.expect("bind");
+        support::amqp_peer::serve_on(listener, 4)
+    });
+    let sink = connect(address, Duration::from_secs(20))
+        .await
+        .expect("connects once the peer listens");
+    let _peer = late.await.expect("peer");
+    drop(sink);
+}

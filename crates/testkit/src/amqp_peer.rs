@@ -69,6 +69,11 @@ pub async fn start() -> (String, Arrivals) {
 /// [`start`] for a hub of `count` partitions (0: the partitions cannot be read).
 pub async fn start_with_partitions(count: usize) -> (String, Arrivals) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    serve_on(listener, count)
+}
+
+/// [`start`] on a listener of the caller's (a port chosen before the peer runs).
+pub fn serve_on(listener: TcpListener, count: usize) -> (String, Arrivals) {
     let endpoint = format!("amqp://{}", listener.local_addr().expect("addr"));
     let arrivals = Arrivals::default();
     *arrivals.partition_ids.lock().expect("lock") = (0..count).map(|i| i.to_string()).collect();

@@ -17,7 +17,7 @@ use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use tokio_util::sync::CancellationToken;
 
-const CONNECTION_STRING: &str = "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
+pub const CONNECTION_STRING: &str = "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";
 
 fn synthetic() -> SyntheticConfig {
     SyntheticConfig {

@@ -63,6 +63,11 @@ const PARTITION_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long closing the connection may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Waits between attempts to open an unreachable producer: doubling from the first
+/// to the most.
+const OPEN_RETRY_FIRST: Duration = Duration::from_millis(500);
+const OPEN_RETRY_MOST: Duration = Duration::from_secs(10);
+
 /// What it takes to open (and reopen) the producer.
 #[derive(Clone)]
 struct Target {
@@ -130,6 +135,21 @@ where
         SinkError::Definite(e.to_string())
     } else {
         SinkError::Transient(e.to_string())
+    }
+}
+
+/// The client's error text without the labels its layers add ("AMQP Error: AMQP
+/// Error: Azure Core Error: Connection refused" is "Connection refused").
+fn plain(error: &dyn std::fmt::Display) -> String {
+    let mut text = error.to_string();
+    loop {
+        let trimmed = ["AMQP Error: ", "Azure Core Error: ", "Event Hubs Error: "]
+            .iter()
+            .find_map(|label| text.strip_prefix(label).map(str::to_owned));
+        match trimmed {
+            Some(rest) => text = rest,
+            None => return text,
+        }
     }
 }
 
@@ -282,15 +302,69 @@ impl EventHubsAmqpSink {
     }
 
     /// Opens a producer, giving up after `timeout`.
+    /// Opens the producer, retrying what can pass (a refused connection, a name not
+    /// resolving yet) with backoff until `timeout` (`sink.delivery_timeout_ms`), as
+    /// the Kafka sinks wait out an unreachable broker; what cannot pass (not
+    /// authorized, no such hub) fails at once.
     async fn open(target: &Target, timeout: Duration) -> Result<ProducerClient, SinkError> {
-        tokio::time::timeout(timeout, Self::open_unbounded(target))
-            .await
-            .unwrap_or_else(|_| {
-                Err(SinkError::Transient(format!(
-                    "opening the Event Hubs producer took longer than sink.delivery_timeout_ms ({} ms)",
-                    timeout.as_millis()
-                )))
-            })
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut backoff = crate::backoff::Backoff::new(OPEN_RETRY_FIRST, OPEN_RETRY_MOST);
+        let mut last: Option<SinkError> = None;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // On a task of its own: the client was seen to hold its thread while it
+            // retries a refused connection, which would hold this time-out too.
+            let attempt = {
+                let target = target.clone();
+                tokio::spawn(async move { Self::open_unbounded(&target).await })
+            };
+            let abort = attempt.abort_handle();
+            let joined = tokio::time::timeout(left, attempt).await;
+            if joined.is_err() {
+                abort.abort();
+            }
+            let opened = joined.map(|j| {
+                j.unwrap_or_else(|e| {
+                    Err(SinkError::Transient(format!(
+                        "opening the Event Hubs producer: {e}"
+                    )))
+                })
+            });
+            let error = match opened {
+                Ok(Ok(producer)) => {
+                    if last.is_some() {
+                        tracing::info!(event_hub = %target.event_hub, "Event Hubs reachable again");
+                    }
+                    return Ok(producer);
+                }
+                Ok(Err(e)) if !e.is_transient() => return Err(e),
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    return Err(SinkError::Transient(format!(
+                        "the Event Hubs producer could not be opened within sink.delivery_timeout_ms ({} ms){}",
+                        timeout.as_millis(),
+                        last.map_or_else(String::new, |e| format!(
+                            "; the last attempt: {}",
+                            e.reason()
+                        ))
+                    )));
+                }
+            };
+            let wait = backoff.next_wait();
+            if last.is_none() {
+                tracing::warn!(
+                    event_hub = %target.event_hub,
+                    error = %error.reason(),
+                    "Event Hubs unreachable: trying again until sink.delivery_timeout_ms"
+                );
+            }
+            last = Some(error);
+            if tokio::time::Instant::now() + wait >= deadline {
+                tokio::time::sleep_until(deadline).await;
+            } else {
+                tokio::time::sleep(wait).await;
+            }
+        }
     }
 
     async fn open_unbounded(target: &Target) -> Result<ProducerClient, SinkError> {
@@ -315,8 +389,14 @@ impl EventHubsAmqpSink {
             }
         }
         .map_err(|e| match is_definite(&e) {
-            true => SinkError::Definite(format!("cannot open the Event Hubs producer: {e}")),
-            false => SinkError::Transient(format!("cannot open the Event Hubs producer: {e}")),
+            true => SinkError::Definite(format!(
+                "cannot open the Event Hubs producer: {}",
+                plain(&e)
+            )),
+            false => SinkError::Transient(format!(
+                "cannot open the Event Hubs producer: {}",
+                plain(&e)
+            )),
         })
     }
 
@@ -691,6 +771,15 @@ async fn close_when_free(producer: Arc<ProducerClient>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_clients_layered_labels_are_dropped_from_its_errors() {
+        assert_eq!(
+            plain(&"AMQP Error: AMQP Error: Azure Core Error: Connection refused (os error 111)"),
+            "Connection refused (os error 111)"
+        );
+        assert_eq!(plain(&"not authorized"), "not authorized");
+    }
     use azure_core_amqp::error::{AmqpErrorCondition as C, AmqpErrorKind};
     use azure_core_amqp::{AmqpDescribedError, AmqpError};
 

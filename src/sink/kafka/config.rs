@@ -233,8 +233,10 @@ impl KafkaSinkConfig {
     pub fn check_secrets(&self, flavour: KafkaFlavour) -> Result<(), ConfigError> {
         if flavour == KafkaFlavour::EventHubs {
             let secret = self.connection_string.resolve("sink.connection_string")?;
-            parse_event_hubs_connection_string(&secret)
-                .map_err(|e| invalid("sink.connection_string", e.to_string()))?;
+            // The messages name the setting and never quote the secret.
+            let (host, _) = parse_event_hubs_connection_string(&secret)
+                .map_err(|e| ConfigError::Parse(e.reason()))?;
+            kafka_endpoint(&host).map_err(|e| ConfigError::Parse(e.reason()))?;
         }
         Ok(())
     }
@@ -325,6 +327,17 @@ pub fn parse_event_hubs_connection_string(
     Ok((host, entity))
 }
 
+/// Event Hubs' Kafka endpoint for a namespace host: always port 9093. A host with a
+/// port of its own is refused, naming it (`sb://host:9/` would become `host:9:9093`).
+fn kafka_endpoint(host: &str) -> Result<String, SinkError> {
+    if host.contains(':') || host.contains('/') {
+        return Err(SinkError::Definite(format!(
+            "sink.connection_string: Endpoint=sb://{host}/ gives a port or a path; Event Hubs' Kafka endpoint is always port 9093 of the namespace: write Endpoint=sb://<namespace>.servicebus.windows.net/"
+        )));
+    }
+    Ok(format!("{host}:9093"))
+}
+
 impl KafkaSettings {
     /// The producer properties for a Kafka or Event Hubs sink. `event_hubs_secret` is
     /// the Event Hubs connection string (Event Hubs sinks only).
@@ -368,7 +381,7 @@ impl KafkaSettings {
                 let (host, _) = parse_event_hubs_connection_string(secret)?;
                 let compression = sink.compression.unwrap_or(Compression::None);
                 properties.extend([
-                    ("bootstrap.servers".to_owned(), format!("{host}:9093")),
+                    ("bootstrap.servers".to_owned(), kafka_endpoint(&host)?),
                     ("security.protocol".to_owned(), "SASL_SSL".to_owned()),
                     ("sasl.mechanism".to_owned(), "PLAIN".to_owned()),
                     ("sasl.username".to_owned(), "$ConnectionString".to_owned()),

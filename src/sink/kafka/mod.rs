@@ -455,6 +455,30 @@ mod tests {
         );
     }
 
+    /// `sb://host:9/` would make `host:9:9093`: an endpoint with a port (or a path)
+    /// is refused, naming it, at configuration time.
+    #[test]
+    fn an_event_hubs_endpoint_with_a_port_is_refused_naming_it() {
+        let cs = "Endpoint=sb://127.0.0.1:9/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0";
+        let err = KafkaSettings::new(&sink(), EventHubs, 1000 * 1024, Some(cs))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("sb://127.0.0.1:9/") && err.contains("9093"),
+            "{err}"
+        );
+        assert!(!err.contains("c2VjcmV0"), "{err}");
+        let mut config = sink();
+        let path = std::env::temp_dir().join(format!("mssql-ces-ehport-{}", uuid::Uuid::new_v4()));
+        std::fs::write(&path, cs).unwrap();
+        config.connection_string.file = Some(path.clone());
+        let err = config.check_secrets(EventHubs).unwrap_err().to_string();
+        std::fs::remove_file(&path).ok();
+        assert!(err.contains("gives a port"), "{err}");
+        assert!(!err.contains("delivery cannot succeed"), "{err}");
+    }
+
     #[test]
     fn event_hubs_endpoint_settings_come_from_the_connection_string() {
         let cs = "Endpoint=sb://myns.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";

@@ -200,6 +200,14 @@ impl Metrics {
             stalled_after,
             state: Mutex::new(RunState::new()),
         };
+        // Every kind exists from the start at 0, so that `increase(…) > 0` sees the
+        // first error (a series that appears at 1 has no increase).
+        for kind in DELIVERY_ERROR_KINDS {
+            let _ = metrics.delivery_errors.get_or_create(&Kind { kind });
+        }
+        for kind in SOURCE_ERROR_KINDS {
+            let _ = metrics.source_errors.get_or_create(&Kind { kind });
+        }
         // Registered in this order, which is the order of the exposition.
         let mut registry = std::mem::take(&mut metrics.registry);
         let ours = registry.sub_registry_with_prefix("mssql_ces");
@@ -409,9 +417,9 @@ impl Metrics {
     /// A poll failed.
     pub fn poll_failed(&self, error: &SourceError) {
         let kind = if error.is_transient() {
-            "transient"
+            SOURCE_ERROR_KINDS[0]
         } else {
-            "definite"
+            SOURCE_ERROR_KINDS[1]
         };
         self.source_errors.get_or_create(&Kind { kind }).inc();
         self.state().source_ok = false;
@@ -455,9 +463,9 @@ impl Metrics {
     /// A send or delivery failed with `error`.
     pub fn delivery_failed(&self, error: &SinkError) {
         let kind = match error {
-            SinkError::Transient(_) => "transient",
-            SinkError::Definite(_) => "definite",
-            SinkError::Io { .. } => "io",
+            SinkError::Transient(_) => DELIVERY_ERROR_KINDS[0],
+            SinkError::Definite(_) => DELIVERY_ERROR_KINDS[1],
+            SinkError::Io { .. } => DELIVERY_ERROR_KINDS[2],
         };
         self.delivery_errors.get_or_create(&Kind { kind }).inc();
     }
@@ -623,6 +631,11 @@ impl BatchCounts {
         self.last_commit = Some((time, lsn));
     }
 }
+
+/// The `kind` label values of `mssql_ces_delivery_errors_total`.
+const DELIVERY_ERROR_KINDS: [&str; 3] = ["transient", "definite", "io"];
+/// The `kind` label values of `mssql_ces_source_errors_total`.
+const SOURCE_ERROR_KINDS: [&str; 2] = ["transient", "definite"];
 
 /// Binds `address` for [`serve`]; the error names the setting.
 pub async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListener, MetricsError> {
@@ -841,6 +854,29 @@ mod tests {
         let idle = metrics.render();
         assert_eq!(sample(&idle, "mssql_ces_lag_seconds", ""), Some(0.0));
         assert_eq!(sample(&idle, "mssql_ces_lsn_lag", ""), Some(0.0));
+    }
+
+    /// Each error kind is exposed at 0 before the first error, so an alert on its
+    /// increase fires on the first one.
+    #[test]
+    fn every_error_kind_starts_at_zero() {
+        let text = Metrics::default().render();
+        for kind in DELIVERY_ERROR_KINDS {
+            let label = format!("kind=\"{kind}\"");
+            assert_eq!(
+                sample(&text, "mssql_ces_delivery_errors_total", &label),
+                Some(0.0),
+                "{text}"
+            );
+        }
+        for kind in SOURCE_ERROR_KINDS {
+            let label = format!("kind=\"{kind}\"");
+            assert_eq!(
+                sample(&text, "mssql_ces_source_errors_total", &label),
+                Some(0.0),
+                "{text}"
+            );
+        }
     }
 
     #[test]

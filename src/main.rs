@@ -444,6 +444,25 @@ fn check(args: &CheckArgs) -> ExitCode {
 fn probe(args: &ProbeArgs) -> ExitCode {
     use std::io::{Read as _, Write as _};
     let timeout = Duration::from_secs(5);
+    if !args.path.starts_with('/') {
+        eprintln!(
+            "error: --path {}: a path starts with / (e.g. --path /{})",
+            args.path, args.path
+        );
+        return ExitCode::from(2);
+    }
+    if !args.address.contains(':') {
+        let hint = if args.address.parse::<u16>().is_ok() {
+            format!(" (a port alone? --address 127.0.0.1:{})", args.address)
+        } else {
+            format!(" (e.g. --address {}:9187)", args.address)
+        };
+        eprintln!(
+            "error: --address {}: expected host:port, as metrics.listen gives it{hint}",
+            args.address
+        );
+        return ExitCode::from(2);
+    }
     let answer = (|| -> std::io::Result<String> {
         let address = std::net::ToSocketAddrs::to_socket_addrs(&args.address)?
             .next()
@@ -451,23 +470,31 @@ fn probe(args: &ProbeArgs) -> ExitCode {
         let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
-        write!(
-            stream,
-            "GET {} HTTP/1.0\r\nHost: localhost\r\n\r\n",
-            args.path
-        )?;
+        // One write: the request in one segment.
+        let request = format!("GET {} HTTP/1.0\r\nHost: localhost\r\n\r\n", args.path);
+        stream.write_all(request.as_bytes())?;
         let mut response = String::new();
         stream.read_to_string(&mut response)?;
         Ok(response)
     })();
     match answer {
         Ok(response) => {
+            let status_line = response.lines().next().unwrap_or("");
             let ok = response.split_whitespace().nth(1) == Some("200");
             let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
             print!("{body}");
             if ok {
                 ExitCode::SUCCESS
             } else {
+                // Not healthy: say what the server answered (a probe's output is
+                // what an orchestrator shows).
+                let status = status_line.split_once(' ').map_or(status_line, |(_, s)| s);
+                eprintln!(
+                    "{}{}: answered {}",
+                    args.address,
+                    args.path,
+                    if status.is_empty() { "nothing" } else { status }
+                );
                 ExitCode::from(1)
             }
         }

@@ -303,3 +303,61 @@ fn a_metrics_address_in_use_fails_the_start_naming_the_setting() {
     drop(taken);
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `probe`'s answers when something is off: a non-200 says what the server answered;
+/// a path without its slash and a port without its host are refused with the
+/// fix.
+#[test]
+fn probe_says_what_was_answered_and_corrects_its_arguments() {
+    use std::io::{Read as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    let server = std::thread::spawn(move || {
+        if let Ok((mut stream, _)) = listener.accept() {
+            // The whole request, so that closing does not reset the connection.
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 256];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let _ = stream.write_all(b"HTTP/1.0 503 Service Unavailable\r\n\r\nnot ready\n");
+        }
+    });
+    let output = Command::new(BINARY)
+        .args(["probe", "--address", &address, "--path", "/readyz"])
+        .output()
+        .expect("probe");
+    server.join().expect("server");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "not ready\n",
+        "{output:?}"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("/readyz: answered 503 Service Unavailable"),
+        "{stderr}"
+    );
+
+    let run = |args: &[&str]| {
+        let output = Command::new(BINARY)
+            .arg("probe")
+            .args(args)
+            .output()
+            .expect("probe");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(&["--path", "healthz"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--path /healthz"), "{stderr}");
+    let (code, stderr) = run(&["--address", "19187"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("--address 127.0.0.1:19187"), "{stderr}");
+}

@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 pub enum RunError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("checkpoint: {0}")]
+    /// Its message begins with "checkpoint" already.
+    #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Sink(#[from] SinkError),

@@ -58,14 +58,16 @@ impl ReadSummary {
             .iter()
             .map(|(table, n)| format!("{table}={n}"))
             .collect();
+        let counted =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         format!(
-            "read {} messages: {} events, {} duplicates dropped, {} partial events re-sent, {} out of order, {} problems; per table: {}",
-            self.messages,
-            self.events,
-            self.duplicates,
-            self.abandoned,
+            "read {}: {}, {} dropped, {} re-sent, {} out of order, {}; per table: {}",
+            counted(self.messages, "message", "messages"),
+            counted(self.events, "event", "events"),
+            counted(self.duplicates, "duplicate", "duplicates"),
+            counted(self.abandoned, "partial event", "partial events"),
             self.out_of_order,
-            self.problems.len(),
+            counted(self.problems.len() as u64, "problem", "problems"),
             if tables.is_empty() {
                 "none".to_owned()
             } else {

@@ -77,7 +77,10 @@ pub(super) async fn acknowledge_into(
         loop {
             // Wake up at the next moment a write is due, even with nothing new.
             let due = last_write + interval;
+            // `biased`: what is queued is looked at before an abandon, so that a batch
+            // already delivered is never called outstanding.
             let next = tokio::select! {
+                biased;
                 next = rx.recv() => next,
                 () = abandon.cancelled() => None,
                 () = tokio::time::sleep_until(due), if delivered != written => {
@@ -94,8 +97,16 @@ pub(super) async fn acknowledge_into(
             };
             for delivery in pending.deliveries {
                 tokio::select! {
+                    // A settled delivery counts, even once the drain deadline passed.
+                    biased;
                     result = delivery.wait() => result.inspect_err(|e| metrics.delivery_failed(e))?,
-                    () = abandon.cancelled() => return Ok(()),
+                    () = abandon.cancelled() => {
+                        tracing::warn!(
+                            batches = 1 + rx.len(),
+                            "shutdown.drain_timeout_ms passed with deliveries outstanding; they will be re-sent on the next start"
+                        );
+                        return Ok(());
+                    }
                 }
             }
             metrics.batch_delivered(&pending.counts);
@@ -305,6 +316,85 @@ mod tests {
             memory.position(),
             Some(position(1)),
             "what was delivered stays"
+        );
+    }
+
+    /// Past the drain deadline, what is already delivered still counts and nothing
+    /// is called outstanding; what is not is abandoned with one warning saying how
+    /// many batches.
+    #[tokio::test]
+    async fn an_abandon_takes_what_is_settled_and_warns_only_of_what_is_not() {
+        let log = crate::test_log::capture();
+        for _ in 0..20 {
+            let memory = MemoryStore::default();
+            let (tx, rx) = mpsc::channel(IN_FLIGHT_BATCHES);
+            let abandon = CancellationToken::new();
+            abandon.cancel();
+            tx.send(pending(1, vec![Delivery::Settled(Ok(()))]))
+                .await
+                .unwrap();
+            tx.send(pending(2, vec![Delivery::Settled(Ok(()))]))
+                .await
+                .unwrap();
+            drop(tx);
+            let result = acknowledge(
+                rx,
+                CheckpointStore::Memory(memory.clone()),
+                Duration::from_secs(3600),
+                Arc::new(Metrics::default()),
+                CancellationToken::new(),
+                abandon,
+            )
+            .await;
+            assert_eq!(result.checkpoint.unwrap(), Some(position(2)));
+            assert_eq!(
+                result.delivered.events, 0,
+                "no events in these batches' counts"
+            );
+        }
+        assert!(
+            log.lines().iter().all(|l| l["level"] != "WARN"),
+            "{:?}",
+            log.lines()
+        );
+
+        let (tx, rx) = mpsc::channel(IN_FLIGHT_BATCHES);
+        let abandon = CancellationToken::new();
+        abandon.cancel();
+        let (_never, waiting) = tokio::sync::oneshot::channel();
+        tx.send(pending(1, vec![Delivery::Settled(Ok(()))]))
+            .await
+            .unwrap();
+        tx.send(pending(2, vec![Delivery::Pending(waiting)]))
+            .await
+            .unwrap();
+        tx.send(pending(3, vec![Delivery::Settled(Ok(()))]))
+            .await
+            .unwrap();
+        drop(tx);
+        let result = acknowledge(
+            rx,
+            CheckpointStore::Memory(MemoryStore::default()),
+            Duration::from_secs(3600),
+            Arc::new(Metrics::default()),
+            CancellationToken::new(),
+            abandon,
+        )
+        .await;
+        assert_eq!(
+            result.checkpoint.unwrap(),
+            Some(position(1)),
+            "up to the outstanding one"
+        );
+        let warned: Vec<_> = log
+            .lines()
+            .into_iter()
+            .filter(|l| l["level"] == "WARN")
+            .collect();
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert_eq!(
+            warned[0]["batches"], 2,
+            "the outstanding batch and the one after it"
         );
     }
 }

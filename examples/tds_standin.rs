@@ -38,6 +38,10 @@ fn main() {
             tls = true;
             continue;
         }
+        if flag == "--help" || flag == "-h" {
+            println!("{HELP}");
+            return;
+        }
         match flag.as_str() {
             "--port" => port = u16::try_from(number()).unwrap_or_else(|_| usage("bad --port")),
             "--seed" => config.seed = number(),
@@ -107,9 +111,24 @@ fn main() {
     });
 }
 
+const HELP: &str = "\
+Serves the synthetic workload over TDS on 127.0.0.1 (a test double, not SQL Server),
+so that `mssql-ces run` with kind = \"sqlserver\" can be tried without a server.
+
+usage: tds_standin [--port N] [--tls] [--seed N] [--transactions N] [--rate N]
+                   [--existing-rows N] [--large-value-every N]
+
+  --port N               listen on 127.0.0.1:N (default 14330)
+  --tls                  offer TLS with a self-signed certificate made at start
+  --seed N               the workload's seed (default 1)
+  --transactions N       transactions to generate (default 1000; 0 endless)
+  --rate N               transactions a second (default: as fast as read)
+  --existing-rows N      rows of dbo.products before the stream starts (for a load)
+  --large-value-every N  a 1.5 MiB value every N transactions (default none)
+
+Then, in another shell: mssql-ces run --config examples/standin.toml";
+
 fn usage(problem: &str) -> ! {
-    eprintln!(
-        "{problem}\nusage: tds_standin [--port N] [--tls] [--seed N] [--transactions N (0 endless)] [--rate N] [--existing-rows N] [--large-value-every N]"
-    );
+    eprintln!("{problem}\n\n{HELP}");
     std::process::exit(2);
 }

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// SQL Server CDC to Change Event Streaming (CES) events, delivered to Kafka or Azure
-/// Event Hubs.
+/// SQL Server CDC to Change Event Streaming (CES) events, delivered to Kafka, Azure
+/// Event Hubs (its Kafka endpoint or AMQP), a file (exactly once) or stdout.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
@@ -114,6 +114,7 @@ enum CheckFormat {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = RUN_HELP)]
 struct RunArgs {
     #[command(flatten)]
     settings: ConfigArgs,
@@ -124,6 +125,18 @@ struct RunArgs {
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
 }
+
+/// What `run --help` adds after the options.
+const RUN_HELP: &str = "\
+Every setting can also come from the environment: MSSQL_CES__<SECTION>__<KEY>
+(e.g. MSSQL_CES__SINK__TOPIC=orders). A secret setting's variable holds the secret
+itself: MSSQL_CES__SOURCE__CONNECTION_STRING, MSSQL_CES__SINK__CONNECTION_STRING.
+The file is read first, then the environment, then --set and the other flags.
+
+Exit codes: 0 stopped cleanly (a signal, or --until-idle with everything delivered);
+1 the run failed (the last line says why, and whether a restart helps); 2 the
+configuration is invalid (said before anything is contacted); 130 a second signal
+(exit at once; the next start loses nothing).";
 
 /// The configuration file and its overrides.
 #[derive(Debug, clap::Args)]

@@ -128,15 +128,20 @@ impl FileStore {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "checkpoint".into());
         let temp = dir.join(format!(".{file_name}.tmp"));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temp)
-            .map_err(|e| self.io(e))?;
-        file.write_all(text.as_bytes()).map_err(|e| self.io(e))?;
-        file.sync_all().map_err(|e| self.io(e))?;
-        drop(file);
+        let written = (|| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&temp)?;
+            file.write_all(text.as_bytes())?;
+            file.sync_all()
+        })();
+        if let Err(e) = written {
+            // A full disk: no half-written temporary file is left behind.
+            let _ = fs::remove_file(&temp);
+            return Err(self.io(e));
+        }
         fs::rename(&temp, &self.path).map_err(|e| self.io(e))?;
         sync_dir(&dir).map_err(|e| self.io(e))?;
         Ok(())
@@ -166,6 +171,29 @@ mod tests {
     use crate::lsn::Lsn;
     use crate::position::EventPosition;
     use std::collections::BTreeMap;
+
+    /// A write that fails (here the temporary file is `/dev/full`, as a full disk
+    /// behaves) leaves no temporary file behind, and the checkpoint as it was.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = std::env::temp_dir().join(format!("mssql-ces-full-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cp.json");
+        let store = FileStore::new(&path, "s");
+        store.save(&Position::default()).unwrap();
+        let before = std::fs::read(&path).unwrap();
+        let temp = dir.join(".cp.json.tmp");
+        std::os::unix::fs::symlink("/dev/full", &temp).unwrap();
+        let error = store.save(&position()).unwrap_err();
+        assert!(error.to_string().contains("No space left"), "{error}");
+        assert!(
+            std::fs::symlink_metadata(&temp).is_err(),
+            "the temporary file is gone"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     fn position() -> Position {
         Position {

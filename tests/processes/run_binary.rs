@@ -1018,3 +1018,24 @@ interval_ms = 25
     std::fs::remove_dir_all(dir).ok();
     std::fs::remove_dir_all(reference_dir).ok();
 }
+
+/// The help a new user reads first names every destination, and `run --help` the
+/// environment overrides and the exit codes.
+#[test]
+fn help_names_every_destination_the_overrides_and_the_exit_codes() {
+    let help = |args: &[&str]| {
+        let output = Command::new(BINARY).args(args).output().expect("help");
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let top = help(&["--help"]);
+    for destination in ["Kafka", "Event Hubs", "file", "stdout"] {
+        assert!(top.contains(destination), "{destination}: {top}");
+    }
+    let run = help(&["run", "--help"]);
+    assert!(
+        run.contains("MSSQL_CES__SOURCE__CONNECTION_STRING"),
+        "{run}"
+    );
+    assert!(run.contains("Exit codes") && run.contains("2 the"), "{run}");
+}

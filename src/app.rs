@@ -206,6 +206,7 @@ pub fn synthetic_source(config: &Config) -> SyntheticSource {
         rate_per_second: (s.rate_per_second > 0.0).then_some(s.rate_per_second),
         large_value_every: s.large_value_every,
         existing_rows: s.existing_rows,
+        oversized_value_every: s.oversized_value_every,
     })
 }
 

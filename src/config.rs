@@ -140,6 +140,10 @@ pub struct SyntheticSettings {
     /// the workload never changes, for trying `[snapshot]`; 0 (default) for none.
     #[serde(default)]
     pub existing_rows: u64,
+    /// One transaction in this many also inserts into `dbo.attachments` a row whose
+    /// text and binary values are over 1 MiB (truncation); 0 (default) never.
+    #[serde(default)]
+    pub oversized_value_every: u64,
 }
 
 impl Default for SyntheticSettings {
@@ -151,6 +155,7 @@ impl Default for SyntheticSettings {
             large_value_every: 0,
             transaction_rows: 0,
             existing_rows: 0,
+            oversized_value_every: 0,
         }
     }
 }

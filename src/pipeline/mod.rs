@@ -424,6 +424,7 @@ mod tests {
             rate_per_second: None,
             large_value_every: 0,
             existing_rows: 0,
+            oversized_value_every: 0,
         };
         let mut poller = Poller::new(SyntheticSource::new(config), PollerConfig::default(), None);
         let runtime = tokio::runtime::Builder::new_current_thread()

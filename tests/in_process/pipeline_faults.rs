@@ -109,6 +109,7 @@ fn synthetic(transactions: u64) -> SyntheticConfig {
         rate_per_second: None,
         large_value_every: 0,
         existing_rows: 0,
+        oversized_value_every: 0,
     }
 }
 

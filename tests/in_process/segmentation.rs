@@ -225,6 +225,52 @@ fn values_over_one_mib_are_truncated_and_counted() {
     );
 }
 
+/// Through `Encoder::encode`, in both encodings: text and binary values just under,
+/// at and just over the 1 MiB CES keeps of a value's text form, and a 4-byte
+/// character straddling the cut. What comes back is each value whole, or cut to the
+/// limit (text at the last character boundary before it, binary on whole bytes),
+/// and the count of cut values says how many.
+#[test]
+fn values_at_the_one_mib_limit_through_the_encoder() {
+    const LIMIT: usize = MAX_VALUE_TEXT_BYTES;
+    // (text, binary bytes, (text kept, binary hex digits kept), values cut)
+    let straddling = format!("a{}", "😀".repeat(LIMIT / 4));
+    let cases: Vec<(String, usize, (usize, usize), usize)> = vec![
+        ("x".repeat(LIMIT - 1), (LIMIT - 2) / 2 - 1, (LIMIT - 1, LIMIT - 4), 0),
+        ("x".repeat(LIMIT), (LIMIT - 2) / 2, (LIMIT, LIMIT - 2), 0),
+        ("x".repeat(LIMIT + 1), (LIMIT - 2) / 2 + 1, (LIMIT, LIMIT - 2), 2),
+        (straddling.clone(), LIMIT, (LIMIT - 3, LIMIT - 2), 2),
+    ];
+    for encoding in [Encoding::Json, Encoding::Avro] {
+        let encoder = Encoder::new(options(encoding, FinalEventMode::LastInTransaction, 1024));
+        for (text, binary, (text_kept, hex_kept), cut) in &cases {
+            let row = vec![
+                Value::BigInt(1),
+                Value::Text(text.clone()),
+                Value::Binary(vec![0xAB; *binary]),
+                Value::Null,
+                Value::Float(0.5),
+            ];
+            let change = ChangeBuilder::new(table(), Operation::Insert).current(row).build();
+            let encoded = encoder.encode(&change).expect("encodes");
+            assert_eq!(encoded.truncated_values, *cut, "{encoding:?}, {} text bytes", text.len());
+            let bytes: Vec<&[u8]> = encoded.messages.iter().map(|m| m.bytes.as_slice()).collect();
+            let events = mssql_ces::event::readback::reassemble(bytes, encoding).expect("reassembles");
+            let data = events[0].data_json(encoding).expect("data");
+            let current: serde_json::Value =
+                serde_json::from_str(data["eventrow"]["current"].as_str().expect("text")).expect("row");
+            let doc = current["Doc"].as_str().expect("Doc");
+            let blob = current["Blob"].as_str().expect("Blob");
+            assert_eq!(doc.len(), *text_kept, "{encoding:?}");
+            assert!(text.starts_with(doc), "a prefix of the value");
+            assert_eq!(blob.len(), 2 + hex_kept, "{encoding:?}: 0x and the hex digits");
+            assert!(blob.starts_with("0xABAB"), "{}", &blob[..8]);
+        }
+    }
+    // The straddling character is dropped whole: what is kept ends before it.
+    assert!(straddling.is_char_boundary(LIMIT - 3) && !straddling.is_char_boundary(LIMIT));
+}
+
 /// Binary mode from the encoder's parts gives the messages that CloudEvents' Kafka
 /// binding makes of the structured messages: each attribute of the structured
 /// message, read back, as a `ce_` header, `datacontenttype` as `content-type`, and

@@ -499,6 +499,7 @@ mod faults_through_the_poller {
             rate_per_second: None,
             large_value_every: 50,
             existing_rows: 0,
+            oversized_value_every: 0,
         }
     }
 

@@ -156,6 +156,7 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
             rate_per_second: None,
             large_value_every: 150,
             existing_rows: 0,
+            oversized_value_every: 0,
         }));
     let consumed = consume_quietly(
         &bootstrap,
@@ -526,6 +527,7 @@ interval_ms = 30
             rate_per_second: None,
             large_value_every: 200,
             existing_rows: 0,
+            oversized_value_every: 0,
         }));
     let text = std::fs::read_to_string(&out).expect("output");
     assert!(text.ends_with('\n'), "no torn last line");
@@ -683,6 +685,7 @@ fn a_standby_on_the_same_stream_waits_then_takes_over_and_nothing_is_lost() {
             rate_per_second: None,
             large_value_every: 0,
             existing_rows: 0,
+            oversized_value_every: 0,
         }));
     let consumed = consume_quietly(
         &bootstrap,
@@ -843,6 +846,7 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
             rate_per_second: None,
             large_value_every: 40,
             existing_rows: 0,
+            oversized_value_every: 0,
         }));
     let output = Command::new(BINARY)
         .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
@@ -1038,4 +1042,58 @@ fn help_names_every_destination_the_overrides_and_the_exit_codes() {
         "{run}"
     );
     assert!(run.contains("Exit codes") && run.contains("2 the"), "{run}");
+}
+
+/// Through the binary, as a user runs it: the synthetic workload's oversized values
+/// (`oversized_value_every`) are cut to what CES keeps, in both encodings, and read
+/// back so; the stop line counts the cut values.
+#[test]
+fn the_binary_cuts_values_over_one_mib_and_says_how_many() {
+    const LIMIT: usize = 1_048_576;
+    for encoding in ["json", "avro"] {
+        let dir = temp_dir("oversized");
+        let out = dir.join("out.ndjson");
+        let path = dir.join("config.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 12\noversized_value_every = 5\n[event]\nencoding = \"{encoding}\"\n[sink]\nkind = \"file\"\npath = \"{}\"\n[checkpoint]\npath = \"{}\"\n",
+                out.display(),
+                dir.join("cp.json").display()
+            ),
+        )
+        .expect("config");
+        let output = Command::new(BINARY)
+            .args(["run", "--until-idle", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        // Transactions 0, 5 and 10: a name and a content each.
+        assert!(stderr.contains("truncated_values=6"), "{stderr}");
+        let read = Command::new(BINARY)
+            .args(["read", "--data", "--encoding", encoding, "--file"])
+            .arg(&out)
+            .output()
+            .expect("read");
+        assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+        let attachments: Vec<serde_json::Value> = String::from_utf8_lossy(&read.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON"))
+            .filter(|e| e["eventsource"]["tbl"] == "attachments")
+            .collect();
+        assert_eq!(attachments.len(), 3, "{encoding}");
+        for event in attachments {
+            let row = &event["eventrow"]["current"];
+            let name = row["name"].as_str().expect("name");
+            let content = row["content"].as_str().expect("content");
+            // "a" and whole 4-byte characters up to the cut; 0x and whole bytes.
+            assert_eq!(name.len(), LIMIT - 3, "{encoding}");
+            assert!(name.starts_with("a😀") && name.ends_with('😀'));
+            assert_eq!(content.len(), LIMIT, "{encoding}");
+            assert!(content.starts_with("0x000102"), "{encoding}");
+        }
+        std::fs::remove_dir_all(dir).ok();
+    }
 }

@@ -28,6 +28,7 @@ fn workload() -> SyntheticConfig {
         rate_per_second: None,
         large_value_every: 97,
         existing_rows: EXISTING_ROWS,
+        oversized_value_every: 0,
     }
 }
 

@@ -26,6 +26,7 @@ fn synthetic() -> SyntheticConfig {
         rate_per_second: None,
         large_value_every: 15,
         existing_rows: 0,
+        oversized_value_every: 0,
     }
 }
 

@@ -668,6 +668,7 @@ mod tests {
         let workload = SyntheticConfig {
             transactions: Some(1),
             existing_rows: 5_000,
+            oversized_value_every: 0,
             ..SyntheticConfig::default()
         };
         let config = PollerConfig {
@@ -745,6 +746,7 @@ mod tests {
         let workload = SyntheticConfig {
             transactions: Some(50),
             existing_rows: 10,
+            oversized_value_every: 0,
             ..SyntheticConfig::default()
         };
         let config = PollerConfig {

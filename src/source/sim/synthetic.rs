@@ -37,6 +37,11 @@ pub struct SyntheticConfig {
     /// the workload never changes: what an initial load reads (0: no such table).
     /// Row `k` is generated when read, so the table may be of any size.
     pub existing_rows: u64,
+    /// Every this many transactions, one also inserts into `dbo.attachments` a row
+    /// whose text and binary values are over the 1 MiB CES keeps of a value (a 4-byte
+    /// character straddling the cut), so that truncation is exercised; 0 for never
+    /// (and no such table). The other tables get the same rows either way.
+    pub oversized_value_every: u64,
 }
 
 impl Default for SyntheticConfig {
@@ -47,6 +52,7 @@ impl Default for SyntheticConfig {
             rate_per_second: None,
             large_value_every: 0,
             existing_rows: 0,
+            oversized_value_every: 0,
         }
     }
 }
@@ -82,6 +88,7 @@ const CUSTOMERS: &str = "dbo.customers";
 const ORDERS: &str = "dbo.orders";
 const LINES: &str = "sales.order details";
 const PRODUCTS: &str = "products";
+const ATTACHMENTS: &str = "dbo.attachments";
 
 /// Row `id` (1-based) of `dbo.products`: a function of the seed and the id alone.
 fn product(seed: u64, id: u64) -> Vec<Value> {
@@ -102,6 +109,21 @@ fn product(seed: u64, id: u64) -> Vec<Value> {
             value: updated,
             scale: 3,
         },
+    ]
+}
+
+/// An attachment whose values CES cuts: `name` is "a" and 262,144 four-byte
+/// characters (1 MiB + 1 byte: the cut falls inside the last one, so 1,048,573 bytes
+/// are kept), `content` is 768 KiB (1.5 MiB as `0x` hex: 524,287 bytes are kept).
+fn oversized_attachment(k: u64) -> Vec<Value> {
+    let mut name = String::with_capacity(1 + 4 * 262_144);
+    name.push('a');
+    name.extend(std::iter::repeat_n('😀', 262_144));
+    let content: Vec<u8> = (0..786_432u32).map(|i| (i % 251) as u8).collect();
+    vec![
+        Value::BigInt(i64::try_from(k).unwrap_or(i64::MAX)),
+        Value::Text(name),
+        Value::Binary(content),
     ]
 }
 
@@ -210,6 +232,19 @@ impl SyntheticSource {
             );
             let _ = sim.enable_table("dbo.products", None);
         }
+        if config.oversized_value_every > 0 {
+            sim.create_table(
+                "dbo",
+                "attachments",
+                vec![
+                    SimColumn::new("id", SqlType::BigInt),
+                    SimColumn::new("name", SqlType::NVarChar(Length::Max)),
+                    SimColumn::new("content", SqlType::VarBinary(Length::Max)),
+                ],
+                &["id"],
+            );
+            let _ = sim.enable_table(ATTACHMENTS, None);
+        }
         SyntheticSource {
             sim,
             rng: SplitMix64(config.seed),
@@ -294,6 +329,11 @@ impl SyntheticSource {
                 && k.is_multiple_of(self.config.large_value_every)
                 && s == 0;
             txn = self.statement(txn, large);
+        }
+        let every = self.config.oversized_value_every;
+        if every > 0 && k.is_multiple_of(every) {
+            // No random numbers: the other tables' history stays as without it.
+            txn = txn.insert(ATTACHMENTS, oversized_attachment(k));
         }
         txn.commit().map_err(|message| SourceError::Definite {
             message: format!("synthetic workload: {message}"),
@@ -582,6 +622,7 @@ mod tests {
             rate_per_second: None,
             large_value_every: 100,
             existing_rows: 0,
+            oversized_value_every: 0,
         };
         let a = history(config.clone(), 1000).await;
         let b = history(config.clone(), 7).await;

@@ -258,6 +258,7 @@ async fn pipeline_load(sim: &CdcSimulator, seconds: Duration) -> Rate {
                 poll_interval: Duration::from_millis(10),
                 checkpoint_interval: Duration::from_secs(1),
                 drain_timeout: Duration::from_secs(60),
+                idle_drain_timeout: Duration::from_secs(60),
                 until_idle: true,
                 metrics: Default::default(),
             },

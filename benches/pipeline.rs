@@ -200,6 +200,7 @@ fn pipeline_settings(until_idle: bool) -> PipelineSettings {
         poll_interval: Duration::from_millis(10),
         checkpoint_interval: Duration::from_secs(1),
         drain_timeout: Duration::from_secs(60),
+        idle_drain_timeout: Duration::from_secs(60),
         until_idle,
         metrics: Default::default(),
     }

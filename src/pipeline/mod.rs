@@ -115,6 +115,12 @@ pub enum PipelineError {
     Checkpoint(#[from] CheckpointError),
     #[error("the source stopped unexpectedly: {cause}")]
     SourceStopped { cause: StageFailure },
+    /// The source was idle, but not everything was delivered in time.
+    #[error(
+        "the source is idle but {events} events were not delivered within {} ms (sink.delivery_timeout_ms); the checkpoint holds what was, and a restart sends the rest",
+        waited.as_millis()
+    )]
+    Undelivered { events: u64, waited: Duration },
     /// The task that awaits deliveries and writes checkpoints is gone: a defect, not
     /// a sink's verdict. The checkpoint holds the last position it wrote.
     #[error(
@@ -132,6 +138,10 @@ pub struct PipelineSettings {
     /// Stop (successfully) once the source has nothing new and every message is
     /// acknowledged: for batch runs, benchmarks and tests.
     pub until_idle: bool,
+    /// How long a stop because the source is idle waits for what is outstanding
+    /// (the sink's delivery timeout): anything still undelivered then fails the run,
+    /// naming how many events.
+    pub idle_drain_timeout: Duration,
     /// Where the run reports its progress (served when `[metrics] listen` is set).
     pub metrics: Arc<Metrics>,
 }
@@ -199,12 +209,20 @@ pub async fn run<B: BatchSource>(
         summary,
         deliveries,
         source_vanished,
+        idle,
         ..
     } = sender;
     // What was sent of a batch cut short is not acknowledged here: it is sent again
     // on the next start.
     drop(deliveries);
-    let deadline = tokio::time::Instant::now() + settings.drain_timeout;
+    // Idle: everything sent is to be delivered, within the delivery timeout. A
+    // shutdown: within the drain timeout, the rest re-sent on the next start.
+    let drain = if idle {
+        settings.idle_drain_timeout.max(settings.drain_timeout)
+    } else {
+        settings.drain_timeout
+    };
+    let deadline = tokio::time::Instant::now() + drain;
     stop_source.cancel();
     // The encode task stops when it can no longer hand anything on, and with it goes
     // the source's channel.
@@ -219,7 +237,7 @@ pub async fn run<B: BatchSource>(
     };
     // Stop feeding the acker; let it finish what is in flight, within the bound.
     drop(tx);
-    let acker_result = drain_acker(acker, deadline, settings.drain_timeout, abandon).await;
+    let acker_result = drain_acker(acker, deadline, drain, abandon).await;
     close_sink(sink, deadline).await;
     let AckerResult {
         store,
@@ -235,6 +253,13 @@ pub async fn run<B: BatchSource>(
     outcome?;
     if let Some(cause) = source_failure {
         return Err(PipelineError::SourceStopped { cause });
+    }
+    let undelivered = summary.events.saturating_sub(summary.delivered_events);
+    if idle && undelivered > 0 {
+        return Err(PipelineError::Undelivered {
+            events: undelivered,
+            waited: drain,
+        });
     }
     Ok(summary)
 }

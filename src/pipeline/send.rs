@@ -18,6 +18,8 @@ pub(super) struct Sender {
     pub(super) deliveries: Vec<Delivery>,
     /// Set when the encode task's channel closed without a word.
     pub(super) source_vanished: bool,
+    /// Set when the run stopped because the source was idle (`until_idle`).
+    pub(super) idle: bool,
     pub(super) progress: Progress,
 }
 
@@ -38,6 +40,7 @@ impl Sender {
             summary: RunSummary::default(),
             deliveries: Vec::new(),
             source_vanished: false,
+            idle: false,
             progress: Progress::new(),
         }
     }
@@ -55,7 +58,10 @@ impl Sender {
                 () = self.failed.cancelled() => return Ok(()),
             };
             let chunk = match item {
-                Some(Ok(Encoded::Idle)) => return Ok(()),
+                Some(Ok(Encoded::Idle)) => {
+                    self.idle = true;
+                    return Ok(());
+                }
                 None => {
                     self.source_vanished = true;
                     return Ok(());

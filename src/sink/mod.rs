@@ -129,6 +129,16 @@ impl SinkConfig {
 
     /// Opens the sink. `resume` says what the checkpoint knows of a file's length;
     /// the sink reports its connection and re-sends to `health`.
+    /// How long a message may wait for the destination (`sink.delivery_timeout_ms`);
+    /// `None` for the file and stdout, which settle each batch at once.
+    pub fn delivery_timeout(&self) -> Option<std::time::Duration> {
+        match self {
+            SinkConfig::Kafka(c) | SinkConfig::EventHubsKafka(c) => Some(c.delivery_timeout),
+            SinkConfig::EventHubsAmqp(c) => Some(c.delivery_timeout),
+            SinkConfig::Stdout(_) | SinkConfig::File(_) => None,
+        }
+    }
+
     /// Where events go, for the log: brokers, hub, file or stdout, never a secret
     /// (an Event Hubs connection string gives only its namespace).
     pub fn describe(&self) -> String {

@@ -108,6 +108,7 @@ async fn run(
             poll_interval: Duration::from_millis(10),
             checkpoint_interval: Duration::from_millis(10),
             drain_timeout: Duration::from_secs(30),
+            idle_drain_timeout: Duration::from_secs(30),
             until_idle: true,
             metrics: Default::default(),
         },
@@ -387,6 +388,7 @@ async fn a_broker_outage_mid_run_loses_nothing() {
             poll_interval: Duration::from_millis(10),
             checkpoint_interval: Duration::from_millis(50),
             drain_timeout: Duration::from_secs(30),
+            idle_drain_timeout: Duration::from_secs(30),
             until_idle: false,
             metrics: Default::default(),
         },
@@ -439,4 +441,72 @@ async fn a_broker_outage_mid_run_loses_nothing() {
         assert!(&got.data == data, "data of {logicalid} differs");
     }
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// `--until-idle` with the brokers gone: the run waits for the deliveries up to its
+/// idle drain bound (the delivery timeout), and then fails naming how many events
+/// were not delivered, rather than exiting as if all were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stop_with_events_undelivered_fails_naming_how_many() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.broker_down(1).expect("broker down");
+    let settings = KafkaSettings::new(
+        &sink_settings(&bootstrap),
+        KafkaFlavour::Kafka,
+        128 * 1024,
+        None,
+    )
+    .expect("settings");
+    let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
+    let router = Router::new(
+        "ces",
+        PartitionKeyScheme::Table,
+        None,
+        CloudEventsMode::Structured,
+        Encoding::Json,
+        "group",
+    );
+    let poller = Poller::new(
+        SyntheticSource::new(synthetic(20)),
+        PollerConfig::default(),
+        None,
+    );
+    let started = std::time::Instant::now();
+    let result = pipeline::run(
+        poller,
+        Box::new(move |guid| options(guid, Encoding::Json)),
+        router,
+        sink,
+        CheckpointStore::Memory(mssql_ces::checkpoint::memory::MemoryStore::default()),
+        PipelineSettings {
+            poll_interval: Duration::from_millis(10),
+            checkpoint_interval: Duration::from_millis(10),
+            // A shutdown's bound is shorter than the idle one: the idle stop waits
+            // the longer.
+            drain_timeout: Duration::from_millis(100),
+            idle_drain_timeout: Duration::from_secs(2),
+            until_idle: true,
+            metrics: Default::default(),
+        },
+        CancellationToken::new(),
+    )
+    .await;
+    let waited = started.elapsed();
+    let error = match result {
+        Err(error) => error,
+        Ok(summary) => panic!("an idle stop with the brokers down succeeded: {summary:?}"),
+    };
+    let text = error.to_string();
+    assert!(
+        matches!(error, mssql_ces::pipeline::PipelineError::Undelivered { events, .. } if events > 0),
+        "{error:?}"
+    );
+    assert!(text.contains("sink.delivery_timeout_ms"), "{text}");
+    assert!(
+        waited >= Duration::from_secs(2),
+        "waited the idle bound: {waited:?}"
+    );
+    cluster.broker_up(1).expect("broker up");
 }

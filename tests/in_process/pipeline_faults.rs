@@ -50,6 +50,7 @@ fn settings(until_idle: bool) -> PipelineSettings {
         poll_interval: Duration::from_millis(10),
         checkpoint_interval: Duration::from_millis(20),
         drain_timeout: Duration::from_secs(5),
+        idle_drain_timeout: Duration::from_secs(5),
         until_idle,
         metrics: Default::default(),
     }

@@ -236,9 +236,19 @@ fn values_at_the_one_mib_limit_through_the_encoder() {
     // (text, binary bytes, (text kept, binary hex digits kept), values cut)
     let straddling = format!("a{}", "😀".repeat(LIMIT / 4));
     let cases: Vec<(String, usize, (usize, usize), usize)> = vec![
-        ("x".repeat(LIMIT - 1), (LIMIT - 2) / 2 - 1, (LIMIT - 1, LIMIT - 4), 0),
+        (
+            "x".repeat(LIMIT - 1),
+            (LIMIT - 2) / 2 - 1,
+            (LIMIT - 1, LIMIT - 4),
+            0,
+        ),
         ("x".repeat(LIMIT), (LIMIT - 2) / 2, (LIMIT, LIMIT - 2), 0),
-        ("x".repeat(LIMIT + 1), (LIMIT - 2) / 2 + 1, (LIMIT, LIMIT - 2), 2),
+        (
+            "x".repeat(LIMIT + 1),
+            (LIMIT - 2) / 2 + 1,
+            (LIMIT, LIMIT - 2),
+            2,
+        ),
         (straddling.clone(), LIMIT, (LIMIT - 3, LIMIT - 2), 2),
     ];
     for encoding in [Encoding::Json, Encoding::Avro] {
@@ -251,19 +261,36 @@ fn values_at_the_one_mib_limit_through_the_encoder() {
                 Value::Null,
                 Value::Float(0.5),
             ];
-            let change = ChangeBuilder::new(table(), Operation::Insert).current(row).build();
+            let change = ChangeBuilder::new(table(), Operation::Insert)
+                .current(row)
+                .build();
             let encoded = encoder.encode(&change).expect("encodes");
-            assert_eq!(encoded.truncated_values, *cut, "{encoding:?}, {} text bytes", text.len());
-            let bytes: Vec<&[u8]> = encoded.messages.iter().map(|m| m.bytes.as_slice()).collect();
-            let events = mssql_ces::event::readback::reassemble(bytes, encoding).expect("reassembles");
+            assert_eq!(
+                encoded.truncated_values,
+                *cut,
+                "{encoding:?}, {} text bytes",
+                text.len()
+            );
+            let bytes: Vec<&[u8]> = encoded
+                .messages
+                .iter()
+                .map(|m| m.bytes.as_slice())
+                .collect();
+            let events =
+                mssql_ces::event::readback::reassemble(bytes, encoding).expect("reassembles");
             let data = events[0].data_json(encoding).expect("data");
             let current: serde_json::Value =
-                serde_json::from_str(data["eventrow"]["current"].as_str().expect("text")).expect("row");
+                serde_json::from_str(data["eventrow"]["current"].as_str().expect("text"))
+                    .expect("row");
             let doc = current["Doc"].as_str().expect("Doc");
             let blob = current["Blob"].as_str().expect("Blob");
             assert_eq!(doc.len(), *text_kept, "{encoding:?}");
             assert!(text.starts_with(doc), "a prefix of the value");
-            assert_eq!(blob.len(), 2 + hex_kept, "{encoding:?}: 0x and the hex digits");
+            assert_eq!(
+                blob.len(),
+                2 + hex_kept,
+                "{encoding:?}: 0x and the hex digits"
+            );
             assert!(blob.starts_with("0xABAB"), "{}", &blob[..8]);
         }
     }

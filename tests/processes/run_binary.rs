@@ -1077,7 +1077,11 @@ fn the_binary_cuts_values_over_one_mib_and_says_how_many() {
             .arg(&out)
             .output()
             .expect("read");
-        assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+        assert!(
+            read.status.success(),
+            "{}",
+            String::from_utf8_lossy(&read.stderr)
+        );
         let attachments: Vec<serde_json::Value> = String::from_utf8_lossy(&read.stdout)
             .lines()
             .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON"))

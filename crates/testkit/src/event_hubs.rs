@@ -137,6 +137,7 @@ pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
             poll_interval: Duration::from_millis(10),
             checkpoint_interval: Duration::from_millis(10),
             drain_timeout: Duration::from_secs(30),
+            idle_drain_timeout: Duration::from_secs(30),
             until_idle: true,
             metrics: Default::default(),
         },

@@ -272,6 +272,14 @@ async fn drive<S: ChangeSource + 'static>(
             planned.sink_length = Some(0);
         }
         store.save(&planned).await?;
+    } else if resume == Resume::Fresh && resolve_start(&mut poller, &shutdown).await? {
+        // "latest" is settled and saved before anything is read: a restart before
+        // the first delivery starts at the same place, and skips nothing.
+        let mut settled = poller.position().clone();
+        if fresh_file {
+            settled.sink_length = Some(0);
+        }
+        store.save(&settled).await?;
     } else if fresh_file && config.source.start_position == StartPosition::Earliest {
         // Before the file's first line: a crash before the first real checkpoint must
         // still find one that says the file was empty. Not with "latest": a restart
@@ -321,6 +329,32 @@ async fn drive<S: ChangeSource + 'static>(
         poller, factory, router, built.sink, store, settings, shutdown,
     )
     .await?)
+}
+
+/// Settles a first run's start (see [`Poller::resolve_start`]), retrying what can
+/// pass with backoff. False when there was nothing to settle, or stopped meanwhile.
+async fn resolve_start<S: ChangeSource>(
+    poller: &mut Poller<S>,
+    shutdown: &CancellationToken,
+) -> Result<bool, RunError> {
+    let mut backoff = crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(500),
+        std::time::Duration::from_secs(30),
+    );
+    loop {
+        match poller.resolve_start().await {
+            Ok(settled) => return Ok(settled),
+            Err(e) if e.is_transient() => {
+                let wait = backoff.next_wait();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "reading where to start failed; retrying");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(false),
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+            Err(e) => return Err(RunError::Pipeline(PipelineError::Source(e))),
+        }
+    }
 }
 
 /// Plans the initial load, retrying what can pass (a pending capture instance, a

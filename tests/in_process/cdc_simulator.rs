@@ -709,6 +709,50 @@ async fn table_filters_select_what_is_streamed() {
     assert!(matches!(err, SourceError::NoCapturedTables { .. }), "{err}");
 }
 
+/// "latest" settled before the first poll (what a run saves at once): a restarted
+/// poller from that position reads the change made in between, where one that chose
+/// "latest" again would skip it. With nothing recorded yet, the start is before each
+/// instance's first change, and nothing is called a gap.
+#[tokio::test]
+async fn start_position_latest_is_settled_before_the_first_poll() {
+    let sim = database();
+    let config = PollerConfig {
+        start_position: StartPosition::Latest,
+        ..config()
+    };
+    // Nothing recorded yet: everything the instances record is to be read.
+    let mut empty = Poller::new(sim.clone(), config.clone(), None);
+    assert!(
+        empty.resolve_start().await.unwrap(),
+        "settled before everything"
+    );
+    sim.transaction()
+        .insert("dbo.Customers", customer(1, "first", None))
+        .commit()
+        .unwrap();
+    let mut restarted = Poller::new(sim.clone(), config.clone(), Some(empty.position().clone()));
+    assert!(
+        !restarted.resolve_start().await.unwrap(),
+        "a checkpoint settles it"
+    );
+    let changes = drain(&mut restarted).await.unwrap();
+    assert_eq!(changes.len(), 1, "the first change, no gap");
+
+    // With history: settled at today's latest; the change made before the restart
+    // is read by the restarted poller.
+    let mut first = Poller::new(sim.clone(), config.clone(), None);
+    assert!(first.resolve_start().await.unwrap());
+    let settled = first.position().clone();
+    sim.transaction()
+        .insert("dbo.Customers", customer(2, "in between", None))
+        .commit()
+        .unwrap();
+    let mut restarted = Poller::new(sim.clone(), config, Some(settled));
+    let changes = drain(&mut restarted).await.unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(text(&changes[0].current.as_ref().unwrap()[1]), "in between");
+}
+
 #[tokio::test]
 async fn start_position_latest_skips_history() {
     let sim = database();

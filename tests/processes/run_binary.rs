@@ -1101,3 +1101,47 @@ fn the_binary_cuts_values_over_one_mib_and_says_how_many() {
         std::fs::remove_dir_all(dir).ok();
     }
 }
+
+/// `start_position = "latest"` is settled and saved before anything is read: a first
+/// run killed before its first checkpoint interval still leaves the start, so that the
+/// next run does not start at a later "latest" and skip the changes in between.
+#[test]
+fn a_latest_start_is_saved_before_the_first_poll() {
+    let dir = temp_dir("latest");
+    let path = dir.join("config.toml");
+    let checkpoint = dir.join("cp.json");
+    std::fs::write(
+        &path,
+        format!(
+            "[source]\nkind = \"synthetic\"\nstart_position = \"latest\"\n[source.synthetic]\ntransactions = 0\nrate_per_second = 50\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\ninterval_ms = 600000\n",
+            checkpoint.display()
+        ),
+    )
+    .expect("config");
+    let mut child = Command::new(BINARY)
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let saved = loop {
+        let text = std::fs::read_to_string(&checkpoint).unwrap_or_default();
+        if text.contains("\"instances\"") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Killed long before the checkpoint interval.
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+    let checkpoint: serde_json::Value =
+        serde_json::from_str(&saved).unwrap_or_else(|e| panic!("{e}: {saved:?}"));
+    let instances = checkpoint["position"]["instances"]
+        .as_object()
+        .or_else(|| checkpoint["instances"].as_object())
+        .unwrap_or_else(|| panic!("the start's instances: {checkpoint}"));
+    assert_eq!(instances.len(), 3, "every capture instance: {checkpoint}");
+    std::fs::remove_dir_all(dir).ok();
+}

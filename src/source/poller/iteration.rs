@@ -88,6 +88,59 @@ impl<S: ChangeSource> Poller<S> {
         Ok(true)
     }
 
+    /// Settles where a run without a checkpoint starts, so that it can be saved
+    /// before the first poll: with `start_position = "latest"`, every tracked instance
+    /// complete through today's `max_lsn`. A restart before anything was delivered
+    /// then starts there too, instead of at a later "latest" that would skip the
+    /// changes in between. True when the position was settled (and is to be saved);
+    /// false with a checkpoint, a load to plan, `"earliest"` (which reads from each
+    /// instance's `min_lsn`, nothing to settle), or while CDC has recorded nothing.
+    pub async fn resolve_start(&mut self) -> Result<bool, SourceError> {
+        if self.needs_plan || self.config.start_position != StartPosition::Latest {
+            return Ok(false);
+        }
+        let max = self.max_lsn_with_catalog().await?;
+        match max.lsn.filter(|l| !l.is_zero()) {
+            Some(max_lsn) => Ok(self.start_at_latest(max_lsn)),
+            None => Ok(self.start_before_everything()),
+        }
+    }
+
+    /// CDC has recorded nothing yet, so "latest" is before everything: each tracked
+    /// instance complete through the LSN before its `start_lsn` (what it records is
+    /// all to be read, and a cleanup that purges some of it before it is read is a
+    /// gap, as it should be). False while an instance has no `start_lsn` yet.
+    fn start_before_everything(&mut self) -> bool {
+        let known = self
+            .tracked
+            .iter()
+            .any(|t| self.position.instances.contains_key(&t.instance.name));
+        let starts: Option<Vec<(String, Lsn, i32)>> = self
+            .tracked
+            .iter()
+            .map(|t| {
+                t.instance.start_lsn.map(|start| {
+                    (
+                        t.instance.name.clone(),
+                        last_before(start),
+                        t.instance.object_id,
+                    )
+                })
+            })
+            .collect();
+        let Some(starts) = starts.filter(|s| !s.is_empty() && !known) else {
+            return false;
+        };
+        for (name, through, object_id) in starts {
+            self.position.instances.insert(name.clone(), through);
+            self.position.change_tables.insert(name, object_id);
+        }
+        tracing::info!(
+            "no checkpoint and nothing recorded by CDC yet: starting with the first change each capture instance records (start_position = \"latest\")"
+        );
+        true
+    }
+
     /// With no checkpoint and `start_position = "latest"`, every tracked instance
     /// starts complete through `max_lsn`. Whether it did.
     fn start_at_latest(&mut self, max_lsn: Lsn) -> bool {

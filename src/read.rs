@@ -533,7 +533,9 @@ fn assigned_consumer(input: &KafkaInput) -> Result<rdkafka::consumer::BaseConsum
     for (key, value) in &input.properties {
         config.set(key, value);
     }
-    let consumer: BaseConsumer = config.create().map_err(kafka_error)?;
+    let consumer: BaseConsumer = config
+        .create()
+        .map_err(|e| InputError::Kafka(crate::sink::kafka::config_error(&e)))?;
     let partitions = match &input.partitions {
         Some(list) => list.clone(),
         None => {

@@ -28,6 +28,11 @@ pub(super) async fn check_destination(
             let topics = topics(&template, state);
             match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
                 Ok(facts) => kafka_findings(report, &facts, largest, settings.check_topic_limits),
+                Err(e @ crate::sink::SinkError::Definite(_)) => report.fail(
+                    "Kafka: brokers",
+                    e.reason(),
+                    "correct the setting the message names",
+                ),
                 Err(e) => report.fail(
                     "Kafka: brokers",
                     format!("no answer from sink.bootstrap_servers within {} s: {e}", config.check.timeout.as_secs_f64()),

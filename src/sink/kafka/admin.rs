@@ -75,9 +75,13 @@ pub async fn describe_destination(
     topics: &[String],
     timeout: Duration,
 ) -> Result<DestinationFacts, SinkError> {
-    let admin: AdminClient<DefaultClientContext> = admin_config(settings)
-        .create()
-        .map_err(|e| SinkError::Definite(format!("cannot create a Kafka admin client: {e}")))?;
+    let admin: AdminClient<DefaultClientContext> =
+        admin_config(settings).create().map_err(|e| {
+            SinkError::Definite(format!(
+                "cannot create a Kafka admin client: {}",
+                super::config_error(&e)
+            ))
+        })?;
     let admin = Arc::new(admin);
     let fetcher = Arc::clone(&admin);
     let metadata =

@@ -33,6 +33,24 @@ pub use config::{
     parse_event_hubs_connection_string,
 };
 
+/// A Kafka client's error without the value of the property it is about: rdkafka's
+/// text quotes it, and it may be a secret (`sasl.password`,
+/// `sasl.oauthbearer.client.secret`, `ssl.key.password`, …). The property's name and
+/// librdkafka's reason, with any copy of the value blanked.
+pub fn config_error(error: &KafkaError) -> String {
+    match error {
+        KafkaError::ClientConfig(_, description, key, value) => {
+            let description = if value.is_empty() {
+                description.clone()
+            } else {
+                description.replace(value.as_str(), "<value not shown>")
+            };
+            format!("[sink.kafka] \"{key}\": {description}")
+        }
+        other => other.to_string(),
+    }
+}
+
 /// A Kafka error as a [`SinkError`]: definite where the broker refuses the message
 /// itself or the client's rights (resending cannot help), else transient.
 pub fn delivery_error(error: &KafkaError) -> SinkError {
@@ -200,19 +218,23 @@ impl KafkaSink {
             .find(|(k, _)| k == "bootstrap.servers")
             .map_or_else(String::new, |(_, v)| v.clone());
         let brokers = Arc::new(BrokerLog::new(bootstrap));
-        // librdkafka's error text names the property, never its value.
         let producer: FutureProducer<HealthContext> = config
             .create_with_context(HealthContext {
                 health,
                 brokers: Arc::clone(&brokers),
             })
-            .map_err(|e| SinkError::Definite(format!("cannot create the Kafka producer: {e}")))?;
+            .map_err(|e| {
+                SinkError::Definite(format!(
+                    "cannot create the Kafka producer: {}",
+                    config_error(&e)
+                ))
+            })?;
         // Event Hubs' endpoint limit is enforced by the configuration instead.
         let admin = if settings.check_topic_limits {
             match admin::admin_config(settings).create() {
                 Ok(admin) => Some(Arc::new(admin)),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot create a Kafka admin client, so topics' max.message.bytes are not checked before sending: make sure each topic's limit exceeds event.max_message_size_kb");
+                    tracing::warn!(error = %config_error(&e), "cannot create a Kafka admin client, so topics' max.message.bytes are not checked before sending: make sure each topic's limit exceeds event.max_message_size_kb");
                     None
                 }
             }
@@ -502,6 +524,36 @@ mod tests {
         assert_eq!(get(&s, "compression.type"), Some("none"));
         let err = parse_event_hubs_connection_string("SharedAccessKey=c2VjcmV0").unwrap_err();
         assert!(!err.to_string().contains("c2VjcmV0"), "{err}");
+    }
+
+    /// librdkafka's configuration errors quote the value, which may be a secret: the
+    /// message keeps the property's name and the reason, never the value.
+    #[test]
+    fn a_configuration_error_never_shows_the_value() {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("sasl.oauthbearer.client.secret", "HUNTER2oauth");
+        let Err(e) = config.create::<rdkafka::producer::BaseProducer>() else {
+            panic!("this build has no OIDC");
+        };
+        assert!(
+            e.to_string().contains("HUNTER2oauth"),
+            "rdkafka's own text quotes it: {e}"
+        );
+        let text = config_error(&e);
+        assert!(text.contains("sasl.oauthbearer.client.secret"), "{text}");
+        assert!(!text.contains("HUNTER2"), "{text}");
+        let mut config = ClientConfig::new();
+        config.set("linger.ms", "HUNTER2linger");
+        let Err(e) = config.create::<rdkafka::producer::BaseProducer>() else {
+            panic!("not a number");
+        };
+        let text = config_error(&e);
+        assert!(
+            text.contains("linger.ms") && !text.contains("HUNTER2"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -24,8 +24,7 @@ pub const MESSAGE_SIZE_KB_RANGE: std::ops::RangeInclusive<u32> = 128..=1024;
 pub const DEFAULT_MESSAGE_SIZE_KB: u32 = 256;
 
 /// `max_message_size_kb`, validated to CES's range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(into = "u32")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MessageSizeLimit(u32);
 
 /// A `max_message_size_kb` outside CES's range.
@@ -61,12 +60,6 @@ impl MessageSizeLimit {
 impl Default for MessageSizeLimit {
     fn default() -> Self {
         MessageSizeLimit(DEFAULT_MESSAGE_SIZE_KB)
-    }
-}
-
-impl From<MessageSizeLimit> for u32 {
-    fn from(limit: MessageSizeLimit) -> u32 {
-        limit.0
     }
 }
 

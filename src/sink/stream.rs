@@ -78,15 +78,83 @@ pub struct StreamSink {
     length: Option<u64>,
     /// `length` at the last fsync.
     durable: Option<u64>,
+    /// A stream that lands in a regular file (`> out.jsonl`): fsynced at each batch
+    /// end too, so what a checkpoint covers is on disk.
+    stream_in_file: bool,
+}
+
+/// Standard output as the system names it elsewhere: what a process sees of its
+/// fd 1 under a path.
+const STDOUT_ALIAS: &str = "/proc/self/fd/1";
+
+/// Whether `path` is a stream rather than a file of ours: standard output under any
+/// name (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`, or the very file fd 1 was
+/// redirected to), or another inherited descriptor (`/dev/fd/N`). Such a path is
+/// never cut back to a checkpoint's length: it may hold the user's own lines.
+fn is_stream_path(path: &std::path::Path) -> bool {
+    let text = path.to_string_lossy();
+    if text == "/dev/stdout"
+        || text == "/dev/stderr"
+        || text.starts_with("/dev/fd/")
+        || text.starts_with("/proc/self/fd/")
+    {
+        return true;
+    }
+    same_file(path, std::path::Path::new(STDOUT_ALIAS))
+}
+
+/// Whether two paths are the same file (device and inode).
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (a, b);
+        false
+    }
+}
+
+/// Whether the regular file behind `path` is not empty and does not end with a
+/// newline: a line torn by a kill, after which a restarted stream must start a new
+/// line. False for anything that cannot be read back (a pipe, a terminal).
+fn ends_mid_line(path: &std::path::Path) -> bool {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let Ok(mut file) = File::open(path) else {
+        return false;
+    };
+    let regular = file.metadata().is_ok_and(|m| m.is_file() && m.len() > 0);
+    if !regular || file.seek(SeekFrom::End(-1)).is_err() {
+        return false;
+    }
+    let mut last = [0u8; 1];
+    file.read_exact(&mut last).is_ok() && last[0] != b'\n'
+}
+
+/// Whether `path` is a regular file.
+fn is_regular(path: &std::path::Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file())
 }
 
 impl StreamSink {
     pub fn stdout(encoding: Encoding) -> Self {
+        let alias = std::path::Path::new(STDOUT_ALIAS);
+        let mut writer = BufWriter::new(std::io::stdout());
+        if ends_mid_line(alias) {
+            // A torn line from a killed run: this one starts on a line of its own.
+            let _ = writer.write_all(b"\n");
+        }
         StreamSink {
-            output: Output::Stdout(BufWriter::new(std::io::stdout())),
+            output: Output::Stdout(writer),
             encoding,
             length: None,
             durable: None,
+            stream_in_file: is_regular(alias),
         }
     }
 
@@ -97,6 +165,22 @@ impl StreamSink {
             path: path.display().to_string(),
             reason: e.to_string(),
         };
+        if is_stream_path(&path) {
+            let stream_in_file = is_regular(&path);
+            let torn = ends_mid_line(&path);
+            let file = OpenOptions::new().append(true).open(&path).map_err(io)?;
+            let mut writer = BufWriter::new(file);
+            if torn {
+                writer.write_all(b"\n").map_err(io)?;
+            }
+            return Ok(StreamSink {
+                output: Output::File(writer, path),
+                encoding,
+                length: None,
+                durable: None,
+                stream_in_file,
+            });
+        }
         let existed = path.exists();
         let file = OpenOptions::new()
             .create(true)
@@ -134,6 +218,7 @@ impl StreamSink {
             encoding,
             length,
             durable: length,
+            stream_in_file: false,
         })
     }
 
@@ -174,10 +259,11 @@ impl StreamSink {
         Ok(Delivery::Settled(Ok(())))
     }
 
-    /// Flushes, and for a regular file, fsyncs.
+    /// Flushes, and for a regular file (stdout redirected to one included), fsyncs.
     pub fn sync(&mut self) -> Result<(), SinkError> {
-        let regular = self.length.is_some();
+        let regular = self.length.is_some() || self.stream_in_file;
         let result = match &mut self.output {
+            Output::Stdout(w) if regular => w.flush().and_then(|()| sync_stdout()),
             Output::Stdout(w) => w.flush(),
             Output::File(w, _) if regular => w.flush().and_then(|()| w.get_ref().sync_data()),
             // A pipe or a terminal cannot be fsynced (EINVAL): flushing is all there is.
@@ -185,6 +271,20 @@ impl StreamSink {
         };
         result.map_err(|e| self.io(e))?;
         self.durable = self.length;
+        Ok(())
+    }
+}
+
+/// fsyncs the file fd 1 was redirected to.
+fn sync_stdout() -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd as _;
+        let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+        File::from(fd).sync_data()
+    }
+    #[cfg(not(unix))]
+    {
         Ok(())
     }
 }

@@ -1158,3 +1158,67 @@ fn a_latest_start_is_saved_before_the_first_poll() {
     assert_eq!(instances.len(), 3, "every capture instance: {checkpoint}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `/dev/stdout` (or any name of fd 1) redirected to a file is a stream, not a file
+/// of ours: a restart neither empties nor cuts it, and a stream restarted after a
+/// torn line starts on a line of its own.
+#[test]
+fn standard_output_redirected_to_a_file_is_a_stream_not_ours_to_cut() {
+    let dir = temp_dir("stdout-file");
+    let out = dir.join("out.jsonl");
+    for (kind, path) in [
+        ("file", Some("/dev/stdout")),
+        ("file", Some("/proc/self/fd/1")),
+        ("stdout", None),
+    ] {
+        std::fs::write(&out, "the user's own line\n{\"torn\":").expect("a torn line");
+        let path_line = path.map_or_else(String::new, |p| format!("path = \"{p}\"\n"));
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 5\n[sink]\nkind = \"{kind}\"\n{path_line}[checkpoint]\npath = \"{}\"\n",
+                dir.join("cp.json").display()
+            ),
+        )
+        .expect("config");
+        std::fs::remove_file(dir.join("cp.json")).ok();
+        for run in 0..2 {
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&out)
+                .expect("out");
+            let output = Command::new(BINARY)
+                .args(["run", "--until-idle", "--config"])
+                .arg(&config)
+                .stdout(Stdio::from(file))
+                .output()
+                .expect("run");
+            assert!(
+                output.status.success(),
+                "{kind} {path:?} run {run}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let text = std::fs::read_to_string(&out).expect("out");
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some("the user's own line"),
+            "{kind} {path:?}: kept"
+        );
+        assert_eq!(
+            lines.next(),
+            Some("{\"torn\":"),
+            "{kind} {path:?}: the torn line ends"
+        );
+        let events: Vec<serde_json::Value> = lines
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{kind} {path:?}: {e}: {l}"))
+            })
+            .collect();
+        assert!(!events.is_empty(), "{kind} {path:?}");
+        assert!(events.iter().all(|e| e["specversion"] == "1.0"));
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -1051,6 +1051,20 @@ topic = "hub"
         assert!(!err.contains("set by"), "{err}");
     }
 
+    /// A partitioner that ignores keys would scatter one key's events and one
+    /// event's segments: refused by name.
+    #[test]
+    fn a_partitioner_that_ignores_keys_is_refused() {
+        let err = load(&format!("{KAFKA}partitioner = \"random\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sink.partitioner") && err.contains("ignores keys"),
+            "{err}"
+        );
+        assert!(load(&format!("{KAFKA}partitioner = \"consistent_random\"\n")).is_ok());
+    }
+
     /// The log's destination line: brokers, namespace (never the key), file or
     /// stdout; and the SQL Server source's server and database, never its password.
     #[test]

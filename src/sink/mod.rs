@@ -372,6 +372,25 @@ impl Router {
         }
     }
 
+    /// The partition a message goes to without the partitioner's help (reduced
+    /// modulo the partition count by the sink): for no key, the event's `logicalid`
+    /// (its segments stay together); for a key that is NULL (a `column` key whose
+    /// value is NULL) or empty, one fixed partition per table, because partitioners
+    /// send NULL or empty keys (`consistent_random`: both) to random partitions and
+    /// one key's events must share one. `None`: the partitioner hashes the key.
+    fn partition_hint(&self, change: &Change, key: Option<&[u8]>, logical_id: &str) -> Option<u64> {
+        match key {
+            Some(key) if !key.is_empty() => None,
+            Some(_) => Some(fnv1a(
+                format!("empty key of {}", change.table.qualified_name()).as_bytes(),
+            )),
+            None if self.scheme == PartitionKeyScheme::Column => Some(fnv1a(
+                format!("NULL key of {}", change.table.qualified_name()).as_bytes(),
+            )),
+            None => Some(fnv1a(logical_id.as_bytes())),
+        }
+    }
+
     /// The messages of an encoded event, in segment order.
     pub fn route(
         &self,
@@ -380,7 +399,7 @@ impl Router {
     ) -> Result<Vec<OutgoingMessage>, SinkError> {
         let topic = self.topic(&change.table);
         let key = self.key(change);
-        let partition_hint = key.is_none().then(|| fnv1a(event.logical_id.as_bytes()));
+        let partition_hint = self.partition_hint(change, key.as_deref(), &event.logical_id);
         if event.data_only != (self.mode == CloudEventsMode::Binary) {
             // A wiring defect: the pipeline builds the encoder from the router.
             return Err(SinkError::Definite(format!(
@@ -551,5 +570,65 @@ impl Sink {
                 }),
             Sink::Stream(s) => s.sync(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::test_support::{employee_row, employees, insert, options};
+    use crate::event::{Encoder, Value};
+
+    fn routed(scheme: PartitionKeyScheme, last_name: Value, id: i32) -> OutgoingMessage {
+        let mut row = employee_row(id, "Ada", "x");
+        row[2] = last_name;
+        let mut change = insert(employees(), row);
+        change.sequence_number = u64::try_from(id).unwrap();
+        let event = Encoder::new(options(Encoding::Json))
+            .encode(&change)
+            .unwrap();
+        let router = Router::new(
+            "t",
+            scheme,
+            Some("LastName".into()),
+            CloudEventsMode::Structured,
+            Encoding::Json,
+            "s",
+        );
+        router.route(&change, event).unwrap().remove(0)
+    }
+
+    /// One key's events share a partition, whatever the partitioner does with NULL
+    /// or empty keys: those get a fixed partition per table; a real key is left to
+    /// the partitioner; no key at all follows the event's `logicalid`.
+    #[test]
+    fn null_and_empty_keys_get_a_partition_of_their_own() {
+        let null = [1, 2].map(|id| routed(PartitionKeyScheme::Column, Value::Null, id));
+        assert_eq!(null[0].key, None);
+        assert!(null[0].partition_hint.is_some());
+        assert_eq!(
+            null[0].partition_hint, null[1].partition_hint,
+            "one NULL key, one partition"
+        );
+        let empty =
+            [1, 2].map(|id| routed(PartitionKeyScheme::Column, Value::Text(String::new()), id));
+        assert_eq!(empty[0].key.as_deref(), Some(&b""[..]));
+        assert!(empty[0].partition_hint.is_some());
+        assert_eq!(empty[0].partition_hint, empty[1].partition_hint);
+        assert_ne!(empty[0].partition_hint, null[0].partition_hint);
+        let keyed = routed(
+            PartitionKeyScheme::Column,
+            Value::Text("Lovelace".into()),
+            1,
+        );
+        assert_eq!(
+            keyed.partition_hint, None,
+            "the partitioner hashes a real key"
+        );
+        let keyless = [1, 2].map(|id| routed(PartitionKeyScheme::None, Value::Null, id));
+        assert_ne!(
+            keyless[0].partition_hint, keyless[1].partition_hint,
+            "no key: by logicalid"
+        );
     }
 }

@@ -429,9 +429,11 @@ impl EventHubsAmqpSink {
 
     fn partition_key(message: &OutgoingMessage) -> String {
         match (&message.key, message.partition_hint) {
-            (Some(key), _) => String::from_utf8_lossy(key).into_owned(),
-            (None, Some(hint)) => format!("{hint:016x}"),
-            (None, None) => String::new(),
+            // An empty key would be no key to the gateway (a random partition): the
+            // hint the router gave it instead.
+            (Some(key), _) if !key.is_empty() => String::from_utf8_lossy(key).into_owned(),
+            (_, Some(hint)) => format!("{hint:016x}"),
+            (_, None) => String::new(),
         }
     }
 
@@ -771,6 +773,31 @@ async fn close_when_free(producer: Arc<ProducerClient>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The gateway takes an empty partition key for none (a random partition): an
+    /// empty key travels as the router's fixed hint instead.
+    #[test]
+    fn an_empty_key_goes_as_its_hint() {
+        let message = |key: Option<&[u8]>, hint: Option<u64>| OutgoingMessage {
+            topic: "hub".into(),
+            key: key.map(<[u8]>::to_vec),
+            partition_hint: hint,
+            headers: Vec::new(),
+            payload: Vec::new(),
+        };
+        assert_eq!(
+            EventHubsAmqpSink::partition_key(&message(Some(b"k"), None)),
+            "k"
+        );
+        assert_eq!(
+            EventHubsAmqpSink::partition_key(&message(Some(b""), Some(0xAB))),
+            "00000000000000ab"
+        );
+        assert_eq!(
+            EventHubsAmqpSink::partition_key(&message(None, Some(1))),
+            "0000000000000001"
+        );
+    }
 
     #[test]
     fn the_clients_layered_labels_are_dropped_from_its_errors() {

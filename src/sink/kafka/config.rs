@@ -173,6 +173,12 @@ impl KafkaSinkConfig {
         flavour: KafkaFlavour,
         event: &EventSettings,
     ) -> Result<(), ConfigError> {
+        if self.partitioner == Partitioner::Random {
+            return Err(invalid(
+                "sink.partitioner",
+                "\"random\" ignores keys: one key's events, and one event's segments, would land in different partitions and out of order; choose a partitioner that hashes the key (\"murmur2_random\", the default, or \"consistent_random\", \"fnv1a_random\", …)",
+            ));
+        }
         match flavour {
             KafkaFlavour::Kafka => {
                 if self.bootstrap_servers.is_none() {

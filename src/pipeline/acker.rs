@@ -12,6 +12,9 @@ pub(super) struct Pending {
     pub(super) deliveries: Vec<Delivery>,
     pub(super) position: Position,
     pub(super) counts: BatchCounts,
+    /// When the batch's deliveries must have settled (its first send plus the
+    /// sink's delivery timeout), where the run counts it.
+    pub(super) deadline: Option<Instant>,
 }
 
 /// Awaits deliveries in send order; writes the checkpoint of what is delivered at
@@ -99,7 +102,7 @@ pub(super) async fn acknowledge_into(
                 tokio::select! {
                     // A settled delivery counts, even once the drain deadline passed.
                     biased;
-                    result = delivery.wait() => result.inspect_err(|e| metrics.delivery_failed(e))?,
+                    result = delivery.wait_until(pending.deadline) => result.inspect_err(|e| metrics.delivery_failed(e))?,
                     () = abandon.cancelled() => {
                         tracing::warn!(
                             batches = 1 + rx.len(),
@@ -198,6 +201,7 @@ mod tests {
             deliveries,
             position: position(sequence_number),
             counts: BatchCounts::default(),
+            deadline: None,
         }
     }
 

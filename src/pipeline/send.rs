@@ -20,6 +20,8 @@ pub(super) struct Sender {
     pub(super) source_vanished: bool,
     /// Set when the run stopped because the source was idle (`until_idle`).
     pub(super) idle: bool,
+    /// When the batch being sent sent its first message.
+    pub(super) batch_started: Option<tokio::time::Instant>,
     pub(super) progress: Progress,
 }
 
@@ -41,6 +43,7 @@ impl Sender {
             deliveries: Vec::new(),
             source_vanished: false,
             idle: false,
+            batch_started: None,
             progress: Progress::new(),
         }
     }
@@ -87,6 +90,9 @@ impl Sender {
         self.summary.truncated_values += chunk.truncated_values;
         self.summary.messages += chunk.messages.len() as u64;
         self.summary.bytes += chunk.bytes;
+        if self.batch_started.is_none() {
+            self.batch_started = Some(tokio::time::Instant::now());
+        }
         for message in chunk.messages {
             // A full producer queue (brokers down) must not hold a shutdown.
             // `biased`: a send that can complete does, so a shutdown cuts a batch
@@ -112,10 +118,17 @@ impl Sender {
         let mut position = end.position;
         position.sink_length = self.sink.durable_length();
         self.progress.last_sent = position.last_event.or(self.progress.last_sent);
+        // The delivery timeout counts from the batch's first send.
+        let deadline = self
+            .sink
+            .delivery_timeout()
+            .zip(self.batch_started.take())
+            .map(|(timeout, started)| started + timeout);
         let pending = Pending {
             deliveries: std::mem::take(&mut self.deliveries),
             position,
             counts: end.counts,
+            deadline,
         };
         // Counted before the acker can see it, so that it never counts down first.
         self.metrics.batch_sent(end.max_lsn);

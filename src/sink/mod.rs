@@ -285,6 +285,21 @@ pub enum Delivery {
 }
 
 impl Delivery {
+    /// As [`wait`](Self::wait), failing once `deadline` passes (the delivery timeout
+    /// counted from the batch's send): for Kafka, whose producer never times a
+    /// message out on its own.
+    pub async fn wait_until(self, deadline: Option<tokio::time::Instant>) -> Result<(), SinkError> {
+        match (self, deadline) {
+            (Delivery::Kafka(future, ticket), Some(deadline)) => {
+                match tokio::time::timeout_at(deadline, future).await {
+                    Ok(report) => ticket.outcome(report),
+                    Err(_) => Err(ticket.timed_out()),
+                }
+            }
+            (delivery, _) => delivery.wait().await,
+        }
+    }
+
     pub async fn wait(self) -> Result<(), SinkError> {
         match self {
             Delivery::Settled(result) => result,
@@ -553,6 +568,15 @@ impl Sink {
         match self {
             Sink::EventHubsAmqp(s) => s.close().await,
             Sink::Kafka(_) | Sink::Stream(_) => Ok(()),
+        }
+    }
+
+    /// How long a message may stay undelivered, where the run (not the sink) counts
+    /// it: Kafka's.
+    pub fn delivery_timeout(&self) -> Option<std::time::Duration> {
+        match self {
+            Sink::Kafka(s) => Some(s.delivery_timeout()),
+            Sink::EventHubsAmqp(_) | Sink::Stream(_) => None,
         }
     }
 

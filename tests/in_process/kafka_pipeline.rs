@@ -510,3 +510,75 @@ async fn an_idle_stop_with_events_undelivered_fails_naming_how_many() {
     );
     cluster.broker_up(1).expect("broker up");
 }
+
+/// librdkafka never gives up on one message while it sends the ones after it (its
+/// `message.timeout.ms` is infinite): the delivery timeout is the run's, counted on
+/// the oldest outstanding message, and names the brokers and the setting. A message
+/// waited on past a long outage is still delivered, in order, once a broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_the_delivery_timeout_fails_the_oldest_and_reorders_nothing() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let config = KafkaSinkConfig {
+        delivery_timeout: Duration::from_secs(1),
+        ..sink_settings(&bootstrap)
+    };
+    let settings =
+        KafkaSettings::new(&config, KafkaFlavour::Kafka, 128 * 1024, None).expect("settings");
+    let mut sink = KafkaSink::new(&settings, 128 * 1024).expect("sink");
+    assert_eq!(sink.delivery_timeout(), Duration::from_secs(1));
+    let message = |n: u32| mssql_ces::sink::OutgoingMessage {
+        topic: "ces".into(),
+        key: Some(b"k".to_vec()),
+        partition_hint: None,
+        headers: Vec::new(),
+        payload: format!("{{\"n\":{n}}}").into_bytes(),
+    };
+    // Metadata first, so that the messages are queued for a known partition.
+    sink.send(message(0))
+        .await
+        .expect("queued")
+        .wait()
+        .await
+        .expect("delivered");
+    cluster.broker_down(1).expect("broker down");
+    let first = sink.send(message(1)).await.expect("queued");
+    let second = sink.send(message(2)).await.expect("queued");
+    let started = std::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    let error = first
+        .wait_until(Some(deadline))
+        .await
+        .expect_err("the run's deadline");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains(&bootstrap) && text.contains("sink.delivery_timeout_ms"),
+        "{text}"
+    );
+    // librdkafka itself does not time the second one out, however long the outage.
+    let still = tokio::time::timeout(Duration::from_secs(2), second.wait()).await;
+    if let Ok(result) = still {
+        panic!("librdkafka settled a message on its own during the outage: {result:?}");
+    }
+    cluster.broker_up(1).expect("broker up");
+    // What reaches the partition is in send order: 0, then 1 and 2 (in order) once
+    // the broker is back.
+    let seen: Vec<String> = tokio::task::spawn_blocking(move || {
+        consume(&bootstrap, "ces", 1, Duration::from_secs(30), |m| {
+            m.len() >= 3
+        })
+        .into_iter()
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect()
+    })
+    .await
+    .expect("consumer");
+    assert_eq!(seen, ["{\"n\":0}", "{\"n\":1}", "{\"n\":2}"]);
+    drop(sink);
+}

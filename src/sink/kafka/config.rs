@@ -298,6 +298,11 @@ impl KafkaSinkConfig {
 /// What the Kafka producer is given (secrets included: never log this).
 pub struct KafkaSettings {
     pub properties: Vec<(String, String)>,
+    /// How long a message may stay undelivered (`sink.delivery_timeout_ms`), counted
+    /// by the run on the oldest outstanding message, not by librdkafka (whose
+    /// `message.timeout.ms` is infinite: a per-message time-out lets later messages
+    /// of a key be written after earlier ones failed).
+    pub delivery_timeout: Duration,
     /// Whether each topic's `max.message.bytes` is read and checked (not for Event
     /// Hubs, whose limit the configuration enforces).
     pub check_topic_limits: bool,
@@ -370,10 +375,11 @@ impl KafkaSettings {
             ("enable.idempotence".to_owned(), "true".to_owned()),
             ("acks".to_owned(), "all".to_owned()),
             ("message.max.bytes".to_owned(), request_limit.to_string()),
-            (
-                "message.timeout.ms".to_owned(),
-                sink.delivery_timeout.as_millis().to_string(),
-            ),
+            // Infinite: librdkafka never gives up on one message while it sends the
+            // ones after it (librdkafka's INTRODUCTION.md, "Message timeout
+            // considerations"); the run enforces the delivery timeout on the oldest
+            // outstanding message and purges the rest when it stops.
+            ("message.timeout.ms".to_owned(), "0".to_owned()),
             (
                 "partitioner".to_owned(),
                 sink.partitioner.as_str().to_owned(),
@@ -420,6 +426,7 @@ impl KafkaSettings {
         properties.extend(sink.kafka.iter().map(|(k, v)| (k.clone(), v.clone())));
         Ok(KafkaSettings {
             properties,
+            delivery_timeout: sink.delivery_timeout,
             check_topic_limits: flavour == KafkaFlavour::Kafka,
         })
     }

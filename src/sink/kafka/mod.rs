@@ -155,19 +155,26 @@ impl KafkaTicket {
                 Ok(())
             }
             Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut), _))) => {
-                Err(SinkError::Transient(format!(
-                    "a message was not delivered to Kafka at {} within sink.delivery_timeout_ms{}",
-                    self.0.brokers(),
-                    if self.0.is_down() {
-                        " (no broker could be reached)"
-                    } else {
-                        ""
-                    }
-                )))
+                Err(self.timed_out())
             }
             Ok(Err((error, _))) => Err(delivery_error(&error)),
             Err(_) => Err(SinkError::Transient("the producer was closed".into())),
         }
+    }
+}
+
+impl KafkaTicket {
+    /// The error of a message not delivered within `sink.delivery_timeout_ms`.
+    pub fn timed_out(&self) -> SinkError {
+        SinkError::Transient(format!(
+            "a message was not delivered to Kafka at {} within sink.delivery_timeout_ms{}",
+            self.0.brokers(),
+            if self.0.is_down() {
+                " (no broker could be reached)"
+            } else {
+                ""
+            }
+        ))
     }
 }
 
@@ -183,6 +190,8 @@ const STATISTICS_INTERVAL_MS: &str = "1000";
 pub struct KafkaSink {
     producer: FutureProducer<HealthContext>,
     brokers: Arc<BrokerLog>,
+    /// `sink.delivery_timeout_ms`, enforced on the oldest outstanding message.
+    delivery_timeout: Duration,
     partitions: HashMap<String, i32>,
     admin: Option<Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>>,
     /// The largest message the encoder makes, checked against each topic's limit.
@@ -244,6 +253,7 @@ impl KafkaSink {
         Ok(KafkaSink {
             producer,
             brokers,
+            delivery_timeout: settings.delivery_timeout,
             partitions: HashMap::new(),
             admin,
             largest_message,
@@ -307,6 +317,11 @@ impl KafkaSink {
         }
         self.partitions.insert(topic.to_owned(), count);
         Ok(count)
+    }
+
+    /// How long a message may stay undelivered before the run fails.
+    pub fn delivery_timeout(&self) -> Duration {
+        self.delivery_timeout
     }
 
     pub async fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {

@@ -29,7 +29,12 @@ use crate::source::timezone::TimeZoneSetting;
 pub const ENV_PREFIX: &str = "MSSQL_CES__";
 
 /// The settings that hold secrets, as override paths.
-pub const SECRET_SETTINGS: &[&str] = &["source.connection_string", "sink.connection_string"];
+pub const SECRET_SETTINGS: &[&str] = &[
+    "source.connection_string",
+    "sink.connection_string",
+    "sink.sasl_password",
+    "sink.ssl_key_password",
+];
 
 /// `[source]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -461,9 +466,18 @@ impl Config {
         for Override { key, value, typed } in overrides {
             let path = override_path(key)?;
             if SECRET_SETTINGS.contains(&path.join(".").as_str()) {
+                let variable = format!(
+                    "{ENV_PREFIX}{}",
+                    path.iter()
+                        .map(|p| p.to_uppercase())
+                        .collect::<Vec<_>>()
+                        .join("__")
+                );
                 return Err(invalid(
                     key,
-                    "a secret is not given on the command line (it would show in the process list): set the environment variable MSSQL_CES__SOURCE__CONNECTION_STRING / MSSQL_CES__SINK__CONNECTION_STRING, or { env = … } / { file = … } in the file",
+                    format!(
+                        "a secret is not given on the command line (it would show in the process list): set the environment variable {variable} to it, or {{ env = … }} / {{ file = … }} in the file"
+                    ),
                 ));
             }
             set_path(&mut table, &path, value.clone(), key)?;
@@ -1049,6 +1063,74 @@ topic = "hub"
             .unwrap_err()
             .to_string();
         assert!(!err.contains("set by"), "{err}");
+    }
+
+    /// Kafka's login and TLS settings: typed, checked together, each error naming
+    /// the setting; the pass-through properties they own are refused by name.
+    #[test]
+    fn kafka_security_settings_are_typed_and_checked_together() {
+        let sasl = "security_protocol = \"sasl_ssl\"\nsasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"u\"\nsasl_password = { env = \"KAFKA_PASSWORD\" }\nssl_ca_location = \"/etc/ca.pem\"\n";
+        let c = load(&format!("{KAFKA}{sasl}")).unwrap();
+        let k = kafka(&c);
+        assert_eq!(k.sasl_mechanism.map(|m| m.as_str()), Some("SCRAM-SHA-512"));
+        assert_eq!(k.sasl_password.env.as_deref(), Some("KAFKA_PASSWORD"));
+        let cases = [
+            (
+                "security_protocol = \"sasl_ssl\"\nsasl_username = \"u\"\nsasl_password = { env = \"P\" }\n",
+                "sink.sasl_mechanism",
+            ),
+            (
+                "security_protocol = \"sasl_ssl\"\nsasl_mechanism = \"PLAIN\"\nsasl_password = { env = \"P\" }\n",
+                "sink.sasl_username",
+            ),
+            (
+                "security_protocol = \"sasl_ssl\"\nsasl_mechanism = \"PLAIN\"\nsasl_username = \"u\"\n",
+                "sink.sasl_password",
+            ),
+            ("sasl_username = \"u\"\n", "sink.security_protocol"),
+            ("ssl_ca_location = \"/ca.pem\"\n", "sink.security_protocol"),
+            (
+                "security_protocol = \"ssl\"\nssl_certificate_location = \"/c.pem\"\n",
+                "sink.ssl_certificate_location",
+            ),
+            (
+                "security_protocol = \"sasl_ssl\"\nsasl_mechanism = \"OAUTHBEARER\"\nsasl_username = \"u\"\nsasl_password = { env = \"P\" }\n",
+                "OIDC",
+            ),
+            (
+                "[sink.kafka]\n\"security.protocol\" = \"SASL_SSL\"\n",
+                "sink.security_protocol",
+            ),
+            (
+                "[sink.kafka]\n\"sasl.username\" = \"u\"\n",
+                "sink.sasl_username",
+            ),
+            (
+                "[sink.kafka]\n\"sasl.password\" = \"x\"\n",
+                "sink.sasl_password",
+            ),
+        ];
+        for (extra, named) in cases {
+            let err = load(&format!("{KAFKA}{extra}")).unwrap_err().to_string();
+            assert!(err.contains(named), "{extra}: {err}");
+        }
+        let err = load(&format!(
+            "{EVENT_HUBS}connection_string = {{ env = \"X\" }}\nsecurity_protocol = \"sasl_ssl\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("Event Hubs"), "{err}");
+        // The password itself from the environment, never in the tree.
+        let env = vec![(
+            "MSSQL_CES__SINK__SASL_PASSWORD".to_owned(),
+            "HUNTER2".to_owned(),
+        )];
+        let c = Config::from_parts(&format!("{KAFKA}security_protocol = \"sasl_ssl\"\nsasl_mechanism = \"PLAIN\"\nsasl_username = \"u\"\n"), &env, &[]).unwrap();
+        assert_eq!(
+            kafka(&c).sasl_password.env.as_deref(),
+            Some("MSSQL_CES__SINK__SASL_PASSWORD")
+        );
+        assert!(!format!("{c:?}").contains("HUNTER2"));
     }
 
     /// A partitioner that ignores keys would scatter one key's events and one

@@ -36,7 +36,7 @@ pub(super) async fn check_destination(
                 Err(e) => report.fail(
                     "Kafka: brokers",
                     format!("no answer from sink.bootstrap_servers within {} s: {e}", config.check.timeout.as_secs_f64()),
-                    "check sink.bootstrap_servers, that the brokers run and are reachable from here, and the security settings (\"security.protocol\" and \"sasl.*\" in [sink.kafka]; sink.connection_string for Event Hubs)",
+                    "check sink.bootstrap_servers, that the brokers run and are reachable from here, and the security settings (sink.security_protocol, sink.sasl_mechanism, sink.sasl_username, sink.sasl_password, sink.ssl_*; sink.connection_string for Event Hubs)",
                 ),
             }
         }

@@ -289,14 +289,23 @@ impl Delivery {
     /// counted from the batch's send): for Kafka, whose producer never times a
     /// message out on its own.
     pub async fn wait_until(self, deadline: Option<tokio::time::Instant>) -> Result<(), SinkError> {
-        match (self, deadline) {
-            (Delivery::Kafka(future, ticket), Some(deadline)) => {
-                match tokio::time::timeout_at(deadline, future).await {
-                    Ok(report) => ticket.outcome(report),
-                    Err(_) => Err(ticket.timed_out()),
+        match self {
+            Delivery::Kafka(future, ticket) => {
+                let timeout = async {
+                    match deadline {
+                        Some(deadline) => tokio::time::sleep_until(deadline).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    report = future => ticket.outcome(report),
+                    () = timeout => Err(ticket.timed_out()),
+                    // A refused login or a fatal producer error: at once, not after
+                    // the delivery timeout.
+                    refused = ticket.refused() => Err(refused),
                 }
             }
-            (delivery, _) => delivery.wait().await,
+            delivery => delivery.wait().await,
         }
     }
 

@@ -17,6 +17,7 @@ mod event_hubs_amqp_partitions;
 mod event_hubs_amqp_rejected;
 mod initial_load;
 mod kafka_pipeline;
+mod kafka_sasl;
 mod pipeline_faults;
 mod readback;
 mod segmentation;

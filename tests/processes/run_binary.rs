@@ -378,7 +378,7 @@ fn secrets_never_reach_the_output() {
         ("linger.ms", "hunter2-linger"),
     ] {
         let text = format!(
-            "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"kafka\"\nbootstrap_servers = \"127.0.0.1:1\"\ndelivery_timeout_ms = 1000\n[sink.kafka]\n\"{key}\" = \"{value}\"\n\"security.protocol\" = \"ssl\"\n"
+            "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"kafka\"\nbootstrap_servers = \"127.0.0.1:1\"\ndelivery_timeout_ms = 1000\nsecurity_protocol = \"ssl\"\n[sink.kafka]\n\"{key}\" = \"{value}\"\n"
         );
         let (_, stderr, _) = run_config(&text, &[]);
         assert!(!stderr.contains("hunter2"), "{key} leaked: {stderr}");
@@ -1219,6 +1219,66 @@ fn standard_output_redirected_to_a_file_is_a_stream_not_ours_to_cut() {
             .collect();
         assert!(!events.is_empty(), "{kind} {path:?}");
         assert!(events.iter().all(|e| e["specversion"] == "1.0"));
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A cluster that needs a login (the SASL front before a MockCluster broker): with
+/// each mechanism the binary gets in with the right password, given as the secret
+/// itself in MSSQL_CES__SINK__SASL_PASSWORD, and delivers everything; with a wrong
+/// one it stops within seconds, definitely, naming the settings to check, and never
+/// prints the password.
+#[test]
+fn a_sasl_cluster_takes_the_right_password_and_refuses_a_wrong_one_by_name() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 1, 1).expect("topic");
+    let front = support::kafka_sasl::start(
+        &cluster.bootstrap_servers(),
+        &[("ces-writer", "Right-Passw0rd")],
+    );
+    let dir = temp_dir("sasl");
+    let path = dir.join("config.toml");
+    for (mechanism, round) in [("PLAIN", 0), ("SCRAM-SHA-256", 1), ("SCRAM-SHA-512", 2)] {
+        std::fs::write(
+            &path,
+            format!(
+                "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 10\nseed = {round}\n[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"ces\"\nsecurity_protocol = \"sasl_plaintext\"\nsasl_mechanism = \"{mechanism}\"\nsasl_username = \"ces-writer\"\n[checkpoint]\npath = \"{}\"\n",
+                front.address,
+                dir.join(format!("cp-{round}.json")).display()
+            ),
+        )
+        .expect("config");
+        let run = |password: &str| {
+            let started = Instant::now();
+            let output = Command::new(BINARY)
+                .args(["run", "--until-idle", "--config"])
+                .arg(&path)
+                .env("MSSQL_CES__SINK__SASL_PASSWORD", password)
+                .output()
+                .expect("run");
+            (output, started.elapsed())
+        };
+        let (output, _) = run("Right-Passw0rd");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{mechanism}: {stderr}");
+        assert!(!stderr.contains("Right-Passw0rd"), "{stderr}");
+        std::fs::remove_file(dir.join(format!("cp-{round}.json"))).ok();
+        let (output, took) = run("Wrong-Passw0rd");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{mechanism}: {stderr}");
+        assert!(
+            took < Duration::from_secs(20),
+            "{mechanism}: refused after {took:?}"
+        );
+        assert!(
+            stderr.contains("refused this client") && stderr.contains("sink.sasl_password"),
+            "{mechanism}: {stderr}"
+        );
+        assert!(
+            stderr.contains("a restart repeats it"),
+            "definite: {stderr}"
+        );
+        assert!(!stderr.contains("Wrong-Passw0rd"), "{stderr}");
     }
     std::fs::remove_dir_all(dir).ok();
 }

@@ -15,6 +15,7 @@ pub mod amqp_peer;
 pub mod event_hubs;
 pub mod expected;
 pub mod kafka;
+pub mod kafka_sasl;
 pub mod tds;
 pub mod tds_cdc;
 

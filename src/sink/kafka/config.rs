@@ -59,9 +59,103 @@ pub struct KafkaSinkConfig {
         default = "default_delivery_timeout"
     )]
     pub delivery_timeout: Duration,
+    /// `"plaintext"` (default), `"ssl"`, `"sasl_plaintext"` or `"sasl_ssl"`
+    /// (librdkafka's `security.protocol`). Kafka only: Event Hubs' comes from its
+    /// connection string.
+    #[serde(default)]
+    pub security_protocol: SecurityProtocol,
+    /// With a `sasl_*` protocol: `"PLAIN"`, `"SCRAM-SHA-256"` or `"SCRAM-SHA-512"`.
+    #[serde(default)]
+    pub sasl_mechanism: Option<SaslMechanism>,
+    /// With a `sasl_*` protocol: the user.
+    #[serde(default)]
+    pub sasl_username: Option<String>,
+    /// With a `sasl_*` protocol: the password, `{ env = … }` or `{ file = … }`, or the
+    /// secret itself in `MSSQL_CES__SINK__SASL_PASSWORD`.
+    #[serde(default)]
+    pub sasl_password: SecretRef,
+    /// With an `ssl` protocol: the CA certificates (PEM) to verify the brokers with;
+    /// default the system's.
+    #[serde(default)]
+    pub ssl_ca_location: Option<std::path::PathBuf>,
+    /// With an `ssl` protocol, for mutual TLS: this client's certificate (PEM)…
+    #[serde(default)]
+    pub ssl_certificate_location: Option<std::path::PathBuf>,
+    /// …and its private key (PEM).
+    #[serde(default)]
+    pub ssl_key_location: Option<std::path::PathBuf>,
+    /// The private key's password, if it has one (`{ env = … }` or `{ file = … }`).
+    #[serde(default)]
+    pub ssl_key_password: SecretRef,
+    /// Whether the brokers' certificates must name the host connected to (default
+    /// true; false only for brokers whose certificates do not).
+    #[serde(default = "yes")]
+    pub ssl_endpoint_identification: bool,
     /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
     #[serde(default)]
     pub kafka: BTreeMap<String, String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// librdkafka's `security.protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecurityProtocol {
+    #[default]
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SecurityProtocol::Plaintext => "plaintext",
+            SecurityProtocol::Ssl => "ssl",
+            SecurityProtocol::SaslPlaintext => "sasl_plaintext",
+            SecurityProtocol::SaslSsl => "sasl_ssl",
+        }
+    }
+
+    fn sasl(self) -> bool {
+        matches!(
+            self,
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+        )
+    }
+
+    fn tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+}
+
+/// librdkafka's `sasl.mechanism`, as far as this build supports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum SaslMechanism {
+    #[serde(rename = "PLAIN")]
+    Plain,
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[serde(rename = "SCRAM-SHA-512")]
+    ScramSha512,
+    /// Refused: this build of librdkafka has no OIDC (it needs libcurl).
+    #[serde(rename = "OAUTHBEARER")]
+    OAuthBearer,
+}
+
+impl SaslMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+            SaslMechanism::OAuthBearer => "OAUTHBEARER",
+        }
+    }
 }
 
 /// Which Kafka endpoint a [`KafkaSinkConfig`] is for.
@@ -150,8 +244,23 @@ const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("message.max.bytes", "event.max_message_size_kb"),
     ("message.timeout.ms", "sink.delivery_timeout_ms"),
     ("delivery.timeout.ms", "sink.delivery_timeout_ms"),
-    ("sasl.password", "sink.connection_string"),
+    (
+        "sasl.password",
+        "sink.sasl_password (Event Hubs: sink.connection_string)",
+    ),
     ("partitioner", "sink.partitioner"),
+    ("security.protocol", "sink.security_protocol"),
+    ("sasl.mechanism", "sink.sasl_mechanism"),
+    ("sasl.mechanisms", "sink.sasl_mechanism"),
+    ("sasl.username", "sink.sasl_username"),
+    ("ssl.ca.location", "sink.ssl_ca_location"),
+    ("ssl.certificate.location", "sink.ssl_certificate_location"),
+    ("ssl.key.location", "sink.ssl_key_location"),
+    ("ssl.key.password", "sink.ssl_key_password"),
+    (
+        "ssl.endpoint.identification.algorithm",
+        "sink.ssl_endpoint_identification",
+    ),
 ];
 
 impl KafkaSinkConfig {
@@ -163,8 +272,93 @@ impl KafkaSinkConfig {
             compression: None,
             partitioner: Partitioner::default(),
             delivery_timeout: default_delivery_timeout(),
+            security_protocol: SecurityProtocol::default(),
+            sasl_mechanism: None,
+            sasl_username: None,
+            sasl_password: SecretRef::default(),
+            ssl_ca_location: None,
+            ssl_certificate_location: None,
+            ssl_key_location: None,
+            ssl_key_password: SecretRef::default(),
+            ssl_endpoint_identification: true,
             kafka: BTreeMap::new(),
         }
+    }
+
+    /// The login and TLS settings make sense together; each error names the setting.
+    fn validate_security(&self, flavour: KafkaFlavour) -> Result<(), ConfigError> {
+        let protocol = self.security_protocol;
+        let sasl_given = self.sasl_mechanism.is_some()
+            || self.sasl_username.is_some()
+            || self.sasl_password.is_set();
+        let tls_given = self.ssl_ca_location.is_some()
+            || self.ssl_certificate_location.is_some()
+            || self.ssl_key_location.is_some()
+            || self.ssl_key_password.is_set()
+            || !self.ssl_endpoint_identification;
+        if flavour == KafkaFlavour::EventHubs {
+            if protocol != SecurityProtocol::Plaintext || sasl_given || tls_given {
+                return Err(invalid(
+                    "sink.security_protocol",
+                    "Event Hubs' Kafka endpoint always uses SASL_SSL with the connection string: remove sink.security_protocol, sink.sasl_* and sink.ssl_*",
+                ));
+            }
+            return Ok(());
+        }
+        if sasl_given && !protocol.sasl() {
+            return Err(invalid(
+                "sink.security_protocol",
+                format!(
+                    "is \"{}\", but sink.sasl_* settings are given: use \"sasl_ssl\" (or \"sasl_plaintext\" on a network you trust)",
+                    protocol.as_str()
+                ),
+            ));
+        }
+        if tls_given && !protocol.tls() {
+            return Err(invalid(
+                "sink.security_protocol",
+                format!(
+                    "is \"{}\", but sink.ssl_* settings are given: use \"ssl\" or \"sasl_ssl\"",
+                    protocol.as_str()
+                ),
+            ));
+        }
+        if protocol.sasl() {
+            match self.sasl_mechanism {
+                None => {
+                    return Err(invalid(
+                        "sink.sasl_mechanism",
+                        "required with a sasl_* security protocol: \"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\"",
+                    ));
+                }
+                Some(SaslMechanism::OAuthBearer) => {
+                    return Err(invalid(
+                        "sink.sasl_mechanism",
+                        "\"OAUTHBEARER\" is not supported by this build (librdkafka without OIDC, which needs libcurl): use PLAIN or SCRAM-SHA-256/512",
+                    ));
+                }
+                Some(_) => {}
+            }
+            if self.sasl_username.as_deref().is_none_or(str::is_empty) {
+                return Err(invalid(
+                    "sink.sasl_username",
+                    "required with a sasl_* security protocol",
+                ));
+            }
+            if !self.sasl_password.is_set() {
+                return Err(ConfigError::MissingSecret {
+                    setting: "sink.sasl_password".into(),
+                    reason: "required with a sasl_* security protocol: { env = \"VARIABLE\" } or { file = \"/path\" }, or the secret itself in MSSQL_CES__SINK__SASL_PASSWORD".into(),
+                });
+            }
+        }
+        if self.ssl_certificate_location.is_some() != self.ssl_key_location.is_some() {
+            return Err(invalid(
+                "sink.ssl_certificate_location",
+                "mutual TLS needs both sink.ssl_certificate_location and sink.ssl_key_location",
+            ));
+        }
+        Ok(())
     }
 
     /// Checks what can be checked before connecting; each error names the setting.
@@ -231,7 +425,7 @@ impl KafkaSinkConfig {
                 ));
             }
         }
-        Ok(())
+        self.validate_security(flavour)
     }
 
     /// Reads the Event Hubs connection string (without keeping it) and checks its
@@ -244,7 +438,62 @@ impl KafkaSinkConfig {
                 .map_err(|e| ConfigError::Parse(e.reason()))?;
             kafka_endpoint(&host).map_err(|e| ConfigError::Parse(e.reason()))?;
         }
+        if self.sasl_password.is_set() {
+            self.sasl_password.resolve("sink.sasl_password")?;
+        }
+        if self.ssl_key_password.is_set() {
+            self.ssl_key_password.resolve("sink.ssl_key_password")?;
+        }
         Ok(())
+    }
+
+    /// The login and TLS properties of a Kafka sink (the secrets read now).
+    fn security_properties(&self) -> Result<Vec<(String, String)>, SinkError> {
+        let secret = |s: &SecretRef, setting: &str| {
+            s.resolve(setting)
+                .map_err(|e| SinkError::Definite(e.to_string()))
+        };
+        let protocol = self.security_protocol;
+        let mut out = vec![("security.protocol".to_owned(), protocol.as_str().to_owned())];
+        if protocol.sasl() {
+            if let Some(mechanism) = self.sasl_mechanism {
+                out.push(("sasl.mechanism".into(), mechanism.as_str().into()));
+            }
+            if let Some(user) = &self.sasl_username {
+                out.push(("sasl.username".into(), user.clone()));
+            }
+            out.push((
+                "sasl.password".into(),
+                secret(&self.sasl_password, "sink.sasl_password")?,
+            ));
+        }
+        if protocol.tls() {
+            for (key, path) in [
+                ("ssl.ca.location", &self.ssl_ca_location),
+                ("ssl.certificate.location", &self.ssl_certificate_location),
+                ("ssl.key.location", &self.ssl_key_location),
+            ] {
+                if let Some(path) = path {
+                    out.push((key.into(), path.display().to_string()));
+                }
+            }
+            if self.ssl_key_password.is_set() {
+                out.push((
+                    "ssl.key.password".into(),
+                    secret(&self.ssl_key_password, "sink.ssl_key_password")?,
+                ));
+            }
+            let identification = if self.ssl_endpoint_identification {
+                "https"
+            } else {
+                "none"
+            };
+            out.push((
+                "ssl.endpoint.identification.algorithm".into(),
+                identification.into(),
+            ));
+        }
+        Ok(out)
     }
 
     /// The producer and the topic (template) it sends to.
@@ -421,6 +670,7 @@ impl KafkaSettings {
                         compression.as_str().to_owned(),
                     ),
                 ]);
+                properties.extend(sink.security_properties()?);
             }
         }
         properties.extend(sink.kafka.iter().map(|(k, v)| (k.clone(), v.clone())));

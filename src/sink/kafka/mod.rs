@@ -164,6 +164,24 @@ impl KafkaTicket {
 }
 
 impl KafkaTicket {
+    /// Settles when the brokers refuse this client, with the error saying so.
+    pub async fn refused(&self) -> SinkError {
+        let mut refusals = self.0.refusals();
+        let reason = refusals
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .map(|reason| reason.clone().unwrap_or_default());
+        let Some(reason) = reason else {
+            // The log is gone with the producer: never refused.
+            return std::future::pending().await;
+        };
+        SinkError::Definite(format!(
+            "Kafka at {} refused this client ({reason}): check sink.sasl_mechanism, sink.sasl_username and sink.sasl_password, and the user's rights on the cluster",
+            self.0.brokers()
+        ))
+    }
+
     /// The error of a message not delivered within `sink.delivery_timeout_ms`.
     pub fn timed_out(&self) -> SinkError {
         SinkError::Transient(format!(
@@ -327,6 +345,9 @@ impl KafkaSink {
     pub async fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
         if let Some(e) = self.topic_error() {
             return Err(e);
+        }
+        if self.brokers.refused().is_some() {
+            return Err(KafkaTicket::new(&self.brokers).refused().await);
         }
         if !self.checked_topics.contains(&message.topic) {
             self.check_topic(&message.topic);

@@ -21,6 +21,9 @@ pub struct BrokerLog {
     /// Messages handed to the producer and not yet settled.
     waiting: AtomicU64,
     state: Mutex<State>,
+    /// Set when the brokers refuse this client (bad credentials, no rights to the
+    /// cluster, a fatal producer error): what waits for a delivery fails at once.
+    refusal: tokio::sync::watch::Sender<Option<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -33,6 +36,22 @@ struct State {
     unsaid: u64,
     /// Other errors: the last one logged, and when.
     last_error: Option<(String, Instant)>,
+}
+
+/// Whether an error means the brokers refuse this client, which retrying cannot
+/// change: a failed login, no rights to the cluster, or a fatal producer error
+/// (the idempotent producer's state is lost).
+fn is_refusal(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            C::Authentication
+                | C::SaslAuthenticationFailed
+                | C::ClusterAuthorizationFailed
+                | C::Fatal
+        )
+    )
 }
 
 /// Whether an error means the brokers cannot be reached (rather than that they
@@ -51,7 +70,18 @@ impl BrokerLog {
             brokers: brokers.into(),
             waiting: AtomicU64::new(0),
             state: Mutex::new(State::default()),
+            refusal: tokio::sync::watch::Sender::new(None),
         }
+    }
+
+    /// Follows the refusal: set once the brokers refuse this client.
+    pub fn refusals(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.refusal.subscribe()
+    }
+
+    /// Why the brokers refused this client, if they did.
+    pub fn refused(&self) -> Option<String> {
+        self.refusal.borrow().clone()
     }
 
     /// The brokers as configured.
@@ -82,6 +112,14 @@ impl BrokerLog {
     }
 
     pub(super) fn error_at(&self, error: &KafkaError, reason: &str, now: Instant) {
+        if is_refusal(error) {
+            if self.refused().is_none() {
+                tracing::error!(brokers = %self.brokers, error = %error, reason, "Kafka refused this client");
+                self.refusal
+                    .send_replace(Some(format!("{error}: {reason}")));
+            }
+            return;
+        }
         let Ok(mut state) = self.state.lock() else {
             return;
         };

@@ -582,3 +582,52 @@ async fn an_outage_longer_than_the_delivery_timeout_fails_the_oldest_and_reorder
     assert_eq!(seen, ["{\"n\":0}", "{\"n\":1}", "{\"n\":2}"]);
     drop(sink);
 }
+
+/// A fatal error of the idempotent producer (the cluster refuses InitProducerId:
+/// CLUSTER_AUTHORIZATION_FAILED) fails the delivery at once as definite, naming the
+/// cause, rather than as a transient purge after the delivery timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_producer_error_fails_deliveries_at_once_by_name() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 1, 1).expect("topic");
+    cluster.request_errors(
+        RDKafkaApiKey::InitProducerId,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED; 5],
+    );
+    let bootstrap = cluster.bootstrap_servers();
+    let settings = KafkaSettings::new(
+        &sink_settings(&bootstrap),
+        KafkaFlavour::Kafka,
+        128 * 1024,
+        None,
+    )
+    .expect("settings");
+    let mut sink = KafkaSink::new(&settings, 128 * 1024).expect("sink");
+    let message = mssql_ces::sink::OutgoingMessage {
+        topic: "ces".into(),
+        key: Some(b"k".to_vec()),
+        partition_hint: None,
+        headers: Vec::new(),
+        payload: b"{}".to_vec(),
+    };
+    let started = std::time::Instant::now();
+    let error = match sink.send(message).await {
+        Ok(delivery) => delivery
+            .wait_until(Some(tokio::time::Instant::now() + Duration::from_secs(60)))
+            .await
+            .expect_err("refused"),
+        Err(e) => e,
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!error.is_transient(), "{error:?}");
+    let text = error.to_string();
+    assert!(
+        text.contains("refused this client") && text.contains("uthoriz"),
+        "{text}"
+    );
+}

@@ -157,6 +157,13 @@ impl KafkaTicket {
             Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut), _))) => {
                 Err(self.timed_out())
             }
+            // Purged because the producer hit a fatal error: the refusal says why.
+            Ok(Err((
+                KafkaError::MessageProduction(
+                    RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight,
+                ),
+                _,
+            ))) if self.0.refused().is_some() => Err(self.refusal_error()),
             Ok(Err((error, _))) => Err(delivery_error(&error)),
             Err(_) => Err(SinkError::Transient("the producer was closed".into())),
         }
@@ -172,13 +179,19 @@ impl KafkaTicket {
             .await
             .ok()
             .map(|reason| reason.clone().unwrap_or_default());
-        let Some(reason) = reason else {
+        if reason.is_none() {
             // The log is gone with the producer: never refused.
             return std::future::pending().await;
-        };
+        }
+        self.refusal_error()
+    }
+
+    /// The error of a client the brokers refused (see [`BrokerLog::refused`]).
+    fn refusal_error(&self) -> SinkError {
         SinkError::Definite(format!(
-            "Kafka at {} refused this client ({reason}): check sink.sasl_mechanism, sink.sasl_username and sink.sasl_password, and the user's rights on the cluster",
-            self.0.brokers()
+            "Kafka at {} refused this client ({}): check sink.sasl_mechanism, sink.sasl_username and sink.sasl_password, and the user's rights on the cluster",
+            self.0.brokers(),
+            self.0.refused().unwrap_or_default()
         ))
     }
 

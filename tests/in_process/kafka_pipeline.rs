@@ -631,3 +631,69 @@ async fn a_fatal_producer_error_fails_deliveries_at_once_by_name() {
         "{text}"
     );
 }
+
+/// Keyless events to a topic that is being created wait for its partitions within
+/// the delivery timeout instead of failing at once; a topic the user may not write
+/// fails at once, definite and named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_being_created_is_waited_for_and_a_forbidden_one_is_named() {
+    use rdkafka::types::RDKafkaRespErr;
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster
+        .topic_error(
+            "new",
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+        )
+        .expect("topic error");
+    let config = KafkaSinkConfig {
+        delivery_timeout: Duration::from_secs(20),
+        ..sink_settings(&bootstrap)
+    };
+    let settings =
+        KafkaSettings::new(&config, KafkaFlavour::Kafka, 128 * 1024, None).expect("settings");
+    let mut sink = KafkaSink::new(&settings, 128 * 1024).expect("sink");
+    let keyless = |topic: &str| mssql_ces::sink::OutgoingMessage {
+        topic: topic.into(),
+        key: None,
+        partition_hint: Some(7),
+        headers: Vec::new(),
+        payload: b"{}".to_vec(),
+    };
+    let send = tokio::spawn(async move {
+        let delivery = sink.send(keyless("new")).await;
+        (sink, delivery)
+    });
+    // Created a moment later (the error cleared: the mock made the topic already).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!send.is_finished(), "waiting for the topic's partitions");
+    cluster
+        .topic_error("new", RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
+        .expect("clear");
+    let (mut sink, delivery) = send.await.expect("task");
+    delivery
+        .expect("queued once the topic has partitions")
+        .wait()
+        .await
+        .expect("delivered");
+
+    cluster
+        .topic_error(
+            "forbidden",
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .expect("topic error");
+    let started = std::time::Instant::now();
+    let error = sink
+        .send(keyless("forbidden"))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!error.is_transient(), "{error:?}");
+    assert!(error.to_string().contains("not authorized"), "{error}");
+}

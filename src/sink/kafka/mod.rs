@@ -326,28 +326,59 @@ impl KafkaSink {
         if let Some(count) = self.partitions.get(topic) {
             return Ok(*count);
         }
-        let producer = self.producer.clone();
-        let name = topic.to_owned();
-        let count = tokio::task::spawn_blocking(move || {
-            producer
-                .client()
-                .fetch_metadata(Some(&name), Duration::from_secs(30))
-                .map(|m| {
-                    m.topics()
-                        .first()
-                        .map_or(0, |t| i32::try_from(t.partitions().len()).unwrap_or(0))
-                })
-        })
-        .await
-        .map_err(|e| SinkError::Transient(e.to_string()))?
-        .map_err(|e| SinkError::Transient(format!("metadata of topic {topic}: {e}")))?;
-        if count == 0 {
-            return Err(SinkError::Definite(format!(
-                "topic {topic} has no partitions"
-            )));
+        // A topic being created (auto-creation, or just made) has no partitions or
+        // no leader for a moment: asked again until the delivery timeout. A refusal
+        // is definite at once.
+        let deadline = tokio::time::Instant::now() + self.delivery_timeout;
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let producer = self.producer.clone();
+            let name = topic.to_owned();
+            let asked = tokio::task::spawn_blocking(move || {
+                producer
+                    .client()
+                    .fetch_metadata(
+                        Some(&name),
+                        left.clamp(Duration::from_millis(100), Duration::from_secs(30)),
+                    )
+                    .map(|m| {
+                        m.topics().first().map_or((0, None), |t| {
+                            let count = i32::try_from(t.partitions().len()).unwrap_or(0);
+                            (count, t.error().map(RDKafkaErrorCode::from))
+                        })
+                    })
+            })
+            .await
+            .map_err(|e| SinkError::Transient(e.to_string()))?;
+            let why = match asked {
+                Ok((count, None)) if count > 0 => {
+                    self.partitions.insert(topic.to_owned(), count);
+                    return Ok(count);
+                }
+                Ok((_, Some(RDKafkaErrorCode::TopicAuthorizationFailed))) => {
+                    return Err(SinkError::Definite(format!(
+                        "topic {topic}: not authorized (TOPIC_AUTHORIZATION_FAILED): grant the user (sink.sasl_username) Describe and Write on it"
+                    )));
+                }
+                Ok((_, Some(RDKafkaErrorCode::InvalidTopic))) => {
+                    return Err(SinkError::Definite(format!(
+                        "topic {topic}: not a valid topic name (check sink.topic)"
+                    )));
+                }
+                Ok((_, Some(code))) => code.to_string(),
+                Ok((_, None)) => "no partitions yet".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() + wait >= deadline {
+                return Err(SinkError::Transient(format!(
+                    "topic {topic} had no partitions to write to within sink.delivery_timeout_ms ({why}): is it being created, and does the broker create topics (auto.create.topics.enable)?"
+                )));
+            }
+            tracing::debug!(topic, reason = %why, "topic not ready; asking again");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(2));
         }
-        self.partitions.insert(topic.to_owned(), count);
-        Ok(count)
     }
 
     /// How long a message may stay undelivered before the run fails.

@@ -27,7 +27,12 @@ pub(super) async fn check_destination(
             };
             let topics = topics(&template, state);
             match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
-                Ok(facts) => kafka_findings(report, &facts, largest, settings.check_topic_limits),
+                Ok(facts) => kafka_findings(
+                    report,
+                    &facts,
+                    settings.largest_record_batch(largest),
+                    settings.check_topic_limits,
+                ),
                 Err(e @ crate::sink::SinkError::Definite(_)) => report.fail(
                     "Kafka: brokers",
                     e.reason(),
@@ -177,15 +182,14 @@ pub fn kafka_findings(
             Ok(limit) => match kafka::check_topic_limit(&topic.name, *limit, largest) {
                 Ok(()) => report.pass(
                     check,
-                    format!("{partitions} partitions; max.message.bytes {limit} fits segments of {largest} bytes"),
+                    format!("{partitions} partitions; max.message.bytes {limit} takes this producer's record batches (up to {largest} bytes)"),
                 ),
                 Err(e) => report.fail(
                     check,
                     format!("{partitions} partitions; {e}"),
                     format!(
                         "kafka-configs.sh --alter --entity-type topics --entity-name {} --add-config max.message.bytes={}, or lower event.max_message_size_kb",
-                        topic.name,
-                        largest + kafka::RECORD_OVERHEAD_BYTES
+                        topic.name, largest
                     ),
                 ),
             },

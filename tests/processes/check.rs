@@ -606,7 +606,8 @@ fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() 
         auto_create: Ok(true),
     };
     let mut report = Report::default();
-    kafka_findings(&mut report, &facts, 1024 * 1024, true);
+    // The producer's largest record batch: a 1 MiB segment with its headers.
+    kafka_findings(&mut report, &facts, 1024 * 1024 + 1024, true);
     let small = expect(&report, "topic small", Status::Fail);
     assert!(
         small.detail.contains("100000") && small.detail.contains("event.max_message_size_kb"),

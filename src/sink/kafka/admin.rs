@@ -17,15 +17,19 @@ pub const RECORD_OVERHEAD_BYTES: usize = 1024;
 
 /// How a topic's `max.message.bytes` compares with the largest message: an error
 /// naming both settings when a segment cannot fit.
+///
+/// `largest_batch` is the largest record batch the producer sends
+/// ([`KafkaSettings::largest_record_batch`]): the topic's limit applies to batches,
+/// and librdkafka fills them up to `min(batch.size, message.max.bytes)`, so a limit
+/// that takes the largest segment alone may still refuse a batch of smaller ones.
 pub fn check_topic_limit(
     topic: &str,
     topic_limit: usize,
-    largest_message: usize,
+    largest_batch: usize,
 ) -> Result<(), SinkError> {
-    if largest_message + RECORD_OVERHEAD_BYTES > topic_limit {
+    if largest_batch > topic_limit {
         return Err(SinkError::Definite(format!(
-            "topic {topic} accepts messages up to {topic_limit} bytes (its max.message.bytes, or the broker's message.max.bytes), but event.max_message_size_kb = {} allows segments of {largest_message} bytes plus about {RECORD_OVERHEAD_BYTES} of headers: raise the topic's max.message.bytes or lower event.max_message_size_kb",
-            largest_message / 1024
+            "topic {topic} accepts record batches up to {topic_limit} bytes (its max.message.bytes, or the broker's message.max.bytes), but this producer sends batches of up to {largest_batch} bytes (the largest segment, event.max_message_size_kb, with its headers, or librdkafka's batching, min(batch.size, message.max.bytes)): raise the topic's max.message.bytes to {largest_batch}, or lower event.max_message_size_kb (and \"batch.size\" in [sink.kafka])"
         )));
     }
     Ok(())

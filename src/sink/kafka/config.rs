@@ -598,7 +598,30 @@ fn kafka_endpoint(host: &str) -> Result<String, SinkError> {
     Ok(format!("{host}:9093"))
 }
 
+/// The producer queue's bound, in KiB (`queue.buffering.max.kbytes`).
+pub const PRODUCER_QUEUE_KB: usize = 64 * 1024;
+
+/// librdkafka's default `batch.size`.
+const LIBRDKAFKA_BATCH_SIZE: usize = 1_000_000;
+
 impl KafkaSettings {
+    /// The largest record batch this producer sends, which each topic's
+    /// `max.message.bytes` must take: a batch of messages up to
+    /// `min(batch.size, message.max.bytes)`, or one message of the largest segment
+    /// (`largest_message`) with its headers, whichever is more.
+    pub fn largest_record_batch(&self, largest_message: usize) -> usize {
+        let number = |key: &str| {
+            self.properties
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| v.parse::<usize>().ok())
+        };
+        let batch = number("batch.size").unwrap_or(LIBRDKAFKA_BATCH_SIZE);
+        let request = number("message.max.bytes").unwrap_or(usize::MAX);
+        (largest_message + super::admin::RECORD_OVERHEAD_BYTES).max(batch.min(request))
+    }
+
     /// The producer properties for a Kafka or Event Hubs sink. `event_hubs_secret` is
     /// the Event Hubs connection string (Event Hubs sinks only).
     pub fn new(
@@ -629,6 +652,13 @@ impl KafkaSettings {
             // considerations"); the run enforces the delivery timeout on the oldest
             // outstanding message and purges the rest when it stops.
             ("message.timeout.ms".to_owned(), "0".to_owned()),
+            // The producer's memory: at most this much waits in its queue (a full
+            // queue makes the pipeline wait). librdkafka's own default is 1 GiB;
+            // [sink.kafka] may set another.
+            (
+                "queue.buffering.max.kbytes".to_owned(),
+                PRODUCER_QUEUE_KB.to_string(),
+            ),
             (
                 "partitioner".to_owned(),
                 sink.partitioner.as_str().to_owned(),

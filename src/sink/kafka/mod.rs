@@ -225,7 +225,8 @@ pub struct KafkaSink {
     delivery_timeout: Duration,
     partitions: HashMap<String, i32>,
     admin: Option<Arc<rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>>>,
-    /// The largest message the encoder makes, checked against each topic's limit.
+    /// The largest record batch this producer sends (the largest segment, or a
+    /// batch of smaller ones), checked against each topic's limit.
     largest_message: usize,
     checked_topics: std::collections::HashSet<String>,
     topic_error: Arc<Mutex<Option<SinkError>>>,
@@ -287,7 +288,7 @@ impl KafkaSink {
             delivery_timeout: settings.delivery_timeout,
             partitions: HashMap::new(),
             admin,
-            largest_message,
+            largest_message: settings.largest_record_batch(largest_message),
             checked_topics: std::collections::HashSet::new(),
             topic_error: Arc::new(Mutex::new(None)),
         })
@@ -516,17 +517,41 @@ mod tests {
         assert_eq!(get(&s, "partitioner"), Some("consistent_random"));
     }
 
+    /// A topic's limit must take the producer's largest record batch: the largest
+    /// segment with its headers, or a batch of smaller ones up to
+    /// `min(batch.size, message.max.bytes)`, whichever is more.
     #[test]
-    fn a_topic_limit_below_the_largest_segment_names_both_settings() {
-        assert!(check_topic_limit("ces", 1_048_588, 1_024 * 1_024).is_err());
-        let err = check_topic_limit("ces", 1_048_588, 1_024 * 1_024)
+    fn a_topic_limit_below_the_largest_record_batch_names_the_settings() {
+        let bound = |kb: usize, batch_size: Option<&str>| {
+            let mut config = sink();
+            if let Some(size) = batch_size {
+                config.kafka.insert("batch.size".into(), size.into());
+            }
+            KafkaSettings::new(&config, Kafka, kb * 1024, None)
+                .unwrap()
+                .largest_record_batch(kb * 1024)
+        };
+        // 256 KiB segments: librdkafka batches up to message.max.bytes (320 KiB).
+        assert_eq!(bound(256, None), 256 * 1024 + 64 * 1024);
+        // A limit that takes one segment but not a batch of them is refused.
+        assert!(check_topic_limit("ces", 300_000, bound(256, None)).is_err());
+        assert!(check_topic_limit("ces", 327_680, bound(256, None)).is_ok());
+        // A smaller batch.size lowers the bound to the segment with its headers.
+        assert_eq!(
+            bound(256, Some("100000")),
+            256 * 1024 + RECORD_OVERHEAD_BYTES
+        );
+        // 1000 KiB: batch.size (1,000,000) is less than one segment.
+        assert_eq!(bound(1000, None), 1000 * 1024 + RECORD_OVERHEAD_BYTES);
+        assert!(check_topic_limit("ces", 1_048_588, bound(1000, None)).is_ok());
+        let err = check_topic_limit("ces", 1_048_588, bound(1024, None))
             .unwrap_err()
             .to_string();
         assert!(err.contains("max.message.bytes"), "{err}");
-        assert!(err.contains("event.max_message_size_kb"), "{err}");
-        assert!(check_topic_limit("ces", 1_048_588, 1_000 * 1_024).is_ok());
-        assert!(check_topic_limit("ces", 300_000, 256 * 1_024).is_ok());
-        assert!(check_topic_limit("ces", 262_144, 256 * 1_024).is_err());
+        assert!(
+            err.contains("event.max_message_size_kb") && err.contains("batch.size"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -599,7 +599,7 @@ fn kafka_endpoint(host: &str) -> Result<String, SinkError> {
 }
 
 /// The producer queue's bound, in KiB (`queue.buffering.max.kbytes`).
-pub const PRODUCER_QUEUE_KB: usize = 64 * 1024;
+const PRODUCER_QUEUE_KB: usize = 64 * 1024;
 
 /// librdkafka's default `batch.size`.
 const LIBRDKAFKA_BATCH_SIZE: usize = 1_000_000;

@@ -53,6 +53,7 @@ fn messages() -> Vec<OutgoingMessage> {
                     b"application/cloudevents+json; charset=UTF-8".to_vec(),
                 )],
                 payload,
+                message_id: None,
             }
         })
         .collect()

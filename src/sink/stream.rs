@@ -300,6 +300,7 @@ mod tests {
             partition_hint: None,
             headers: Vec::new(),
             payload: text.as_bytes().to_vec(),
+            message_id: None,
         }
     }
 

@@ -534,6 +534,7 @@ async fn an_outage_longer_than_the_delivery_timeout_fails_the_oldest_and_reorder
         partition_hint: None,
         headers: Vec::new(),
         payload: format!("{{\"n\":{n}}}").into_bytes(),
+        message_id: None,
     };
     // Metadata first, so that the messages are queued for a known partition.
     sink.send(message(0))
@@ -610,6 +611,7 @@ async fn a_fatal_producer_error_fails_deliveries_at_once_by_name() {
         partition_hint: None,
         headers: Vec::new(),
         payload: b"{}".to_vec(),
+        message_id: None,
     };
     let started = std::time::Instant::now();
     let error = match sink.send(message).await {
@@ -659,6 +661,7 @@ async fn a_topic_being_created_is_waited_for_and_a_forbidden_one_is_named() {
         partition_hint: Some(7),
         headers: Vec::new(),
         payload: b"{}".to_vec(),
+        message_id: None,
     };
     let send = tokio::spawn(async move {
         let delivery = sink.send(keyless("new")).await;

@@ -355,6 +355,7 @@ fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bo
                 partition_hint: None,
                 headers,
                 payload: e.data,
+                message_id: None,
             }
         })
         .collect();

@@ -30,6 +30,7 @@ async fn a_released_batch_is_sent_again() {
         partition_hint: None,
         headers: Vec::new(),
         payload: b"{\"id\":\"x\"}".to_vec(),
+        message_id: None,
     };
     let delivery = sink.send(message).await.expect("queued");
     sink.end_batch()

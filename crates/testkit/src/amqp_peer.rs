@@ -25,6 +25,8 @@ pub struct ArrivedEvent {
     pub content_type: Option<String>,
     pub partition_key: Option<String>,
     pub properties: Vec<(String, String)>,
+    /// The AMQP `message-id`, as text.
+    pub message_id: Option<String>,
 }
 
 /// What the peer has received.
@@ -185,6 +187,14 @@ fn record(
         .application_properties
         .map(|p| p.0.into_iter().map(|(k, v)| (k, text(&v))).collect())
         .unwrap_or_default();
+    let message_id = message
+        .properties
+        .as_ref()
+        .and_then(|p| p.message_id.as_ref())
+        .map(|id| match id {
+            fe2o3_amqp::types::messaging::MessageId::String(s) => s.clone(),
+            other => format!("{other:?}"),
+        });
     let content_type = message.properties.and_then(|p| p.content_type).map(|s| s.0);
     if let Ok(mut events) = out.events.lock() {
         events.push(ArrivedEvent {
@@ -193,6 +203,7 @@ fn record(
             content_type,
             partition_key,
             properties,
+            message_id,
         });
     }
 }

@@ -78,6 +78,7 @@ pub fn message(key: &str, payload: Vec<u8>) -> OutgoingMessage {
             b"application/cloudevents+json; charset=UTF-8".to_vec(),
         )],
         payload,
+        message_id: None,
     }
 }
 
@@ -228,6 +229,9 @@ pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
         assert_eq!(arrived.len(), messages.len(), "key {key}");
         for (m, a) in messages.iter().zip(arrived) {
             assert!(a.body == m.payload, "body bytes for key {key}");
+            // AMQP's message-id is the CloudEvent's (the segment's) id.
+            assert_eq!(a.message_id, m.message_id, "message-id for key {key}");
+            assert!(a.message_id.is_some());
             let content_type = m
                 .headers
                 .iter()

@@ -138,6 +138,22 @@ where
     }
 }
 
+/// The longest partition key Event Hubs takes (its SDKs' limit, in characters).
+const MAX_PARTITION_KEY_CHARS: usize = 128;
+
+/// A partition key Event Hubs takes: itself up to [`MAX_PARTITION_KEY_CHARS`], a longer
+/// one (a `primary_key` key of a wide key, say) as `~` and the hex of its UUID v5 —
+/// deterministic, so one key keeps one partition, and 33 characters long.
+fn fixed_length_key(key: String) -> String {
+    if key.chars().count() <= MAX_PARTITION_KEY_CHARS {
+        return key;
+    }
+    format!(
+        "~{}",
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, key.as_bytes()).simple()
+    )
+}
+
 /// The client's error text without the labels its layers add ("AMQP Error: AMQP
 /// Error: Azure Core Error: Connection refused" is "Connection refused").
 fn plain(error: &dyn std::fmt::Display) -> String {
@@ -428,19 +444,24 @@ impl EventHubsAmqpSink {
     }
 
     fn partition_key(message: &OutgoingMessage) -> String {
-        match (&message.key, message.partition_hint) {
+        let key = match (&message.key, message.partition_hint) {
             // An empty key would be no key to the gateway (a random partition): the
             // hint the router gave it instead.
             (Some(key), _) if !key.is_empty() => String::from_utf8_lossy(key).into_owned(),
             (_, Some(hint)) => format!("{hint:016x}"),
             (_, None) => String::new(),
-        }
+        };
+        fixed_length_key(key)
     }
 
     /// The AMQP message for `message`; with `key`, the key is written on the message
     /// itself (`x-opt-partition-key`), as a gateway send would have it.
     fn amqp_message(message: &OutgoingMessage, key: Option<&str>) -> AmqpMessage {
         let mut builder = EventData::builder().with_body(message.payload.clone());
+        // AMQP tooling deduplicates by message-id: the CloudEvent's (segment's) id.
+        if let Some(id) = &message.message_id {
+            builder = builder.with_message_id(id.clone());
+        }
         for (name, value) in &message.headers {
             let text = String::from_utf8_lossy(value).into_owned();
             match property_name(name) {
@@ -450,7 +471,10 @@ impl EventHubsAmqpSink {
             }
         }
         let mut amqp = AmqpMessage::from(builder.build());
-        amqp.set_message_id(azure_core::Uuid::new_v4());
+        if message.message_id.is_none() {
+            // The client wants one: a message built elsewhere gets a random one.
+            amqp.set_message_id(azure_core::Uuid::new_v4());
+        }
         if let Some(key) = key.filter(|k| !k.is_empty()) {
             amqp.add_message_annotation(
                 azure_core_amqp::AmqpSymbol::from("x-opt-partition-key"),
@@ -784,6 +808,7 @@ mod tests {
             partition_hint: hint,
             headers: Vec::new(),
             payload: Vec::new(),
+            message_id: None,
         };
         assert_eq!(
             EventHubsAmqpSink::partition_key(&message(Some(b"k"), None)),
@@ -796,6 +821,20 @@ mod tests {
         assert_eq!(
             EventHubsAmqpSink::partition_key(&message(None, Some(1))),
             "0000000000000001"
+        );
+        // Longer than the service takes: a fixed-length digest, the same each time.
+        let long = "dbo.Orders\u{1f}".repeat(20);
+        let key = EventHubsAmqpSink::partition_key(&message(Some(long.as_bytes()), None));
+        assert_eq!(key.len(), 33, "{key}");
+        assert!(key.starts_with('~'));
+        assert_eq!(
+            key,
+            EventHubsAmqpSink::partition_key(&message(Some(long.as_bytes()), None))
+        );
+        let exactly = "k".repeat(128);
+        assert_eq!(
+            EventHubsAmqpSink::partition_key(&message(Some(exactly.as_bytes()), None)),
+            exactly
         );
     }
 

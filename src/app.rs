@@ -70,13 +70,7 @@ pub async fn run(
     }
     metrics.set_standby(false);
     let position = store.load().await?;
-    match &position {
-        Some(p) => tracing::info!(
-            last_event = %p.last_event.map_or_else(|| "none".to_owned(), |e| e.to_string()),
-            "resuming from the checkpoint"
-        ),
-        None => tracing::info!(start_position = %config.source.start_position, "no checkpoint"),
-    }
+    log_start(&config, position.as_ref());
     let resumed_at = position.as_ref().and_then(|p| p.last_event);
     let resume = match &position {
         None => Resume::Fresh,
@@ -84,10 +78,6 @@ pub async fn run(
     };
     let summary = match config.source.kind {
         SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
-            tracing::info!(
-                transaction_rows = config.source.synthetic.transaction_rows,
-                "source: synthetic large transactions (generated as read, not a database)"
-            );
             let poller = Poller::new(bulk_source(&config), poller_config, position);
             drive(
                 &config, poller, store, shutdown, until_idle, resume, &metrics,
@@ -95,14 +85,6 @@ pub async fn run(
             .await?
         }
         SourceKind::Synthetic => {
-            let s = &config.source.synthetic;
-            tracing::info!(
-                seed = s.seed,
-                // Absent: endless, and unpaced.
-                transactions = (s.transactions > 0).then_some(s.transactions),
-                rate_per_second = (s.rate_per_second > 0.0).then_some(s.rate_per_second),
-                "source: the synthetic workload (generated changes, not a database)"
-            );
             let mut source = synthetic_source(&config);
             if let Some(position) = &position {
                 source.resume_from(position);
@@ -115,12 +97,6 @@ pub async fn run(
         }
         SourceKind::Sqlserver => {
             let settings = sql_server_settings(&config)?;
-            let (server, database) = settings.connection_string.server_and_database();
-            tracing::info!(
-                server = server.as_deref().unwrap_or("(none given)"),
-                database = database.as_deref().unwrap_or("(the login's default)"),
-                "source: SQL Server"
-            );
             let source = SqlServerSource::new(settings);
             let poller = Poller::new(source, poller_config, position);
             drive(
@@ -131,6 +107,42 @@ pub async fn run(
     };
     log_stopped(&summary, resumed_at);
     Ok(Some(summary))
+}
+
+/// Where the run starts, and what it reads.
+fn log_start(config: &Config, position: Option<&Position>) {
+    match position {
+        Some(p) => tracing::info!(
+            last_event = %p.last_event.map_or_else(|| "none".to_owned(), |e| e.to_string()),
+            "resuming from the checkpoint"
+        ),
+        None => tracing::info!(start_position = %config.source.start_position, "no checkpoint"),
+    }
+    let s = &config.source.synthetic;
+    match config.source.kind {
+        SourceKind::Synthetic if s.transaction_rows > 0 => tracing::info!(
+            transaction_rows = s.transaction_rows,
+            "source: synthetic large transactions (generated as read, not a database)"
+        ),
+        SourceKind::Synthetic => tracing::info!(
+            seed = s.seed,
+            // Absent: endless, and unpaced.
+            transactions = (s.transactions > 0).then_some(s.transactions),
+            rate_per_second = (s.rate_per_second > 0.0).then_some(s.rate_per_second),
+            "source: the synthetic workload (generated changes, not a database)"
+        ),
+        SourceKind::Sqlserver => {
+            // Only where the secret resolves: otherwise the run stops on it anyway.
+            if let Ok(settings) = config.sql_server() {
+                let (server, database) = settings.connection_string.server_and_database();
+                tracing::info!(
+                    server = server.as_deref().unwrap_or("(none given)"),
+                    database = database.as_deref().unwrap_or("(the login's default)"),
+                    "source: SQL Server"
+                );
+            }
+        }
+    }
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` when `[metrics] listen` is set, until
@@ -250,47 +262,9 @@ async fn drive<S: ChangeSource + 'static>(
             return Ok(RunSummary::default());
         }
     };
-    tracing::info!(
-        destination = %config.sink.kind.describe(),
-        // A topic only where there are topics.
-        topic = (!matches!(config.sink.kind, SinkConfig::Stdout(_) | SinkConfig::File(_)))
-            .then_some(built.topic.as_str()),
-        partition_key = %config.sink.routing.partition_key,
-        mode = %config.sink.routing.mode,
-        encoding = %config.event.encoding,
-        "writing CES events"
-    );
-    let fresh_file = matches!(config.sink.kind, SinkConfig::File(_)) && resume == Resume::Fresh;
-    if poller.needs_plan() {
-        // The load's LSN goes into the checkpoint before any row is sent: a restart
-        // resumes this load (same LSN, same message ids) instead of planning another.
-        if !plan_load(&mut poller, &shutdown).await? {
-            return Ok(RunSummary::default());
-        }
-        let mut planned = poller.position().clone();
-        if fresh_file {
-            planned.sink_length = Some(0);
-        }
-        store.save(&planned).await?;
-    } else if resume == Resume::Fresh && resolve_start(&mut poller, &shutdown).await? {
-        // "latest" is settled and saved before anything is read: a restart before
-        // the first delivery starts at the same place, and skips nothing.
-        let mut settled = poller.position().clone();
-        if fresh_file {
-            settled.sink_length = Some(0);
-        }
-        store.save(&settled).await?;
-    } else if fresh_file && config.source.start_position == StartPosition::Earliest {
-        // Before the file's first line: a crash before the first real checkpoint must
-        // still find one that says the file was empty. Not with "latest": a restart
-        // would start later than the lines it cut, so there the restart refuses the
-        // non-empty file instead of losing them.
-        store
-            .save(&Position {
-                sink_length: Some(0),
-                ..Position::default()
-            })
-            .await?;
+    log_destination(config, &built.topic);
+    if !save_first_position(config, &mut poller, &mut store, &shutdown, resume).await? {
+        return Ok(RunSummary::default());
     }
     let event = config.event.clone();
     let routing = &config.sink.routing;
@@ -329,6 +303,57 @@ async fn drive<S: ChangeSource + 'static>(
         poller, factory, router, built.sink, store, settings, shutdown,
     )
     .await?)
+}
+
+/// Where events go, as the configuration spells it.
+fn log_destination(config: &Config, topic: &str) {
+    tracing::info!(
+        destination = %config.sink.kind.describe(),
+        // A topic only where there are topics.
+        topic = (!matches!(config.sink.kind, SinkConfig::Stdout(_) | SinkConfig::File(_)))
+            .then_some(topic),
+        partition_key = %config.sink.routing.partition_key,
+        mode = %config.sink.routing.mode,
+        encoding = %config.event.encoding,
+        "writing CES events"
+    );
+}
+
+/// A first run's checkpoint, saved before anything is read: a planned load (its LSN,
+/// so that a restart resumes this load with the same message ids), a settled
+/// "latest", or for a file sink at "earliest" the empty file's length. False when
+/// stopped meanwhile.
+async fn save_first_position<S: ChangeSource>(
+    config: &Config,
+    poller: &mut Poller<S>,
+    store: &mut CheckpointStore,
+    shutdown: &CancellationToken,
+    resume: Resume,
+) -> Result<bool, RunError> {
+    let fresh_file = matches!(config.sink.kind, SinkConfig::File(_)) && resume == Resume::Fresh;
+    let first = if poller.needs_plan() {
+        if !plan_load(poller, shutdown).await? {
+            return Ok(false);
+        }
+        Some(poller.position().clone())
+    } else if resume == Resume::Fresh && resolve_start(poller, shutdown).await? {
+        // A restart before the first delivery starts at the same place: nothing
+        // between two "latest"s is skipped.
+        Some(poller.position().clone())
+    } else if fresh_file && config.source.start_position == StartPosition::Earliest {
+        // A crash before the first real checkpoint finds one that says the file was
+        // empty.
+        Some(Position::default())
+    } else {
+        None
+    };
+    if let Some(mut position) = first {
+        if fresh_file {
+            position.sink_length = Some(0);
+        }
+        store.save(&position).await?;
+    }
+    Ok(true)
 }
 
 /// Settles a first run's start (see [`Poller::resolve_start`]), retrying what can

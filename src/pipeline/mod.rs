@@ -189,12 +189,7 @@ pub async fn run<B: BatchSource>(
         abandon.clone(),
     ));
 
-    let Upstream {
-        source,
-        encode,
-        stop_source,
-        encoded: mut encoded_rx,
-    } = spawn_source_and_encoder(
+    let mut upstream = spawn_source_and_encoder(
         poller,
         encoder_options,
         router,
@@ -202,7 +197,7 @@ pub async fn run<B: BatchSource>(
         Arc::clone(&metrics),
     );
     let mut sender = Sender::new(sink, tx, metrics, shutdown, failed);
-    let outcome = sender.run(&mut encoded_rx).await;
+    let outcome = sender.run(&mut upstream.encoded).await;
     let Sender {
         sink,
         tx,
@@ -223,18 +218,7 @@ pub async fn run<B: BatchSource>(
         settings.drain_timeout
     };
     let deadline = tokio::time::Instant::now() + drain;
-    stop_source.cancel();
-    // The encode task stops when it can no longer hand anything on, and with it goes
-    // the source's channel.
-    drop(encoded_rx);
-    let encode_result = encode.await;
-    let source_result = source.await;
-    let source_failure = match (source_result, encode_result, source_vanished) {
-        (Err(e), _, _) => Some(StageFailure::of("source", e)),
-        (_, Err(e), _) => Some(StageFailure::of("encode", e)),
-        (Ok(()), Ok(()), true) => Some(StageFailure::Vanished),
-        (Ok(()), Ok(()), false) => None,
-    };
+    let source_failure = upstream.stop(source_vanished).await;
     // Stop feeding the acker; let it finish what is in flight, within the bound.
     drop(tx);
     let acker_result = drain_acker(acker, deadline, drain, abandon).await;
@@ -309,6 +293,24 @@ struct Upstream {
     stop_source: CancellationToken,
     /// The encoded chunks, in order.
     encoded: mpsc::Receiver<Result<Encoded, PipelineError>>,
+}
+
+impl Upstream {
+    /// Stops the source and the encode thread; why either ended badly, if it did.
+    async fn stop(self, source_vanished: bool) -> Option<StageFailure> {
+        self.stop_source.cancel();
+        // The encode task stops when it can no longer hand anything on, and with it
+        // goes the source's channel.
+        drop(self.encoded);
+        let encode_result = self.encode.await;
+        let source_result = self.source.await;
+        match (source_result, encode_result, source_vanished) {
+            (Err(e), _, _) => Some(StageFailure::of("source", e)),
+            (_, Err(e), _) => Some(StageFailure::of("encode", e)),
+            (Ok(()), Ok(()), true) => Some(StageFailure::Vanished),
+            (Ok(()), Ok(()), false) => None,
+        }
+    }
 }
 
 /// Waits for the acker to release what is in flight, up to `deadline`; after it,

@@ -598,6 +598,23 @@ fn kafka_endpoint(host: &str) -> Result<String, SinkError> {
     Ok(format!("{host}:9093"))
 }
 
+/// The producer's `message.max.bytes`: the largest segment and room for its record's
+/// framing, below Event Hubs' request limit there.
+fn request_limit(flavour: KafkaFlavour, max_message_bytes: usize) -> Result<usize, SinkError> {
+    Ok(match flavour {
+        KafkaFlavour::EventHubs => {
+            if max_message_bytes + EVENT_HUBS_RECORD_OVERHEAD >= EVENT_HUBS_REQUEST_LIMIT {
+                return Err(SinkError::Definite(format!(
+                    "event.max_message_size_kb = {}: Event Hubs' Kafka endpoint closes the connection on requests of {EVENT_HUBS_REQUEST_LIMIT} bytes or more; use at most {EVENT_HUBS_MAX_MESSAGE_KB}",
+                    max_message_bytes / 1024
+                )));
+            }
+            (max_message_bytes + MESSAGE_OVERHEAD_BYTES).min(EVENT_HUBS_REQUEST_LIMIT - 1)
+        }
+        _ => max_message_bytes + MESSAGE_OVERHEAD_BYTES,
+    })
+}
+
 /// The producer queue's bound, in KiB (`queue.buffering.max.kbytes`).
 const PRODUCER_QUEUE_KB: usize = 64 * 1024;
 
@@ -630,18 +647,7 @@ impl KafkaSettings {
         max_message_bytes: usize,
         event_hubs_secret: Option<&str>,
     ) -> Result<Self, SinkError> {
-        let request_limit = match flavour {
-            KafkaFlavour::EventHubs => {
-                if max_message_bytes + EVENT_HUBS_RECORD_OVERHEAD >= EVENT_HUBS_REQUEST_LIMIT {
-                    return Err(SinkError::Definite(format!(
-                        "event.max_message_size_kb = {}: Event Hubs' Kafka endpoint closes the connection on requests of {EVENT_HUBS_REQUEST_LIMIT} bytes or more; use at most {EVENT_HUBS_MAX_MESSAGE_KB}",
-                        max_message_bytes / 1024
-                    )));
-                }
-                (max_message_bytes + MESSAGE_OVERHEAD_BYTES).min(EVENT_HUBS_REQUEST_LIMIT - 1)
-            }
-            _ => max_message_bytes + MESSAGE_OVERHEAD_BYTES,
-        };
+        let request_limit = request_limit(flavour, max_message_bytes)?;
         let mut properties = vec![
             ("client.id".to_owned(), "mssql-ces".to_owned()),
             ("enable.idempotence".to_owned(), "true".to_owned()),

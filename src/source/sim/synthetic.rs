@@ -112,6 +112,107 @@ fn product(seed: u64, id: u64) -> Vec<Value> {
     ]
 }
 
+/// The workload's tables, CDC-enabled: customers, orders and order lines, and
+/// `dbo.products` and `dbo.attachments` when the configuration asks for them.
+fn create_tables(sim: &CdcSimulator, config: &SyntheticConfig) {
+    sim.create_table(
+        "dbo",
+        "customers",
+        vec![
+            SimColumn::new("id", SqlType::Int),
+            SimColumn::new("name", SqlType::NVarChar(Length::Bounded(100))),
+            SimColumn::new("email", SqlType::VarChar(Length::Bounded(200))),
+            SimColumn::new("balance", SqlType::Money),
+            SimColumn::new("created_at", SqlType::DateTime2 { scale: 7 }),
+            SimColumn::new("vip", SqlType::Bit),
+        ],
+        &["id"],
+    );
+    sim.create_table(
+        "dbo",
+        "orders",
+        vec![
+            SimColumn::new("id", SqlType::BigInt),
+            SimColumn::new("customer_id", SqlType::Int),
+            SimColumn::new(
+                "total",
+                SqlType::Decimal {
+                    precision: 18,
+                    scale: 2,
+                },
+            ),
+            SimColumn::new("status", SqlType::TinyInt),
+            SimColumn::new("note", SqlType::NVarChar(Length::Max)),
+            SimColumn::new("placed_at", SqlType::DateTimeOffset { scale: 3 }),
+            SimColumn::new("ref", SqlType::UniqueIdentifier),
+            SimColumn::new("weight", SqlType::Float),
+        ],
+        &["id"],
+    );
+    sim.create_table(
+        "sales",
+        "order details",
+        vec![
+            SimColumn::new("order_id", SqlType::BigInt),
+            SimColumn::new("line", SqlType::Int),
+            SimColumn::new("sku", SqlType::Char(Length::Bounded(10))),
+            SimColumn::new("qty", SqlType::SmallInt),
+            SimColumn::new(
+                "price",
+                SqlType::Decimal {
+                    precision: 10,
+                    scale: 2,
+                },
+            ),
+        ],
+        &["order_id", "line"],
+    );
+    for table in [CUSTOMERS, ORDERS, LINES] {
+        // The tables and names above are fixed; enabling them cannot fail.
+        let _ = sim.enable_table(table, None);
+    }
+    create_optional_tables(sim, config);
+}
+
+/// `dbo.products` (`existing_rows`) and `dbo.attachments` (`oversized_value_every`).
+fn create_optional_tables(sim: &CdcSimulator, config: &SyntheticConfig) {
+    if config.existing_rows > 0 {
+        // Its rows are generated when read (`read_table`), never held.
+        sim.create_table(
+            "dbo",
+            PRODUCTS,
+            vec![
+                SimColumn::new("id", SqlType::BigInt),
+                SimColumn::new("name", SqlType::NVarChar(Length::Bounded(100))),
+                SimColumn::new(
+                    "price",
+                    SqlType::Decimal {
+                        precision: 10,
+                        scale: 2,
+                    },
+                ),
+                SimColumn::new("stock", SqlType::Int),
+                SimColumn::new("updated_at", SqlType::DateTime2 { scale: 3 }),
+            ],
+            &["id"],
+        );
+        let _ = sim.enable_table("dbo.products", None);
+    }
+    if config.oversized_value_every > 0 {
+        sim.create_table(
+            "dbo",
+            "attachments",
+            vec![
+                SimColumn::new("id", SqlType::BigInt),
+                SimColumn::new("name", SqlType::NVarChar(Length::Max)),
+                SimColumn::new("content", SqlType::VarBinary(Length::Max)),
+            ],
+            &["id"],
+        );
+        let _ = sim.enable_table(ATTACHMENTS, None);
+    }
+}
+
 /// An attachment whose values CES cuts: `name` is "a" and 262,144 four-byte
 /// characters (1 MiB + 1 byte: the cut falls inside the last one, so 1,048,573 bytes
 /// are kept), `content` is 768 KiB (1.5 MiB as `0x` hex: 524,287 bytes are kept).
@@ -154,97 +255,7 @@ impl SyntheticSource {
         let sim = CdcSimulator::new("synthetic", guid, 0);
         // A server on UTC that can say so: commit times need no warning.
         sim.set_time_zone(chrono_tz::UTC);
-        sim.create_table(
-            "dbo",
-            "customers",
-            vec![
-                SimColumn::new("id", SqlType::Int),
-                SimColumn::new("name", SqlType::NVarChar(Length::Bounded(100))),
-                SimColumn::new("email", SqlType::VarChar(Length::Bounded(200))),
-                SimColumn::new("balance", SqlType::Money),
-                SimColumn::new("created_at", SqlType::DateTime2 { scale: 7 }),
-                SimColumn::new("vip", SqlType::Bit),
-            ],
-            &["id"],
-        );
-        sim.create_table(
-            "dbo",
-            "orders",
-            vec![
-                SimColumn::new("id", SqlType::BigInt),
-                SimColumn::new("customer_id", SqlType::Int),
-                SimColumn::new(
-                    "total",
-                    SqlType::Decimal {
-                        precision: 18,
-                        scale: 2,
-                    },
-                ),
-                SimColumn::new("status", SqlType::TinyInt),
-                SimColumn::new("note", SqlType::NVarChar(Length::Max)),
-                SimColumn::new("placed_at", SqlType::DateTimeOffset { scale: 3 }),
-                SimColumn::new("ref", SqlType::UniqueIdentifier),
-                SimColumn::new("weight", SqlType::Float),
-            ],
-            &["id"],
-        );
-        sim.create_table(
-            "sales",
-            "order details",
-            vec![
-                SimColumn::new("order_id", SqlType::BigInt),
-                SimColumn::new("line", SqlType::Int),
-                SimColumn::new("sku", SqlType::Char(Length::Bounded(10))),
-                SimColumn::new("qty", SqlType::SmallInt),
-                SimColumn::new(
-                    "price",
-                    SqlType::Decimal {
-                        precision: 10,
-                        scale: 2,
-                    },
-                ),
-            ],
-            &["order_id", "line"],
-        );
-        for table in [CUSTOMERS, ORDERS, LINES] {
-            // The tables and names above are fixed; enabling them cannot fail.
-            let _ = sim.enable_table(table, None);
-        }
-        if config.existing_rows > 0 {
-            // Its rows are generated when read (`read_table`), never held.
-            sim.create_table(
-                "dbo",
-                PRODUCTS,
-                vec![
-                    SimColumn::new("id", SqlType::BigInt),
-                    SimColumn::new("name", SqlType::NVarChar(Length::Bounded(100))),
-                    SimColumn::new(
-                        "price",
-                        SqlType::Decimal {
-                            precision: 10,
-                            scale: 2,
-                        },
-                    ),
-                    SimColumn::new("stock", SqlType::Int),
-                    SimColumn::new("updated_at", SqlType::DateTime2 { scale: 3 }),
-                ],
-                &["id"],
-            );
-            let _ = sim.enable_table("dbo.products", None);
-        }
-        if config.oversized_value_every > 0 {
-            sim.create_table(
-                "dbo",
-                "attachments",
-                vec![
-                    SimColumn::new("id", SqlType::BigInt),
-                    SimColumn::new("name", SqlType::NVarChar(Length::Max)),
-                    SimColumn::new("content", SqlType::VarBinary(Length::Max)),
-                ],
-                &["id"],
-            );
-            let _ = sim.enable_table(ATTACHMENTS, None);
-        }
+        create_tables(&sim, &config);
         SyntheticSource {
             sim,
             rng: SplitMix64(config.seed),

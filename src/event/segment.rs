@@ -376,5 +376,15 @@ mod tests {
         assert_eq!(parts[0].bytes.len(), 8_191);
         let joined: Vec<u8> = parts.iter().flat_map(|m| m.bytes.clone()).collect();
         assert_eq!(joined, data);
+        // One byte more room: 8,192 bytes would need a 3-byte prefix (8,195 > 8,194),
+        // so the chunk stays 8,191 and the segment one byte short of the limit,
+        // never over it.
+        let limit = overhead + 8_194;
+        let id = |i| Uuid::from_u128(u128::from(i));
+        let messages = split_avro(&fields, &data, limit, id, false).unwrap();
+        assert!(messages.iter().all(|m| m.bytes.len() <= limit));
+        assert_eq!(messages[0].bytes.len(), limit - 1);
+        let parts = split_avro(&fields, &data, limit, id, true).unwrap();
+        assert_eq!(parts[0].bytes.len(), 8_191);
     }
 }

@@ -334,6 +334,8 @@ fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bo
         .iter()
         .map(|m| {
             let e = decode_message(&m.bytes, encoding).expect("structured message decodes");
+            // The message id a destination of its own carries: the CloudEvent's.
+            let message_id = Some(e.id.clone());
             let headers = [
                 ("ce_specversion", e.specversion),
                 ("ce_type", e.event_type),
@@ -355,7 +357,7 @@ fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bo
                 partition_hint: None,
                 headers,
                 payload: e.data,
-                message_id: None,
+                message_id,
             }
         })
         .collect();

@@ -246,6 +246,7 @@ fn read(args: &ReadArgs) -> ExitCode {
             encoding,
             data_only: args.data,
             max_events: args.max_events,
+            resumed: args.group.is_some(),
         },
     );
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -27,6 +27,10 @@ pub struct ReadOptions {
     pub data_only: bool,
     /// Stop after this many logical events.
     pub max_events: Option<u64>,
+    /// The read continues where an earlier one stopped (a consumer group): an event
+    /// earlier in commit order may then be a restart's re-send of one that earlier
+    /// read printed, which this one cannot tell from disorder. Counted, not a problem.
+    pub resumed: bool,
 }
 
 /// What a read found.
@@ -206,10 +210,12 @@ impl<W: Write> EventReader<W> {
                 && here < last
             {
                 self.summary.out_of_order += 1;
-                self.summary.problems.push(format!(
-                    "{at}: event {} is out of commit order: it comes after {}:{}",
-                    event.event.logicalid, last.0, last.1
-                ));
+                if !self.options.resumed {
+                    self.summary.problems.push(format!(
+                        "{at}: event {} is out of commit order: it comes after {}:{}",
+                        event.event.logicalid, last.0, last.1
+                    ));
+                }
             }
             if here > state.last {
                 state.last = here;
@@ -652,6 +658,7 @@ mod tests {
                 encoding: Encoding::Json,
                 data_only,
                 max_events: None,
+                resumed: false,
             },
         );
         read_lines(lines.join("\n").as_bytes(), "file", &mut reader).unwrap();
@@ -763,6 +770,7 @@ mod tests {
                 encoding: Encoding::Json,
                 data_only: false,
                 max_events: None,
+                resumed: false,
             },
         );
         read_lines(lines.join("\n").as_bytes(), "file", &mut reader).unwrap();
@@ -814,11 +822,42 @@ mod tests {
         );
     }
 
+    /// A read that continues a consumer group's cannot tell a restart's re-send of
+    /// an event an earlier read printed from disorder: it counts it, and it is no
+    /// problem; a read from the beginning calls it one.
+    #[test]
+    fn a_resumed_read_counts_disorder_without_calling_it_a_problem() {
+        let lines = [
+            json_event("b", 2, 0, true, DATA),
+            json_event("a", 1, 0, true, DATA),
+        ];
+        for resumed in [false, true] {
+            let mut out = Vec::new();
+            let mut reader = EventReader::new(
+                &mut out,
+                ReadOptions {
+                    resumed,
+                    ..options(Encoding::Json, false, None)
+                },
+            );
+            read_lines(lines.join("\n").as_bytes(), "t[0]", &mut reader).unwrap();
+            let summary = reader.finish(false).unwrap();
+            assert_eq!(summary.out_of_order, 1);
+            assert_eq!(
+                summary.problems.is_empty(),
+                resumed,
+                "{:?}",
+                summary.problems
+            );
+        }
+    }
+
     fn options(encoding: Encoding, data_only: bool, max_events: Option<u64>) -> ReadOptions {
         ReadOptions {
             encoding,
             data_only,
             max_events,
+            resumed: false,
         }
     }
 

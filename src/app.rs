@@ -332,11 +332,13 @@ async fn save_first_position<S: ChangeSource>(
 ) -> Result<bool, RunError> {
     let fresh_file = matches!(config.sink.kind, SinkConfig::File(_)) && resume == Resume::Fresh;
     let first = if poller.needs_plan() {
-        if !plan_load(poller, shutdown).await? {
+        if !first_step(poller, shutdown, FirstStep::PlanLoad).await? {
             return Ok(false);
         }
         Some(poller.position().clone())
-    } else if resume == Resume::Fresh && resolve_start(poller, shutdown).await? {
+    } else if resume == Resume::Fresh
+        && first_step(poller, shutdown, FirstStep::ResolveStart).await?
+    {
         // A restart before the first delivery starts at the same place: nothing
         // between two "latest"s is skipped.
         Some(poller.position().clone())
@@ -356,37 +358,22 @@ async fn save_first_position<S: ChangeSource>(
     Ok(true)
 }
 
-/// Settles a first run's start (see [`Poller::resolve_start`]), retrying what can
-/// pass with backoff. False when there was nothing to settle, or stopped meanwhile.
-async fn resolve_start<S: ChangeSource>(
-    poller: &mut Poller<S>,
-    shutdown: &CancellationToken,
-) -> Result<bool, RunError> {
-    let mut backoff = crate::backoff::Backoff::new(
-        std::time::Duration::from_millis(500),
-        std::time::Duration::from_secs(30),
-    );
-    loop {
-        match poller.resolve_start().await {
-            Ok(settled) => return Ok(settled),
-            Err(e) if e.is_transient() => {
-                let wait = backoff.next_wait();
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "reading where to start failed; retrying");
-                tokio::select! {
-                    () = shutdown.cancelled() => return Ok(false),
-                    () = tokio::time::sleep(wait) => {}
-                }
-            }
-            Err(e) => return Err(RunError::Pipeline(PipelineError::Source(e))),
-        }
-    }
+/// What a first run settles before reading: the initial load's plan, or where
+/// "latest" is.
+#[derive(Debug, Clone, Copy)]
+enum FirstStep {
+    PlanLoad,
+    ResolveStart,
 }
 
-/// Plans the initial load, retrying what can pass (a pending capture instance, a
-/// dropped connection) with backoff. False when stopped meanwhile.
-async fn plan_load<S: ChangeSource>(
+/// Plans the initial load (see [`Poller::plan_load`]) or settles a first run's start
+/// (see [`Poller::resolve_start`]), retrying what can pass (a pending capture
+/// instance, a dropped connection) with backoff. The step's answer; false when
+/// stopped meanwhile.
+async fn first_step<S: ChangeSource>(
     poller: &mut Poller<S>,
     shutdown: &CancellationToken,
+    step: FirstStep,
 ) -> Result<bool, RunError> {
     let mut backoff = crate::backoff::Backoff::new(
         std::time::Duration::from_millis(500),
@@ -394,11 +381,19 @@ async fn plan_load<S: ChangeSource>(
     );
     loop {
         let wait = backoff.next_wait();
-        match poller.plan_load().await {
-            Ok(true) => return Ok(true),
-            Ok(false) => {}
+        // `None`: not yet (a capture instance without its start_lsn), ask again.
+        let answer = match step {
+            FirstStep::PlanLoad => poller
+                .plan_load()
+                .await
+                .map(|planned| planned.then_some(true)),
+            FirstStep::ResolveStart => poller.resolve_start().await.map(Some),
+        };
+        match answer {
+            Ok(Some(done)) => return Ok(done),
+            Ok(None) => {}
             Err(e) if e.is_transient() => {
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "planning the initial load failed; retrying");
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, step = ?step, "a first run's first step failed; retrying");
             }
             Err(e) => return Err(RunError::Pipeline(PipelineError::Source(e))),
         }

@@ -62,6 +62,14 @@ fn sink_settings(bootstrap: &str) -> KafkaSinkConfig {
     }
 }
 
+/// A Kafka sink at `bootstrap` with the tests' settings (`config` when given).
+fn kafka_sink_with(bootstrap: &str, config: Option<KafkaSinkConfig>) -> KafkaSink {
+    let config = config.unwrap_or_else(|| sink_settings(bootstrap));
+    let settings =
+        KafkaSettings::new(&config, KafkaFlavour::Kafka, 128 * 1024, None).expect("settings");
+    KafkaSink::new(&settings, 128 * 1024).expect("sink")
+}
+
 async fn run(
     bootstrap: &str,
     topic: &str,
@@ -71,14 +79,7 @@ async fn run(
     encoding: Encoding,
     transactions: u64,
 ) -> RunSummary {
-    let settings = KafkaSettings::new(
-        &sink_settings(bootstrap),
-        KafkaFlavour::Kafka,
-        128 * 1024,
-        None,
-    )
-    .expect("settings");
-    let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
+    let sink = Sink::Kafka(kafka_sink_with(bootstrap, None));
     let router = Router::new(
         topic,
         scheme,
@@ -345,14 +346,7 @@ async fn a_broker_outage_mid_run_loses_nothing() {
         .expect("topic");
     let transactions = 1500;
     let expected = expected(transactions, Encoding::Json).await;
-    let settings = KafkaSettings::new(
-        &sink_settings(&bootstrap),
-        KafkaFlavour::Kafka,
-        128 * 1024,
-        None,
-    )
-    .expect("settings");
-    let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
+    let sink = Sink::Kafka(kafka_sink_with(&bootstrap, None));
     let router = Router::new(
         "outage",
         PartitionKeyScheme::PrimaryKey,
@@ -452,14 +446,7 @@ async fn an_idle_stop_with_events_undelivered_fails_naming_how_many() {
     cluster.create_topic("ces", 1, 1).expect("topic");
     let bootstrap = cluster.bootstrap_servers();
     cluster.broker_down(1).expect("broker down");
-    let settings = KafkaSettings::new(
-        &sink_settings(&bootstrap),
-        KafkaFlavour::Kafka,
-        128 * 1024,
-        None,
-    )
-    .expect("settings");
-    let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
+    let sink = Sink::Kafka(kafka_sink_with(&bootstrap, None));
     let router = Router::new(
         "ces",
         PartitionKeyScheme::Table,
@@ -524,9 +511,7 @@ async fn an_outage_longer_than_the_delivery_timeout_fails_the_oldest_and_reorder
         delivery_timeout: Duration::from_secs(1),
         ..sink_settings(&bootstrap)
     };
-    let settings =
-        KafkaSettings::new(&config, KafkaFlavour::Kafka, 128 * 1024, None).expect("settings");
-    let mut sink = KafkaSink::new(&settings, 128 * 1024).expect("sink");
+    let mut sink = kafka_sink_with(&bootstrap, Some(config));
     assert_eq!(sink.delivery_timeout(), Duration::from_secs(1));
     let message = |n: u32| mssql_ces::sink::OutgoingMessage {
         topic: "ces".into(),
@@ -597,14 +582,7 @@ async fn a_fatal_producer_error_fails_deliveries_at_once_by_name() {
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED; 5],
     );
     let bootstrap = cluster.bootstrap_servers();
-    let settings = KafkaSettings::new(
-        &sink_settings(&bootstrap),
-        KafkaFlavour::Kafka,
-        128 * 1024,
-        None,
-    )
-    .expect("settings");
-    let mut sink = KafkaSink::new(&settings, 128 * 1024).expect("sink");
+    let mut sink = kafka_sink_with(&bootstrap, None);
     let message = mssql_ces::sink::OutgoingMessage {
         topic: "ces".into(),
         key: Some(b"k".to_vec()),
@@ -652,9 +630,7 @@ async fn a_topic_being_created_is_waited_for_and_a_forbidden_one_is_named() {
         delivery_timeout: Duration::from_secs(20),
         ..sink_settings(&bootstrap)
     };
-    let settings =
-        KafkaSettings::new(&config, KafkaFlavour::Kafka, 128 * 1024, None).expect("settings");
-    let mut sink = KafkaSink::new(&settings, 128 * 1024).expect("sink");
+    let mut sink = kafka_sink_with(&bootstrap, Some(config));
     let keyless = |topic: &str| mssql_ces::sink::OutgoingMessage {
         topic: topic.into(),
         key: None,

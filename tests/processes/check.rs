@@ -473,27 +473,16 @@ async fn check_fails_what_run_would_refuse() {
 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let address = taken.local_addr().expect("address");
-    let report = run(
-        &config(
-            &dir,
-            "kind = \"stdout\"",
-            &format!("[metrics]\nlisten = \"{address}\""),
-        ),
-        &database(),
-    )
-    .await;
+    let serving = config(
+        &dir,
+        "kind = \"stdout\"",
+        &format!("[metrics]\nlisten = \"{address}\""),
+    );
+    let report = run(&serving, &database()).await;
     let metrics = expect(&report, "metrics", Status::Fail);
     assert!(metrics.detail.contains(&address.to_string()), "{metrics:?}");
     drop(taken);
-    let report = run(
-        &config(
-            &dir,
-            "kind = \"stdout\"",
-            &format!("[metrics]\nlisten = \"{address}\""),
-        ),
-        &database(),
-    )
-    .await;
+    let report = run(&serving, &database()).await;
     expect(&report, "metrics", Status::Pass);
 
     let path = dir.join("sql.toml");

@@ -150,6 +150,10 @@ impl FileStore {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    pub fn stream_name(&self) -> &str {
+        &self.stream_name
+    }
 }
 
 /// The host name, for naming the lease holder.

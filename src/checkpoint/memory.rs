@@ -12,6 +12,8 @@ struct Inner {
     /// The next this many writes fail with a transient error.
     fail_next: usize,
     writes: usize,
+    /// Each write first takes this long (a store that hangs).
+    delay: Option<std::time::Duration>,
 }
 
 /// A handle to an in-memory position (`Clone` shares it).
@@ -36,6 +38,16 @@ impl MemoryStore {
     /// Makes the next `writes` writes fail as a store fault that can pass would.
     pub fn fail_next(&self, writes: usize) {
         self.lock().fail_next = writes;
+    }
+
+    /// Makes every write take `delay` first, as a hung store's would.
+    pub fn delay_writes(&self, delay: std::time::Duration) {
+        self.lock().delay = Some(delay);
+    }
+
+    /// How long each write takes first, if set.
+    pub fn write_delay(&self) -> Option<std::time::Duration> {
+        self.lock().delay
     }
 
     /// The position last written.

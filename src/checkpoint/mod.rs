@@ -174,9 +174,27 @@ impl CheckpointStore {
 
     pub async fn save(&mut self, position: &Position) -> Result<(), CheckpointError> {
         match self {
-            CheckpointStore::File(s) => s.save(position),
+            // Off the async workers: an fsync on a hung mount must not hold them
+            // (nor, with the caller's time bound, the exit).
+            CheckpointStore::File(s) => {
+                let (path, stream_name) = (s.path().to_owned(), s.stream_name().to_owned());
+                let position = position.clone();
+                tokio::task::spawn_blocking(move || {
+                    file::FileStore::new(path, stream_name).save(&position)
+                })
+                .await
+                .map_err(|e| CheckpointError::Io {
+                    location: s.path().display().to_string(),
+                    reason: format!("the write's thread failed: {e}"),
+                })?
+            }
             CheckpointStore::Table(s) => s.save(position).await,
-            CheckpointStore::Memory(s) => s.save(position),
+            CheckpointStore::Memory(s) => {
+                if let Some(delay) = s.write_delay() {
+                    tokio::time::sleep(delay).await;
+                }
+                s.save(position)
+            }
         }
     }
 }

@@ -153,8 +153,30 @@ pub(super) async fn save(
 ) -> Result<(), CheckpointError> {
     let mut backoff = backoff();
     let mut attempts = 0;
+    // Past the drain deadline, the final write has a wall-time budget of its own:
+    // a store that hangs (a connect, a fence wait, a hung mount) must not hold the
+    // exit.
+    let mut budget_end: Option<Instant> = None;
     loop {
-        match store.save(position).await {
+        if abandon.is_cancelled() && budget_end.is_none() {
+            budget_end = Some(Instant::now() + FINAL_SAVE_BUDGET);
+        }
+        let saved = match budget_end {
+            Some(end) => match tokio::time::timeout_at(end, store.save(position)).await {
+                Ok(saved) => saved,
+                Err(_) => {
+                    return Err(CheckpointError::Transient {
+                        location: "checkpoint".into(),
+                        reason: format!(
+                            "the last write did not finish within {} s after shutdown.drain_timeout_ms; the next start resumes from the checkpoint before it",
+                            FINAL_SAVE_BUDGET.as_secs()
+                        ),
+                    });
+                }
+            },
+            None => store.save(position).await,
+        };
+        match saved {
             Ok(()) => {
                 metrics.checkpoint_written();
                 return Ok(());
@@ -166,7 +188,12 @@ pub(super) async fn save(
                 attempts += 1;
                 let wait = backoff.next_wait();
                 tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "checkpoint write failed; retrying");
-                // Past the drain timeout, the waits are cut short.
+                // Past the drain timeout, the waits are cut short, and end with
+                // the budget.
+                let wait = match budget_end {
+                    Some(end) => wait.min(end.saturating_duration_since(Instant::now())),
+                    None => wait,
+                };
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = abandon.cancelled(), if !abandon.is_cancelled() => {}
@@ -179,6 +206,10 @@ pub(super) async fn save(
 
 /// How often a final checkpoint write is tried when the store's faults persist.
 pub(super) const SAVE_ATTEMPTS_AFTER_ABANDON: u32 = 5;
+
+/// How long the final checkpoint write may take, all attempts together, once the
+/// drain deadline has passed.
+pub(super) const FINAL_SAVE_BUDGET: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
@@ -400,5 +431,28 @@ mod tests {
             warned[0]["batches"], 2,
             "the outstanding batch and the one after it"
         );
+    }
+
+    /// Past the drain deadline, a store that hangs (each write 60 s) or keeps failing
+    /// holds the final checkpoint write for the budget at most, not attempt after
+    /// attempt.
+    #[tokio::test(start_paused = true)]
+    async fn the_final_write_after_the_deadline_has_a_wall_time_budget() {
+        for hang in [true, false] {
+            let memory = MemoryStore::default();
+            if hang {
+                memory.delay_writes(Duration::from_secs(60));
+            } else {
+                memory.fail_next(1_000);
+            }
+            let mut store = CheckpointStore::Memory(memory);
+            let abandon = CancellationToken::new();
+            abandon.cancel();
+            let started = Instant::now();
+            let result = save(&mut store, &position(1), &Metrics::default(), &abandon).await;
+            assert!(result.is_err(), "hang {hang}");
+            let took = started.elapsed();
+            assert!(took <= FINAL_SAVE_BUDGET, "hang {hang}: {took:?}");
+        }
     }
 }

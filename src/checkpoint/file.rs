@@ -154,6 +154,33 @@ impl FileStore {
     pub fn stream_name(&self) -> &str {
         &self.stream_name
     }
+
+    /// Whether the lock file this process holds is still the one at the lock path.
+    /// Deleted or replaced, another process could take a lock on the new file and
+    /// write beside this one: this one stops writing instead.
+    pub fn check_lease(&self) -> Result<(), CheckpointError> {
+        let Some(held) = &self.lease else {
+            return Ok(());
+        };
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt as _;
+            let same = match (held.metadata(), fs::metadata(self.lock_path())) {
+                (Ok(h), Ok(p)) => h.dev() == p.dev() && h.ino() == p.ino(),
+                _ => false,
+            };
+            if !same {
+                return Err(CheckpointError::LeaseLost {
+                    location: self.path.display().to_string(),
+                    holder: format!(
+                        "the lock file {} was deleted or replaced while this process held it",
+                        self.lock_path().display()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The host name, for naming the lease holder.

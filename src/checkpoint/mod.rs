@@ -177,6 +177,7 @@ impl CheckpointStore {
             // Off the async workers: an fsync on a hung mount must not hold them
             // (nor, with the caller's time bound, the exit).
             CheckpointStore::File(s) => {
+                s.check_lease()?;
                 let (path, stream_name) = (s.path().to_owned(), s.stream_name().to_owned());
                 let position = position.clone();
                 tokio::task::spawn_blocking(move || {
@@ -351,6 +352,27 @@ mod tests {
             std::env::temp_dir().join(format!("mssql-ces-lease-{name}-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         dir.join("cp.json")
+    }
+
+    /// Deleting the lock file must not admit a second writer: the holder sees its
+    /// lock file is no longer the one at the path and stops writing.
+    #[tokio::test]
+    async fn a_deleted_lock_file_stops_the_holders_writes() {
+        let path = temp_checkpoint("deleted");
+        let mut active = CheckpointStore::File(file::FileStore::new(&path, "s"));
+        assert!(
+            active
+                .acquire_lease(&tokio_util::sync::CancellationToken::new())
+                .await
+                .unwrap()
+        );
+        active.save(&Position::default()).await.unwrap();
+        let lock = file::FileStore::new(&path, "s").lock_path();
+        std::fs::remove_file(&lock).unwrap();
+        let err = active.save(&Position::default()).await.unwrap_err();
+        assert!(matches!(err, CheckpointError::LeaseLost { .. }), "{err}");
+        assert!(err.to_string().contains("deleted or replaced"), "{err}");
+        std::fs::remove_dir_all(path.parent().unwrap()).ok();
     }
 
     #[tokio::test(start_paused = true)]

@@ -80,8 +80,12 @@ impl TableStore {
         }
     }
 
+    /// The application lock's name. `sp_getapplock` compares resources in binary,
+    /// whatever the collation, while the checkpoint row's key compares as the
+    /// database does (case-insensitively by default): lower-cased, `Orders` and
+    /// `orders`, one row, take one lease.
     fn resource(&self) -> String {
-        format!("mssql-ces:{}", self.stream_name)
+        format!("mssql-ces:{}", self.stream_name.to_lowercase())
     }
 
     /// Tries to take the lease on the current connection, waiting up to `wait_ms`:
@@ -175,6 +179,21 @@ impl TableStore {
 mod tests {
     use super::*;
     use crate::source::queries::assert_parses;
+
+    #[test]
+    fn stream_names_that_differ_in_case_take_one_lease() {
+        let settings = || crate::mssql::SqlServerConfig {
+            connection_string: crate::mssql::ConnectionString::new("Server=tcp:db,1433"),
+            trust_server_certificate: false,
+            encrypt: true,
+            connect_timeout: std::time::Duration::from_secs(1),
+            query_timeout: std::time::Duration::from_secs(1),
+        };
+        let upper = TableStore::new(settings(), "Orders");
+        let lower = TableStore::new(settings(), "orders");
+        assert_eq!(upper.resource(), lower.resource());
+        assert_eq!(lower.resource(), "mssql-ces:orders");
+    }
 
     #[test]
     fn the_checkpoint_queries_parse_as_tsql() {

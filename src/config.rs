@@ -523,11 +523,45 @@ impl Config {
             }
         }
         self.sink.validate(&self.event)?;
+        self.validate_file_paths()?;
         self.metrics.listen_address()?;
         if self.metrics.stalled_after.is_zero() {
             return Err(invalid(
                 "metrics.stalled_after_ms",
                 "must be more than 0 (the default is 300000)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A file sink's output is none of the checkpoint's own files: the checkpoint,
+    /// its lock, or its temporary file.
+    fn validate_file_paths(&self) -> Result<(), ConfigError> {
+        let (crate::sink::SinkConfig::File(file), CheckpointStoreKind::File) =
+            (&self.sink.kind, self.checkpoint.store)
+        else {
+            return Ok(());
+        };
+        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+        let checkpoint = absolute(&self.checkpoint.path);
+        let mut lock = checkpoint.clone().into_os_string();
+        lock.push(".lock");
+        let temp = checkpoint.with_file_name(format!(
+            ".{}.tmp",
+            checkpoint
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ));
+        let output = absolute(&file.path);
+        if output == checkpoint || output == PathBuf::from(lock) || output == temp {
+            return Err(invalid(
+                "sink.path",
+                format!(
+                    "{} is one of the checkpoint's own files (checkpoint.path {}, its .lock or its temporary file): choose another path",
+                    file.path.display(),
+                    self.checkpoint.path.display()
+                ),
             ));
         }
         Ok(())
@@ -1131,6 +1165,24 @@ topic = "hub"
             Some("MSSQL_CES__SINK__SASL_PASSWORD")
         );
         assert!(!format!("{c:?}").contains("HUNTER2"));
+    }
+
+    /// The file sink may not write over the checkpoint, its lock or its temporary
+    /// file.
+    #[test]
+    fn a_file_sink_on_the_checkpoints_own_files_is_refused() {
+        for output in ["cp.json", "cp.json.lock", ".cp.json.tmp", "./cp.json"] {
+            let text = format!(
+                "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"file\"\npath = \"{output}\"\n[checkpoint]\npath = \"cp.json\"\n"
+            );
+            let err = load(&text).unwrap_err().to_string();
+            assert!(
+                err.contains("sink.path") && err.contains("checkpoint"),
+                "{output}: {err}"
+            );
+        }
+        let text = "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"file\"\npath = \"out.jsonl\"\n[checkpoint]\npath = \"cp.json\"\n";
+        assert!(load(text).is_ok());
     }
 
     /// A partitioner that ignores keys would scatter one key's events and one

@@ -554,7 +554,7 @@ impl Config {
                 .unwrap_or_default()
         ));
         let output = absolute(&file.path);
-        if output == checkpoint || output == PathBuf::from(lock) || output == temp {
+        if output == checkpoint || output.as_os_str() == lock || output == temp {
             return Err(invalid(
                 "sink.path",
                 format!(

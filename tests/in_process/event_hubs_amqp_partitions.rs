@@ -157,3 +157,38 @@ async fn without_readable_partitions_each_key_goes_through_the_gateway() {
         "a batch per key"
     );
 }
+
+/// A hub that gains partitions (Premium, Dedicated) is seen: the map is read again
+/// when due, and keys go to the new partitions where the service now places them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_added_to_the_hub_are_read_again_and_used() {
+    // The client was seen to stall after an acknowledged send: resend soon.
+    let (sink, arrivals) = support::event_hubs::peer_and_sink_with(2, Duration::from_secs(2)).await;
+    let mut sink = Sink::EventHubsAmqp(Box::new(
+        sink.with_partition_refresh(Duration::from_millis(200)),
+    ));
+    let partition_of = |a: &ArrivedEvent| {
+        a.address
+            .rsplit('/')
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+    };
+    send_all(&mut sink, 40, 1).await;
+    let before: HashSet<u32> = distinct(&arrivals)
+        .iter()
+        .filter_map(partition_of)
+        .collect();
+    assert!(before.iter().all(|p| *p < 2), "{before:?}");
+    *arrivals.partition_ids.lock().expect("lock") = (0..8).map(|i| i.to_string()).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    arrivals.events.lock().expect("lock").clear();
+    send_all(&mut sink, 40, 1).await;
+    let after: HashSet<u32> = distinct(&arrivals)
+        .iter()
+        .filter_map(partition_of)
+        .collect();
+    assert!(
+        after.iter().any(|p| *p >= 2),
+        "the new partitions are used: {after:?}"
+    );
+}

@@ -60,6 +60,9 @@ pub const PARTITIONS_IN_FLIGHT: usize = 8;
 /// falls back to sending through the gateway.
 const PARTITION_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How often the hub's partitions are read again.
+const PARTITION_REFRESH: Duration = Duration::from_secs(300);
+
 /// How long closing the connection may take.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -107,6 +110,10 @@ pub struct EventHubsAmqpSink {
     target: Target,
     /// The hub's partitions; `None` when they could not be read (gateway sends).
     partitions: Option<PartitionMap>,
+    /// When the partitions were last read, and how often they are read again (a
+    /// Premium or Dedicated hub may gain partitions).
+    partitions_read_at: tokio::time::Instant,
+    partition_refresh: Duration,
     /// A batch not acknowledged within this time is resent on a new connection
     /// (`sink.amqp_resend_after_ms`): the client was seen to stall after an
     /// acknowledged send, and at-least-once makes the duplicate harmless.
@@ -257,6 +264,8 @@ impl EventHubsAmqpSink {
             }),
             target,
             partitions,
+            partitions_read_at: tokio::time::Instant::now(),
+            partition_refresh: PARTITION_REFRESH,
             resend_after,
             send_timeout,
             pending: Vec::new(),
@@ -308,6 +317,41 @@ impl EventHubsAmqpSink {
                 );
                 None
             }
+        }
+    }
+
+    /// Reads the hub's partitions again every `every` instead of
+    /// [`PARTITION_REFRESH`] (for tests).
+    pub fn with_partition_refresh(mut self, every: Duration) -> Self {
+        self.partition_refresh = every;
+        self
+    }
+
+    /// Reads the partitions again when they are due: a hub that gained partitions
+    /// gets keys placed on them as the service places them, said in the log (a key
+    /// may move; its order across the move is not kept). A failed read keeps the map.
+    async fn refresh_partitions(&mut self) {
+        if self.partitions.is_none() || self.partitions_read_at.elapsed() < self.partition_refresh {
+            return;
+        }
+        self.partitions_read_at = tokio::time::Instant::now();
+        let producer = Arc::clone(&self.connection.read().await.producer);
+        let read = tokio::time::timeout(PARTITION_READ_TIMEOUT, producer.get_eventhub_properties());
+        let Ok(Ok(properties)) = read.await else {
+            tracing::debug!(event_hub = %self.target.event_hub, "reading the event hub's partitions again failed; keeping the map");
+            return;
+        };
+        let Some(map) = PartitionMap::new(properties.partition_ids) else {
+            return;
+        };
+        if self.partitions.as_ref() != Some(&map) {
+            tracing::warn!(
+                event_hub = %self.target.event_hub,
+                before = self.partitions.as_ref().map_or(0, PartitionMap::len),
+                after = map.len(),
+                "the event hub's partitions changed: keys go where the service now places them (a key may move to another partition; its order across the move is not kept)"
+            );
+            self.partitions = Some(map);
         }
     }
 
@@ -506,6 +550,7 @@ impl EventHubsAmqpSink {
     /// batch's outcome. Partitions go side by side; through the gateway, one key at
     /// a time.
     pub async fn end_batch(&mut self) -> Result<(), SinkError> {
+        self.refresh_partitions().await;
         let pending = std::mem::take(&mut self.pending);
         let runs = self.route(pending);
         let in_flight = if self.partitions.is_some() {

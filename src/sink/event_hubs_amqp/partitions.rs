@@ -12,7 +12,7 @@
 //! buffered producer, whose resolver is not public.)
 
 /// The hub's partitions, and where a key goes among them.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct PartitionMap {
     ids: Vec<String>,
 }

@@ -299,9 +299,12 @@ fn run_config(text: &str, env: &[(&str, &str)]) -> (Option<i32>, String, Duratio
     let path = dir.join("config.toml");
     std::fs::write(&path, text).expect("config");
     let started = Instant::now();
+    // In its own directory: a configuration without a checkpoint path writes the
+    // default one (and its lock) where the process runs.
     let output = Command::new(BINARY)
         .args(["run", "--config"])
         .arg(&path)
+        .current_dir(&dir)
         .envs(env.iter().copied())
         .output()
         .expect("run mssql-ces");

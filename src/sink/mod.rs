@@ -565,7 +565,7 @@ impl Sink {
         match self {
             Sink::Kafka(_) => Ok(()),
             Sink::EventHubsAmqp(s) => s.end_batch().await,
-            Sink::Stream(s) => s.sync(),
+            Sink::Stream(s) => s.sync_off_the_workers().await,
         }
     }
 

@@ -259,6 +259,31 @@ impl StreamSink {
         Ok(Delivery::Settled(Ok(())))
     }
 
+    /// As [`sync`](Self::sync), with the fsync on a blocking thread: a hung disk holds
+    /// that thread, not an async worker, and a shutdown can leave it behind.
+    pub async fn sync_off_the_workers(&mut self) -> Result<(), SinkError> {
+        let regular = self.length.is_some() || self.stream_in_file;
+        if !regular {
+            return self.sync();
+        }
+        let flushed = match &mut self.output {
+            Output::Stdout(w) => w.flush(),
+            Output::File(w, _) => w.flush(),
+        };
+        flushed.map_err(|e| self.io(e))?;
+        let file = match &self.output {
+            Output::File(w, _) => w.get_ref().try_clone(),
+            Output::Stdout(_) => stdout_file(),
+        }
+        .map_err(|e| self.io(e))?;
+        tokio::task::spawn_blocking(move || file.sync_data())
+            .await
+            .map_err(|e| self.io(std::io::Error::other(e.to_string())))?
+            .map_err(|e| self.io(e))?;
+        self.durable = self.length;
+        Ok(())
+    }
+
     /// Flushes, and for a regular file (stdout redirected to one included), fsyncs.
     pub fn sync(&mut self) -> Result<(), SinkError> {
         let regular = self.length.is_some() || self.stream_in_file;
@@ -277,15 +302,22 @@ impl StreamSink {
 
 /// fsyncs the file fd 1 was redirected to.
 fn sync_stdout() -> std::io::Result<()> {
+    stdout_file()?.sync_data()
+}
+
+/// fd 1 as a file of its own (a duplicate), to fsync where it is a regular file.
+fn stdout_file() -> std::io::Result<File> {
     #[cfg(unix)]
     {
         use std::os::fd::AsFd as _;
         let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
-        File::from(fd).sync_data()
+        Ok(File::from(fd))
     }
     #[cfg(not(unix))]
     {
-        Ok(())
+        Err(std::io::Error::other(
+            "fsync of standard output is not supported here",
+        ))
     }
 }
 
@@ -306,6 +338,20 @@ mod tests {
 
     fn temp() -> PathBuf {
         std::env::temp_dir().join(format!("mssql-ces-sink-{}", uuid::Uuid::new_v4()))
+    }
+
+    /// A batch's end writes and fsyncs on a blocking thread; what it covers is then
+    /// durable and its length recorded for the checkpoint.
+    #[tokio::test]
+    async fn the_batch_end_syncs_off_the_async_workers() {
+        let path = temp();
+        let mut sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh).unwrap();
+        sink.send(message("{\"a\":1}")).unwrap();
+        assert_eq!(sink.durable_length(), Some(0), "not yet synced");
+        sink.sync_off_the_workers().await.unwrap();
+        assert_eq!(sink.durable_length(), Some(8));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n");
+        std::fs::remove_file(&path).ok();
     }
 
     #[test]

@@ -332,12 +332,15 @@ async fn save_first_position<S: ChangeSource>(
 ) -> Result<bool, RunError> {
     let fresh_file = matches!(config.sink.kind, SinkConfig::File(_)) && resume == Resume::Fresh;
     let first = if poller.needs_plan() {
-        if !first_step(poller, shutdown, FirstStep::PlanLoad).await? {
+        if first_step(poller, shutdown, FirstStep::PlanLoad).await? != Some(true) {
             return Ok(false);
         }
         Some(poller.position().clone())
     } else if resume == Resume::Fresh
-        && first_step(poller, shutdown, FirstStep::ResolveStart).await?
+        && match first_step(poller, shutdown, FirstStep::ResolveStart).await? {
+            None => return Ok(false),
+            Some(settled) => settled,
+        }
     {
         // A restart before the first delivery starts at the same place: nothing
         // between two "latest"s is skipped.
@@ -368,13 +371,13 @@ enum FirstStep {
 
 /// Plans the initial load (see [`Poller::plan_load`]) or settles a first run's start
 /// (see [`Poller::resolve_start`]), retrying what can pass (a pending capture
-/// instance, a dropped connection) with backoff. The step's answer; false when
+/// instance, a dropped connection) with backoff. The step's answer; `None` when
 /// stopped meanwhile.
 async fn first_step<S: ChangeSource>(
     poller: &mut Poller<S>,
     shutdown: &CancellationToken,
     step: FirstStep,
-) -> Result<bool, RunError> {
+) -> Result<Option<bool>, RunError> {
     let mut backoff = crate::backoff::Backoff::new(
         std::time::Duration::from_millis(500),
         std::time::Duration::from_secs(30),
@@ -390,7 +393,7 @@ async fn first_step<S: ChangeSource>(
             FirstStep::ResolveStart => poller.resolve_start().await.map(Some),
         };
         match answer {
-            Ok(Some(done)) => return Ok(done),
+            Ok(Some(done)) => return Ok(Some(done)),
             Ok(None) => {}
             Err(e) if e.is_transient() => {
                 tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, step = ?step, "a first run's first step failed; retrying");
@@ -398,7 +401,7 @@ async fn first_step<S: ChangeSource>(
             Err(e) => return Err(RunError::Pipeline(PipelineError::Source(e))),
         }
         tokio::select! {
-            () = shutdown.cancelled() => return Ok(false),
+            () = shutdown.cancelled() => return Ok(None),
             () = tokio::time::sleep(wait) => {}
         }
     }

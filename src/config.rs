@@ -542,7 +542,18 @@ impl Config {
         else {
             return Ok(());
         };
-        let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+        // The file as the system resolves it: `..` and links followed where the
+        // directory exists, so `x/../cp.json` or a link to it is caught too.
+        let absolute = |p: &Path| {
+            let plain = std::path::absolute(p).unwrap_or_else(|_| p.to_owned());
+            if let Ok(real) = std::fs::canonicalize(&plain) {
+                return real;
+            }
+            match (plain.parent().map(std::fs::canonicalize), plain.file_name()) {
+                (Some(Ok(dir)), Some(name)) => dir.join(name),
+                _ => plain,
+            }
+        };
         let checkpoint = absolute(&self.checkpoint.path);
         let mut lock = checkpoint.clone().into_os_string();
         lock.push(".lock");
@@ -1171,7 +1182,13 @@ topic = "hub"
     /// file.
     #[test]
     fn a_file_sink_on_the_checkpoints_own_files_is_refused() {
-        for output in ["cp.json", "cp.json.lock", ".cp.json.tmp", "./cp.json"] {
+        for output in [
+            "cp.json",
+            "cp.json.lock",
+            ".cp.json.tmp",
+            "./cp.json",
+            "src/../cp.json",
+        ] {
             let text = format!(
                 "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"file\"\npath = \"{output}\"\n[checkpoint]\npath = \"cp.json\"\n"
             );

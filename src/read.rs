@@ -84,8 +84,10 @@ impl ReadSummary {
 #[derive(Default)]
 struct Stream {
     reassembler: Reassembler,
-    /// `logicalid` position of the last event printed from this stream.
-    last: Option<(String, String)>,
+    /// Per stream GUID (the `logicalid`'s first part): the position of the last
+    /// event printed from this stream. Two databases writing one topic or file each
+    /// have their own commit order.
+    last: HashMap<String, (String, String)>,
 }
 
 /// Takes messages from one or more ordered streams and prints logical events.
@@ -206,7 +208,14 @@ impl<W: Write> EventReader<W> {
         if let Some(state) = self.streams.get_mut(stream).filter(|_| !loaded) {
             let here = readback::position(&event.event.logicalid)
                 .map(|(lsn, sequence)| (lsn.to_owned(), sequence.to_owned()));
-            if let (Some(here), Some(last)) = (&here, &state.last)
+            let guid = event
+                .event
+                .logicalid
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            if let (Some(here), Some(last)) = (&here, state.last.get(&guid))
                 && here < last
             {
                 self.summary.out_of_order += 1;
@@ -217,8 +226,10 @@ impl<W: Write> EventReader<W> {
                     ));
                 }
             }
-            if here > state.last {
-                state.last = here;
+            if let Some(here) = here
+                && state.last.get(&guid).is_none_or(|last| &here > last)
+            {
+                state.last.insert(guid, here);
             }
         }
         let table = table_of(&data);
@@ -850,6 +861,25 @@ mod tests {
                 summary.problems
             );
         }
+    }
+
+    /// Two streams (databases) in one topic or file interleave their own commit
+    /// orders: each is checked against its own.
+    #[test]
+    fn two_streams_in_one_partition_are_ordered_each_on_its_own() {
+        let event = |guid: &str, id: &str, lsn: u32| {
+            json_event(id, 1, 0, true, DATA)
+                .replace("g:0000000A000000000001:", &format!("{guid}:{lsn:020}:"))
+        };
+        let lines = [
+            event("a", "1", 9),
+            event("b", "2", 1),
+            event("a", "3", 10),
+            event("b", "4", 2),
+        ];
+        let (_, summary) = read(&lines.map(String::from), false);
+        assert_eq!(summary.events, 4, "{:?}", summary.problems);
+        assert_eq!(summary.out_of_order, 0, "{:?}", summary.problems);
     }
 
     fn options(encoding: Encoding, data_only: bool, max_events: Option<u64>) -> ReadOptions {

@@ -100,19 +100,21 @@ impl<'de> Deserialize<'de> for SecretRef {
 }
 
 /// What an `env` that is no variable name is told (without its value).
-const NOT_A_NAME: &str = "`env` is not an environment variable's name (letters, digits, `_`, `.`, `-`, `/`; at most 255 characters), so what was given is not shown: if it is the secret itself, put it in a variable and name that variable here";
+const NOT_A_NAME: &str = "`env` is not an environment variable's name (letters, digits, `_`, `.`, `-`, `/`, `@`, `+`, `:`; at most 255 characters), so what was given is not shown: if it is the secret itself, put it in a variable and name that variable here";
 /// What a `file` that is no plausible path is told (without its value).
-const NOT_A_PATH: &str = "`file` is not a plausible path (letters, digits, `_`, `.`, `-`, `/`; at most 255 characters), so what was given is not shown: if it is the secret itself, put it in a file and name that file here";
+const NOT_A_PATH: &str = "`file` is not a plausible path (letters, digits, `_`, `.`, `-`, `/`, `@`, `+`, `:`, `~`; at most 255 characters), so what was given is not shown: if it is the secret itself, put it in a file and name that file here";
 
 /// Whether `text` can be a variable name or a path rather than a secret or a
-/// connection string pasted in its place: short, and only `[A-Za-z0-9_./-]`. Anything
-/// else (`;`, `=`, spaces, quotes…) is refused without being echoed.
+/// connection string pasted in its place: short, and only `[A-Za-z0-9_./-]` and the
+/// `@+:~` of paths such as systemd's credentials (`/run/credentials/unit@x.service/`).
+/// Anything else — `;` and `=` of a connection string, spaces, quotes — is refused
+/// without being echoed.
 fn plausible_reference(text: &str) -> bool {
     !text.is_empty()
         && text.len() <= 255
         && text
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_./-".contains(&b))
+            .all(|b| b.is_ascii_alphanumeric() || b"_./-@+:~".contains(&b))
 }
 
 impl SecretRef {
@@ -194,6 +196,9 @@ mod tests {
         }
         let long = "A".repeat(256);
         assert!(parse(&format!("secret = {{ env = {long:?} }}")).is_err());
+        let ok =
+            parse(r#"secret = { file = "/run/credentials/mssql-ces@prod.service/cs" }"#).unwrap();
+        assert!(ok.is_set(), "systemd credentials of a template unit");
         let ok = parse(r#"secret = { env = "MSSQL_CES__SOURCE__CONNECTION_STRING" }"#).unwrap();
         assert_eq!(
             ok.env.as_deref(),

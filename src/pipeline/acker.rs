@@ -161,20 +161,32 @@ pub(super) async fn save(
         if abandon.is_cancelled() && budget_end.is_none() {
             budget_end = Some(Instant::now() + FINAL_SAVE_BUDGET);
         }
-        let saved = match budget_end {
-            Some(end) => match tokio::time::timeout_at(end, store.save(position)).await {
-                Ok(saved) => saved,
-                Err(_) => {
-                    return Err(CheckpointError::Transient {
-                        location: "checkpoint".into(),
-                        reason: format!(
-                            "the last write did not finish within {} s after shutdown.drain_timeout_ms; the next start resumes from the checkpoint before it",
-                            FINAL_SAVE_BUDGET.as_secs()
-                        ),
-                    });
-                }
-            },
-            None => store.save(position).await,
+        // A write under way when the drain deadline passes gets the budget from
+        // then on: a store that hangs in a write begun earlier does not hold the exit.
+        let write = store.save(position);
+        tokio::pin!(write);
+        let saved = loop {
+            match budget_end {
+                Some(end) => match tokio::time::timeout_at(end, &mut write).await {
+                    Ok(saved) => break saved,
+                    Err(_) => {
+                        return Err(CheckpointError::Transient {
+                            location: "checkpoint".into(),
+                            reason: format!(
+                                "the last write did not finish within {} s after shutdown.drain_timeout_ms; the next start resumes from the checkpoint before it",
+                                FINAL_SAVE_BUDGET.as_secs()
+                            ),
+                        });
+                    }
+                },
+                None => tokio::select! {
+                    biased;
+                    saved = &mut write => break saved,
+                    () = abandon.cancelled() => {
+                        budget_end = Some(Instant::now() + FINAL_SAVE_BUDGET);
+                    }
+                },
+            }
         };
         match saved {
             Ok(()) => {
@@ -430,6 +442,29 @@ mod tests {
         assert_eq!(
             warned[0]["batches"], 2,
             "the outstanding batch and the one after it"
+        );
+    }
+
+    /// A write that hangs, begun before the drain deadline, is cut at the budget once
+    /// the deadline passes.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_hangs_across_the_deadline_is_cut_at_the_budget() {
+        let memory = MemoryStore::default();
+        memory.delay_writes(Duration::from_secs(3600));
+        let mut store = CheckpointStore::Memory(memory);
+        let abandon = CancellationToken::new();
+        let later = abandon.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            later.cancel();
+        });
+        let started = Instant::now();
+        let result = save(&mut store, &position(1), &Metrics::default(), &abandon).await;
+        assert!(result.is_err());
+        let took = started.elapsed();
+        assert!(
+            took <= Duration::from_secs(1) + FINAL_SAVE_BUDGET,
+            "{took:?}"
         );
     }
 

@@ -196,6 +196,7 @@ pub async fn run<B: BatchSource>(
         &settings,
         Arc::clone(&metrics),
     );
+    let signalled = shutdown.clone();
     let mut sender = Sender::new(sink, tx, metrics, shutdown, failed);
     let outcome = sender.run(&mut upstream.encoded).await;
     let Sender {
@@ -221,7 +222,14 @@ pub async fn run<B: BatchSource>(
     let source_failure = upstream.stop(source_vanished).await;
     // Stop feeding the acker; let it finish what is in flight, within the bound.
     drop(tx);
-    let acker_result = drain_acker(acker, deadline, drain, abandon).await;
+    let acker_result = drain_acker(
+        acker,
+        deadline,
+        drain,
+        abandon,
+        (&signalled, settings.drain_timeout),
+    )
+    .await;
     close_sink(sink, deadline).await;
     let AckerResult {
         store,
@@ -239,7 +247,9 @@ pub async fn run<B: BatchSource>(
         return Err(PipelineError::SourceStopped { cause });
     }
     let undelivered = summary.events.saturating_sub(summary.delivered_events);
-    if idle && undelivered > 0 {
+    // A signal during the idle drain makes it a shutdown: what is abandoned is sent
+    // again on the next start, as after any signal.
+    if idle && undelivered > 0 && !signalled.is_cancelled() {
         return Err(PipelineError::Undelivered {
             events: undelivered,
             waited: drain,
@@ -315,13 +325,26 @@ impl Upstream {
 
 /// Waits for the acker to release what is in flight, up to `deadline`; after it,
 /// abandons the rest (re-sent on the next start) and waits for the final checkpoint.
+///
+/// A shutdown signalled meanwhile (during an idle stop's longer wait) brings the
+/// deadline to `shutdown.drain_timeout_ms` from then, the bound a signal promises.
 async fn drain_acker(
     mut acker: tokio::task::JoinHandle<AckerResult>,
-    deadline: tokio::time::Instant,
+    mut deadline: tokio::time::Instant,
     drain_timeout: Duration,
     abandon: CancellationToken,
+    (shutdown, signal_bound): (&CancellationToken, Duration),
 ) -> Result<AckerResult, PipelineError> {
-    let joined = match tokio::time::timeout_at(deadline, &mut acker).await {
+    let waited = loop {
+        tokio::select! {
+            joined = &mut acker => break Ok(joined),
+            () = tokio::time::sleep_until(deadline) => break Err(()),
+            () = shutdown.cancelled(), if deadline > tokio::time::Instant::now() + signal_bound => {
+                deadline = tokio::time::Instant::now() + signal_bound;
+            }
+        }
+    };
+    let joined = match waited {
         Ok(joined) => joined,
         // The acker takes what is settled and says what it abandons, if anything
         // (a drain timeout of 0 with everything delivered abandons nothing).

@@ -301,6 +301,9 @@ impl Delivery {
                     }
                 };
                 tokio::select! {
+                    // A report that is in wins over a deadline or a refusal that
+                    // also is: a delivered message is never called failed.
+                    biased;
                     report = future => ticket.outcome(report),
                     () = timeout => Err(ticket.timed_out()),
                     // A refused login or a fatal producer error: at once, not after
@@ -606,7 +609,14 @@ impl Sink {
                         timeout.as_millis()
                     )))
                 }),
-            Sink::Stream(s) => s.sync(),
+            Sink::Stream(s) => tokio::time::timeout(timeout, s.sync_off_the_workers())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SinkError::Transient(format!(
+                        "the output did not sync within {} ms",
+                        timeout.as_millis()
+                    )))
+                }),
         }
     }
 }

@@ -676,3 +676,107 @@ async fn a_topic_being_created_is_waited_for_and_a_forbidden_one_is_named() {
     assert!(!error.is_transient(), "{error:?}");
     assert!(error.to_string().contains("not authorized"), "{error}");
 }
+
+/// A producer queue that stays full (brokers gone) is waited out for the delivery
+/// timeout at most, then the send fails naming the brokers: librdkafka itself times
+/// nothing out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_that_stays_full_fails_the_send_after_the_delivery_timeout() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.broker_down(1).expect("broker down");
+    let mut config = KafkaSinkConfig {
+        delivery_timeout: Duration::from_secs(1),
+        ..sink_settings(&bootstrap)
+    };
+    config
+        .kafka
+        .insert("queue.buffering.max.messages".into(), "1".into());
+    let mut sink = kafka_sink_with(&bootstrap, Some(config));
+    let message = || mssql_ces::sink::OutgoingMessage {
+        topic: "ces".into(),
+        key: Some(b"k".to_vec()),
+        partition_hint: None,
+        headers: Vec::new(),
+        payload: b"{}".to_vec(),
+        message_id: None,
+    };
+    let _first = sink.send(message()).await.expect("queued");
+    let started = std::time::Instant::now();
+    let error = sink
+        .send(message())
+        .await
+        .err()
+        .expect("the queue stays full");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(error.is_transient(), "{error:?}");
+    assert!(error.to_string().contains("queue stayed full"), "{error}");
+    cluster.broker_up(1).expect("broker up");
+}
+
+/// A signal during an idle stop's long drain (the delivery timeout) brings the wait
+/// down to `shutdown.drain_timeout_ms` from then, and the stop is a shutdown's: what
+/// is undelivered is left for the next start, not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_during_the_idle_drain_bounds_it_by_the_drain_timeout() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.broker_down(1).expect("broker down");
+    let sink = Sink::Kafka(kafka_sink_with(&bootstrap, None));
+    let router = Router::new(
+        "ces",
+        PartitionKeyScheme::Table,
+        None,
+        CloudEventsMode::Structured,
+        Encoding::Json,
+        "group",
+    );
+    let poller = Poller::new(
+        SyntheticSource::new(synthetic(20)),
+        PollerConfig::default(),
+        None,
+    );
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        signal.cancel();
+    });
+    let started = std::time::Instant::now();
+    let result = pipeline::run(
+        poller,
+        Box::new(move |guid| options(guid, Encoding::Json)),
+        router,
+        sink,
+        CheckpointStore::Memory(mssql_ces::checkpoint::memory::MemoryStore::default()),
+        PipelineSettings {
+            poll_interval: Duration::from_millis(10),
+            checkpoint_interval: Duration::from_millis(10),
+            drain_timeout: Duration::from_millis(500),
+            idle_drain_timeout: Duration::from_secs(60),
+            until_idle: true,
+            metrics: Default::default(),
+        },
+        shutdown,
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the signal bounded the wait: {took:?}"
+    );
+    let summary = result.expect("a signalled stop");
+    assert!(summary.events > summary.delivered_events, "{summary:?}");
+    cluster.broker_up(1).expect("broker up");
+}

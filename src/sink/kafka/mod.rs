@@ -415,12 +415,29 @@ impl KafkaSink {
         if let Some(partition) = partition {
             record = record.partition(partition);
         }
+        // A queue that stays full (brokers gone, one batch larger than the queue) is
+        // waited out for the delivery timeout at most: librdkafka times nothing out.
+        let full_since = tokio::time::Instant::now();
         loop {
             match self.producer.send_result(record) {
                 Ok(future) => {
                     return Ok(Delivery::Kafka(future, KafkaTicket::new(&self.brokers)));
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    if self.brokers.refused().is_some() {
+                        return Err(KafkaTicket::new(&self.brokers).refused().await);
+                    }
+                    if full_since.elapsed() >= self.delivery_timeout {
+                        return Err(SinkError::Transient(format!(
+                            "the producer's queue stayed full for sink.delivery_timeout_ms (Kafka at {}{})",
+                            self.brokers.brokers(),
+                            if self.brokers.is_down() {
+                                ": no broker could be reached"
+                            } else {
+                                ""
+                            }
+                        )));
+                    }
                     // Backpressure: wait for the queue to drain a little, then offer
                     // the same record again.
                     record = back;

@@ -29,10 +29,12 @@ use tokio::sync::{RwLock, oneshot};
 use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 
 pub mod config;
+mod errors;
 pub mod outcome;
 pub mod partitions;
 
-use partitions::PartitionMap;
+use errors::{delivery_error, is_definite, plain};
+use partitions::{PartitionMap, fixed_length_key};
 
 /// How the producer authenticates.
 #[derive(Clone)]
@@ -124,106 +126,6 @@ pub struct EventHubsAmqpSink {
     pending: Vec<Waiting>,
     /// Connected, and re-sends, for the metrics and the readiness probe.
     health: Arc<SinkHealth>,
-}
-
-/// An Event Hubs client error as a [`SinkError`]: definite for the AMQP conditions
-/// that resending cannot change (not authorized, no such event hub, too large, a
-/// refused argument, not allowed or implemented) and for a batch size the link
-/// refuses, transient for the rest (timeouts, connections, the service busy).
-///
-/// Decided by the client's own error types, found along the error's source chain
-/// (`EventHubsError` → `AmqpError` → the described AMQP error the service sent),
-/// never by the text.
-fn delivery_error<E>(e: E) -> SinkError
-where
-    E: std::error::Error + 'static,
-{
-    if is_definite(&e) {
-        SinkError::Definite(e.to_string())
-    } else {
-        SinkError::Transient(e.to_string())
-    }
-}
-
-/// The longest partition key Event Hubs takes (its SDKs' limit, in characters).
-const MAX_PARTITION_KEY_CHARS: usize = 128;
-
-/// A partition key Event Hubs takes: itself up to [`MAX_PARTITION_KEY_CHARS`], a longer
-/// one (a `primary_key` key of a wide key, say) as `~` and the hex of its UUID v5 —
-/// deterministic, so one key keeps one partition, and 33 characters long.
-fn fixed_length_key(key: String) -> String {
-    if key.chars().count() <= MAX_PARTITION_KEY_CHARS {
-        return key;
-    }
-    format!(
-        "~{}",
-        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, key.as_bytes()).simple()
-    )
-}
-
-/// The client's error text without the labels its layers add ("AMQP Error: AMQP
-/// Error: Azure Core Error: Connection refused" is "Connection refused").
-fn plain(error: &dyn std::fmt::Display) -> String {
-    let mut text = error.to_string();
-    loop {
-        let trimmed = ["AMQP Error: ", "Azure Core Error: ", "Event Hubs Error: "]
-            .iter()
-            .find_map(|label| text.strip_prefix(label).map(str::to_owned));
-        match trimmed {
-            Some(rest) => text = rest,
-            None => return text,
-        }
-    }
-}
-
-/// Whether anything along `error`'s source chain is a condition resending cannot
-/// change.
-fn is_definite(error: &(dyn std::error::Error + 'static)) -> bool {
-    use azure_core_amqp::error::{AmqpErrorCondition as C, AmqpErrorKind};
-    use azure_messaging_eventhubs::error::{ErrorKind, EventHubsError};
-    let definite_condition = |condition: &C| {
-        matches!(
-            condition,
-            C::UnauthorizedAccess
-                | C::NotFound
-                | C::LinkPayloadSizeExceeded
-                | C::ArgumentError
-                | C::ArgumentOutOfRangeError
-                | C::NotAllowed
-                | C::NotImplemented
-        )
-    };
-    let mut next = Some(error);
-    while let Some(error) = next {
-        if let Some(e) = error.downcast_ref::<EventHubsError>() {
-            match &e.kind {
-                ErrorKind::SendRejected(Some(described))
-                    if definite_condition(&described.condition) =>
-                {
-                    return true;
-                }
-                ErrorKind::InvalidBatchSize { .. } => return true,
-                _ => {}
-            }
-        }
-        if let Some(e) = error.downcast_ref::<azure_core_amqp::AmqpError>() {
-            match e.kind() {
-                AmqpErrorKind::AmqpDescribedError(described)
-                    if definite_condition(&described.condition) =>
-                {
-                    return true;
-                }
-                AmqpErrorKind::ManagementStatusCode(status, _)
-                    if matches!(u16::from(*status), 401 | 403 | 404) =>
-                {
-                    return true;
-                }
-                _ => {}
-            }
-        }
-        next = error.source();
-    }
-    false
 }
 
 /// The AMQP application-property name of a Kafka-binding header (`ce_id` →

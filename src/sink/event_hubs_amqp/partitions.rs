@@ -123,6 +123,22 @@ fn finish(a: &mut u32, b: &mut u32, c: &mut u32) {
     }
 }
 
+/// The longest partition key Event Hubs takes (its SDKs' limit, in characters).
+const MAX_PARTITION_KEY_CHARS: usize = 128;
+
+/// A partition key Event Hubs takes: itself up to [`MAX_PARTITION_KEY_CHARS`], a longer
+/// one (a `primary_key` key of a wide key, say) as `~` and the hex of its UUID v5 —
+/// deterministic, so one key keeps one partition, and 33 characters long.
+pub(super) fn fixed_length_key(key: String) -> String {
+    if key.chars().count() <= MAX_PARTITION_KEY_CHARS {
+        return key;
+    }
+    format!(
+        "~{}",
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, key.as_bytes()).simple()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -437,11 +437,13 @@ async fn a_broker_outage_mid_run_loses_nothing() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// `--until-idle` with the brokers gone: the run waits for the deliveries up to its
-/// idle drain bound (the delivery timeout), and then fails naming how many events
-/// were not delivered, rather than exiting as if all were.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_stop_with_events_undelivered_fails_naming_how_many() {
+/// An `--until-idle` run of 20 transactions to a cluster whose broker is down, with
+/// these drain bounds.
+async fn idle_run_with_the_broker_down(
+    drain_timeout: Duration,
+    idle_drain_timeout: Duration,
+    shutdown: CancellationToken,
+) -> Result<RunSummary, mssql_ces::pipeline::PipelineError> {
     let cluster = MockCluster::new(1).expect("mock cluster");
     cluster.create_topic("ces", 1, 1).expect("topic");
     let bootstrap = cluster.bootstrap_servers();
@@ -460,7 +462,6 @@ async fn an_idle_stop_with_events_undelivered_fails_naming_how_many() {
         PollerConfig::default(),
         None,
     );
-    let started = std::time::Instant::now();
     let result = pipeline::run(
         poller,
         Box::new(move |guid| options(guid, Encoding::Json)),
@@ -470,13 +471,28 @@ async fn an_idle_stop_with_events_undelivered_fails_naming_how_many() {
         PipelineSettings {
             poll_interval: Duration::from_millis(10),
             checkpoint_interval: Duration::from_millis(10),
-            // A shutdown's bound is shorter than the idle one: the idle stop waits
-            // the longer.
-            drain_timeout: Duration::from_millis(100),
-            idle_drain_timeout: Duration::from_secs(2),
+            drain_timeout,
+            idle_drain_timeout,
             until_idle: true,
             metrics: Default::default(),
         },
+        shutdown,
+    )
+    .await;
+    cluster.broker_up(1).expect("broker up");
+    result
+}
+
+/// `--until-idle` with the brokers gone: the run waits for the deliveries up to its
+/// idle drain bound (the delivery timeout), and then fails naming how many events
+/// were not delivered, rather than exiting as if all were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_stop_with_events_undelivered_fails_naming_how_many() {
+    let started = std::time::Instant::now();
+    // A shutdown's bound is shorter than the idle one: the idle stop waits the longer.
+    let result = idle_run_with_the_broker_down(
+        Duration::from_millis(100),
+        Duration::from_secs(2),
         CancellationToken::new(),
     )
     .await;
@@ -495,7 +511,6 @@ async fn an_idle_stop_with_events_undelivered_fails_naming_how_many() {
         waited >= Duration::from_secs(2),
         "waited the idle bound: {waited:?}"
     );
-    cluster.broker_up(1).expect("broker up");
 }
 
 /// librdkafka never gives up on one message while it sends the ones after it (its
@@ -729,24 +744,6 @@ async fn a_queue_that_stays_full_fails_the_send_after_the_delivery_timeout() {
 /// is undelivered is left for the next start, not an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signal_during_the_idle_drain_bounds_it_by_the_drain_timeout() {
-    let cluster = MockCluster::new(1).expect("mock cluster");
-    cluster.create_topic("ces", 1, 1).expect("topic");
-    let bootstrap = cluster.bootstrap_servers();
-    cluster.broker_down(1).expect("broker down");
-    let sink = Sink::Kafka(kafka_sink_with(&bootstrap, None));
-    let router = Router::new(
-        "ces",
-        PartitionKeyScheme::Table,
-        None,
-        CloudEventsMode::Structured,
-        Encoding::Json,
-        "group",
-    );
-    let poller = Poller::new(
-        SyntheticSource::new(synthetic(20)),
-        PollerConfig::default(),
-        None,
-    );
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
@@ -754,20 +751,9 @@ async fn a_signal_during_the_idle_drain_bounds_it_by_the_drain_timeout() {
         signal.cancel();
     });
     let started = std::time::Instant::now();
-    let result = pipeline::run(
-        poller,
-        Box::new(move |guid| options(guid, Encoding::Json)),
-        router,
-        sink,
-        CheckpointStore::Memory(mssql_ces::checkpoint::memory::MemoryStore::default()),
-        PipelineSettings {
-            poll_interval: Duration::from_millis(10),
-            checkpoint_interval: Duration::from_millis(10),
-            drain_timeout: Duration::from_millis(500),
-            idle_drain_timeout: Duration::from_secs(60),
-            until_idle: true,
-            metrics: Default::default(),
-        },
+    let result = idle_run_with_the_broker_down(
+        Duration::from_millis(500),
+        Duration::from_secs(60),
         shutdown,
     )
     .await;
@@ -778,5 +764,4 @@ async fn a_signal_during_the_idle_drain_bounds_it_by_the_drain_timeout() {
     );
     let summary = result.expect("a signalled stop");
     assert!(summary.events > summary.delivered_events, "{summary:?}");
-    cluster.broker_up(1).expect("broker up");
 }

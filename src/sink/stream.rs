@@ -188,6 +188,20 @@ impl StreamSink {
             .open(&path)
             .map_err(io)?;
         let metadata = file.metadata().map_err(io)?;
+        if metadata.is_file() {
+            // Ours alone, before anything is cut: a second process (another stream
+            // pointed at the same file) is refused rather than truncating our lines.
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(SinkError::Definite(format!(
+                        "sink.path {} is being written by another process (another stream, or a second run of this one without its checkpoint lock): two streams may not write one file",
+                        path.display()
+                    )));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+            }
+        }
         if !existed && metadata.is_file() {
             // A new file's directory entry is durable only once its directory is
             // synced: without it, a power loss could lose the file the checkpoint
@@ -338,6 +352,30 @@ mod tests {
 
     fn temp() -> PathBuf {
         std::env::temp_dir().join(format!("mssql-ces-sink-{}", uuid::Uuid::new_v4()))
+    }
+
+    /// A file another process writes (its lock held) is refused before anything is
+    /// cut; once that process is gone, it opens.
+    #[test]
+    fn a_file_another_process_writes_is_refused_before_anything_is_cut() {
+        let path = temp();
+        std::fs::write(&path, "{\"a\":1}\n{\"torn\":").unwrap();
+        let holder = File::open(&path).unwrap();
+        holder.lock().unwrap();
+        let err = StreamSink::file(path.clone(), Encoding::Json, Resume::At(8))
+            .err()
+            .expect("locked by another writer");
+        assert!(err.to_string().contains("another process"), "{err}");
+        assert!(!err.is_transient());
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"a\":1}\n{\"torn\":",
+            "untouched"
+        );
+        drop(holder);
+        let sink = StreamSink::file(path.clone(), Encoding::Json, Resume::At(8)).unwrap();
+        assert_eq!(sink.durable_length(), Some(8));
+        std::fs::remove_file(&path).ok();
     }
 
     /// A batch's end writes and fsyncs on a blocking thread; what it covers is then

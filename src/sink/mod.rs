@@ -568,7 +568,7 @@ impl Sink {
         match self {
             Sink::Kafka(_) => Ok(()),
             Sink::EventHubsAmqp(s) => s.end_batch().await,
-            Sink::Stream(s) => s.sync_off_the_workers().await,
+            Sink::Stream(s) => s.sync().await,
         }
     }
 
@@ -609,7 +609,7 @@ impl Sink {
                         timeout.as_millis()
                     )))
                 }),
-            Sink::Stream(s) => tokio::time::timeout(timeout, s.sync_off_the_workers())
+            Sink::Stream(s) => tokio::time::timeout(timeout, s.sync())
                 .await
                 .unwrap_or_else(|_| {
                     Err(SinkError::Transient(format!(

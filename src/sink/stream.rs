@@ -273,50 +273,30 @@ impl StreamSink {
         Ok(Delivery::Settled(Ok(())))
     }
 
-    /// As [`sync`](Self::sync), with the fsync on a blocking thread: a hung disk holds
-    /// that thread, not an async worker, and a shutdown can leave it behind.
-    pub async fn sync_off_the_workers(&mut self) -> Result<(), SinkError> {
-        let regular = self.length.is_some() || self.stream_in_file;
-        if !regular {
-            return self.sync();
-        }
+    /// Flushes, and for a regular file (stdout redirected to one included), fsyncs on
+    /// a blocking thread: a hung disk holds that thread, not an async worker, and a
+    /// shutdown can leave it behind. A pipe or a terminal cannot be fsynced (EINVAL):
+    /// flushing is all there is.
+    pub async fn sync(&mut self) -> Result<(), SinkError> {
         let flushed = match &mut self.output {
             Output::Stdout(w) => w.flush(),
             Output::File(w, _) => w.flush(),
         };
         flushed.map_err(|e| self.io(e))?;
-        let file = match &self.output {
-            Output::File(w, _) => w.get_ref().try_clone(),
-            Output::Stdout(_) => stdout_file(),
-        }
-        .map_err(|e| self.io(e))?;
-        tokio::task::spawn_blocking(move || file.sync_data())
-            .await
-            .map_err(|e| self.io(std::io::Error::other(e.to_string())))?
+        if self.length.is_some() || self.stream_in_file {
+            let file = match &self.output {
+                Output::File(w, _) => w.get_ref().try_clone(),
+                Output::Stdout(_) => stdout_file(),
+            }
             .map_err(|e| self.io(e))?;
+            tokio::task::spawn_blocking(move || file.sync_data())
+                .await
+                .map_err(|e| self.io(std::io::Error::other(e.to_string())))?
+                .map_err(|e| self.io(e))?;
+        }
         self.durable = self.length;
         Ok(())
     }
-
-    /// Flushes, and for a regular file (stdout redirected to one included), fsyncs.
-    pub fn sync(&mut self) -> Result<(), SinkError> {
-        let regular = self.length.is_some() || self.stream_in_file;
-        let result = match &mut self.output {
-            Output::Stdout(w) if regular => w.flush().and_then(|()| sync_stdout()),
-            Output::Stdout(w) => w.flush(),
-            Output::File(w, _) if regular => w.flush().and_then(|()| w.get_ref().sync_data()),
-            // A pipe or a terminal cannot be fsynced (EINVAL): flushing is all there is.
-            Output::File(w, _) => w.flush(),
-        };
-        result.map_err(|e| self.io(e))?;
-        self.durable = self.length;
-        Ok(())
-    }
-}
-
-/// fsyncs the file fd 1 was redirected to.
-fn sync_stdout() -> std::io::Result<()> {
-    stdout_file()?.sync_data()
 }
 
 /// fd 1 as a file of its own (a duplicate), to fsync where it is a regular file.
@@ -386,23 +366,23 @@ mod tests {
         let mut sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh).unwrap();
         sink.send(message("{\"a\":1}")).unwrap();
         assert_eq!(sink.durable_length(), Some(0), "not yet synced");
-        sink.sync_off_the_workers().await.unwrap();
+        sink.sync().await.unwrap();
         assert_eq!(sink.durable_length(), Some(8));
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n");
         std::fs::remove_file(&path).ok();
     }
 
-    #[test]
-    fn a_restart_cuts_what_the_checkpoint_does_not_cover() {
+    #[tokio::test]
+    async fn a_restart_cuts_what_the_checkpoint_does_not_cover() {
         let path = temp();
         let mut sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh).unwrap();
         sink.send(message("{\"a\":1}")).unwrap();
-        sink.sync().unwrap();
+        sink.sync().await.unwrap();
         let checkpointed = sink.durable_length().unwrap();
         assert_eq!(checkpointed, 8);
         // Written after the checkpoint, and a torn line from a kill.
         sink.send(message("{\"b\":2}")).unwrap();
-        sink.sync().unwrap();
+        sink.sync().await.unwrap();
         drop(sink);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"{\"c\":").unwrap();
@@ -410,7 +390,7 @@ mod tests {
         let mut sink =
             StreamSink::file(path.clone(), Encoding::Json, Resume::At(checkpointed)).unwrap();
         sink.send(message("{\"b\":2}")).unwrap();
-        sink.sync().unwrap();
+        sink.sync().await.unwrap();
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             "{\"a\":1}\n{\"b\":2}\n"
@@ -436,12 +416,12 @@ mod tests {
         std::fs::remove_file(path).ok();
     }
 
-    #[test]
-    fn a_path_that_is_not_a_regular_file_is_a_stream() {
+    #[tokio::test]
+    async fn a_path_that_is_not_a_regular_file_is_a_stream() {
         let mut sink =
             StreamSink::file(PathBuf::from("/dev/null"), Encoding::Json, Resume::At(5)).unwrap();
         sink.send(message("x")).unwrap();
-        sink.sync().expect("no fsync on a character device");
+        sink.sync().await.expect("no fsync on a character device");
         assert_eq!(sink.durable_length(), None);
     }
 }

@@ -18,7 +18,7 @@ use crate::source::ChangeSource;
 use crate::source::load::SnapshotMode;
 use crate::source::poller::{Poller, StartPosition};
 use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
-use crate::source::sqlserver::{SqlServerConfig, SqlServerSource};
+use crate::source::sqlserver::SqlServerSource;
 use tokio_util::sync::CancellationToken;
 
 /// Why a run stopped with a failure.
@@ -96,7 +96,13 @@ pub async fn run(
             .await?
         }
         SourceKind::Sqlserver => {
-            let settings = sql_server_settings(&config)?;
+            let settings = config.sql_server()?;
+            let (server, database) = settings.connection_string.server_and_database();
+            tracing::info!(
+                server = server.as_deref().unwrap_or("(none given)"),
+                database = database.as_deref().unwrap_or("(the login's default)"),
+                "source: SQL Server"
+            );
             let source = SqlServerSource::new(settings);
             let poller = Poller::new(source, poller_config, position);
             drive(
@@ -131,17 +137,8 @@ fn log_start(config: &Config, position: Option<&Position>) {
             rate_per_second = (s.rate_per_second > 0.0).then_some(s.rate_per_second),
             "source: the synthetic workload (generated changes, not a database)"
         ),
-        SourceKind::Sqlserver => {
-            // Only where the secret resolves: otherwise the run stops on it anyway.
-            if let Ok(settings) = config.sql_server() {
-                let (server, database) = settings.connection_string.server_and_database();
-                tracing::info!(
-                    server = server.as_deref().unwrap_or("(none given)"),
-                    database = database.as_deref().unwrap_or("(the login's default)"),
-                    "source: SQL Server"
-                );
-            }
-        }
+        // Said where its settings are read (`run`), without reading the secret twice.
+        SourceKind::Sqlserver => {}
     }
 }
 
@@ -203,7 +200,7 @@ pub fn checkpoint_store(config: &Config) -> Result<CheckpointStore, ConfigError>
             &config.checkpoint.stream_name,
         )),
         CheckpointStoreKind::Table => CheckpointStore::Table(Box::new(TableStore::new(
-            sql_server_settings(config)?,
+            config.sql_server()?,
             &config.checkpoint.stream_name,
         ))),
     })
@@ -231,11 +228,6 @@ pub fn bulk_source(config: &Config) -> crate::source::sim::bulk::BulkSource {
         s.transactions
     };
     crate::source::sim::bulk::BulkSource::new(s.seed, transactions, s.transaction_rows)
-}
-
-/// How to reach SQL Server (the secret read now, kept out of every log).
-pub fn sql_server_settings(config: &Config) -> Result<SqlServerConfig, ConfigError> {
-    config.sql_server()
 }
 
 async fn drive<S: ChangeSource + 'static>(

@@ -22,6 +22,15 @@ use tiberius::{Client, Config, EncryptionLevel, Row, ToSql};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
+/// The ADO.NET keys that name the server (synonyms).
+const SERVER_KEYS: &[&str] = &[
+    "server",
+    "data source",
+    "address",
+    "addr",
+    "network address",
+];
+
 /// A connection string: its `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConnectionString(String);
@@ -39,13 +48,7 @@ impl ConnectionString {
     /// The server and the database it names (not secrets: for the log).
     pub fn server_and_database(&self) -> (Option<String>, Option<String>) {
         (
-            self.setting(&[
-                "server",
-                "data source",
-                "address",
-                "addr",
-                "network address",
-            ]),
+            self.setting(SERVER_KEYS),
             self.setting(&["database", "initial catalog"]),
         )
     }
@@ -219,13 +222,7 @@ pub fn validate(settings: &SqlServerConfig) -> Result<(), String> {
 /// The driver's configuration, refusing what would make it panic or hang.
 fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
     let cs = &settings.connection_string;
-    let server = cs.setting(&[
-        "server",
-        "data source",
-        "address",
-        "addr",
-        "network address",
-    ]);
+    let server = cs.setting(SERVER_KEYS);
     if let Some(server) = &server {
         let server = server.trim_start_matches("tcp:");
         if server

@@ -161,7 +161,7 @@ pub async fn check(config: &Config) -> Report {
             let mut source = crate::app::synthetic_source(config);
             check_with(config, &mut source, "synthetic source (a simulated server)").await
         }
-        SourceKind::Sqlserver => match crate::app::sql_server_settings(config) {
+        SourceKind::Sqlserver => match config.sql_server() {
             Ok(settings) => {
                 let mut source = SqlServerSource::new(settings);
                 check_with(config, &mut source, "").await

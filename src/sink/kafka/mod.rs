@@ -163,7 +163,7 @@ impl KafkaTicket {
                     RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight,
                 ),
                 _,
-            ))) if self.0.refused().is_some() => Err(self.refusal_error()),
+            ))) if self.0.refused().is_some() => Err(self.0.refusal_error()),
             Ok(Err((error, _))) => Err(delivery_error(&error)),
             Err(_) => Err(SinkError::Transient("the producer was closed".into())),
         }
@@ -183,16 +183,7 @@ impl KafkaTicket {
             // The log is gone with the producer: never refused.
             return std::future::pending().await;
         }
-        self.refusal_error()
-    }
-
-    /// The error of a client the brokers refused (see [`BrokerLog::refused`]).
-    fn refusal_error(&self) -> SinkError {
-        SinkError::Definite(format!(
-            "Kafka at {} refused this client ({}): check sink.sasl_mechanism, sink.sasl_username and sink.sasl_password, and the user's rights on the cluster",
-            self.0.brokers(),
-            self.0.refused().unwrap_or_default()
-        ))
+        self.0.refusal_error()
     }
 
     /// The error of a message not delivered within `sink.delivery_timeout_ms`.
@@ -392,7 +383,7 @@ impl KafkaSink {
             return Err(e);
         }
         if self.brokers.refused().is_some() {
-            return Err(KafkaTicket::new(&self.brokers).refused().await);
+            return Err(self.brokers.refusal_error());
         }
         if !self.checked_topics.contains(&message.topic) {
             self.check_topic(&message.topic);
@@ -425,7 +416,7 @@ impl KafkaSink {
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     if self.brokers.refused().is_some() {
-                        return Err(KafkaTicket::new(&self.brokers).refused().await);
+                        return Err(self.brokers.refusal_error());
                     }
                     if full_since.elapsed() >= self.delivery_timeout {
                         return Err(SinkError::Transient(format!(

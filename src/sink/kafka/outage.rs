@@ -84,6 +84,15 @@ impl BrokerLog {
         self.refusal.borrow().clone()
     }
 
+    /// The error of a client the brokers refused, naming the settings to check.
+    pub fn refusal_error(&self) -> crate::sink::SinkError {
+        crate::sink::SinkError::Definite(format!(
+            "Kafka at {} refused this client ({}): check sink.sasl_mechanism, sink.sasl_username and sink.sasl_password, and the user's rights on the cluster",
+            self.brokers,
+            self.refused().unwrap_or_default()
+        ))
+    }
+
     /// The brokers as configured.
     pub fn brokers(&self) -> &str {
         &self.brokers

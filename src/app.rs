@@ -72,10 +72,7 @@ pub async fn run(
     let position = store.load().await?;
     log_start(&config, position.as_ref());
     let resumed_at = position.as_ref().and_then(|p| p.last_event);
-    let resume = match &position {
-        None => Resume::Fresh,
-        Some(p) => p.sink_length.map_or(Resume::Unknown, Resume::At),
-    };
+    let resume = Resume::from_checkpoint(position.as_ref().map(|p| p.sink_length));
     let summary = match config.source.kind {
         SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
             let poller = Poller::new(bulk_source(&config), poller_config, position);

@@ -70,11 +70,10 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
             },
         ),
     }
-    let resume = match &position {
-        Ok(None) => Some(Resume::Fresh),
-        Ok(Some(p)) => Some(p.sink_length.map_or(Resume::Unknown, Resume::At)),
-        Err(()) => None,
-    };
+    let resume = position
+        .as_ref()
+        .ok()
+        .map(|p| Resume::from_checkpoint(p.as_ref().map(|p| p.sink_length)));
     let (Ok(Some(position)), Some(state)) = (position, state) else {
         return resume;
     };

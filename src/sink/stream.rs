@@ -71,6 +71,17 @@ pub fn kept_length(path: &std::path::Path, found: u64, resume: Resume) -> Result
     }
 }
 
+impl Resume {
+    /// What a checkpoint says of the output file: with none (`None`), the file must
+    /// be fresh; else the length it recorded, or unknown where it recorded none.
+    pub fn from_checkpoint(sink_length: Option<Option<u64>>) -> Self {
+        match sink_length {
+            None => Resume::Fresh,
+            Some(length) => length.map_or(Resume::Unknown, Resume::At),
+        }
+    }
+}
+
 pub struct StreamSink {
     output: Output,
     encoding: Encoding,

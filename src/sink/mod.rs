@@ -238,8 +238,8 @@ pub struct OutgoingMessage {
     pub headers: Headers,
     pub payload: Vec<u8>,
     /// The message's CloudEvent `id` (each segment's own), for destinations that
-    /// carry a message id of their own (AMQP's `message-id`).
-    pub message_id: Option<String>,
+    /// carry a message id of their own (AMQP's `message-id`); formatted only there.
+    pub message_id: Option<uuid::Uuid>,
 }
 
 /// Why a message could not be delivered, by whether trying again can help.
@@ -449,7 +449,6 @@ impl Router {
         let mut out = Vec::with_capacity(event.messages.len());
         let logical_id = event.logical_id;
         for message in event.messages {
-            let message_id = message.id.to_string();
             let (headers, payload) = match self.mode {
                 CloudEventsMode::Binary => (
                     binary_headers(&BinaryAttributes {
@@ -480,7 +479,7 @@ impl Router {
                 partition_hint,
                 headers,
                 payload,
-                message_id: Some(message_id),
+                message_id: Some(message.id),
             });
         }
         Ok(out)

@@ -335,7 +335,7 @@ fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bo
         .map(|m| {
             let e = decode_message(&m.bytes, encoding).expect("structured message decodes");
             // The message id a destination of its own carries: the CloudEvent's.
-            let message_id = Some(e.id.clone());
+            let message_id = Some(e.id.parse().expect("a UUID"));
             let headers = [
                 ("ce_specversion", e.specversion),
                 ("ce_type", e.event_type),

@@ -405,8 +405,8 @@ impl EventHubsAmqpSink {
     fn amqp_message(message: &OutgoingMessage, key: Option<&str>) -> AmqpMessage {
         let mut builder = EventData::builder().with_body(message.payload.clone());
         // AMQP tooling deduplicates by message-id: the CloudEvent's (segment's) id.
-        if let Some(id) = &message.message_id {
-            builder = builder.with_message_id(id.clone());
+        if let Some(id) = message.message_id {
+            builder = builder.with_message_id(id.to_string());
         }
         for (name, value) in &message.headers {
             let text = String::from_utf8_lossy(value).into_owned();

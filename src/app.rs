@@ -72,7 +72,7 @@ pub async fn run(
     let position = store.load().await?;
     log_start(&config, position.as_ref());
     let resumed_at = position.as_ref().and_then(|p| p.last_event);
-    let resume = Resume::from_checkpoint(position.as_ref().map(|p| p.sink_length));
+    let resume = Resume::from_checkpoint(position.as_ref());
     let summary = match config.source.kind {
         SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
             let poller = Poller::new(bulk_source(&config), poller_config, position);
@@ -238,6 +238,7 @@ async fn drive<S: ChangeSource + 'static>(
 ) -> Result<RunSummary, RunError> {
     let health = SinkHealth::new(config.metrics.listen.is_some());
     metrics.watch_sink(std::sync::Arc::clone(&health));
+    let fresh = resume == Resume::Fresh;
     // Opening may wait for an unreachable destination (up to the delivery timeout):
     // a shutdown ends that wait.
     let build = config
@@ -252,7 +253,7 @@ async fn drive<S: ChangeSource + 'static>(
         }
     };
     log_destination(config, &built.topic);
-    if !save_first_position(config, &mut poller, &mut store, &shutdown, resume).await? {
+    if !save_first_position(config, &mut poller, &mut store, &shutdown, fresh).await? {
         return Ok(RunSummary::default());
     }
     let event = config.event.clone();
@@ -317,15 +318,15 @@ async fn save_first_position<S: ChangeSource>(
     poller: &mut Poller<S>,
     store: &mut CheckpointStore,
     shutdown: &CancellationToken,
-    resume: Resume,
+    fresh: bool,
 ) -> Result<bool, RunError> {
-    let fresh_file = matches!(config.sink.kind, SinkConfig::File(_)) && resume == Resume::Fresh;
+    let fresh_file = matches!(config.sink.kind, SinkConfig::File(_)) && fresh;
     let first = if poller.needs_plan() {
         if first_step(poller, shutdown, FirstStep::PlanLoad).await? != Some(true) {
             return Ok(false);
         }
         Some(poller.position().clone())
-    } else if resume == Resume::Fresh
+    } else if fresh
         && match first_step(poller, shutdown, FirstStep::ResolveStart).await? {
             None => return Ok(false),
             Some(settled) => settled,

@@ -50,6 +50,11 @@ pub struct Position {
     /// exactly once whatever a crash left behind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sink_length: Option<u64>,
+    /// File sink: which file `sink_length` is the length of. A start checks that
+    /// `sink.path` is that file before it cuts anything. Absent in checkpoints
+    /// written before it (format 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sink_file: Option<Box<SinkFile>>,
     /// What the position belongs to; a start against another database (or a restored
     /// copy, which has a new GUID) is refused. Absent in checkpoints written before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,6 +78,18 @@ pub struct Position {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// The output file a checkpoint's `sink_length` belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkFile {
+    /// `sink.path` as the writing process resolved it (absolute).
+    pub path: String,
+    /// The CloudEvent `id` of the line that ends at `sink_length` (`None` for an
+    /// empty file): a standby that shares the file sees that line there; another
+    /// file does not hold it there.
+    pub last_id: Option<Uuid>,
 }
 
 /// Rows one table load may number in its own `logicalid` range.

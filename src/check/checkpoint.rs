@@ -73,7 +73,7 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
     let resume = position
         .as_ref()
         .ok()
-        .map(|p| Resume::from_checkpoint(p.as_ref().map(|p| p.sink_length)));
+        .map(|p| Resume::from_checkpoint(p.as_ref()));
     let (Ok(Some(position)), Some(state)) = (position, state) else {
         return resume;
     };

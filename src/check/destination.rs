@@ -68,7 +68,7 @@ pub(super) async fn check_destination(
                 .map(|m| m.len());
             match (found, resume) {
                 (Some(found), Some(resume)) => {
-                    match crate::sink::stream::kept_length(&c.path, found, resume) {
+                    match crate::sink::stream::kept_length(&c.path, found, &resume) {
                         Ok(_) => report.pass("destination", format!("file {} ({found} bytes, as the checkpoint says)", c.path.display())),
                         Err(e) => report.fail(
                             "destination",

@@ -235,6 +235,7 @@ mod tests {
             instances: [("dbo_Orders".to_string(), Lsn::from_parts(0xB1, 0x8A8, 7))].into(),
             change_tables: [("dbo_Orders".to_string(), 1_205_579_333)].into(),
             sink_length: Some(4096),
+            sink_file: None,
             source: None,
             switches: BTreeMap::new(),
             loads: [(

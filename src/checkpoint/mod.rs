@@ -42,11 +42,14 @@ pub struct Checkpoint {
 ///   release that knows only version 1 refuses the document by name instead of
 ///   reading it without the fields it does not know (it would silently drop a load
 ///   in progress, a capture-instance switch or a load's `logicalid` range).
-pub const CHECKPOINT_VERSION: u32 = 2;
+/// - 3: adds `sink_file`, which file `sink_length` is of (its path and last event
+///   id); a release that knows only version 2 refuses the document by name rather
+///   than cutting back a file it cannot tell is the checkpoint's.
+pub const CHECKPOINT_VERSION: u32 = 3;
 
-/// The oldest format this release reads: every version-1 document is a valid
-/// version-2 position (version 2 removed no field, and the ones it added default
-/// to 0).
+/// The oldest format this release reads: every version-1 or version-2 document is
+/// a valid version-3 position (no version removed a field, and the ones they added
+/// default to 0 or absent).
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// Why a checkpoint could not be read or written.
@@ -152,6 +155,24 @@ impl CheckpointStore {
                 () = stop.cancelled() => return Ok(false),
             }
         }
+    }
+
+    /// Confirms this process still holds the stream's lease: the file store's lock
+    /// file is still the one at the path; the table store's session still owns its
+    /// application lock (or a new connection takes it again).
+    pub async fn verify_lease(&mut self) -> Result<(), CheckpointError> {
+        match self {
+            CheckpointStore::File(s) => s.check_lease(),
+            CheckpointStore::Table(s) => s.verify_lease().await,
+            CheckpointStore::Memory(_) => Ok(()),
+        }
+    }
+
+    /// Whether the lease can lapse without this process's doing: the table store's
+    /// is its session's, which a dropped connection ends (a file lock lasts as long
+    /// as the process).
+    pub fn lease_can_lapse(&self) -> bool {
+        matches!(self, CheckpointStore::Table(_))
     }
 
     pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {
@@ -312,20 +333,20 @@ mod tests {
 
     #[test]
     fn a_newer_version_is_refused_by_name() {
-        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 3", 1);
+        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 4", 1);
         let err = parse(&newer, "default", "cp.json").unwrap_err();
         assert_eq!(
             err,
             CheckpointError::NewerVersion {
                 location: "cp.json".into(),
-                found: 3,
+                found: 4,
                 oldest: OLDEST_READABLE_VERSION,
                 newest: CHECKPOINT_VERSION,
             }
         );
         let text = err.to_string();
         assert!(
-            text.contains("version 3") && text.contains("newer mssql-ces"),
+            text.contains("version 4") && text.contains("newer mssql-ces"),
             "{text}"
         );
         let older = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 0", 1);
@@ -430,12 +451,13 @@ mod tests {
     }
 
     #[test]
-    fn the_version_this_release_writes_is_2() {
-        // An older release compares the version with 1 and refuses anything else:
-        // the bump is what keeps it from dropping fields it does not know.
-        assert_eq!(CHECKPOINT_VERSION, 2);
+    fn the_version_this_release_writes_is_3() {
+        // An older release compares the version with the one it writes and refuses
+        // a newer one by name: the bump is what keeps it from cutting back a file
+        // it cannot tell is the checkpoint's.
+        assert_eq!(CHECKPOINT_VERSION, 3);
         let text = render("s", &Position::default(), "x").expect("renders");
         let value: serde_json::Value = serde_json::from_str(&text).expect("json");
-        assert_eq!(value["version"], 2);
+        assert_eq!(value["version"], 3);
     }
 }

@@ -39,15 +39,30 @@ pub const LEASE_ACQUIRE: &str = "EXEC sys.sp_getapplock @Resource = @P1, \
 @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = @P2; \
 SELECT APPLOCK_MODE(N'public', @P1, N'Session') AS lock_mode;";
 
+/// Whether this session holds the lease now (`Exclusive`) or not (`NoLock`): the
+/// periodic check that the session behind the lease is still this process's.
+/// <https://learn.microsoft.com/sql/t-sql/functions/applock-mode-transact-sql>
+pub const LEASE_HELD: &str = "SELECT APPLOCK_MODE(N'public', @P1, N'Session') AS lock_mode;";
+
 /// How long a new connection waits for the lease before a write: the session this
 /// process lost may not be ended by the server yet.
 const FENCE_WAIT_MS: i32 = 30_000;
+
+/// How long after its last confirmation a lease this process cannot take again on
+/// a new connection may still be held by its own previous session, which the
+/// server has not ended yet (it notices a dead client by TCP keep-alive: 30 s by
+/// default, then a few probes). Within it, a refused fence is a fault that can pass;
+/// after it, another process holds the stream.
+pub const OWN_SESSION_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
 
 pub struct TableStore {
     conn: SqlConnection,
     stream_name: String,
     /// The connection generation on which this process holds the lease.
     leased_on: Option<u64>,
+    /// When this process last knew it held the lease.
+    confirmed_at: Option<std::time::Instant>,
+    own_session_grace: std::time::Duration,
 }
 
 const LOCATION: &str = "table dbo.mssql_ces_checkpoint";
@@ -77,7 +92,15 @@ impl TableStore {
             conn: SqlConnection::new(settings),
             stream_name: stream_name.into(),
             leased_on: None,
+            confirmed_at: None,
+            own_session_grace: OWN_SESSION_GRACE,
         }
+    }
+
+    /// Another bound than [`OWN_SESSION_GRACE`] (tests).
+    pub fn with_own_session_grace(mut self, grace: std::time::Duration) -> Self {
+        self.own_session_grace = grace;
+        self
     }
 
     /// The application lock's name. `sp_getapplock` compares resources in binary,
@@ -100,6 +123,7 @@ impl TableStore {
         match mode.as_deref() {
             Some("Exclusive") => {
                 self.leased_on = Some(self.conn.generation());
+                self.confirmed_at = Some(std::time::Instant::now());
                 Ok(None)
             }
             Some(_) => Ok(Some(format!(
@@ -114,19 +138,56 @@ impl TableStore {
         self.lease(0).await
     }
 
-    /// Before a write: the lease must be held on this very connection; a new one
-    /// (after a drop, which released the lock) takes it again or stops.
+    fn leased_here(&self) -> bool {
+        self.leased_on.is_some_and(|g| g == self.conn.generation()) && self.conn.is_open()
+    }
+
+    /// Before a read or a write: the lease must be held on this very connection; a
+    /// new one (after a drop, which released the lock) takes it again or stops.
     async fn fence(&mut self) -> Result<(), CheckpointError> {
-        if self.leased_on.is_some_and(|g| g == self.conn.generation()) && self.conn.is_open() {
+        if self.leased_here() {
             return Ok(());
         }
-        if let Some(holder) = self.lease(FENCE_WAIT_MS).await? {
-            return Err(CheckpointError::LeaseLost {
+        let Some(holder) = self.lease(FENCE_WAIT_MS).await? else {
+            return Ok(());
+        };
+        // Held by another session: the one this process just lost, which the
+        // server has not ended yet, or a standby that took over once it had. Only
+        // the time since the lease was last ours tells them apart.
+        match self.confirmed_at {
+            Some(at) if at.elapsed() < self.own_session_grace => Err(CheckpointError::Transient {
+                location: LOCATION.into(),
+                reason: format!(
+                    "{holder}: this process's previous session, which the server has not ended yet, or a standby that took over; trying again (after {} s without the lease, this process stops)",
+                    self.own_session_grace.as_secs()
+                ),
+            }),
+            _ => Err(CheckpointError::LeaseLost {
                 location: LOCATION.into(),
                 holder,
-            });
+            }),
         }
-        Ok(())
+    }
+
+    /// Confirms this process still holds the lease: on the connection that took
+    /// it, `APPLOCK_MODE` must say so (a session the server ended has no locks);
+    /// on a new connection, it is taken again (the fence).
+    pub async fn verify_lease(&mut self) -> Result<(), CheckpointError> {
+        if self.leased_here() {
+            let resource = self.resource();
+            let rows = self.query(LEASE_HELD, &[&resource]).await?;
+            let mode: Option<&str> = rows
+                .first()
+                .and_then(|row| row.try_get::<&str, _>("lock_mode").ok().flatten());
+            if mode == Some("Exclusive") {
+                self.confirmed_at = Some(std::time::Instant::now());
+                return Ok(());
+            }
+            // This session no longer holds it (the server ended the session and the
+            // driver has not seen the connection close yet): take it again.
+            self.leased_on = None;
+        }
+        self.fence().await
     }
 
     async fn query(
@@ -137,7 +198,10 @@ impl TableStore {
         self.conn.query(sql, params).await.map_err(query_error)
     }
 
+    /// Reads the stream's checkpoint, holding the lease on the connection that
+    /// reads it (a read on a connection without it could race a standby's write).
     pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {
+        self.fence().await?;
         let name = self.stream_name.clone();
         let rows = self.query(CHECKPOINT_READ, &[&name]).await?;
         let Some(row) = rows.into_iter().next() else {
@@ -171,6 +235,7 @@ impl TableStore {
             render(&self.stream_name, position, LOCATION)?,
         );
         self.query(CHECKPOINT_WRITE, &[&name, &text]).await?;
+        self.confirmed_at = Some(std::time::Instant::now());
         Ok(())
     }
 }
@@ -200,6 +265,7 @@ mod tests {
         assert_parses("CHECKPOINT_READ", CHECKPOINT_READ);
         assert_parses("CHECKPOINT_WRITE", CHECKPOINT_WRITE);
         assert_parses("LEASE_ACQUIRE", LEASE_ACQUIRE);
+        assert_parses("LEASE_HELD", LEASE_HELD);
         assert_parses("CHECKPOINT_WRITABLE", CHECKPOINT_WRITABLE);
     }
 }

@@ -36,13 +36,102 @@ pub(super) struct Delivered {
     pub(super) messages: u64,
 }
 
+/// How often the acker confirms that this process still holds the stream's lease.
+pub(super) const LEASE_CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// How long after the lease's last confirmation the sender goes on handing
+/// messages to the sink; past it, it waits for the next confirmation. It bounds how
+/// long a process whose store session dropped (so that a standby could take over)
+/// goes on producing.
+pub(super) const LEASE_TRUSTED_FOR: Duration = Duration::from_secs(6);
+
+/// What the sender knows of the stream's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LeaseView {
+    /// It lasts as long as the process (a file lock, a memory store).
+    Lasting,
+    /// It lapses with a session: last confirmed then.
+    ConfirmedAt(Instant),
+}
+
+impl LeaseView {
+    /// For a run on `store`, confirmed now (the run took it and read the
+    /// checkpoint under it just before).
+    pub(super) fn of(store: &CheckpointStore) -> Self {
+        if store.lease_can_lapse() {
+            LeaseView::ConfirmedAt(Instant::now())
+        } else {
+            LeaseView::Lasting
+        }
+    }
+}
+
+/// The acker's side of the lease: confirms it every [`LEASE_CHECK_EVERY`] (between
+/// batches, and while a delivery is awaited) and after every checkpoint write, and
+/// tells the sender.
+pub(super) struct LeaseKeeper {
+    view: tokio::sync::watch::Sender<LeaseView>,
+    next_check: Instant,
+    /// Since when confirming has failed with faults that can pass.
+    failing_since: Option<Instant>,
+}
+
+impl LeaseKeeper {
+    pub(super) fn new(view: tokio::sync::watch::Sender<LeaseView>) -> Self {
+        LeaseKeeper {
+            view,
+            next_check: Instant::now() + LEASE_CHECK_EVERY,
+            failing_since: None,
+        }
+    }
+
+    fn due(&self) -> bool {
+        Instant::now() >= self.next_check
+    }
+
+    /// Confirms the lease; a lease another process holds fails the run, a fault
+    /// that can pass only withholds the confirmation (so the sender pauses once
+    /// the last one is [`LEASE_TRUSTED_FOR`] old).
+    async fn check(&mut self, store: &mut CheckpointStore) -> Result<(), CheckpointError> {
+        let checked = store.verify_lease().await;
+        self.next_check = Instant::now() + LEASE_CHECK_EVERY;
+        match checked {
+            Ok(()) => {
+                self.confirmed();
+                Ok(())
+            }
+            Err(e) if e.is_transient() => {
+                if self.failing_since.is_none() {
+                    tracing::warn!(error = %e, "cannot confirm this process still holds the stream's lease; sending pauses until it can");
+                    self.failing_since = Some(Instant::now());
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn confirmed(&mut self) {
+        if let Some(since) = self.failing_since.take() {
+            tracing::info!(
+                after_ms = since.elapsed().as_millis() as u64,
+                "the stream's lease is confirmed again"
+            );
+        }
+        if matches!(*self.view.borrow(), LeaseView::ConfirmedAt(_)) {
+            self.view
+                .send_replace(LeaseView::ConfirmedAt(Instant::now()));
+        }
+    }
+}
+
 pub(super) async fn acknowledge(
     mut rx: mpsc::Receiver<Pending>,
     mut store: CheckpointStore,
     interval: Duration,
     metrics: Arc<Metrics>,
-    failed: CancellationToken,
-    abandon: CancellationToken,
+    (failed, abandon): (CancellationToken, CancellationToken),
+    mut lease: LeaseKeeper,
 ) -> AckerResult {
     let mut delivered = Delivered::default();
     let checkpoint = acknowledge_into(
@@ -50,8 +139,8 @@ pub(super) async fn acknowledge(
         &mut store,
         interval,
         &metrics,
-        &failed,
-        &abandon,
+        (&failed, &abandon),
+        &mut lease,
         &mut delivered,
     )
     .await;
@@ -69,8 +158,8 @@ pub(super) async fn acknowledge_into(
     store: &mut CheckpointStore,
     interval: Duration,
     metrics: &Metrics,
-    failed: &CancellationToken,
-    abandon: &CancellationToken,
+    (failed, abandon): (&CancellationToken, &CancellationToken),
+    lease: &mut LeaseKeeper,
     tally: &mut Delivered,
 ) -> Result<Option<Position>, PipelineError> {
     let mut delivered: Option<Position> = None;
@@ -89,9 +178,14 @@ pub(super) async fn acknowledge_into(
                 () = tokio::time::sleep_until(due), if delivered != written => {
                     if let Some(position) = &delivered {
                         save(store, position, metrics, abandon).await?;
+                        lease.confirmed();
                         written = delivered.clone();
                         last_write = Instant::now();
                     }
+                    continue;
+                }
+                () = tokio::time::sleep_until(lease.next_check) => {
+                    lease.check(store).await?;
                     continue;
                 }
             };
@@ -99,16 +193,26 @@ pub(super) async fn acknowledge_into(
                 break;
             };
             for delivery in pending.deliveries {
-                tokio::select! {
-                    // A settled delivery counts, even once the drain deadline passed.
-                    biased;
-                    result = delivery.wait_until(pending.deadline) => result.inspect_err(|e| metrics.delivery_failed(e))?,
-                    () = abandon.cancelled() => {
-                        tracing::warn!(
-                            batches = 1 + rx.len(),
-                            "shutdown.drain_timeout_ms passed with deliveries outstanding; they will be re-sent on the next start"
-                        );
-                        return Ok(());
+                let wait = delivery.wait_until(pending.deadline);
+                tokio::pin!(wait);
+                loop {
+                    tokio::select! {
+                        // A settled delivery counts, even once the drain deadline passed.
+                        biased;
+                        result = &mut wait => {
+                            result.inspect_err(|e| metrics.delivery_failed(e))?;
+                            break;
+                        }
+                        () = abandon.cancelled() => {
+                            tracing::warn!(
+                                batches = 1 + rx.len(),
+                                "shutdown.drain_timeout_ms passed with deliveries outstanding; they will be re-sent on the next start"
+                            );
+                            return Ok(());
+                        }
+                        // A delivery awaited for long (brokers down) does not hold
+                        // the lease's confirmation.
+                        () = tokio::time::sleep_until(lease.next_check) => lease.check(store).await?,
                     }
                 }
             }
@@ -122,8 +226,12 @@ pub(super) async fn acknowledge_into(
                 && let Some(position) = &delivered
             {
                 save(store, position, metrics, abandon).await?;
+                lease.confirmed();
                 written = delivered.clone();
                 last_write = Instant::now();
+            } else if lease.due() {
+                // A busy acker never idles into the timer above.
+                lease.check(store).await?;
             }
         }
         Ok(())
@@ -260,13 +368,15 @@ mod tests {
     ) {
         let memory = MemoryStore::default();
         let (tx, rx) = mpsc::channel(IN_FLIGHT_BATCHES);
+        let store = CheckpointStore::Memory(memory.clone());
+        let (view, _) = tokio::sync::watch::channel(LeaseView::of(&store));
         let task = tokio::spawn(acknowledge(
             rx,
-            CheckpointStore::Memory(memory.clone()),
+            store,
             interval,
             Arc::new(Metrics::default()),
-            failed,
-            CancellationToken::new(),
+            (failed, CancellationToken::new()),
+            LeaseKeeper::new(view),
         ));
         (tx, memory, task)
     }
@@ -389,8 +499,8 @@ mod tests {
                 CheckpointStore::Memory(memory.clone()),
                 Duration::from_secs(3600),
                 Arc::new(Metrics::default()),
-                CancellationToken::new(),
-                abandon,
+                (CancellationToken::new(), abandon),
+                LeaseKeeper::new(tokio::sync::watch::channel(LeaseView::Lasting).0),
             )
             .await;
             assert_eq!(result.checkpoint.unwrap(), Some(position(2)));
@@ -424,8 +534,8 @@ mod tests {
             CheckpointStore::Memory(MemoryStore::default()),
             Duration::from_secs(3600),
             Arc::new(Metrics::default()),
-            CancellationToken::new(),
-            abandon,
+            (CancellationToken::new(), abandon),
+            LeaseKeeper::new(tokio::sync::watch::channel(LeaseView::Lasting).0),
         )
         .await;
         assert_eq!(

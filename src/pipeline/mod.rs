@@ -50,7 +50,7 @@ mod encode;
 mod send;
 mod source;
 
-use acker::{AckerResult, Pending, acknowledge};
+use acker::{AckerResult, LeaseKeeper, LeaseView, Pending, acknowledge};
 use encode::{Chunk, ENCODED_CHUNKS_AHEAD, Encoded, encode_batches};
 use send::Sender;
 use source::poll_source;
@@ -180,13 +180,14 @@ pub async fn run<B: BatchSource>(
     let failed = CancellationToken::new();
     let abandon = CancellationToken::new();
     let metrics = Arc::clone(&settings.metrics);
+    let (lease_view, lease) = tokio::sync::watch::channel(LeaseView::of(&store));
     let acker = tokio::spawn(acknowledge(
         rx,
         store,
         settings.checkpoint_interval,
         Arc::clone(&metrics),
-        failed.clone(),
-        abandon.clone(),
+        (failed.clone(), abandon.clone()),
+        LeaseKeeper::new(lease_view),
     ));
 
     let mut upstream = spawn_source_and_encoder(
@@ -197,7 +198,7 @@ pub async fn run<B: BatchSource>(
         Arc::clone(&metrics),
     );
     let signalled = shutdown.clone();
-    let mut sender = Sender::new(sink, tx, metrics, shutdown, failed);
+    let mut sender = Sender::new(sink, tx, metrics, (shutdown, failed), lease);
     let outcome = sender.run(&mut upstream.encoded).await;
     let Sender {
         sink,

@@ -3,6 +3,7 @@
 //! acker; logs progress.
 
 use super::*;
+use acker::LEASE_TRUSTED_FOR;
 
 /// The send loop: hands each chunk's messages to the sink, and each finished batch,
 /// with its deliveries, to the acker.
@@ -23,6 +24,8 @@ pub(super) struct Sender {
     /// When the batch being sent sent its first message.
     pub(super) batch_started: Option<tokio::time::Instant>,
     pub(super) progress: Progress,
+    /// What the acker last confirmed of the stream's lease.
+    pub(super) lease: tokio::sync::watch::Receiver<LeaseView>,
 }
 
 impl Sender {
@@ -30,8 +33,8 @@ impl Sender {
         sink: Sink,
         tx: mpsc::Sender<Pending>,
         metrics: Arc<Metrics>,
-        shutdown: CancellationToken,
-        failed: CancellationToken,
+        (shutdown, failed): (CancellationToken, CancellationToken),
+        lease: tokio::sync::watch::Receiver<LeaseView>,
     ) -> Self {
         Sender {
             sink,
@@ -45,6 +48,45 @@ impl Sender {
             idle: false,
             batch_started: None,
             progress: Progress::new(),
+            lease,
+        }
+    }
+
+    /// Waits, when the lease lapses with a session, until its last confirmation is
+    /// recent: a process that may have lost its stream to a standby hands nothing
+    /// more to the sink. `false` when the run is to stop.
+    async fn lease_confirmed(&mut self) -> bool {
+        let mut waited: Option<tokio::time::Instant> = None;
+        loop {
+            let view = *self.lease.borrow_and_update();
+            let LeaseView::ConfirmedAt(at) = view else {
+                return true;
+            };
+            if at.elapsed() <= LEASE_TRUSTED_FOR {
+                if let Some(since) = waited {
+                    tracing::info!(
+                        paused_ms = since.elapsed().as_millis() as u64,
+                        "the stream's lease is confirmed: sending again"
+                    );
+                }
+                return true;
+            }
+            if waited.is_none() {
+                tracing::warn!(
+                    last_confirmed_ms_ago = at.elapsed().as_millis() as u64,
+                    "sending paused: the checkpoint store has not confirmed that this process still holds the stream's lease"
+                );
+                waited = Some(tokio::time::Instant::now());
+            }
+            tokio::select! {
+                changed = self.lease.changed() => {
+                    if changed.is_err() {
+                        return false; // the acker is gone: its error ends the run
+                    }
+                }
+                () = self.shutdown.cancelled() => return false,
+                () = self.failed.cancelled() => return false,
+            }
         }
     }
 
@@ -81,6 +123,9 @@ impl Sender {
     /// Sends a chunk's messages and, after its batch's last, hands the batch to the
     /// acker. `false` when the run is to stop.
     async fn send_chunk(&mut self, chunk: Chunk) -> Result<bool, PipelineError> {
+        if !self.lease_confirmed().await {
+            return Ok(false);
+        }
         let metrics = Arc::clone(&self.metrics);
         let counted = |e: SinkError| {
             metrics.delivery_failed(&e);
@@ -117,6 +162,7 @@ impl Sender {
         self.progress.last_commit = end.last_commit.or(self.progress.last_commit);
         let mut position = end.position;
         position.sink_length = self.sink.durable_length();
+        position.sink_file = self.sink.durable_file();
         self.progress.last_sent = position.last_event.or(self.progress.last_sent);
         // The delivery timeout counts from the batch's first send.
         let deadline = self

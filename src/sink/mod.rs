@@ -579,6 +579,14 @@ impl Sink {
         }
     }
 
+    /// Which file [`Sink::durable_length`] is of; `None` for the rest.
+    pub fn durable_file(&self) -> Option<Box<crate::position::SinkFile>> {
+        match self {
+            Sink::Stream(s) => s.durable_file().map(Box::new),
+            Sink::Kafka(_) | Sink::EventHubsAmqp(_) => None,
+        }
+    }
+
     /// Closes the connection to the destination (after [`flush`](Self::flush)).
     pub async fn close(self) -> Result<(), SinkError> {
         match self {

@@ -21,6 +21,7 @@ use base64::Engine as _;
 
 use super::{Delivery, OutgoingMessage, SinkError};
 use crate::event::Encoding;
+use crate::position::SinkFile;
 
 /// `[sink]` with `kind = "stdout"`: no settings of its own.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
@@ -41,12 +42,16 @@ enum Output {
 }
 
 /// What the checkpoint says about the output file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resume {
     /// No checkpoint: the file must be empty or absent.
     Fresh,
-    /// The file's length at the checkpoint.
+    /// The file's length at the checkpoint (written before checkpoints named the
+    /// file).
     At(u64),
+    /// The file's length at the checkpoint and which file it was: `sink.path` must
+    /// hold the recorded last event at that length before anything is cut.
+    Checked { length: u64, file: SinkFile },
     /// A checkpoint that does not record the file's length (written by another sink
     /// or an older version): append, with a warning.
     Unknown,
@@ -55,8 +60,20 @@ pub enum Resume {
 /// What a start does with an output file of `found` bytes: the length it keeps (cutting
 /// what was written after the checkpoint), or why it refuses the file. `check` asks
 /// the same before a run.
-pub fn kept_length(path: &std::path::Path, found: u64, resume: Resume) -> Result<u64, SinkError> {
-    match resume {
+pub fn kept_length(path: &std::path::Path, found: u64, resume: &Resume) -> Result<u64, SinkError> {
+    match *resume {
+        Resume::Checked { length, ref file } => {
+            if length > found && file.path != absolute(path) {
+                return Err(SinkError::Definite(format!(
+                    "sink.path {} holds {found} bytes, fewer than the {length} the checkpoint says were written to {}: point sink.path at that file, or move the checkpoint away to start over",
+                    path.display(),
+                    file.path
+                )));
+            }
+            kept_length(path, found, &Resume::At(length))?;
+            verify_file(path, length, file)?;
+            Ok(length)
+        }
         Resume::At(length) if length <= found => Ok(length),
         Resume::At(length) => Err(SinkError::Definite(format!(
             "sink.path {} holds {found} bytes, fewer than the {length} the checkpoint says were written: it was truncated or replaced; move the checkpoint away to start over",
@@ -73,13 +90,98 @@ pub fn kept_length(path: &std::path::Path, found: u64, resume: Resume) -> Result
 
 impl Resume {
     /// What a checkpoint says of the output file: with none (`None`), the file must
-    /// be fresh; else the length it recorded, or unknown where it recorded none.
-    pub fn from_checkpoint(sink_length: Option<Option<u64>>) -> Self {
-        match sink_length {
-            None => Resume::Fresh,
-            Some(length) => length.map_or(Resume::Unknown, Resume::At),
+    /// be fresh; else the length it recorded (and which file, where it says), or
+    /// unknown where it recorded none.
+    pub fn from_checkpoint(position: Option<&crate::position::Position>) -> Self {
+        let Some(position) = position else {
+            return Resume::Fresh;
+        };
+        match (position.sink_length, &position.sink_file) {
+            (Some(length), Some(file)) => Resume::Checked {
+                length,
+                file: (**file).clone(),
+            },
+            (Some(length), None) => Resume::At(length),
+            (None, _) => Resume::Unknown,
         }
     }
+
+    /// The last event id the checkpoint records of the file.
+    fn last_id(&self) -> Option<uuid::Uuid> {
+        match self {
+            Resume::Checked { file, .. } => file.last_id,
+            _ => None,
+        }
+    }
+}
+
+/// `path` made absolute (as the checkpoint records it); as given when that fails.
+fn absolute(path: &std::path::Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_owned())
+        .display()
+        .to_string()
+}
+
+/// How far back from the checkpoint's length a start reads for the line that ends
+/// there; a longer line is checked on its last part (an event's id is near its
+/// start in JSON, so such a file fails the check rather than passing it wrongly).
+const LAST_LINE_LIMIT: u64 = 64 << 20;
+
+/// Whether `path` is the file the checkpoint was written for: the line ending at
+/// `length` holds the recorded last event's id (in the JSON, or in the Avro line's
+/// base64-decoded bytes). Checked before anything is cut: a checkpoint of another
+/// file (another stream's, another database's, a `sink.path` pointed elsewhere)
+/// must not truncate a file that is not ours.
+pub fn verify_file(path: &std::path::Path, length: u64, file: &SinkFile) -> Result<(), SinkError> {
+    let Some(id) = file.last_id else {
+        return Ok(());
+    };
+    let io = |e: std::io::Error| SinkError::Io {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    let line = last_line(path, length).map_err(io)?.unwrap_or_default();
+    let id_text = id.hyphenated().to_string();
+    let holds = |bytes: &[u8]| {
+        bytes
+            .windows(id_text.len())
+            .any(|w| w == id_text.as_bytes())
+    };
+    let decoded = base64::engine::general_purpose::STANDARD.decode(&line);
+    if holds(&line) || decoded.is_ok_and(|d| holds(&d)) {
+        let here = absolute(path);
+        if here != file.path {
+            tracing::info!(path = %here, recorded = %file.path, "sink.path is the file the checkpoint was written for, under another path");
+        }
+        return Ok(());
+    }
+    Err(SinkError::Definite(format!(
+        "sink.path {} is not the file the checkpoint was written for ({}): its line ending at byte {length} does not hold event {id}, the last the checkpoint covers; point sink.path at that file, or move the checkpoint away to start over",
+        path.display(),
+        file.path
+    )))
+}
+
+/// The line of `path` that ends (with its newline) at `length`, without the
+/// newline; `None` when the byte before `length` is no newline (no checkpoint of
+/// ours ends there).
+fn last_line(path: &std::path::Path, length: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let mut file = File::open(path)?;
+    let start = length.saturating_sub(LAST_LINE_LIMIT);
+    file.seek(SeekFrom::Start(start))?;
+    let mut tail = Vec::new();
+    file.take(length - start).read_to_end(&mut tail)?;
+    if tail.last() != Some(&b'\n') || tail.len() as u64 != length - start {
+        return Ok(None);
+    }
+    tail.pop();
+    let begin = tail
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |at| at + 1);
+    Ok(Some(tail.split_off(begin)))
 }
 
 pub struct StreamSink {
@@ -92,6 +194,11 @@ pub struct StreamSink {
     /// A stream that lands in a regular file (`> out.jsonl`): fsynced at each batch
     /// end too, so what a checkpoint covers is on disk.
     stream_in_file: bool,
+    /// A regular output file's absolute path, as the checkpoint records it.
+    absolute: Option<String>,
+    /// The id of the last event written, and of the last one fsynced.
+    last_id: Option<uuid::Uuid>,
+    durable_last_id: Option<uuid::Uuid>,
 }
 
 /// Standard output as the system names it elsewhere: what a process sees of its
@@ -166,6 +273,9 @@ impl StreamSink {
             length: None,
             durable: None,
             stream_in_file: is_regular(alias),
+            absolute: None,
+            last_id: None,
+            durable_last_id: None,
         }
     }
 
@@ -190,6 +300,9 @@ impl StreamSink {
                 length: None,
                 durable: None,
                 stream_in_file,
+                absolute: None,
+                last_id: None,
+                durable_last_id: None,
             });
         }
         let existed = path.exists();
@@ -225,7 +338,7 @@ impl StreamSink {
         }
         let length = if metadata.is_file() {
             let found = metadata.len();
-            let keep = kept_length(&path, found, resume)?;
+            let keep = kept_length(&path, found, &resume)?;
             if resume == Resume::Unknown {
                 tracing::warn!(path = %path.display(), "the checkpoint does not record this file's length: appending, and a crash before this run's first checkpoint may repeat events");
             }
@@ -238,18 +351,33 @@ impl StreamSink {
         } else {
             None
         };
+        let last_id = resume.last_id();
         Ok(StreamSink {
+            absolute: length.map(|_| absolute(&path)),
             output: Output::File(BufWriter::new(file), path),
             encoding,
             length,
             durable: length,
             stream_in_file: false,
+            last_id,
+            durable_last_id: last_id,
         })
     }
 
     /// The file's length at the last fsync; `None` for stdout and other streams.
     pub fn durable_length(&self) -> Option<u64> {
         self.durable
+    }
+
+    /// Which file [`StreamSink::durable_length`] is of, as the checkpoint records
+    /// it; `None` for stdout and other streams.
+    pub fn durable_file(&self) -> Option<SinkFile> {
+        self.durable
+            .and(self.absolute.as_ref())
+            .map(|path| SinkFile {
+                path: path.clone(),
+                last_id: self.durable_last_id,
+            })
     }
 
     fn io(&self, e: std::io::Error) -> SinkError {
@@ -280,6 +408,7 @@ impl StreamSink {
         result.map_err(|e| self.io(e))?;
         if let Some(length) = &mut self.length {
             *length += line.len() as u64 + 1;
+            self.last_id = message.message_id;
         }
         Ok(Delivery::Settled(Ok(())))
     }
@@ -306,6 +435,7 @@ impl StreamSink {
                 .map_err(|e| self.io(e))?;
         }
         self.durable = self.length;
+        self.durable_last_id = self.last_id;
         Ok(())
     }
 }
@@ -424,6 +554,119 @@ mod tests {
         assert!(err.to_string().contains("fewer than"), "{err}");
         let sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Unknown).unwrap();
         assert_eq!(sink.durable_length(), Some(4));
+        std::fs::remove_file(path).ok();
+    }
+
+    fn event(id: uuid::Uuid, text: &str) -> OutgoingMessage {
+        OutgoingMessage {
+            payload: format!("{{\"id\":\"{id}\",\"data\":\"{text}\"}}").into_bytes(),
+            message_id: Some(id),
+            ..message("")
+        }
+    }
+
+    /// The checkpoint names the file and its last event; a start checks both
+    /// before it cuts anything, and accepts the same file under another path.
+    #[tokio::test]
+    async fn the_checkpoint_names_the_file_and_a_start_checks_it_before_cutting() {
+        let path = temp();
+        let mut sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh).unwrap();
+        assert_eq!(
+            sink.durable_file(),
+            Some(SinkFile {
+                path: absolute(&path),
+                last_id: None
+            }),
+            "an empty file has no last event"
+        );
+        let (first, second) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        sink.send(event(first, "a")).unwrap();
+        sink.send(event(second, "b")).unwrap();
+        sink.sync().await.unwrap();
+        let length = sink.durable_length().unwrap();
+        let file = sink.durable_file().unwrap();
+        assert_eq!(file.last_id, Some(second));
+        assert_eq!(file.path, absolute(&path));
+        // Sent after the checkpoint, not yet synced: not what the checkpoint names.
+        sink.send(event(uuid::Uuid::new_v4(), "c")).unwrap();
+        assert_eq!(sink.durable_file().unwrap().last_id, Some(second));
+        sink.sync().await.unwrap();
+        drop(sink);
+        let resume = Resume::Checked {
+            length,
+            file: file.clone(),
+        };
+
+        // Another file, long enough, is refused untouched.
+        let other = temp();
+        let foreign = "x".repeat(length as usize * 2) + "\n";
+        std::fs::write(&other, &foreign).unwrap();
+        let err = StreamSink::file(other.clone(), Encoding::Json, resume.clone())
+            .err()
+            .expect("not the checkpoint's file");
+        let text = err.to_string();
+        assert!(
+            text.contains("not the file the checkpoint was written for")
+                && text.contains(&file.path)
+                && text.contains(&second.to_string()),
+            "{text}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&other).unwrap(),
+            foreign,
+            "untouched"
+        );
+        // One too short names the file the checkpoint was written for.
+        std::fs::write(&other, "short\n").unwrap();
+        let err = StreamSink::file(other.clone(), Encoding::Json, resume.clone())
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains(&file.path), "{err}");
+
+        // A copy of the file under another path (a shared mount seen elsewhere) is
+        // the same file.
+        std::fs::copy(&path, &other).unwrap();
+        let copy = StreamSink::file(other.clone(), Encoding::Json, resume.clone()).unwrap();
+        assert_eq!(copy.durable_length(), Some(length));
+        assert_eq!(copy.durable_file().unwrap().last_id, Some(second));
+        drop(copy);
+
+        // The file itself: cut back to the checkpoint.
+        let sink = StreamSink::file(path.clone(), Encoding::Json, resume).unwrap();
+        assert_eq!(sink.durable_length(), Some(length));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), length);
+        std::fs::remove_file(path).ok();
+        std::fs::remove_file(other).ok();
+    }
+
+    /// Avro lines are base64: the id is looked for in the decoded bytes.
+    #[tokio::test]
+    async fn an_avro_files_last_event_is_found_in_its_decoded_line() {
+        let path = temp();
+        let mut sink = StreamSink::file(path.clone(), Encoding::Avro, Resume::Fresh).unwrap();
+        let id = uuid::Uuid::new_v4();
+        sink.send(event(id, "binary")).unwrap();
+        sink.sync().await.unwrap();
+        let resume = Resume::Checked {
+            length: sink.durable_length().unwrap(),
+            file: sink.durable_file().unwrap(),
+        };
+        drop(sink);
+        assert!(
+            !std::fs::read_to_string(&path)
+                .unwrap()
+                .contains(&id.to_string())
+        );
+        StreamSink::file(path.clone(), Encoding::Avro, resume.clone()).expect("the same file");
+        let Resume::Checked { length, mut file } = resume else {
+            unreachable!()
+        };
+        file.last_id = Some(uuid::Uuid::new_v4());
+        assert!(verify_file(&path, length, &file).is_err());
+        // A length that does not end a line is no checkpoint of ours.
+        file.last_id = Some(id);
+        assert!(verify_file(&path, length - 1, &file).is_err());
+        assert!(verify_file(&path, length, &file).is_ok());
         std::fs::remove_file(path).ok();
     }
 

@@ -21,4 +21,5 @@ mod kafka_sasl;
 mod pipeline_faults;
 mod readback;
 mod segmentation;
+mod table_lease;
 mod tds_standin;

@@ -575,6 +575,48 @@ interval_ms = 30
         "file sink: {} lines, {torn_before_restart} kills left a torn line that the next start cut off",
         text.lines().count()
     );
+
+    // The checkpoint names the file and its last event.
+    let checkpoint: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cp.json")).expect("checkpoint"))
+            .expect("json");
+    let position = &checkpoint["position"];
+    assert_eq!(position["sink_length"], text.len() as u64);
+    let last_line = text.lines().last().expect("lines");
+    let last = decode_json_message(last_line.as_bytes()).expect("last line");
+    assert_eq!(position["sink_file"]["last_id"], last.id.as_str());
+    assert_eq!(
+        position["sink_file"]["path"],
+        std::path::absolute(&out).unwrap().display().to_string()
+    );
+
+    // The same checkpoint with sink.path at another file: refused before anything
+    // in that file is cut.
+    let other = dir.join("someone-elses.jsonl");
+    let foreign = "{\"theirs\":1}\n".repeat(text.len() / 10);
+    std::fs::write(&other, &foreign).expect("foreign file");
+    let mut moved = spawn(
+        &config_path,
+        &dir,
+        &[
+            "--until-idle",
+            "--set",
+            &format!("sink.path={}", other.display()),
+        ],
+        26,
+    );
+    let status = wait(&mut moved, Duration::from_secs(60));
+    assert_eq!(status.code(), Some(1), "refused: {status}");
+    assert_eq!(
+        std::fs::read_to_string(&other).unwrap(),
+        foreign,
+        "untouched"
+    );
+    let log = std::fs::read_to_string(dir.join("run-26.log")).unwrap_or_default();
+    assert!(
+        log.contains("not the file the checkpoint was written for"),
+        "{log}"
+    );
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -3,7 +3,8 @@
 //!
 //! - [`tds`]: a TDS-speaking stand-in on loopback that follows [MS-TDS] far enough
 //!   for the driver the daemon uses — a test double, not SQL Server — and
-//!   [`tds_cdc`], which answers the daemon's own queries from the CDC simulator;
+//!   [`tds_cdc`], which answers the daemon's own queries from the CDC simulator,
+//!   and [`tds_checkpoint`], a model of the table checkpoint store and its leases;
 //! - [`amqp_peer`]: a local AMQP 1.0 peer standing in for Event Hubs, and
 //!   [`event_hubs`], which drives the sink against it;
 //! - [`kafka`]: consuming what `MockCluster` holds;
@@ -18,6 +19,7 @@ pub mod kafka;
 pub mod kafka_sasl;
 pub mod tds;
 pub mod tds_cdc;
+pub mod tds_checkpoint;
 
 use std::sync::Arc;
 

@@ -194,6 +194,53 @@ pub struct Request {
     pub params: Vec<Param>,
     /// The connection runs over TLS (what `CONNECTIONPROPERTY('encrypt_option')` says).
     pub encrypted: bool,
+    /// The connection's session (`@@SPID`): numbered from 1 in the order of logins.
+    pub session: u64,
+    /// The sessions whose connections are open now: what a handler that models
+    /// session-owned state (application locks) needs to release it with the session.
+    pub sessions: Sessions,
+}
+
+/// The stand-in's sessions that are live (logged in, connection open). A session
+/// ends when its connection closes, either side, as SQL Server ends it.
+#[derive(Debug, Clone, Default)]
+pub struct Sessions {
+    state: Arc<std::sync::Mutex<(u64, std::collections::BTreeSet<u64>)>>,
+}
+
+impl Sessions {
+    fn begin(&self) -> SessionGuard {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.0 += 1;
+        let id = state.0;
+        state.1.insert(id);
+        SessionGuard {
+            id,
+            sessions: self.clone(),
+        }
+    }
+
+    pub fn is_live(&self, session: u64) -> bool {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.1.contains(&session)
+    }
+}
+
+/// Ends its session when the connection's task ends.
+struct SessionGuard {
+    id: u64,
+    sessions: Sessions,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        let mut state = self
+            .sessions
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        state.1.remove(&self.id);
+    }
 }
 
 pub type Handler = Arc<dyn Fn(&Request) -> Reply + Send + Sync>;
@@ -259,13 +306,15 @@ impl StandIn {
         let listener = TcpListener::bind(address).await?;
         let address = listener.local_addr()?;
         let credentials = Arc::new((user.to_owned(), password.to_owned()));
+        let sessions = Sessions::default();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let handler = Arc::clone(&handler);
                 let credentials = Arc::clone(&credentials);
                 let tls = tls.clone();
+                let sessions = sessions.clone();
                 tokio::spawn(async move {
-                    let _ = serve(stream, &credentials, handler, tls).await;
+                    let _ = serve(stream, &credentials, handler, tls, sessions).await;
                 });
             }
         });
@@ -893,6 +942,8 @@ fn parse_rpc(payload: &[u8]) -> Option<Request> {
         sql,
         params: values.collect(),
         encrypted: false,
+        session: 0,
+        sessions: Sessions::default(),
     })
 }
 
@@ -901,6 +952,7 @@ async fn serve(
     credentials: &(String, String),
     handler: Handler,
     tls: Option<Arc<rustls::ServerConfig>>,
+    sessions: Sessions,
 ) -> std::io::Result<()> {
     tcp.set_nodelay(true)?;
     let mut stream = Channel {
@@ -946,6 +998,7 @@ async fn serve(
         }
         None => return Ok(()),
     }
+    let session = sessions.begin();
     loop {
         let (kind, payload) = read_message(&mut stream).await?;
         let encrypted = stream.tls.is_some();
@@ -955,10 +1008,14 @@ async fn serve(
                 sql: from_utf16(skip_all_headers(&payload)),
                 params: Vec::new(),
                 encrypted,
+                session: session.id,
+                sessions: sessions.clone(),
             },
             packet::RPC => match parse_rpc(&payload) {
                 Some(mut request) => {
                     request.encrypted = encrypted;
+                    request.session = session.id;
+                    request.sessions = sessions.clone();
                     request
                 }
                 None => {

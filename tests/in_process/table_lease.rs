@@ -1,0 +1,263 @@
+//! The table checkpoint store's lease through the real driver, against the
+//! stand-in's model of `dbo.mssql_ces_checkpoint` and session-owned application
+//! locks (`support::tds_checkpoint`): a process whose session the server ended
+//! stops producing within a bound, and stops for good once another process holds
+//! the stream; one whose own old session lingers waits and goes on.
+
+use std::time::{Duration, Instant};
+
+use mssql_ces::checkpoint::table::TableStore;
+use mssql_ces::checkpoint::{CheckpointError, CheckpointStore};
+use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::pipeline::{self, PipelineError, PipelineSettings};
+use mssql_ces::position::Position;
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
+use mssql_ces::sink::stream::{Resume, StreamSink};
+use mssql_ces::sink::{Router, Sink};
+use mssql_ces::source::poller::{Poller, PollerConfig};
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::tds::StandIn;
+use crate::support::tds_checkpoint::CheckpointTable;
+
+const USER: &str = "ces";
+const PASSWORD: &str = "Lease-Test-1";
+/// The lock resource of stream `orders` (the name lower-cased).
+const RESOURCE: &str = "mssql-ces:orders";
+
+async fn standin() -> (StandIn, CheckpointTable) {
+    let table = CheckpointTable::default();
+    let standin = StandIn::start(USER, PASSWORD, table.handler())
+        .await
+        .expect("stand-in");
+    (standin, table)
+}
+
+fn store(standin: &StandIn, stream: &str) -> TableStore {
+    TableStore::new(
+        SqlServerConfig {
+            connection_string: ConnectionString::new(standin.connection_string(USER, PASSWORD)),
+            trust_server_certificate: true,
+            encrypt: false,
+            connect_timeout: Duration::from_secs(5),
+            query_timeout: Duration::from_secs(5),
+        },
+        stream,
+    )
+}
+
+async fn leased(store: TableStore) -> CheckpointStore {
+    let mut store = CheckpointStore::Table(Box::new(store));
+    let never = CancellationToken::new();
+    assert_eq!(store.acquire_lease(&never).await, Ok(true));
+    store
+}
+
+#[tokio::test]
+async fn a_killed_session_loses_the_stream_to_the_standby_and_its_writes_stop() {
+    let (standin, table) = standin().await;
+    let mut active = leased(store(&standin, "Orders")).await;
+    active
+        .save(&Position::default())
+        .await
+        .expect("first write");
+    let active_session = table.holder(RESOURCE).expect("held");
+
+    // The server ends the active's session (a dropped connection it noticed): the
+    // standby, on its own session, takes the stream.
+    assert_eq!(table.kill_holder(RESOURCE), Some(active_session));
+    let mut standby = leased(store(&standin, "orders")).await;
+    let standby_session = table.holder(RESOURCE).expect("taken over");
+    assert_ne!(standby_session, active_session);
+
+    // The active's check fails: first on its dead connection (a fault that can
+    // pass), then on a new one, where the lease is another's. Within the grace for
+    // its own old session, that too is a fault that can pass...
+    let first = active.verify_lease().await.unwrap_err();
+    assert!(first.is_transient(), "{first}");
+    let second = active.verify_lease().await.unwrap_err();
+    assert!(second.is_transient(), "{second}");
+    assert!(
+        second.to_string().contains("standby that took over"),
+        "{second}"
+    );
+    // ... and a write is refused the same way: nothing written by the active since.
+    assert!(active.save(&Position::default()).await.is_err());
+    assert!(
+        table
+            .writes()
+            .iter()
+            .skip(1)
+            .all(|(session, _)| *session != active_session),
+        "{:?}",
+        table.writes()
+    );
+    standby
+        .save(&Position::default())
+        .await
+        .expect("the standby writes");
+
+    // Past the grace, the lease is lost: the run stops.
+    let mut late = CheckpointStore::Table(Box::new(
+        store(&standin, "orders").with_own_session_grace(Duration::ZERO),
+    ));
+    let err = late.verify_lease().await.unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::LeaseLost { .. }),
+        "a store that never held the lease cannot take it: {err}"
+    );
+}
+
+#[tokio::test]
+async fn a_lost_lease_past_the_grace_is_lost_for_good() {
+    let (standin, table) = standin().await;
+    let mut active = leased(store(&standin, "orders").with_own_session_grace(Duration::ZERO)).await;
+    table.kill_holder(RESOURCE).expect("held");
+    let _standby = leased(store(&standin, "orders")).await;
+    // The dead connection, then the fence on a new one.
+    let _ = active.verify_lease().await;
+    let err = active.verify_lease().await.unwrap_err();
+    assert!(matches!(err, CheckpointError::LeaseLost { .. }), "{err}");
+    assert!(err.to_string().contains("another process took"), "{err}");
+}
+
+#[tokio::test]
+async fn the_own_previous_session_lingering_is_waited_out() {
+    let (standin, table) = standin().await;
+    let mut active = leased(store(&standin, "orders")).await;
+    let old = table.drop_holder_lingering(RESOURCE).expect("held");
+    // The connection is gone; the server still holds the old session's lock.
+    let _ = active.verify_lease().await;
+    let err = active.verify_lease().await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert_eq!(table.holder(RESOURCE), Some(old));
+    // Once the server ends it, the new session takes the lease again.
+    table.release_lingering();
+    active.verify_lease().await.expect("taken again");
+    assert_ne!(table.holder(RESOURCE), Some(old));
+    active
+        .save(&Position::default())
+        .await
+        .expect("writes again");
+}
+
+#[tokio::test]
+async fn the_checkpoint_is_read_only_under_the_lease() {
+    let (standin, table) = standin().await;
+    let mut first = leased(store(&standin, "orders")).await;
+    first.save(&Position::default()).await.expect("write");
+    let session = table.holder(RESOURCE).expect("held");
+    table.kill_holder(RESOURCE);
+    let _standby = leased(store(&standin, "orders")).await;
+    // The dead connection fails the read; the next read's connection cannot take
+    // the lease, so it does not read.
+    assert!(first.load().await.is_err());
+    assert!(first.load().await.is_err());
+    let reads_without_lease = table
+        .requests()
+        .iter()
+        .filter(|(s, sql)| *s != session && sql.starts_with("SELECT position"))
+        .filter(|(s, _)| Some(*s) != table.holder(RESOURCE))
+        .count();
+    assert_eq!(reads_without_lease, 0, "{:?}", table.requests());
+}
+
+fn synthetic() -> SyntheticConfig {
+    SyntheticConfig {
+        seed: 5,
+        transactions: Some(1_000_000),
+        rate_per_second: Some(200.0),
+        large_value_every: 0,
+        existing_rows: 0,
+        oversized_value_every: 0,
+    }
+}
+
+/// The lines in the output file.
+fn lines(path: &std::path::Path) -> usize {
+    std::fs::read(path).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count())
+}
+
+/// A run whose store session the server ended while a standby took the stream:
+/// it hands nothing more to the sink once its last lease confirmation is 6 s old,
+/// and (past the grace) fails naming the lost lease.
+#[tokio::test]
+async fn a_run_whose_session_was_ended_stops_producing_within_the_bound() {
+    let (standin, table) = standin().await;
+    let store =
+        leased(store(&standin, "orders").with_own_session_grace(Duration::from_secs(9))).await;
+    let path = std::env::temp_dir().join(format!("mssql-ces-lease-run-{}", uuid::Uuid::new_v4()));
+    let sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh).expect("file sink");
+    let settings = PipelineSettings {
+        poll_interval: Duration::from_millis(10),
+        // No checkpoint write in the test: the lease checks alone must pause it.
+        checkpoint_interval: Duration::from_secs(600),
+        drain_timeout: Duration::from_secs(2),
+        idle_drain_timeout: Duration::from_secs(2),
+        until_idle: false,
+        metrics: Default::default(),
+    };
+    let run = tokio::spawn(pipeline::run(
+        Poller::new(
+            SyntheticSource::new(synthetic()),
+            PollerConfig::default(),
+            None,
+        ),
+        Box::new(|guid| EncoderOptions {
+            stream_guid: guid,
+            encoding: Encoding::Json,
+            final_event: FinalEventMode::LastInTransaction,
+            max_message_size: MessageSizeLimit::default(),
+        }),
+        Router::new(
+            "ces",
+            PartitionKeyScheme::Table,
+            None,
+            CloudEventsMode::Structured,
+            Encoding::Json,
+            "default",
+        ),
+        Sink::Stream(sink),
+        store,
+        settings,
+        CancellationToken::new(),
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(lines(&path) > 0, "producing");
+    let killed = Instant::now();
+    table.kill_holder(RESOURCE).expect("held");
+    let _standby = leased(store_for_standby(&standin)).await;
+
+    // Within 6 s of the last confirmation (at most 2 s before the kill) plus a
+    // batch in flight, nothing more reaches the file.
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    let paused_at = lines(&path);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        lines(&path),
+        paused_at,
+        "nothing sent while the lease is unconfirmed"
+    );
+    assert!(!run.is_finished(), "within the grace it waits");
+
+    let result = tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("ends after the grace")
+        .expect("no panic");
+    match result {
+        Err(PipelineError::Checkpoint(CheckpointError::LeaseLost { .. })) => {}
+        other => panic!("expected the lost lease, got {other:?}"),
+    }
+    assert!(
+        killed.elapsed() >= Duration::from_secs(9),
+        "not before the grace"
+    );
+    assert_eq!(lines(&path), paused_at);
+    std::fs::remove_file(path).ok();
+}
+
+fn store_for_standby(standin: &StandIn) -> TableStore {
+    store(standin, "orders")
+}

@@ -179,9 +179,24 @@ pub mod fixed {
 /// the offset in force at each commit time is computed.
 /// Columns, by name: the [`fixed`] ones, then each emitted column under its own name.
 ///
-/// The redundant `__$start_lsn >= @P3` lets SQL Server seek on the change table's
-/// clustered index (`__$start_lsn`, `__$seqval`, `__$operation`) instead of scanning
-/// every row before the keyset: the OR of the keyset alone is not sargable.
+/// **The seek.** "Rows after the keyset" is one OR of four conjunctions; written as
+/// one OR, only `__$start_lsn >= @P3` can be a seek predicate on the change table's
+/// clustered index (`__$start_lsn`, `__$command_id`, `__$seqval`, `__$operation`):
+/// a column after the first is seekable only under an equality on the ones before
+/// it (Craig Freedman, "Seek Predicates"). Every row of one transaction shares its
+/// `__$start_lsn`, so page k of a big transaction would read again the k pages
+/// before it — quadratic in the transaction's size. Here each conjunction is a
+/// branch of its own (`UNION ALL`), whose equalities and one range are all seek
+/// predicates, each with its own `TOP` and order; the union is ordered and cut
+/// outside. A page costs at most four short seeks and the rows it returns.
+///
+/// **`NOLOCK`.** Microsoft's own generated change functions read the change table
+/// and `cdc.lsn_time_mapping` `WITH (NOLOCK)`. Every row at or below `@P2`
+/// (`max_lsn`) is committed and written once by the capture job, so a dirty read
+/// cannot see an uncommitted or half-written row there; the one concurrent writer
+/// that matters is the cleanup job's delete, which the poller's per-page low-end
+/// check (`sys.fn_cdc_get_min_lsn`) already catches. Shared locks would only make
+/// polls and the cleanup's escalated deletes block each other.
 pub fn read_changes(instance: &CaptureInstance, server_zone: bool) -> String {
     let offset = if server_zone {
         "DATEPART(TZOFFSET, ltm.tran_end_time AT TIME ZONE @P7)"
@@ -199,17 +214,35 @@ ct.__$update_mask, ltm.tran_begin_lsn AS [{}], ltm.tran_end_time AS [{}], {offse
         select.push_str(", ");
         select.push_str(&column_expression(e.name(), e.sql_type));
     }
+    let table = change_table(&instance.name);
+    // After the keyset, in the index's order: the same operation's later rows are
+    // none (the key is unique), so the branches are a later operation of the same
+    // row, a later seqval of the same command, a later command of the same
+    // transaction, a later transaction up to `@P2`.
+    let branches = [
+        "ct.__$start_lsn = @P3 AND ct.__$command_id = @P4 AND ct.__$seqval = @P5 \
+AND ct.__$operation > @P6",
+        "ct.__$start_lsn = @P3 AND ct.__$command_id = @P4 AND ct.__$seqval > @P5",
+        "ct.__$start_lsn = @P3 AND ct.__$command_id > @P4",
+        "ct.__$start_lsn > @P3 AND ct.__$start_lsn <= @P2",
+    ];
+    let order = "ct.__$start_lsn, ct.__$command_id, ct.__$seqval, ct.__$operation";
+    let union: Vec<String> = branches
+        .iter()
+        .enumerate()
+        .map(|(i, filter)| {
+            format!(
+                "SELECT b{i}.* FROM (SELECT TOP (@P1) {select} \
+FROM {table} AS ct WITH (NOLOCK) \
+LEFT JOIN cdc.lsn_time_mapping AS ltm WITH (NOLOCK) ON ltm.start_lsn = ct.__$start_lsn \
+WHERE {filter} ORDER BY {order}) AS b{i}"
+            )
+        })
+        .collect();
     format!(
-        "SELECT TOP (@P1) {select} \
-FROM {table} AS ct \
-LEFT JOIN cdc.lsn_time_mapping AS ltm ON ltm.start_lsn = ct.__$start_lsn \
-WHERE ct.__$start_lsn >= @P3 AND ct.__$start_lsn <= @P2 AND (ct.__$start_lsn > @P3 \
-OR (ct.__$start_lsn = @P3 AND ct.__$command_id > @P4) \
-OR (ct.__$start_lsn = @P3 AND ct.__$command_id = @P4 AND ct.__$seqval > @P5) \
-OR (ct.__$start_lsn = @P3 AND ct.__$command_id = @P4 AND ct.__$seqval = @P5 \
-AND ct.__$operation > @P6)) \
-ORDER BY ct.__$start_lsn, ct.__$command_id, ct.__$seqval, ct.__$operation;",
-        table = change_table(&instance.name),
+        "SELECT TOP (@P1) page.* FROM ({}) AS page \
+ORDER BY page.[__$start_lsn], page.[__$command_id], page.[__$seqval], page.[__$operation];",
+        union.join(" UNION ALL ")
     )
 }
 
@@ -576,8 +609,18 @@ ORDER BY ct.[Id], ct.[When];"
             "{sql}"
         );
         assert!(
-            sql.contains("WHERE ct.__$start_lsn >= @P3 AND ct.__$start_lsn <= @P2"),
-            "the seekable lower bound: {sql}"
+            sql.contains("WHERE ct.__$start_lsn > @P3 AND ct.__$start_lsn <= @P2 ORDER BY"),
+            "the later transactions' branch: {sql}"
+        );
+        assert_eq!(
+            sql.matches(" OR ").count(),
+            0,
+            "no OR: every branch's predicates are seek predicates"
+        );
+        assert_eq!(
+            sql.matches("WITH (NOLOCK)").count(),
+            8,
+            "the change table and the time mapping, in each of the four branches: {sql}"
         );
         assert!(
             sql.contains(

@@ -19,6 +19,7 @@ mod initial_load;
 mod kafka_pipeline;
 mod kafka_sasl;
 mod pipeline_faults;
+mod query_cost;
 mod readback;
 mod segmentation;
 mod table_lease;

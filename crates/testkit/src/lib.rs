@@ -10,6 +10,8 @@
 //! - [`kafka`]: consuming what `MockCluster` holds;
 //! - [`expected`]: the events a synthetic workload must produce, computed without
 //!   the pipeline;
+//! - [`seek_cost`]: what the change query's seeks examine on SQL Server, from its
+//!   text, for the CDC simulator to charge;
 //! - builders for tables, rows and changes (below).
 
 pub mod amqp_peer;
@@ -17,6 +19,7 @@ pub mod event_hubs;
 pub mod expected;
 pub mod kafka;
 pub mod kafka_sasl;
+pub mod seek_cost;
 pub mod tds;
 pub mod tds_cdc;
 pub mod tds_checkpoint;

@@ -189,6 +189,17 @@ impl CdcSimulator {
     }
 
     /// Change rows returned by `read_changes` so far.
+    /// Charges every change page what `cost` says the server's seeks examine.
+    pub fn set_change_seek(&self, cost: SeekCost) {
+        self.lock().change_seek = Some(cost);
+    }
+
+    /// Change-table rows examined so far, by the model set with
+    /// [`CdcSimulator::set_change_seek`].
+    pub fn rows_examined(&self) -> usize {
+        self.lock().rows_examined
+    }
+
     pub fn rows_read(&self) -> usize {
         self.lock().rows_read
     }

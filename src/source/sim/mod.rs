@@ -237,6 +237,38 @@ struct SimState {
     rows_read: usize,
     /// Per capture instance: where the open pass over a table without a key is.
     passes: BTreeMap<String, SortKey>,
+    /// What a change page costs on the server ([`CdcSimulator::set_change_seek`]).
+    change_seek: Option<SeekCost>,
+    /// Change-table rows the server's seeks examined, by that model.
+    rows_examined: usize,
+}
+
+/// What SQL Server examines to answer one page of the change query: given the
+/// change table's keys in its clustered index's order (`key(i)` of `len`), the
+/// keyset to resume after, the upper LSN and the page size, the rows its seeks
+/// read. Built from the query text the SQL Server source sends (the test kit's
+/// seek-cost analyzer), so that the simulator charges what that query would cost.
+#[derive(Clone)]
+pub struct SeekCost(
+    #[allow(clippy::type_complexity)]
+    Arc<dyn Fn(&dyn Fn(usize) -> RowKey, usize, &RowKey, Lsn, usize) -> usize + Send + Sync>,
+);
+
+impl SeekCost {
+    pub fn new(
+        cost: impl Fn(&dyn Fn(usize) -> RowKey, usize, &RowKey, Lsn, usize) -> usize
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        SeekCost(Arc::new(cost))
+    }
+}
+
+impl std::fmt::Debug for SeekCost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SeekCost")
+    }
 }
 
 impl SimState {
@@ -586,6 +618,8 @@ impl CdcSimulator {
                 round_trips: 0,
                 rows_read: 0,
                 passes: BTreeMap::new(),
+                change_seek: None,
+                rows_examined: 0,
             })),
         }
     }

@@ -162,6 +162,10 @@ impl ChangeSource for CdcSimulator {
             };
             wanted.push((at, e.sql_type));
         }
+        let examined = state.change_seek.as_ref().map_or(0, |cost| {
+            let key = |i: usize| sim.rows[i].key;
+            (cost.0)(&key, sim.rows.len(), &after, to, limit)
+        });
         let first = sim.rows.partition_point(|r| r.key <= after);
         let mut rows = Vec::new();
         for r in sim.rows[first..]
@@ -187,6 +191,7 @@ impl ChangeSource for CdcSimulator {
             });
         }
         state.rows_read += rows.len();
+        state.rows_examined += examined;
         Ok(rows)
     }
 

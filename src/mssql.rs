@@ -91,15 +91,48 @@ pub type TdsClient = Client<Compat<TcpStream>>;
 /// SQL Server error numbers that mean "try again": Microsoft.Data.SqlClient's
 /// baseline transient list (`SqlConfigurableRetryFactory`) — 1204 lock resources,
 /// 1205 deadlock victim, 1222 lock request time-out, 233/997/10060 connection
-/// broken or timed out, 4060 database unavailable (only after a first successful
-/// connection: before it, the name is more likely wrong), 4221, 10928/10929 and
-/// 40501 resource limits, 40143/40197/40540/40613/42108/42109/49918–49920 Azure SQL
-/// failover and service busy — plus the socket errors 64, 10053 and 10054, and the
-/// availability-group failover errors 976, 978 and 983 (database not accessible
-/// while the new primary comes up).
+/// broken or timed out, 4060 database unavailable, 4221, 10928/10929 and 40501
+/// resource limits, 40143/40197/40540/40613/42108/42109/49918–49920 Azure SQL
+/// failover and service busy — plus the socket errors 64, 10053 and 10054; and what
+/// EF Core's `SqlServerTransientExceptionDetector` adds for failovers, patches and
+/// throttling that our users meet: 921 database not yet recovered, 941/952 database
+/// being started or in transition, 18401 server in script-upgrade mode (patching),
+/// 17197 login timed out during startup, 3947/3948/3966 transaction aborted by an
+/// availability-group role change, 8628/8645/8651 memory-grant or resource waits
+/// timed out, 10930/10936 and 40189 resource limits, 40642 and 40675 Azure SQL busy
+/// or failing over, 49802 database unavailable during an upgrade. The
+/// availability-group errors 976, 978 and 983 (not readable on this replica, readable
+/// only with a read-only intent, replica resolving) are transient during a failover
+/// but may never pass: see [`PERSISTENT_ERRORS`].
 pub const TRANSIENT_ERRORS: &[u32] = &[
-    233, 997, 1204, 1205, 1222, 4221, 10060, 10928, 10929, 40143, 40197, 40501, 40540, 40613,
-    42108, 42109, 49918, 49919, 49920, 64, 10053, 10054, 976, 978, 983,
+    64, 233, 921, 941, 952, 976, 978, 983, 997, 1204, 1205, 1222, 3947, 3948, 3966, 4060, 4221,
+    8628, 8645, 8651, 10053, 10054, 10060, 10928, 10929, 10930, 10936, 17197, 18401, 40143, 40189,
+    40197, 40501, 40540, 40613, 40642, 40675, 42108, 42109, 49802, 49918, 49919, 49920,
+];
+
+/// Transient errors that can also be a setting to fix, retried only for a while:
+/// the error number, how long it may persist, and what to fix when it does.
+pub const PERSISTENT_ERRORS: &[(u32, Duration, &str)] = &[
+    (
+        976,
+        Duration::from_secs(120),
+        "this replica does not allow reads: connect through the availability group listener to the primary, or allow reads on the secondary (ALTER AVAILABILITY GROUP … SECONDARY_ROLE (ALLOW_CONNECTIONS = READ_ONLY))",
+    ),
+    (
+        978,
+        Duration::from_secs(120),
+        "this secondary allows reads only with a read-only intent: add ApplicationIntent=ReadOnly to source.connection_string",
+    ),
+    (
+        983,
+        Duration::from_secs(120),
+        "the replica is neither primary nor secondary (resolving): connect through the availability group listener",
+    ),
+    (
+        4060,
+        Duration::from_secs(60),
+        "check Database= in source.connection_string and that the login is a user of that database",
+    ),
 ];
 
 /// Permission errors: 229/230 permission denied on an object or column, 262 permission
@@ -140,9 +173,8 @@ pub struct SqlError {
     pub error: SqlErrorKind,
 }
 
-/// Maps a driver error to a [`SqlErrorKind`]. `connected_before`: a connection to
-/// this database has worked in this process.
-pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlError {
+/// Maps a driver error to a [`SqlErrorKind`].
+pub fn classify(error: &tiberius::error::Error) -> SqlError {
     use tiberius::error::Error as E;
     let error = match error {
         // The server answered PRELOGIN without the encryption asked for: retrying
@@ -164,7 +196,7 @@ pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlEr
         E::Server(token) => {
             return SqlError {
                 code: Some(token.code()),
-                error: classify_server_error(token.code(), token.message(), connected_before),
+                error: classify_server_error(token.code(), token.message()),
             };
         }
         other => SqlErrorKind::Definite {
@@ -175,16 +207,10 @@ pub fn classify(error: &tiberius::error::Error, connected_before: bool) -> SqlEr
 }
 
 /// Maps a SQL Server error number and message to a [`SqlErrorKind`].
-fn classify_server_error(code: u32, message: &str, connected_before: bool) -> SqlErrorKind {
+fn classify_server_error(code: u32, message: &str) -> SqlErrorKind {
     let message = message.to_owned();
     match code {
         18456 => SqlErrorKind::LoginFailed,
-        4060 if connected_before => SqlErrorKind::Transient { message },
-        4060 => SqlErrorKind::Definite {
-            message: format!(
-                "{message} (check Database= in source.connection_string and that the login is a user of that database)"
-            ),
-        },
         c if TRANSIENT_ERRORS.contains(&c) => SqlErrorKind::Transient { message },
         c if PERMISSION_ERRORS.contains(&c) => SqlErrorKind::PermissionDenied { message },
         _ => SqlErrorKind::Definite {
@@ -270,15 +296,11 @@ fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
 }
 
 /// Opens a connection (TLS as configured; one Azure SQL redirect followed), bounded
-/// by `connect_timeout`. `connected_before`: a connection has worked in this
-/// process (see [`classify_server_error`]).
-pub async fn connect(
-    settings: &SqlServerConfig,
-    connected_before: bool,
-) -> Result<TdsClient, SqlError> {
+/// by `connect_timeout`.
+pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SqlError> {
     let config = driver_config(settings).map_err(|error| SqlError { code: None, error })?;
     let limit = settings.connect_timeout;
-    match tokio::time::timeout(limit, connect_unbounded(config, connected_before)).await {
+    match tokio::time::timeout(limit, connect_unbounded(config)).await {
         Ok(result) => result,
         Err(_) => Err(SqlError {
             code: None,
@@ -292,10 +314,7 @@ pub async fn connect(
     }
 }
 
-async fn connect_unbounded(
-    mut config: Config,
-    connected_before: bool,
-) -> Result<TdsClient, SqlError> {
+async fn connect_unbounded(mut config: Config) -> Result<TdsClient, SqlError> {
     let transient = |message: String| SqlError {
         code: None,
         error: SqlErrorKind::Transient { message },
@@ -320,7 +339,7 @@ async fn connect_unbounded(
                 config.host(&host);
                 config.port(port);
             }
-            Err(e) => return Err(classify(&e, connected_before)),
+            Err(e) => return Err(classify(&e)),
         }
     }
     Err(transient(
@@ -336,6 +355,57 @@ pub struct SqlConnection {
     /// Connections opened so far: session state (an application lock) lives only as
     /// long as one generation.
     generation: u64,
+    /// A [`PERSISTENT_ERRORS`] error every attempt has met since then.
+    persisting: Option<(u32, std::time::Instant)>,
+}
+
+impl SqlConnection {
+    /// Keeps count of an error that may never pass: while one of
+    /// [`PERSISTENT_ERRORS`] persists, it stays transient (with its fix named) up to
+    /// its bound; after it, it is definite. 4060 (cannot open the database) is
+    /// bounded only until a first connection worked: after that the name is right
+    /// and the database is coming back (a restore, a failover). Another error resets
+    /// the count; so does a success ([`SqlConnection::query`]).
+    fn persisted(&mut self, mut e: SqlError, now: std::time::Instant) -> SqlError {
+        let bounded = e.code.and_then(|c| {
+            PERSISTENT_ERRORS
+                .iter()
+                .find(|(p, _, _)| *p == c && !(c == 4060 && self.connected_before))
+        });
+        let Some(&(code, bound, fix)) = bounded else {
+            self.persisting = None;
+            return e;
+        };
+        let since = match self.persisting {
+            Some((seen, since)) if seen == code => since,
+            _ => {
+                self.persisting = Some((code, now));
+                now
+            }
+        };
+        let message = match &e.error {
+            SqlErrorKind::Transient { message } | SqlErrorKind::Definite { message } => {
+                message.clone()
+            }
+            other => other.to_string(),
+        };
+        e.error = if now.duration_since(since) >= bound {
+            SqlErrorKind::Definite {
+                message: format!(
+                    "SQL Server error {code} for {} s: {message} ({fix})",
+                    bound.as_secs()
+                ),
+            }
+        } else {
+            SqlErrorKind::Transient {
+                message: format!(
+                    "{message} (error {code}; retried for up to {} s, then the run stops: {fix})",
+                    bound.as_secs()
+                ),
+            }
+        };
+        e
+    }
 }
 
 impl SqlConnection {
@@ -345,6 +415,7 @@ impl SqlConnection {
             client: None,
             connected_before: false,
             generation: 0,
+            persisting: None,
         }
     }
 
@@ -367,7 +438,9 @@ impl SqlConnection {
     /// is in an unknown state), so the next call opens a new one.
     pub async fn query(&mut self, sql: &str, params: &[&dyn ToSql]) -> Result<Vec<Row>, SqlError> {
         if self.client.is_none() {
-            let client = connect(&self.settings, self.connected_before).await?;
+            let client = connect(&self.settings)
+                .await
+                .map_err(|e| self.persisted(e, std::time::Instant::now()))?;
             self.client = Some(client);
             self.connected_before = true;
             self.generation += 1;
@@ -388,7 +461,7 @@ impl SqlConnection {
         };
         let limit = self.settings.query_timeout;
         let result = match tokio::time::timeout(limit, run).await {
-            Ok(result) => result.map_err(|e| classify(&e, self.connected_before)),
+            Ok(result) => result.map_err(|e| classify(&e)),
             Err(_) => Err(SqlError {
                 code: None,
                 error: SqlErrorKind::Transient {
@@ -398,6 +471,13 @@ impl SqlConnection {
                     ),
                 },
             }),
+        };
+        let result = match result {
+            Ok(rows) => {
+                self.persisting = None;
+                Ok(rows)
+            }
+            Err(e) => Err(self.persisted(e, std::time::Instant::now())),
         };
         if let Err(e) = &result
             && e.error.is_transient()
@@ -513,16 +593,16 @@ mod tests {
             kind: std::io::ErrorKind::ConnectionReset,
             message: "reset".into(),
         };
-        assert!(classify(&io, false).error.is_transient());
+        assert!(classify(&io).error.is_transient());
         let tls = tiberius::error::Error::Tls("bad certificate".into());
-        let text = classify(&tls, false).error.to_string();
-        assert!(!classify(&tls, false).error.is_transient());
+        let text = classify(&tls).error.to_string();
+        assert!(!classify(&tls).error.is_transient());
         assert!(text.contains("source.trust_server_certificate"), "{text}");
         // The driver's advice is for programmers: the operator gets settings.
         let driver = tiberius::error::Error::Tls(
             "the server's certificate was rejected during the TLS handshake: invalid peer certificate: UnknownIssuer. To connect anyway you can: (1) trust a specific CA certificate with `Config::trust_cert_ca(path)`; (4) build tiberius with the `native-tls` backend".into(),
         );
-        let text = classify(&driver, false).error.to_string();
+        let text = classify(&driver).error.to_string();
         assert!(text.contains("UnknownIssuer"), "{text}");
         assert!(
             text.contains("TrustServerCertificateCA=")
@@ -534,21 +614,22 @@ mod tests {
             "{text}"
         );
         let conversion = tiberius::error::Error::Conversion("x".into());
-        assert!(!classify(&conversion, false).error.is_transient());
+        assert!(!classify(&conversion).error.is_transient());
     }
 
     #[test]
     fn server_error_numbers_map_to_what_to_do() {
+        // SqlClient's baseline and what EF Core adds for failovers, patches and
+        // throttling.
         for code in [
-            1204, 1205, 1222, 40143, 40540, 40613, 42108, 49918, 233, 10054,
+            1204, 1205, 1222, 40143, 40540, 40613, 42108, 49918, 233, 10054, 18401, 921, 941, 952,
+            40189, 10930, 10936, 40642, 40675, 49802, 17197, 8645, 8651, 8628, 3947, 3948, 3966,
+            4060, 976, 978, 983,
         ] {
-            assert!(
-                classify_server_error(code, "x", false).is_transient(),
-                "{code}"
-            );
+            assert!(classify_server_error(code, "x").is_transient(), "{code}");
         }
         assert_eq!(
-            classify_server_error(18456, "Login failed", true),
+            classify_server_error(18456, "Login failed"),
             SqlErrorKind::LoginFailed
         );
         assert!(
@@ -556,12 +637,7 @@ mod tests {
                 .to_string()
                 .contains("source.connection_string")
         );
-        // 4060: a wrong name at the first connection, a failover later.
-        let first = classify_server_error(4060, "Cannot open database", false);
-        assert!(!first.is_transient());
-        assert!(first.to_string().contains("Database="), "{first}");
-        assert!(classify_server_error(4060, "Cannot open database", true).is_transient());
-        let denied = classify_server_error(229, "SELECT permission denied", false);
+        let denied = classify_server_error(229, "SELECT permission denied");
         assert!(matches!(denied, SqlErrorKind::PermissionDenied { .. }));
         assert!(
             denied
@@ -569,9 +645,68 @@ mod tests {
                 .contains("sql/03_least_privilege_login.sql"),
             "{denied}"
         );
-        let other = classify_server_error(208, "Invalid object name 'x'", false);
+        let other = classify_server_error(208, "Invalid object name 'x'");
         assert!(!other.is_transient());
         assert!(other.to_string().contains("208"));
+    }
+
+    fn server_error(code: u32) -> SqlError {
+        SqlError {
+            code: Some(code),
+            error: classify_server_error(code, "the server's words"),
+        }
+    }
+
+    /// 976/978/983 against a replica that never allows reads, and 4060 before any
+    /// connection worked (a wrong name), are retried for a while, naming the fix,
+    /// then stop the run; anything between resets the count.
+    #[test]
+    fn errors_that_may_never_pass_are_retried_for_their_bound_then_stop_the_run() {
+        let mut conn = SqlConnection::new(settings("Server=tcp:db,1433"));
+        let start = std::time::Instant::now();
+        let first = conn.persisted(server_error(978), start);
+        assert!(first.error.is_transient());
+        let text = first.error.to_string();
+        assert!(
+            text.contains("ApplicationIntent=ReadOnly") && text.contains("120 s"),
+            "{text}"
+        );
+        let later = conn.persisted(server_error(978), start + Duration::from_secs(119));
+        assert!(later.error.is_transient());
+        let last = conn.persisted(server_error(978), start + Duration::from_secs(120));
+        assert!(!last.error.is_transient(), "{}", last.error);
+        assert!(
+            last.error
+                .to_string()
+                .contains("ApplicationIntent=ReadOnly")
+        );
+
+        // Another error between resets the count.
+        let mut conn = SqlConnection::new(settings("Server=tcp:db,1433"));
+        conn.persisted(server_error(976), start);
+        conn.persisted(server_error(1205), start + Duration::from_secs(60));
+        let after = conn.persisted(server_error(976), start + Duration::from_secs(130));
+        assert!(after.error.is_transient(), "counted afresh");
+        assert!(after.error.to_string().contains("listener"));
+
+        // 4060: bounded at the first connection (60 s), retried for good after one
+        // worked.
+        let mut conn = SqlConnection::new(settings("Server=tcp:db,1433"));
+        conn.persisted(server_error(4060), start);
+        let wrong = conn.persisted(server_error(4060), start + Duration::from_secs(60));
+        assert!(!wrong.error.is_transient());
+        assert!(
+            wrong.error.to_string().contains("Database="),
+            "{}",
+            wrong.error
+        );
+        conn.connected_before = true;
+        let back = conn.persisted(server_error(4060), start + Duration::from_secs(600));
+        assert!(back.error.is_transient());
+        assert_eq!(
+            back.error,
+            classify_server_error(4060, "the server's words")
+        );
     }
 
     #[tokio::test]

@@ -206,11 +206,11 @@ async fn stream_pass(
 ) {
     use futures_util::TryStreamExt as _;
     let result: Result<(), SourceError> = async {
-        let mut client = crate::mssql::connect(&settings, true)
+        let mut client = crate::mssql::connect(&settings)
             .await
             .map_err(SourceError::from)?;
         let classify =
-            |e: tiberius::error::Error| SourceError::from(crate::mssql::classify(&e, true));
+            |e: tiberius::error::Error| SourceError::from(crate::mssql::classify(&e));
         let mut rows = client
             .query(sql.as_str(), &[])
             .await

@@ -196,6 +196,11 @@ async fn server_errors_are_classified_as_documented() {
         (1205, "transient"),
         (40613, "transient"),
         (4060, "transient"),
+        // Failover, patching and availability-group errors EF Core retries.
+        (18401, "transient"),
+        (3947, "transient"),
+        (921, "transient"),
+        (978, "transient"),
         (229, "permission"),
         (916, "permission"),
         (2627, "definite"),

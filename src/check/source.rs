@@ -331,6 +331,7 @@ async fn instance_finding<S: ChangeSource>(
         .map(|(c, why)| match why {
             LeftOut::Unsupported(reason) => format!("{} ({reason})", c.name),
             LeftOut::Dropped => format!("{} (dropped)", c.name),
+            LeftOut::Computed => format!("{} (computed: NULL in every change row)", c.name),
         })
         .collect();
     let streamed = instance.emitted_columns().count();

@@ -99,9 +99,10 @@ ORDER BY ct.create_date, ct.capture_instance;";
 /// 0-based position, NULL once the column was dropped. CLR types (geography,
 /// geometry, hierarchyid: `system_type_id` 240, which `TYPE_NAME` does not know) are
 /// named by `sys.types.name`, so that they are left out as CES leaves them out.
+/// `is_computed` marks a computed column, which CDC records as NULL.
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-captured-columns-transact-sql>
 pub const CAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, cc.column_name, \
-cc.column_ordinal, cc.column_type, \
+cc.column_ordinal, cc.column_type, CAST(cc.is_computed AS int) AS is_computed, \
 CASE WHEN ty.is_assembly_type = 1 THEN ty.name ELSE TYPE_NAME(chg.system_type_id) END \
 AS type_name, ty.is_user_defined, chg.column_id AS change_column_id, \
 chg.max_length, chg.precision, chg.scale, \
@@ -345,6 +346,7 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
     let declared = row.opt_string("column_type")?;
     let base = row.opt_string("type_name")?;
     let user_defined = row.opt_int("is_user_defined")? == Some(1);
+    let computed = row.opt_int("is_computed")? == Some(1);
     let in_change_table = row.opt_int("change_column_id")?.is_some();
     let max_length = row.opt_int("max_length")?;
     let precision = row.opt_int("precision")?;
@@ -388,6 +390,7 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
             .transpose()?,
         sql_type,
         name,
+        computed,
     })
 }
 

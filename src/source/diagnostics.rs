@@ -50,6 +50,20 @@ pub enum LeftOut<'a> {
     Unsupported(&'a TypeError),
     /// Dropped from the source table: the change table keeps it, NULL from then on.
     Dropped,
+    /// A computed column: CDC records it as NULL in every change row.
+    Computed,
+}
+
+impl std::fmt::Display for LeftOut<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeftOut::Unsupported(reason) => write!(f, "{reason}"),
+            LeftOut::Dropped => f.write_str("dropped from the source table"),
+            LeftOut::Computed => {
+                f.write_str("a computed column, which CDC records as NULL in every change row")
+            }
+        }
+    }
 }
 
 /// The captured columns of `instance` that events leave out, and why.
@@ -60,6 +74,7 @@ pub fn left_out_columns(
         .columns
         .iter()
         .filter_map(|column| match (&column.sql_type, column.table_index) {
+            _ if column.computed => Some((column, LeftOut::Computed)),
             (Err(reason), _) => Some((column, LeftOut::Unsupported(reason))),
             (Ok(_), None) => Some((column, LeftOut::Dropped)),
             (Ok(_), Some(_)) => None,
@@ -139,6 +154,7 @@ mod tests {
             ordinal: 1,
             table_index,
             sql_type,
+            computed: false,
         };
         let instance = instance(
             "dbo",
@@ -153,11 +169,33 @@ mod tests {
                     }),
                     Some(1),
                 ),
+                CapturedColumn {
+                    computed: true,
+                    ..column("total", Ok(SqlType::Int), Some(2))
+                },
             ],
         );
-        let left: Vec<(&str, bool)> = left_out_columns(&instance)
-            .map(|(c, why)| (c.name.as_str(), why == LeftOut::Dropped))
+        let left: Vec<(&str, String)> = left_out_columns(&instance)
+            .map(|(c, why)| (c.name.as_str(), why.to_string()))
             .collect();
-        assert_eq!(left, [("gone", true), ("shape", false)]);
+        assert_eq!(
+            left,
+            [
+                ("gone", "dropped from the source table".to_owned()),
+                (
+                    "shape",
+                    "type `geography` is not streamed by CES".to_owned()
+                ),
+                (
+                    "total",
+                    "a computed column, which CDC records as NULL in every change row".to_owned()
+                )
+            ]
+        );
+        let emitted: Vec<&str> = instance
+            .emitted_columns()
+            .map(|e| e.column.name.as_str())
+            .collect();
+        assert_eq!(emitted, ["kept"]);
     }
 }

@@ -278,6 +278,7 @@ mod tests {
             ordinal,
             table_index: Some(ordinal - 1),
             sql_type: Ok(sql_type),
+            computed: false,
         };
         let ci = CaptureInstance {
             name: name.into(),

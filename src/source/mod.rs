@@ -131,6 +131,12 @@ pub struct CapturedColumn {
     /// The type of the change table's column — the type its values have — or why
     /// CES does not stream it.
     pub sql_type: Result<SqlType, TypeError>,
+    /// A computed column of the source table (`cdc.captured_columns.is_computed`):
+    /// CDC records it as NULL in every change row, whatever its value ("Computed
+    /// columns that are included in a capture instance always have a value of
+    /// NULL", Learn: What is change data capture), so events leave it out — of the
+    /// load too, which would otherwise send a value the first change takes back.
+    pub computed: bool,
 }
 
 /// A CDC capture instance and its source table.
@@ -168,16 +174,16 @@ impl CaptureInstance {
     /// The columns CES streams, in column order, with their type and position in the
     /// source table: those of a streamed type that the source table still has.
     pub fn emitted_columns(&self) -> impl Iterator<Item = EmittedColumn<'_>> {
-        self.columns
-            .iter()
-            .filter_map(|c| match (&c.sql_type, c.table_index) {
+        self.columns.iter().filter(|c| !c.computed).filter_map(|c| {
+            match (&c.sql_type, c.table_index) {
                 (Ok(sql_type), Some(table_index)) => Some(EmittedColumn {
                     column: c,
                     sql_type: *sql_type,
                     table_index,
                 }),
                 _ => None,
-            })
+            }
+        })
     }
 }
 

@@ -432,6 +432,7 @@ mod tests {
             ordinal,
             table_index: Some(ordinal - 1),
             sql_type,
+            computed: false,
         };
         CaptureInstance {
             name: name.into(),

@@ -580,6 +580,7 @@ mod tests {
                     ordinal: u32::try_from(i + 1).unwrap(),
                     table_index: *index,
                     sql_type: Ok(*t),
+                    computed: false,
                 })
                 .collect(),
             key_columns: vec!["Id".into()],

@@ -335,6 +335,8 @@ mod through_the_wire {
             t("c_varbinary", SqlType::VarBinary(Length::Bounded(16))),
             t("c_vbmax", SqlType::VarBinary(Length::Max)),
             SimColumn::excluded("c_geo", "geography"),
+            // Left out by `cdc.captured_columns.is_computed`, read through the wire.
+            SimColumn::computed("c_total", SqlType::Int),
         ]
     }
 
@@ -404,6 +406,7 @@ mod through_the_wire {
             Value::Binary(vec![0xDE, 0xAD]),
             Value::Binary((0..=255).cycle().take(10_000).collect()),
             Value::Null,
+            Value::Int(7),
         ]
     }
 

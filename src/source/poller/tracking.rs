@@ -320,11 +320,11 @@ impl<S: ChangeSource> Poller<S> {
     fn warn_left_out_columns(&mut self, instance: &CaptureInstance) {
         for (column, why) in diagnostics::left_out_columns(instance) {
             let reason = match why {
-                LeftOut::Unsupported(reason) => reason.to_string(),
                 LeftOut::Dropped => {
                     "dropped from the source table (the change table keeps it, NULL from then on)"
                         .to_owned()
                 }
+                other => other.to_string(),
             };
             let key = format!("{} {}", instance.object_id, column.name);
             if self.warned.insert(key) {

@@ -72,6 +72,7 @@ impl BulkSource {
             ordinal,
             table_index: Some(ordinal - 1),
             sql_type: Ok(sql_type),
+            computed: false,
         };
         CaptureInstance {
             name: INSTANCE.into(),

@@ -77,6 +77,8 @@ pub struct SimColumn {
     pub name: String,
     /// The type, or why CES leaves it out (e.g. a `geometry` column).
     pub sql_type: Result<SqlType, TypeError>,
+    /// A computed column: the table holds its value, change rows hold NULL.
+    pub computed: bool,
 }
 
 impl SimColumn {
@@ -84,6 +86,18 @@ impl SimColumn {
         SimColumn {
             name: name.into(),
             sql_type: Ok(sql_type),
+            computed: false,
+        }
+    }
+
+    /// A computed column (its values are given with each row, as the table would
+    /// compute them): CDC records it as NULL in every change row ("Computed columns
+    /// that are included in a capture instance always have a value of NULL", Learn:
+    /// What is change data capture) and `cdc.captured_columns.is_computed` is 1.
+    pub fn computed(name: &str, sql_type: SqlType) -> Self {
+        SimColumn {
+            computed: true,
+            ..SimColumn::new(name, sql_type)
         }
     }
 
@@ -94,6 +108,7 @@ impl SimColumn {
             sql_type: Err(TypeError::Excluded {
                 type_name: type_name.into(),
             }),
+            computed: false,
         }
     }
 }
@@ -360,6 +375,9 @@ impl SimState {
                         .columns
                         .iter()
                         .map(|c| {
+                            if c.computed {
+                                return Value::Null;
+                            }
                             image
                                 .columns
                                 .iter()
@@ -675,6 +693,7 @@ impl CdcSimulator {
                 ordinal: u32::try_from(i + 1).unwrap_or(u32::MAX),
                 table_index: u32::try_from(i).ok(),
                 sql_type: c.sql_type.clone(),
+                computed: c.computed,
             })
             .collect();
         let create_date = datetime(state.now);

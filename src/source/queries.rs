@@ -169,6 +169,10 @@ pub mod fixed {
     pub const BEGIN_LSN: &str = "__$tran_begin_lsn";
     pub const END_TIME: &str = "__$tran_end_time";
     pub const END_TIME_OFFSET: &str = "__$tran_end_offset";
+    /// `cdc.lsn_time_mapping.start_lsn`: NULL when the transaction has no mapping
+    /// row (the cleanup job deleted it), which tells that from NULL columns.
+    pub const MAPPED: &str = "__$tran_mapped";
+    pub const BEGIN_TIME: &str = "__$tran_begin_time";
 }
 
 /// One page of a capture instance's changes, in CDC order.
@@ -205,10 +209,13 @@ pub fn read_changes(instance: &CaptureInstance, server_zone: bool) -> String {
     };
     let mut select = format!(
         "ct.__$start_lsn, ct.__$command_id, ct.__$seqval, ct.__$operation, \
-ct.__$update_mask, ltm.tran_begin_lsn AS [{}], ltm.tran_end_time AS [{}], {offset} AS [{}]",
+ct.__$update_mask, ltm.tran_begin_lsn AS [{}], ltm.tran_end_time AS [{}], {offset} AS [{}], \
+ltm.start_lsn AS [{}], ltm.tran_begin_time AS [{}]",
         fixed::BEGIN_LSN,
         fixed::END_TIME,
         fixed::END_TIME_OFFSET,
+        fixed::MAPPED,
+        fixed::BEGIN_TIME,
     );
     for e in instance.emitted_columns() {
         select.push_str(", ");

@@ -43,6 +43,8 @@ pub struct SqlServerSource {
     change_queries: HashMap<String, ChangeQuery>,
     /// Open passes over tables without a key, per capture instance.
     passes: HashMap<String, Pass>,
+    /// The transaction the last `cdc.lsn_time_mapping` fallback warning was for.
+    time_mapping_warned: Option<Lsn>,
 }
 
 /// Errors that mean the catalog changed under a query: 208 invalid object name (a
@@ -81,10 +83,14 @@ fn emitted(instance: &CaptureInstance) -> Vec<(String, SqlType)> {
 /// columns whose text held invalid UTF-16 (replaced with U+FFFD). A value that does
 /// not have its column's type is [`SourceError::CatalogChanged`] (the change table's
 /// type changed since the catalog was read); anything else wrong is malformed.
+///
+/// `warned`: the transaction the last fallback warning was for, so that a big
+/// transaction with NULL `cdc.lsn_time_mapping` columns warns once, not per row.
 fn decode_change_row(
     capture_instance: &str,
     mut row: NamedRow,
     columns: &[(String, SqlType)],
+    warned: &mut Option<Lsn>,
 ) -> Result<(ChangeRow, Vec<String>), SourceError> {
     let bad = |e| malformed(capture_instance, e);
     let start_lsn = row
@@ -104,14 +110,44 @@ fn decode_change_row(
     .map_err(bad)?;
     // No cdc.lsn_time_mapping row: the cleanup job, which deletes those too, raced
     // the read. Retrying lets the next probe see the gap for what it is.
-    let begin_lsn = row.opt_lsn(fixed::BEGIN_LSN).map_err(bad)?.ok_or_else(|| {
-        SourceError::CatalogChanged {
+    if row.opt_lsn(fixed::MAPPED).map_err(bad)?.is_none() {
+        return Err(SourceError::CatalogChanged {
             message: format!(
-                "capture instance {capture_instance}: no cdc.lsn_time_mapping row for a transaction (cleanup racing the read?)"
+                "capture instance {capture_instance}: no cdc.lsn_time_mapping row for the transaction committed at {start_lsn} (cleanup racing the read?)"
             ),
-        }
-    })?;
-    let end_time = row.datetime(fixed::END_TIME).map_err(bad)?;
+        });
+    }
+    // A mapping row with NULL columns: Learn does not promise them (the table's
+    // page lists no nullability), so each has a fallback, said in a warning once
+    // per transaction.
+    let begin_lsn = row.opt_lsn(fixed::BEGIN_LSN).map_err(bad)?;
+    let end_time = row.opt_datetime(fixed::END_TIME).map_err(bad)?;
+    let row_end_time_was_null = end_time.is_none();
+    let end_time = match end_time {
+        Some(time) => time,
+        None => row.opt_datetime(fixed::BEGIN_TIME).map_err(bad)?.ok_or_else(|| {
+            bad(DecodeError {
+                column: fixed::END_TIME.to_owned(),
+                message: format!(
+                    "is NULL, and so is tran_begin_time, in cdc.lsn_time_mapping for the transaction committed at {start_lsn}: no commit time to give its events"
+                ),
+            })
+        })?,
+    };
+    let fallbacks: Vec<&str> = [
+        begin_lsn.is_none().then_some(
+            "a NULL tran_begin_lsn: the events' transaction begin LSN is their commit LSN",
+        ),
+        row_end_time_was_null
+            .then_some("a NULL tran_end_time: the events carry tran_begin_time as their time"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !fallbacks.is_empty() && warned.replace(start_lsn) != Some(start_lsn) {
+        tracing::warn!(capture_instance, commit_lsn = %start_lsn, "cdc.lsn_time_mapping has {} for this transaction", fallbacks.join(" and "));
+    }
+    let begin_lsn = begin_lsn.unwrap_or(start_lsn);
     let offset = row.opt_int(fixed::END_TIME_OFFSET).map_err(bad)?;
     let out_of_range = |column: &str, value: i64| {
         bad(DecodeError {
@@ -275,6 +311,7 @@ impl SqlServerSource {
             server_zone: None,
             change_queries: HashMap::new(),
             passes: HashMap::new(),
+            time_mapping_warned: None,
         }
     }
 
@@ -413,14 +450,19 @@ impl ChangeSource for SqlServerSource {
         if self.server_zone.is_some() {
             params.push(&zone);
         }
-        self.read_rows(&sql, &params, |row| {
-            let (change, replaced) = decode_change_row(&instance.name, row, &columns)?;
-            if !replaced.is_empty() {
-                Self::warn_replaced(instance, &change, &columns, &replaced);
-            }
-            Ok(change)
-        })
-        .await
+        let mut warned = self.time_mapping_warned.take();
+        let read = self
+            .read_rows(&sql, &params, |row| {
+                let (change, replaced) =
+                    decode_change_row(&instance.name, row, &columns, &mut warned)?;
+                if !replaced.is_empty() {
+                    Self::warn_replaced(instance, &change, &columns, &replaced);
+                }
+                Ok(change)
+            })
+            .await;
+        self.time_mapping_warned = warned;
+        read
     }
 
     async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
@@ -657,9 +699,75 @@ mod tests {
                 ColumnData::DateTime(Some(tiberius::time::DateTime::new(46_000, 300))),
             ),
             (fixed::END_TIME_OFFSET, ColumnData::I32(Some(120))),
+            (fixed::MAPPED, lsn(3)),
+            (
+                fixed::BEGIN_TIME,
+                ColumnData::DateTime(Some(tiberius::time::DateTime::new(46_000, 0))),
+            ),
         ];
-        pairs.extend(extra);
+        // A later pair of the same name replaces an earlier one.
+        for (name, value) in extra {
+            pairs.retain(|(n, _)| *n != name);
+            pairs.push((name, value));
+        }
         NamedRow::from_pairs(pairs)
+    }
+
+    /// A missing `cdc.lsn_time_mapping` row (cleanup raced the read) is told from
+    /// NULL columns of a row that is there: those fall back, with a warning.
+    #[test]
+    fn a_missing_time_mapping_row_is_told_from_its_null_columns() {
+        let columns = vec![("Id".to_owned(), SqlType::Int)];
+        let id = ("Id", ColumnData::I32(Some(7)));
+        let missing = change_row(vec![
+            id.clone(),
+            (fixed::MAPPED, ColumnData::Binary(None)),
+            (fixed::BEGIN_LSN, ColumnData::Binary(None)),
+            (fixed::END_TIME, ColumnData::DateTime(None)),
+            (fixed::BEGIN_TIME, ColumnData::DateTime(None)),
+        ]);
+        let err = decode_change_row("dbo_T", missing, &columns, &mut None).unwrap_err();
+        assert!(matches!(err, SourceError::CatalogChanged { .. }), "{err}");
+
+        let log = crate::test_log::capture();
+        let no_begin = change_row(vec![
+            id.clone(),
+            (fixed::BEGIN_LSN, ColumnData::Binary(None)),
+        ]);
+        let (change, _) = decode_change_row("dbo_T", no_begin, &columns, &mut None).unwrap();
+        assert_eq!(change.begin_lsn, change.key.start_lsn, "the commit LSN");
+
+        let no_end = change_row(vec![
+            id.clone(),
+            (fixed::END_TIME, ColumnData::DateTime(None)),
+        ]);
+        let (change, _) = decode_change_row("dbo_T", no_end, &columns, &mut None).unwrap();
+        let begin_time = crate::source::decode::decode_naive_datetime(
+            "t",
+            ColumnData::DateTime(Some(tiberius::time::DateTime::new(46_000, 0))),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(change.end_time, begin_time, "tran_begin_time");
+        let warned = |what: &str| {
+            log.lines()
+                .iter()
+                .filter(|l| {
+                    l["level"] == "WARN" && l["message"].as_str().is_some_and(|m| m.contains(what))
+                })
+                .count()
+        };
+        assert_eq!(warned("NULL tran_begin_lsn"), 1);
+        assert_eq!(warned("NULL tran_end_time"), 1);
+
+        let neither = change_row(vec![
+            id,
+            (fixed::END_TIME, ColumnData::DateTime(None)),
+            (fixed::BEGIN_TIME, ColumnData::DateTime(None)),
+        ]);
+        let err = decode_change_row("dbo_T", neither, &columns, &mut None).unwrap_err();
+        assert!(!err.is_transient(), "{err}");
+        assert!(err.to_string().contains("no commit time"), "{err}");
     }
 
     #[test]
@@ -673,7 +781,7 @@ mod tests {
             ("Id", ColumnData::I32(Some(7))),
             ("Name", utf16("Ada")),
         ]);
-        let (change, replaced) = decode_change_row("dbo_T", row, &columns).unwrap();
+        let (change, replaced) = decode_change_row("dbo_T", row, &columns, &mut None).unwrap();
         assert_eq!(
             change.values,
             vec![Value::Text("Ada".into()), Value::Int(7)]
@@ -688,7 +796,7 @@ mod tests {
     fn a_value_of_another_type_asks_for_the_catalog_again() {
         let columns = vec![("Id".to_owned(), SqlType::Int)];
         let row = change_row(vec![("Id", ColumnData::I64(Some(7)))]);
-        let err = decode_change_row("dbo_T", row, &columns).unwrap_err();
+        let err = decode_change_row("dbo_T", row, &columns, &mut None).unwrap_err();
         assert!(matches!(err, SourceError::CatalogChanged { .. }), "{err}");
         assert!(err.is_transient());
     }
@@ -698,12 +806,12 @@ mod tests {
         let columns = vec![("Id".to_owned(), SqlType::Int)];
         let mut row = change_row(vec![("Id", ColumnData::I32(Some(7)))]);
         row.replace(fixed::COMMAND_ID, ColumnData::I32(None));
-        let err = decode_change_row("dbo_T", row, &columns).unwrap_err();
+        let err = decode_change_row("dbo_T", row, &columns, &mut None).unwrap_err();
         assert!(matches!(err, SourceError::Malformed { .. }), "{err}");
         assert!(err.to_string().contains("__$command_id"), "{err}");
         let mut row = change_row(vec![("Id", ColumnData::I32(Some(7)))]);
         row.replace(fixed::OPERATION, ColumnData::I32(Some(300)));
-        assert!(decode_change_row("dbo_T", row, &columns).is_err());
+        assert!(decode_change_row("dbo_T", row, &columns, &mut None).is_err());
     }
 
     #[test]
@@ -711,7 +819,7 @@ mod tests {
         let columns = vec![("Name".to_owned(), SqlType::NVarChar(Length::Bounded(10)))];
         let lone = ColumnData::Binary(Some(Cow::Owned(vec![0x00, 0xDC])));
         let row = change_row(vec![("Name", lone)]);
-        let (change, replaced) = decode_change_row("dbo_T", row, &columns).unwrap();
+        let (change, replaced) = decode_change_row("dbo_T", row, &columns, &mut None).unwrap();
         assert_eq!(change.values, vec![Value::Text("\u{FFFD}".into())]);
         assert_eq!(replaced, vec!["Name".to_owned()]);
     }

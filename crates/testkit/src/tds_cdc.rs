@@ -721,6 +721,8 @@ fn read_changes<S: ChangeSource>(
         col(fixed::BEGIN_LSN, ColumnType::Binary(10)),
         col(fixed::END_TIME, ColumnType::DateTime),
         col(fixed::END_TIME_OFFSET, ColumnType::Int(4)),
+        col(fixed::MAPPED, ColumnType::Binary(10)),
+        col(fixed::BEGIN_TIME, ColumnType::DateTime),
     ];
     columns.extend(emitted_columns(instance));
     let rows = rows
@@ -736,6 +738,8 @@ fn read_changes<S: ChangeSource>(
                 datetime_cell(r.end_time),
                 r.end_time_offset_minutes
                     .map_or(Cell::Null, |o| Cell::Int(i64::from(o))),
+                lsn_cell(Some(r.key.start_lsn)),
+                datetime_cell(r.end_time),
             ];
             row.extend(r.values.iter().map(cell));
             row

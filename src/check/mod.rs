@@ -21,8 +21,8 @@ use crate::sink::stream::Resume;
 use crate::sink::{SinkHealth, expand_topic};
 use crate::source::sqlserver::SqlServerSource;
 use crate::source::{
-    AZURE_SQL_DATABASE_EDITION, CaptureInstance, Catalog, ChangeSource, Fact, ServerFacts,
-    SourceError,
+    AZURE_SQL_DATABASE_EDITION, AZURE_SQL_MANAGED_INSTANCE_EDITION, CaptureInstance, Catalog,
+    ChangeSource, Fact, ServerFacts, SourceError,
 };
 
 mod checkpoint;

@@ -65,12 +65,65 @@ pub(super) async fn check_source<S: ChangeSource>(
         ),
     }
     let included = check_tables(report, config, source, &catalog).await;
+    check_lob_limit(report, &facts, &included);
     Some(SourceState {
         catalog,
         facts,
         included,
         stream_guid,
     })
+}
+
+/// `max text repl size` where streamed tables capture LOB columns: at its default
+/// (65,536 bytes) a larger value written to such a column fails at the source, in
+/// the application's statement ("This option applies to transactional replication
+/// and Change Data Capture", Learn: max text repl size). Reported, not failed: the
+/// application may never write larger values.
+fn check_lob_limit(report: &mut Report, facts: &ServerFacts, included: &[CaptureInstance]) {
+    let lob_columns: Vec<String> = included
+        .iter()
+        .flat_map(|i| {
+            i.columns
+                .iter()
+                .filter(|c| is_lob(c))
+                .map(move |c| format!("{}.{}", i.qualified_table(), c.name))
+        })
+        .collect();
+    if lob_columns.is_empty() {
+        return;
+    }
+    let check = "max text repl size";
+    match &facts.max_text_repl_size {
+        Fact::Known(-1) => report.pass(check, "-1: no limit on captured LOB values"),
+        Fact::Known(size) => report.pass(
+            check,
+            format!(
+                "{size} bytes: a statement writing a larger value to a captured LOB column ({}) fails at the source; EXEC sp_configure 'max text repl size', -1; RECONFIGURE lifts the limit",
+                lob_columns.join(", ")
+            ),
+        ),
+        Fact::Unknown(why) => report.skip(check, why.clone()),
+    }
+}
+
+/// A column whose values `max text repl size` bounds: `(max)` text and binary, and
+/// the old LOB types and xml (left out of events, but still captured).
+fn is_lob(column: &crate::source::CapturedColumn) -> bool {
+    use crate::event::value::{Length, SqlType, TypeError};
+    match &column.sql_type {
+        Ok(
+            SqlType::VarChar(Length::Max)
+            | SqlType::NVarChar(Length::Max)
+            | SqlType::VarBinary(Length::Max),
+        ) => true,
+        Err(TypeError::Excluded { type_name }) => {
+            matches!(
+                type_name.to_ascii_lowercase().as_str(),
+                "text" | "ntext" | "image" | "xml"
+            )
+        }
+        _ => false,
+    }
 }
 
 /// The server's version and encryption, and CDC on the database.
@@ -86,14 +139,23 @@ fn check_server(report: &mut Report, facts: &ServerFacts, prefix: &str) {
         None => "simulated: no network connection",
     };
     match major {
-        Some(m) if m < 13 && facts.engine_edition != AZURE_SQL_DATABASE_EDITION => report.fail(
-            "SQL Server",
-            format!(
-                "{prefix}{} {}: mssql-ces needs SQL Server 2016 (13.x) or later",
-                facts.edition, facts.product_version
-            ),
-            "upgrade SQL Server to 2016 or later",
-        ),
+        // Azure SQL Database and Managed Instance report 12.x and run the current
+        // engine ("Version 12 of Azure SQL Database is newer than version 15 of SQL
+        // Server", Learn: SERVERPROPERTY).
+        Some(m)
+            if m < 13
+                && facts.engine_edition != AZURE_SQL_DATABASE_EDITION
+                && facts.engine_edition != AZURE_SQL_MANAGED_INSTANCE_EDITION =>
+        {
+            report.fail(
+                "SQL Server",
+                format!(
+                    "{prefix}{} {}: mssql-ces needs SQL Server 2016 (13.x) or later",
+                    facts.edition, facts.product_version
+                ),
+                "upgrade SQL Server to 2016 or later",
+            )
+        }
         _ => report.pass(
             "SQL Server",
             format!(
@@ -310,7 +372,7 @@ async fn instance_finding<S: ChangeSource>(
                     instance.name
                 ),
                 format!(
-                    "GRANT SELECT ON [{}].[{}] TO the login (every captured column), and membership of the capture instance's gating role if it has one",
+                    "GRANT SELECT ON [{}].[{}] TO the login (every captured column), and if the capture instance has a gating role (role_name in EXEC sys.sp_cdc_help_change_data_capture), ALTER ROLE <role> ADD MEMBER the login",
                     instance.schema, instance.table
                 ),
             ));

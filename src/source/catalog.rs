@@ -99,7 +99,12 @@ ORDER BY ct.create_date, ct.capture_instance;";
 /// 0-based position, NULL once the column was dropped. CLR types (geography,
 /// geometry, hierarchyid: `system_type_id` 240, which `TYPE_NAME` does not know) are
 /// named by `sys.types.name`, so that they are left out as CES leaves them out.
-/// `is_computed` marks a computed column, which CDC records as NULL.
+/// `is_computed` marks a computed column, which CDC records as NULL. Names are
+/// compared in a binary collation: `sys.columns` is in the catalog's collation and
+/// `cdc.captured_columns` in the database's, which differ on an Azure SQL Database
+/// created with another collation (its `CATALOG_COLLATION` defaults to
+/// `SQL_Latin1_General_CP1_CI_AS`), where comparing them fails with a collation
+/// conflict; the two spellings of a name are the same characters.
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-captured-columns-transact-sql>
 pub const CAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, cc.column_name, \
 cc.column_ordinal, cc.column_type, CAST(cc.is_computed AS int) AS is_computed, \
@@ -111,7 +116,8 @@ WHERE prior.object_id = src.object_id AND prior.column_id < src.column_id) AS ta
 src.column_id AS source_column_id \
 FROM cdc.change_tables AS ct \
 JOIN cdc.captured_columns AS cc ON cc.object_id = ct.object_id \
-LEFT JOIN sys.columns AS chg ON chg.object_id = ct.object_id AND chg.name = cc.column_name \
+LEFT JOIN sys.columns AS chg ON chg.object_id = ct.object_id \
+AND chg.name COLLATE Latin1_General_BIN2 = cc.column_name COLLATE Latin1_General_BIN2 \
 LEFT JOIN sys.types AS ty ON ty.user_type_id = chg.user_type_id \
 LEFT JOIN sys.columns AS src ON src.object_id = ct.source_object_id \
 AND src.column_id = cc.column_id \

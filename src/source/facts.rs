@@ -24,7 +24,10 @@ fn unexpected(error: DecodeError) -> SourceError {
     }
 }
 
-/// Runs `sql`; a refusal becomes `Err(reason)` inside `Ok`.
+/// Runs `sql`; a refusal becomes `Err(reason)` inside `Ok`, and so does any other
+/// answer of the server that is not a fault of the connection (an edition without
+/// the view, a system object another version names otherwise): an optional fact is
+/// then "not checked", never "cannot connect".
 async fn optional(
     conn: &mut SqlConnection,
     sql: &str,
@@ -35,6 +38,12 @@ async fn optional(
         Err(SqlError {
             code: Some(code), ..
         }) if not_visible(code) => Ok(Err(format!("{needs} (error {code})"))),
+        Err(SqlError {
+            code: Some(code),
+            error,
+        }) if !error.is_transient() => Ok(Err(format!(
+            "the server refused the query (error {code}: {error})"
+        ))),
         Err(e) => Err(e.into()),
     }
 }
@@ -51,8 +60,18 @@ pub async fn read(conn: &mut SqlConnection) -> Result<ServerFacts, SourceError> 
     if facts.engine_edition == AZURE_SQL_DATABASE_EDITION {
         let why = "Azure SQL Database runs CDC capture and cleanup on its own scheduler, without SQL Server Agent";
         facts.agent = Fact::Unknown(why.into());
-        facts.jobs = Fact::Unknown(why.into());
         facts.capture_running = Fact::Unknown(why.into());
+        // The retention is there, in the database's own cdc.cdc_jobs.
+        facts.jobs = match optional(
+            conn,
+            queries::CDC_JOBS_AZURE,
+            "needs SELECT on cdc.cdc_jobs",
+        )
+        .await?
+        {
+            Ok(rows) => Fact::Known(decode_jobs(rows).map_err(unexpected)?),
+            Err(why) => Fact::Unknown(why),
+        };
     } else {
         facts.agent = match optional(
             conn,
@@ -107,6 +126,10 @@ fn decode_server(mut row: NamedRow) -> Result<ServerFacts, DecodeError> {
         jobs: pending(),
         capture_running: pending(),
         log_scan: pending(),
+        max_text_repl_size: match row.opt_int("max_text_repl_size")? {
+            Some(size) => Fact::Known(size),
+            None => Fact::Unknown("sys.configurations does not list it here".into()),
+        },
     })
 }
 

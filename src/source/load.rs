@@ -194,6 +194,7 @@ mod tests {
             jobs,
             capture_running: Fact::Unknown(String::new()),
             log_scan: Fact::Unknown(String::new()),
+            max_text_repl_size: Fact::Unknown(String::new()),
         };
         let job = |job_type: &str, retention_minutes| CdcJob {
             job_type: job_type.into(),

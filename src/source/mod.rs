@@ -328,7 +328,7 @@ pub enum SourceError {
     )]
     DatabaseGuidUnreadable,
     #[error(
-        "capture instance `{capture_instance}` (table {table}): sys.fn_cdc_get_min_lsn returns 0x00, so this login cannot read its changes; grant SELECT on every captured column of the table (`GRANT SELECT ON {table} TO <user>`) or exclude it with source.exclude"
+        "capture instance `{capture_instance}` (table {table}): sys.fn_cdc_get_min_lsn returns 0x00, so this login cannot read its changes; grant SELECT on every captured column of the table (`GRANT SELECT ON {table} TO <user>`) and, if the capture instance has a gating role (`role_name` in `EXEC sys.sp_cdc_help_change_data_capture`), make the login a member (`ALTER ROLE <role> ADD MEMBER <user>`); or exclude the table with source.exclude"
     )]
     TableUnreadable {
         capture_instance: String,
@@ -542,10 +542,16 @@ pub struct ServerFacts {
     pub capture_running: Fact<bool>,
     /// The latest log scan session; `None` when there was none since the start.
     pub log_scan: Fact<Option<LogScan>>,
+    /// `max text repl size (B)` in use: the largest LOB value one statement may
+    /// write to a captured column (-1: no limit).
+    pub max_text_repl_size: Fact<i64>,
 }
 
 /// `SERVERPROPERTY('EngineEdition')` of Azure SQL Database.
 pub const AZURE_SQL_DATABASE_EDITION: i64 = 5;
+
+/// `SERVERPROPERTY('EngineEdition')` of Azure SQL Managed Instance.
+pub const AZURE_SQL_MANAGED_INSTANCE_EDITION: i64 = 8;
 
 #[cfg(test)]
 mod tests {

@@ -51,7 +51,9 @@ pub const AGENT_STATUS: &str = "SELECT status_desc FROM sys.dm_server_services \
 WHERE servicename LIKE N'SQL Server Agent%';";
 
 /// `check`: the server's version and edition, whether CDC is enabled on this
-/// database, whether this connection is encrypted, and the server's local time.
+/// database, whether this connection is encrypted, the server's local time, and
+/// `max text repl size` (NULL where `sys.configurations` does not list it).
+/// <https://learn.microsoft.com/sql/database-engine/configure-windows/configure-the-max-text-repl-size-server-configuration-option>
 /// <https://learn.microsoft.com/sql/t-sql/functions/serverproperty-transact-sql>
 /// <https://learn.microsoft.com/sql/t-sql/functions/connectionproperty-transact-sql>
 pub const SERVER_FACTS: &str = "SELECT \
@@ -61,7 +63,9 @@ CAST(SERVERPROPERTY('EngineEdition') AS int) AS engine_edition, \
 DB_NAME() AS database_name, \
 CAST(d.is_cdc_enabled AS int) AS is_cdc_enabled, \
 CAST(CONNECTIONPROPERTY('encrypt_option') AS nvarchar(10)) AS encrypt_option, \
-SYSDATETIME() AS local_time \
+SYSDATETIME() AS local_time, \
+(SELECT CAST(c.value_in_use AS bigint) FROM sys.configurations AS c \
+WHERE c.name = N'max text repl size (B)') AS max_text_repl_size \
 FROM sys.databases AS d WHERE d.database_id = DB_ID();";
 
 /// `check`: this database's CDC jobs and the cleanup job's retention (minutes).
@@ -70,6 +74,12 @@ FROM sys.databases AS d WHERE d.database_id = DB_ID();";
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/dbo-cdc-jobs-transact-sql>
 pub const CDC_JOBS: &str = "SELECT job_type, retention FROM msdb.dbo.cdc_jobs \
 WHERE database_id = DB_ID();";
+
+/// `check` on Azure SQL Database: the same facts, which live in the database's own
+/// `cdc.cdc_jobs` there ("The cdc.cdc_jobs table resides in the cdc schema, not
+/// msdb", Learn: Change data capture with Azure SQL Database).
+/// <https://learn.microsoft.com/azure/azure-sql/database/change-data-capture-overview>
+pub const CDC_JOBS_AZURE: &str = "SELECT job_type, retention FROM cdc.cdc_jobs;";
 
 /// `check`: whether the capture job runs in the current SQL Server Agent session
 /// (started, not stopped). No row: not running.
@@ -405,6 +415,7 @@ pub const ALL_CONSTANTS: &[(&str, &str)] = &[
     ("AGENT_STATUS", AGENT_STATUS),
     ("SERVER_FACTS", SERVER_FACTS),
     ("CDC_JOBS", CDC_JOBS),
+    ("CDC_JOBS_AZURE", CDC_JOBS_AZURE),
     ("CAPTURE_JOB_RUNNING", CAPTURE_JOB_RUNNING),
     ("LOG_SCAN", LOG_SCAN),
     ("LSN_TIME", LSN_TIME),

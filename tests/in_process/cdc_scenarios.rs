@@ -414,6 +414,10 @@ async fn a_table_the_login_cannot_read_is_named_with_the_grant() {
         text.contains("dbo.T") && text.contains("GRANT SELECT"),
         "{text}"
     );
+    assert!(
+        text.contains("gating role") && text.contains("ALTER ROLE"),
+        "both reasons named: {text}"
+    );
     // Within the grace period it waits instead, and reads once granted.
     let patient = PollerConfig {
         unreadable_grace: Duration::from_secs(3600),

@@ -910,3 +910,67 @@ mod large_over_tls {
         assert!(got == expected, "the same bytes");
     }
 }
+
+/// What `check` reads of the server, on the editions that differ: Azure SQL Database
+/// keeps the cleanup retention in its own `cdc.cdc_jobs` (msdb's is out of reach),
+/// and a facts query the server refuses for a reason other than a permission makes
+/// that fact unknown, never the whole read fail.
+mod server_kinds_through_the_wire {
+    use super::*;
+    use mssql_ces::source::sim::CdcSimulator;
+    use mssql_ces::source::{CdcJob, Fact};
+
+    fn azure() -> CdcSimulator {
+        let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
+        sim.configure_server(|s| {
+            s.engine_edition = 5;
+            s.product_version = "12.0.2000.8".into();
+            s.jobs = Fact::Known(vec![CdcJob {
+                job_type: "cleanup".into(),
+                retention_minutes: Some(1440),
+            }]);
+        });
+        sim
+    }
+
+    #[tokio::test]
+    async fn azure_sql_database_reads_its_retention_from_its_own_cdc_jobs() {
+        let served = support::tds_cdc::handler(azure());
+        let standin = StandIn::start(USER, PASSWORD, served).await.unwrap();
+        let facts = source(&standin, PASSWORD, Duration::from_secs(5))
+            .server_facts()
+            .await
+            .expect("facts");
+        match facts.jobs {
+            Fact::Known(jobs) => assert_eq!(jobs[0].retention_minutes, Some(1440)),
+            Fact::Unknown(why) => panic!("retention not read: {why}"),
+        }
+        assert!(matches!(facts.agent, Fact::Unknown(_)));
+    }
+
+    #[tokio::test]
+    async fn a_facts_query_the_server_refuses_is_not_checked_rather_than_failing() {
+        let inner =
+            support::tds_cdc::handler(CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0));
+        let refusing: Handler = Arc::new(move |request: &Request| {
+            if request.sql == queries::LOG_SCAN {
+                return Reply::Error {
+                    number: 40515,
+                    class: 15,
+                    message: "not supported in this version of SQL Server".into(),
+                };
+            }
+            inner(request)
+        });
+        let standin = StandIn::start(USER, PASSWORD, refusing).await.unwrap();
+        let facts = source(&standin, PASSWORD, Duration::from_secs(5))
+            .server_facts()
+            .await
+            .expect("the read goes on");
+        match facts.log_scan {
+            Fact::Unknown(why) => assert!(why.contains("40515"), "{why}"),
+            Fact::Known(_) => panic!("the refused fact is not known"),
+        }
+        assert!(matches!(facts.jobs, Fact::Known(_)), "the others are read");
+    }
+}

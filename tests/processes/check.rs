@@ -190,6 +190,28 @@ async fn the_server_checks_fail_with_their_fix() {
     );
     let scan = expect(&report, "last log scan", Status::Fail);
     assert!(scan.detail.contains("3 errors"), "{}", scan.detail);
+    assert!(
+        report.get("max text repl size").is_none(),
+        "no captured LOB column, nothing to say"
+    );
+    // A captured nvarchar(max): the default LOB limit is reported.
+    sim.create_table(
+        "dbo",
+        "Notes",
+        vec![
+            SimColumn::new("Id", SqlType::Int),
+            SimColumn::new("Body", SqlType::NVarChar(Length::Max)),
+        ],
+        &["Id"],
+    );
+    sim.enable_table("dbo.Notes", None).expect("enable");
+    let report = run(&config, &sim).await;
+    let lob = expect(&report, "max text repl size", Status::Pass);
+    assert!(
+        lob.detail.contains("65536 bytes") && lob.detail.contains("dbo.Notes.Body"),
+        "{}",
+        lob.detail
+    );
 
     sim.configure_server(|s| {
         s.jobs = Fact::Known(Vec::new());
@@ -204,6 +226,16 @@ async fn the_server_checks_fail_with_their_fix() {
         "{job:?}"
     );
     expect(&report, "SQL Server", Status::Fail);
+    // Managed Instance and Azure SQL Database report 12.x and are current.
+    for edition in [8, 5] {
+        sim.configure_server(|s| {
+            s.product_version = "12.0.2000.8".into();
+            s.engine_edition = edition;
+        });
+        let report = run(&config, &sim).await;
+        expect(&report, "SQL Server", Status::Pass);
+    }
+    sim.configure_server(|s| s.engine_edition = 3);
 
     // CDC off: the database check says how to enable it, and the catalog cannot be
     // read (as on SQL Server).

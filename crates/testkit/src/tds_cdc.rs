@@ -439,6 +439,7 @@ fn facts<S: ChangeSource>(
         queries::SERVER_FACTS,
         queries::AGENT_STATUS,
         queries::CDC_JOBS,
+        queries::CDC_JOBS_AZURE,
         queries::CAPTURE_JOB_RUNNING,
         queries::LOG_SCAN,
     ];
@@ -462,6 +463,7 @@ fn facts<S: ChangeSource>(
                 col("is_cdc_enabled", ColumnType::Int(4)),
                 col("encrypt_option", ColumnType::NVarChar(Some(10))),
                 col("local_time", ColumnType::DateTime2(7)),
+                col("max_text_repl_size", ColumnType::Int(8)),
             ],
             vec![vec![
                 text(&facts.product_version),
@@ -474,6 +476,10 @@ fn facts<S: ChangeSource>(
                     value: facts.local_time,
                     scale: 7,
                 }),
+                match facts.max_text_repl_size {
+                    Fact::Known(size) => Cell::Int(size),
+                    Fact::Unknown(_) => Cell::Null,
+                },
             ]],
         )
     } else if sql == queries::AGENT_STATUS {
@@ -481,7 +487,23 @@ fn facts<S: ChangeSource>(
             Fact::Known(status) => one(vec![name("status_desc")], vec![vec![text(status)]]),
             Fact::Unknown(why) => denied(why),
         }
-    } else if sql == queries::CDC_JOBS {
+    } else if (sql == queries::CDC_JOBS) == (facts.engine_edition == 5) {
+        // Azure SQL Database (engine edition 5) keeps cdc_jobs in the database and
+        // refuses three-part names into msdb; elsewhere there is no cdc.cdc_jobs.
+        if facts.engine_edition == 5 {
+            Reply::Error {
+                number: 40515,
+                class: 15,
+                message: "Reference to database and/or server name in 'msdb.dbo.cdc_jobs' is not supported in this version of SQL Server.".into(),
+            }
+        } else {
+            Reply::Error {
+                number: 208,
+                class: 16,
+                message: "Invalid object name 'cdc.cdc_jobs'.".into(),
+            }
+        }
+    } else if sql == queries::CDC_JOBS || sql == queries::CDC_JOBS_AZURE {
         match &facts.jobs {
             Fact::Known(jobs) => one(
                 vec![name("job_type"), col("retention", ColumnType::Int(8))],

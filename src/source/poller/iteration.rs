@@ -201,7 +201,7 @@ impl<S: ChangeSource> Poller<S> {
                     tracing::warn!(
                         capture_instance = %name,
                         table = %t.instance.qualified_table(),
-                        "sys.fn_cdc_get_min_lsn returns 0x00: the login cannot SELECT every captured column of the table (see sql/03_least_privilege_login.sql), or the instance was just enabled; nothing is read until it can be (an error after source.unreadable_grace_ms)"
+                        "sys.fn_cdc_get_min_lsn returns 0x00: the login cannot SELECT every captured column of the table (see sql/03_least_privilege_login.sql) or is not in the capture instance's gating role, or the instance was just enabled; nothing is read until it can be (an error after source.unreadable_grace_ms)"
                     );
                 }
             }

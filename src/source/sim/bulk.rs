@@ -223,6 +223,8 @@ impl ChangeSource for BulkSource {
             }]),
             capture_running: Fact::Known(true),
             log_scan: Fact::Known(None),
+            // SQL Server's default.
+            max_text_repl_size: Fact::Known(65_536),
         })
     }
 

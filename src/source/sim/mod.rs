@@ -622,6 +622,8 @@ impl CdcSimulator {
                     ]),
                     capture_running: Fact::Known(true),
                     log_scan: Fact::Known(None),
+                    // SQL Server's default.
+                    max_text_repl_size: Fact::Known(65_536),
                 },
                 last_scan: now,
                 log: Vec::new(),

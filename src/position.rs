@@ -107,19 +107,47 @@ pub struct Switch {
 pub struct SourceIdentity {
     pub server: String,
     pub database: String,
+    /// The database's GUID: its availability group's `group_database_id` where it
+    /// is in one, else its own.
     pub database_guid: Option<Uuid>,
+    /// The replica's own `database_guid` (the same as `database_guid` outside an
+    /// availability group). Absent in checkpoints written before it (format 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_database_guid: Option<Uuid>,
     pub stream_guid: Uuid,
 }
 
 impl SourceIdentity {
     /// Whether a position recorded as `self` may be resumed on `now`: the same
-    /// database and stream GUID (the server's name may change in a failover).
+    /// database and stream GUID (the server's name may change in a failover). The
+    /// database is the same when one GUID it was known by is one it is known by
+    /// now: joining an availability group adds the group's GUID, a failover keeps
+    /// the group's and brings another replica's own, leaving the group keeps the
+    /// replica's own; a restored copy shares none.
     pub fn same_stream(&self, now: &SourceIdentity) -> bool {
+        let known: Vec<Uuid> = [self.database_guid, self.local_database_guid]
+            .into_iter()
+            .flatten()
+            .collect();
+        let seen: Vec<Uuid> = [now.database_guid, now.local_database_guid]
+            .into_iter()
+            .flatten()
+            .collect();
         self.database == now.database
             && self.stream_guid == now.stream_guid
-            && (self.database_guid == now.database_guid
-                || self.database_guid.is_none()
-                || now.database_guid.is_none())
+            && (known.is_empty() || seen.is_empty() || known.iter().any(|g| seen.contains(g)))
+    }
+
+    /// The stream GUID a run uses: `event.stream_guid` when set; else the one the
+    /// checkpoint recorded, so that a database joining or leaving an availability
+    /// group (whose default GUID then changes) keeps every event id; else the
+    /// database's GUID.
+    pub fn stream_guid_for(
+        recorded: Option<&SourceIdentity>,
+        configured: Option<Uuid>,
+        database: Option<Uuid>,
+    ) -> Option<Uuid> {
+        configured.or(recorded.map(|r| r.stream_guid)).or(database)
     }
 }
 

@@ -77,7 +77,7 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
     let (Ok(Some(position)), Some(state)) = (position, state) else {
         return resume;
     };
-    check_identity(report, &position, state);
+    check_identity(report, &position, state, config.event.stream_guid);
     check_retention(report, source, &position, state).await;
     resume
 }
@@ -96,8 +96,19 @@ pub(super) async fn check_writable(
         })
 }
 
-pub(super) fn check_identity(report: &mut Report, position: &Position, state: &SourceState) {
-    let (Some(recorded), Some(stream_guid)) = (&position.source, state.stream_guid) else {
+pub(super) fn check_identity(
+    report: &mut Report,
+    position: &Position,
+    state: &SourceState,
+    configured: Option<uuid::Uuid>,
+) {
+    // The stream GUID a run would use: the checkpoint's unless configured.
+    let stream_guid = SourceIdentity::stream_guid_for(
+        position.source.as_deref(),
+        configured,
+        state.catalog.database_guid,
+    );
+    let (Some(recorded), Some(stream_guid)) = (&position.source, stream_guid) else {
         report.pass(
             "checkpoint: this database",
             "the checkpoint does not record its database (written by an older version)",
@@ -105,6 +116,7 @@ pub(super) fn check_identity(report: &mut Report, position: &Position, state: &S
         return;
     };
     let now = SourceIdentity {
+        local_database_guid: state.catalog.local_database_guid,
         server: state.catalog.server.clone(),
         database: state.catalog.database.clone(),
         database_guid: state.catalog.database_guid,

@@ -10,7 +10,6 @@ pub(super) struct SourceState {
     pub(super) catalog: Catalog,
     pub(super) facts: ServerFacts,
     pub(super) included: Vec<CaptureInstance>,
-    pub(super) stream_guid: Option<uuid::Uuid>,
 }
 
 pub(super) async fn check_source<S: ChangeSource>(
@@ -52,7 +51,6 @@ pub(super) async fn check_source<S: ChangeSource>(
             return None;
         }
     };
-    let stream_guid = config.event.stream_guid.or(catalog.database_guid);
     match (config.event.stream_guid, catalog.database_guid) {
         (Some(configured), _) => {
             report.pass("stream GUID", format!("{configured} (event.stream_guid)"))
@@ -70,7 +68,6 @@ pub(super) async fn check_source<S: ChangeSource>(
         catalog,
         facts,
         included,
-        stream_guid,
     })
 }
 

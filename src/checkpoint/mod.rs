@@ -304,6 +304,7 @@ mod tests {
                 database_guid: Some(
                     uuid::Uuid::parse_str("0b1f3c2e-9a4d-4f7b-8e21-6c5d4a3b2f10").unwrap()
                 ),
+                local_database_guid: None,
                 stream_guid: uuid::Uuid::parse_str("1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0").unwrap(),
             }
         );

@@ -61,7 +61,7 @@ FROM sys.databases AS d WHERE d.database_id = DB_ID();";
 /// unless the login owns the database or has `VIEW ANY DATABASE`.
 /// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-database-recovery-status-transact-sql>
 pub const DATABASE_GUID: &str = "SELECT COALESCE(d.group_database_id, drs.database_guid) \
-AS database_guid \
+AS database_guid, drs.database_guid AS local_guid \
 FROM sys.databases AS d \
 LEFT JOIN sys.database_recovery_status AS drs ON drs.database_id = d.database_id \
 WHERE d.database_id = DB_ID();";
@@ -69,7 +69,8 @@ WHERE d.database_id = DB_ID();";
 /// The database GUID on Azure SQL Database (`logical_database_guid` stays the same
 /// for the life of the database). Needs `VIEW DATABASE STATE`.
 /// <https://learn.microsoft.com/sql/relational-databases/system-dynamic-management-views/sys-dm-user-db-resource-governor-azure-sql-database>
-pub const DATABASE_GUID_AZURE: &str = "SELECT logical_database_guid AS database_guid \
+pub const DATABASE_GUID_AZURE: &str = "SELECT logical_database_guid AS database_guid, \
+logical_database_guid AS local_guid \
 FROM sys.dm_user_db_resource_governance WHERE database_id = DB_ID();";
 
 /// The server's time zone (SQL Server 2022+, Azure SQL), and whether `AT TIME ZONE`
@@ -289,7 +290,8 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
     }
     let edition = info.opt_int("engine_edition").map_err(catalog_error)?;
     let offset = info.int("utc_offset_minutes").map_err(catalog_error)?;
-    let database_guid = read_guid(conn, edition == Some(AZURE_SQL_DATABASE)).await?;
+    let (database_guid, local_database_guid) =
+        read_guid(conn, edition == Some(AZURE_SQL_DATABASE)).await?;
     let server_time_zone = read_time_zone(conn).await?;
 
     let mut instances = Vec::new();
@@ -336,6 +338,7 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
         server,
         database,
         database_guid,
+        local_database_guid,
         server_utc_offset_minutes: narrow("utc_offset_minutes", offset)?,
         server_time_zone,
         version,
@@ -400,7 +403,11 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
     })
 }
 
-async fn read_guid(conn: &mut SqlConnection, azure: bool) -> Result<Option<Uuid>, SourceError> {
+/// The database's GUID and the replica's own.
+async fn read_guid(
+    conn: &mut SqlConnection,
+    azure: bool,
+) -> Result<(Option<Uuid>, Option<Uuid>), SourceError> {
     let sql = if azure {
         DATABASE_GUID_AZURE
     } else {
@@ -412,14 +419,18 @@ async fn read_guid(conn: &mut SqlConnection, azure: bool) -> Result<Option<Uuid>
         Err(SqlError {
             error: SqlErrorKind::PermissionDenied { .. },
             ..
-        }) => return Ok(None),
+        }) => return Ok((None, None)),
         Err(e) => return Err(e.into()),
     };
     match result.into_iter().next() {
-        Some(row) => NamedRow::new(row)
-            .opt_guid("database_guid")
-            .map_err(catalog_error),
-        None => Ok(None),
+        Some(row) => {
+            let mut row = NamedRow::new(row);
+            Ok((
+                row.opt_guid("database_guid").map_err(catalog_error)?,
+                row.opt_guid("local_guid").map_err(catalog_error)?,
+            ))
+        }
+        None => Ok((None, None)),
     }
 }
 
@@ -472,6 +483,7 @@ mod tests {
             ("column_name", text("Qty")),
             ("column_ordinal", ColumnData::I32(Some(3))),
             ("column_type", text("int")),
+            ("is_computed", ColumnData::I32(Some(0))),
             (
                 "type_name",
                 ColumnData::String(type_name.map(Cow::Borrowed)),

@@ -105,6 +105,7 @@ mod tests {
             server: "s".into(),
             database: "d".into(),
             database_guid: None,
+            local_database_guid: None,
             server_utc_offset_minutes: 0,
             server_time_zone: None,
             version: 0,

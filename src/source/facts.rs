@@ -211,9 +211,11 @@ mod tests {
             ("is_cdc_enabled", ColumnData::I32(Some(1))),
             ("encrypt_option", text("TRUE")),
             ("local_time", datetime(46_239, 3_600)),
+            ("max_text_repl_size", ColumnData::I64(Some(65_536))),
         ]);
         let facts = decode_server(row).expect("decodes");
         assert_eq!(facts.product_version, "16.0.4135.4");
+        assert_eq!(facts.max_text_repl_size, Fact::Known(65_536));
         assert_eq!(facts.engine_edition, 3);
         assert!(facts.cdc_enabled && facts.encrypted == Some(true));
         assert_eq!(facts.local_time.to_string(), "2026-08-07 01:00:00");
@@ -225,9 +227,12 @@ mod tests {
             ("is_cdc_enabled", ColumnData::I32(Some(0))),
             ("encrypt_option", text("FALSE")),
             ("local_time", datetime(46_239, 0)),
+            // Not listed in sys.configurations there.
+            ("max_text_repl_size", ColumnData::I64(None)),
         ]);
         let facts = decode_server(off).expect("decodes");
         assert!(!facts.cdc_enabled && facts.encrypted == Some(false));
+        assert!(matches!(facts.max_text_repl_size, Fact::Unknown(_)));
     }
 
     #[test]

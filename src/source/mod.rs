@@ -208,9 +208,12 @@ pub struct Catalog {
     /// `@@SERVERNAME`.
     pub server: String,
     pub database: String,
-    /// The database's GUID (the default stream GUID); `None` when this login cannot
-    /// read it.
+    /// The database's GUID (the default stream GUID): in an availability group the
+    /// group's, which every replica shares; `None` when this login cannot read it.
     pub database_guid: Option<Uuid>,
+    /// The replica's own database GUID (`sys.database_recovery_status`), which
+    /// differs from `database_guid` in an availability group.
+    pub local_database_guid: Option<Uuid>,
     /// The server's UTC offset in minutes, as it reports it now.
     pub server_utc_offset_minutes: i32,
     /// The server's time zone (`CURRENT_TIMEZONE_ID()`), when it can tell; change

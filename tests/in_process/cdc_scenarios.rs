@@ -605,6 +605,62 @@ async fn a_checkpoint_from_another_database_or_a_restored_copy_is_refused() {
     assert!(matches!(err, SourceError::OtherDatabase { .. }), "{err}");
 }
 
+/// Joining an availability group gives the database the group's GUID (its
+/// `group_database_id`), which was also the default stream GUID: the stream goes on
+/// with the GUID it started with, so every event id stays, through a failover to
+/// another replica (whose own GUID differs) and after leaving the group; a restored
+/// copy still shares no GUID and is refused.
+#[tokio::test]
+async fn joining_and_leaving_an_availability_group_keeps_the_stream_and_its_ids() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    insert(&sim, "dbo.T", row(1, "a"));
+    let local = Uuid::from_u128(7);
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.unwrap().len(), 1);
+    assert_eq!(poller.stream_guid(), Some(local));
+
+    // Joined: sys.databases.group_database_id is the database's GUID now.
+    let group = Uuid::from_u128(0xA6);
+    sim.set_availability_group(Some(group));
+    let mut steps = vec![("joined", None)];
+    // Failed over: another replica, with its own database_guid, is primary.
+    steps.push(("failed over", Some(Uuid::from_u128(0xB2))));
+    let mut position = poller.position().clone();
+    for (n, (step, replica)) in steps.into_iter().enumerate() {
+        if let Some(replica) = replica {
+            sim.set_guid(replica);
+        }
+        insert(&sim, "dbo.T", row(10 + n as i32, step));
+        let mut resumed = Poller::new(sim.clone(), config(), Some(position.clone()));
+        let changes = drain(&mut resumed)
+            .await
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        assert_eq!(changes.len(), 1, "{step}");
+        assert_eq!(
+            resumed.stream_guid(),
+            Some(local),
+            "{step}: the stream GUID stays"
+        );
+        position = resumed.position().clone();
+        let recorded = position.source.as_deref().expect("identity");
+        assert_eq!(recorded.database_guid, Some(group), "{step}");
+        assert_eq!(recorded.stream_guid, local, "{step}");
+    }
+    // Left the group on that replica: its own GUID is the database's again.
+    sim.set_availability_group(None);
+    insert(&sim, "dbo.T", row(30, "left"));
+    let mut left = Poller::new(sim.clone(), config(), Some(position.clone()));
+    assert_eq!(drain(&mut left).await.unwrap().len(), 1);
+    assert_eq!(left.stream_guid(), Some(local));
+
+    // A restored copy: a new GUID, no group, nothing in common.
+    sim.set_guid(Uuid::from_u128(0xC3));
+    let mut restored = Poller::new(sim.clone(), config(), Some(left.position().clone()));
+    let err = drain(&mut restored).await.unwrap_err();
+    assert!(matches!(err, SourceError::OtherDatabase { .. }), "{err}");
+}
+
 #[tokio::test]
 async fn cleanup_past_the_switch_point_is_neither_a_gap_nor_a_repeat() {
     let sim = database();

@@ -340,12 +340,15 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
         ));
     }
     if sql == DATABASE_GUID {
+        let guid = |g: Option<uuid::Uuid>| g.map_or(Cell::Null, |g| cell(&Value::Guid(g)));
         return Ok(one(
-            vec![col("database_guid", ColumnType::Guid)],
+            vec![
+                col("database_guid", ColumnType::Guid),
+                col("local_guid", ColumnType::Guid),
+            ],
             vec![vec![
-                catalog
-                    .database_guid
-                    .map_or(Cell::Null, |g| cell(&Value::Guid(g))),
+                guid(catalog.database_guid),
+                guid(catalog.local_database_guid),
             ]],
         ));
     }

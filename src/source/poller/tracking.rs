@@ -77,16 +77,18 @@ impl<S: ChangeSource> Poller<S> {
     /// The stream GUID (`event.stream_guid`, else the database's), and the identity
     /// the position belongs to, checked against the one it recorded.
     fn adopt_identity(&mut self, catalog: &Catalog) -> Result<(), SourceError> {
-        let stream_guid = match (self.config.stream_guid, catalog.database_guid) {
-            (Some(configured), _) => configured,
-            (None, Some(database)) => database,
-            (None, None) => return Err(SourceError::DatabaseGuidUnreadable),
-        };
+        let stream_guid = SourceIdentity::stream_guid_for(
+            self.position.source.as_deref(),
+            self.config.stream_guid,
+            catalog.database_guid,
+        )
+        .ok_or(SourceError::DatabaseGuidUnreadable)?;
         self.stream_guid = Some(stream_guid);
         self.check_identity(SourceIdentity {
             server: catalog.server.clone(),
             database: catalog.database.clone(),
             database_guid: catalog.database_guid,
+            local_database_guid: catalog.local_database_guid,
             stream_guid,
         })
     }
@@ -276,6 +278,16 @@ impl<S: ChangeSource> Poller<S> {
                 }
                 if recorded.server != now.server {
                     tracing::warn!(checkpoint = %recorded.server, now = %now.server, "the server name changed since the checkpoint (a failover?); the database and stream are the same, so the stream goes on");
+                }
+                let guids = |i: &SourceIdentity| (i.database_guid, i.local_database_guid);
+                if guids(recorded) != guids(&now) && now.database_guid.is_some() {
+                    tracing::info!(
+                        checkpoint = %recorded,
+                        now = %now,
+                        "the database is known by other GUIDs than at the checkpoint (it joined or left an availability group, or another replica is primary); the stream GUID, and every event id, stay as they were"
+                    );
+                }
+                if **recorded != now {
                     self.position.source = Some(Box::new(now));
                 }
                 Ok(())

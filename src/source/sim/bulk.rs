@@ -130,6 +130,7 @@ impl ChangeSource for BulkSource {
             server: "synthetic".into(),
             database: "bulk".into(),
             database_guid: Some(self.guid),
+            local_database_guid: Some(self.guid),
             server_utc_offset_minutes: 0,
             server_time_zone: Some("UTC".into()),
             version: 1,

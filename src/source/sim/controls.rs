@@ -164,6 +164,14 @@ impl CdcSimulator {
     }
 
     /// Whether the login can read the database GUID.
+    /// The database joins an availability group (`Some`, its `group_database_id`,
+    /// which every replica shares and which becomes the database's GUID) or leaves
+    /// it (`None`). A failover to another replica is [`CdcSimulator::set_guid`]
+    /// with the group kept: each replica has its own `database_guid`.
+    pub fn set_availability_group(&self, group: Option<Uuid>) {
+        self.lock().group_guid = group;
+    }
+
     pub fn set_guid_readable(&self, readable: bool) {
         self.lock().guid_readable = readable;
     }

@@ -219,6 +219,9 @@ struct SimState {
     database: String,
     guid: Uuid,
     guid_readable: bool,
+    /// `sys.databases.group_database_id`: set while the database is in an
+    /// availability group.
+    group_guid: Option<Uuid>,
     utc_offset_minutes: i32,
     time_zone: Option<Tz>,
     clock: u128,
@@ -591,6 +594,7 @@ impl CdcSimulator {
                 database: database.into(),
                 guid,
                 guid_readable: true,
+                group_guid: None,
                 utc_offset_minutes,
                 time_zone: None,
                 clock: 0x0000_00B1_0000_0000_0000,

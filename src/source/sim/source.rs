@@ -50,7 +50,10 @@ impl ChangeSource for CdcSimulator {
         Ok(Catalog {
             server: "simulator".into(),
             database: state.database.clone(),
-            database_guid: state.guid_readable.then_some(state.guid),
+            database_guid: state
+                .guid_readable
+                .then_some(state.group_guid.unwrap_or(state.guid)),
+            local_database_guid: state.guid_readable.then_some(state.guid),
             server_utc_offset_minutes: state.utc_offset_minutes,
             server_time_zone: state.time_zone.map(|tz| tz.name().to_owned()),
             version: state.version,

@@ -197,7 +197,7 @@ pub fn checkpoint_store(config: &Config) -> Result<CheckpointStore, ConfigError>
             &config.checkpoint.stream_name,
         )),
         CheckpointStoreKind::Table => CheckpointStore::Table(Box::new(TableStore::new(
-            config.sql_server()?,
+            config.checkpoint_sql_server()?,
             &config.checkpoint.stream_name,
         ))),
     })

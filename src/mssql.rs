@@ -31,6 +31,9 @@ const SERVER_KEYS: &[&str] = &[
     "network address",
 ];
 
+/// `ApplicationIntent` and its synonym.
+const APPLICATION_INTENT_KEYS: &[&str] = &["applicationintent", "application intent"];
+
 /// A connection string: its `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConnectionString(String);
@@ -51,6 +54,28 @@ impl ConnectionString {
             self.setting(SERVER_KEYS),
             self.setting(&["database", "initial catalog"]),
         )
+    }
+
+    /// Whether it asks for a read-only intent (`ApplicationIntent=ReadOnly`), with
+    /// which an availability group listener routes it to a readable secondary.
+    pub fn read_only_intent(&self) -> bool {
+        self.setting(APPLICATION_INTENT_KEYS)
+            .is_some_and(|v| v.eq_ignore_ascii_case("readonly"))
+    }
+
+    /// The same string without its application intent: read-write, which a
+    /// listener routes to the primary.
+    pub fn read_write(&self) -> ConnectionString {
+        let kept: Vec<&str> = self
+            .0
+            .split(';')
+            .filter(|pair| {
+                pair.split_once('=').is_none_or(|(key, _)| {
+                    !APPLICATION_INTENT_KEYS.contains(&key.trim().to_ascii_lowercase().as_str())
+                })
+            })
+            .collect();
+        ConnectionString(kept.join(";"))
     }
 
     /// The value of `key` (case-insensitive, any of its synonyms), if present.

@@ -76,6 +76,14 @@ fn error(reason: impl ToString) -> CheckpointError {
 
 /// A failed query, keeping whether it can pass.
 fn query_error(e: SqlError) -> CheckpointError {
+    if e.code == Some(3906) {
+        // "Failed to update database … because the database is read-only": the
+        // connection reached a readable secondary.
+        return error(format!(
+            "{}: this connection reached a read-only copy of the database (a readable secondary); point checkpoint.connection_string at the primary (the availability group listener without ApplicationIntent=ReadOnly)",
+            e.error
+        ));
+    }
     if e.error.is_transient() {
         CheckpointError::Transient {
             location: LOCATION.into(),

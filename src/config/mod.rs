@@ -37,6 +37,7 @@ pub const SECRET_SETTINGS: &[&str] = &[
     "sink.connection_string",
     "sink.sasl_password",
     "sink.ssl_key_password",
+    "checkpoint.connection_string",
 ];
 
 /// `[source]`.
@@ -191,6 +192,11 @@ pub struct CheckpointSettings {
     /// Names this stream's checkpoint, so several pollers can share one store.
     #[serde(default = "default_stream_name")]
     pub stream_name: String,
+    /// Table store: where `dbo.mssql_ces_checkpoint` is written, when not through
+    /// the source's connection (a source on a readable secondary, whose database
+    /// is read-only there). Unset: the source's connection string, read-write.
+    #[serde(default)]
+    pub connection_string: SecretRef,
     /// Least time between checkpoint writes, in ms (default 1000); the final
     /// checkpoint at shutdown is always written.
     #[serde(
@@ -207,6 +213,7 @@ impl Default for CheckpointSettings {
             store: CheckpointStoreKind::File,
             path: default_checkpoint_path(),
             stream_name: default_stream_name(),
+            connection_string: SecretRef::default(),
             interval: default_checkpoint_interval_ms(),
         }
     }
@@ -609,6 +616,36 @@ impl Config {
         };
         // The reason names the setting (and never quotes the string).
         crate::mssql::validate(&settings).map_err(ConfigError::Parse)?;
+        Ok(settings)
+    }
+
+    /// Where the table checkpoint store connects: `checkpoint.connection_string`
+    /// when set; else the source's connection string without a read-only intent —
+    /// a source reading a readable secondary through the listener
+    /// (`ApplicationIntent=ReadOnly`) keeps its checkpoints on the primary, where the
+    /// database can be written.
+    pub fn checkpoint_sql_server(&self) -> Result<SqlServerConfig, ConfigError> {
+        let own = &self.checkpoint.connection_string;
+        let connection_string = if own.env.is_some() || own.file.is_some() {
+            ConnectionString::new(own.resolve("checkpoint.connection_string")?)
+        } else {
+            let source = self.sql_server()?.connection_string;
+            if source.read_only_intent() {
+                tracing::info!(
+                    "the table checkpoint store connects without the source's ApplicationIntent=ReadOnly, through the listener to the primary (checkpoint.connection_string sets another)"
+                );
+            }
+            source.read_write()
+        };
+        let settings = SqlServerConfig {
+            connection_string,
+            trust_server_certificate: self.source.trust_server_certificate,
+            encrypt: self.source.encrypt,
+            connect_timeout: self.source.connect_timeout,
+            query_timeout: self.source.query_timeout,
+        };
+        crate::mssql::validate(&settings)
+            .map_err(|reason| invalid("checkpoint.connection_string", reason))?;
         Ok(settings)
     }
 
@@ -1116,6 +1153,60 @@ topic = "hub"
             Some("MSSQL_CES__SINK__SASL_PASSWORD")
         );
         assert!(!format!("{c:?}").contains("HUNTER2"));
+    }
+
+    /// The table checkpoint store writes where the database can be written: the
+    /// source's string without a read-only intent by default, or its own.
+    #[test]
+    fn the_table_store_connects_read_write_or_where_it_is_told() {
+        let dir = std::env::temp_dir().join(format!("mssql-ces-cp-conn-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = dir.join("source");
+        std::fs::write(
+            &source,
+            "Server=tcp:ag-listener,1433;Database=Shop;User Id=u;Password=p;ApplicationIntent=ReadOnly",
+        )
+        .unwrap();
+        let primary = dir.join("primary");
+        std::fs::write(
+            &primary,
+            "Server=tcp:primary,1433;Database=Shop;User Id=w;Password=q",
+        )
+        .unwrap();
+        let text = |own: &str| {
+            format!(
+                "[source]\nkind = \"sqlserver\"\nconnection_string = {{ file = \"{}\" }}\n[sink]\nkind = \"stdout\"\n[checkpoint]\nstore = \"table\"\n{own}",
+                source.display()
+            )
+        };
+        let c = load(&text("")).unwrap();
+        assert!(c.sql_server().unwrap().connection_string.read_only_intent());
+        let store = c.checkpoint_sql_server().unwrap().connection_string;
+        assert!(!store.read_only_intent());
+        assert!(store.expose().contains("Server=tcp:ag-listener,1433"));
+        let own = format!(
+            "connection_string = {{ file = \"{}\" }}\n",
+            primary.display()
+        );
+        let c = load(&text(&own)).unwrap();
+        let store = c.checkpoint_sql_server().unwrap().connection_string;
+        assert_eq!(
+            store.server_and_database().0.as_deref(),
+            Some("tcp:primary,1433")
+        );
+        // A secret, like the source's: never on the command line.
+        let err = Config::from_parts(
+            &text(""),
+            &[],
+            &[Override::parse("checkpoint.connection_string", "Server=x")],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("MSSQL_CES__CHECKPOINT__CONNECTION_STRING"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(dir).ok();
     }
 
     /// The file sink may not write over the checkpoint, its lock or its temporary

@@ -661,6 +661,39 @@ async fn joining_and_leaving_an_availability_group_keeps_the_stream_and_its_ids(
     assert!(matches!(err, SourceError::OtherDatabase { .. }), "{err}");
 }
 
+/// Streaming from readable secondaries: each shows the primary's changes as far as
+/// its redo got, and a failover to a replica further behind moves `max_lsn` back.
+/// Nothing is read twice or skipped: the stream waits until the new replica has
+/// caught up past the position, then goes on.
+#[tokio::test]
+async fn a_failover_to_a_replica_further_behind_neither_repeats_nor_skips() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    let mut commits = Vec::new();
+    for id in 1..=6 {
+        insert(&sim, "dbo.T", row(id, &format!("r{id}")));
+        commits.push(sim.current_max_lsn().expect("max"));
+    }
+    // Replica A has redone the first four commits.
+    sim.set_redone_through(Some(commits[3]));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(
+        names(&drain(&mut poller).await.unwrap()),
+        ["r1", "r2", "r3", "r4"]
+    );
+    // Failover to replica B, which has redone only two.
+    sim.set_redone_through(Some(commits[1]));
+    assert!(
+        drain(&mut poller).await.unwrap().is_empty(),
+        "nothing again"
+    );
+    // B catches up, then the primary itself.
+    sim.set_redone_through(Some(commits[4]));
+    assert_eq!(names(&drain(&mut poller).await.unwrap()), ["r5"]);
+    sim.set_redone_through(None);
+    assert_eq!(names(&drain(&mut poller).await.unwrap()), ["r6"]);
+}
+
 #[tokio::test]
 async fn cleanup_past_the_switch_point_is_neither_a_gap_nor_a_repeat() {
     let sim = database();

@@ -261,3 +261,40 @@ async fn a_run_whose_session_was_ended_stops_producing_within_the_bound() {
 fn store_for_standby(standin: &StandIn) -> TableStore {
     store(standin, "orders")
 }
+
+/// A source on a readable secondary (`ApplicationIntent=ReadOnly`): the checkpoint
+/// write fails there as on SQL Server (3906, the database is read-only), naming the
+/// setting; without the read-only intent (what the store uses by default) it works.
+#[tokio::test]
+async fn a_checkpoint_store_on_a_readable_secondary_is_refused_by_name_and_the_primary_works() {
+    let (standin, _table) = standin().await;
+    let read_only = ConnectionString::new(format!(
+        "{};ApplicationIntent=ReadOnly",
+        standin.connection_string(USER, PASSWORD)
+    ));
+    assert!(read_only.read_only_intent());
+    let settings = |connection_string| SqlServerConfig {
+        connection_string,
+        trust_server_certificate: true,
+        encrypt: false,
+        connect_timeout: Duration::from_secs(5),
+        query_timeout: Duration::from_secs(5),
+    };
+    let mut secondary = leased(TableStore::new(settings(read_only.clone()), "orders")).await;
+    let err = secondary.save(&Position::default()).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        !err.is_transient()
+            && text.contains("read-only")
+            && text.contains("checkpoint.connection_string"),
+        "{text}"
+    );
+    drop(secondary);
+    let primary = read_only.read_write();
+    assert!(!primary.read_only_intent());
+    let mut store = leased(TableStore::new(settings(primary), "orders")).await;
+    store
+        .save(&Position::default())
+        .await
+        .expect("written on the primary");
+}

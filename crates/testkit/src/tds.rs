@@ -199,6 +199,9 @@ pub struct Request {
     /// The sessions whose connections are open now: what a handler that models
     /// session-owned state (application locks) needs to release it with the session.
     pub sessions: Sessions,
+    /// The login asked for a read-only intent (LOGIN7 `TypeFlags` fReadOnlyIntent,
+    /// [MS-TDS] 2.2.6.4: `ApplicationIntent=ReadOnly`).
+    pub read_only_intent: bool,
 }
 
 /// The stand-in's sessions that are live (logged in, connection open). A session
@@ -944,6 +947,7 @@ fn parse_rpc(payload: &[u8]) -> Option<Request> {
         encrypted: false,
         session: 0,
         sessions: Sessions::default(),
+        read_only_intent: false,
     })
 }
 
@@ -978,6 +982,8 @@ async fn serve(
         return Ok(());
     }
     let mut out = Vec::new();
+    // TypeFlags, the 27th byte of LOGIN7: bit 5 is fReadOnlyIntent.
+    let read_only_intent = login.get(26).is_some_and(|flags| flags & 0x20 != 0);
     match login_credentials(&login) {
         Some((user, password)) if user == credentials.0 && password == credentials.1 => {
             env_changes(&mut out);
@@ -1010,12 +1016,14 @@ async fn serve(
                 encrypted,
                 session: session.id,
                 sessions: sessions.clone(),
+                read_only_intent,
             },
             packet::RPC => match parse_rpc(&payload) {
                 Some(mut request) => {
                     request.encrypted = encrypted;
                     request.session = session.id;
                     request.sessions = sessions.clone();
+                    request.read_only_intent = read_only_intent;
                     request
                 }
                 None => {

@@ -9,6 +9,10 @@
 //! connection drop and the server noticing (TCP keep-alive), the old session and
 //! its locks live on: [`CheckpointTable::drop_holder_lingering`] models that.
 //!
+//! A session that logged in with a read-only intent reached a readable secondary,
+//! where the database is read-only: its checkpoint write fails with error 3906 as
+//! there ("Failed to update database … because the database is read-only").
+//!
 //! Not modelled: the wait itself (a lock held by another session answers `NoLock`
 //! at once, as when the wait ran out), lock modes other than exclusive.
 
@@ -149,6 +153,15 @@ impl CheckpointTable {
             }]);
         }
         if sql == CHECKPOINT_WRITE {
+            if request.read_only_intent {
+                return Reply::Error {
+                    number: 3906,
+                    class: 16,
+                    message:
+                        "Failed to update database \"CesDemo\" because the database is read-only."
+                            .into(),
+                };
+            }
             let (Some(name), Some(position)) = (text(0), text(1)) else {
                 return bad(request);
             };

@@ -172,6 +172,16 @@ impl CdcSimulator {
         self.lock().group_guid = group;
     }
 
+    /// Reads as a readable secondary of an availability group does: the change
+    /// tables and `cdc.lsn_time_mapping` as the primary's log redone up to `lsn`
+    /// (redo lags the primary), so `sys.fn_cdc_get_max_lsn()` is the last commit at
+    /// or below it ("change data can also be gathered from secondary nodes", Learn:
+    /// Replication, change tracking and CDC in availability groups). A failover to
+    /// a replica further behind moves it back. `None`: the primary.
+    pub fn set_redone_through(&self, lsn: Option<Lsn>) {
+        self.lock().redone_through = lsn;
+    }
+
     pub fn set_guid_readable(&self, readable: bool) {
         self.lock().guid_readable = readable;
     }

@@ -222,6 +222,8 @@ struct SimState {
     /// `sys.databases.group_database_id`: set while the database is in an
     /// availability group.
     group_guid: Option<Uuid>,
+    /// Read on a readable secondary: the primary's log redone up to here.
+    redone_through: Option<Lsn>,
     utc_offset_minutes: i32,
     time_zone: Option<Tz>,
     clock: u128,
@@ -296,7 +298,16 @@ impl SimState {
     }
 
     fn max_lsn(&self) -> Option<Lsn> {
-        self.mapping.last().map(|(lsn, _)| *lsn)
+        match self.redone_through {
+            // A readable secondary: what redo has applied so far.
+            Some(cap) => self
+                .mapping
+                .iter()
+                .rev()
+                .map(|(lsn, _)| *lsn)
+                .find(|lsn| *lsn <= cap),
+            None => self.mapping.last().map(|(lsn, _)| *lsn),
+        }
     }
 
     /// The capture job's scan: everything in the log, in log order.
@@ -595,6 +606,7 @@ impl CdcSimulator {
                 guid,
                 guid_readable: true,
                 group_guid: None,
+                redone_through: None,
                 utc_offset_minutes,
                 time_zone: None,
                 clock: 0x0000_00B1_0000_0000_0000,

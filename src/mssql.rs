@@ -325,7 +325,11 @@ fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
 pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SqlError> {
     let config = driver_config(settings).map_err(|error| SqlError { code: None, error })?;
     let limit = settings.connect_timeout;
-    match tokio::time::timeout(limit, connect_unbounded(config)).await {
+    let parallel = settings
+        .connection_string
+        .setting(&["multisubnetfailover", "multi subnet failover"])
+        .is_some_and(|v| v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("yes"));
+    match tokio::time::timeout(limit, connect_unbounded(config, parallel)).await {
         Ok(result) => result,
         Err(_) => Err(SqlError {
             code: None,
@@ -339,7 +343,39 @@ pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SqlError> 
     }
 }
 
-async fn connect_unbounded(mut config: Config) -> Result<TdsClient, SqlError> {
+/// Opens TCP to `addr`. With `parallel` (`MultiSubnetFailover=True`), to every
+/// address the name resolves to at once, keeping the first that answers, as
+/// SqlClient does: a multi-subnet availability group listener resolves to one
+/// address per subnet, and only the active subnet's answers — tried in turn, a dead
+/// first address would use up the connect time-out. Otherwise the addresses in
+/// turn.
+async fn open_tcp(addr: &str, parallel: bool) -> std::io::Result<TcpStream> {
+    if !parallel {
+        return TcpStream::connect(addr).await;
+    }
+    let addresses: Vec<std::net::SocketAddr> = tokio::net::lookup_host(addr).await?.collect();
+    first_connected(addresses.into_iter().map(TcpStream::connect).collect()).await
+}
+
+/// The first attempt that succeeds; the others are dropped (cancelled). When all
+/// fail, the last error.
+async fn first_connected<T, F>(attempts: Vec<F>) -> std::io::Result<T>
+where
+    F: std::future::Future<Output = std::io::Result<T>>,
+{
+    use futures_util::StreamExt as _;
+    let mut pending: futures_util::stream::FuturesUnordered<F> = attempts.into_iter().collect();
+    let mut last = None;
+    while let Some(attempt) = pending.next().await {
+        match attempt {
+            Ok(connected) => return Ok(connected),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the name resolves to no address")))
+}
+
+async fn connect_unbounded(mut config: Config, parallel: bool) -> Result<TdsClient, SqlError> {
     let transient = |message: String| SqlError {
         code: None,
         error: SqlErrorKind::Transient { message },
@@ -347,7 +383,7 @@ async fn connect_unbounded(mut config: Config) -> Result<TdsClient, SqlError> {
     // Azure SQL may redirect to another node once.
     for _ in 0..2 {
         let addr = config.get_addr();
-        let tcp = TcpStream::connect(&addr)
+        let tcp = open_tcp(&addr, parallel)
             .await
             .map_err(|e| transient(format!("cannot connect to {addr}: {e}")))?;
         tcp.set_nodelay(true)
@@ -732,6 +768,47 @@ mod tests {
             back.error,
             classify_server_error(4060, "the server's words")
         );
+    }
+
+    /// With MultiSubnetFailover, a dead address (it never answers) does not hold
+    /// the connection: the first address that answers wins at once.
+    #[tokio::test(start_paused = true)]
+    async fn the_first_address_that_answers_wins_and_a_dead_one_waits_for_nothing() {
+        type Attempt = std::pin::Pin<Box<dyn std::future::Future<Output = std::io::Result<u8>>>>;
+        let dead: Attempt = Box::pin(std::future::pending());
+        let refused: Attempt =
+            Box::pin(async { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) });
+        let alive: Attempt = Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(2)
+        });
+        let started = tokio::time::Instant::now();
+        assert_eq!(
+            first_connected(vec![dead, refused, alive]).await.unwrap(),
+            2
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(20));
+        let none: Vec<Attempt> = vec![Box::pin(async {
+            Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+        })];
+        assert_eq!(
+            first_connected(none).await.unwrap_err().kind(),
+            std::io::ErrorKind::ConnectionRefused
+        );
+    }
+
+    /// Through the resolver: `localhost` names more than one address here (::1 and
+    /// 127.0.0.1); a listener on one of them is reached whichever comes first.
+    #[tokio::test]
+    async fn a_name_with_several_addresses_reaches_the_one_that_listens() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accept = tokio::spawn(async move { listener.accept().await.map(drop) });
+        let tcp = open_tcp(&format!("localhost:{port}"), true)
+            .await
+            .expect("connects");
+        assert_eq!(tcp.peer_addr().unwrap().port(), port);
+        accept.await.unwrap().unwrap();
     }
 
     #[tokio::test]

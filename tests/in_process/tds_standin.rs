@@ -154,6 +154,36 @@ async fn the_poller_queries_reach_the_wire_and_their_answers_decode() {
     );
 }
 
+/// `MultiSubnetFailover=True` (a multi-subnet listener): the driver gets the
+/// connection the parallel attempt opened, to whichever address answered.
+#[tokio::test]
+async fn multi_subnet_failover_connects_through_the_name_to_the_address_that_answers() {
+    let standin = StandIn::start(
+        USER,
+        PASSWORD,
+        handler(|request| {
+            if request.sql == queries::MAX_LSN {
+                max_lsn_rows(Some(lsn(7)))
+            } else {
+                support::tds::unknown(request)
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let mut source = SqlServerSource::new(SqlServerConfig {
+        connection_string: ConnectionString::new(format!(
+            "Server=tcp:localhost,{};Database=CesDemo;User Id={USER};Password={PASSWORD};Encrypt=false;MultiSubnetFailover=True",
+            standin.address.port()
+        )),
+        trust_server_certificate: false,
+        encrypt: false,
+        connect_timeout: Duration::from_secs(5),
+        query_timeout: Duration::from_secs(5),
+    });
+    assert_eq!(source.max_lsn().await.unwrap().lsn, Some(lsn(7)));
+}
+
 #[tokio::test]
 async fn a_wrong_password_is_the_login_error_that_names_the_setting() {
     let standin = StandIn::start(USER, PASSWORD, handler(support::tds::unknown))

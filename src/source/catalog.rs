@@ -125,11 +125,19 @@ AND src.column_id = cc.column_id \
 ORDER BY ct.capture_instance, cc.column_ordinal;";
 
 /// Key columns in key order, as CDC identifies rows: the index given as
-/// `@index_name` to `sp_cdc_enable_table`, else the primary key.
+/// `@index_name` to `sp_cdc_enable_table`, else the primary key; and whether the
+/// index sorts each descending (`sys.index_columns.is_descending_key`, found through
+/// the index `cdc.change_tables.index_name` names; 0 where it cannot be found).
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-index-columns-transact-sql>
-pub const KEY_COLUMNS: &str = "SELECT ct.capture_instance, ic.column_name, ic.index_ordinal \
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-index-columns-transact-sql>
+pub const KEY_COLUMNS: &str = "SELECT ct.capture_instance, ic.column_name, ic.index_ordinal, \
+CAST(COALESCE(six.is_descending_key, 0) AS int) AS is_descending \
 FROM cdc.change_tables AS ct \
 JOIN cdc.index_columns AS ic ON ic.object_id = ct.object_id \
+LEFT JOIN sys.indexes AS si ON si.object_id = ct.source_object_id \
+AND si.name COLLATE Latin1_General_BIN2 = ct.index_name COLLATE Latin1_General_BIN2 \
+LEFT JOIN sys.index_columns AS six ON six.object_id = si.object_id \
+AND six.index_id = si.index_id AND six.column_id = ic.column_id \
 ORDER BY ct.capture_instance, ic.index_ordinal;";
 
 /// Every constant above, for the parse test.
@@ -317,6 +325,7 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
             create_date: row.datetime("create_date").map_err(catalog_error)?,
             columns: Vec::new(),
             key_columns: Vec::new(),
+            descending_keys: Vec::new(),
             has_command_id: row.int("has_command_id").map_err(catalog_error)? == 1,
         });
     }
@@ -330,7 +339,11 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
     for mut row in rows(conn, KEY_COLUMNS).await? {
         let instance = row.string("capture_instance").map_err(catalog_error)?;
         let column = row.string("column_name").map_err(catalog_error)?;
+        let descending = row.opt_int("is_descending").map_err(catalog_error)? == Some(1);
         if let Some(ci) = instances.iter_mut().find(|i| i.name == instance) {
+            if descending {
+                ci.descending_keys.push(column.clone());
+            }
             ci.key_columns.push(column);
         }
     }

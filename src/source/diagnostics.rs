@@ -97,6 +97,7 @@ mod tests {
             columns,
             has_command_id: true,
             key_columns: Vec::new(),
+            descending_keys: Vec::new(),
         }
     }
 

@@ -297,6 +297,7 @@ mod tests {
                 column("Note", 3, SqlType::NVarChar(Length::Bounded(10))),
             ],
             key_columns: vec!["Id".into()],
+            descending_keys: Vec::new(),
         };
         Arc::new(InstanceContext::new(&ci, "db").unwrap())
     }

@@ -163,6 +163,10 @@ pub struct CaptureInstance {
     /// (`cdc.index_columns`: the `@index_name` the table was enabled with, else the
     /// primary key); empty when neither exists.
     pub key_columns: Vec<String>,
+    /// The key columns the index sorts descending (`sys.index_columns.
+    /// is_descending_key`): a load reads in the index's order, or the server would
+    /// sort what is left of the table for every chunk.
+    pub descending_keys: Vec<String>,
 }
 
 impl CaptureInstance {

@@ -304,15 +304,26 @@ fn key_parameter(parameter: usize, sql_type: SqlType) -> String {
 /// is NULL (`Some(true)`) or not, and is `None` for the first chunk. Parameters: `@P1`
 /// the chunk size (only with a key), then the non-NULL values of `after`, in key
 /// order, as text (see [`key_parameter`]). Columns, by name: each emitted column with
-/// the casts of the change query.
+/// the casts of the change query (and, past the first chunk, each key column raw as
+/// `[__$k0]`, `[__$k1]`…, which order the page).
 ///
-/// A keyed table is read in key order, each chunk one statement that seeks past the
-/// last key read (keyset pagination: no offset to shift under concurrent writes, no
-/// transaction spanning chunks). A table without a key is read by one statement in
-/// one pass ordered by every column (the caller streams it; the statement holds the
-/// table's schema-stability lock until the pass ends). Both under the session's default READ COMMITTED:
-/// only committed rows, each row's shared lock released once read — no table lock, and
-/// no version store held for the whole load as SNAPSHOT isolation would.
+/// A keyed table is read in its index's order (`instance.descending_keys` read
+/// `DESC`: read the other way, the server would sort what is left of the table for
+/// every chunk), each chunk one statement that seeks past the last key read (keyset
+/// pagination: no offset to shift under concurrent writes, no transaction spanning
+/// chunks). "After the keyset" is written as `UNION ALL` branches of equalities on a
+/// prefix of the key and one range on the next column, each with its own `TOP` and
+/// order, cut outside: as for the change query, one `OR` would let only the first
+/// column seek, so a key whose first column repeats (`(tenant, id)`) would re-read
+/// every earlier row of the tenant for each chunk. A table without a key is read by
+/// one statement in one pass (the caller streams it; the statement holds the table's
+/// schema-stability lock until the pass ends) ordered by every column, text in a
+/// binary collation and then by length, `datetimeoffset` then by its offset: rows
+/// that compare equal otherwise (case, trailing spaces, one instant in two offsets)
+/// still come in one order, so a pass started again gives each row the same place.
+/// Both under the session's default READ COMMITTED: only committed rows, each row's
+/// shared lock released once read — no table lock, and no version store held for the
+/// whole load as SNAPSHOT isolation would.
 pub fn read_table(
     instance: &CaptureInstance,
     key: &[(String, SqlType)],
@@ -325,59 +336,110 @@ pub fn read_table(
     let table = source_table(instance);
     let columns = columns.join(", ");
     if key.is_empty() {
-        // Every column in the order: the pass comes in the same order each time the
-        // table is unchanged, so a pass started again sends the same rows under the
-        // same sequence numbers (identical rows are interchangeable).
         let order: Vec<String> = instance
             .emitted_columns()
-            .map(|e| format!("ct.{}", quote_name(e.name())))
+            .flat_map(|e| heap_order(e.name(), e.sql_type))
             .collect();
         return format!(
             "SELECT {columns} FROM {table} AS ct ORDER BY {};",
             order.join(", ")
         );
     }
+    let descending = |name: &str| instance.descending_keys.iter().any(|d| d == name);
+    let direction = |name: &str| if descending(name) { " DESC" } else { "" };
     let order: Vec<String> = key
         .iter()
-        .map(|(name, _)| format!("ct.{}", quote_name(name)))
+        .map(|(name, _)| format!("ct.{}{}", quote_name(name), direction(name)))
         .collect();
-    let mut filter = String::new();
-    if let Some(nulls) = after {
-        // (k1 > v1) OR (k1 = v1 AND k2 > v2) OR …, where NULL sorts first: after a
-        // NULL comes any non-NULL value, and NULL equals NULL here.
-        let mut parameter = 1;
-        let mut compared: Vec<(String, String)> = Vec::new();
-        for ((name, sql_type), &is_null) in key.iter().zip(nulls) {
-            let column = format!("ct.{}", quote_name(name));
-            let (greater, equal) = if is_null {
-                (format!("{column} IS NOT NULL"), format!("{column} IS NULL"))
+    let order = order.join(", ");
+    let Some(nulls) = after else {
+        return format!("SELECT TOP (@P1) {columns} FROM {table} AS ct ORDER BY {order};");
+    };
+    // Per key column: its equality with the keyset's value, and what comes after
+    // that value in the index's order. NULL sorts first: after NULL, ascending,
+    // comes every value; descending, nothing; after a value, descending, come the
+    // smaller ones and then NULL.
+    let mut parameter = 1;
+    let mut equal: Vec<String> = Vec::new();
+    let mut later: Vec<Vec<String>> = Vec::new();
+    for ((name, sql_type), &is_null) in key.iter().zip(nulls) {
+        let column = format!("ct.{}", quote_name(name));
+        if is_null {
+            equal.push(format!("{column} IS NULL"));
+            later.push(if descending(name) {
+                Vec::new()
             } else {
-                parameter += 1;
-                let value = key_parameter(parameter, *sql_type);
-                (format!("{column} > {value}"), format!("{column} = {value}"))
-            };
-            compared.push((greater, equal));
+                vec![format!("{column} IS NOT NULL")]
+            });
+        } else {
+            parameter += 1;
+            let value = key_parameter(parameter, *sql_type);
+            equal.push(format!("{column} = {value}"));
+            later.push(if descending(name) {
+                vec![format!("{column} < {value}"), format!("{column} IS NULL")]
+            } else {
+                vec![format!("{column} > {value}")]
+            });
         }
-        let alternatives: Vec<String> = (0..compared.len())
-            .map(|i| {
-                let mut terms: Vec<&str> =
-                    compared[..i].iter().map(|(_, eq)| eq.as_str()).collect();
-                terms.push(&compared[i].0);
-                format!("({})", terms.join(" AND "))
-            })
-            .collect();
-        // The redundant bound on the first key column lets the server seek instead of
-        // scanning every row before the keyset (the OR alone is not sargable).
-        let seek = match nulls.first() {
-            Some(false) => format!("{} >= {} AND ", order[0], key_parameter(2, key[0].1)),
-            _ => String::new(),
-        };
-        filter = format!(" WHERE {seek}({})", alternatives.join(" OR "));
     }
+    let raw: Vec<String> = key
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| format!("ct.{} AS [__$k{i}]", quote_name(name)))
+        .collect();
+    let raw = raw.join(", ");
+    let mut branches = Vec::new();
+    for (i, alternatives) in later.iter().enumerate() {
+        for alternative in alternatives {
+            let mut terms: Vec<&str> = equal[..i].iter().map(String::as_str).collect();
+            terms.push(alternative);
+            let b = branches.len();
+            branches.push(format!(
+                "SELECT b{b}.* FROM (SELECT TOP (@P1) {columns}, {raw} FROM {table} AS ct \
+WHERE {} ORDER BY {order}) AS b{b}",
+                terms.join(" AND ")
+            ));
+        }
+    }
+    if branches.is_empty() {
+        // Nothing comes after the keyset (a NULL in every descending column).
+        return format!("SELECT TOP (@P1) {columns} FROM {table} AS ct WHERE 1 = 0;");
+    }
+    let outer: Vec<String> = key
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| format!("page.[__$k{i}]{}", direction(name)))
+        .collect();
     format!(
-        "SELECT TOP (@P1) {columns} FROM {table} AS ct{filter} ORDER BY {};",
-        order.join(", ")
+        "SELECT TOP (@P1) page.* FROM ({}) AS page ORDER BY {};",
+        branches.join(" UNION ALL "),
+        outer.join(", ")
     )
+}
+
+/// A heap's `ORDER BY` terms for one column: its value, and what tells apart values
+/// that compare equal — text in a binary collation (its own code page's characters,
+/// via `nvarchar`) and its length (trailing spaces compare equal even in a binary
+/// collation), a `datetimeoffset`'s offset.
+fn heap_order(name: &str, sql_type: SqlType) -> Vec<String> {
+    let column = format!("ct.{}", quote_name(name));
+    match sql_type {
+        SqlType::Char(length) | SqlType::VarChar(length) => vec![
+            format!(
+                "CAST({column} AS {}) COLLATE Latin1_General_BIN2",
+                unicode("nvarchar", length)
+            ),
+            format!("DATALENGTH({column})"),
+        ],
+        SqlType::NChar(_) | SqlType::NVarChar(_) => vec![
+            format!("{column} COLLATE Latin1_General_BIN2"),
+            format!("DATALENGTH({column})"),
+        ],
+        SqlType::DateTimeOffset { .. } => {
+            vec![column.clone(), format!("DATEPART(TZOFFSET, {column})")]
+        }
+        _ => vec![column],
+    }
 }
 
 /// Largest number of capture instances probed in one statement (SQL Server allows
@@ -476,6 +538,7 @@ mod tests {
                 ),
             ],
             key_columns: vec!["Id".into()],
+            descending_keys: Vec::new(),
         }
     }
 
@@ -539,22 +602,56 @@ CAST(ct.[Name] AS varbinary(100)) AS [Name] \
 FROM [dbo].[order details] AS ct ORDER BY ct.[Id], ct.[When];"
         );
         let after = read_table(&instance, &key, Some(&[false, false]));
+        // Two branches, each a prefix of equalities and one range: all seekable.
         assert!(
-            after.ends_with(
-                " WHERE ct.[Id] >= CAST(@P2 AS int) AND ((ct.[Id] > CAST(@P2 AS int)) \
-OR (ct.[Id] = CAST(@P2 AS int) AND ct.[When] > CONVERT(datetime, @P3, 121))) \
-ORDER BY ct.[Id], ct.[When];"
+            after.contains("WHERE ct.[Id] > CAST(@P2 AS int) ORDER BY ct.[Id], ct.[When]) AS b0"),
+            "{after}"
+        );
+        assert!(
+            after.contains(
+                "WHERE ct.[Id] = CAST(@P2 AS int) AND ct.[When] > CONVERT(datetime, @P3, 121) \
+ORDER BY ct.[Id], ct.[When]) AS b1"
             ),
             "{after}"
+        );
+        assert!(!after.contains(" OR "), "no OR: {after}");
+        assert!(
+            after.ends_with(") AS page ORDER BY page.[__$k0], page.[__$k1];"),
+            "cut outside in key order: {after}"
         );
         // A NULL takes no parameter: the next value is @P2, and NULL sorts first.
         let after_null = read_table(&instance, &key, Some(&[true, false]));
         assert!(
-            after_null.contains(
-                " WHERE ((ct.[Id] IS NOT NULL) OR (ct.[Id] IS NULL AND ct.[When] > CONVERT(datetime, @P2, 121)))"
-            ),
+            after_null.contains("WHERE ct.[Id] IS NOT NULL ORDER BY")
+                && after_null.contains(
+                    "WHERE ct.[Id] IS NULL AND ct.[When] > CONVERT(datetime, @P2, 121) ORDER BY"
+                ),
             "{after_null}"
         );
+        // A descending key column is read in its index's order: DESC, and after a
+        // value come the smaller ones, then NULL (which sorts first ascending).
+        let mut descending = instance.clone();
+        descending.descending_keys = vec!["When".into()];
+        assert!(read_table(&descending, &key, None).ends_with("ORDER BY ct.[Id], ct.[When] DESC;"));
+        let after_desc = read_table(&descending, &key, Some(&[false, false]));
+        for branch in [
+            "WHERE ct.[Id] > CAST(@P2 AS int) ORDER BY ct.[Id], ct.[When] DESC",
+            "WHERE ct.[Id] = CAST(@P2 AS int) AND ct.[When] < CONVERT(datetime, @P3, 121) ORDER BY",
+            "WHERE ct.[Id] = CAST(@P2 AS int) AND ct.[When] IS NULL ORDER BY",
+        ] {
+            assert!(after_desc.contains(branch), "{branch}: {after_desc}");
+        }
+        assert!(after_desc.ends_with("ORDER BY page.[__$k0], page.[__$k1] DESC;"));
+        // After NULL in a descending last column: only later first-column values.
+        let after_desc_null = read_table(&descending, &key, Some(&[false, true]));
+        assert_eq!(
+            after_desc_null.matches(" AS b").count(),
+            1,
+            "{after_desc_null}"
+        );
+        for sql in [&after, &after_null, &after_desc, &after_desc_null] {
+            assert_parses("read_table", sql);
+        }
         let binary = read_table(
             &instance,
             &[("Raw".to_owned(), SqlType::Binary(Length::Bounded(8)))],
@@ -573,10 +670,15 @@ ORDER BY ct.[Id], ct.[When];"
         assert!(!heap.contains("TOP"), "{heap}");
         assert!(
             heap.ends_with(
-                "ORDER BY ct.[Id], ct.[unit price], ct.[x]]y], ct.[Code], ct.[Note], ct.[Name];"
+                "ORDER BY ct.[Id], ct.[unit price], \
+ct.[x]]y] COLLATE Latin1_General_BIN2, DATALENGTH(ct.[x]]y]), \
+CAST(ct.[Code] AS nvarchar(10)) COLLATE Latin1_General_BIN2, DATALENGTH(ct.[Code]), \
+CAST(ct.[Note] AS nvarchar(max)) COLLATE Latin1_General_BIN2, DATALENGTH(ct.[Note]), \
+ct.[Name] COLLATE Latin1_General_BIN2, DATALENGTH(ct.[Name]);"
             ),
-            "a pass in one order: {heap}"
+            "a pass in one order, rows equal but for case or trailing spaces included: {heap}"
         );
+        assert_parses("read_table, no key", &heap);
     }
 
     #[test]

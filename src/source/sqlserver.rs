@@ -626,6 +626,7 @@ mod tests {
                 })
                 .collect(),
             key_columns: vec!["Id".into()],
+            descending_keys: Vec::new(),
             has_command_id: true,
         }
     }

@@ -380,10 +380,14 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
             .instances
             .iter()
             .flat_map(|i| {
-                i.key_columns
-                    .iter()
-                    .enumerate()
-                    .map(move |(n, k)| vec![text(&i.name), text(k), Cell::Int(n as i64 + 1)])
+                i.key_columns.iter().enumerate().map(move |(n, k)| {
+                    vec![
+                        text(&i.name),
+                        text(k),
+                        Cell::Int(n as i64 + 1),
+                        Cell::Int(i64::from(i.descending_keys.contains(k))),
+                    ]
+                })
             })
             .collect();
         return Ok(one(
@@ -391,6 +395,7 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
                 col("capture_instance", ColumnType::NVarChar(Some(128))),
                 col("column_name", ColumnType::NVarChar(Some(128))),
                 col("index_ordinal", ColumnType::Int(1)),
+                col("is_descending", ColumnType::Int(4)),
             ],
             rows,
         ));

@@ -87,6 +87,7 @@ impl BulkSource {
             ],
             has_command_id: true,
             key_columns: vec!["id".into()],
+            descending_keys: Vec::new(),
         }
     }
 

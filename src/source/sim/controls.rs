@@ -113,6 +113,19 @@ impl CdcSimulator {
         }
     }
 
+    /// Makes the instance's key index sort `columns` descending (`PRIMARY KEY (a,
+    /// b DESC)`), as `sys.index_columns.is_descending_key` then says.
+    pub fn set_descending_key_columns(&self, capture_instance: &str, columns: &[&str]) {
+        if let Some(i) = self
+            .lock()
+            .instances
+            .iter_mut()
+            .find(|i| i.info.name == capture_instance)
+        {
+            i.info.descending_keys = columns.iter().map(|c| c.to_string()).collect();
+        }
+    }
+
     /// Models a change table created before `__$command_id` existed.
     pub fn remove_command_id(&self, capture_instance: &str) {
         if let Some(i) = self

@@ -727,6 +727,7 @@ impl CdcSimulator {
                 create_date,
                 columns,
                 key_columns: t.key.clone(),
+                descending_keys: Vec::new(),
                 has_command_id: true,
             },
             table: table.into(),

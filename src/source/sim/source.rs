@@ -382,7 +382,24 @@ impl<'a> TableRead<'a> {
             ),
             _ => return Err(self.misuse("the cursor does not match the key")),
         };
-        if self.instance.key_columns == self.table.key {
+        // Per key column, whether its index sorts it descending (NULL, first
+        // ascending, is then last).
+        let descending: Vec<bool> = self
+            .instance
+            .key_columns
+            .iter()
+            .map(|k| self.instance.descending_keys.contains(k))
+            .collect();
+        let in_index_order = |a: &SortKey, b: &SortKey| {
+            for ((x, y), &down) in a.iter().zip(b).zip(&descending) {
+                let ordering = if down { y.cmp(x) } else { x.cmp(y) };
+                if ordering != std::cmp::Ordering::Equal {
+                    return ordering;
+                }
+            }
+            std::cmp::Ordering::Equal
+        };
+        if self.instance.key_columns == self.table.key && !descending.contains(&true) {
             let range = match &after {
                 None => self.table.rows.range::<SortKey, _>(..),
                 Some(after) => self.table.rows.range::<SortKey, _>((
@@ -408,9 +425,13 @@ impl<'a> TableRead<'a> {
                     row,
                 )
             })
-            .filter(|(k, _)| after.as_ref().is_none_or(|a| k > a))
+            .filter(|(k, _)| {
+                after
+                    .as_ref()
+                    .is_none_or(|a| in_index_order(k, a) == std::cmp::Ordering::Greater)
+            })
             .collect();
-        ordered.sort_by(|a, b| a.0.cmp(&b.0));
+        ordered.sort_by(|a, b| in_index_order(&a.0, &b.0));
         ordered
             .into_iter()
             .take(limit)

@@ -100,7 +100,8 @@ pub async fn run(
                 database = database.as_deref().unwrap_or("(the login's default)"),
                 "source: SQL Server"
             );
-            let source = SqlServerSource::new(settings);
+            let source = SqlServerSource::new(settings)
+                .with_first_row_timeout(config.snapshot.first_row_timeout);
             let poller = Poller::new(source, poller_config, position);
             drive(
                 &config, poller, store, shutdown, until_idle, resume, &metrics,

@@ -299,6 +299,19 @@ pub struct SnapshotSettings {
     /// Rows per chunk: one statement and one batch (default 1000, 1 to 100000).
     #[serde(default = "default_chunk_size")]
     pub chunk_size: usize,
+    /// A table without a key: how long its one pass may wait for the first row,
+    /// which SQL Server sends only once it has sorted the whole table (default one
+    /// hour; the query time-out bounds every later row).
+    #[serde(
+        rename = "first_row_timeout_ms",
+        with = "millis",
+        default = "default_first_row_timeout_ms"
+    )]
+    pub first_row_timeout: Duration,
+}
+
+fn default_first_row_timeout_ms() -> Duration {
+    crate::source::sqlserver::DEFAULT_FIRST_ROW_TIMEOUT
 }
 
 impl Default for SnapshotSettings {
@@ -306,6 +319,7 @@ impl Default for SnapshotSettings {
         SnapshotSettings {
             mode: SnapshotMode::Never,
             chunk_size: default_chunk_size(),
+            first_row_timeout: default_first_row_timeout_ms(),
         }
     }
 }

@@ -45,7 +45,18 @@ pub struct SqlServerSource {
     passes: HashMap<String, Pass>,
     /// The transaction the last `cdc.lsn_time_mapping` fallback warning was for.
     time_mapping_warned: Option<Lsn>,
+    /// How long a pass over a table without a key may wait for its first row: the
+    /// server sorts the whole table before it (see [`DEFAULT_FIRST_ROW_TIMEOUT`]).
+    first_row_timeout: std::time::Duration,
 }
+
+/// The default bound on a keyless table's first row (`snapshot.first_row_timeout_ms`):
+/// the pass orders by every column, so SQL Server sorts the whole table (in tempdb)
+/// before it sends one row — far longer than any query time-out for a big heap.
+pub const DEFAULT_FIRST_ROW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// How long cancelling an abandoned pass on the server (TDS Attention) may take.
+const CANCEL_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Errors that mean the catalog changed under a query: 208 invalid object name (a
 /// change table dropped by `sp_cdc_disable_table`), 207 invalid column name.
@@ -237,53 +248,118 @@ async fn stream_pass(
     sql: String,
     capture_instance: String,
     columns: Vec<(String, SqlType)>,
-    limit: usize,
+    (limit, first_row_timeout): (usize, std::time::Duration),
     out: tokio::sync::mpsc::Sender<Result<Vec<Vec<Value>>, SourceError>>,
 ) {
+    let mut client = match crate::mssql::connect(&settings).await {
+        Ok(client) => client,
+        Err(e) => {
+            let _ = out.send(Err(SourceError::from(e))).await;
+            return;
+        }
+    };
+    let result = read_pass(
+        &mut client,
+        &settings,
+        &sql,
+        (&capture_instance, &columns),
+        (limit, first_row_timeout),
+        &out,
+    )
+    .await;
+    let abandoned = match result {
+        Ok(finished) => !finished,
+        Err(e) => {
+            let _ = out.send(Err(e)).await;
+            true
+        }
+    };
+    if abandoned {
+        // The statement may still run on the server (a sort in tempdb, its
+        // schema-stability lock queueing DDL): cancel it with a TDS Attention
+        // before the connection goes, within a bound.
+        match tokio::time::timeout(CANCEL_BUDGET, client.cancel_query()).await {
+            Ok(Ok(())) => tracing::debug!(
+                capture_instance,
+                "the abandoned pass was cancelled on the server"
+            ),
+            _ => tracing::warn!(
+                capture_instance,
+                "could not cancel the abandoned pass on the server; closing its connection ends it when the server notices"
+            ),
+        }
+    }
+}
+
+/// Streams the pass's rows in chunks to `out`. `Ok(true)` when every row was sent,
+/// `Ok(false)` when the reader went away first (the load moved on or stopped).
+async fn read_pass(
+    client: &mut crate::mssql::TdsClient,
+    settings: &crate::mssql::SqlServerConfig,
+    sql: &str,
+    (capture_instance, columns): (&str, &[(String, SqlType)]),
+    (limit, first_row_timeout): (usize, std::time::Duration),
+    out: &tokio::sync::mpsc::Sender<Result<Vec<Vec<Value>>, SourceError>>,
+) -> Result<bool, SourceError> {
     use futures_util::TryStreamExt as _;
-    let result: Result<(), SourceError> = async {
-        let mut client = crate::mssql::connect(&settings)
-            .await
-            .map_err(SourceError::from)?;
-        let classify =
-            |e: tiberius::error::Error| SourceError::from(crate::mssql::classify(&e));
-        let mut rows = client
-            .query(sql.as_str(), &[])
-            .await
-            .map_err(classify)?
-            .into_row_stream();
-        let mut chunk = Vec::with_capacity(limit.min(4096));
-        let wait = settings.query_timeout;
-        loop {
-            let next = tokio::time::timeout(wait, rows.try_next())
-                .await
-                .map_err(|_| SourceError::Transient {
-                    message: format!(
-                        "a row of the pass over a table without a key took longer than {} ms (source.query_timeout_ms)",
-                        wait.as_millis()
-                    ),
-                })?;
-            let Some(row) = next.map_err(classify)? else {
-                break;
-            };
-            let (values, _) = decode_values(&capture_instance, &mut NamedRow::new(row), &columns)?;
-            chunk.push(values);
-            if chunk.len() >= limit {
-                let full = std::mem::replace(&mut chunk, Vec::with_capacity(limit.min(4096)));
-                if out.send(Ok(full)).await.is_err() {
-                    return Ok(());
+    let classify = |e: tiberius::error::Error| SourceError::from(crate::mssql::classify(&e));
+    let first_row_late = || SourceError::Transient {
+        message: format!(
+            "the first row of the pass over table {capture_instance} (no key: read in one pass the server sorts first) took longer than {} ms (snapshot.first_row_timeout_ms)",
+            first_row_timeout.as_millis()
+        ),
+    };
+    let started = tokio::time::Instant::now();
+    // The answer's first token may itself wait for the sort.
+    let query = tokio::select! {
+        query = tokio::time::timeout(first_row_timeout, client.query(sql, &[])) => {
+            query.map_err(|_| first_row_late())?
+        }
+        () = out.closed() => return Ok(false),
+    };
+    let mut rows = query.map_err(classify)?.into_row_stream();
+    let mut chunk = Vec::with_capacity(limit.min(4096));
+    let mut first = true;
+    loop {
+        // The first row comes only once the server has sorted the whole table:
+        // bounded on its own, not by the query time-out.
+        let wait = if first {
+            first_row_timeout.saturating_sub(started.elapsed())
+        } else {
+            settings.query_timeout
+        };
+        let next = tokio::select! {
+            next = tokio::time::timeout(wait, rows.try_next()) => next.map_err(|_| {
+                if first {
+                    first_row_late()
+                } else {
+                    SourceError::Transient {
+                        message: format!(
+                            "a row of the pass over table {capture_instance} took longer than {} ms (source.query_timeout_ms)",
+                            wait.as_millis()
+                        ),
+                    }
                 }
+            })?,
+            () = out.closed() => return Ok(false),
+        };
+        let Some(row) = next.map_err(classify)? else {
+            break;
+        };
+        first = false;
+        let (values, _) = decode_values(capture_instance, &mut NamedRow::new(row), columns)?;
+        chunk.push(values);
+        if chunk.len() >= limit {
+            let full = std::mem::replace(&mut chunk, Vec::with_capacity(limit.min(4096)));
+            if out.send(Ok(full)).await.is_err() {
+                return Ok(false);
             }
         }
-        if !chunk.is_empty() {
-            let _ = out.send(Ok(chunk)).await;
-        }
-        Ok(())
     }
-    .await;
-    if let Err(e) = result {
-        let _ = out.send(Err(e)).await;
+    if !chunk.is_empty() && out.send(Ok(chunk)).await.is_err() {
+        return Ok(false);
     }
+    Ok(true)
 }
 
 impl SqlServerSource {
@@ -312,7 +388,14 @@ impl SqlServerSource {
             change_queries: HashMap::new(),
             passes: HashMap::new(),
             time_mapping_warned: None,
+            first_row_timeout: DEFAULT_FIRST_ROW_TIMEOUT,
         }
+    }
+
+    /// Another bound on a keyless table's first row than [`DEFAULT_FIRST_ROW_TIMEOUT`].
+    pub fn with_first_row_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.first_row_timeout = timeout;
+        self
     }
 
     /// The change query for `instance`, rebuilt when its columns or change table
@@ -509,7 +592,7 @@ impl ChangeSource for SqlServerSource {
                     queries::read_table(instance, &key, None),
                     instance.name.clone(),
                     columns,
-                    limit.max(1),
+                    (limit.max(1), self.first_row_timeout),
                     sender,
                 ));
                 self.passes.insert(instance.name.clone(), receiver);
@@ -519,9 +602,13 @@ impl ChangeSource for SqlServerSource {
             let Some(pass) = self.passes.get_mut(&instance.name) else {
                 return Err(misuse("no pass over the table was started"));
             };
-            // The task bounds each row by the query time-out; this bounds the wait
-            // for a whole chunk, which the task may spend waiting for the channel.
-            let wait = self.conn.settings().query_timeout.saturating_mul(2);
+            // The task bounds each row by the query time-out (the first by the
+            // first-row bound); this bounds the wait for a whole chunk, which the
+            // task may spend waiting for the channel.
+            let mut wait = self.conn.settings().query_timeout.saturating_mul(2);
+            if cursor == TableCursor::Start {
+                wait = wait.saturating_add(self.first_row_timeout);
+            }
             return match tokio::time::timeout(wait, pass.recv()).await {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => {

@@ -542,7 +542,8 @@ mod through_the_wire {
         let mut transaction = sim.transaction();
         for tenant in 1..=3 {
             for id in 1..=7 {
-                transaction = transaction.insert("dbo.lines", vec![Value::Int(tenant), Value::Int(id)]);
+                transaction =
+                    transaction.insert("dbo.lines", vec![Value::Int(tenant), Value::Int(id)]);
             }
         }
         transaction.commit().unwrap();
@@ -1065,5 +1066,76 @@ mod server_kinds_through_the_wire {
             Fact::Known(_) => panic!("the refused fact is not known"),
         }
         assert!(matches!(facts.jobs, Fact::Known(_)), "the others are read");
+    }
+}
+
+/// A table without a key is read in one pass ordered by every column: SQL Server
+/// sorts the whole table before the first row. That wait has its own bound (not the
+/// query time-out), and a pass given up is cancelled on the server with a TDS
+/// Attention, so its sort (and its schema-stability lock) does not run on.
+mod keyless_pass {
+    use super::*;
+    use mssql_ces::event::value::{Length, SqlType};
+    use mssql_ces::source::TableCursor;
+    use mssql_ces::source::sim::{CdcSimulator, SimColumn};
+
+    #[tokio::test]
+    async fn the_first_row_has_its_own_bound_and_an_abandoned_pass_is_cancelled() {
+        let sim = CdcSimulator::new("CesDemo", uuid::Uuid::from_u128(7), 0);
+        sim.create_table(
+            "dbo",
+            "log",
+            vec![SimColumn::new(
+                "line",
+                SqlType::NVarChar(Length::Bounded(50)),
+            )],
+            &[],
+        );
+        sim.enable_table("dbo.log", None).unwrap();
+        let mut direct = sim.clone();
+        let instance = direct.catalog().await.unwrap().instances[0].clone();
+        let pass = queries::read_table(&instance, &[], None);
+        let served = support::tds_cdc::handler(sim);
+        // The sort takes a minute before the first row.
+        let standin = StandIn::start(
+            USER,
+            PASSWORD,
+            Arc::new(move |request: &Request| {
+                let reply = served(request);
+                if request.sql == pass {
+                    Reply::Slow(Duration::from_secs(60), Box::new(reply))
+                } else {
+                    reply
+                }
+            }),
+        )
+        .await
+        .unwrap();
+        let mut source = source(&standin, PASSWORD, Duration::from_secs(5))
+            .with_first_row_timeout(Duration::from_millis(300));
+        let started = std::time::Instant::now();
+        let err = source
+            .read_table(&instance, TableCursor::Start, 100)
+            .await
+            .unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert!(
+            err.to_string().contains("snapshot.first_row_timeout_ms"),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not the query time-out"
+        );
+        // The server was told to stop.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while standin.attentions() == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            standin.attentions(),
+            1,
+            "the pass was cancelled on the server"
+        );
     }
 }

@@ -34,7 +34,11 @@ mod packet {
     pub const REPLY: u8 = 0x04;
     pub const LOGIN7: u8 = 0x10;
     pub const PRELOGIN: u8 = 0x12;
+    pub const ATTENTION: u8 = 0x06;
 }
+
+/// DONE's status bit acknowledging an Attention ([MS-TDS] 2.2.7.6: DONE_ATTN).
+const DONE_ATTN: u16 = 0x0020;
 
 const PACKET_SIZE: usize = 4096;
 
@@ -252,6 +256,7 @@ pub type Handler = Arc<dyn Fn(&Request) -> Reply + Send + Sync>;
 pub struct StandIn {
     pub address: SocketAddr,
     task: tokio::task::JoinHandle<()>,
+    attentions: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Drop for StandIn {
@@ -310,18 +315,30 @@ impl StandIn {
         let address = listener.local_addr()?;
         let credentials = Arc::new((user.to_owned(), password.to_owned()));
         let sessions = Sessions::default();
+        let attentions = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&attentions);
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let handler = Arc::clone(&handler);
                 let credentials = Arc::clone(&credentials);
                 let tls = tls.clone();
                 let sessions = sessions.clone();
+                let counted = Arc::clone(&counted);
                 tokio::spawn(async move {
-                    let _ = serve(stream, &credentials, handler, tls, sessions).await;
+                    let _ = serve(stream, &credentials, handler, tls, (sessions, counted)).await;
                 });
             }
         });
-        Ok(StandIn { address, task })
+        Ok(StandIn {
+            address,
+            task,
+            attentions,
+        })
+    }
+
+    /// How many TDS Attention messages (a client cancelling its request) arrived.
+    pub fn attentions(&self) -> usize {
+        self.attentions.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// An ADO.NET connection string for this stand-in.
@@ -956,7 +973,7 @@ async fn serve(
     credentials: &(String, String),
     handler: Handler,
     tls: Option<Arc<rustls::ServerConfig>>,
-    sessions: Sessions,
+    (sessions, attentions): (Sessions, Arc<std::sync::atomic::AtomicUsize>),
 ) -> std::io::Result<()> {
     tcp.set_nodelay(true)?;
     let mut stream = Channel {
@@ -1007,6 +1024,14 @@ async fn serve(
     let session = sessions.begin();
     loop {
         let (kind, payload) = read_message(&mut stream).await?;
+        if kind == packet::ATTENTION {
+            // Nothing in flight any more: acknowledge it.
+            attentions.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut out = Vec::new();
+            done(&mut out, DONE_ATTN, 0);
+            write_message(&mut stream, packet::REPLY, &out).await?;
+            continue;
+        }
         let encrypted = stream.tls.is_some();
         let rpc = kind == packet::RPC;
         let request = match kind {
@@ -1037,11 +1062,26 @@ async fn serve(
             _ => return Ok(()),
         };
         let mut reply = handler(&request);
+        let mut cancelled = false;
         loop {
             match reply {
                 Reply::Slow(pause, then) => {
-                    tokio::time::sleep(pause).await;
+                    // As SQL Server, a request still being worked on can be cancelled
+                    // by an Attention (the only message a client sends meanwhile; a
+                    // read cut short by the pause's end loses nothing then).
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        message = read_message(&mut stream) => {
+                            if message?.0 == packet::ATTENTION {
+                                attentions.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                cancelled = true;
+                            }
+                        }
+                    }
                     reply = *then;
+                    if cancelled {
+                        break;
+                    }
                 }
                 other => {
                     reply = other;
@@ -1050,6 +1090,11 @@ async fn serve(
             }
         }
         let mut out = Vec::new();
+        if cancelled {
+            done(&mut out, DONE_ATTN, 0);
+            write_message(&mut stream, packet::REPLY, &out).await?;
+            continue;
+        }
         match reply {
             Reply::Rows(sets) => result_sets(&mut out, &sets, rpc),
             Reply::Error {

@@ -120,3 +120,75 @@ async fn paging_a_big_transaction_costs_its_rows_not_their_square() {
         "{quadratic}"
     );
 }
+
+/// A thousand busy tables, each with changes in its own transactions: the merge
+/// reads a table when it reaches that table's changes, and the rows held stay
+/// within one shared budget (`page_size`), not a page per table; each page costs
+/// one round trip (the cleanup job's low end is checked once per poll for all of
+/// them, not once per page). Before, every busy table's page was read (and held)
+/// before the first event, with a `min_lsn` round trip after each: here 2,000 rows
+/// and over 2,000 round trips.
+#[tokio::test]
+async fn a_thousand_busy_tables_hold_few_rows_and_cost_a_round_trip_a_page() {
+    use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+    const TABLES: usize = 1000;
+    let sim = CdcSimulator::new("Shop", Uuid::from_u128(9), 0);
+    for t in 0..TABLES {
+        let name = format!("t{t:04}");
+        sim.create_table(
+            "dbo",
+            &name,
+            vec![SimColumn::new("Id", SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table(&format!("dbo.{name}"), None)
+            .expect("enable");
+    }
+    sim.run_capture_job();
+    let config = PollerConfig {
+        page_size: 1000,
+        batch_size: 1000,
+        catalog_refresh: std::time::Duration::from_secs(3600),
+        ..PollerConfig::default()
+    };
+    let mut poller = Poller::new(sim.clone(), config, None);
+    // Settle the start before the changes (the catalog read and a first probe).
+    assert_eq!(poller.poll().await.expect("poll"), PollOutcome::Idle);
+    // Two rounds: every table gets one transaction, in table order.
+    for round in 0..2 {
+        for t in 0..TABLES {
+            sim.transaction()
+                .insert(&format!("dbo.t{t:04}"), vec![Value::Int(round)])
+                .commit()
+                .expect("commit");
+        }
+    }
+    sim.run_capture_job();
+    let before = sim.round_trips();
+    let mut events = 0;
+    let mut polls = 0;
+    loop {
+        polls += 1;
+        match poller.poll().await.expect("poll") {
+            PollOutcome::Batch(batch) => events += batch.changes.len(),
+            PollOutcome::Idle => break,
+        }
+    }
+    let round_trips = sim.round_trips() - before;
+    println!(
+        "{TABLES} busy tables: {events} events in {polls} polls, {round_trips} round trips, at most {} rows held",
+        poller.peak_rows_held()
+    );
+    assert_eq!(events, 2 * TABLES);
+    // Each table's page brings both its rows; its second waits for the merge.
+    assert!(
+        poller.peak_rows_held() <= 1000 + 1,
+        "rows held: {}",
+        poller.peak_rows_held()
+    );
+    // A page per table, plus a few statements a poll.
+    assert!(
+        round_trips <= TABLES + 4 * polls,
+        "{round_trips} round trips in {polls} polls"
+    );
+}

@@ -264,6 +264,8 @@ impl<S: ChangeSource> Poller<S> {
             upper,
             buffer: VecDeque::new(),
             exhausted: false,
+            next_change: next_change.filter(|lsn| *lsn > through),
+            unchecked_from: None,
         }))
     }
 
@@ -333,6 +335,14 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     /// Reads and merges rows until the batch is full or the iteration ends.
+    ///
+    /// Lazily: a capture instance's page is read only when the merge could need its
+    /// next row — when what it can hold next (after its keyset, and no earlier than
+    /// the probe's first change LSN for it) comes before the smallest row buffered.
+    /// With many busy tables, the rows held stay near one shared budget
+    /// (`page_size`) instead of a page per table, and a table is read when the
+    /// merge reaches its changes, not all before the first event. The cleanup job's
+    /// low end is checked once per call, for every instance read, in one statement.
     pub(super) async fn fill(&mut self, changes: &mut Vec<Change>) -> Result<(), SourceError> {
         let Some(mut iteration) = self.iteration.take() else {
             return Ok(());
@@ -340,54 +350,54 @@ impl<S: ChangeSource> Poller<S> {
         let mut emitted = Vec::new();
         loop {
             if changes.len() >= self.config.batch_size {
+                self.check_low_ends(&mut iteration).await?;
                 self.iteration = Some(iteration);
                 return Ok(());
             }
-            for cursor in &mut iteration.cursors {
-                if cursor.buffer.is_empty() && !cursor.exhausted {
-                    let t = &self.tracked[cursor.tracked];
-                    let rows = self
-                        .source
-                        .read_changes(
-                            &t.instance,
-                            cursor.after,
-                            cursor.upper,
-                            self.config.page_size,
-                        )
-                        .await?;
-                    check_page(&t.instance.name, cursor.after, cursor.upper, &rows)?;
-                    // The cleanup job raises the low end first and then deletes in
-                    // batches: if it moved past what this page needed, rows of it
-                    // may be missing. That is a gap, never a partial transaction.
-                    let min_lsn = self.source.min_lsn(&t.instance.name).await?;
-                    let first_needed = first_needed_after(cursor.after);
-                    if let Some(min_lsn) = min_lsn.filter(|m| *m > first_needed) {
-                        let reload = self.config.snapshot == SnapshotMode::WhenNeeded
-                            && t.superseded_at.is_none();
-                        return Err(match self.config.on_gap {
-                            GapPolicy::Fail if !reload => SourceError::Gap {
-                                capture_instance: t.instance.name.clone(),
-                                first_lost: first_needed,
-                                last_lost: last_before(min_lsn),
-                            },
-                            // Start the iteration again: its probe finds the gap and
-                            // re-loads the table, or skips the gap, as configured.
-                            _ => SourceError::CleanupRaced {
-                                capture_instance: t.instance.name.clone(),
-                                min_lsn,
-                            },
-                        });
-                    }
-                    cursor.exhausted = rows.len() < self.config.page_size;
-                    if let Some(last) = rows.last() {
-                        cursor.after = last.key;
-                    }
-                    cursor.buffer.extend(rows);
+            let frontier = iteration
+                .cursors
+                .iter()
+                .filter_map(|c| c.buffer.front().map(|row| row.key))
+                .min();
+            // The unread cursor whose rows could come first: each comes after this.
+            let unread = iteration
+                .cursors
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.buffer.is_empty() && !c.exhausted)
+                .map(|(i, c)| (lower_bound(c), i))
+                .min();
+            if let Some((bound, index)) = unread
+                && frontier.is_none_or(|f| bound < f)
+            {
+                let held: usize = iteration.cursors.iter().map(|c| c.buffer.len()).sum();
+                let limit = self
+                    .config
+                    .page_size
+                    .saturating_sub(held)
+                    .max(MIN_SHARED_PAGE.min(self.config.page_size));
+                let cursor = &mut iteration.cursors[index];
+                let t = &self.tracked[cursor.tracked];
+                let rows = self
+                    .source
+                    .read_changes(&t.instance, cursor.after, cursor.upper, limit)
+                    .await?;
+                check_page(&t.instance.name, cursor.after, cursor.upper, &rows)?;
+                cursor.unchecked_from.get_or_insert(cursor.after);
+                cursor.next_change = None;
+                cursor.exhausted = rows.len() < limit;
+                if let Some(last) = rows.last() {
+                    cursor.after = last.key;
                 }
+                cursor.buffer.extend(rows);
+                let held = held + cursor.buffer.len();
+                self.peak_rows_held = self.peak_rows_held.max(held);
+                continue;
             }
             let heads: Vec<&VecDeque<ChangeRow>> =
                 iteration.cursors.iter().map(|c| &c.buffer).collect();
             let Some(next) = smallest_head(&heads) else {
+                self.check_low_ends(&mut iteration).await?;
                 iteration.sequencer.finish(&mut emitted)?;
                 self.take_emitted(&mut emitted, changes, &iteration);
                 for cursor in &iteration.cursors {
@@ -405,6 +415,56 @@ impl<S: ChangeSource> Poller<S> {
             iteration.sequencer.push(&context, row, &mut emitted)?;
             self.take_emitted(&mut emitted, changes, &iteration);
         }
+    }
+
+    /// The cleanup job raises the low end first and then deletes in batches: if it
+    /// moved past what a page read since the last check needed, rows of it may be
+    /// missing. That is a gap, never a partial transaction: the poll fails, and what
+    /// it merged is dropped with it (the poller goes back to its last position).
+    /// One statement for every instance read.
+    async fn check_low_ends(&mut self, iteration: &mut Iteration) -> Result<(), SourceError> {
+        let read: Vec<(usize, RowKey)> = iteration
+            .cursors
+            .iter_mut()
+            .filter_map(|c| c.unchecked_from.take().map(|from| (c.tracked, from)))
+            .collect();
+        if read.is_empty() {
+            return Ok(());
+        }
+        let probes: Vec<Probe> = read
+            .iter()
+            .map(|&(tracked, from)| Probe {
+                capture_instance: self.tracked[tracked].instance.name.clone(),
+                after: from.start_lsn,
+            })
+            .collect();
+        let results = self.source.probe(&probes, iteration.to).await?;
+        for (tracked, from) in read {
+            let t = &self.tracked[tracked];
+            let min_lsn = results
+                .iter()
+                .find(|r| r.capture_instance == t.instance.name)
+                .and_then(|r| r.min_lsn);
+            let first_needed = first_needed_after(from);
+            if let Some(min_lsn) = min_lsn.filter(|m| *m > first_needed) {
+                let reload =
+                    self.config.snapshot == SnapshotMode::WhenNeeded && t.superseded_at.is_none();
+                return Err(match self.config.on_gap {
+                    GapPolicy::Fail if !reload => SourceError::Gap {
+                        capture_instance: t.instance.name.clone(),
+                        first_lost: first_needed,
+                        last_lost: last_before(min_lsn),
+                    },
+                    // Start the iteration again: its probe finds the gap and
+                    // re-loads the table, or skips the gap, as configured.
+                    _ => SourceError::CleanupRaced {
+                        capture_instance: t.instance.name.clone(),
+                        min_lsn,
+                    },
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Moves sequenced events into the batch, skipping those already emitted before a
@@ -436,6 +496,19 @@ impl<S: ChangeSource> Poller<S> {
             self.position.last_event = Some(at);
             changes.push(change);
         }
+    }
+}
+
+/// The smallest page a read asks for while other instances' rows are held: the
+/// shared budget (`page_size` rows held in all) shrinks pages, not below this.
+const MIN_SHARED_PAGE: usize = 64;
+
+/// What an unread cursor's rows all come after: its keyset, or, before its first
+/// page, the end of the LSN before the probe's first change.
+fn lower_bound(cursor: &Cursor) -> RowKey {
+    match cursor.next_change {
+        Some(lsn) if lsn > cursor.after.start_lsn => RowKey::after_lsn(last_before(lsn)),
+        _ => cursor.after,
     }
 }
 

@@ -173,6 +173,12 @@ struct Cursor {
     upper: Lsn,
     buffer: VecDeque<ChangeRow>,
     exhausted: bool,
+    /// The probe's first change LSN of the instance, until its first page is read:
+    /// no row of it comes before that, so it is not read until the merge gets there.
+    next_change: Option<Lsn>,
+    /// The keyset of its first page read since the cleanup job's low end was last
+    /// checked (once per poll, for every cursor read, in one statement).
+    unchecked_from: Option<RowKey>,
 }
 
 struct Iteration {
@@ -216,6 +222,8 @@ pub struct Poller<S> {
     estimates: BTreeMap<String, Option<u64>>,
     /// An `initial_only` run has said why it streams nothing more.
     said_loaded: bool,
+    /// The most change rows held in the merge's buffers at once.
+    peak_rows_held: usize,
 }
 
 /// What the stream has read, summarized without allocating: instance LSNs only rise,
@@ -266,7 +274,14 @@ impl<S: ChangeSource> Poller<S> {
             retention: None,
             estimates: BTreeMap::new(),
             said_loaded: false,
+            peak_rows_held: 0,
         }
+    }
+
+    /// The most change rows the merge has held in its buffers at once (all capture
+    /// instances together): its memory bound, for tests and benchmarks.
+    pub fn peak_rows_held(&self) -> usize {
+        self.peak_rows_held
     }
 
     /// The stream GUID: `event.stream_guid`, else the database GUID (known once the

@@ -155,29 +155,67 @@ pub const ALL_CONSTANTS: &[(&str, &str)] = &[
 /// `SERVERPROPERTY('EngineEdition')` of Azure SQL Database.
 const AZURE_SQL_DATABASE: i64 = 5;
 
+/// Where each column of a result is, by name: built once per result set and shared
+/// by its rows, so that taking a row's values by name costs no allocation per row.
+#[derive(Debug, Default)]
+pub struct ColumnIndex(HashMap<String, usize>);
+
+impl ColumnIndex {
+    /// The positions of a result's columns (the first of a repeated name).
+    pub fn of<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut index = HashMap::new();
+        for (at, name) in names.into_iter().enumerate() {
+            index.entry(name.to_owned()).or_insert(at);
+        }
+        ColumnIndex(index)
+    }
+
+    /// The index of `row`'s result set.
+    pub fn of_row(row: &Row) -> Self {
+        Self::of(row.columns().iter().map(|c| c.name()))
+    }
+}
+
 /// A result row whose columns are taken by name.
 pub struct NamedRow {
-    values: HashMap<String, ColumnData<'static>>,
+    index: std::sync::Arc<ColumnIndex>,
+    values: Vec<Option<ColumnData<'static>>>,
 }
 
 impl NamedRow {
     pub fn new(row: Row) -> Self {
-        let names: Vec<String> = row.columns().iter().map(|c| c.name().to_owned()).collect();
+        let index = std::sync::Arc::new(ColumnIndex::of_row(&row));
+        Self::indexed(row, index)
+    }
+
+    /// A row of a result whose column index was built once for all its rows.
+    pub fn indexed(row: Row, index: std::sync::Arc<ColumnIndex>) -> Self {
         NamedRow {
-            values: names.into_iter().zip(row).collect(),
+            index,
+            values: row.into_iter().map(Some).collect(),
         }
     }
 
     /// A row from names and values (tests).
     pub fn from_pairs(pairs: Vec<(&str, ColumnData<'static>)>) -> Self {
+        let index = ColumnIndex::of(pairs.iter().map(|(n, _)| *n));
         NamedRow {
-            values: pairs.into_iter().map(|(n, v)| (n.to_owned(), v)).collect(),
+            index: std::sync::Arc::new(index),
+            values: pairs.into_iter().map(|(_, v)| Some(v)).collect(),
         }
     }
 
     /// Replaces a value (tests).
     pub fn replace(&mut self, name: &str, value: ColumnData<'static>) {
-        self.values.insert(name.to_owned(), value);
+        match self.index.0.get(name) {
+            Some(&at) => self.values[at] = Some(value),
+            None => {
+                let mut index = HashMap::clone(&self.index.0);
+                index.insert(name.to_owned(), self.values.len());
+                self.index = std::sync::Arc::new(ColumnIndex(index));
+                self.values.push(Some(value));
+            }
+        }
     }
 
     /// The raw value of `name`, taken out of the row.
@@ -186,10 +224,14 @@ impl NamedRow {
     }
 
     fn take(&mut self, name: &str) -> Result<ColumnData<'static>, DecodeError> {
-        self.values.remove(name).ok_or_else(|| DecodeError {
-            column: name.to_owned(),
-            message: "missing from the result".into(),
-        })
+        self.index
+            .0
+            .get(name)
+            .and_then(|&at| self.values.get_mut(at)?.take())
+            .ok_or_else(|| DecodeError {
+                column: name.to_owned(),
+                message: "missing from the result".into(),
+            })
     }
 
     pub fn opt_string(&mut self, name: &str) -> Result<Option<String>, DecodeError> {

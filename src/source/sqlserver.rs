@@ -320,6 +320,7 @@ async fn read_pass(
     let mut rows = query.map_err(classify)?.into_row_stream();
     let mut chunk = Vec::with_capacity(limit.min(4096));
     let mut first = true;
+    let mut index: Option<std::sync::Arc<catalog::ColumnIndex>> = None;
     loop {
         // The first row comes only once the server has sorted the whole table:
         // bounded on its own, not by the query time-out.
@@ -347,7 +348,10 @@ async fn read_pass(
             break;
         };
         first = false;
-        let (values, _) = decode_values(capture_instance, &mut NamedRow::new(row), columns)?;
+        let index =
+            index.get_or_insert_with(|| std::sync::Arc::new(catalog::ColumnIndex::of_row(&row)));
+        let mut row = NamedRow::indexed(row, std::sync::Arc::clone(index));
+        let (values, _) = decode_values(capture_instance, &mut row, columns)?;
         chunk.push(values);
         if chunk.len() >= limit {
             let full = std::mem::replace(&mut chunk, Vec::with_capacity(limit.min(4096)));
@@ -377,7 +381,16 @@ impl SqlServerSource {
             .await
             .map_err(catalog_changed)?;
         rows.into_iter()
-            .map(|row| decode(NamedRow::new(row)))
+            .scan(
+                None,
+                |index: &mut Option<std::sync::Arc<catalog::ColumnIndex>>, row| {
+                    // One index for the whole result: every row has its columns.
+                    let index = index.get_or_insert_with(|| {
+                        std::sync::Arc::new(catalog::ColumnIndex::of_row(&row))
+                    });
+                    Some(decode(NamedRow::indexed(row, std::sync::Arc::clone(index))))
+                },
+            )
             .collect()
     }
 

@@ -179,6 +179,34 @@ pub enum Reply {
     Hang,
     /// Answers after a pause.
     Slow(Duration, Box<Reply>),
+    /// An answer encoded before ([`encode_reply`]): its bytes are sent as they are,
+    /// so that replaying it costs the stand-in next to nothing (benchmarks of the
+    /// client side).
+    Raw(Arc<Vec<u8>>),
+}
+
+/// The token stream a [`Reply::Rows`] or [`Reply::Error`] answers with, to a
+/// request sent as an RPC (`rpc`, a query with parameters) or a batch; `None` for
+/// the other replies.
+pub fn encode_reply(reply: &Reply, rpc: bool) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    match reply {
+        Reply::Rows(sets) => result_sets(&mut out, sets, rpc),
+        Reply::Error {
+            number,
+            class,
+            message,
+        } => {
+            error_token(&mut out, *number, *class, message);
+            if rpc {
+                done_token(&mut out, 0xFE, 0x02, 0);
+            } else {
+                done(&mut out, 0x02, 0);
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
 }
 
 /// A parameter of an RPC request.
@@ -206,6 +234,8 @@ pub struct Request {
     /// The login asked for a read-only intent (LOGIN7 `TypeFlags` fReadOnlyIntent,
     /// [MS-TDS] 2.2.6.4: `ApplicationIntent=ReadOnly`).
     pub read_only_intent: bool,
+    /// Sent as an RPC (a query with parameters), not a SQL batch.
+    pub rpc: bool,
 }
 
 /// The stand-in's sessions that are live (logged in, connection open). A session
@@ -965,6 +995,7 @@ fn parse_rpc(payload: &[u8]) -> Option<Request> {
         session: 0,
         sessions: Sessions::default(),
         read_only_intent: false,
+        rpc: true,
     })
 }
 
@@ -1042,6 +1073,7 @@ async fn serve(
                 session: session.id,
                 sessions: sessions.clone(),
                 read_only_intent,
+                rpc: false,
             },
             packet::RPC => match parse_rpc(&payload) {
                 Some(mut request) => {
@@ -1096,6 +1128,10 @@ async fn serve(
             continue;
         }
         match reply {
+            Reply::Raw(bytes) => {
+                write_message(&mut stream, packet::REPLY, &bytes).await?;
+                continue;
+            }
             Reply::Rows(sets) => result_sets(&mut out, &sets, rpc),
             Reply::Error {
                 number,

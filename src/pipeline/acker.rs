@@ -153,6 +153,37 @@ pub(super) async fn acknowledge(
     }
 }
 
+/// What is delivered and what the checkpoint holds of it.
+struct Checkpointed {
+    delivered: Option<Position>,
+    written: Option<Position>,
+    last_write: Instant,
+}
+
+impl Checkpointed {
+    fn behind(&self) -> bool {
+        self.delivered != self.written
+    }
+
+    /// Writes what is delivered if the checkpoint is behind it (which also confirms
+    /// the lease).
+    async fn write(
+        &mut self,
+        store: &mut CheckpointStore,
+        lease: &mut LeaseKeeper,
+        metrics: &Metrics,
+        abandon: &CancellationToken,
+    ) -> Result<(), CheckpointError> {
+        if let Some(position) = self.delivered.as_ref().filter(|_| self.behind()) {
+            save(store, position, metrics, abandon).await?;
+            lease.confirmed();
+            self.written = self.delivered.clone();
+            self.last_write = Instant::now();
+        }
+        Ok(())
+    }
+}
+
 pub(super) async fn acknowledge_into(
     rx: &mut mpsc::Receiver<Pending>,
     store: &mut CheckpointStore,
@@ -162,26 +193,23 @@ pub(super) async fn acknowledge_into(
     lease: &mut LeaseKeeper,
     tally: &mut Delivered,
 ) -> Result<Option<Position>, PipelineError> {
-    let mut delivered: Option<Position> = None;
-    let mut written: Option<Position> = None;
-    let mut last_write = Instant::now();
+    let mut state = Checkpointed {
+        delivered: None,
+        written: None,
+        last_write: Instant::now(),
+    };
     let result: Result<(), PipelineError> = async {
         loop {
             // Wake up at the next moment a write is due, even with nothing new.
-            let due = last_write + interval;
+            let due = state.last_write + interval;
             // `biased`: what is queued is looked at before an abandon, so that a batch
             // already delivered is never called outstanding.
             let next = tokio::select! {
                 biased;
                 next = rx.recv() => next,
                 () = abandon.cancelled() => None,
-                () = tokio::time::sleep_until(due), if delivered != written => {
-                    if let Some(position) = &delivered {
-                        save(store, position, metrics, abandon).await?;
-                        lease.confirmed();
-                        written = delivered.clone();
-                        last_write = Instant::now();
-                    }
+                () = tokio::time::sleep_until(due), if state.behind() => {
+                    state.write(store, lease, metrics, abandon).await?;
                     continue;
                 }
                 () = tokio::time::sleep_until(lease.next_check) => {
@@ -189,46 +217,24 @@ pub(super) async fn acknowledge_into(
                     continue;
                 }
             };
-            let Some(pending) = next else {
+            let Some(mut pending) = next else {
                 break;
             };
-            for delivery in pending.deliveries {
-                let wait = delivery.wait_until(pending.deadline);
-                tokio::pin!(wait);
-                loop {
-                    tokio::select! {
-                        // A settled delivery counts, even once the drain deadline passed.
-                        biased;
-                        result = &mut wait => {
-                            result.inspect_err(|e| metrics.delivery_failed(e))?;
-                            break;
-                        }
-                        () = abandon.cancelled() => {
-                            tracing::warn!(
-                                batches = 1 + rx.len(),
-                                "shutdown.drain_timeout_ms passed with deliveries outstanding; they will be re-sent on the next start"
-                            );
-                            return Ok(());
-                        }
-                        // A delivery awaited for long (brokers down) does not hold
-                        // the lease's confirmation.
-                        () = tokio::time::sleep_until(lease.next_check) => lease.check(store).await?,
-                    }
-                }
+            let deliveries = std::mem::take(&mut pending.deliveries);
+            if !settle(deliveries, pending.deadline, store, lease, metrics, abandon).await? {
+                tracing::warn!(
+                    batches = 1 + rx.len(),
+                    "shutdown.drain_timeout_ms passed with deliveries outstanding; they will be re-sent on the next start"
+                );
+                return Ok(());
             }
             metrics.batch_delivered(&pending.counts);
             let (events, messages) = pending.counts.totals();
             tally.events += events;
             tally.messages += messages;
-            delivered = Some(pending.position);
-            if last_write.elapsed() >= interval
-                && delivered != written
-                && let Some(position) = &delivered
-            {
-                save(store, position, metrics, abandon).await?;
-                lease.confirmed();
-                written = delivered.clone();
-                last_write = Instant::now();
+            state.delivered = Some(pending.position);
+            if state.last_write.elapsed() >= interval && state.behind() {
+                state.write(store, lease, metrics, abandon).await?;
             } else if lease.due() {
                 // A busy acker never idles into the timer above.
                 lease.check(store).await?;
@@ -241,14 +247,38 @@ pub(super) async fn acknowledge_into(
         failed.cancel();
     }
     // The final checkpoint: everything acknowledged, even after a delivery failure.
-    if delivered != written
-        && let Some(position) = &delivered
-    {
-        save(store, position, metrics, abandon).await?;
-        written = delivered.clone();
-    }
+    state.write(store, lease, metrics, abandon).await?;
     result?;
-    Ok(written)
+    Ok(state.written)
+}
+
+/// Awaits a batch's deliveries in order, confirming the lease meanwhile (a delivery
+/// awaited for long, brokers down, does not hold its confirmation). `Ok(false)` when
+/// the drain deadline came first; a settled delivery counts even then.
+async fn settle(
+    deliveries: Vec<Delivery>,
+    deadline: Option<Instant>,
+    store: &mut CheckpointStore,
+    lease: &mut LeaseKeeper,
+    metrics: &Metrics,
+    abandon: &CancellationToken,
+) -> Result<bool, PipelineError> {
+    for delivery in deliveries {
+        let wait = delivery.wait_until(deadline);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut wait => {
+                    result.inspect_err(|e| metrics.delivery_failed(e))?;
+                    break;
+                }
+                () = abandon.cancelled() => return Ok(false),
+                () = tokio::time::sleep_until(lease.next_check) => lease.check(store).await?,
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Writes a checkpoint, retrying faults that can pass with backoff (a few times for

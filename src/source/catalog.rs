@@ -378,17 +378,7 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
             ci.columns.push(column);
         }
     }
-    for mut row in rows(conn, KEY_COLUMNS).await? {
-        let instance = row.string("capture_instance").map_err(catalog_error)?;
-        let column = row.string("column_name").map_err(catalog_error)?;
-        let descending = row.opt_int("is_descending").map_err(catalog_error)? == Some(1);
-        if let Some(ci) = instances.iter_mut().find(|i| i.name == instance) {
-            if descending {
-                ci.descending_keys.push(column.clone());
-            }
-            ci.key_columns.push(column);
-        }
-    }
+    read_key_columns(conn, &mut instances).await?;
     Ok(Catalog {
         server,
         database,
@@ -400,6 +390,26 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
         invisible,
         instances,
     })
+}
+
+/// Each instance's key columns in key order ([`KEY_COLUMNS`]), and which its index
+/// sorts descending.
+async fn read_key_columns(
+    conn: &mut SqlConnection,
+    instances: &mut [CaptureInstance],
+) -> Result<(), SourceError> {
+    for mut row in rows(conn, KEY_COLUMNS).await? {
+        let instance = row.string("capture_instance").map_err(catalog_error)?;
+        let column = row.string("column_name").map_err(catalog_error)?;
+        let descending = row.opt_int("is_descending").map_err(catalog_error)? == Some(1);
+        if let Some(ci) = instances.iter_mut().find(|i| i.name == instance) {
+            if descending {
+                ci.descending_keys.push(column.clone());
+            }
+            ci.key_columns.push(column);
+        }
+    }
+    Ok(())
 }
 
 /// One row of [`CAPTURED_COLUMNS`].

@@ -355,52 +355,22 @@ pub fn read_table(
     let Some(nulls) = after else {
         return format!("SELECT TOP (@P1) {columns} FROM {table} AS ct ORDER BY {order};");
     };
-    // Per key column: its equality with the keyset's value, and what comes after
-    // that value in the index's order. NULL sorts first: after NULL, ascending,
-    // comes every value; descending, nothing; after a value, descending, come the
-    // smaller ones and then NULL.
-    let mut parameter = 1;
-    let mut equal: Vec<String> = Vec::new();
-    let mut later: Vec<Vec<String>> = Vec::new();
-    for ((name, sql_type), &is_null) in key.iter().zip(nulls) {
-        let column = format!("ct.{}", quote_name(name));
-        if is_null {
-            equal.push(format!("{column} IS NULL"));
-            later.push(if descending(name) {
-                Vec::new()
-            } else {
-                vec![format!("{column} IS NOT NULL")]
-            });
-        } else {
-            parameter += 1;
-            let value = key_parameter(parameter, *sql_type);
-            equal.push(format!("{column} = {value}"));
-            later.push(if descending(name) {
-                vec![format!("{column} < {value}"), format!("{column} IS NULL")]
-            } else {
-                vec![format!("{column} > {value}")]
-            });
-        }
-    }
     let raw: Vec<String> = key
         .iter()
         .enumerate()
         .map(|(i, (name, _))| format!("ct.{} AS [__$k{i}]", quote_name(name)))
         .collect();
-    let raw = raw.join(", ");
-    let mut branches = Vec::new();
-    for (i, alternatives) in later.iter().enumerate() {
-        for alternative in alternatives {
-            let mut terms: Vec<&str> = equal[..i].iter().map(String::as_str).collect();
-            terms.push(alternative);
-            let b = branches.len();
-            branches.push(format!(
-                "SELECT b{b}.* FROM (SELECT TOP (@P1) {columns}, {raw} FROM {table} AS ct \
-WHERE {} ORDER BY {order}) AS b{b}",
-                terms.join(" AND ")
-            ));
-        }
-    }
+    let select = format!("{columns}, {}", raw.join(", "));
+    let branches: Vec<String> = after_keyset(key, nulls, &descending)
+        .iter()
+        .enumerate()
+        .map(|(b, filter)| {
+            format!(
+                "SELECT b{b}.* FROM (SELECT TOP (@P1) {select} FROM {table} AS ct \
+WHERE {filter} ORDER BY {order}) AS b{b}"
+            )
+        })
+        .collect();
     if branches.is_empty() {
         // Nothing comes after the keyset (a NULL in every descending column).
         return format!("SELECT TOP (@P1) {columns} FROM {table} AS ct WHERE 1 = 0;");
@@ -415,6 +385,48 @@ WHERE {} ORDER BY {order}) AS b{b}",
         branches.join(" UNION ALL "),
         outer.join(", ")
     )
+}
+
+/// "After the keyset" in the index's order, as conjunctions (one a branch): per key
+/// column, equalities with the keyset on the columns before it and what comes after
+/// its value. NULL sorts first: after NULL, ascending, comes every value;
+/// descending, nothing; after a value, descending, come the smaller ones and then
+/// NULL. Values are `@P2`, `@P3`… in key order, NULLs taking none.
+fn after_keyset(
+    key: &[(String, SqlType)],
+    nulls: &[bool],
+    descending: &dyn Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut parameter = 1;
+    let mut equal: Vec<String> = Vec::new();
+    let mut branches = Vec::new();
+    for ((name, sql_type), &is_null) in key.iter().zip(nulls) {
+        let column = format!("ct.{}", quote_name(name));
+        let (equality, later) = if is_null {
+            let later = if descending(name) {
+                Vec::new()
+            } else {
+                vec![format!("{column} IS NOT NULL")]
+            };
+            (format!("{column} IS NULL"), later)
+        } else {
+            parameter += 1;
+            let value = key_parameter(parameter, *sql_type);
+            let later = if descending(name) {
+                vec![format!("{column} < {value}"), format!("{column} IS NULL")]
+            } else {
+                vec![format!("{column} > {value}")]
+            };
+            (format!("{column} = {value}"), later)
+        };
+        for alternative in later {
+            let mut terms = equal.clone();
+            terms.push(alternative);
+            branches.push(terms.join(" AND "));
+        }
+        equal.push(equality);
+    }
+    branches
 }
 
 /// A heap's `ORDER BY` terms for one column: its value, and what tells apart values

@@ -90,6 +90,55 @@ fn emitted(instance: &CaptureInstance) -> Vec<(String, SqlType)> {
         .collect()
 }
 
+/// The transaction's begin LSN and commit time from its `cdc.lsn_time_mapping` row.
+/// No row: the cleanup job, which deletes those too, raced the read (retrying lets
+/// the next probe see the gap for what it is). A row with NULL columns (Learn does
+/// not promise them: the table's page lists no nullability): each has a fallback,
+/// said in a warning once per transaction (`warned`).
+fn transaction_times(
+    capture_instance: &str,
+    row: &mut NamedRow,
+    start_lsn: Lsn,
+    warned: &mut Option<Lsn>,
+) -> Result<(Lsn, chrono::NaiveDateTime), SourceError> {
+    let bad = |e| malformed(capture_instance, e);
+    if row.opt_lsn(fixed::MAPPED).map_err(bad)?.is_none() {
+        return Err(SourceError::CatalogChanged {
+            message: format!(
+                "capture instance {capture_instance}: no cdc.lsn_time_mapping row for the transaction committed at {start_lsn} (cleanup racing the read?)"
+            ),
+        });
+    }
+    let begin_lsn = row.opt_lsn(fixed::BEGIN_LSN).map_err(bad)?;
+    let end_time = row.opt_datetime(fixed::END_TIME).map_err(bad)?;
+    let end_time_null = end_time.is_none();
+    let end_time = match end_time {
+        Some(time) => time,
+        None => row.opt_datetime(fixed::BEGIN_TIME).map_err(bad)?.ok_or_else(|| {
+            bad(DecodeError {
+                column: fixed::END_TIME.to_owned(),
+                message: format!(
+                    "is NULL, and so is tran_begin_time, in cdc.lsn_time_mapping for the transaction committed at {start_lsn}: no commit time to give its events"
+                ),
+            })
+        })?,
+    };
+    let fallbacks: Vec<&str> = [
+        begin_lsn.is_none().then_some(
+            "a NULL tran_begin_lsn: the events' transaction begin LSN is their commit LSN",
+        ),
+        end_time_null
+            .then_some("a NULL tran_end_time: the events carry tran_begin_time as their time"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !fallbacks.is_empty() && warned.replace(start_lsn) != Some(start_lsn) {
+        tracing::warn!(capture_instance, commit_lsn = %start_lsn, "cdc.lsn_time_mapping has {} for this transaction", fallbacks.join(" and "));
+    }
+    Ok((begin_lsn.unwrap_or(start_lsn), end_time))
+}
+
 /// One change row, every column taken by name. Besides the row: the names of the
 /// columns whose text held invalid UTF-16 (replaced with U+FFFD). A value that does
 /// not have its column's type is [`SourceError::CatalogChanged`] (the change table's
@@ -119,46 +168,7 @@ fn decode_change_row(
         row.take_raw(fixed::UPDATE_MASK).map_err(bad)?,
     )
     .map_err(bad)?;
-    // No cdc.lsn_time_mapping row: the cleanup job, which deletes those too, raced
-    // the read. Retrying lets the next probe see the gap for what it is.
-    if row.opt_lsn(fixed::MAPPED).map_err(bad)?.is_none() {
-        return Err(SourceError::CatalogChanged {
-            message: format!(
-                "capture instance {capture_instance}: no cdc.lsn_time_mapping row for the transaction committed at {start_lsn} (cleanup racing the read?)"
-            ),
-        });
-    }
-    // A mapping row with NULL columns: Learn does not promise them (the table's
-    // page lists no nullability), so each has a fallback, said in a warning once
-    // per transaction.
-    let begin_lsn = row.opt_lsn(fixed::BEGIN_LSN).map_err(bad)?;
-    let end_time = row.opt_datetime(fixed::END_TIME).map_err(bad)?;
-    let row_end_time_was_null = end_time.is_none();
-    let end_time = match end_time {
-        Some(time) => time,
-        None => row.opt_datetime(fixed::BEGIN_TIME).map_err(bad)?.ok_or_else(|| {
-            bad(DecodeError {
-                column: fixed::END_TIME.to_owned(),
-                message: format!(
-                    "is NULL, and so is tran_begin_time, in cdc.lsn_time_mapping for the transaction committed at {start_lsn}: no commit time to give its events"
-                ),
-            })
-        })?,
-    };
-    let fallbacks: Vec<&str> = [
-        begin_lsn.is_none().then_some(
-            "a NULL tran_begin_lsn: the events' transaction begin LSN is their commit LSN",
-        ),
-        row_end_time_was_null
-            .then_some("a NULL tran_end_time: the events carry tran_begin_time as their time"),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if !fallbacks.is_empty() && warned.replace(start_lsn) != Some(start_lsn) {
-        tracing::warn!(capture_instance, commit_lsn = %start_lsn, "cdc.lsn_time_mapping has {} for this transaction", fallbacks.join(" and "));
-    }
-    let begin_lsn = begin_lsn.unwrap_or(start_lsn);
+    let (begin_lsn, end_time) = transaction_times(capture_instance, &mut row, start_lsn, warned)?;
     let offset = row.opt_int(fixed::END_TIME_OFFSET).map_err(bad)?;
     let out_of_range = |column: &str, value: i64| {
         bad(DecodeError {
@@ -367,6 +377,63 @@ async fn read_pass(
 }
 
 impl SqlServerSource {
+    /// The next chunk of the one pass over a table without a key: `Start` opens the
+    /// pass (a statement streaming on a connection of its own), `Continue` takes
+    /// its next chunk; empty once the pass has ended.
+    async fn pass_chunk(
+        &mut self,
+        instance: &CaptureInstance,
+        cursor: TableCursor<'_>,
+        limit: usize,
+        columns: Vec<(String, SqlType)>,
+    ) -> Result<Vec<Vec<Value>>, SourceError> {
+        let misuse = |what: &str| SourceError::Malformed {
+            capture_instance: instance.name.clone(),
+            message: format!("read_table: {what}"),
+        };
+        if cursor == TableCursor::Start {
+            let (sender, receiver) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(stream_pass(
+                self.conn.settings().clone(),
+                queries::read_table(instance, &[], None),
+                instance.name.clone(),
+                columns,
+                (limit.max(1), self.first_row_timeout),
+                sender,
+            ));
+            self.passes.insert(instance.name.clone(), receiver);
+        } else if cursor != TableCursor::Continue {
+            return Err(misuse("the table has no key"));
+        }
+        let Some(pass) = self.passes.get_mut(&instance.name) else {
+            return Err(misuse("no pass over the table was started"));
+        };
+        // The task bounds each row by the query time-out (the first by the
+        // first-row bound); this bounds the wait for a whole chunk, which the task
+        // may spend waiting for the channel.
+        let mut wait = self.conn.settings().query_timeout.saturating_mul(2);
+        if cursor == TableCursor::Start {
+            wait = wait.saturating_add(self.first_row_timeout);
+        }
+        match tokio::time::timeout(wait, pass.recv()).await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => {
+                self.passes.remove(&instance.name);
+                Ok(Vec::new())
+            }
+            Err(_) => {
+                self.passes.remove(&instance.name);
+                Err(SourceError::Transient {
+                    message: format!(
+                        "reading table {} took longer than {} ms (source.query_timeout_ms)",
+                        instance.qualified_table(),
+                        wait.as_millis()
+                    ),
+                })
+            }
+        }
+    }
+
     /// Runs one of the reads of changes or table rows, where a missing object means
     /// the catalog changed, and decodes each row in order.
     async fn read_rows<T>(
@@ -598,47 +665,7 @@ impl ChangeSource for SqlServerSource {
             message: format!("read_table: {what}"),
         };
         if key.is_empty() {
-            if cursor == TableCursor::Start {
-                let (sender, receiver) = tokio::sync::mpsc::channel(1);
-                tokio::spawn(stream_pass(
-                    self.conn.settings().clone(),
-                    queries::read_table(instance, &key, None),
-                    instance.name.clone(),
-                    columns,
-                    (limit.max(1), self.first_row_timeout),
-                    sender,
-                ));
-                self.passes.insert(instance.name.clone(), receiver);
-            } else if cursor != TableCursor::Continue {
-                return Err(misuse("the table has no key"));
-            }
-            let Some(pass) = self.passes.get_mut(&instance.name) else {
-                return Err(misuse("no pass over the table was started"));
-            };
-            // The task bounds each row by the query time-out (the first by the
-            // first-row bound); this bounds the wait for a whole chunk, which the
-            // task may spend waiting for the channel.
-            let mut wait = self.conn.settings().query_timeout.saturating_mul(2);
-            if cursor == TableCursor::Start {
-                wait = wait.saturating_add(self.first_row_timeout);
-            }
-            return match tokio::time::timeout(wait, pass.recv()).await {
-                Ok(Some(chunk)) => chunk,
-                Ok(None) => {
-                    self.passes.remove(&instance.name);
-                    Ok(Vec::new())
-                }
-                Err(_) => {
-                    self.passes.remove(&instance.name);
-                    Err(SourceError::Transient {
-                        message: format!(
-                            "reading table {} took longer than {} ms (source.query_timeout_ms)",
-                            instance.qualified_table(),
-                            wait.as_millis()
-                        ),
-                    })
-                }
-            };
+            return self.pass_chunk(instance, cursor, limit, columns).await;
         }
         let after = match cursor {
             TableCursor::Start => None,

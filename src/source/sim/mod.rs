@@ -47,11 +47,15 @@
 //! the database while a poller reads it.
 
 pub mod bulk;
+mod cost;
+pub use cost::SeekCost;
 mod controls;
 pub mod order;
 mod source;
 pub mod synthetic;
 mod transaction;
+mod values;
+use values::{convert, fits};
 
 use transaction::update_mask;
 
@@ -261,34 +265,6 @@ struct SimState {
     change_seek: Option<SeekCost>,
     /// Change-table rows the server's seeks examined, by that model.
     rows_examined: usize,
-}
-
-/// What SQL Server examines to answer one page of the change query: given the
-/// change table's keys in its clustered index's order (`key(i)` of `len`), the
-/// keyset to resume after, the upper LSN and the page size, the rows its seeks
-/// read. Built from the query text the SQL Server source sends (the test kit's
-/// seek-cost analyzer), so that the simulator charges what that query would cost.
-#[derive(Clone)]
-pub struct SeekCost(
-    #[allow(clippy::type_complexity)]
-    Arc<dyn Fn(&dyn Fn(usize) -> RowKey, usize, &RowKey, Lsn, usize) -> usize + Send + Sync>,
-);
-
-impl SeekCost {
-    pub fn new(
-        cost: impl Fn(&dyn Fn(usize) -> RowKey, usize, &RowKey, Lsn, usize) -> usize
-        + Send
-        + Sync
-        + 'static,
-    ) -> Self {
-        SeekCost(Arc::new(cost))
-    }
-}
-
-impl std::fmt::Debug for SeekCost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SeekCost")
-    }
 }
 
 impl SimState {
@@ -546,30 +522,6 @@ fn datetime(t: NaiveDateTime) -> NaiveDateTime {
     let nanos = (t - midnight).num_nanoseconds().unwrap_or(0);
     let ticks = (nanos * 300 + 500_000_000) / 1_000_000_000;
     midnight + Duration::milliseconds((ticks * 10 + 1) / 3)
-}
-
-/// A value converted to a column's new type, as `ALTER COLUMN` converts stored rows.
-fn convert(value: &Value, to: SqlType) -> Value {
-    match (value, to) {
-        (Value::TinyInt(v), SqlType::SmallInt) => Value::SmallInt(i16::from(*v)),
-        (Value::TinyInt(v), SqlType::Int) => Value::Int(i32::from(*v)),
-        (Value::SmallInt(v), SqlType::Int) => Value::Int(i32::from(*v)),
-        (Value::Int(v), SqlType::BigInt) => Value::BigInt(i64::from(*v)),
-        (Value::SmallInt(v), SqlType::BigInt) => Value::BigInt(i64::from(*v)),
-        (other, _) => other.clone(),
-    }
-}
-
-/// Whether a value can be a value of `sql_type` (what the real decoder checks): the
-/// simulator models integer type changes, so only integers are checked.
-fn fits(value: &Value, sql_type: SqlType) -> bool {
-    match value {
-        Value::TinyInt(_) => sql_type == SqlType::TinyInt,
-        Value::SmallInt(_) => sql_type == SqlType::SmallInt,
-        Value::Int(_) => sql_type == SqlType::Int,
-        Value::BigInt(_) => sql_type == SqlType::BigInt,
-        _ => true,
-    }
 }
 
 /// A handle to a simulated CDC database.

@@ -167,7 +167,7 @@ impl ChangeSource for CdcSimulator {
         }
         let examined = state.change_seek.as_ref().map_or(0, |cost| {
             let key = |i: usize| sim.rows[i].key;
-            (cost.0)(&key, sim.rows.len(), &after, to, limit)
+            cost.examined(&key, sim.rows.len(), &after, to, limit)
         });
         let first = sim.rows.partition_point(|r| r.key <= after);
         let mut rows = Vec::new();

@@ -1,0 +1,47 @@
+//! The simulator's cost model hook: what a change page costs on the server.
+
+use std::sync::Arc;
+
+use crate::lsn::Lsn;
+use crate::source::RowKey;
+
+/// What SQL Server examines to answer one page of the change query: given the
+/// change table's keys in its clustered index's order (`key(i)` of `len`), the
+/// keyset to resume after, the upper LSN and the page size, the rows its seeks
+/// read. Built from the query text the SQL Server source sends (the test kit's
+/// seek-cost analyzer), so that the simulator charges what that query would cost.
+#[derive(Clone)]
+pub struct SeekCost(
+    /// The model: `(key(i), len, after, to, limit)` → rows examined.
+    #[allow(clippy::type_complexity)]
+    Arc<dyn Fn(&dyn Fn(usize) -> RowKey, usize, &RowKey, Lsn, usize) -> usize + Send + Sync>,
+);
+
+impl SeekCost {
+    pub fn new(
+        cost: impl Fn(&dyn Fn(usize) -> RowKey, usize, &RowKey, Lsn, usize) -> usize
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        SeekCost(Arc::new(cost))
+    }
+
+    /// Rows examined for one page.
+    pub(super) fn examined(
+        &self,
+        key: &dyn Fn(usize) -> RowKey,
+        len: usize,
+        after: &RowKey,
+        to: Lsn,
+        limit: usize,
+    ) -> usize {
+        (self.0)(key, len, after, to, limit)
+    }
+}
+
+impl std::fmt::Debug for SeekCost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SeekCost")
+    }
+}

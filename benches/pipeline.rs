@@ -206,17 +206,8 @@ fn pipeline_settings(until_idle: bool) -> PipelineSettings {
     }
 }
 
-/// The CPU time this process has used so far, on every thread (librdkafka's and the
-/// in-process broker's included).
 fn cpu_time() -> Duration {
-    // SAFETY: `getrusage` writes the struct it is given and nothing else.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+    mssql_ces_testkit::process_cpu_time()
 }
 
 /// A rate, the bytes per second behind it, and what it cost in CPU.

@@ -183,16 +183,8 @@ fn config() -> PollerConfig {
     }
 }
 
-/// The CPU time this process has used so far, on every thread.
 fn cpu_time() -> Duration {
-    // SAFETY: `getrusage` writes the struct it is given and nothing else.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+    mssql_ces_testkit::process_cpu_time()
 }
 
 /// Rows per second and CPU microseconds per row.

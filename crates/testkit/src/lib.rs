@@ -44,6 +44,19 @@ pub fn soak_rounds(quick: usize, full: usize) -> usize {
     }
 }
 
+/// The CPU time this process has used so far, on every thread (librdkafka's, an
+/// in-process broker's or stand-in's included): what benchmarks report per message.
+pub fn process_cpu_time() -> std::time::Duration {
+    // SAFETY: `getrusage` writes the struct it is given and nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    std::time::Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
+
 /// A fresh directory under the system's temp directory.
 pub fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("mssql-ces-{name}-{}", Uuid::new_v4()));

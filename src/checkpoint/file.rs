@@ -155,6 +155,23 @@ impl FileStore {
         &self.stream_name
     }
 
+    /// The same store for another thread: the lease's lock file shared (a duplicate
+    /// of its descriptor, which holds the same lock; dropping it releases nothing).
+    pub fn detached(&self) -> Result<FileStore, CheckpointError> {
+        let lease = match &self.lease {
+            Some(file) => Some(file.try_clone().map_err(|e| CheckpointError::Io {
+                location: self.path.display().to_string(),
+                reason: format!("cannot share the lock file with the write's thread: {e}"),
+            })?),
+            None => None,
+        };
+        Ok(FileStore {
+            path: self.path.clone(),
+            stream_name: self.stream_name.clone(),
+            lease,
+        })
+    }
+
     /// Whether the lock file this process holds is still the one at the lock path.
     /// Deleted or replaced, another process could take a lock on the new file and
     /// write beside this one: this one stops writing instead.

@@ -106,6 +106,10 @@ pub enum CheckpointStore {
     Memory(memory::MemoryStore),
 }
 
+/// How long the file store's periodic lease check may take (a `stat` of the lock
+/// file, on a blocking thread).
+const FILE_CHECK_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How often a standby tries for the lease.
 pub const LEASE_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -162,7 +166,26 @@ impl CheckpointStore {
     /// application lock (or a new connection takes it again).
     pub async fn verify_lease(&mut self) -> Result<(), CheckpointError> {
         match self {
-            CheckpointStore::File(s) => s.check_lease(),
+            // Off the async workers, and bounded: a hung mount must hold neither.
+            CheckpointStore::File(s) => {
+                let detached = s.detached()?;
+                let location = s.path().display().to_string();
+                let check = tokio::task::spawn_blocking(move || detached.check_lease());
+                match tokio::time::timeout(FILE_CHECK_BUDGET, check).await {
+                    Ok(Ok(checked)) => checked,
+                    Ok(Err(e)) => Err(CheckpointError::Io {
+                        location,
+                        reason: format!("the lease check's thread failed: {e}"),
+                    }),
+                    Err(_) => Err(CheckpointError::Transient {
+                        location,
+                        reason: format!(
+                            "the lock file did not answer within {} s (a hung file system?)",
+                            FILE_CHECK_BUDGET.as_secs()
+                        ),
+                    }),
+                }
+            }
             CheckpointStore::Table(s) => s.verify_lease().await,
             CheckpointStore::Memory(_) => Ok(()),
         }
@@ -198,11 +221,12 @@ impl CheckpointStore {
             // Off the async workers: an fsync on a hung mount must not hold them
             // (nor, with the caller's time bound, the exit).
             CheckpointStore::File(s) => {
-                s.check_lease()?;
-                let (path, stream_name) = (s.path().to_owned(), s.stream_name().to_owned());
+                // The lock file's check is file-system I/O too: on the same thread.
+                let detached = s.detached()?;
                 let position = position.clone();
                 tokio::task::spawn_blocking(move || {
-                    file::FileStore::new(path, stream_name).save(&position)
+                    detached.check_lease()?;
+                    detached.save(&position)
                 })
                 .await
                 .map_err(|e| CheckpointError::Io {
@@ -389,8 +413,12 @@ mod tests {
                 .unwrap()
         );
         active.save(&Position::default()).await.unwrap();
+        active.verify_lease().await.expect("held");
         let lock = file::FileStore::new(&path, "s").lock_path();
         std::fs::remove_file(&lock).unwrap();
+        // The periodic check (every 2 s in a run) sees it before any write.
+        let err = active.verify_lease().await.unwrap_err();
+        assert!(matches!(err, CheckpointError::LeaseLost { .. }), "{err}");
         let err = active.save(&Position::default()).await.unwrap_err();
         assert!(matches!(err, CheckpointError::LeaseLost { .. }), "{err}");
         assert!(err.to_string().contains("deleted or replaced"), "{err}");

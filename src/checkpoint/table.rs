@@ -156,7 +156,31 @@ impl TableStore {
         if self.leased_here() {
             return Ok(());
         }
-        let Some(holder) = self.lease(FENCE_WAIT_MS).await? else {
+        // Without the lease for longer than the grace, a standby may have taken the
+        // stream, written and gone: taking the free lock again would write an older
+        // position over its newer one. The run stops; a restart reads the checkpoint.
+        if let Some(at) = self.confirmed_at
+            && at.elapsed() >= self.own_session_grace
+        {
+            return Err(CheckpointError::LeaseLost {
+                location: LOCATION.into(),
+                holder: format!(
+                    "this process had not held the lease for {} s (another process may have taken the stream and let it go since)",
+                    at.elapsed().as_secs()
+                ),
+            });
+        }
+        // The server's wait ends before the client's query time-out does, so that a
+        // lease held elsewhere is an answer, not a time-out.
+        let margin = std::time::Duration::from_secs(2);
+        let wait = self
+            .conn
+            .settings()
+            .query_timeout
+            .saturating_sub(margin)
+            .as_millis()
+            .min(FENCE_WAIT_MS as u128) as i32;
+        let Some(holder) = self.lease(wait).await? else {
             return Ok(());
         };
         // Held by another session: the one this process just lost, which the

@@ -212,7 +212,9 @@ pub(super) async fn acknowledge_into(
                     state.write(store, lease, metrics, abandon).await?;
                     continue;
                 }
-                () = tokio::time::sleep_until(lease.next_check) => {
+                // Past the drain deadline, no more checks: they could take a
+                // connect and a fence wait, which the exit must not.
+                () = tokio::time::sleep_until(lease.next_check), if !abandon.is_cancelled() => {
                     lease.check(store).await?;
                     continue;
                 }
@@ -235,7 +237,7 @@ pub(super) async fn acknowledge_into(
             state.delivered = Some(pending.position);
             if state.last_write.elapsed() >= interval && state.behind() {
                 state.write(store, lease, metrics, abandon).await?;
-            } else if lease.due() {
+            } else if lease.due() && !abandon.is_cancelled() {
                 // A busy acker never idles into the timer above.
                 lease.check(store).await?;
             }
@@ -274,7 +276,9 @@ async fn settle(
                     break;
                 }
                 () = abandon.cancelled() => return Ok(false),
-                () = tokio::time::sleep_until(lease.next_check) => lease.check(store).await?,
+                () = tokio::time::sleep_until(lease.next_check), if !abandon.is_cancelled() => {
+                    lease.check(store).await?;
+                }
             }
         }
     }

@@ -139,6 +139,11 @@ impl Sender {
             self.batch_started = Some(tokio::time::Instant::now());
         }
         for message in chunk.messages {
+            // The lease's bound holds per message: a send that waited on a full
+            // queue past it does not hand the rest of the chunk over unconfirmed.
+            if !self.lease_confirmed().await {
+                return Ok(false);
+            }
             // A full producer queue (brokers down) must not hold a shutdown.
             // `biased`: a send that can complete does, so a shutdown cuts a batch
             // short only while the queue is really full.

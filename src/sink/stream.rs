@@ -632,9 +632,14 @@ mod tests {
         drop(copy);
 
         // The file itself: cut back to the checkpoint.
-        let sink = StreamSink::file(path.clone(), Encoding::Json, resume).unwrap();
+        let sink = StreamSink::file(path.clone(), Encoding::Json, resume.clone()).unwrap();
         assert_eq!(sink.durable_length(), Some(length));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), length);
+        drop(sink);
+        // A copy of exactly the checkpoint's length, elsewhere: the same file too.
+        std::fs::copy(&path, &other).unwrap();
+        let copy = StreamSink::file(other.clone(), Encoding::Json, resume).unwrap();
+        assert_eq!(copy.durable_length(), Some(length));
         std::fs::remove_file(path).ok();
         std::fs::remove_file(other).ok();
     }

@@ -298,3 +298,22 @@ async fn a_checkpoint_store_on_a_readable_secondary_is_refused_by_name_and_the_p
         .await
         .expect("written on the primary");
 }
+
+/// Without the lease for longer than the grace, the lock being free proves nothing:
+/// a standby may have taken the stream, written a newer checkpoint and gone. The
+/// store does not take the lease back (it would write an older position over the
+/// standby's); the run stops, and a restart reads the checkpoint.
+#[tokio::test]
+async fn a_lease_unconfirmed_past_the_grace_is_not_taken_back_even_when_free() {
+    let (standin, table) = standin().await;
+    let mut active =
+        leased(store(&standin, "orders").with_own_session_grace(Duration::from_millis(300))).await;
+    table.kill_holder(RESOURCE).expect("held");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The dead connection, then the fence: the lock is free, but too late.
+    let _ = active.verify_lease().await;
+    let err = active.verify_lease().await.unwrap_err();
+    assert!(matches!(err, CheckpointError::LeaseLost { .. }), "{err}");
+    assert_eq!(table.holder(RESOURCE), None, "not taken back");
+    assert!(active.save(&Position::default()).await.is_err());
+}

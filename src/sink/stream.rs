@@ -596,6 +596,10 @@ mod tests {
             length,
             file: file.clone(),
         };
+        // A length that does not end a line is no checkpoint of ours, even where the
+        // event's id stands before it.
+        assert!(verify_file(&path, length - 1, &file).is_err());
+        assert!(verify_file(&path, length, &file).is_ok());
 
         // Another file, long enough, is refused untouched.
         let other = temp();

@@ -654,6 +654,9 @@ mod tests {
         let path = temp();
         let mut sink = StreamSink::file(path.clone(), Encoding::Avro, Resume::Fresh).unwrap();
         let id = uuid::Uuid::new_v4();
+        // A line before it: the last line is found exactly (a newline or a byte of
+        // the line before would not decode).
+        sink.send(event(uuid::Uuid::new_v4(), "before")).unwrap();
         sink.send(event(id, "binary")).unwrap();
         sink.sync().await.unwrap();
         let resume = Resume::Checked {

@@ -57,23 +57,15 @@ pub async fn read(conn: &mut SqlConnection) -> Result<ServerFacts, SourceError> 
         });
     };
     let mut facts = decode_server(NamedRow::new(row)).map_err(unexpected)?;
-    if facts.engine_edition == AZURE_SQL_DATABASE_EDITION {
-        let why = "Azure SQL Database runs CDC capture and cleanup on its own scheduler, without SQL Server Agent";
-        facts.agent = Fact::Unknown(why.into());
-        facts.capture_running = Fact::Unknown(why.into());
-        // The retention is there, in the database's own cdc.cdc_jobs.
-        facts.jobs = match optional(
-            conn,
-            queries::CDC_JOBS_AZURE,
-            "needs SELECT on cdc.cdc_jobs",
-        )
-        .await?
-        {
-            Ok(rows) => Fact::Known(decode_jobs(rows).map_err(unexpected)?),
-            Err(why) => Fact::Unknown(why),
-        };
+    // Azure SQL Database runs CDC capture and cleanup on its own scheduler: no Agent
+    // and no msdb, but its cleanup retention is in the database's own cdc.cdc_jobs.
+    let azure = facts.engine_edition == AZURE_SQL_DATABASE_EDITION;
+    let scheduler = "Azure SQL Database runs CDC capture and cleanup on its own scheduler, without SQL Server Agent";
+    let msdb = "needs SELECT on msdb.dbo.cdc_jobs and msdb.dbo.sysjobactivity (membership of msdb's SQLAgentReaderRole, or db_owner and sys.sp_cdc_help_jobs)";
+    facts.agent = if azure {
+        Fact::Unknown(scheduler.into())
     } else {
-        facts.agent = match optional(
+        match optional(
             conn,
             queries::AGENT_STATUS,
             "needs VIEW SERVER STATE to read sys.dm_server_services",
@@ -82,17 +74,25 @@ pub async fn read(conn: &mut SqlConnection) -> Result<ServerFacts, SourceError> 
         {
             Ok(rows) => decode_agent(rows).map_err(unexpected)?,
             Err(why) => Fact::Unknown(why),
-        };
-        let msdb = "needs SELECT on msdb.dbo.cdc_jobs and msdb.dbo.sysjobactivity (membership of msdb's SQLAgentReaderRole, or db_owner and sys.sp_cdc_help_jobs)";
-        facts.jobs = match optional(conn, queries::CDC_JOBS, msdb).await? {
-            Ok(rows) => Fact::Known(decode_jobs(rows).map_err(unexpected)?),
-            Err(why) => Fact::Unknown(why),
-        };
-        facts.capture_running = match optional(conn, queries::CAPTURE_JOB_RUNNING, msdb).await? {
+        }
+    };
+    let (jobs, jobs_need) = if azure {
+        (queries::CDC_JOBS_AZURE, "needs SELECT on cdc.cdc_jobs")
+    } else {
+        (queries::CDC_JOBS, msdb)
+    };
+    facts.jobs = match optional(conn, jobs, jobs_need).await? {
+        Ok(rows) => Fact::Known(decode_jobs(rows).map_err(unexpected)?),
+        Err(why) => Fact::Unknown(why),
+    };
+    facts.capture_running = if azure {
+        Fact::Unknown(scheduler.into())
+    } else {
+        match optional(conn, queries::CAPTURE_JOB_RUNNING, msdb).await? {
             Ok(rows) => Fact::Known(decode_running(rows).map_err(unexpected)?),
             Err(why) => Fact::Unknown(why),
-        };
-    }
+        }
+    };
     facts.log_scan = match optional(
         conn,
         queries::LOG_SCAN,

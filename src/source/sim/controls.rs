@@ -95,6 +95,18 @@ impl CdcSimulator {
 /// the library's API outside tests (the `testing` feature).
 #[cfg(any(test, feature = "testing"))]
 impl CdcSimulator {
+    /// Changes what the catalog says of a capture instance (none: nothing).
+    fn change_instance(&self, capture_instance: &str, change: impl FnOnce(&mut CaptureInstance)) {
+        if let Some(i) = self
+            .lock()
+            .instances
+            .iter_mut()
+            .find(|i| i.info.name == capture_instance)
+        {
+            change(&mut i.info);
+        }
+    }
+
     /// Makes `action` happen just before the next `read_changes` answers.
     pub fn on_next_read(&self, action: SimAction) {
         self.lock().on_next_read.push(action);
@@ -103,39 +115,22 @@ impl CdcSimulator {
     /// Uses the columns of a unique index as the instance's key (`@index_name` of
     /// `sp_cdc_enable_table`), as `cdc.index_columns` then lists them.
     pub fn set_index_columns(&self, capture_instance: &str, columns: &[&str]) {
-        if let Some(i) = self
-            .lock()
-            .instances
-            .iter_mut()
-            .find(|i| i.info.name == capture_instance)
-        {
-            i.info.key_columns = columns.iter().map(|c| c.to_string()).collect();
-        }
+        self.change_instance(capture_instance, |info| {
+            info.key_columns = columns.iter().map(|c| c.to_string()).collect()
+        });
     }
 
     /// Makes the instance's key index sort `columns` descending (`PRIMARY KEY (a,
     /// b DESC)`), as `sys.index_columns.is_descending_key` then says.
     pub fn set_descending_key_columns(&self, capture_instance: &str, columns: &[&str]) {
-        if let Some(i) = self
-            .lock()
-            .instances
-            .iter_mut()
-            .find(|i| i.info.name == capture_instance)
-        {
-            i.info.descending_keys = columns.iter().map(|c| c.to_string()).collect();
-        }
+        self.change_instance(capture_instance, |info| {
+            info.descending_keys = columns.iter().map(|c| c.to_string()).collect()
+        });
     }
 
     /// Models a change table created before `__$command_id` existed.
     pub fn remove_command_id(&self, capture_instance: &str) {
-        if let Some(i) = self
-            .lock()
-            .instances
-            .iter_mut()
-            .find(|i| i.info.name == capture_instance)
-        {
-            i.info.has_command_id = false;
-        }
+        self.change_instance(capture_instance, |info| info.has_command_id = false);
     }
 
     /// Changes what `check` sees of the server (its version, CDC on the database,

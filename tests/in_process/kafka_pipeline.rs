@@ -439,6 +439,18 @@ async fn a_broker_outage_mid_run_loses_nothing() {
 
 /// An `--until-idle` run of 20 transactions to a cluster whose broker is down, with
 /// these drain bounds.
+/// A two-byte message to topic `ces` under key `k`.
+fn small_message() -> mssql_ces::sink::OutgoingMessage {
+    mssql_ces::sink::OutgoingMessage {
+        topic: "ces".into(),
+        key: Some(b"k".to_vec()),
+        partition_hint: None,
+        headers: Vec::new(),
+        payload: b"{}".to_vec(),
+        message_id: None,
+    }
+}
+
 async fn idle_run_with_the_broker_down(
     drain_timeout: Duration,
     idle_drain_timeout: Duration,
@@ -600,16 +612,8 @@ async fn a_fatal_producer_error_fails_deliveries_at_once_by_name() {
     );
     let bootstrap = cluster.bootstrap_servers();
     let mut sink = kafka_sink_with(&bootstrap, None);
-    let message = mssql_ces::sink::OutgoingMessage {
-        topic: "ces".into(),
-        key: Some(b"k".to_vec()),
-        partition_hint: None,
-        headers: Vec::new(),
-        payload: b"{}".to_vec(),
-        message_id: None,
-    };
     let started = std::time::Instant::now();
-    let error = match sink.send(message).await {
+    let error = match sink.send(small_message()).await {
         Ok(delivery) => delivery
             .wait_until(Some(tokio::time::Instant::now() + Duration::from_secs(60)))
             .await
@@ -711,18 +715,10 @@ async fn a_queue_that_stays_full_fails_the_send_after_the_delivery_timeout() {
         .kafka
         .insert("queue.buffering.max.messages".into(), "1".into());
     let mut sink = kafka_sink_with(&bootstrap, Some(config));
-    let message = || mssql_ces::sink::OutgoingMessage {
-        topic: "ces".into(),
-        key: Some(b"k".to_vec()),
-        partition_hint: None,
-        headers: Vec::new(),
-        payload: b"{}".to_vec(),
-        message_id: None,
-    };
-    let _first = sink.send(message()).await.expect("queued");
+    let _first = sink.send(small_message()).await.expect("queued");
     let started = std::time::Instant::now();
     let error = sink
-        .send(message())
+        .send(small_message())
         .await
         .err()
         .expect("the queue stays full");

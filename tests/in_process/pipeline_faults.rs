@@ -19,7 +19,7 @@ use mssql_ces::source::{
 };
 use tokio_util::sync::CancellationToken;
 
-fn router() -> Router {
+pub(crate) fn router() -> Router {
     Router::new(
         "ces",
         PartitionKeyScheme::Table,
@@ -30,7 +30,7 @@ fn router() -> Router {
     )
 }
 
-fn factory() -> pipeline::EncoderFactory {
+pub(crate) fn factory() -> pipeline::EncoderFactory {
     Box::new(|guid| EncoderOptions {
         stream_guid: guid,
         encoding: Encoding::Json,

@@ -8,12 +8,11 @@ use std::time::{Duration, Instant};
 
 use mssql_ces::checkpoint::table::TableStore;
 use mssql_ces::checkpoint::{CheckpointError, CheckpointStore};
-use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::event::Encoding;
 use mssql_ces::pipeline::{self, PipelineError, PipelineSettings};
 use mssql_ces::position::Position;
-use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
+use mssql_ces::sink::Sink;
 use mssql_ces::sink::stream::{Resume, StreamSink};
-use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig};
@@ -35,15 +34,22 @@ async fn standin() -> (StandIn, CheckpointTable) {
     (standin, table)
 }
 
+/// The store's connection settings for `connection_string`.
+fn settings(connection_string: ConnectionString) -> SqlServerConfig {
+    SqlServerConfig {
+        connection_string,
+        trust_server_certificate: true,
+        encrypt: false,
+        connect_timeout: Duration::from_secs(5),
+        query_timeout: Duration::from_secs(5),
+    }
+}
+
 fn store(standin: &StandIn, stream: &str) -> TableStore {
     TableStore::new(
-        SqlServerConfig {
-            connection_string: ConnectionString::new(standin.connection_string(USER, PASSWORD)),
-            trust_server_certificate: true,
-            encrypt: false,
-            connect_timeout: Duration::from_secs(5),
-            query_timeout: Duration::from_secs(5),
-        },
+        settings(ConnectionString::new(
+            standin.connection_string(USER, PASSWORD),
+        )),
         stream,
     )
 }
@@ -186,11 +192,11 @@ fn lines(path: &std::path::Path) -> usize {
 #[tokio::test]
 async fn a_run_whose_session_was_ended_stops_producing_within_the_bound() {
     let (standin, table) = standin().await;
-    let store =
+    let active =
         leased(store(&standin, "orders").with_own_session_grace(Duration::from_secs(12))).await;
     let path = std::env::temp_dir().join(format!("mssql-ces-lease-run-{}", uuid::Uuid::new_v4()));
     let sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh).expect("file sink");
-    let settings = PipelineSettings {
+    let run_settings = PipelineSettings {
         poll_interval: Duration::from_millis(10),
         // No checkpoint write in the test: the lease checks alone must pause it.
         checkpoint_interval: Duration::from_secs(600),
@@ -205,30 +211,18 @@ async fn a_run_whose_session_was_ended_stops_producing_within_the_bound() {
             PollerConfig::default(),
             None,
         ),
-        Box::new(|guid| EncoderOptions {
-            stream_guid: guid,
-            encoding: Encoding::Json,
-            final_event: FinalEventMode::LastInTransaction,
-            max_message_size: MessageSizeLimit::default(),
-        }),
-        Router::new(
-            "ces",
-            PartitionKeyScheme::Table,
-            None,
-            CloudEventsMode::Structured,
-            Encoding::Json,
-            "default",
-        ),
+        crate::pipeline_faults::factory(),
+        crate::pipeline_faults::router(),
         Sink::Stream(sink),
-        store,
-        settings,
+        active,
+        run_settings,
         CancellationToken::new(),
     ));
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(lines(&path) > 0, "producing");
     let killed = Instant::now();
     table.kill_holder(RESOURCE).expect("held");
-    let _standby = leased(store_for_standby(&standin)).await;
+    let _standby = leased(store(&standin, "orders")).await;
 
     // Within 6 s of the last confirmation (at most 2 s before the kill) plus a
     // batch in flight, nothing more reaches the file.
@@ -260,10 +254,6 @@ async fn a_run_whose_session_was_ended_stops_producing_within_the_bound() {
     std::fs::remove_file(path).ok();
 }
 
-fn store_for_standby(standin: &StandIn) -> TableStore {
-    store(standin, "orders")
-}
-
 /// A source on a readable secondary (`ApplicationIntent=ReadOnly`): the checkpoint
 /// write fails there as on SQL Server (3906, the database is read-only), naming the
 /// setting; without the read-only intent (what the store uses by default) it works.
@@ -275,13 +265,6 @@ async fn a_checkpoint_store_on_a_readable_secondary_is_refused_by_name_and_the_p
         standin.connection_string(USER, PASSWORD)
     ));
     assert!(read_only.read_only_intent());
-    let settings = |connection_string| SqlServerConfig {
-        connection_string,
-        trust_server_certificate: true,
-        encrypt: false,
-        connect_timeout: Duration::from_secs(5),
-        query_timeout: Duration::from_secs(5),
-    };
     let mut secondary = leased(TableStore::new(settings(read_only.clone()), "orders")).await;
     let err = secondary.save(&Position::default()).await.unwrap_err();
     let text = err.to_string();

@@ -212,20 +212,6 @@ where
     }
 }
 
-/// [`measure`] for `read_all`, which borrows its source.
-async fn measure_reads(seconds: Duration, reader: &mut SqlServerSource) -> Rate {
-    let (cpu, wall) = (cpu_time(), Instant::now());
-    let mut rows = 0usize;
-    while wall.elapsed() < seconds {
-        rows += read_all(reader).await;
-    }
-    let (cpu, wall) = (cpu_time() - cpu, wall.elapsed());
-    Rate {
-        per_second: rows as f64 / wall.as_secs_f64(),
-        cpu_micros: cpu.as_secs_f64() * 1e6 / rows.max(1) as f64,
-    }
-}
-
 /// A poller from the start through every change; the changes it made.
 async fn poll_all<S: ChangeSource>(source: S) -> usize {
     let mut poller = Poller::new(source, config(), None);
@@ -239,8 +225,9 @@ async fn poll_all<S: ChangeSource>(source: S) -> usize {
     }
 }
 
-/// `read_changes` page after page over the whole change table, through the wire.
-async fn read_all(source: &mut SqlServerSource) -> usize {
+/// `read_changes` page after page over the whole change table, through the wire, on
+/// a new connection (as the poll side's passes have).
+async fn read_all(mut source: SqlServerSource) -> usize {
     let catalog = source.catalog().await.expect("catalog");
     let instance = &catalog.instances[0];
     let to = source.max_lsn().await.expect("max_lsn").lsn.expect("max");
@@ -289,11 +276,10 @@ fn main() {
                 .expect("stand-in");
             // Warm the replay cache: every answer encoded once before measuring.
             assert_eq!(poll_all(source(&standin)).await, shape.rows);
-            let mut reader = source(&standin);
-            assert_eq!(read_all(&mut reader).await, shape.rows);
+            assert_eq!(read_all(source(&standin)).await, shape.rows);
             let mut sides: [Vec<Rate>; 3] = Default::default();
             for _ in 0..rounds {
-                sides[0].push(measure_reads(seconds, &mut reader).await);
+                sides[0].push(measure(seconds, || read_all(source(&standin))).await);
                 sides[1].push(measure(seconds, || poll_all(source(&standin))).await);
                 sides[2].push(measure(seconds, || poll_all(sim.clone())).await);
             }

@@ -159,47 +159,41 @@ impl Branch {
         branch
     }
 
-    /// Whether `key` sorts before the seek range's start.
-    fn before_start(&self, key: &RowKey, bound: &Bound<'_>) -> bool {
+    /// How `key` compares with the equalities' values, column by column: the first
+    /// that differs (`None` when all are equal, or a value is not bound).
+    fn against_equalities(&self, key: &RowKey, bound: &Bound<'_>) -> Option<Ordering> {
         for eq in &self.equal {
-            match bound
-                .param(eq.param)
-                .map(|v| column(key, eq.column).cmp(&v))
-            {
-                Some(Ordering::Less) => return true,
-                Some(Ordering::Greater) | None => return false,
-                Some(Ordering::Equal) => {}
+            match column(key, eq.column).cmp(&bound.param(eq.param)?) {
+                Ordering::Equal => {}
+                other => return Some(other),
             }
         }
-        match self.lower {
-            Some(c) => match bound.param(c.param) {
+        Some(Ordering::Equal)
+    }
+
+    /// Whether `key` sorts before the seek range's start.
+    fn before_start(&self, key: &RowKey, bound: &Bound<'_>) -> bool {
+        match self.against_equalities(key, bound) {
+            Some(Ordering::Less) => true,
+            Some(Ordering::Equal) => self.lower.is_some_and(|c| match bound.param(c.param) {
                 Some(v) if c.op == Op::Gt => column(key, c.column) <= v,
                 Some(v) => column(key, c.column) < v,
                 None => false,
-            },
-            None => false,
+            }),
+            _ => false,
         }
     }
 
     /// Whether `key` sorts after the seek range's end.
     fn past_end(&self, key: &RowKey, bound: &Bound<'_>) -> bool {
-        for eq in &self.equal {
-            match bound
-                .param(eq.param)
-                .map(|v| column(key, eq.column).cmp(&v))
-            {
-                Some(Ordering::Greater) => return true,
-                Some(Ordering::Less) | None => return false,
-                Some(Ordering::Equal) => {}
-            }
-        }
-        match self.upper {
-            Some(c) => match bound.param(c.param) {
+        match self.against_equalities(key, bound) {
+            Some(Ordering::Greater) => true,
+            Some(Ordering::Equal) => self.upper.is_some_and(|c| match bound.param(c.param) {
                 Some(v) if c.op == Op::Lt => column(key, c.column) >= v,
                 Some(v) => column(key, c.column) > v,
                 None => false,
-            },
-            None => false,
+            }),
+            _ => false,
         }
     }
 

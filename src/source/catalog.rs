@@ -184,14 +184,15 @@ pub struct NamedRow {
 
 impl NamedRow {
     pub fn new(row: Row) -> Self {
-        let index = std::sync::Arc::new(ColumnIndex::of_row(&row));
-        Self::indexed(row, index)
+        Self::in_result(row, &mut None)
     }
 
-    /// A row of a result whose column index was built once for all its rows.
-    pub fn indexed(row: Row, index: std::sync::Arc<ColumnIndex>) -> Self {
+    /// A row of a result set whose column index is built from its first row and
+    /// shared by the rest (`shared` starts `None` for each result set).
+    pub fn in_result(row: Row, shared: &mut Option<std::sync::Arc<ColumnIndex>>) -> Self {
+        let index = shared.get_or_insert_with(|| std::sync::Arc::new(ColumnIndex::of_row(&row)));
         NamedRow {
-            index,
+            index: std::sync::Arc::clone(index),
             values: row.into_iter().map(Some).collect(),
         }
     }

@@ -358,9 +358,7 @@ async fn read_pass(
             break;
         };
         first = false;
-        let index =
-            index.get_or_insert_with(|| std::sync::Arc::new(catalog::ColumnIndex::of_row(&row)));
-        let mut row = NamedRow::indexed(row, std::sync::Arc::clone(index));
+        let mut row = NamedRow::in_result(row, &mut index);
         let (values, _) = decode_values(capture_instance, &mut row, columns)?;
         chunk.push(values);
         if chunk.len() >= limit {
@@ -447,17 +445,9 @@ impl SqlServerSource {
             .query(sql, params)
             .await
             .map_err(catalog_changed)?;
+        let mut index = None;
         rows.into_iter()
-            .scan(
-                None,
-                |index: &mut Option<std::sync::Arc<catalog::ColumnIndex>>, row| {
-                    // One index for the whole result: every row has its columns.
-                    let index = index.get_or_insert_with(|| {
-                        std::sync::Arc::new(catalog::ColumnIndex::of_row(&row))
-                    });
-                    Some(decode(NamedRow::indexed(row, std::sync::Arc::clone(index))))
-                },
-            )
+            .map(|row| decode(NamedRow::in_result(row, &mut index)))
             .collect()
     }
 

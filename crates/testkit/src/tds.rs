@@ -1127,24 +1127,17 @@ async fn serve(
             write_message(&mut stream, packet::REPLY, &out).await?;
             continue;
         }
+        // Rows and errors: their tokens as `encode_reply` gives them.
+        if let Some(tokens) = encode_reply(&reply, rpc) {
+            write_message(&mut stream, packet::REPLY, &tokens).await?;
+            continue;
+        }
         match reply {
             Reply::Raw(bytes) => {
                 write_message(&mut stream, packet::REPLY, &bytes).await?;
                 continue;
             }
-            Reply::Rows(sets) => result_sets(&mut out, &sets, rpc),
-            Reply::Error {
-                number,
-                class,
-                message,
-            } => {
-                error_token(&mut out, number, class, &message);
-                if rpc {
-                    done_token(&mut out, 0xFE, 0x02, 0);
-                } else {
-                    done(&mut out, 0x02, 0);
-                }
-            }
+            Reply::Rows(_) | Reply::Error { .. } => unreachable!("encoded above"),
             Reply::Drop => return Ok(()),
             Reply::DropMidResult(sets) => {
                 // Half of the answer in a packet that does not end the message, then
@@ -1164,7 +1157,6 @@ async fn serve(
             }
             Reply::Slow(..) => unreachable!("unwrapped above"),
         }
-        write_message(&mut stream, packet::REPLY, &out).await?;
     }
 }
 

@@ -74,6 +74,13 @@ pub struct Position {
     /// one LSN never share a `logicalid`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub next_load_base: u64,
+    /// The latest commit instant read (UTC nanoseconds since 1970), in LSN order: it
+    /// decides whether a local commit time in an hour the clocks repeat is its first
+    /// or its second occurrence (`source::timezone::CommitClock`), so a restart reads
+    /// the commits after here as the run before it did. Absent in checkpoints
+    /// written before it (format 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_clock_ns: Option<i64>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -176,7 +176,7 @@ pub(super) async fn check_retention<S: ChangeSource>(
         return;
     };
     let since: Option<NaiveDateTime> = match source.lsn_time(oldest).await {
-        Ok(time) => time,
+        Ok(time) => time.map(|t| t.local),
         Err(e) => {
             report.skip(
                 check,

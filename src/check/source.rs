@@ -62,6 +62,7 @@ pub(super) async fn check_source<S: ChangeSource>(
             "GRANT VIEW ANY DATABASE TO the login, or set event.stream_guid",
         ),
     }
+    check_time_zone(report, config, &catalog);
     let included = check_tables(report, config, source, &catalog).await;
     check_lob_limit(report, &facts, &included);
     Some(SourceState {
@@ -69,6 +70,32 @@ pub(super) async fn check_source<S: ChangeSource>(
         facts,
         included,
     })
+}
+
+/// How commit times become UTC: `source.time_zone` against what the server can say
+/// of its own zone; the run refuses what fails here.
+fn check_time_zone(report: &mut Report, config: &Config, catalog: &Catalog) {
+    const CHECK: &str = "time zone";
+    let Ok(setting) = crate::source::timezone::TimeZoneSetting::parse(&config.source.time_zone)
+    else {
+        // Validation refuses it before any check runs.
+        return;
+    };
+    let per_row = catalog.server_time_zone.is_some();
+    match setting.resolve(catalog.server_utc_offset_minutes, per_row) {
+        Ok(zone) => match &catalog.server_time_zone {
+            Some(id) if setting == crate::source::timezone::TimeZoneSetting::Server => report.pass(
+                CHECK,
+                format!("the server's own zone ({id}), the offset in force at each commit"),
+            ),
+            _ => report.pass(CHECK, format!("{} (source.time_zone)", zone.describe())),
+        },
+        Err(e) => report.fail(
+            CHECK,
+            e.to_string(),
+            "set source.time_zone to the server's zone",
+        ),
+    }
 }
 
 /// `max text repl size` where streamed tables capture LOB columns: at its default

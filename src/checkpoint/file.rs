@@ -268,6 +268,7 @@ mod tests {
             )]
             .into(),
             next_load_base: 2 << 40,
+            commit_clock_ns: Some(1_790_000_000_123_456_789),
         }
     }
 

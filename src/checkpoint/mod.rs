@@ -45,10 +45,14 @@ pub struct Checkpoint {
 /// - 3: adds `sink_file`, which file `sink_length` is of (its path and last event
 ///   id); a release that knows only version 2 refuses the document by name rather
 ///   than cutting back a file it cannot tell is the checkpoint's.
-pub const CHECKPOINT_VERSION: u32 = 3;
+/// - 4: adds `commit_clock_ns`, the latest commit instant read, which decides the
+///   readings of an hour the clocks repeat; a release that knows only version 3
+///   refuses the document by name rather than reading such an hour differently
+///   from the run that wrote it (a re-sent event would get another `time`).
+pub const CHECKPOINT_VERSION: u32 = 4;
 
-/// The oldest format this release reads: every version-1 or version-2 document is
-/// a valid version-3 position (no version removed a field, and the ones they added
+/// The oldest format this release reads: every version-1 to version-3 document is
+/// a valid version-4 position (no version removed a field, and the ones they added
 /// default to 0 or absent).
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 
@@ -358,20 +362,20 @@ mod tests {
 
     #[test]
     fn a_newer_version_is_refused_by_name() {
-        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 4", 1);
+        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 5", 1);
         let err = parse(&newer, "default", "cp.json").unwrap_err();
         assert_eq!(
             err,
             CheckpointError::NewerVersion {
                 location: "cp.json".into(),
-                found: 4,
+                found: 5,
                 oldest: OLDEST_READABLE_VERSION,
                 newest: CHECKPOINT_VERSION,
             }
         );
         let text = err.to_string();
         assert!(
-            text.contains("version 4") && text.contains("newer mssql-ces"),
+            text.contains("version 5") && text.contains("newer mssql-ces"),
             "{text}"
         );
         let older = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 0", 1);
@@ -480,13 +484,13 @@ mod tests {
     }
 
     #[test]
-    fn the_version_this_release_writes_is_3() {
+    fn the_version_this_release_writes_is_4() {
         // An older release compares the version with the one it writes and refuses
-        // a newer one by name: the bump is what keeps it from cutting back a file
-        // it cannot tell is the checkpoint's.
-        assert_eq!(CHECKPOINT_VERSION, 3);
+        // a newer one by name: the bumps keep it from cutting back a file it cannot
+        // tell is the checkpoint's (3) or reading a repeated hour otherwise (4).
+        assert_eq!(CHECKPOINT_VERSION, 4);
         let text = render("s", &Position::default(), "x").expect("renders");
         let value: serde_json::Value = serde_json::from_str(&text).expect("json");
-        assert_eq!(value["version"], 3);
+        assert_eq!(value["version"], 4);
     }
 }

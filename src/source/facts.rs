@@ -9,7 +9,10 @@ use crate::mssql::{PERMISSION_ERRORS, SqlConnection, SqlError};
 use crate::source::catalog::{NamedRow, null};
 use crate::source::decode::DecodeError;
 use crate::source::queries;
-use crate::source::{AZURE_SQL_DATABASE_EDITION, CdcJob, Fact, LogScan, ServerFacts, SourceError};
+use crate::source::{
+    AZURE_SQL_DATABASE_EDITION, CdcJob, CommitTime, Fact, LogScan, ServerFacts, ServerOffsets,
+    SourceError,
+};
 
 /// Server errors that mean "not allowed here" or "not on this edition": a
 /// permission error ([`PERMISSION_ERRORS`], 916 being no access to `msdb`), or 208, no
@@ -173,19 +176,56 @@ fn decode_log_scan(rows: Vec<NamedRow>) -> Result<Option<LogScan>, DecodeError> 
     }))
 }
 
-/// [`queries::LSN_TIME`].
+/// [`queries::LSN_TIME`], or [`queries::LSN_TIME_ZONED`] with the server's zone.
 pub async fn lsn_time(
     conn: &mut SqlConnection,
     lsn: crate::lsn::Lsn,
-) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
+    server_zone: Option<&str>,
+) -> Result<Option<CommitTime>, SourceError> {
     let bytes = lsn.to_vec();
-    let rows = conn.query(queries::LSN_TIME, &[&bytes]).await?;
+    let rows = match server_zone {
+        Some(zone) => {
+            conn.query(queries::LSN_TIME_ZONED, &[&bytes, &zone])
+                .await?
+        }
+        None => conn.query(queries::LSN_TIME, &[&bytes]).await?,
+    };
     match rows.into_iter().next() {
-        Some(row) => NamedRow::new(row)
-            .opt_datetime("commit_time")
-            .map_err(unexpected),
+        Some(row) => decode_commit_time(NamedRow::new(row), server_zone.is_some()),
         None => Ok(None),
     }
+}
+
+/// A row of [`queries::LSN_TIME`] or [`queries::LSN_TIME_ZONED`] (`zoned`).
+fn decode_commit_time(mut row: NamedRow, zoned: bool) -> Result<Option<CommitTime>, SourceError> {
+    let Some(local) = row.opt_datetime("commit_time").map_err(unexpected)? else {
+        return Ok(None);
+    };
+    let offsets = if zoned {
+        let offset = |row: &mut NamedRow, column: &str| -> Result<Option<i16>, SourceError> {
+            row.opt_int(column)
+                .map_err(unexpected)?
+                .map(|o| {
+                    i16::try_from(o).map_err(|_| {
+                        unexpected(DecodeError {
+                            column: column.to_owned(),
+                            message: format!("{o} is out of range"),
+                        })
+                    })
+                })
+                .transpose()
+        };
+        match (
+            offset(&mut row, "at_offset")?,
+            offset(&mut row, "hour_later_offset")?,
+        ) {
+            (Some(at), Some(hour_later)) => Some(ServerOffsets { at, hour_later }),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    Ok(Some(CommitTime { local, offsets }))
 }
 
 #[cfg(test)]

@@ -22,8 +22,10 @@ use chrono::NaiveDateTime;
 
 use crate::event::{Change, ColumnDescription, Operation, Row, TableDescription};
 use crate::lsn::Lsn;
-use crate::source::timezone::CommitTimeZone;
-use crate::source::{CaptureInstance, ChangeRow, RowKey, SourceError, is_bit_set, op};
+use crate::source::timezone::{CommitClock, CommitTimeZone};
+use crate::source::{
+    CaptureInstance, ChangeRow, RowKey, ServerOffsets, SourceError, is_bit_set, op,
+};
 
 /// What the merge needs to know about a capture instance to build its events.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,14 +95,19 @@ pub fn smallest_head(buffers: &[&VecDeque<ChangeRow>]) -> Option<usize> {
 #[derive(Debug)]
 pub struct Sequencer {
     zone: CommitTimeZone,
+    /// Commit instants in LSN order, which decide a repeated hour's readings.
+    clock: CommitClock,
     before: Option<(Arc<InstanceContext>, ChangeRow)>,
     held: Option<Change>,
 }
 
 impl Sequencer {
-    pub fn new(zone: CommitTimeZone) -> Self {
+    /// A sequencer converting commit times with `zone`, whose clock starts where
+    /// the position's stands (`clock`).
+    pub fn new(zone: CommitTimeZone, clock: CommitClock) -> Self {
         Sequencer {
             zone,
+            clock,
             before: None,
             held: None,
         }
@@ -157,7 +164,7 @@ impl Sequencer {
                     update_mask,
                     begin_lsn,
                     end_time,
-                    end_time_offset_minutes,
+                    end_time_offsets,
                     values,
                 } = row;
                 let mut old = before.values;
@@ -166,7 +173,7 @@ impl Sequencer {
                         old[position] = values[position].clone();
                     }
                 }
-                let times = (key, begin_lsn, end_time, end_time_offset_minutes);
+                let times = (key, begin_lsn, end_time, end_time_offsets);
                 let change =
                     self.change(instance, Operation::Update, times, Some(old), Some(values));
                 self.emit(change, out);
@@ -183,7 +190,7 @@ impl Sequencer {
                     key,
                     begin_lsn,
                     end_time,
-                    end_time_offset_minutes,
+                    end_time_offsets,
                     values,
                     ..
                 } = row;
@@ -195,7 +202,7 @@ impl Sequencer {
                 let change = self.change(
                     instance,
                     operation,
-                    (key, begin_lsn, end_time, end_time_offset_minutes),
+                    (key, begin_lsn, end_time, end_time_offsets),
                     old,
                     current,
                 );
@@ -212,10 +219,10 @@ impl Sequencer {
     /// A change of `instance` at `(key, begin LSN, local end time, the server's
     /// offset at that time)`, numbered later.
     fn change(
-        &self,
+        &mut self,
         instance: &Arc<InstanceContext>,
         operation: Operation,
-        (key, begin_lsn, end_time, offset): (RowKey, Lsn, NaiveDateTime, Option<i16>),
+        (key, begin_lsn, end_time, offsets): (RowKey, Lsn, NaiveDateTime, Option<ServerOffsets>),
         old: Option<Row>,
         current: Option<Row>,
     ) -> Change {
@@ -226,7 +233,7 @@ impl Sequencer {
             begin_lsn,
             sequence_number: 1,
             last_in_transaction: false,
-            commit_time: self.zone.to_utc(end_time, offset),
+            commit_time: self.clock.read(self.zone.readings(end_time, offsets)),
             old,
             current,
             origin: crate::event::Origin::Cdc,
@@ -316,7 +323,7 @@ mod tests {
                 .unwrap()
                 .and_hms_opt(0, 0, 0)
                 .unwrap(),
-            end_time_offset_minutes: None,
+            end_time_offsets: None,
             values,
         }
     }
@@ -330,7 +337,7 @@ mod tests {
     }
 
     fn sequencer() -> Sequencer {
-        Sequencer::new(CommitTimeZone::LocalAsUtc)
+        Sequencer::new(CommitTimeZone::LocalAsUtc, CommitClock::default())
     }
 
     #[test]

@@ -33,6 +33,7 @@ use uuid::Uuid;
 use crate::event::Value;
 use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
+pub use crate::source::timezone::ServerOffsets;
 
 /// CDC's `__$operation` codes.
 pub mod op {
@@ -79,6 +80,14 @@ impl RowKey {
     }
 }
 
+/// A server-local commit time and, where the server names its zone, the offsets it
+/// gives that time (see [`ServerOffsets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitTime {
+    pub local: NaiveDateTime,
+    pub offsets: Option<ServerOffsets>,
+}
+
 /// One row of a change table, with the columns the events carry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChangeRow {
@@ -90,9 +99,9 @@ pub struct ChangeRow {
     pub begin_lsn: Lsn,
     /// `tran_end_time` from `cdc.lsn_time_mapping`: server-local commit time.
     pub end_time: NaiveDateTime,
-    /// The server's UTC offset in minutes at `end_time`, from its own time zone
-    /// (`AT TIME ZONE CURRENT_TIMEZONE_ID()`), when the server can tell.
-    pub end_time_offset_minutes: Option<i16>,
+    /// The server's UTC offsets at `end_time` and an hour later, from its own time
+    /// zone (`AT TIME ZONE CURRENT_TIMEZONE_ID()`), when the server can tell.
+    pub end_time_offsets: Option<ServerOffsets>,
     /// One value per emitted column of the capture instance, in column order.
     pub values: Vec<Value>,
 }
@@ -355,6 +364,8 @@ pub enum SourceError {
     OtherDatabase { checkpoint: String, now: String },
     #[error("database error: {message}")]
     Definite { message: String },
+    #[error(transparent)]
+    UnknownServerZone(#[from] crate::source::timezone::UnknownServerZone),
 }
 
 impl From<crate::mssql::SqlErrorKind> for SourceError {
@@ -458,12 +469,13 @@ pub trait ChangeSource: Send {
     ) -> impl Future<Output = Result<Vec<Vec<Value>>, SourceError>> + Send;
 
     /// `sys.fn_cdc_map_lsn_to_time(lsn)`: the server-local commit time of the
-    /// transaction at `lsn` (the latest one at or before it); `None` when
+    /// transaction at `lsn` (the latest one at or before it), with the offsets the
+    /// server's zone gives it where the server names its zone; `None` when
     /// `cdc.lsn_time_mapping` no longer holds it.
     fn lsn_time(
         &mut self,
         lsn: Lsn,
-    ) -> impl Future<Output = Result<Option<NaiveDateTime>, SourceError>> + Send;
+    ) -> impl Future<Output = Result<Option<CommitTime>, SourceError>> + Send;
 
     /// Whether changes are known to be on their way although none is there now: a
     /// paced workload that has not generated all of its transactions. A database

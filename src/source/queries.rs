@@ -102,6 +102,14 @@ FROM sys.dm_cdc_log_scan_sessions WHERE session_id > 0 ORDER BY session_id DESC;
 /// <https://learn.microsoft.com/sql/relational-databases/system-functions/sys-fn-cdc-map-lsn-to-time-transact-sql>
 pub const LSN_TIME: &str = "SELECT sys.fn_cdc_map_lsn_to_time(@P1) AS commit_time;";
 
+/// The same with the offsets the server's zone (`@P2`, `CURRENT_TIMEZONE_ID()`) gives
+/// that time and an hour later, as the change query computes them per row
+/// ([`read_changes`]): the commit time an initial load's rows carry.
+pub const LSN_TIME_ZONED: &str = "SELECT m.commit_time, \
+DATEPART(TZOFFSET, m.commit_time AT TIME ZONE @P2) AS at_offset, \
+DATEPART(TZOFFSET, DATEADD(minute, 60, m.commit_time) AT TIME ZONE @P2) AS hour_later_offset \
+FROM (SELECT sys.fn_cdc_map_lsn_to_time(@P1) AS commit_time) AS m;";
+
 /// `QUOTENAME`: wraps an identifier in brackets, doubling any `]`.
 fn quote_name(identifier: &str) -> String {
     let mut out = String::with_capacity(identifier.len() + 2);
@@ -179,6 +187,8 @@ pub mod fixed {
     pub const BEGIN_LSN: &str = "__$tran_begin_lsn";
     pub const END_TIME: &str = "__$tran_end_time";
     pub const END_TIME_OFFSET: &str = "__$tran_end_offset";
+    /// The offset an hour after the commit's local time: tells a repeated hour.
+    pub const END_TIME_OFFSET_LATER: &str = "__$tran_end_offset_later";
     /// `cdc.lsn_time_mapping.start_lsn`: NULL when the transaction has no mapping
     /// row (the cleanup job deleted it), which tells that from NULL columns.
     pub const MAPPED: &str = "__$tran_mapped";
@@ -190,7 +200,9 @@ pub mod fixed {
 /// Parameters: `@P1` page size, `@P2` upper LSN (inclusive), then the keyset to resume
 /// after: `@P3` start LSN, `@P4` command id, `@P5` seqval, `@P6` operation; with
 /// `server_zone`, `@P7` the server's time zone (`CURRENT_TIMEZONE_ID()`), from which
-/// the offset in force at each commit time is computed.
+/// the offset at each commit's local time is computed, and the offset an hour
+/// later, which tells a local time in an hour the clocks repeat
+/// ([`ServerOffsets`](crate::source::ServerOffsets)).
 /// Columns, by name: the [`fixed`] ones, then each emitted column under its own name.
 ///
 /// **The seek.** "Rows after the keyset" is one OR of four conjunctions; written as
@@ -212,18 +224,22 @@ pub mod fixed {
 /// check (`sys.fn_cdc_get_min_lsn`) already catches. Shared locks would only make
 /// polls and the cleanup's escalated deletes block each other.
 pub fn read_changes(instance: &CaptureInstance, server_zone: bool) -> String {
-    let offset = if server_zone {
-        "DATEPART(TZOFFSET, ltm.tran_end_time AT TIME ZONE @P7)"
+    let (offset, later) = if server_zone {
+        (
+            "DATEPART(TZOFFSET, ltm.tran_end_time AT TIME ZONE @P7)",
+            "DATEPART(TZOFFSET, DATEADD(minute, 60, ltm.tran_end_time) AT TIME ZONE @P7)",
+        )
     } else {
-        "CAST(NULL AS int)"
+        ("CAST(NULL AS int)", "CAST(NULL AS int)")
     };
     let mut select = format!(
         "ct.__$start_lsn, ct.__$command_id, ct.__$seqval, ct.__$operation, \
 ct.__$update_mask, ltm.tran_begin_lsn AS [{}], ltm.tran_end_time AS [{}], {offset} AS [{}], \
-ltm.start_lsn AS [{}], ltm.tran_begin_time AS [{}]",
+{later} AS [{}], ltm.start_lsn AS [{}], ltm.tran_begin_time AS [{}]",
         fixed::BEGIN_LSN,
         fixed::END_TIME,
         fixed::END_TIME_OFFSET,
+        fixed::END_TIME_OFFSET_LATER,
         fixed::MAPPED,
         fixed::BEGIN_TIME,
     );
@@ -493,6 +509,7 @@ pub const ALL_CONSTANTS: &[(&str, &str)] = &[
     ("CAPTURE_JOB_RUNNING", CAPTURE_JOB_RUNNING),
     ("LOG_SCAN", LOG_SCAN),
     ("LSN_TIME", LSN_TIME),
+    ("LSN_TIME_ZONED", LSN_TIME_ZONED),
     ("TABLE_ROWS", TABLE_ROWS),
 ];
 

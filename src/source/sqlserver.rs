@@ -170,6 +170,7 @@ fn decode_change_row(
     .map_err(bad)?;
     let (begin_lsn, end_time) = transaction_times(capture_instance, &mut row, start_lsn, warned)?;
     let offset = row.opt_int(fixed::END_TIME_OFFSET).map_err(bad)?;
+    let later = row.opt_int(fixed::END_TIME_OFFSET_LATER).map_err(bad)?;
     let out_of_range = |column: &str, value: i64| {
         bad(DecodeError {
             column: column.to_owned(),
@@ -189,9 +190,14 @@ fn decode_change_row(
         update_mask,
         begin_lsn,
         end_time,
-        end_time_offset_minutes: offset
-            .map(|o| i16::try_from(o).map_err(|_| out_of_range(fixed::END_TIME_OFFSET, o)))
-            .transpose()?,
+        end_time_offsets: match (offset, later) {
+            (Some(at), Some(hour_later)) => Some(crate::source::ServerOffsets {
+                at: i16::try_from(at).map_err(|_| out_of_range(fixed::END_TIME_OFFSET, at))?,
+                hour_later: i16::try_from(hour_later)
+                    .map_err(|_| out_of_range(fixed::END_TIME_OFFSET_LATER, hour_later))?,
+            }),
+            _ => None,
+        },
         values,
     };
     Ok((change, replaced))
@@ -622,8 +628,11 @@ impl ChangeSource for SqlServerSource {
         crate::source::facts::read(&mut self.conn).await
     }
 
-    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
-        crate::source::facts::lsn_time(&mut self.conn, lsn).await
+    async fn lsn_time(
+        &mut self,
+        lsn: Lsn,
+    ) -> Result<Option<crate::source::CommitTime>, SourceError> {
+        crate::source::facts::lsn_time(&mut self.conn, lsn, self.server_zone.as_deref()).await
     }
 
     async fn table_rows(&mut self, instance: &CaptureInstance) -> Result<Option<u64>, SourceError> {
@@ -817,6 +826,7 @@ mod tests {
                 ColumnData::DateTime(Some(tiberius::time::DateTime::new(46_000, 300))),
             ),
             (fixed::END_TIME_OFFSET, ColumnData::I32(Some(120))),
+            (fixed::END_TIME_OFFSET_LATER, ColumnData::I32(Some(60))),
             (fixed::MAPPED, lsn(3)),
             (
                 fixed::BEGIN_TIME,
@@ -905,7 +915,13 @@ mod tests {
             vec![Value::Text("Ada".into()), Value::Int(7)]
         );
         assert!(replaced.is_empty());
-        assert_eq!(change.end_time_offset_minutes, Some(120));
+        assert_eq!(
+            change.end_time_offsets,
+            Some(crate::source::ServerOffsets {
+                at: 120,
+                hour_later: 60
+            })
+        );
         assert_eq!(change.key.command_id, 1);
         assert_eq!(change.key.operation, 2);
     }

@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use chrono::{NaiveDate, NaiveDateTime};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Value};
 use mssql_ces::lsn::Lsn;
@@ -522,43 +521,6 @@ async fn keys_follow_the_index_cdc_was_enabled_with() {
         .map(|&i| table.columns()[i].name.as_str())
         .collect();
     assert_eq!(key, ["Code"]);
-}
-
-fn local(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> NaiveDateTime {
-    NaiveDate::from_ymd_opt(y, mo, d)
-        .unwrap()
-        .and_hms_opt(h, mi, 0)
-        .unwrap()
-}
-
-#[tokio::test]
-async fn commit_times_follow_the_servers_zone_across_daylight_saving() {
-    let sim = database();
-    sim.set_time_zone(chrono_tz::Europe::Berlin);
-    sim.enable_table("dbo.T", None).unwrap();
-    // Summer time (+02:00); the server reports +120 at startup.
-    sim.set_local_time(local(2026, 10, 24, 12, 0));
-    insert(&sim, "dbo.T", row(1, "summer"));
-    let mut poller = Poller::new(sim.clone(), config(), None);
-    let first = drain(&mut poller).await.unwrap();
-    // The clocks go back on 2026-10-25 at 03:00; winter time is +01:00.
-    sim.set_local_time(local(2026, 10, 26, 12, 0));
-    insert(&sim, "dbo.T", row(2, "winter"));
-    let second = drain(&mut poller).await.unwrap();
-    let time = |c: &Change| c.commit_time.format("%Y-%m-%d %H:%M").to_string();
-    assert_eq!(time(&first[0]), "2026-10-24 10:00");
-    assert_eq!(
-        time(&second[0]),
-        "2026-10-26 11:00",
-        "winter offset, not the startup one"
-    );
-    // A restart re-reads both with the same times.
-    let mut again = Poller::new(sim, config(), None);
-    let reread = drain(&mut again).await.unwrap();
-    assert_eq!(
-        reread.iter().map(time).collect::<Vec<_>>(),
-        ["2026-10-24 10:00", "2026-10-26 11:00"]
-    );
 }
 
 #[tokio::test]

@@ -843,7 +843,10 @@ impl mssql_ces::source::ChangeSource for SeekBack {
     async fn server_facts(&mut self) -> Result<mssql_ces::source::ServerFacts, SourceError> {
         self.0.server_facts().await
     }
-    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
+    async fn lsn_time(
+        &mut self,
+        lsn: Lsn,
+    ) -> Result<Option<mssql_ces::source::CommitTime>, SourceError> {
         self.0.lsn_time(lsn).await
     }
     async fn table_rows(

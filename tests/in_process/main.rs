@@ -10,6 +10,7 @@ use mssql_ces_testkit as support;
 mod cdc_scenarios;
 mod cdc_simulator;
 mod ces_conformance;
+mod commit_times;
 mod event_hubs_amqp;
 mod event_hubs_amqp_binary;
 mod event_hubs_amqp_large;

@@ -87,7 +87,10 @@ impl ChangeSource for Panicking {
     async fn server_facts(&mut self) -> Result<mssql_ces::source::ServerFacts, SourceError> {
         panic!("the source broke")
     }
-    async fn lsn_time(&mut self, _: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
+    async fn lsn_time(
+        &mut self,
+        _: Lsn,
+    ) -> Result<Option<mssql_ces::source::CommitTime>, SourceError> {
         panic!("the source broke")
     }
     async fn table_rows(&mut self, _: &CaptureInstance) -> Result<Option<u64>, SourceError> {

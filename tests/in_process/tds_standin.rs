@@ -140,7 +140,8 @@ async fn the_poller_queries_reach_the_wire_and_their_answers_decode() {
     let min = source.min_lsn("dbo_Orders").await.unwrap();
     assert_eq!(min, Some(lsn(2)));
     let time = source.lsn_time(lsn(7)).await.unwrap().unwrap();
-    assert_eq!(time.to_string(), "2026-08-07 16:25:00.890");
+    assert_eq!(time.local.to_string(), "2026-08-07 16:25:00.890");
+    assert_eq!(time.offsets, None, "no zone named: no offsets asked for");
     let requests = seen.lock().unwrap().clone();
     // The parameters as the driver typed them: the capture instance as text, the LSN
     // as binary.
@@ -522,6 +523,77 @@ mod through_the_wire {
             );
         }
         assert_eq!(got.len(), expected.len());
+    }
+
+    /// Commits in the hour Berlin's clocks repeat, on a server that names its zone:
+    /// the offsets `AT TIME ZONE` gives each row and an hour later cross the wire
+    /// (the change query's two offset columns, the load's `LSN_TIME_ZONED`), and the
+    /// second occurrence is read an hour after the first, as from the simulator.
+    #[tokio::test]
+    async fn the_repeated_hour_reads_the_same_through_the_wire() {
+        let sim = CdcSimulator::new("CesDemo", GUID, 60);
+        sim.set_time_zone(chrono_tz::Europe::Berlin);
+        sim.create_table(
+            "dbo",
+            "T",
+            vec![SimColumn::new("id", SqlType::Int)],
+            &["id"],
+        );
+        sim.enable_table("dbo.T", None).unwrap();
+        let at = |h, m| chrono::Utc.with_ymd_and_hms(2026, 10, 25, h, m, 0).unwrap();
+        sim.set_utc_time(at(0, 20));
+        sim.transaction()
+            .insert("dbo.T", vec![Value::Int(0)])
+            .commit()
+            .unwrap();
+        let config = PollerConfig {
+            snapshot: SnapshotMode::Initial,
+            ..PollerConfig::default()
+        };
+        let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
+            .await
+            .unwrap();
+        let wire = source(&standin, PASSWORD, Duration::from_secs(10));
+        let mut wire = Poller::new(wire, config.clone(), None);
+        let mut direct = Poller::new(sim.clone(), config, None);
+        // Both load the first row at its commit (02:20 summer time)…
+        assert!(direct.plan_load().await.unwrap());
+        assert!(wire.plan_load().await.unwrap());
+        // …then 02:50 summer time, 02:10 and 02:30 winter time.
+        for (n, (h, m)) in [(0, 50), (1, 10), (1, 30)].into_iter().enumerate() {
+            sim.set_utc_time(at(h, m));
+            let id = i32::try_from(n).unwrap() + 1;
+            sim.transaction()
+                .insert("dbo.T", vec![Value::Int(id)])
+                .commit()
+                .unwrap();
+        }
+        let expected = events(&mut direct).await;
+        let got = events(&mut wire).await;
+        // The load reads the table as it is by then (four rows), then the changes.
+        assert_eq!(got.len(), 7);
+        let text = |m: &Vec<u8>| String::from_utf8_lossy(m).into_owned();
+        assert_eq!(
+            got.iter().map(text).collect::<Vec<_>>(),
+            expected.iter().map(text).collect::<Vec<_>>()
+        );
+        let times: Vec<String> = got
+            .iter()
+            .map(|m| {
+                let m = text(m);
+                let at = m.find("\"time\":\"").unwrap() + 8;
+                m[at..at + 19].to_owned()
+            })
+            .collect();
+        assert_eq!(
+            times[3..],
+            [
+                "2026-10-25T00:20:00",
+                "2026-10-25T00:50:00",
+                "2026-10-25T01:10:00",
+                "2026-10-25T01:30:00"
+            ]
+        );
     }
 
     /// A key whose first column repeats and whose second the index sorts

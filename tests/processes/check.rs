@@ -132,10 +132,36 @@ async fn a_healthy_setup_passes_every_check() {
         orders.detail
     );
     expect(&report, "cleanup retention", Status::Pass);
+    let zone = expect(&report, "time zone", Status::Pass);
+    assert!(
+        zone.detail.contains("the server's own zone (UTC)"),
+        "{}",
+        zone.detail
+    );
     let scan = expect(&report, "last log scan", Status::Pass);
     assert!(scan.detail.contains("latency 0 s"), "{}", scan.detail);
     let text = report.to_text();
     assert!(text.ends_with("0 failed, 0 not checked\n"), "{text}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// On a server that cannot name its zone (2016–2019), the default `time_zone =
+/// "server"` fails with the setting to fix; a named zone passes.
+#[tokio::test]
+async fn server_time_zone_fails_where_the_server_cannot_name_its_zone() {
+    let dir = temp_dir("check-zone");
+    let sim = database();
+    sim.forget_time_zone();
+    insert(&sim, 1);
+    let report = run(&stdout_config(&dir), &sim).await;
+    let zone = expect(&report, "time zone", Status::Fail);
+    assert!(zone.detail.contains("source.time_zone"), "{}", zone.detail);
+    assert!(!report.passed());
+    let mut named = stdout_config(&dir);
+    named.source.time_zone = "Europe/Berlin".into();
+    let report = run(&named, &sim).await;
+    let zone = expect(&report, "time zone", Status::Pass);
+    assert!(zone.detail.contains("Europe/Berlin"), "{}", zone.detail);
     std::fs::remove_dir_all(dir).ok();
 }
 

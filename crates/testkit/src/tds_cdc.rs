@@ -294,7 +294,26 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
         let time = now(source.lsn_time(lsn))?;
         return Ok(one(
             vec![col("commit_time", ColumnType::DateTime)],
-            vec![vec![time.map_or(Cell::Null, datetime_cell)]],
+            vec![vec![time.map_or(Cell::Null, |t| datetime_cell(t.local))]],
+        ));
+    }
+    if sql == queries::LSN_TIME_ZONED {
+        // `@P2` names the zone the source's offsets were computed in.
+        let lsn = param_lsn(request, 0).unwrap_or(Lsn::ZERO);
+        let time = now(source.lsn_time(lsn))?;
+        let offsets = time.and_then(|t| t.offsets);
+        let offset = |o: Option<i16>| o.map_or(Cell::Null, |o| Cell::Int(i64::from(o)));
+        return Ok(one(
+            vec![
+                col("commit_time", ColumnType::DateTime),
+                col("at_offset", ColumnType::Int(4)),
+                col("hour_later_offset", ColumnType::Int(4)),
+            ],
+            vec![vec![
+                time.map_or(Cell::Null, |t| datetime_cell(t.local)),
+                offset(offsets.map(|o| o.at)),
+                offset(offsets.map(|o| o.hour_later)),
+            ]],
         ));
     }
     if sql == queries::DDL_HISTORY {
@@ -751,6 +770,7 @@ fn read_changes<S: ChangeSource>(
         col(fixed::BEGIN_LSN, ColumnType::Binary(10)),
         col(fixed::END_TIME, ColumnType::DateTime),
         col(fixed::END_TIME_OFFSET, ColumnType::Int(4)),
+        col(fixed::END_TIME_OFFSET_LATER, ColumnType::Int(4)),
         col(fixed::MAPPED, ColumnType::Binary(10)),
         col(fixed::BEGIN_TIME, ColumnType::DateTime),
     ];
@@ -766,8 +786,10 @@ fn read_changes<S: ChangeSource>(
                 Cell::Bytes(r.update_mask.clone()),
                 lsn_cell(Some(r.begin_lsn)),
                 datetime_cell(r.end_time),
-                r.end_time_offset_minutes
-                    .map_or(Cell::Null, |o| Cell::Int(i64::from(o))),
+                r.end_time_offsets
+                    .map_or(Cell::Null, |o| Cell::Int(i64::from(o.at))),
+                r.end_time_offsets
+                    .map_or(Cell::Null, |o| Cell::Int(i64::from(o.hour_later))),
                 lsn_cell(Some(r.key.start_lsn)),
                 datetime_cell(r.end_time),
             ];

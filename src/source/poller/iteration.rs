@@ -83,7 +83,7 @@ impl<S: ChangeSource> Poller<S> {
         self.iteration = Some(Iteration {
             to: max_lsn,
             cursors,
-            sequencer: Sequencer::new(zone),
+            sequencer: Sequencer::new(zone, CommitClock::from_nanos(self.position.commit_clock_ns)),
         });
         Ok(true)
     }
@@ -489,6 +489,11 @@ impl<S: ChangeSource> Poller<S> {
                         .advance(name, change.commit_lsn.min(cursor.upper));
                 }
             }
+            // Skipped or not, the event's commit has been read: a restart from here
+            // reads later commits after it.
+            let mut clock = CommitClock::from_nanos(self.position.commit_clock_ns);
+            clock.observe(change.commit_time);
+            self.position.commit_clock_ns = clock.nanos();
             if self.resume_after.is_some_and(|resume| at <= resume) {
                 continue;
             }

@@ -105,13 +105,19 @@ impl<S: ChangeSource> Poller<S> {
     /// The UTC commit time of the transaction at `at` (what loaded rows carry), or
     /// the present when CDC has recorded nothing yet.
     pub(super) async fn commit_time_ns(&mut self, at: Lsn) -> Result<i64, SourceError> {
-        let local = if at.is_zero() {
+        let commit = if at.is_zero() {
             None
         } else {
             self.source.lsn_time(at).await?
         };
         let zone = self.zone.unwrap_or(CommitTimeZone::LocalAsUtc);
-        let time = local.map_or_else(chrono::Utc::now, |local| zone.to_utc(local, None));
+        // Read like a change committed there: with the offsets the server gives that
+        // time and after the commits read so far, which the clock then includes.
+        let mut clock = CommitClock::from_nanos(self.position.commit_clock_ns);
+        let time = commit.map_or_else(chrono::Utc::now, |c| {
+            clock.read(zone.readings(c.local, c.offsets))
+        });
+        self.position.commit_clock_ns = clock.nanos();
         Ok(time
             .timestamp_nanos_opt()
             .unwrap_or_else(|| time.timestamp().saturating_mul(1_000_000_000)))

@@ -41,7 +41,7 @@ use crate::position::{EventPosition, Position, SourceIdentity, Switch, TableLoad
 use crate::source::filter::TableFilter;
 use crate::source::load::{LoadStatus, RowIdentity, SnapshotMode, cleanup_retention, id_seed};
 use crate::source::merge::{InstanceContext, Sequencer, smallest_head};
-use crate::source::timezone::{CommitTimeZone, TimeZoneSetting};
+use crate::source::timezone::{CommitClock, CommitTimeZone, TimeZoneSetting};
 use crate::source::{
     CaptureInstance, Catalog, ChangeRow, ChangeSource, Probe, RowKey, SourceError, TableCursor,
 };

@@ -20,7 +20,7 @@ impl<S: ChangeSource> Poller<S> {
         self.catalog_stale = false;
         self.adopt_identity(&catalog)?;
         if self.zone.is_none() {
-            self.zone = Some(self.resolve_time_zone(&catalog));
+            self.zone = Some(self.resolve_time_zone(&catalog)?);
         }
         self.check_invisible(&catalog)?;
         let included: Vec<&CaptureInstance> = catalog
@@ -94,27 +94,25 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     /// The zone commit times are converted with (`source.time_zone`), said once.
-    fn resolve_time_zone(&self, catalog: &Catalog) -> CommitTimeZone {
+    /// `"server"` on a server that cannot name its zone is refused, naming the
+    /// setting.
+    fn resolve_time_zone(&self, catalog: &Catalog) -> Result<CommitTimeZone, SourceError> {
         let per_row = catalog.server_time_zone.is_some();
         let zone = self
             .config
             .time_zone
-            .resolve(catalog.server_utc_offset_minutes, per_row);
+            .resolve(catalog.server_utc_offset_minutes, per_row)?;
         match (&self.config.time_zone, &catalog.server_time_zone) {
             (TimeZoneSetting::Server, Some(id)) => tracing::info!(
                 server_time_zone = %id,
                 "commit times converted to UTC with the server's own time zone, the offset in force at each commit"
-            ),
-            (TimeZoneSetting::Server, None) => tracing::warn!(
-                server_utc_offset_minutes = catalog.server_utc_offset_minutes,
-                "the server cannot name its time zone (CURRENT_TIMEZONE_ID needs SQL Server 2022 or Azure SQL): commit times are converted with the offset it reports now, which is wrong for commits on the other side of a daylight-saving change; set source.time_zone to the server's IANA zone (e.g. \"Europe/Berlin\")"
             ),
             _ => tracing::info!(
                 zone = %zone.describe(),
                 "commit times converted to UTC with this zone (setting source.time_zone)"
             ),
         }
-        zone
+        Ok(zone)
     }
 
     /// Says once that an instance is not read until the capture job sets its

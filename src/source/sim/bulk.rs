@@ -16,8 +16,8 @@ use crate::event::Value;
 use crate::event::value::{Length, SqlType};
 use crate::lsn::Lsn;
 use crate::source::{
-    CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, DdlEvent, Fact,
-    MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, TableCursor, op,
+    CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, CommitTime,
+    DdlEvent, Fact, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, TableCursor, op,
 };
 
 const INSTANCE: &str = "dbo_bulk";
@@ -116,7 +116,10 @@ impl BulkSource {
             update_mask: vec![0x03],
             begin_lsn: commit,
             end_time: self.start + chrono::Duration::seconds(i64::try_from(t).unwrap_or(0)),
-            end_time_offset_minutes: Some(0),
+            end_time_offsets: Some(crate::source::ServerOffsets {
+                at: 0,
+                hour_later: 0,
+            }),
             values: vec![
                 Value::BigInt(id),
                 Value::Text(format!("row {k} of transaction {t}")),
@@ -230,10 +233,14 @@ impl ChangeSource for BulkSource {
         })
     }
 
-    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<NaiveDateTime>, SourceError> {
-        Ok(self
-            .transaction_at(lsn)
-            .map(|t| self.start + chrono::Duration::seconds(i64::try_from(t).unwrap_or(0))))
+    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<CommitTime>, SourceError> {
+        Ok(self.transaction_at(lsn).map(|t| CommitTime {
+            local: self.start + chrono::Duration::seconds(i64::try_from(t).unwrap_or(0)),
+            offsets: Some(crate::source::ServerOffsets {
+                at: 0,
+                hour_later: 0,
+            }),
+        }))
     }
 }
 

@@ -85,6 +85,13 @@ impl CdcSimulator {
         self.lock().time_zone = Some(zone);
     }
 
+    /// Makes the server one that cannot name its time zone (SQL Server 2016–2019,
+    /// before `CURRENT_TIMEZONE_ID()`): rows carry no offsets, the catalog names no
+    /// zone.
+    pub fn forget_time_zone(&self) {
+        self.lock().time_zone = None;
+    }
+
     /// The current `sys.fn_cdc_get_max_lsn()`.
     pub fn current_max_lsn(&self) -> Option<Lsn> {
         self.lock().max_lsn()
@@ -197,6 +204,17 @@ impl CdcSimulator {
     /// Sets the server's local clock (commit times follow it).
     pub fn set_local_time(&self, now: NaiveDateTime) {
         self.lock().now = now;
+    }
+
+    /// Sets the server's clock to an instant: its local time is that instant in the
+    /// server's zone (UTC without one). Unlike [`set_local_time`](Self::set_local_time)
+    /// this can reach the second occurrence of an hour the clocks repeat.
+    pub fn set_utc_time(&self, now: chrono::DateTime<chrono::Utc>) {
+        let mut state = self.lock();
+        state.now = match state.time_zone {
+            Some(tz) => now.with_timezone(&tz).naive_local(),
+            None => now.naive_utc(),
+        };
     }
 
     /// Advances the server's local clock.

@@ -71,8 +71,9 @@ use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
 use crate::source::sim::order::SortKey;
 use crate::source::{
-    CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, DdlEvent, Fact,
-    LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, TableCursor, op,
+    CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, CommitTime,
+    DdlEvent, Fact, LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, ServerOffsets,
+    SourceError, TableCursor, op,
 };
 
 /// A column of a simulated table.
@@ -388,7 +389,7 @@ impl SimState {
                     update_mask: mask.clone(),
                     begin_lsn,
                     end_time,
-                    end_time_offset_minutes: None,
+                    end_time_offsets: None,
                     values,
                 };
                 match (image.operation, &image.old, &image.new) {
@@ -439,6 +440,15 @@ impl SimState {
     fn utc_now(&self) -> chrono::DateTime<chrono::Utc> {
         let minutes = self.offset_at(self.now).unwrap_or(0);
         (self.now - Duration::minutes(i64::from(minutes))).and_utc()
+    }
+
+    /// What the change query's `AT TIME ZONE @P7` columns give a local commit time:
+    /// the offset at it and an hour later.
+    fn offsets_at(&self, local: NaiveDateTime) -> Option<ServerOffsets> {
+        Some(ServerOffsets {
+            at: self.offset_at(local)?,
+            hour_later: self.offset_at(local + Duration::minutes(60))?,
+        })
     }
 
     /// The offset SQL Server's `AT TIME ZONE` gives a local time in the server's zone.
@@ -546,8 +556,33 @@ pub struct Transaction {
     reverse_seqvals: bool,
 }
 
+/// The IANA zone without daylight saving at a whole-hour offset: `UTC`, or
+/// `Etc/GMT-2` for +02:00 (the `Etc` names count the other way).
+fn zone_at_offset(minutes: i32) -> Option<Tz> {
+    if minutes == 0 {
+        return Some(chrono_tz::UTC);
+    }
+    if minutes % 60 != 0 {
+        return None;
+    }
+    let hours = minutes / 60;
+    let name = if hours > 0 {
+        format!("Etc/GMT-{hours}")
+    } else {
+        format!("Etc/GMT+{}", -hours)
+    };
+    name.parse().ok()
+}
+
 impl CdcSimulator {
     /// An empty CDC-enabled database whose server runs at `utc_offset_minutes`.
+    ///
+    /// The server is SQL Server 2022 (ProductVersion 16): it names its time zone
+    /// (`CURRENT_TIMEZONE_ID()`), here a zone without daylight saving at that offset
+    /// (`UTC`, `Etc/GMT-2`, …) where there is one, so every row carries that offset.
+    /// [`set_time_zone`](Self::set_time_zone) gives it another zone,
+    /// [`forget_time_zone`](Self::forget_time_zone) makes it a 2016–2019 server that
+    /// cannot name one.
     pub fn new(database: &str, guid: Uuid, utc_offset_minutes: i32) -> Self {
         let now = NaiveDate::from_ymd_opt(2026, 8, 7)
             .and_then(|d| d.and_hms_opt(16, 25, 0))
@@ -560,7 +595,7 @@ impl CdcSimulator {
                 group_guid: None,
                 redone_through: None,
                 utc_offset_minutes,
-                time_zone: None,
+                time_zone: zone_at_offset(utc_offset_minutes),
                 clock: 0x0000_00B1_0000_0000_0000,
                 now,
                 tables: BTreeMap::new(),

@@ -79,11 +79,17 @@ impl ChangeSource for CdcSimulator {
         Ok(facts)
     }
 
-    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<NaiveDateTime>, SourceError> {
+    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<CommitTime>, SourceError> {
         let state = self.call()?;
         // sys.fn_cdc_map_lsn_to_time: the mapping row at or before the LSN.
         let at = state.mapping.partition_point(|(l, _)| *l <= lsn);
-        Ok(at.checked_sub(1).map(|i| state.mapping[i].1))
+        Ok(at.checked_sub(1).map(|i| {
+            let local = state.mapping[i].1;
+            CommitTime {
+                local,
+                offsets: state.offsets_at(local),
+            }
+        }))
     }
 
     async fn max_lsn(&mut self) -> Result<MaxLsn, SourceError> {
@@ -189,7 +195,7 @@ impl ChangeSource for CdcSimulator {
             }
             rows.push(ChangeRow {
                 values,
-                end_time_offset_minutes: state.offset_at(r.end_time),
+                end_time_offsets: state.offsets_at(r.end_time),
                 ..r.clone()
             });
         }

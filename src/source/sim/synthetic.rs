@@ -514,7 +514,10 @@ impl ChangeSource for SyntheticSource {
         self.sim.server_facts().await
     }
 
-    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<chrono::NaiveDateTime>, SourceError> {
+    async fn lsn_time(
+        &mut self,
+        lsn: Lsn,
+    ) -> Result<Option<crate::source::CommitTime>, SourceError> {
         self.sim.lsn_time(lsn).await
     }
 

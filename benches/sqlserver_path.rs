@@ -15,7 +15,8 @@
 //! replay included). The pipeline after the poller (encode, route, Kafka) costs what
 //! `cargo bench --bench pipeline` measures as (c).
 //!
-//! Run: `cargo bench --bench sqlserver_path`.
+//! Run: `cargo bench --bench sqlserver_path` (`SQLSERVER_BENCH_SHAPE=narrow` or `wide`
+//! for one table).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -268,7 +269,12 @@ fn main() {
         "each side {:.0} s, {rounds} rounds (medians); pages of {PAGE}; the stand-in replays answers encoded once",
         seconds.as_secs_f64()
     );
+    // `SQLSERVER_BENCH_SHAPE=narrow` (or `wide`) runs one table, e.g. under a profiler.
+    let only = std::env::var("SQLSERVER_BENCH_SHAPE").unwrap_or_default();
     for shape in [narrow(), wide()] {
+        if !shape.name.starts_with(only.as_str()) {
+            continue;
+        }
         let sim = database(&shape);
         runtime.block_on(async {
             let standin = StandIn::start(USER, PASSWORD, replaying(sim.clone()))

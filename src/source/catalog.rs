@@ -158,16 +158,36 @@ const AZURE_SQL_DATABASE: i64 = 5;
 /// Where each column of a result is, by name: built once per result set and shared
 /// by its rows, so that taking a row's values by name costs no allocation per row.
 #[derive(Debug, Default)]
-pub struct ColumnIndex(HashMap<String, usize>);
+pub struct ColumnIndex {
+    by_name: HashMap<String, usize>,
+    /// Each position's name, for taking columns in the order they were selected
+    /// without hashing (see [`NamedRow::take`]), and whether it is the first
+    /// position of that name (the one a lookup by name finds).
+    names: Vec<(String, bool)>,
+}
 
 impl ColumnIndex {
     /// The positions of a result's columns (the first of a repeated name).
     pub fn of<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut index = HashMap::new();
+        let mut by_name = HashMap::new();
+        let mut ordered = Vec::new();
         for (at, name) in names.into_iter().enumerate() {
-            index.entry(name.to_owned()).or_insert(at);
+            let first = !by_name.contains_key(name);
+            by_name.entry(name.to_owned()).or_insert(at);
+            ordered.push((name.to_owned(), first));
         }
-        ColumnIndex(index)
+        ColumnIndex {
+            by_name,
+            names: ordered,
+        }
+    }
+
+    /// The position of `name`; `next` first, where the caller expects it.
+    fn position(&self, name: &str, next: usize) -> Option<usize> {
+        match self.names.get(next) {
+            Some((n, true)) if n == name => Some(next),
+            _ => self.by_name.get(name).copied(),
+        }
     }
 
     /// The index of `row`'s result set.
@@ -180,6 +200,8 @@ impl ColumnIndex {
 pub struct NamedRow {
     index: std::sync::Arc<ColumnIndex>,
     values: Vec<Option<ColumnData<'static>>>,
+    /// After the last column taken: where the next is looked for first.
+    next: usize,
 }
 
 impl NamedRow {
@@ -194,6 +216,7 @@ impl NamedRow {
         NamedRow {
             index: std::sync::Arc::clone(index),
             values: row.into_iter().map(Some).collect(),
+            next: 0,
         }
     }
 
@@ -203,17 +226,32 @@ impl NamedRow {
         NamedRow {
             index: std::sync::Arc::new(index),
             values: pairs.into_iter().map(|(_, v)| Some(v)).collect(),
+            next: 0,
+        }
+    }
+
+    /// A row of values under a shared index, as [`in_result`](Self::in_result) makes
+    /// them from the driver's rows (benches).
+    #[cfg(feature = "testing")]
+    pub fn with_index(
+        index: std::sync::Arc<ColumnIndex>,
+        values: Vec<ColumnData<'static>>,
+    ) -> Self {
+        NamedRow {
+            index,
+            values: values.into_iter().map(Some).collect(),
+            next: 0,
         }
     }
 
     /// Replaces a value (tests).
     pub fn replace(&mut self, name: &str, value: ColumnData<'static>) {
-        match self.index.0.get(name) {
+        match self.index.by_name.get(name) {
             Some(&at) => self.values[at] = Some(value),
             None => {
-                let mut index = HashMap::clone(&self.index.0);
-                index.insert(name.to_owned(), self.values.len());
-                self.index = std::sync::Arc::new(ColumnIndex(index));
+                let names = self.index.names.iter().map(|(n, _)| n.as_str());
+                let index = ColumnIndex::of(names.chain(std::iter::once(name)));
+                self.index = std::sync::Arc::new(index);
                 self.values.push(Some(value));
             }
         }
@@ -224,11 +262,15 @@ impl NamedRow {
         self.take(name)
     }
 
+    /// Takes `name`'s value. Columns are mostly taken in the order the query
+    /// selects them, so the position after the last one taken is tried first: a
+    /// string comparison instead of a hash lookup per value.
     fn take(&mut self, name: &str) -> Result<ColumnData<'static>, DecodeError> {
-        self.index
-            .0
-            .get(name)
-            .and_then(|&at| self.values.get_mut(at)?.take())
+        let at = self.index.position(name, self.next);
+        if let Some(at) = at {
+            self.next = at + 1;
+        }
+        at.and_then(|at| self.values.get_mut(at)?.take())
             .ok_or_else(|| DecodeError {
                 column: name.to_owned(),
                 message: "missing from the result".into(),
@@ -533,6 +575,27 @@ mod tests {
         for (name, sql) in ALL_CONSTANTS {
             assert_parses(name, sql);
         }
+    }
+
+    #[test]
+    fn columns_are_taken_by_name_in_any_order_and_a_repeated_name_is_its_first() {
+        let int = |v| ColumnData::I32(Some(v));
+        let mut row = NamedRow::from_pairs(vec![("a", int(1)), ("b", int(2)), ("a", int(3))]);
+        // Out of order, then in order.
+        assert_eq!(row.opt_int("b").unwrap(), Some(2));
+        assert_eq!(row.opt_int("a").unwrap(), Some(1));
+        // Taken once; the repeated name is not reached by name.
+        assert!(row.opt_int("a").is_err());
+        assert!(row.opt_int("b").is_err());
+        assert!(row.opt_int("c").is_err());
+        // In order from the start: a repeated name right after its first is still
+        // the first.
+        let mut row = NamedRow::from_pairs(vec![("a", int(1)), ("a", int(3)), ("b", int(2))]);
+        assert_eq!(row.opt_int("a").unwrap(), Some(1));
+        assert!(row.opt_int("a").is_err());
+        assert_eq!(row.opt_int("b").unwrap(), Some(2));
+        row.replace("z", int(9));
+        assert_eq!(row.opt_int("z").unwrap(), Some(9));
     }
 
     fn column_row(source_column_id: Option<i32>, type_name: Option<&'static str>) -> NamedRow {

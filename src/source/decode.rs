@@ -232,6 +232,22 @@ fn decode_utf16(column: &str, bytes: &[u8]) -> Result<(String, bool), DecodeErro
             message: format!("{} bytes cannot be UTF-16", bytes.len()),
         });
     }
+    // Mostly ASCII: each unit's high byte 0 and its low byte below 0x80 is that
+    // byte in UTF-8, without decoding characters.
+    if bytes
+        .chunks_exact(2)
+        .all(|pair| pair[1] == 0 && pair[0] < 0x80)
+    {
+        let ascii: Vec<u8> = bytes.iter().step_by(2).copied().collect();
+        // Every byte is below 0x80: valid UTF-8.
+        return match String::from_utf8(ascii) {
+            Ok(text) => Ok((text, false)),
+            Err(e) => Err(DecodeError {
+                column: column.to_owned(),
+                message: e.to_string(),
+            }),
+        };
+    }
     let units = bytes
         .chunks_exact(2)
         .map(|pair| u16::from_le_bytes([pair[0], pair[1]]));
@@ -614,6 +630,33 @@ mod tests {
             (Value::Null, false)
         );
         let odd = decode_change_value("c", &char10, ColumnData::Binary(Some(Cow::Owned(vec![1]))));
+        assert!(odd.is_err());
+        // ASCII takes a shortcut; a unit with a high byte, or a low byte of 0x80 or
+        // more (U+0080..U+00FF), does not.
+        for text in [
+            "",
+            "SKU-00000042",
+            "\u{7f}",
+            "\u{80}",
+            "é",
+            "\u{100}",
+            "a\u{3000}b",
+        ] {
+            let (value, replaced) = decode_change_value(
+                "c",
+                &nvarchar,
+                ColumnData::Binary(Some(Cow::Owned(utf16(text)))),
+            )
+            .unwrap();
+            assert_eq!(value, Value::Text(text.into()), "{text:?}");
+            assert!(!replaced);
+        }
+        let odd_ascii = vec![0x61, 0x00, 0x62];
+        let odd = decode_change_value(
+            "c",
+            &char10,
+            ColumnData::Binary(Some(Cow::Owned(odd_ascii))),
+        );
         assert!(odd.is_err());
         // Other types decode as before.
         assert_eq!(

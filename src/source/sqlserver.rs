@@ -146,6 +146,16 @@ fn transaction_times(
 ///
 /// `warned`: the transaction the last fallback warning was for, so that a big
 /// transaction with NULL `cdc.lsn_time_mapping` columns warns once, not per row.
+/// [`decode_change_row`] for the benches: our side of decoding a change row, apart
+/// from the driver's.
+#[cfg(feature = "testing")]
+pub fn decode_change_row_for_bench(
+    row: NamedRow,
+    columns: &[(String, SqlType)],
+) -> Result<ChangeRow, SourceError> {
+    decode_change_row("bench", row, columns, &mut None).map(|(row, _)| row)
+}
+
 fn decode_change_row(
     capture_instance: &str,
     mut row: NamedRow,

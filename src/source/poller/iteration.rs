@@ -491,9 +491,9 @@ impl<S: ChangeSource> Poller<S> {
             }
             // Skipped or not, the event's commit has been read: a restart from here
             // reads later commits after it.
-            let mut clock = CommitClock::from_nanos(self.position.commit_clock_ns);
-            clock.observe(change.commit_time);
-            self.position.commit_clock_ns = clock.nanos();
+            // (As `CommitClock::observe`: the later instant; `None` is earliest.)
+            let read = change.commit_time.timestamp_nanos_opt();
+            self.position.commit_clock_ns = self.position.commit_clock_ns.max(read);
             if self.resume_after.is_some_and(|resume| at <= resume) {
                 continue;
             }

@@ -49,6 +49,8 @@
 pub mod bulk;
 mod cost;
 pub use cost::SeekCost;
+mod clock;
+use clock::zone_at_offset;
 mod controls;
 pub mod order;
 mod source;
@@ -62,7 +64,7 @@ use transaction::update_mask;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use chrono::{Duration, NaiveDate, NaiveDateTime, Offset as _, TimeZone as _};
+use chrono::{Duration, NaiveDate, NaiveDateTime};
 use chrono_tz::Tz;
 use uuid::Uuid;
 
@@ -72,8 +74,8 @@ use crate::lsn::Lsn;
 use crate::source::sim::order::SortKey;
 use crate::source::{
     CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, CommitTime,
-    DdlEvent, Fact, LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, ServerOffsets,
-    SourceError, TableCursor, op,
+    DdlEvent, Fact, LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError,
+    TableCursor, op,
 };
 
 /// A column of a simulated table.
@@ -435,38 +437,6 @@ impl SimState {
         instance.info.start_lsn
     }
 
-    /// The simulated server's clock in UTC (its local time less its zone's offset;
-    /// UTC when it has no zone).
-    fn utc_now(&self) -> chrono::DateTime<chrono::Utc> {
-        let minutes = self.offset_at(self.now).unwrap_or(0);
-        (self.now - Duration::minutes(i64::from(minutes))).and_utc()
-    }
-
-    /// What the change query's `AT TIME ZONE @P7` columns give a local commit time:
-    /// the offset at it and an hour later.
-    fn offsets_at(&self, local: NaiveDateTime) -> Option<ServerOffsets> {
-        Some(ServerOffsets {
-            at: self.offset_at(local)?,
-            hour_later: self.offset_at(local + Duration::minutes(60))?,
-        })
-    }
-
-    /// The offset SQL Server's `AT TIME ZONE` gives a local time in the server's zone.
-    fn offset_at(&self, local: NaiveDateTime) -> Option<i16> {
-        let tz = self.time_zone?;
-        let offset = match tz.offset_from_local_datetime(&local) {
-            chrono::LocalResult::Single(o) => o.fix(),
-            // The repeated hour: the offset before the change.
-            chrono::LocalResult::Ambiguous(first, _) => first.fix(),
-            // The skipped hour: the offset after the change.
-            chrono::LocalResult::None => tz
-                .offset_from_local_datetime(&(local + Duration::hours(3)))
-                .earliest()?
-                .fix(),
-        };
-        i16::try_from(offset.local_minus_utc() / 60).ok()
-    }
-
     fn apply(&mut self, action: SimAction) {
         match action {
             SimAction::RunCaptureJob => self.scan(),
@@ -554,24 +524,6 @@ pub struct Transaction {
     sim: CdcSimulator,
     statements: Vec<Vec<Statement>>,
     reverse_seqvals: bool,
-}
-
-/// The IANA zone without daylight saving at a whole-hour offset: `UTC`, or
-/// `Etc/GMT-2` for +02:00 (the `Etc` names count the other way).
-fn zone_at_offset(minutes: i32) -> Option<Tz> {
-    if minutes == 0 {
-        return Some(chrono_tz::UTC);
-    }
-    if minutes % 60 != 0 {
-        return None;
-    }
-    let hours = minutes / 60;
-    let name = if hours > 0 {
-        format!("Etc/GMT-{hours}")
-    } else {
-        format!("Etc/GMT+{}", -hours)
-    };
-    name.parse().ok()
 }
 
 impl CdcSimulator {

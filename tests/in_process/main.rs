@@ -22,6 +22,7 @@ mod kafka_sasl;
 mod pipeline_faults;
 mod query_cost;
 mod readback;
+mod schema_changes;
 mod segmentation;
 mod table_lease;
 mod tds_standin;

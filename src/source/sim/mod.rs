@@ -52,6 +52,8 @@ pub use cost::SeekCost;
 mod clock;
 use clock::zone_at_offset;
 mod controls;
+mod ddl;
+pub use ddl::SimDdlError;
 pub mod order;
 mod source;
 pub mod synthetic;
@@ -253,6 +255,9 @@ struct SimState {
     min_lsn_available: bool,
     /// Tables whose captured columns the login may not SELECT.
     denied: BTreeSet<String>,
+    /// Whether the login is in `db_owner` (or sysadmin): what `sys.sp_cdc_enable_table`
+    /// and `sys.sp_cdc_disable_table` require.
+    db_owner: bool,
     /// Tables the login cannot see at all.
     invisible: BTreeSet<String>,
     /// A cleanup that has raised the low end but not yet deleted every row below it.
@@ -586,6 +591,7 @@ impl CdcSimulator {
                 version: 0,
                 min_lsn_available: true,
                 denied: BTreeSet::new(),
+                db_owner: true,
                 invisible: BTreeSet::new(),
                 cleanup_pending: None,
                 on_next_read: Vec::new(),
@@ -621,151 +627,5 @@ impl CdcSimulator {
                 next_row: 0,
             },
         );
-    }
-
-    /// `sys.sp_cdc_enable_table`: a capture instance named `name` (default
-    /// `schema_table`) capturing the table's current columns. Its `start_lsn` is NULL
-    /// until the capture job scans the enable.
-    pub fn enable_table(&self, table: &str, name: Option<&str>) -> Result<String, String> {
-        let mut state = self.lock();
-        let t = state
-            .tables
-            .get(table)
-            .cloned()
-            .ok_or(format!("no table {table}"))?;
-        let name = name.map_or_else(|| format!("{}_{}", t.schema, t.name), str::to_owned);
-        if state.instances.iter().filter(|i| i.table == table).count() >= 2 {
-            return Err(format!("{table} already has two capture instances"));
-        }
-        if state.instances.iter().any(|i| i.info.name == name) {
-            return Err(format!("capture instance {name} already exists"));
-        }
-        let enabled_at = state.next_lsn();
-        let columns = t
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| CapturedColumn {
-                name: c.name.clone(),
-                ordinal: u32::try_from(i + 1).unwrap_or(u32::MAX),
-                table_index: u32::try_from(i).ok(),
-                sql_type: c.sql_type.clone(),
-                computed: c.computed,
-            })
-            .collect();
-        let create_date = datetime(state.now);
-        state.next_object_id += 1;
-        let object_id = state.next_object_id;
-        state.instances.push(SimInstance {
-            info: CaptureInstance {
-                name: name.clone(),
-                schema: t.schema.clone(),
-                table: t.name.clone(),
-                object_id,
-                start_lsn: None,
-                create_date,
-                columns,
-                key_columns: t.key.clone(),
-                descending_keys: Vec::new(),
-                has_command_id: true,
-            },
-            table: table.into(),
-            enabled_at,
-            rows: Vec::new(),
-            ddl: Vec::new(),
-        });
-        state.version += 1;
-        state.log.push(LogRecord::Enable {
-            instance: name.clone(),
-            lsn: enabled_at,
-        });
-        if !state.manual_capture {
-            state.scan();
-        }
-        Ok(name)
-    }
-
-    /// `ALTER TABLE … ADD column`: recorded in `cdc.ddl_history` of the table's
-    /// capture instances, which keep capturing their old column list.
-    pub fn add_column(&self, table: &str, column: SimColumn, fill: Value) -> Result<(), String> {
-        let command = format!("ALTER TABLE {table} ADD [{}]", column.name);
-        self.alter(table, command, None, |t| {
-            t.columns.push(column);
-            for row in t.rows.values_mut() {
-                row.push(fill.clone());
-            }
-            Ok(())
-        })
-    }
-
-    /// `ALTER TABLE … DROP COLUMN`: the source table loses the column at once; the
-    /// change tables keep it, NULL in later rows.
-    pub fn drop_column(&self, table: &str, column: &str) -> Result<(), String> {
-        let command = format!("ALTER TABLE {table} DROP COLUMN [{column}]");
-        self.alter(table, command, None, |t| {
-            let at = t
-                .columns
-                .iter()
-                .position(|c| c.name == column)
-                .ok_or(format!("{table}: no column {column}"))?;
-            t.columns.remove(at);
-            for row in t.rows.values_mut() {
-                row.remove(at);
-            }
-            Ok(())
-        })
-    }
-
-    /// `ALTER TABLE … ALTER COLUMN` to another type: the source table's type changes
-    /// at once, a change table's when the capture job scans the DDL.
-    pub fn alter_column_type(&self, table: &str, column: &str, to: SqlType) -> Result<(), String> {
-        let command = format!("ALTER TABLE {table} ALTER COLUMN [{column}] {to}");
-        self.alter(table, command, Some((column.to_owned(), to)), |t| {
-            let at = t
-                .columns
-                .iter()
-                .position(|c| c.name == column)
-                .ok_or(format!("{table}: no column {column}"))?;
-            t.columns[at].sql_type = Ok(to);
-            for row in t.rows.values_mut() {
-                row[at] = convert(&row[at], to);
-            }
-            Ok(())
-        })
-    }
-
-    fn alter(
-        &self,
-        table: &str,
-        command: String,
-        retype: Option<(String, SqlType)>,
-        change: impl FnOnce(&mut SimTable) -> Result<(), String>,
-    ) -> Result<(), String> {
-        let mut state = self.lock();
-        let lsn = state.next_lsn();
-        let time = datetime(state.now);
-        let t = state
-            .tables
-            .get_mut(table)
-            .ok_or(format!("no table {table}"))?;
-        change(t)?;
-        t.columns_changed();
-        state.log.push(LogRecord::Ddl {
-            table: table.into(),
-            lsn,
-            time,
-            command,
-            retype,
-        });
-        if !state.manual_capture {
-            state.scan();
-        }
-        Ok(())
-    }
-
-    /// `sys.sp_cdc_disable_table` for one capture instance: the change table is
-    /// dropped at once.
-    pub fn disable_instance(&self, name: &str) {
-        self.lock().disable(name);
     }
 }

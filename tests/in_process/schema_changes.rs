@@ -1,0 +1,178 @@
+//! Schema changes on captured tables as the CDC simulator models them (issue
+//! "Schema evolution end to end", simulator first): what SQL Server does on
+//! `ALTER TABLE`, `sp_rename` and `sys.sp_cdc_enable_table` / `disable_table`, with
+//! the errors a login meets. The simulator's `ddl` module cites the pages.
+
+use std::time::Duration;
+
+use mssql_ces::event::value::{Length, SqlType};
+use mssql_ces::event::{Change, Value};
+use mssql_ces::source::ChangeSource;
+use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::sim::{CdcSimulator, SimColumn};
+use uuid::Uuid;
+
+fn database() -> CdcSimulator {
+    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
+    sim.create_table(
+        "dbo",
+        "T",
+        vec![
+            SimColumn::new("Id", SqlType::Int),
+            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+        ],
+        &["Id"],
+    );
+    sim
+}
+
+fn config() -> PollerConfig {
+    PollerConfig {
+        catalog_refresh: Duration::ZERO,
+        unreadable_grace: Duration::ZERO,
+        ..PollerConfig::default()
+    }
+}
+
+async fn drain(poller: &mut Poller<CdcSimulator>) -> Vec<Change> {
+    let mut changes = Vec::new();
+    loop {
+        match poller.poll().await.expect("poll") {
+            PollOutcome::Idle => return changes,
+            PollOutcome::Batch(batch) => changes.extend(batch.changes),
+        }
+    }
+}
+
+#[test]
+fn enabling_and_disabling_fail_with_sql_servers_errors() {
+    let sim = database();
+    assert_eq!(sim.enable_table("dbo.T", None).unwrap(), "dbo_T");
+    let reused = sim.enable_table("dbo.T", None).unwrap_err();
+    assert_eq!(reused.number, 22926, "{reused}");
+    assert!(reused.message.contains("'dbo_T' already exists"));
+    sim.enable_table("dbo.T", Some("dbo_T_v2")).unwrap();
+    let third = sim.enable_table("dbo.T", Some("dbo_T_v3")).unwrap_err();
+    assert_eq!(third.number, 22962, "{third}");
+    assert!(third.message.contains("'dbo.T'"), "{third}");
+    let missing = sim.enable_table("dbo.Nope", None).unwrap_err();
+    assert_eq!(missing.number, 22931, "{missing}");
+    // A login that is not db_owner may do neither.
+    sim.set_db_owner(false);
+    let denied = sim.try_disable_instance("dbo_T").unwrap_err();
+    assert_eq!(denied.number, 22904, "{denied}");
+    sim.set_db_owner(true);
+    sim.try_disable_instance("dbo_T").unwrap();
+    sim.set_db_owner(false);
+    assert_eq!(
+        sim.enable_table("dbo.T", Some("dbo_T_v3"))
+            .unwrap_err()
+            .number,
+        22904
+    );
+}
+
+#[tokio::test]
+async fn a_column_added_to_the_table_is_not_captured_by_its_instance() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    sim.set_capture_job_manual(true);
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Email", SqlType::NVarChar(Length::Bounded(80))),
+        Value::Null,
+    )
+    .unwrap();
+    // cdc.ddl_history gets its row when the capture job reaches the DDL.
+    let mut source = sim.clone();
+    assert!(source.ddl_history("dbo_T").await.unwrap().is_empty());
+    sim.run_capture_job();
+    let ddl = source.ddl_history("dbo_T").await.unwrap();
+    assert_eq!(ddl.len(), 1);
+    assert!(ddl[0].ddl_command.contains("ADD [Email]"), "{ddl:?}");
+    sim.set_capture_job_manual(false);
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![
+                Value::Int(1),
+                Value::Text("a".into()),
+                Value::Text("a@example.com".into()),
+            ],
+        )
+        .commit()
+        .unwrap();
+    // The instance keeps its column list, and so do the events.
+    let catalog = source.catalog().await.unwrap();
+    let names: Vec<&str> = catalog.instances[0]
+        .columns
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(names, ["Id", "Name"]);
+    let mut poller = Poller::new(sim, config(), None);
+    let changes = drain(&mut poller).await;
+    assert_eq!(changes.len(), 1);
+    let columns: Vec<&str> = changes[0]
+        .table
+        .columns()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(columns, ["Id", "Name"]);
+}
+
+#[tokio::test]
+async fn a_renamed_table_keeps_its_capture_instance_and_is_named_anew() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    let insert = |sim: &CdcSimulator, table: &str, id: i32| {
+        sim.transaction()
+            .insert(table, vec![Value::Int(id), Value::Text("x".into())])
+            .commit()
+            .unwrap();
+    };
+    insert(&sim, "dbo.T", 1);
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    let before = drain(&mut poller).await;
+    assert_eq!(before[0].table.table(), "T");
+    sim.rename_table("dbo.T", "Customers").unwrap();
+    insert(&sim, "dbo.Customers", 2);
+    let after = drain(&mut poller).await;
+    assert_eq!(after.len(), 1, "the rename loses nothing");
+    assert_eq!(after[0].table.table(), "Customers");
+    let mut source = sim.clone();
+    let catalog = source.catalog().await.unwrap();
+    assert_eq!(
+        catalog.instances[0].name, "dbo_T",
+        "the instance keeps its name"
+    );
+    assert_eq!(catalog.instances[0].table, "Customers");
+}
+
+#[test]
+fn a_captured_column_cannot_be_renamed_an_uncaptured_one_can() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(1), Value::Text("x".into())])
+        .commit()
+        .unwrap();
+    let err = sim.rename_column("dbo.T", "Name", "FullName").unwrap_err();
+    assert_eq!(err.number, 4928, "{err}");
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Note", SqlType::NVarChar(Length::Bounded(10))),
+        Value::Null,
+    )
+    .unwrap();
+    sim.rename_column("dbo.T", "Note", "Remark").unwrap();
+    let columns: Vec<String> = sim.table_contents("dbo.T")[0]
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert_eq!(columns, ["Id", "Name", "Remark"]);
+    // With no instance capturing it, the captured column can be renamed too.
+    sim.disable_instance("dbo_T");
+    sim.rename_column("dbo.T", "Name", "FullName").unwrap();
+}

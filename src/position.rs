@@ -81,6 +81,21 @@ pub struct Position {
     /// written before it (format 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_clock_ns: Option<i64>,
+    /// Per table (`schema.table`): the version of the shape its events carry and a
+    /// fingerprint of that shape (`source::shape`), so a restart numbers shape
+    /// changes as the run before it did. Absent in checkpoints written before it
+    /// (format 4).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub table_versions: BTreeMap<String, TableVersion>,
+}
+
+/// A table's shape version: 1 for the first shape its events carried, one more for
+/// each change since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableVersion {
+    pub version: u64,
+    pub shape: Uuid,
 }
 
 fn is_zero(n: &u64) -> bool {

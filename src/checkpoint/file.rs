@@ -269,6 +269,14 @@ mod tests {
             .into(),
             next_load_base: 2 << 40,
             commit_clock_ns: Some(1_790_000_000_123_456_789),
+            table_versions: [(
+                "dbo.Orders".to_string(),
+                crate::position::TableVersion {
+                    version: 3,
+                    shape: uuid::Uuid::from_u128(0x5eed),
+                },
+            )]
+            .into(),
         }
     }
 

@@ -21,6 +21,7 @@ pub mod load;
 pub mod merge;
 pub mod poller;
 pub mod queries;
+pub mod shape;
 pub mod sim;
 pub mod sqlserver;
 pub mod timezone;

@@ -176,3 +176,63 @@ fn a_captured_column_cannot_be_renamed_an_uncaptured_one_can() {
     sim.disable_instance("dbo_T");
     sim.rename_column("dbo.T", "Name", "FullName").unwrap();
 }
+
+/// The documented way to capture a new column (a second capture instance, then the
+/// first disabled), and a captured column dropped: the table's version grows at the
+/// first event of each new shape, once, and a restart keeps the numbering.
+#[tokio::test]
+async fn table_versions_grow_at_the_first_event_of_each_new_shape() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    let text = |s: &str| Value::Text(s.into());
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(1), text("a")])
+        .commit()
+        .unwrap();
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    assert_eq!(drain(&mut poller).await.len(), 1);
+    let version = |p: &Poller<CdcSimulator>| p.position().table_versions["dbo.T"].version;
+    assert_eq!(version(&poller), 1);
+    // A column added and captured by a new instance.
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Email", SqlType::NVarChar(Length::Bounded(80))),
+        Value::Null,
+    )
+    .unwrap();
+    sim.enable_table("dbo.T", Some("dbo_T_v2")).unwrap();
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(2), text("b"), text("b@example.com")],
+        )
+        .commit()
+        .unwrap();
+    sim.disable_instance("dbo_T");
+    let changes = drain(&mut poller).await;
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].table.columns().len(), 3);
+    assert_eq!(version(&poller), 2);
+    let second_shape = poller.position().clone();
+    // A captured column dropped: left out of the events from then on.
+    sim.drop_column("dbo.T", "Email").unwrap();
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(3), text("c")])
+        .commit()
+        .unwrap();
+    let changes = drain(&mut poller).await;
+    assert_eq!(changes[0].table.columns().len(), 2);
+    assert_eq!(version(&poller), 3);
+    // Nothing new: no new version.
+    assert!(drain(&mut poller).await.is_empty());
+    assert_eq!(version(&poller), 3);
+    // A restart from the checkpoint before the drop numbers the change after it the
+    // same way.
+    let mut restarted = Poller::new(sim.clone(), config(), Some(second_shape));
+    assert_eq!(drain(&mut restarted).await.len(), 1);
+    assert_eq!(version(&restarted), 3);
+    assert_eq!(
+        restarted.position().table_versions,
+        poller.position().table_versions
+    );
+}

@@ -494,6 +494,7 @@ impl<S: ChangeSource> Poller<S> {
             // (As `CommitClock::observe`: the later instant; `None` is earliest.)
             let read = change.commit_time.timestamp_nanos_opt();
             self.position.commit_clock_ns = self.position.commit_clock_ns.max(read);
+            self.note_shape(&change);
             if self.resume_after.is_some_and(|resume| at <= resume) {
                 continue;
             }

@@ -187,6 +187,9 @@ impl<S: ChangeSource> Poller<S> {
                 .await?
         };
         let changes = self.loaded_changes(&name, &table, &mut load, rows, done, &key_positions)?;
+        if let Some(first) = changes.first() {
+            self.note_shape(first);
+        }
         if done {
             self.finish_load(&name, &load);
         } else {

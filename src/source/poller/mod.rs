@@ -201,6 +201,8 @@ pub struct Poller<S> {
     resume_after: Option<EventPosition>,
     iteration: Option<Iteration>,
     warned: std::collections::BTreeSet<String>,
+    /// Table shapes seen in the events, with their versions in the position.
+    shapes: crate::source::shape::ShapeTracker,
     /// The catalog must be re-read before the next iteration.
     catalog_stale: bool,
     /// Instances not read because a newer instance of their table has no
@@ -264,6 +266,7 @@ impl<S: ChangeSource> Poller<S> {
             position: position.unwrap_or_default(),
             iteration: None,
             warned: Default::default(),
+            shapes: Default::default(),
             catalog_stale: true,
             waiting_for: Vec::new(),
             unreadable_since: BTreeMap::new(),

@@ -1,0 +1,248 @@
+//! Table shapes and their versions: what a consumer needs to know to read a table's
+//! events (its emitted columns with their types and source positions, and its key),
+//! and a version per table that grows by one each time that shape changes.
+//!
+//! Where a shape changes is where the events say so: the first event (in stream
+//! order) whose table description differs from the last one recorded for that table.
+//! That covers every way CDC changes what a table's events carry — a switch to a newer
+//! capture instance with another column list, a captured column dropped from the
+//! source table (left out from then on), a type change reached by the capture job —
+//! and places the change exactly between the last event of the old
+//! shape and the first of the new one, in LSN order.
+//!
+//! The versions are kept in the position ([`TableVersion`], by `schema.table`), with
+//! a fingerprint of the shape, so a restart numbers the same events the same way. A
+//! table first seen gets version 1; a renamed table is a table first seen.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use crate::event::TableDescription;
+use crate::position::TableVersion;
+
+/// The UUIDv5 namespace of shape fingerprints.
+const SHAPE_NAMESPACE: Uuid = Uuid::from_u128(0x6d73_7371_6c2d_6365_732d_7368_6170_6531);
+
+/// A stable fingerprint of what a table's events carry: schema, table, each emitted
+/// column's name, type and source position, and the key. Equal shapes have equal
+/// fingerprints in every run and release that keeps this text.
+pub fn fingerprint(table: &TableDescription) -> Uuid {
+    let mut text = format!("{}\n{}\n", table.schema(), table.table());
+    for column in table.columns() {
+        text.push_str(&format!(
+            "{}\t{}\t{}\n",
+            column.name, column.sql_type, column.index
+        ));
+    }
+    let key: Vec<String> = table.key().iter().map(usize::to_string).collect();
+    text.push_str(&key.join(","));
+    Uuid::new_v5(&SHAPE_NAMESPACE, text.as_bytes())
+}
+
+/// How a table's shape changed, column by column.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShapeDiff {
+    pub added: Vec<String>,
+    pub dropped: Vec<String>,
+    /// `(column, type before, type after)`.
+    pub retyped: Vec<(String, String, String)>,
+    pub key_changed: bool,
+}
+
+impl ShapeDiff {
+    pub fn between(before: &TableDescription, after: &TableDescription) -> Self {
+        let find = |table: &TableDescription, name: &str| {
+            table.columns().iter().find(|c| c.name == name).cloned()
+        };
+        let added = after
+            .columns()
+            .iter()
+            .filter(|c| find(before, &c.name).is_none())
+            .map(|c| c.name.clone())
+            .collect();
+        let dropped = before
+            .columns()
+            .iter()
+            .filter(|c| find(after, &c.name).is_none())
+            .map(|c| c.name.clone())
+            .collect();
+        let retyped = after
+            .columns()
+            .iter()
+            .filter_map(|c| {
+                let old = find(before, &c.name)?;
+                (old.sql_type != c.sql_type).then(|| {
+                    (
+                        c.name.clone(),
+                        old.sql_type.to_string(),
+                        c.sql_type.to_string(),
+                    )
+                })
+            })
+            .collect();
+        let key_names = |t: &TableDescription| -> Vec<String> {
+            t.key()
+                .iter()
+                .filter_map(|&at| t.columns().get(at).map(|c| c.name.clone()))
+                .collect()
+        };
+        ShapeDiff {
+            added,
+            dropped,
+            retyped,
+            key_changed: key_names(before) != key_names(after),
+        }
+    }
+}
+
+/// A table whose shape changed at an event: its new version and, when the shape
+/// before is known in this run, how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeChanged {
+    pub table: String,
+    pub version: u64,
+    pub diff: Option<ShapeDiff>,
+}
+
+/// Follows table shapes through the events of a stream, keeping versions in the
+/// position's map.
+#[derive(Debug, Default)]
+pub struct ShapeTracker {
+    /// Descriptions already checked, by address (each kept alive here, so an
+    /// address is never reused for another): the common case costs one lookup.
+    checked: HashMap<usize, Arc<TableDescription>>,
+    /// The last description recorded per table in this run, for the diff.
+    last: HashMap<String, Arc<TableDescription>>,
+}
+
+impl ShapeTracker {
+    /// Notes the description of an event's table, in stream order; the change when
+    /// its shape differs from the one `versions` has for it (a table first seen gets
+    /// version 1 and is not a change).
+    pub fn note(
+        &mut self,
+        table: &Arc<TableDescription>,
+        versions: &mut BTreeMap<String, TableVersion>,
+    ) -> Option<ShapeChanged> {
+        let address = Arc::as_ptr(table) as usize;
+        if self.checked.contains_key(&address) {
+            return None;
+        }
+        self.checked.insert(address, Arc::clone(table));
+        let name = table.qualified_name();
+        let shape = fingerprint(table);
+        let previous = self.last.insert(name.clone(), Arc::clone(table));
+        match versions.get_mut(&name) {
+            Some(known) if known.shape == shape => None,
+            Some(known) => {
+                known.version += 1;
+                known.shape = shape;
+                Some(ShapeChanged {
+                    table: name,
+                    version: known.version,
+                    diff: previous.map(|before| ShapeDiff::between(&before, table)),
+                })
+            }
+            None => {
+                versions.insert(name, TableVersion { version: 1, shape });
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::ColumnDescription;
+    use crate::event::value::{Length, SqlType};
+
+    fn table(name: &str, columns: &[(&str, SqlType)], key: Vec<usize>) -> Arc<TableDescription> {
+        let columns = columns
+            .iter()
+            .enumerate()
+            .map(|(i, (n, t))| ColumnDescription {
+                name: (*n).to_owned(),
+                sql_type: *t,
+                index: u32::try_from(i).unwrap(),
+            })
+            .collect();
+        Arc::new(
+            TableDescription::new("Shop", "dbo".to_owned(), name.to_owned(), columns, key).unwrap(),
+        )
+    }
+
+    const TEXT: SqlType = SqlType::NVarChar(Length::Bounded(50));
+
+    #[test]
+    fn fingerprints_are_stable_and_tell_shapes_apart() {
+        let a = table("T", &[("Id", SqlType::Int), ("Name", TEXT)], vec![0]);
+        // The same shape built again: the same fingerprint (a fixed value, so a
+        // change of the text is noticed as a change of every stream's versions).
+        let again = table("T", &[("Id", SqlType::Int), ("Name", TEXT)], vec![0]);
+        assert_eq!(fingerprint(&a), fingerprint(&again));
+        assert_eq!(
+            fingerprint(&a).to_string(),
+            Uuid::new_v5(
+                &SHAPE_NAMESPACE,
+                b"dbo\nT\nId\tint\t0\nName\tnvarchar(50)\t1\n0"
+            )
+            .to_string()
+        );
+        for other in [
+            table("T", &[("Id", SqlType::BigInt), ("Name", TEXT)], vec![0]),
+            table("T", &[("Id", SqlType::Int)], vec![0]),
+            table("T", &[("Id", SqlType::Int), ("Name", TEXT)], vec![]),
+            table("U", &[("Id", SqlType::Int), ("Name", TEXT)], vec![0]),
+        ] {
+            assert_ne!(fingerprint(&a), fingerprint(&other));
+        }
+    }
+
+    #[test]
+    fn versions_grow_once_per_change_and_a_restart_keeps_them() {
+        let v1 = table("T", &[("Id", SqlType::Int), ("Name", TEXT)], vec![0]);
+        let same = table("T", &[("Id", SqlType::Int), ("Name", TEXT)], vec![0]);
+        let v2 = table(
+            "T",
+            &[("Id", SqlType::Int), ("Name", TEXT), ("Email", TEXT)],
+            vec![0],
+        );
+        let mut versions = BTreeMap::new();
+        let mut tracker = ShapeTracker::default();
+        assert_eq!(tracker.note(&v1, &mut versions), None);
+        assert_eq!(versions["dbo.T"].version, 1);
+        // Another description with the same shape (a re-read catalog) is no change.
+        assert_eq!(tracker.note(&same, &mut versions), None);
+        let changed = tracker.note(&v2, &mut versions).expect("a change");
+        assert_eq!(changed.version, 2);
+        let diff = changed.diff.expect("the shape before is known");
+        assert_eq!(diff.added, ["Email"]);
+        assert!(diff.dropped.is_empty() && diff.retyped.is_empty() && !diff.key_changed);
+        assert_eq!(tracker.note(&v2, &mut versions), None, "once");
+        // A restart from these versions sees nothing new in the same shape, and the
+        // next change without the shape before in memory.
+        let mut restarted = ShapeTracker::default();
+        assert_eq!(restarted.note(&v2, &mut versions), None);
+        let v3 = table("T", &[("Id", SqlType::BigInt), ("Name", TEXT)], vec![0]);
+        let mut fresh = ShapeTracker::default();
+        let changed = fresh.note(&v3, &mut versions).expect("a change");
+        assert_eq!((changed.version, changed.diff), (3, None));
+    }
+
+    #[test]
+    fn a_diff_names_dropped_retyped_and_the_key() {
+        let before = table("T", &[("Id", SqlType::Int), ("Name", TEXT)], vec![0]);
+        let after = table("T", &[("Id", SqlType::BigInt)], vec![]);
+        let diff = ShapeDiff::between(&before, &after);
+        assert_eq!(diff.dropped, ["Name"]);
+        assert_eq!(
+            diff.retyped,
+            [("Id".to_owned(), "int".to_owned(), "bigint".to_owned())]
+        );
+        assert!(diff.key_changed);
+        assert!(diff.added.is_empty());
+    }
+}

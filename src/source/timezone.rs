@@ -48,7 +48,7 @@ pub enum TimeZoneSetting {
 /// An unusable `source.time_zone`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "source.time_zone = {value:?} is not \"server\", \"ces\", \"UTC\", an offset like \"+02:00\" or an IANA zone name like \"Europe/Berlin\""
+    "{value:?} is not \"server\", \"ces\", \"UTC\", an offset like \"+02:00\" (at most ±14:00) or an IANA zone name like \"Europe/Berlin\""
 )]
 pub struct TimeZoneError {
     pub value: String,
@@ -305,9 +305,19 @@ mod tests {
             TimeZoneSetting::parse("UTC"),
             Ok(TimeZoneSetting::Named(_))
         ));
-        for bad in ["Mars/Olympus", "+25:00", "+2", "+02:xx"] {
+        // The limits: ±14 hours, 59 minutes.
+        for good in ["+14:00", "-14:00", "+01:59", "+00:00"] {
+            assert!(
+                matches!(TimeZoneSetting::parse(good), Ok(TimeZoneSetting::Fixed(_))),
+                "{good}"
+            );
+        }
+        for bad in ["Mars/Olympus", "+25:00", "+15:00", "+01:60", "+2", "+02:xx"] {
             let err = TimeZoneSetting::parse(bad).unwrap_err();
-            assert!(err.to_string().contains("source.time_zone"), "{err}");
+            assert!(
+                err.to_string().starts_with(&format!("{bad:?} is not")),
+                "{err}"
+            );
         }
     }
 

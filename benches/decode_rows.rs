@@ -116,12 +116,7 @@ fn row(n: u64) -> Vec<ColumnData<'static>> {
 }
 
 fn main() {
-    let number = |name: &str, default: f64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
+    let number = mssql_ces_testkit::bench_setting;
     let seconds = Duration::from_secs_f64(number("DECODE_BENCH_SECONDS", 3.0));
     let rounds = number("DECODE_BENCH_ROUNDS", 5.0).max(1.0) as usize;
     let columns = columns();

@@ -253,12 +253,7 @@ fn median(mut rates: Vec<Rate>) -> Rate {
 }
 
 fn main() {
-    let number = |name: &str, default: f64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
+    let number = mssql_ces_testkit::bench_setting;
     let seconds = Duration::from_secs_f64(number("SQLSERVER_BENCH_SECONDS", 5.0));
     let rounds = number("SQLSERVER_BENCH_ROUNDS", 3.0).max(1.0) as usize;
     let Ok(runtime) = tokio::runtime::Runtime::new() else {

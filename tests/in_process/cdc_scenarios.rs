@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::common::drain;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Value};
 use mssql_ces::lsn::Lsn;
@@ -26,17 +27,7 @@ fn config() -> PollerConfig {
 
 /// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, not yet enabled.
 fn database() -> CdcSimulator {
-    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 120);
-    sim.create_table(
-        "dbo",
-        "T",
-        vec![
-            SimColumn::new("Id", SqlType::Int),
-            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
-        ],
-        &["Id"],
-    );
-    sim
+    crate::common::shop_with_t(120)
 }
 
 fn row(id: i32, name: &str) -> Vec<Value> {
@@ -45,16 +36,6 @@ fn row(id: i32, name: &str) -> Vec<Value> {
 
 fn insert(sim: &CdcSimulator, table: &str, values: Vec<Value>) -> Lsn {
     sim.transaction().insert(table, values).commit().unwrap()
-}
-
-async fn drain(poller: &mut Poller<CdcSimulator>) -> Result<Vec<Change>, SourceError> {
-    let mut changes = Vec::new();
-    loop {
-        match poller.poll().await? {
-            PollOutcome::Idle => return Ok(changes),
-            PollOutcome::Batch(batch) => changes.extend(batch.changes),
-        }
-    }
 }
 
 /// Polls until idle, retrying transient errors (as the pipeline does) a bounded

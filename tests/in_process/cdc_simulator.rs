@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::common::drain;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Operation, Value};
 use mssql_ces::lsn::Lsn;
@@ -75,17 +76,6 @@ fn order(id: i64, customer: i32, cents: i128) -> Vec<Value> {
         },
         Value::Binary(vec![0xE6, 0x10]),
     ]
-}
-
-/// Polls until idle; returns every change and the final position.
-async fn drain(poller: &mut Poller<CdcSimulator>) -> Result<Vec<Change>, SourceError> {
-    let mut changes = Vec::new();
-    loop {
-        match poller.poll().await? {
-            PollOutcome::Idle => return Ok(changes),
-            PollOutcome::Batch(batch) => changes.extend(batch.changes),
-        }
-    }
 }
 
 /// `(table, operation, sequence number, last in transaction)` of each change.

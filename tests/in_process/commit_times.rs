@@ -7,16 +7,15 @@
 
 use std::time::Duration;
 
+use crate::common::drain;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeZone, Utc};
-use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Value};
 use mssql_ces::position::Position;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::load::SnapshotMode;
-use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
+use mssql_ces::source::poller::{Poller, PollerConfig};
+use mssql_ces::source::sim::CdcSimulator;
 use mssql_ces::source::timezone::TimeZoneSetting;
-use uuid::Uuid;
 
 fn config() -> PollerConfig {
     PollerConfig {
@@ -29,17 +28,8 @@ fn config() -> PollerConfig {
 /// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, enabled, on a server in Berlin
 /// that reports `reported_offset` minutes at startup.
 fn berlin(reported_offset: i32) -> CdcSimulator {
-    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), reported_offset);
+    let sim = crate::common::shop_with_t(reported_offset);
     sim.set_time_zone(chrono_tz::Europe::Berlin);
-    sim.create_table(
-        "dbo",
-        "T",
-        vec![
-            SimColumn::new("Id", SqlType::Int),
-            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
-        ],
-        &["Id"],
-    );
     sim.enable_table("dbo.T", None).unwrap();
     sim
 }
@@ -60,16 +50,6 @@ fn local(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> NaiveDateTime {
 
 fn utc(h: u32, mi: u32, s: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 10, 25, h, mi, s).unwrap()
-}
-
-async fn drain(poller: &mut Poller<CdcSimulator>) -> Result<Vec<Change>, SourceError> {
-    let mut changes = Vec::new();
-    loop {
-        match poller.poll().await? {
-            PollOutcome::Idle => return Ok(changes),
-            PollOutcome::Batch(batch) => changes.extend(batch.changes),
-        }
-    }
 }
 
 /// Each event's `time`, to the second.

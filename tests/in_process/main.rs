@@ -11,6 +11,7 @@ mod cdc_scenarios;
 mod cdc_simulator;
 mod ces_conformance;
 mod commit_times;
+mod common;
 mod event_hubs_amqp;
 mod event_hubs_amqp_binary;
 mod event_hubs_amqp_large;

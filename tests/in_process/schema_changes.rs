@@ -8,22 +8,12 @@ use std::time::Duration;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Value};
 use mssql_ces::source::ChangeSource;
-use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
-use uuid::Uuid;
 
+/// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, not yet enabled.
 fn database() -> CdcSimulator {
-    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
-    sim.create_table(
-        "dbo",
-        "T",
-        vec![
-            SimColumn::new("Id", SqlType::Int),
-            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
-        ],
-        &["Id"],
-    );
-    sim
+    crate::common::shop_with_t(0)
 }
 
 fn config() -> PollerConfig {
@@ -35,13 +25,7 @@ fn config() -> PollerConfig {
 }
 
 async fn drain(poller: &mut Poller<CdcSimulator>) -> Vec<Change> {
-    let mut changes = Vec::new();
-    loop {
-        match poller.poll().await.expect("poll") {
-            PollOutcome::Idle => return changes,
-            PollOutcome::Batch(batch) => changes.extend(batch.changes),
-        }
-    }
+    crate::common::drain(poller).await.expect("poll")
 }
 
 #[test]

@@ -44,6 +44,14 @@ pub fn soak_rounds(quick: usize, full: usize) -> usize {
     }
 }
 
+/// A bench's numeric setting: the environment variable `name`, else `default`.
+pub fn bench_setting(name: &str, default: f64) -> f64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The CPU time this process has used so far, on every thread (librdkafka's, an
 /// in-process broker's or stand-in's included): what benchmarks report per message.
 pub fn process_cpu_time() -> std::time::Duration {

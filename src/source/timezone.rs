@@ -431,6 +431,10 @@ mod tests {
         assert_eq!(read("2026-10-25 02:10:05"), "2026-10-25 00:10:05");
         // Five seconds earlier in local time but a later LSN: still the first.
         assert_eq!(read("2026-10-25 02:10:00"), "2026-10-25 00:10:00");
+        // Exactly the tolerance behind the clock: still the first; beyond it, not.
+        assert_eq!(read("2026-10-25 02:10:15"), "2026-10-25 00:10:15");
+        assert_eq!(read("2026-10-25 02:10:05"), "2026-10-25 00:10:05");
+        assert_eq!(read("2026-10-25 02:10:04"), "2026-10-25 01:10:04");
     }
 
     #[test]

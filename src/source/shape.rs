@@ -110,11 +110,13 @@ pub struct ShapeChanged {
 /// position's map.
 #[derive(Debug, Default)]
 pub struct ShapeTracker {
-    /// Descriptions already checked, by address (each kept alive here, so an
-    /// address is never reused for another): the common case costs one lookup.
-    checked: HashMap<usize, Arc<TableDescription>>,
-    /// The last description recorded per table in this run, for the diff.
-    last: HashMap<String, Arc<TableDescription>>,
+    /// Per table: the description of its last event (kept alive here, so its
+    /// address is not reused for another while it is the key below) and its
+    /// fingerprint. One entry per table, whatever the catalog re-reads.
+    last: HashMap<String, (Arc<TableDescription>, Uuid)>,
+    /// The table of each description in `last`, by address: the common case (an
+    /// event of the same description as the table's last one) costs two lookups.
+    names: HashMap<usize, String>,
 }
 
 impl ShapeTracker {
@@ -127,13 +129,28 @@ impl ShapeTracker {
         versions: &mut BTreeMap<String, TableVersion>,
     ) -> Option<ShapeChanged> {
         let address = Arc::as_ptr(table) as usize;
-        if self.checked.contains_key(&address) {
-            return None;
-        }
-        self.checked.insert(address, Arc::clone(table));
-        let name = table.qualified_name();
-        let shape = fingerprint(table);
-        let previous = self.last.insert(name.clone(), Arc::clone(table));
+        let known = self.names.get(&address).and_then(|name| {
+            let (_, shape) = self.last.get(name)?;
+            Some((name.clone(), *shape))
+        });
+        let (name, shape, previous) = match known {
+            // The same description as the table's last event: only the version
+            // map can have moved (a restart's, or another description's).
+            Some((name, shape)) => (name, shape, None),
+            None => {
+                let name = table.qualified_name();
+                let shape = fingerprint(table);
+                let previous = self
+                    .last
+                    .insert(name.clone(), (Arc::clone(table), shape))
+                    .map(|(before, _)| before);
+                if let Some(before) = &previous {
+                    self.names.remove(&(Arc::as_ptr(before) as usize));
+                }
+                self.names.insert(address, name.clone());
+                (name, shape, previous)
+            }
+        };
         match versions.get_mut(&name) {
             Some(known) if known.shape == shape => None,
             Some(known) => {
@@ -230,6 +247,27 @@ mod tests {
         let mut fresh = ShapeTracker::default();
         let changed = fresh.note(&v3, &mut versions).expect("a change");
         assert_eq!((changed.version, changed.diff), (3, None));
+    }
+
+    #[test]
+    fn a_description_seen_before_is_compared_again_when_another_came_between() {
+        // A load from the newer instance (b), the older instance's changes up to the
+        // switch (a), then the newer instance's again (b, the same description).
+        let b = table("T", &[("Id", SqlType::Int), ("Email", TEXT)], vec![0]);
+        let a = table("T", &[("Id", SqlType::Int)], vec![0]);
+        let mut versions = BTreeMap::new();
+        let mut tracker = ShapeTracker::default();
+        assert_eq!(tracker.note(&b, &mut versions), None);
+        assert_eq!(tracker.note(&a, &mut versions).map(|c| c.version), Some(2));
+        let back = tracker.note(&b, &mut versions).expect("back to b's shape");
+        assert_eq!(back.version, 3);
+        assert_eq!(versions["dbo.T"].shape, fingerprint(&b));
+        // Many descriptions of the same table (catalog re-reads) keep one entry.
+        for _ in 0..100 {
+            let again = table("T", &[("Id", SqlType::Int), ("Email", TEXT)], vec![0]);
+            assert_eq!(tracker.note(&again, &mut versions), None);
+        }
+        assert_eq!((tracker.last.len(), tracker.names.len()), (1, 1));
     }
 
     #[test]

@@ -115,6 +115,10 @@ fn write_commits(sim: &CdcSimulator, from: usize, to: usize) {
 async fn the_repeated_hour_is_read_in_commit_order_also_after_a_restart_inside_it() {
     let sim = berlin(60);
     write_commits(&sim, 0, 4);
+    // The server's clock is in the second occurrence: its UTC time did not go back.
+    let source = sim.clone();
+    use mssql_ces::source::ChangeSource as _;
+    assert_eq!(source.clock(), Some(utc(1, 10, 0)));
     let mut poller = Poller::new(sim.clone(), config(), None);
     let before = drain(&mut poller).await.unwrap();
     // The position after the fourth commit: inside the second occurrence.
@@ -204,4 +208,9 @@ async fn loaded_rows_carry_the_offset_of_the_load_commit_not_the_startup_one() {
     let loaded = drain(&mut poller).await.unwrap();
     assert_eq!(loaded.len(), 1);
     assert_eq!(times(&loaded), ["08-07 14:25:00"]);
+    // Every instance is complete through the load's LSN: the clock has read it.
+    assert_eq!(
+        poller.position().commit_clock_ns,
+        loaded[0].commit_time.timestamp_nanos_opt()
+    );
 }

@@ -57,6 +57,11 @@ impl<S: ChangeSource> Poller<S> {
         }
         let at = max.lsn.filter(|l| !l.is_zero()).unwrap_or(Lsn::ZERO);
         let commit_time_ns = self.commit_time_ns(at).await?;
+        // Every instance is complete through `at` from here, so the stream's clock
+        // has read that commit (changes after it are read after it).
+        if !at.is_zero() {
+            self.position.commit_clock_ns = self.position.commit_clock_ns.max(Some(commit_time_ns));
+        }
         self.retention = match self.source.server_facts().await {
             Ok(facts) => cleanup_retention(&facts),
             Err(e) => {
@@ -112,12 +117,12 @@ impl<S: ChangeSource> Poller<S> {
         };
         let zone = self.zone.unwrap_or(CommitTimeZone::LocalAsUtc);
         // Read like a change committed there: with the offsets the server gives that
-        // time and after the commits read so far, which the clock then includes.
+        // time and after the commits read so far. The stream's clock is not moved:
+        // a re-load happens while other instances still have older changes to read.
         let mut clock = CommitClock::from_nanos(self.position.commit_clock_ns);
         let time = commit.map_or_else(chrono::Utc::now, |c| {
             clock.read(zone.readings(c.local, c.offsets))
         });
-        self.position.commit_clock_ns = clock.nanos();
         Ok(time
             .timestamp_nanos_opt()
             .unwrap_or_else(|| time.timestamp().saturating_mul(1_000_000_000)))

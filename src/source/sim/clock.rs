@@ -13,8 +13,18 @@ impl SimState {
     /// The simulated server's clock in UTC (its local time less its zone's offset;
     /// UTC when it has no zone).
     pub(super) fn utc_now(&self) -> chrono::DateTime<chrono::Utc> {
-        let minutes = self.offset_at(self.now).unwrap_or(0);
-        (self.now - Duration::minutes(i64::from(minutes))).and_utc()
+        let later = self
+            .time_zone
+            .filter(|_| self.second_occurrence)
+            .and_then(|tz| match tz.offset_from_local_datetime(&self.now) {
+                chrono::LocalResult::Ambiguous(_, second) => Some(second.fix()),
+                _ => None,
+            });
+        let seconds = match later {
+            Some(offset) => offset.local_minus_utc(),
+            None => i32::from(self.offset_at(self.now).unwrap_or(0)) * 60,
+        };
+        (self.now - Duration::seconds(i64::from(seconds))).and_utc()
     }
 
     /// What the change query's `AT TIME ZONE @P7` columns give a local commit time:

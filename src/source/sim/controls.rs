@@ -203,7 +203,9 @@ impl CdcSimulator {
 
     /// Sets the server's local clock (commit times follow it).
     pub fn set_local_time(&self, now: NaiveDateTime) {
-        self.lock().now = now;
+        let mut state = self.lock();
+        state.now = now;
+        state.second_occurrence = false;
     }
 
     /// Sets the server's clock to an instant: its local time is that instant in the
@@ -215,6 +217,9 @@ impl CdcSimulator {
             Some(tz) => now.with_timezone(&tz).naive_local(),
             None => now.naive_utc(),
         };
+        // The first reading of that local time is not the instant: the second.
+        state.second_occurrence = false;
+        state.second_occurrence = state.utc_now() != now;
     }
 
     /// Advances the server's local clock.

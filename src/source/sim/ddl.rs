@@ -145,6 +145,16 @@ impl CdcSimulator {
     pub fn drop_column(&self, table: &str, column: &str) -> Result<(), SimDdlError> {
         let command = format!("ALTER TABLE {table} DROP COLUMN [{column}]");
         self.alter(table, command, None, |t| {
+            // A key column: its primary key depends on it.
+            if t.key.iter().any(|k| k == column) {
+                return Err(SimDdlError {
+                    number: 5074,
+                    message: format!(
+                        "The object 'PK_{}' is dependent on column '{column}'.",
+                        t.name
+                    ),
+                });
+            }
             let at = t
                 .columns
                 .iter()
@@ -239,6 +249,15 @@ impl CdcSimulator {
     /// streaming it. No `cdc.ddl_history` row: that table records column changes.
     pub fn rename_table(&self, table: &str, new_name: &str) -> Result<(), SimDdlError> {
         let mut state = self.lock();
+        let schema = table.split_once('.').map_or("dbo", |(schema, _)| schema);
+        if state.tables.contains_key(&format!("{schema}.{new_name}")) {
+            return Err(SimDdlError {
+                number: 15335,
+                message: format!(
+                    "Error: The new name '{new_name}' is already in use as a object name and would cause a duplicate that is not permitted."
+                ),
+            });
+        }
         let mut t = state.tables.remove(table).ok_or(SimDdlError {
             number: 15248,
             message: format!("Either the parameter @objname is ambiguous or the claimed @objtype (OBJECT) is wrong: '{table}'"),

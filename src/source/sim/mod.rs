@@ -237,6 +237,9 @@ struct SimState {
     time_zone: Option<Tz>,
     clock: u128,
     now: NaiveDateTime,
+    /// `now` is in the second occurrence of an hour the clocks repeat (set by
+    /// `set_utc_time`; a local time alone cannot say).
+    second_occurrence: bool,
     tables: BTreeMap<String, SimTable>,
     instances: Vec<SimInstance>,
     next_object_id: i32,
@@ -555,6 +558,7 @@ impl CdcSimulator {
                 time_zone: zone_at_offset(utc_offset_minutes),
                 clock: 0x0000_00B1_0000_0000_0000,
                 now,
+                second_occurrence: false,
                 tables: BTreeMap::new(),
                 instances: Vec::new(),
                 next_object_id: 1_000,

@@ -97,6 +97,7 @@ pub struct Metrics {
     load_rows_estimated: Family<Table, Gauge>,
     load_rows_per_second: Family<Table, FloatGauge>,
     load_tables: Gauge,
+    table_shape_version: Family<Table, Gauge>,
     stalled_after: Duration,
     state: Mutex<RunState>,
 }
@@ -197,6 +198,7 @@ impl Metrics {
             load_rows_estimated: Family::default(),
             load_rows_per_second: Family::default(),
             load_tables: Gauge::default(),
+            table_shape_version: Family::default(),
             stalled_after,
             state: Mutex::new(RunState::new()),
         };
@@ -349,6 +351,26 @@ impl Metrics {
             "Tables whose initial load has not finished (changes stream once it is 0)",
             m.load_tables.clone(),
         );
+        ours.register(
+            "table_shape_version",
+            "Version of the shape (columns, types, key) of each table's events read: 1 for the first, one more for each change",
+            m.table_shape_version.clone(),
+        );
+    }
+
+    /// Each table's shape version, from a batch's position.
+    pub fn set_table_versions(
+        &self,
+        versions: &std::collections::BTreeMap<String, crate::position::TableVersion>,
+    ) {
+        for (table, version) in versions {
+            let table = Table {
+                table: table.clone(),
+            };
+            self.table_shape_version
+                .get_or_create(&table)
+                .set(i64::try_from(version.version).unwrap_or(i64::MAX));
+        }
     }
 
     /// The unfinished loads, after a poll: a finished table's series are removed.
@@ -711,6 +733,31 @@ mod tests {
         text.lines()
             .find_map(|line| line.strip_prefix(&prefix))
             .and_then(|value| value.trim().parse().ok())
+    }
+
+    #[test]
+    fn table_shape_versions_are_gauges_per_table() {
+        let metrics = Metrics::new(Duration::from_secs(60));
+        let version = |version| crate::position::TableVersion {
+            version,
+            shape: uuid::Uuid::nil(),
+        };
+        let mut versions = std::collections::BTreeMap::new();
+        versions.insert("dbo.a".to_owned(), version(1));
+        versions.insert("dbo.b".to_owned(), version(3));
+        metrics.set_table_versions(&versions);
+        let text = metrics.render();
+        assert!(
+            text.contains("mssql_ces_table_shape_version{table=\"dbo.b\"} 3"),
+            "{text}"
+        );
+        versions.insert("dbo.a".to_owned(), version(2));
+        metrics.set_table_versions(&versions);
+        assert!(
+            metrics
+                .render()
+                .contains("mssql_ces_table_shape_version{table=\"dbo.a\"} 2")
+        );
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub(super) async fn poll_source<B: BatchSource>(
     stop: CancellationToken,
 ) {
     let mut backoff = backoff();
+    // The table versions last shown in the metrics: set again only when they move.
+    let mut versions_shown = std::collections::BTreeMap::new();
     loop {
         let started = Instant::now();
         let polled = tokio::select! {
@@ -33,6 +35,10 @@ pub(super) async fn poll_source<B: BatchSource>(
         match polled {
             Ok(PollOutcome::Batch(batch)) => {
                 backoff.reset();
+                if batch.position.table_versions != versions_shown {
+                    metrics.set_table_versions(&batch.position.table_versions);
+                    versions_shown.clone_from(&batch.position.table_versions);
+                }
                 // Known once the catalog was read, which precedes every batch; the
                 // poller fails instead of inventing one.
                 let Some(guid) = poller.stream_guid() else {

@@ -207,6 +207,11 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     assert_eq!(total(&page, "mssql_ces_segmented_events_total"), segmented);
     assert!(total(&page, "mssql_ces_source_polls_total") > 0.0);
     assert!(total(&page, "mssql_ces_capture_instances") >= 1.0);
+    // Each table whose events were read has its shape version (the synthetic
+    // tables never change shape: 1).
+    let versions = samples(&page, "mssql_ces_table_shape_version");
+    assert!(!versions.is_empty(), "{page}");
+    assert!(versions.values().all(|&v| v == 1.0), "{versions:?}");
     assert!(total(&page, "mssql_ces_checkpoint_writes_total") >= 1.0);
     assert_eq!(total(&page, "mssql_ces_lsn_lag"), 0.0);
     // Every kind is there from the start, at 0: no error happened.

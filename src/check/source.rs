@@ -396,8 +396,10 @@ async fn instance_finding<S: ChangeSource>(
                     instance.name
                 ),
                 format!(
-                    "GRANT SELECT ON [{}].[{}] TO the login (every captured column), and if the capture instance has a gating role (role_name in EXEC sys.sp_cdc_help_change_data_capture), ALTER ROLE <role> ADD MEMBER the login",
-                    instance.schema, instance.table
+                    "GRANT SELECT ON [{}].[{}] TO the login (every captured column){}",
+                    instance.schema,
+                    instance.table,
+                    crate::source::gating_role_advice(instance.options.role_name.as_deref())
                 ),
             ));
         }

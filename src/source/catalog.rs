@@ -25,7 +25,9 @@ use crate::mssql::{SqlConnection, SqlError, SqlErrorKind};
 use crate::source::decode::{
     DecodeError, decode_guid, decode_int, decode_lsn, decode_naive_datetime, decode_string,
 };
-use crate::source::{CaptureInstance, CapturedColumn, Catalog, CatalogVersion, SourceError};
+use crate::source::{
+    CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CatalogVersion, SourceError,
+};
 
 /// The columns of a catalog fingerprint, shared by [`CATALOG_VERSION`] and the
 /// per-poll `MAX_LSN` query so both compute the same thing: a checksum of every
@@ -88,7 +90,8 @@ WHERE tzi.name = CURRENT_TIMEZONE_ID()) THEN 1 ELSE 0 END AS int) AS usable;";
 pub const CAPTURE_INSTANCES: &str = "SELECT ct.capture_instance, ct.object_id, \
 OBJECT_SCHEMA_NAME(ct.source_object_id) AS schema_name, \
 OBJECT_NAME(ct.source_object_id) AS table_name, \
-ct.start_lsn, ct.create_date, \
+ct.start_lsn, ct.create_date, ct.role_name, ct.index_name, ct.filegroup_name, \
+CAST(ct.supports_net_changes AS int) AS supports_net_changes, \
 CAST(CASE WHEN EXISTS (SELECT 1 FROM sys.columns AS c \
 WHERE c.object_id = ct.object_id AND c.name = N'__$command_id') THEN 1 ELSE 0 END AS int) \
 AS has_command_id \
@@ -412,6 +415,13 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
             key_columns: Vec::new(),
             descending_keys: Vec::new(),
             has_command_id: row.int("has_command_id").map_err(catalog_error)? == 1,
+            options: CaptureOptions {
+                role_name: row.opt_string("role_name").map_err(catalog_error)?,
+                index_name: row.opt_string("index_name").map_err(catalog_error)?,
+                filegroup_name: row.opt_string("filegroup_name").map_err(catalog_error)?,
+                supports_net_changes: row.opt_int("supports_net_changes").map_err(catalog_error)?
+                    == Some(1),
+            },
         });
     }
     for mut row in rows(conn, CAPTURED_COLUMNS).await? {

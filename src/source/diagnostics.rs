@@ -96,6 +96,7 @@ mod tests {
             create_date: chrono::NaiveDateTime::default(),
             columns,
             has_command_id: true,
+            options: Default::default(),
             key_columns: Vec::new(),
             descending_keys: Vec::new(),
         }

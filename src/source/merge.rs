@@ -294,6 +294,7 @@ mod tests {
             object_id: 1,
             start_lsn: Some(Lsn::ZERO),
             has_command_id: true,
+            options: Default::default(),
             create_date: NaiveDate::from_ymd_opt(2026, 1, 1)
                 .unwrap()
                 .and_hms_opt(0, 0, 0)

@@ -177,6 +177,25 @@ pub struct CaptureInstance {
     /// is_descending_key`): a load reads in the index's order, or the server would
     /// sort what is left of the table for every chunk.
     pub descending_keys: Vec<String>,
+    /// What `sys.sp_cdc_enable_table` was given (`cdc.change_tables`).
+    pub options: CaptureOptions,
+}
+
+/// The options a capture instance was enabled with, from `cdc.change_tables`: what
+/// an error names (the gating role) and what a new instance of the table would be
+/// enabled with again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CaptureOptions {
+    /// `@role_name`: the gating role whose members may read the changes; `None`
+    /// when the instance has none.
+    pub role_name: Option<String>,
+    /// `@index_name`: the unique index that identifies rows; `None` for the primary
+    /// key.
+    pub index_name: Option<String>,
+    /// `@filegroup_name`: where the change table lives; `None` for the default.
+    pub filegroup_name: Option<String>,
+    /// `@supports_net_changes`.
+    pub supports_net_changes: bool,
 }
 
 impl CaptureInstance {
@@ -345,11 +364,14 @@ pub enum SourceError {
     )]
     DatabaseGuidUnreadable,
     #[error(
-        "capture instance `{capture_instance}` (table {table}): sys.fn_cdc_get_min_lsn returns 0x00, so this login cannot read its changes; grant SELECT on every captured column of the table (`GRANT SELECT ON {table} TO <user>`) and, if the capture instance has a gating role (`role_name` in `EXEC sys.sp_cdc_help_change_data_capture`), make the login a member (`ALTER ROLE <role> ADD MEMBER <user>`); or exclude the table with source.exclude"
+        "capture instance `{capture_instance}` (table {table}): sys.fn_cdc_get_min_lsn returns 0x00, so this login cannot read its changes; grant SELECT on every captured column of the table (`GRANT SELECT ON {table} TO <user>`){role}; or exclude the table with source.exclude",
+        role = gating_role_advice(gating_role.as_deref())
     )]
     TableUnreadable {
         capture_instance: String,
         table: String,
+        /// `cdc.change_tables.role_name`.
+        gating_role: Option<String>,
     },
     #[error(
         "capture instance `{capture_instance}`: the source table is not visible to this login (OBJECT_NAME is NULL); grant SELECT on it (`GRANT SELECT ON <schema>.<table> TO <user>`), or name only the tables to stream in source.include"
@@ -367,6 +389,17 @@ pub enum SourceError {
     Definite { message: String },
     #[error(transparent)]
     UnknownServerZone(#[from] crate::source::timezone::UnknownServerZone),
+}
+
+/// What an unreadable capture instance's gating role asks of the login: membership,
+/// or nothing (`sys.fn_cdc_get_min_lsn` returns 0x00 to a login outside the role).
+pub fn gating_role_advice(role: Option<&str>) -> String {
+    match role {
+        Some(role) => format!(
+            " and make the login a member of the capture instance's gating role `{role}` (`ALTER ROLE [{role}] ADD MEMBER <user>`)"
+        ),
+        None => " (the capture instance has no gating role)".to_owned(),
+    }
 }
 
 impl From<crate::mssql::SqlErrorKind> for SourceError {

@@ -550,6 +550,7 @@ mod tests {
             object_id: 7,
             start_lsn: Some(Lsn::ZERO),
             has_command_id: true,
+            options: Default::default(),
             create_date: chrono::NaiveDateTime::default(),
             columns: vec![
                 column("Id", 1, Ok(SqlType::Int)),

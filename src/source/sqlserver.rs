@@ -764,6 +764,7 @@ mod tests {
             key_columns: vec!["Id".into()],
             descending_keys: Vec::new(),
             has_command_id: true,
+            options: Default::default(),
         }
     }
 

@@ -395,8 +395,8 @@ async fn a_table_the_login_cannot_read_is_named_with_the_grant() {
         "{text}"
     );
     assert!(
-        text.contains("gating role") && text.contains("ALTER ROLE"),
-        "both reasons named: {text}"
+        text.contains("has no gating role") && !text.contains("ALTER ROLE"),
+        "no role to join: {text}"
     );
     // Within the grace period it waits instead, and reads once granted.
     let patient = PollerConfig {
@@ -406,6 +406,26 @@ async fn a_table_the_login_cannot_read_is_named_with_the_grant() {
     let mut poller = Poller::new(sim.clone(), patient, None);
     assert!(drain(&mut poller).await.unwrap().is_empty());
     sim.deny_select("dbo.T", false);
+    assert_eq!(names(&drain(&mut poller).await.unwrap()), ["a"]);
+}
+
+#[tokio::test]
+async fn a_login_outside_the_gating_role_is_told_the_roles_name() {
+    let sim = database();
+    sim.enable_table("dbo.T", None).unwrap();
+    sim.set_gating_role("dbo_T", Some("cdc_readers"));
+    insert(&sim, "dbo.T", row(1, "a"));
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    let err = drain(&mut poller).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("gating role `cdc_readers`")
+            && text.contains("ALTER ROLE [cdc_readers] ADD MEMBER"),
+        "{text}"
+    );
+    // A member reads.
+    sim.set_role_member("cdc_readers", true);
+    let mut poller = Poller::new(sim, config(), None);
     assert_eq!(names(&drain(&mut poller).await.unwrap()), ["a"]);
 }
 

@@ -525,6 +525,30 @@ mod through_the_wire {
         assert_eq!(got.len(), expected.len());
     }
 
+    /// The options a capture instance was enabled with cross the wire as the
+    /// simulator holds them (`cdc.change_tables.role_name` and the rest).
+    #[tokio::test]
+    async fn capture_options_read_the_same_through_the_wire() {
+        let sim = CdcSimulator::new("CesDemo", GUID, 0);
+        sim.create_table(
+            "dbo",
+            "T",
+            vec![SimColumn::new("id", SqlType::Int)],
+            &["id"],
+        );
+        sim.enable_table("dbo.T", None).unwrap();
+        sim.set_gating_role("dbo_T", Some("cdc_readers"));
+        let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
+            .await
+            .unwrap();
+        let mut wire = source(&standin, PASSWORD, Duration::from_secs(10));
+        let mut direct = sim.clone();
+        let over_wire = wire.catalog().await.unwrap().instances[0].options.clone();
+        let from_sim = direct.catalog().await.unwrap().instances[0].options.clone();
+        assert_eq!(over_wire, from_sim);
+        assert_eq!(over_wire.role_name.as_deref(), Some("cdc_readers"));
+    }
+
     /// Commits in the hour Berlin's clocks repeat, on a server that names its zone:
     /// the offsets `AT TIME ZONE` gives each row and an hour later cross the wire
     /// (the change query's two offset columns, the load's `LSN_TIME_ZONED`), and the

@@ -326,7 +326,20 @@ async fn tables_the_login_cannot_read_or_see_fail_by_name() {
     );
     expect(&report, "table dbo.Customers", Status::Pass);
 
+    // Outside the capture instance's gating role: the fix names the role.
     sim.deny_select("dbo.Orders", false);
+    sim.set_gating_role("dbo_Orders", Some("cdc_readers"));
+    let report = run(&config, &sim).await;
+    let orders = expect(&report, "table dbo.Orders", Status::Fail);
+    assert!(
+        orders
+            .fix
+            .as_deref()
+            .is_some_and(|f| f.contains("ALTER ROLE [cdc_readers] ADD MEMBER")),
+        "{orders:?}"
+    );
+    sim.set_gating_role("dbo_Orders", None);
+
     sim.hide_table("dbo.Orders");
     let report = run(&config, &sim).await;
     expect(&report, "capture instance dbo_Orders", Status::Fail);

@@ -73,6 +73,11 @@ fn lsn_cell(lsn: Option<Lsn>) -> Cell {
     lsn.map_or(Cell::Null, |l| Cell::Bytes(l.to_vec()))
 }
 
+/// Text, or NULL.
+fn opt_text(value: Option<&str>) -> Cell {
+    value.map_or(Cell::Null, text)
+}
+
 fn text(value: &str) -> Cell {
     Cell::Text(value.to_owned())
 }
@@ -609,6 +614,10 @@ fn capture_instances(catalog: &Catalog) -> Reply {
                 text(&i.table),
                 lsn_cell(i.start_lsn),
                 datetime_cell(i.create_date),
+                opt_text(i.options.role_name.as_deref()),
+                opt_text(i.options.index_name.as_deref()),
+                opt_text(i.options.filegroup_name.as_deref()),
+                Cell::Int(i64::from(i.options.supports_net_changes)),
                 Cell::Int(i64::from(i.has_command_id)),
             ]
         })
@@ -621,6 +630,10 @@ fn capture_instances(catalog: &Catalog) -> Reply {
             Cell::Null,
             Cell::Null,
             datetime_cell(NaiveDateTime::default()),
+            Cell::Null,
+            Cell::Null,
+            Cell::Null,
+            Cell::Int(0),
             Cell::Int(1),
         ]);
     }
@@ -632,6 +645,10 @@ fn capture_instances(catalog: &Catalog) -> Reply {
             col("table_name", ColumnType::NVarChar(Some(128))),
             col("start_lsn", ColumnType::Binary(10)),
             col("create_date", ColumnType::DateTime),
+            col("role_name", ColumnType::NVarChar(Some(128))),
+            col("index_name", ColumnType::NVarChar(Some(128))),
+            col("filegroup_name", ColumnType::NVarChar(Some(128))),
+            col("supports_net_changes", ColumnType::Int(4)),
             col("has_command_id", ColumnType::Int(4)),
         ],
         rows,

@@ -196,6 +196,7 @@ impl<S: ChangeSource> Poller<S> {
                         return Err(SourceError::TableUnreadable {
                             capture_instance: name.clone(),
                             table: t.instance.qualified_table(),
+                            gating_role: t.instance.options.role_name.clone(),
                         });
                     }
                     tracing::warn!(

@@ -86,6 +86,7 @@ impl BulkSource {
                 column("payload", 2, SqlType::NVarChar(Length::Bounded(100))),
             ],
             has_command_id: true,
+            options: Default::default(),
             key_columns: vec!["id".into()],
             descending_keys: Vec::new(),
         }

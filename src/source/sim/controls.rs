@@ -135,6 +135,26 @@ impl CdcSimulator {
         });
     }
 
+    /// Gives the instance a gating role (`@role_name` of `sp_cdc_enable_table`, as
+    /// `cdc.change_tables.role_name` then says): a login outside it gets 0x00 from
+    /// `sys.fn_cdc_get_min_lsn` (*sys.fn_cdc_get_min_lsn*; *sys.sp_cdc_enable_table*,
+    /// `@role_name`).
+    pub fn set_gating_role(&self, capture_instance: &str, role: Option<&str>) {
+        self.change_instance(capture_instance, |info| {
+            info.options.role_name = role.map(str::to_owned)
+        });
+    }
+
+    /// Makes the login a member of `role`, or not.
+    pub fn set_role_member(&self, role: &str, member: bool) {
+        let mut state = self.lock();
+        if member {
+            state.roles.insert(role.to_owned());
+        } else {
+            state.roles.remove(role);
+        }
+    }
+
     /// Models a change table created before `__$command_id` existed.
     pub fn remove_command_id(&self, capture_instance: &str) {
         self.change_instance(capture_instance, |info| info.has_command_id = false);

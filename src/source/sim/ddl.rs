@@ -105,6 +105,7 @@ impl CdcSimulator {
                 key_columns: t.key.clone(),
                 descending_keys: Vec::new(),
                 has_command_id: true,
+                options: Default::default(),
             },
             table: table.into(),
             enabled_at,

@@ -261,6 +261,8 @@ struct SimState {
     /// Whether the login is in `db_owner` (or sysadmin): what `sys.sp_cdc_enable_table`
     /// and `sys.sp_cdc_disable_table` require.
     db_owner: bool,
+    /// Database roles the login is a member of (gating roles).
+    roles: BTreeSet<String>,
     /// Tables the login cannot see at all.
     invisible: BTreeSet<String>,
     /// A cleanup that has raised the low end but not yet deleted every row below it.
@@ -439,7 +441,15 @@ impl SimState {
             .instances
             .iter()
             .find(|i| i.info.name == capture_instance)?;
-        if !self.min_lsn_available || self.denied.contains(&instance.table) {
+        // sys.fn_cdc_get_min_lsn: 0x00 without SELECT on every captured column, or
+        // outside the instance's gating role.
+        let outside_role = instance
+            .info
+            .options
+            .role_name
+            .as_ref()
+            .is_some_and(|role| !self.roles.contains(role));
+        if !self.min_lsn_available || self.denied.contains(&instance.table) || outside_role {
             return None;
         }
         instance.info.start_lsn
@@ -596,6 +606,7 @@ impl CdcSimulator {
                 min_lsn_available: true,
                 denied: BTreeSet::new(),
                 db_owner: true,
+                roles: BTreeSet::new(),
                 invisible: BTreeSet::new(),
                 cleanup_pending: None,
                 on_next_read: Vec::new(),

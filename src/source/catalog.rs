@@ -199,6 +199,16 @@ impl ColumnIndex {
     }
 }
 
+/// The enable options of a [`CAPTURE_INSTANCES`] row.
+fn capture_options(row: &mut NamedRow) -> Result<CaptureOptions, DecodeError> {
+    Ok(CaptureOptions {
+        role_name: row.opt_string("role_name")?,
+        index_name: row.opt_string("index_name")?,
+        filegroup_name: row.opt_string("filegroup_name")?,
+        supports_net_changes: row.opt_int("supports_net_changes")? == Some(1),
+    })
+}
+
 /// A result row whose columns are taken by name.
 pub struct NamedRow {
     index: std::sync::Arc<ColumnIndex>,
@@ -415,13 +425,7 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
             key_columns: Vec::new(),
             descending_keys: Vec::new(),
             has_command_id: row.int("has_command_id").map_err(catalog_error)? == 1,
-            options: CaptureOptions {
-                role_name: row.opt_string("role_name").map_err(catalog_error)?,
-                index_name: row.opt_string("index_name").map_err(catalog_error)?,
-                filegroup_name: row.opt_string("filegroup_name").map_err(catalog_error)?,
-                supports_net_changes: row.opt_int("supports_net_changes").map_err(catalog_error)?
-                    == Some(1),
-            },
+            options: capture_options(&mut row).map_err(catalog_error)?,
         });
     }
     for mut row in rows(conn, CAPTURED_COLUMNS).await? {

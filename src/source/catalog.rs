@@ -26,7 +26,8 @@ use crate::source::decode::{
     DecodeError, decode_guid, decode_int, decode_lsn, decode_naive_datetime, decode_string,
 };
 use crate::source::{
-    CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CatalogVersion, SourceError,
+    CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CatalogVersion, ServerOffsets,
+    SourceError,
 };
 
 /// The columns of a catalog fingerprint, shared by [`CATALOG_VERSION`] and the
@@ -300,6 +301,29 @@ impl NamedRow {
 
     pub fn opt_int(&mut self, name: &str) -> Result<Option<i64>, DecodeError> {
         decode_int(name, self.take(name)?)
+    }
+
+    /// The offsets `AT TIME ZONE` gave a commit time (`at`) and an hour later
+    /// (`hour_later`), in minutes; `None` when either is NULL (no zone named).
+    pub fn opt_offsets(
+        &mut self,
+        at: &str,
+        hour_later: &str,
+    ) -> Result<Option<ServerOffsets>, DecodeError> {
+        let mut minutes = |column: &str| -> Result<Option<i16>, DecodeError> {
+            self.opt_int(column)?
+                .map(|o| {
+                    i16::try_from(o).map_err(|_| DecodeError {
+                        column: column.to_owned(),
+                        message: format!("{o} is out of range"),
+                    })
+                })
+                .transpose()
+        };
+        Ok(match (minutes(at)?, minutes(hour_later)?) {
+            (Some(at), Some(hour_later)) => Some(ServerOffsets { at, hour_later }),
+            _ => None,
+        })
     }
 
     pub fn int(&mut self, name: &str) -> Result<i64, DecodeError> {
@@ -610,6 +634,25 @@ mod tests {
         assert_eq!(row.opt_int("b").unwrap(), Some(2));
         row.replace("z", int(9));
         assert_eq!(row.opt_int("z").unwrap(), Some(9));
+    }
+
+    #[test]
+    fn offsets_are_both_or_none_and_in_range() {
+        let int = |v| ColumnData::I32(v);
+        let mut row = NamedRow::from_pairs(vec![("a", int(Some(120))), ("b", int(Some(60)))]);
+        assert_eq!(
+            row.opt_offsets("a", "b").unwrap(),
+            Some(ServerOffsets {
+                at: 120,
+                hour_later: 60
+            })
+        );
+        let mut row = NamedRow::from_pairs(vec![("a", int(Some(120))), ("b", int(None))]);
+        assert_eq!(row.opt_offsets("a", "b").unwrap(), None);
+        let mut row = NamedRow::from_pairs(vec![("a", int(Some(40_000))), ("b", int(Some(0)))]);
+        let err = row.opt_offsets("a", "b").unwrap_err();
+        assert_eq!(err.column, "a");
+        assert!(err.message.contains("40000 is out of range"), "{err:?}");
     }
 
     fn column_row(source_column_id: Option<i32>, type_name: Option<&'static str>) -> NamedRow {

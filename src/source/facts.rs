@@ -10,8 +10,7 @@ use crate::source::catalog::{NamedRow, null};
 use crate::source::decode::DecodeError;
 use crate::source::queries;
 use crate::source::{
-    AZURE_SQL_DATABASE_EDITION, CdcJob, CommitTime, Fact, LogScan, ServerFacts, ServerOffsets,
-    SourceError,
+    AZURE_SQL_DATABASE_EDITION, CdcJob, CommitTime, Fact, LogScan, ServerFacts, SourceError,
 };
 
 /// Server errors that mean "not allowed here" or "not on this edition": a
@@ -202,26 +201,8 @@ fn decode_commit_time(mut row: NamedRow, zoned: bool) -> Result<Option<CommitTim
         return Ok(None);
     };
     let offsets = if zoned {
-        let offset = |row: &mut NamedRow, column: &str| -> Result<Option<i16>, SourceError> {
-            row.opt_int(column)
-                .map_err(unexpected)?
-                .map(|o| {
-                    i16::try_from(o).map_err(|_| {
-                        unexpected(DecodeError {
-                            column: column.to_owned(),
-                            message: format!("{o} is out of range"),
-                        })
-                    })
-                })
-                .transpose()
-        };
-        match (
-            offset(&mut row, "at_offset")?,
-            offset(&mut row, "hour_later_offset")?,
-        ) {
-            (Some(at), Some(hour_later)) => Some(ServerOffsets { at, hour_later }),
-            _ => None,
-        }
+        row.opt_offsets("at_offset", "hour_later_offset")
+            .map_err(unexpected)?
     } else {
         None
     };

@@ -179,8 +179,9 @@ fn decode_change_row(
     )
     .map_err(bad)?;
     let (begin_lsn, end_time) = transaction_times(capture_instance, &mut row, start_lsn, warned)?;
-    let offset = row.opt_int(fixed::END_TIME_OFFSET).map_err(bad)?;
-    let later = row.opt_int(fixed::END_TIME_OFFSET_LATER).map_err(bad)?;
+    let end_time_offsets = row
+        .opt_offsets(fixed::END_TIME_OFFSET, fixed::END_TIME_OFFSET_LATER)
+        .map_err(bad)?;
     let out_of_range = |column: &str, value: i64| {
         bad(DecodeError {
             column: column.to_owned(),
@@ -200,14 +201,7 @@ fn decode_change_row(
         update_mask,
         begin_lsn,
         end_time,
-        end_time_offsets: match (offset, later) {
-            (Some(at), Some(hour_later)) => Some(crate::source::ServerOffsets {
-                at: i16::try_from(at).map_err(|_| out_of_range(fixed::END_TIME_OFFSET, at))?,
-                hour_later: i16::try_from(hour_later)
-                    .map_err(|_| out_of_range(fixed::END_TIME_OFFSET_LATER, hour_later))?,
-            }),
-            _ => None,
-        },
+        end_time_offsets,
         values,
     };
     Ok((change, replaced))

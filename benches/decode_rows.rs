@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mssql_ces::event::value::{Length, SqlType};
+use mssql_ces::event::value::SqlType;
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::catalog::{ColumnIndex, NamedRow};
 use mssql_ces::source::queries::fixed;
@@ -24,27 +24,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const BATCH: usize = 1000;
 
 fn columns() -> Vec<(String, SqlType)> {
-    [
-        ("id", SqlType::BigInt),
-        ("customer", SqlType::Int),
-        ("sku", SqlType::VarChar(Length::Bounded(20))),
-        ("name", SqlType::NVarChar(Length::Bounded(100))),
-        (
-            "price",
-            SqlType::Decimal {
-                precision: 10,
-                scale: 2,
-            },
-        ),
-        ("qty", SqlType::SmallInt),
-        ("at", SqlType::DateTime2 { scale: 7 }),
-        ("active", SqlType::Bit),
-        ("ratio", SqlType::Float),
-        ("ref", SqlType::UniqueIdentifier),
-    ]
-    .into_iter()
-    .map(|(n, t)| (n.to_owned(), t))
-    .collect()
+    mssql_ces_testkit::narrow_table()
+        .into_iter()
+        .map(|(n, t)| (n.to_owned(), t))
+        .collect()
 }
 
 fn utf16(text: &str) -> ColumnData<'static> {
@@ -60,21 +43,7 @@ fn lsn(n: u64) -> ColumnData<'static> {
 
 /// The names of the change query's result: the fixed columns, then the table's.
 fn names() -> Vec<String> {
-    let mut names: Vec<String> = [
-        fixed::START_LSN,
-        fixed::COMMAND_ID,
-        fixed::SEQVAL,
-        fixed::OPERATION,
-        fixed::UPDATE_MASK,
-        fixed::BEGIN_LSN,
-        fixed::END_TIME,
-        fixed::END_TIME_OFFSET,
-        fixed::END_TIME_OFFSET_LATER,
-        fixed::MAPPED,
-        fixed::BEGIN_TIME,
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let mut names: Vec<String> = fixed::IN_ORDER.map(str::to_owned).to_vec();
     names.extend(columns().into_iter().map(|(n, _)| n));
     names
 }
@@ -116,7 +85,7 @@ fn row(n: u64) -> Vec<ColumnData<'static>> {
 }
 
 fn main() {
-    let number = mssql_ces_testkit::bench_setting;
+    let number = mssql_ces_testkit::bench_setting::<f64>;
     let seconds = Duration::from_secs_f64(number("DECODE_BENCH_SECONDS", 3.0));
     let rounds = number("DECODE_BENCH_ROUNDS", 5.0).max(1.0) as usize;
     let columns = columns();

@@ -27,12 +27,7 @@ fn thread_cpu() -> Duration {
 }
 
 fn main() {
-    let env = |name: &str, default: f64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
+    let env = mssql_ces_testkit::bench_setting::<f64>;
     let instances = env("IDLE_BENCH_INSTANCES", 1000.0) as usize;
     let seconds = Duration::from_secs_f64(env("IDLE_BENCH_SECONDS", 5.0));
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().build() else {

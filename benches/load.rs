@@ -36,13 +36,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const CHUNK: usize = 1000;
 
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// A database whose `dbo.items` holds `rows` rows from before CDC was enabled.
 fn database(rows: u64) -> CdcSimulator {
     let sim = CdcSimulator::new("bench", uuid::Uuid::from_u128(42), 0);
@@ -280,8 +273,8 @@ async fn pipeline_load(sim: &CdcSimulator, seconds: Duration) -> Rate {
 }
 
 fn main() {
-    let rows = env_number("LOAD_BENCH_ROWS", 200_000);
-    let seconds = Duration::from_secs(env_number("LOAD_BENCH_SECONDS", 5));
+    let rows = mssql_ces_testkit::bench_setting("LOAD_BENCH_ROWS", 200_000u64);
+    let seconds = Duration::from_secs(mssql_ces_testkit::bench_setting("LOAD_BENCH_SECONDS", 5u64));
     let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -48,24 +48,10 @@ struct Shape {
 fn narrow() -> Shape {
     Shape {
         name: "narrow (10 columns)",
-        columns: vec![
-            SimColumn::new("id", SqlType::BigInt),
-            SimColumn::new("customer", SqlType::Int),
-            SimColumn::new("sku", SqlType::VarChar(Length::Bounded(20))),
-            SimColumn::new("name", SqlType::NVarChar(Length::Bounded(100))),
-            SimColumn::new(
-                "price",
-                SqlType::Decimal {
-                    precision: 10,
-                    scale: 2,
-                },
-            ),
-            SimColumn::new("qty", SqlType::SmallInt),
-            SimColumn::new("at", SqlType::DateTime2 { scale: 7 }),
-            SimColumn::new("active", SqlType::Bit),
-            SimColumn::new("ratio", SqlType::Float),
-            SimColumn::new("ref", SqlType::UniqueIdentifier),
-        ],
+        columns: mssql_ces_testkit::narrow_table()
+            .into_iter()
+            .map(|(name, sql_type)| SimColumn::new(name, sql_type))
+            .collect(),
         rows: 100_000,
     }
 }
@@ -253,7 +239,7 @@ fn median(mut rates: Vec<Rate>) -> Rate {
 }
 
 fn main() {
-    let number = mssql_ces_testkit::bench_setting;
+    let number = mssql_ces_testkit::bench_setting::<f64>;
     let seconds = Duration::from_secs_f64(number("SQLSERVER_BENCH_SECONDS", 5.0));
     let rounds = number("SQLSERVER_BENCH_ROUNDS", 3.0).max(1.0) as usize;
     let Ok(runtime) = tokio::runtime::Runtime::new() else {

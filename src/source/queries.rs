@@ -193,6 +193,22 @@ pub mod fixed {
     /// row (the cleanup job deleted it), which tells that from NULL columns.
     pub const MAPPED: &str = "__$tran_mapped";
     pub const BEGIN_TIME: &str = "__$tran_begin_time";
+
+    /// Every fixed column, in the order [`read_changes`](super::read_changes) selects
+    /// them (before the captured columns).
+    pub const IN_ORDER: [&str; 11] = [
+        START_LSN,
+        COMMAND_ID,
+        SEQVAL,
+        OPERATION,
+        UPDATE_MASK,
+        BEGIN_LSN,
+        END_TIME,
+        END_TIME_OFFSET,
+        END_TIME_OFFSET_LATER,
+        MAPPED,
+        BEGIN_TIME,
+    ];
 }
 
 /// One page of a capture instance's changes, in CDC order.
@@ -791,6 +807,23 @@ ct.[Name] COLLATE Latin1_General_BIN2, DATALENGTH(ct.[Name]);"
             probe.contains("> @P5 AND ct.__$start_lsn <= @P1"),
             "{probe}"
         );
+    }
+
+    #[test]
+    fn the_fixed_columns_are_selected_in_their_order_before_the_captured_ones() {
+        for zoned in [false, true] {
+            let sql = read_changes(&awkward_instance("a"), zoned);
+            let first_branch = sql.split(" UNION ALL ").next().unwrap();
+            let mut at = 0;
+            for name in fixed::IN_ORDER {
+                let found = first_branch[at..]
+                    .find(name)
+                    .unwrap_or_else(|| panic!("{name} after byte {at}: {first_branch}"));
+                at += found + name.len();
+            }
+            let first_captured = first_branch.find("ct.[").unwrap();
+            assert!(at <= first_captured, "{first_branch}");
+        }
     }
 
     #[test]

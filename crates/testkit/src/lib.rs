@@ -44,12 +44,37 @@ pub fn soak_rounds(quick: usize, full: usize) -> usize {
     }
 }
 
-/// A bench's numeric setting: the environment variable `name`, else `default`.
-pub fn bench_setting(name: &str, default: f64) -> f64 {
+/// A bench's setting: the environment variable `name` parsed, else `default` (also
+/// when it does not parse).
+pub fn bench_setting<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The 10-column table the SQL Server path benches measure (`sqlserver_path`'s
+/// narrow table, whose rows `decode_rows` decodes): name and type of each column.
+pub fn narrow_table() -> Vec<(&'static str, mssql_ces::event::value::SqlType)> {
+    use mssql_ces::event::value::{Length, SqlType};
+    vec![
+        ("id", SqlType::BigInt),
+        ("customer", SqlType::Int),
+        ("sku", SqlType::VarChar(Length::Bounded(20))),
+        ("name", SqlType::NVarChar(Length::Bounded(100))),
+        (
+            "price",
+            SqlType::Decimal {
+                precision: 10,
+                scale: 2,
+            },
+        ),
+        ("qty", SqlType::SmallInt),
+        ("at", SqlType::DateTime2 { scale: 7 }),
+        ("active", SqlType::Bit),
+        ("ratio", SqlType::Float),
+        ("ref", SqlType::UniqueIdentifier),
+    ]
 }
 
 /// The CPU time this process has used so far, on every thread (librdkafka's, an

@@ -525,11 +525,10 @@ mod through_the_wire {
         assert_eq!(got.len(), expected.len());
     }
 
-    /// The options a capture instance was enabled with cross the wire as the
-    /// simulator holds them (`cdc.change_tables.role_name` and the rest).
-    #[tokio::test]
-    async fn capture_options_read_the_same_through_the_wire() {
-        let sim = CdcSimulator::new("CesDemo", GUID, 0);
+    /// `CesDemo` on a server at `utc_offset_minutes`, with `dbo.T (id int PRIMARY
+    /// KEY)` enabled.
+    fn int_table(utc_offset_minutes: i32) -> CdcSimulator {
+        let sim = CdcSimulator::new("CesDemo", GUID, utc_offset_minutes);
         sim.create_table(
             "dbo",
             "T",
@@ -537,6 +536,14 @@ mod through_the_wire {
             &["id"],
         );
         sim.enable_table("dbo.T", None).unwrap();
+        sim
+    }
+
+    /// The options a capture instance was enabled with cross the wire as the
+    /// simulator holds them (`cdc.change_tables.role_name` and the rest).
+    #[tokio::test]
+    async fn capture_options_read_the_same_through_the_wire() {
+        let sim = int_table(0);
         sim.set_gating_role("dbo_T", Some("cdc_readers"));
         let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
             .await
@@ -555,15 +562,8 @@ mod through_the_wire {
     /// second occurrence is read an hour after the first, as from the simulator.
     #[tokio::test]
     async fn the_repeated_hour_reads_the_same_through_the_wire() {
-        let sim = CdcSimulator::new("CesDemo", GUID, 60);
+        let sim = int_table(60);
         sim.set_time_zone(chrono_tz::Europe::Berlin);
-        sim.create_table(
-            "dbo",
-            "T",
-            vec![SimColumn::new("id", SqlType::Int)],
-            &["id"],
-        );
-        sim.enable_table("dbo.T", None).unwrap();
         let at = |h, m| chrono::Utc.with_ymd_and_hms(2026, 10, 25, h, m, 0).unwrap();
         sim.set_utc_time(at(0, 20));
         sim.transaction()

@@ -81,8 +81,7 @@ fn check_time_zone(report: &mut Report, config: &Config, catalog: &Catalog) {
         // Validation refuses it before any check runs.
         return;
     };
-    let per_row = catalog.server_time_zone.is_some();
-    match setting.resolve(catalog.server_utc_offset_minutes, per_row) {
+    match catalog.commit_time_zone(&setting) {
         Ok(zone) => match &catalog.server_time_zone {
             Some(id) if setting == crate::source::timezone::TimeZoneSetting::Server => report.pass(
                 CHECK,

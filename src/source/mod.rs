@@ -260,6 +260,20 @@ pub struct Catalog {
     pub instances: Vec<CaptureInstance>,
 }
 
+impl Catalog {
+    /// How commit times are read on this server under `setting`: per row where the
+    /// server names its zone; `"server"` refused where it cannot.
+    pub fn commit_time_zone(
+        &self,
+        setting: &timezone::TimeZoneSetting,
+    ) -> Result<timezone::CommitTimeZone, timezone::UnknownServerZone> {
+        setting.resolve(
+            self.server_utc_offset_minutes,
+            self.server_time_zone.is_some(),
+        )
+    }
+}
+
 /// A fingerprint of the CDC catalog (`cdc.change_tables` and `cdc.ddl_history`):
 /// it changes when a capture instance is enabled, disabled or re-created, when a
 /// `start_lsn` is set or moved, and when the capture job records DDL.

@@ -97,11 +97,7 @@ impl<S: ChangeSource> Poller<S> {
     /// `"server"` on a server that cannot name its zone is refused, naming the
     /// setting.
     fn resolve_time_zone(&self, catalog: &Catalog) -> Result<CommitTimeZone, SourceError> {
-        let per_row = catalog.server_time_zone.is_some();
-        let zone = self
-            .config
-            .time_zone
-            .resolve(catalog.server_utc_offset_minutes, per_row)?;
+        let zone = catalog.commit_time_zone(&self.config.time_zone)?;
         match (&self.config.time_zone, &catalog.server_time_zone) {
             (TimeZoneSetting::Server, Some(id)) => tracing::info!(
                 server_time_zone = %id,

@@ -162,6 +162,12 @@ impl CommitClock {
         }
     }
 
+    /// Moves a saved clock (`Position::commit_clock_ns`) to `instant` if that is
+    /// later, as [`observe`](Self::observe) moves this one.
+    pub fn advance_saved(saved: &mut Option<i64>, instant: DateTime<Utc>) {
+        *saved = (*saved).max(instant.timestamp_nanos_opt());
+    }
+
     /// What a checkpoint saves.
     pub fn nanos(&self) -> Option<i64> {
         self.latest.and_then(|t| t.timestamp_nanos_opt())
@@ -448,8 +454,14 @@ mod tests {
         assert_eq!(restored, clock);
         let again = restored.read(berlin.readings(local("2026-10-25 02:20:00"), None));
         assert_eq!(hm(again), "2026-10-25 01:20:00");
-        // The clock only moves forward.
+        // The clock only moves forward, saved or not.
         restored.observe(DateTime::from_timestamp_nanos(0));
         assert!(restored.nanos() > saved);
+        let mut on_disk = saved;
+        CommitClock::advance_saved(&mut on_disk, DateTime::from_timestamp_nanos(0));
+        assert_eq!(on_disk, saved);
+        let mut empty = None;
+        CommitClock::advance_saved(&mut empty, DateTime::from_timestamp_nanos(5));
+        assert_eq!(empty, Some(5));
     }
 }

@@ -492,9 +492,7 @@ impl<S: ChangeSource> Poller<S> {
             }
             // Skipped or not, the event's commit has been read: a restart from here
             // reads later commits after it.
-            // (As `CommitClock::observe`: the later instant; `None` is earliest.)
-            let read = change.commit_time.timestamp_nanos_opt();
-            self.position.commit_clock_ns = self.position.commit_clock_ns.max(read);
+            CommitClock::advance_saved(&mut self.position.commit_clock_ns, change.commit_time);
             self.note_shape(&change);
             if self.resume_after.is_some_and(|resume| at <= resume) {
                 continue;

@@ -60,7 +60,8 @@ impl<S: ChangeSource> Poller<S> {
         // Every instance is complete through `at` from here, so the stream's clock
         // has read that commit (changes after it are read after it).
         if !at.is_zero() {
-            self.position.commit_clock_ns = self.position.commit_clock_ns.max(Some(commit_time_ns));
+            let read = chrono::DateTime::from_timestamp_nanos(commit_time_ns);
+            CommitClock::advance_saved(&mut self.position.commit_clock_ns, read);
         }
         self.retention = match self.source.server_facts().await {
             Ok(facts) => cleanup_retention(&facts),

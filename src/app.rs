@@ -266,7 +266,8 @@ async fn drive<S: ChangeSource + 'static>(
         routing.mode,
         event.encoding,
         config.checkpoint.stream_name.clone(),
-    );
+    )
+    .with_schema_changes(routing.schema_changes, routing.schema_topic());
     let factory = Box::new(move |database_guid: uuid::Uuid| {
         let stream_guid = event.stream_guid.unwrap_or(database_guid);
         tracing::info!(%stream_guid, "stream GUID (event.stream_guid, default the database GUID)");

@@ -98,6 +98,7 @@ pub struct Metrics {
     load_rows_per_second: Family<Table, FloatGauge>,
     load_tables: Gauge,
     table_shape_version: Family<Table, Gauge>,
+    schema_change_events: Family<Table, Counter>,
     stalled_after: Duration,
     state: Mutex<RunState>,
 }
@@ -199,6 +200,7 @@ impl Metrics {
             load_rows_per_second: Family::default(),
             load_tables: Gauge::default(),
             table_shape_version: Family::default(),
+            schema_change_events: Family::default(),
             stalled_after,
             state: Mutex::new(RunState::new()),
         };
@@ -356,6 +358,11 @@ impl Metrics {
             "Version of the shape (columns, types, key) of each table's events read: 1 for the first, one more for each change",
             m.table_shape_version.clone(),
         );
+        ours.register(
+            "schema_change_events",
+            "Schema-change events delivered (sink.schema_changes), by table",
+            m.schema_change_events.clone(),
+        );
     }
 
     /// Each table's shape version, from a batch's position.
@@ -472,6 +479,13 @@ impl Metrics {
         }
         self.truncated_values.inc_by(counts.truncated_values);
         self.segmented_events.inc_by(counts.segmented_events);
+        for (table, _) in &counts.schema_changes {
+            self.schema_change_events
+                .get_or_create(&Table {
+                    table: table.clone(),
+                })
+                .inc();
+        }
         let mut state = self.state();
         state.in_flight = state.in_flight.saturating_sub(1);
         state.acknowledged += 1;
@@ -594,6 +608,9 @@ pub struct BatchCounts {
     segmented_events: u64,
     /// Commit time and LSN of the batch's last event.
     last_commit: Option<(DateTime<Utc>, Lsn)>,
+    /// The table (`schema.table`) of each schema-change event of the batch, and
+    /// its messages.
+    schema_changes: Vec<(String, u64)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -639,11 +656,19 @@ impl BatchCounts {
         }
     }
 
-    /// The batch's events and messages, over all its tables.
+    /// Counts a schema-change event of `table` (`schema.table`) that became
+    /// `messages` messages.
+    pub fn add_schema_change(&mut self, table: String, messages: u64) {
+        self.schema_changes.push((table, messages));
+    }
+
+    /// The batch's change events, and its messages (schema-change events' too),
+    /// over all its tables.
     pub fn totals(&self) -> (u64, u64) {
+        let schema_messages: u64 = self.schema_changes.iter().map(|(_, m)| m).sum();
         self.tables
             .iter()
-            .fold((0, 0), |(events, messages), (_, _, t)| {
+            .fold((0, schema_messages), |(events, messages), (_, _, t)| {
                 (events + t.events, messages + t.messages)
             })
     }
@@ -741,6 +766,8 @@ mod tests {
         let version = |version| crate::position::TableVersion {
             version,
             shape: uuid::Uuid::nil(),
+            since: None,
+            columns: None,
         };
         let mut versions = std::collections::BTreeMap::new();
         versions.insert("dbo.a".to_owned(), version(1));
@@ -757,6 +784,36 @@ mod tests {
             metrics
                 .render()
                 .contains("mssql_ces_table_shape_version{table=\"dbo.a\"} 2")
+        );
+    }
+
+    #[test]
+    fn schema_change_events_count_per_table_and_their_messages_in_the_totals() {
+        let metrics = Metrics::new(Duration::from_secs(60));
+        let mut counts = BatchCounts::default();
+        counts.add_schema_change("dbo.a".into(), 2);
+        counts.add_schema_change("dbo.a".into(), 1);
+        counts.add_schema_change("dbo.b".into(), 1);
+        assert_eq!(counts.totals(), (0, 4), "no change event, four messages");
+        metrics.batch_sent(Lsn::ZERO);
+        metrics.batch_delivered(&counts);
+        let text = metrics.render();
+        assert_eq!(
+            sample(
+                &text,
+                "mssql_ces_schema_change_events_total",
+                "table=\"dbo.a\""
+            ),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "mssql_ces_schema_change_events_total",
+                "table=\"dbo.b\""
+            ),
+            Some(1.0)
         );
     }
 

@@ -91,11 +91,50 @@ pub struct Position {
 
 /// A table's shape version: 1 for the first shape its events carried, one more for
 /// each change since.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TableVersion {
     pub version: u64,
     pub shape: Uuid,
+    /// The commit LSN of the first event of this version: DDL recorded after it
+    /// belongs to the next version. Absent in checkpoints written before it
+    /// (format 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Lsn>,
+    /// The shape itself, as the schema-change event of this version described it:
+    /// the next version's event names it as the shape before, the same after a
+    /// restart as in the run that saw it. Absent in checkpoints written before it
+    /// (format 5). Shared, so a position copied for every batch does not copy it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub columns: Option<std::sync::Arc<TableShape>>,
+}
+
+/// What a consumer needs to read a table's events: the capture instance they come
+/// from and the columns they carry (CES's `cols`, with nullability and key place).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableShape {
+    #[serde(rename = "captureinstance")]
+    pub capture_instance: String,
+    pub cols: Vec<ShapeColumn>,
+}
+
+/// One column of a [`TableShape`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShapeColumn {
+    pub name: String,
+    /// As CES's `cols[].type` writes it (`nvarchar(50)`).
+    #[serde(rename = "type")]
+    pub sql_type: String,
+    /// 0-based position in the source table (`cols[].index`).
+    pub index: u32,
+    /// Whether the source table's column allows NULL (`sys.columns.is_nullable`);
+    /// `None` where the catalog cannot tell.
+    pub nullable: Option<bool>,
+    /// 1-based place in the key CDC identifies rows by; `None` outside it.
+    #[serde(rename = "keyposition")]
+    pub key_position: Option<u32>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -16,8 +16,9 @@ use base64::Engine as _;
 
 use crate::event::Encoding;
 use crate::event::readback::{
-    self, CloudEvent, LogicalEvent, ReadError, Reassembler, decode_data, decode_message,
+    self, CloudEvent, LogicalEvent, ReadError, Reassembler, decode_data_of, decode_message,
 };
+use crate::event::schema::SCHEMA_CHANGE_TYPE;
 
 /// How events are printed.
 #[derive(Debug, Clone)]
@@ -47,8 +48,11 @@ pub struct ReadSummary {
     /// Events earlier in commit order than one already printed from the same stream,
     /// other than duplicates.
     pub out_of_order: u64,
-    /// Events per `schema.table`.
+    /// Events per `schema.table` (change events; schema changes are counted on
+    /// their own).
     pub per_table: BTreeMap<String, u64>,
+    /// Schema-change events printed.
+    pub schema_changes: u64,
     /// What could not be read: undecodable messages, missing segments, events cut
     /// off at the end. Each names the stream and the event.
     pub problems: Vec<String>,
@@ -64,8 +68,16 @@ impl ReadSummary {
             .collect();
         let counted =
             |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let schema_changes = if self.schema_changes == 0 {
+            String::new()
+        } else {
+            format!(
+                " ({})",
+                counted(self.schema_changes, "schema change", "schema changes")
+            )
+        };
         format!(
-            "read {}: {}, {} dropped, {} re-sent, {} out of order, {}; per table: {}",
+            "read {}: {}{schema_changes}, {} dropped, {} re-sent, {} out of order, {}; per table: {}",
             counted(self.messages, "message", "messages"),
             counted(self.events, "event", "events"),
             counted(self.duplicates, "duplicate", "duplicates"),
@@ -88,6 +100,9 @@ struct Stream {
     /// event printed from this stream. Two databases writing one topic or file each
     /// have their own commit order.
     last: HashMap<String, (String, String)>,
+    /// Per stream GUID and `schema.table`: the last table version a schema-change
+    /// event of this stream announced.
+    versions: HashMap<(String, String), u64>,
 }
 
 /// Takes messages from one or more ordered streams and prints logical events.
@@ -192,7 +207,8 @@ impl<W: Write> EventReader<W> {
             return Ok(());
         }
         let encoding = self.options.encoding;
-        let data = match decode_data(&event.event.data, encoding) {
+        let schema_change = event.event.event_type == SCHEMA_CHANGE_TYPE;
+        let data = match decode_data_of(&event.event.event_type, &event.event.data, encoding) {
             Ok(data) => data,
             Err(e) => {
                 self.summary
@@ -205,16 +221,32 @@ impl<W: Write> EventReader<W> {
         // its logicalid is no place in commit order: only changes are checked.
         let loaded =
             data["eventsource"]["transaction"]["beginlsn"].as_str() == Some(LOADED_BEGIN_LSN);
+        let guid = event
+            .event
+            .logicalid
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        if schema_change {
+            // Not a place in commit order (it precedes its table's first event of
+            // a new shape, wherever in the transaction that is): its table's
+            // versions must grow instead.
+            self.check_version(stream, &at, guid, &data);
+            let line = if self.options.data_only {
+                serde_json::json!({ "schemachange": data })
+            } else {
+                whole_event(&event.event, &data, encoding)
+            };
+            serde_json::to_writer(&mut self.out, &line)?;
+            self.out.write_all(b"\n")?;
+            self.summary.events += 1;
+            self.summary.schema_changes += 1;
+            return Ok(());
+        }
         if let Some(state) = self.streams.get_mut(stream).filter(|_| !loaded) {
             let here = readback::position(&event.event.logicalid)
                 .map(|(lsn, sequence)| (lsn.to_owned(), sequence.to_owned()));
-            let guid = event
-                .event
-                .logicalid
-                .split(':')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
             if let (Some(here), Some(last)) = (&here, state.last.get(&guid))
                 && here < last
             {
@@ -243,6 +275,31 @@ impl<W: Write> EventReader<W> {
         self.out.write_all(b"\n")?;
         self.summary.events += 1;
         Ok(())
+    }
+
+    /// A schema-change event's table version must be above the last one this
+    /// stream announced for the table (a re-send has the same id and is dropped
+    /// before it gets here).
+    fn check_version(&mut self, stream: &str, at: &str, guid: String, data: &serde_json::Value) {
+        let table = table_of(data);
+        let Some(version) = data["tableversion"].as_u64() else {
+            self.summary.problems.push(format!(
+                "{at}: a schema-change event of {table} has no tableversion"
+            ));
+            return;
+        };
+        let Some(state) = self.streams.get_mut(stream) else {
+            return;
+        };
+        let last = state.versions.insert((guid, table.clone()), version);
+        if let Some(last) = last.filter(|&last| version <= last) {
+            self.summary.out_of_order += 1;
+            if !self.options.resumed {
+                self.summary.problems.push(format!(
+                    "{at}: table {table} version {version} comes after version {last}: versions only grow"
+                ));
+            }
+        }
     }
 
     /// Ends every stream and returns what was read. An event still missing segments
@@ -998,6 +1055,94 @@ mod tests {
                     assert_eq!(keys(&data), ["eventsource", "eventrow"], "{encoding:?}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn schema_changes_print_apart_and_their_versions_must_grow() {
+        use crate::event::schema::{SchemaChange, tests::added_email};
+        for encoding in [Encoding::Json, Encoding::Avro] {
+            let encoder = crate::event::Encoder::new(crate::event::test_support::options(encoding));
+            let line = |event: &SchemaChange| {
+                let bytes = encoder.encode_schema_change(event).unwrap().messages[0]
+                    .bytes
+                    .clone();
+                match encoding {
+                    Encoding::Json => String::from_utf8(bytes).unwrap(),
+                    Encoding::Avro => base64::engine::general_purpose::STANDARD.encode(bytes),
+                }
+            };
+            let v2 = added_email();
+            let v3 = SchemaChange {
+                version: 3,
+                ..added_email()
+            };
+            let lines = [line(&v2), line(&v3), line(&v3), line(&v2)];
+            for data_only in [true, false] {
+                let mut out = Vec::new();
+                let mut reader = EventReader::new(
+                    &mut out,
+                    ReadOptions {
+                        encoding,
+                        data_only,
+                        max_events: None,
+                        resumed: false,
+                    },
+                );
+                read_lines(lines.join("\n").as_bytes(), "file", &mut reader).unwrap();
+                let summary = reader.finish(false).unwrap();
+                assert_eq!(
+                    (summary.events, summary.schema_changes),
+                    (2, 2),
+                    "{encoding}"
+                );
+                assert_eq!(summary.duplicates, 2, "v3 and v2 again: the same ids");
+                assert!(summary.problems.is_empty(), "{:?}", summary.problems);
+                assert!(summary.per_table.is_empty(), "not counted as change events");
+                assert!(
+                    summary.line().contains("2 events (2 schema changes)"),
+                    "{}",
+                    summary.line()
+                );
+                let printed: Vec<serde_json::Value> = String::from_utf8(out)
+                    .unwrap()
+                    .lines()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect();
+                if data_only {
+                    assert_eq!(printed[0]["schemachange"]["tableversion"], 2);
+                    assert_eq!(
+                        printed[1]["schemachange"]["after"]["captureinstance"],
+                        "dbo_Customers_v2"
+                    );
+                } else {
+                    assert_eq!(printed[0]["type"], crate::event::schema::SCHEMA_CHANGE_TYPE);
+                    let data: serde_json::Value =
+                        serde_json::from_str(printed[1]["data"].as_str().unwrap()).unwrap();
+                    assert_eq!(data["tableversion"], 3);
+                }
+            }
+            // A version that does not grow: v2 after v3 (not seen before here, so
+            // not a duplicate).
+            let backwards = [line(&v3), line(&v2)];
+            let mut out = Vec::new();
+            let mut reader = EventReader::new(
+                &mut out,
+                ReadOptions {
+                    encoding,
+                    data_only: true,
+                    max_events: None,
+                    resumed: false,
+                },
+            );
+            read_lines(backwards.join("\n").as_bytes(), "file", &mut reader).unwrap();
+            let summary = reader.finish(false).unwrap();
+            assert_eq!(summary.problems.len(), 1, "{:?}", summary.problems);
+            assert!(
+                summary.problems[0].contains("table dbo.Customers version 2 comes after version 3"),
+                "{:?}",
+                summary.problems
+            );
         }
     }
 }

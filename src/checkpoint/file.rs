@@ -274,6 +274,17 @@ mod tests {
                 crate::position::TableVersion {
                     version: 3,
                     shape: uuid::Uuid::from_u128(0x5eed),
+                    since: Some(Lsn::from_parts(0x2A, 0x10, 3)),
+                    columns: Some(std::sync::Arc::new(crate::position::TableShape {
+                        capture_instance: "dbo_T_v3".into(),
+                        cols: vec![crate::position::ShapeColumn {
+                            name: "Id".into(),
+                            sql_type: "int".into(),
+                            index: 0,
+                            nullable: Some(false),
+                            key_position: Some(1),
+                        }],
+                    })),
                 },
             )]
             .into(),

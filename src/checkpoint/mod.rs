@@ -49,10 +49,13 @@ pub struct Checkpoint {
 ///   readings of an hour the clocks repeat; a release that knows only version 3
 ///   refuses the document by name rather than reading such an hour differently
 ///   from the run that wrote it (a re-sent event would get another `time`).
-pub const CHECKPOINT_VERSION: u32 = 4;
+/// - 5: adds each table version's `since` and `columns` (the shape a schema-change
+///   event described); a release that knows only version 4 refuses the document
+///   by name rather than re-send a schema-change event with another shape before.
+pub const CHECKPOINT_VERSION: u32 = 5;
 
-/// The oldest format this release reads: every version-1 to version-3 document is
-/// a valid version-4 position (no version removed a field, and the ones they added
+/// The oldest format this release reads: every version-1 to version-4 document is
+/// a valid version-5 position (no version removed a field, and the ones they added
 /// default to 0 or absent).
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 
@@ -362,20 +365,20 @@ mod tests {
 
     #[test]
     fn a_newer_version_is_refused_by_name() {
-        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 5", 1);
+        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 6", 1);
         let err = parse(&newer, "default", "cp.json").unwrap_err();
         assert_eq!(
             err,
             CheckpointError::NewerVersion {
                 location: "cp.json".into(),
-                found: 5,
+                found: 6,
                 oldest: OLDEST_READABLE_VERSION,
                 newest: CHECKPOINT_VERSION,
             }
         );
         let text = err.to_string();
         assert!(
-            text.contains("version 5") && text.contains("newer mssql-ces"),
+            text.contains("version 6") && text.contains("newer mssql-ces"),
             "{text}"
         );
         let older = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 0", 1);
@@ -484,13 +487,14 @@ mod tests {
     }
 
     #[test]
-    fn the_version_this_release_writes_is_4() {
+    fn the_version_this_release_writes_is_5() {
         // An older release compares the version with the one it writes and refuses
         // a newer one by name: the bumps keep it from cutting back a file it cannot
-        // tell is the checkpoint's (3) or reading a repeated hour otherwise (4).
-        assert_eq!(CHECKPOINT_VERSION, 4);
+        // tell is the checkpoint's (3), reading a repeated hour otherwise (4) or
+        // re-sending a schema-change event with another shape before (5).
+        assert_eq!(CHECKPOINT_VERSION, 5);
         let text = render("s", &Position::default(), "x").expect("renders");
         let value: serde_json::Value = serde_json::from_str(&text).expect("json");
-        assert_eq!(value["version"], 4);
+        assert_eq!(value["version"], 5);
     }
 }

@@ -629,6 +629,8 @@ impl Config {
             unreadable_grace: s.unreadable_grace,
             snapshot: self.snapshot.mode,
             load_chunk: self.snapshot.chunk_size,
+            schema_changes: self.sink.routing.schema_changes
+                != crate::sink::settings::SchemaChangePlacement::Off,
         })
     }
 }
@@ -776,6 +778,8 @@ mod tests {
     use crate::sink::kafka::{KafkaSinkConfig, Partitioner};
     use crate::sink::settings::PartitionKeyScheme;
     use crate::sink::stream::{FileSinkConfig, StdoutSinkConfig};
+
+    use crate::sink::settings::SchemaChangePlacement;
 
     const MINIMAL: &str = r#"
 [source]
@@ -1344,6 +1348,52 @@ topic = "hub"
             );
             assert!(!err.contains("invalid type"), "{err}");
         }
+    }
+
+    #[test]
+    fn schema_change_placement_is_checked_against_the_partition_key_and_the_sink() {
+        let off = load(KAFKA).unwrap();
+        assert_eq!(off.sink.routing.schema_changes, SchemaChangePlacement::Off);
+        assert!(!off.poller().unwrap().schema_changes);
+        let inline = load(&format!("{KAFKA}schema_changes = \"inline\"\n")).unwrap();
+        assert!(inline.poller().unwrap().schema_changes);
+        let stream_group =
+            format!("{KAFKA}schema_changes = \"inline\"\npartition_key = \"stream_group\"\n");
+        assert!(load(&stream_group).is_ok());
+        for scheme in ["none", "primary_key", "column"] {
+            let spread = format!(
+                "{KAFKA}schema_changes = \"inline\"\npartition_key = \"{scheme}\"\npartition_key_column = \"Id\"\n"
+            );
+            let err = load(&spread).unwrap_err().to_string();
+            assert!(
+                err.contains("sink.schema_changes") && err.contains(&format!("\"{scheme}\"")),
+                "{err}"
+            );
+        }
+        let topic = load(&format!(
+            "{KAFKA}topic = \"cdc.{{tbl}}\"\nschema_changes = \"topic\"\n"
+        ))
+        .unwrap();
+        assert_eq!(topic.sink.routing.schema_topic(), "cdc.{tbl}.schema");
+        let named = load(&format!(
+            "{KAFKA}schema_changes = \"topic\"\nschema_topic = \"ddl\"\n"
+        ))
+        .unwrap();
+        assert_eq!(named.sink.routing.schema_topic(), "ddl");
+        assert_eq!(off.sink.routing.schema_topic(), "ces.schema");
+        let stray = format!("{KAFKA}schema_topic = \"ddl\"\n");
+        let err = load(&stray).unwrap_err().to_string();
+        assert!(err.contains("sink.schema_topic"), "{err}");
+        let amqp = "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_amqp\"\nnamespace = \"ns.servicebus.windows.net\"\ntopic = \"hub\"\nschema_changes = \"topic\"\n";
+        let err = load(amqp).unwrap_err().to_string();
+        assert!(
+            err.contains("sink.schema_changes") && err.contains("one"),
+            "{err}"
+        );
+        let err = load(&format!("{KAFKA}schema_changes = \"yes\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("schema_changes"), "{err}");
     }
 
     #[test]

@@ -13,9 +13,7 @@ use std::sync::OnceLock;
 use apache_avro::Schema;
 
 use super::value::Value;
-use super::{
-    Change, ColumnDescription, EVENT_SOURCE, EVENT_TYPE, EnvelopeFields, EventError, SPEC_VERSION,
-};
+use super::{Change, ColumnDescription, EVENT_SOURCE, EnvelopeFields, EventError, SPEC_VERSION};
 
 /// The `ChangeEvent` schema text, as shipped.
 pub const CHANGE_EVENT_SCHEMA: &str = include_str!("../../schemas/ChangeEvent.avsc");
@@ -30,7 +28,7 @@ pub struct SchemaError {
     message: String,
 }
 
-fn parsed(
+pub(crate) fn parsed(
     cell: &'static OnceLock<Result<Schema, String>>,
     name: &'static str,
     text: &str,
@@ -67,7 +65,7 @@ pub fn read_datum(
 }
 
 /// Appends a `long` (or `int`): zig-zag, then base-128 varint.
-fn write_long(out: &mut Vec<u8>, value: i64) {
+pub(crate) fn write_long(out: &mut Vec<u8>, value: i64) {
     let mut n = ((value << 1) ^ (value >> 63)) as u64;
     while n >= 0x80 {
         out.push((n as u8 & 0x7F) | 0x80);
@@ -99,7 +97,7 @@ fn write_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Appends a `string` value.
-fn write_string(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn write_string(out: &mut Vec<u8>, s: &str) {
     write_bytes(out, s.as_bytes());
 }
 
@@ -183,7 +181,7 @@ fn envelope_head(
     final_segment: bool,
 ) -> Result<(), EventError> {
     write_string(out, SPEC_VERSION);
-    write_string(out, EVENT_TYPE);
+    write_string(out, fields.event_type);
     write_string(out, EVENT_SOURCE);
     let mut buf = uuid::Uuid::encode_buffer();
     write_string(out, id.hyphenated().encode_lower(&mut buf));

@@ -15,8 +15,7 @@ use std::sync::OnceLock;
 
 use super::value::Value;
 use super::{
-    Change, ColumnDescription, EVENT_SOURCE, EVENT_TYPE, EnvelopeFields, SPEC_VERSION,
-    TableDescription,
+    Change, ColumnDescription, EVENT_SOURCE, EnvelopeFields, SPEC_VERSION, TableDescription,
 };
 
 /// How many times text may be escaped by [`push_escaped_n`]: the value text inside a
@@ -349,7 +348,7 @@ fn envelope_head(
     out.push_str("{\"specversion\":\"");
     out.push_str(SPEC_VERSION);
     out.push_str("\",\"type\":\"");
-    out.push_str(EVENT_TYPE);
+    out.push_str(fields.event_type);
     out.push_str("\",\"source\":\"");
     out.push_str(EVENT_SOURCE);
     out.push_str("\",\"id\":\"");
@@ -482,6 +481,7 @@ mod tests {
         change.operation = Operation::Update;
         change.old = Some(row);
         let fields = EnvelopeFields {
+            event_type: crate::event::EVENT_TYPE,
             logical_id: "g:000000B1000008A80007:00000000000000000001",
             time: "2026-08-07T16:25:00.890Z",
             content_type: JSON_CONTENT_TYPE,
@@ -530,6 +530,7 @@ mod tests {
     #[test]
     fn overhead_is_the_size_of_an_empty_data_message() {
         let fields = EnvelopeFields {
+            event_type: crate::event::EVENT_TYPE,
             logical_id: "g:000000B1000008A80007:00000000000000000001",
             time: "2026-08-07T16:25:00.890Z",
             content_type: JSON_CONTENT_TYPE,

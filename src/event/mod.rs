@@ -15,6 +15,7 @@
 pub mod avro;
 pub mod json;
 pub mod readback;
+pub mod schema;
 pub mod segment;
 pub mod settings;
 pub mod value;
@@ -378,6 +379,9 @@ pub struct EncodedEvent {
 /// The attributes of an event that every one of its segments repeats.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EnvelopeFields<'a> {
+    /// `type`: [`EVENT_TYPE`] for CES's change events,
+    /// [`schema::SCHEMA_CHANGE_TYPE`] for ours.
+    pub event_type: &'static str,
     pub logical_id: &'a str,
     pub time: &'a str,
     pub content_type: &'static str,
@@ -411,6 +415,11 @@ impl Encoder {
 
     pub fn options(&self) -> &EncoderOptions {
         &self.options
+    }
+
+    /// Whether messages are `data` alone ([`data_only`](Self::data_only)).
+    pub fn is_data_only(&self) -> bool {
+        self.data_only
     }
 
     /// The change's `logicalid`: a CDC event's sequence number, a loaded row's number
@@ -456,6 +465,7 @@ impl Encoder {
         let logical_id = self.logical_id(change);
         let time = format_time(change.commit_time);
         let fields = EnvelopeFields {
+            event_type: EVENT_TYPE,
             logical_id: &logical_id,
             time: &time,
             content_type: self.options.encoding.content_type(),

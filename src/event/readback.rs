@@ -158,15 +158,30 @@ pub fn decode_avro_message(bytes: &[u8]) -> Result<CloudEvent, ReadError> {
     Ok(event)
 }
 
-/// Decodes a whole `data` payload into JSON.
+/// Decodes a whole `data` payload of a CES change event into JSON.
 pub fn decode_data(data: &[u8], encoding: Encoding) -> Result<serde_json::Value, ReadError> {
+    decode_data_of(super::EVENT_TYPE, data, encoding)
+}
+
+/// Decodes a whole `data` payload of an event of `event_type` into JSON: a
+/// schema-change event's Avro datum is of its own schema, any other of CES's `Data`.
+pub fn decode_data_of(
+    event_type: &str,
+    data: &[u8],
+    encoding: Encoding,
+) -> Result<serde_json::Value, ReadError> {
     match encoding {
         Encoding::Json => serde_json::from_slice(data).map_err(|e| ReadError::Json {
             reason: format!("data: {e}"),
         }),
         Encoding::Avro => {
             let avro_err = |reason: String| ReadError::Avro { reason };
-            let schema = avro::data_schema().map_err(|e| avro_err(e.to_string()))?;
+            let schema = if event_type == super::schema::SCHEMA_CHANGE_TYPE {
+                super::schema::schema_change_schema()
+            } else {
+                avro::data_schema()
+            }
+            .map_err(|e| avro_err(e.to_string()))?;
             let mut reader = data;
             let value = avro::read_datum(schema, &mut reader)
                 .map_err(|e| avro_err(format!("data: {e}")))?;

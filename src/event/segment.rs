@@ -301,6 +301,7 @@ mod tests {
 
     fn fields() -> EnvelopeFields<'static> {
         EnvelopeFields {
+            event_type: crate::event::EVENT_TYPE,
             logical_id: "1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0:000000B1000008A80007:00000000000000000001",
             time: "2026-08-07T16:25:00.883Z",
             content_type: "application/json",
@@ -344,6 +345,7 @@ mod tests {
     #[test]
     fn avro_segments_take_the_largest_chunk_whose_length_prefix_still_fits() {
         let fields = EnvelopeFields {
+            event_type: crate::event::EVENT_TYPE,
             content_type: "application/avro",
             ..fields()
         };

@@ -2,6 +2,7 @@
 //! chunks of whole changes, a few chunks ahead of the send loop.
 
 use super::*;
+use crate::sink::settings::SchemaChangePlacement;
 
 /// Messages handed from the encode task to the send loop, at most, per chunk: a
 /// chunk ends after the change that reaches either bound, or with its batch.
@@ -100,7 +101,18 @@ pub(super) fn encode_batch(
 ) -> Result<bool, PipelineError> {
     let mut counts = BatchCounts::default();
     let mut chunk = Chunk::default();
-    for change in &batch.changes {
+    let mut schema_changes = batch.schema_changes.iter().peekable();
+    for (at, change) in batch.changes.iter().enumerate() {
+        while let Some(placed) = schema_changes.next_if(|p| p.before <= at) {
+            if router.schema_changes() == SchemaChangePlacement::Off {
+                continue; // a poller with them on behind a router with them off
+            }
+            let messages = router
+                .route_schema_change(&placed.event, encoder.encode_schema_change(&placed.event)?)?;
+            counts.add_schema_change(placed.event.qualified_name(), messages.len() as u64);
+            chunk.bytes += messages.iter().map(|m| m.payload.len() as u64).sum::<u64>();
+            chunk.messages.extend(messages);
+        }
         let event = encoder.encode(change)?;
         let truncated = event.truncated_values as u64;
         let messages = router.route(change, event)?;

@@ -15,10 +15,13 @@ pub mod kafka;
 pub mod settings;
 pub mod stream;
 
+use crate::event::schema::{SCHEMA_CHANGE_OPERATION, SCHEMA_CHANGE_TYPE, SchemaChange};
 use crate::event::settings::EventSettings;
 use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
 use crate::setting::ConfigError;
-use crate::sink::settings::{CloudEventsMode, PartitionKeyScheme, RoutingSettings};
+use crate::sink::settings::{
+    CloudEventsMode, PartitionKeyScheme, RoutingSettings, SchemaChangePlacement,
+};
 
 /// Where events go: `[sink]`'s `kind`, with that sink's own settings. Each variant
 /// lives beside its sink, with its validation and its `build`.
@@ -337,6 +340,10 @@ pub struct Router {
     mode: CloudEventsMode,
     encoding: Encoding,
     stream_key: String,
+    schema_changes: SchemaChangePlacement,
+    /// With [`SchemaChangePlacement::Topic`]: the schema-change events' topic
+    /// (template).
+    schema_topic: String,
 }
 
 impl Router {
@@ -355,7 +362,26 @@ impl Router {
             mode,
             encoding,
             stream_key: stream_key.into(),
+            schema_changes: SchemaChangePlacement::Off,
+            schema_topic: String::new(),
         }
+    }
+
+    /// Where schema-change events go: `placement`, and with
+    /// [`SchemaChangePlacement::Topic`] the topic (template) `schema_topic`.
+    pub fn with_schema_changes(
+        mut self,
+        placement: SchemaChangePlacement,
+        schema_topic: impl Into<String>,
+    ) -> Self {
+        self.schema_changes = placement;
+        self.schema_topic = schema_topic.into();
+        self
+    }
+
+    /// Where schema-change events go.
+    pub fn schema_changes(&self) -> SchemaChangePlacement {
+        self.schema_changes
     }
 
     /// The topic for a table: the template with `{db}`, `{schema}`, `{tbl}` replaced.
@@ -446,16 +472,71 @@ impl Router {
                 },
             )));
         }
+        let place = Place {
+            topic,
+            key,
+            partition_hint,
+            event_type: crate::event::EVENT_TYPE,
+            time: crate::event::format_time(change.commit_time),
+            operation: change.operation.as_str(),
+        };
+        Ok(self.messages(place, event))
+    }
+
+    /// The messages of an encoded schema-change event, in segment order: in the
+    /// table's own topic and partition (`inline`: its key as the table's events
+    /// have it), or in the schema topic keyed by `schema.table` (`topic`).
+    pub fn route_schema_change(
+        &self,
+        change: &SchemaChange,
+        event: EncodedEvent,
+    ) -> Result<Vec<OutgoingMessage>, SinkError> {
+        let table = change.qualified_name();
+        let (template, key) = match self.schema_changes {
+            SchemaChangePlacement::Inline => (
+                &self.topic_template,
+                match self.scheme {
+                    PartitionKeyScheme::StreamGroup => self.stream_key.clone(),
+                    // `table`: the validation refuses `inline` with the others.
+                    _ => table,
+                },
+            ),
+            SchemaChangePlacement::Topic | SchemaChangePlacement::Off => {
+                (&self.schema_topic, table)
+            }
+        };
+        let place = Place {
+            topic: expand_topic(template, &change.database, &change.schema, &change.table),
+            key: Some(key.into_bytes()),
+            partition_hint: None,
+            event_type: SCHEMA_CHANGE_TYPE,
+            time: crate::event::format_time(change.time),
+            operation: SCHEMA_CHANGE_OPERATION,
+        };
+        Ok(self.messages(place, event))
+    }
+
+    /// Each message of `event` with its topic, key and headers.
+    fn messages(&self, place: Place, event: EncodedEvent) -> Vec<OutgoingMessage> {
+        let Place {
+            topic,
+            key,
+            partition_hint,
+            event_type,
+            time,
+            operation,
+        } = place;
         let mut out = Vec::with_capacity(event.messages.len());
         let logical_id = event.logical_id;
         for message in event.messages {
             let (headers, payload) = match self.mode {
                 CloudEventsMode::Binary => (
                     binary_headers(&BinaryAttributes {
+                        event_type,
                         id: &message.id,
                         logical_id: &logical_id,
-                        time: &crate::event::format_time(change.commit_time),
-                        operation: change.operation.as_str(),
+                        time: &time,
+                        operation,
                         segment_index: message.segment_index,
                         final_segment: message.final_segment,
                         content_type: self.encoding.content_type(),
@@ -482,8 +563,18 @@ impl Router {
                 message_id: Some(message.id),
             });
         }
-        Ok(out)
+        out
     }
+}
+
+/// Where an event's messages go and the attributes binary mode puts in headers.
+struct Place {
+    topic: String,
+    key: Option<Vec<u8>>,
+    partition_hint: Option<u64>,
+    event_type: &'static str,
+    time: String,
+    operation: &'static str,
 }
 
 /// A topic template with `{db}`, `{schema}` and `{tbl}` replaced.
@@ -508,6 +599,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// The attributes a binary-mode message carries as headers.
 struct BinaryAttributes<'a> {
+    event_type: &'a str,
     id: &'a uuid::Uuid,
     logical_id: &'a str,
     time: &'a str,
@@ -523,7 +615,7 @@ fn binary_headers(a: &BinaryAttributes<'_>) -> Headers {
     let mut id = uuid::Uuid::encode_buffer();
     [
         ("ce_specversion", crate::event::SPEC_VERSION),
-        ("ce_type", crate::event::EVENT_TYPE),
+        ("ce_type", a.event_type),
         ("ce_source", crate::event::EVENT_SOURCE),
         ("ce_id", a.id.hyphenated().encode_lower(&mut id)),
         ("ce_time", a.time),

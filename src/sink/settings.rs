@@ -59,6 +59,31 @@ impl std::fmt::Display for CloudEventsMode {
     }
 }
 
+/// `sink.schema_changes`: whether schema-change events are sent, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemaChangePlacement {
+    /// None are sent (default): the stream is CES's alone.
+    #[default]
+    Off,
+    /// To their own topic, `sink.schema_topic`, keyed by `schema.table`.
+    Topic,
+    /// Into each table's own topic and partition, just before the first event of
+    /// the shape they describe.
+    Inline,
+}
+
+impl std::fmt::Display for SchemaChangePlacement {
+    /// As the configuration writes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SchemaChangePlacement::Off => "off",
+            SchemaChangePlacement::Topic => "topic",
+            SchemaChangePlacement::Inline => "inline",
+        })
+    }
+}
+
 /// `[sink]`: how events are routed, and where they go — `kind` with that sink's
 /// own settings, each kind's settings beside its sink ([`SinkConfig`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -82,10 +107,35 @@ pub struct RoutingSettings {
     pub partition_key_column: Option<String>,
     #[serde(default)]
     pub mode: CloudEventsMode,
+    /// Whether schema-change events are sent, and where (default `off`).
+    #[serde(default)]
+    pub schema_changes: SchemaChangePlacement,
+    /// With `schema_changes = "topic"`: their topic, or a template like `topic`
+    /// (default: `topic` with `.schema` appended, `"ces.schema"` when `topic` is
+    /// unset).
+    #[serde(default)]
+    pub schema_topic: Option<String>,
+}
+
+impl RoutingSettings {
+    /// The topic (template) schema-change events go to with `schema_changes =
+    /// "topic"`.
+    pub fn schema_topic(&self) -> String {
+        self.schema_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.schema", self.topic.as_deref().unwrap_or("ces")))
+    }
 }
 
 /// The keys of `[sink]` that [`RoutingSettings`] reads; the rest belong to the kind.
-const ROUTING_KEYS: &[&str] = &["topic", "partition_key", "partition_key_column", "mode"];
+const ROUTING_KEYS: &[&str] = &[
+    "topic",
+    "partition_key",
+    "partition_key_column",
+    "mode",
+    "schema_changes",
+    "schema_topic",
+];
 
 impl<'de> Deserialize<'de> for SinkSettings {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -192,6 +242,7 @@ impl SinkSettings {
                 "partition_key = \"column\" needs the column name",
             ));
         }
+        self.validate_schema_changes()?;
         if self.routing.mode == CloudEventsMode::Binary
             && matches!(self.kind, SinkConfig::Stdout(_) | SinkConfig::File(_))
         {
@@ -201,5 +252,45 @@ impl SinkSettings {
             ));
         }
         self.kind.validate(&self.routing, event)
+    }
+
+    /// `inline` needs each table in one partition; `topic` needs a sink that can
+    /// write a second topic; `schema_topic` is only read with `topic`.
+    fn validate_schema_changes(&self) -> Result<(), ConfigError> {
+        let routing = &self.routing;
+        match routing.schema_changes {
+            SchemaChangePlacement::Inline
+                if !matches!(
+                    routing.partition_key,
+                    PartitionKeyScheme::Table | PartitionKeyScheme::StreamGroup
+                ) =>
+            {
+                return Err(invalid(
+                    "sink.schema_changes",
+                    format!(
+                        "\"inline\" puts a table's schema-change events in its partition, between its events, but partition_key = \"{}\" spreads one table over partitions, where a consumer could read an event before the schema change it follows: set sink.partition_key = \"table\" or \"stream_group\", or sink.schema_changes = \"topic\"",
+                        routing.partition_key
+                    ),
+                ));
+            }
+            SchemaChangePlacement::Topic if matches!(self.kind, SinkConfig::EventHubsAmqp(_)) => {
+                return Err(invalid(
+                    "sink.schema_changes",
+                    "\"topic\" needs a second event hub, but an Event Hubs AMQP sink sends to one: use \"inline\" (with partition_key = \"table\"), or the Kafka endpoint (kind = \"event_hubs_kafka\")",
+                ));
+            }
+            _ => {}
+        }
+        if routing.schema_topic.is_some() && routing.schema_changes != SchemaChangePlacement::Topic
+        {
+            return Err(invalid(
+                "sink.schema_topic",
+                format!(
+                    "is only used with sink.schema_changes = \"topic\" (it is \"{}\"): set that, or remove sink.schema_topic",
+                    routing.schema_changes
+                ),
+            ));
+        }
+        Ok(())
     }
 }

@@ -118,7 +118,7 @@ AS type_name, ty.is_user_defined, chg.column_id AS change_column_id, \
 chg.max_length, chg.precision, chg.scale, \
 (SELECT COUNT(*) FROM sys.columns AS prior \
 WHERE prior.object_id = src.object_id AND prior.column_id < src.column_id) AS table_index, \
-src.column_id AS source_column_id \
+src.column_id AS source_column_id, CAST(src.is_nullable AS int) AS is_nullable \
 FROM cdc.change_tables AS ct \
 JOIN cdc.captured_columns AS cc ON cc.object_id = ct.object_id \
 LEFT JOIN sys.columns AS chg ON chg.object_id = ct.object_id \
@@ -506,9 +506,12 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
     let max_length = row.opt_int("max_length")?;
     let precision = row.opt_int("precision")?;
     let scale = row.opt_int("scale")?;
-    let table_index = match row.opt_int("source_column_id")? {
-        Some(_) => row.opt_int("table_index")?,
-        None => None,
+    let (table_index, nullable) = match row.opt_int("source_column_id")? {
+        Some(_) => (
+            row.opt_int("table_index")?,
+            row.opt_int("is_nullable")?.map(|n| n == 1),
+        ),
+        None => (None, None),
     };
     if !in_change_table {
         // The change table has no such column: the catalog cannot be trusted.
@@ -546,6 +549,7 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
         sql_type,
         name,
         computed,
+        nullable,
     })
 }
 
@@ -681,6 +685,7 @@ mod tests {
             ("scale", ColumnData::U8(Some(0))),
             ("table_index", ColumnData::I32(Some(2))),
             ("source_column_id", ColumnData::I32(source_column_id)),
+            ("is_nullable", ColumnData::I32(Some(0))),
         ])
     }
 
@@ -691,12 +696,14 @@ mod tests {
         assert_eq!(column.ordinal, 3);
         assert_eq!(column.table_index, Some(2));
         assert_eq!(column.sql_type, Ok(SqlType::BigInt));
+        assert_eq!(column.nullable, Some(false));
     }
 
     #[test]
     fn a_dropped_column_has_no_table_position() {
         let column = captured_column(&mut column_row(None, Some("int"))).unwrap();
         assert_eq!(column.table_index, None);
+        assert_eq!(column.nullable, None, "sys.columns has no row for it");
         assert_eq!(column.sql_type, Ok(SqlType::Int));
     }
 

@@ -158,6 +158,7 @@ mod tests {
             table_index,
             sql_type,
             computed: false,
+            nullable: Some(true),
         };
         let instance = instance(
             "dbo",

@@ -286,6 +286,7 @@ mod tests {
             table_index: Some(ordinal - 1),
             sql_type: Ok(sql_type),
             computed: false,
+            nullable: Some(true),
         };
         let ci = CaptureInstance {
             name: name.into(),

@@ -147,6 +147,10 @@ pub struct CapturedColumn {
     /// NULL", Learn: What is change data capture), so events leave it out — of the
     /// load too, which would otherwise send a value the first change takes back.
     pub computed: bool,
+    /// Whether the source table's column allows NULL (`sys.columns.is_nullable`);
+    /// `None` once the column was dropped from the table, or where the catalog
+    /// cannot tell. Only schema-change events say it.
+    pub nullable: Option<bool>,
 }
 
 /// A CDC capture instance and its source table.

@@ -558,6 +558,7 @@ mod tests {
             table_index: Some(ordinal - 1),
             sql_type,
             computed: false,
+            nullable: Some(true),
         };
         CaptureInstance {
             name: name.into(),

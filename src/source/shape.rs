@@ -20,7 +20,9 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::event::TableDescription;
-use crate::position::TableVersion;
+use crate::event::schema::SchemaChangeReason;
+use crate::lsn::Lsn;
+use crate::position::{TableShape, TableVersion};
 
 /// The UUIDv5 namespace of shape fingerprints.
 const SHAPE_NAMESPACE: Uuid = Uuid::from_u128(0x6d73_7371_6c2d_6365_732d_7368_6170_6531);
@@ -97,13 +99,19 @@ impl ShapeDiff {
     }
 }
 
-/// A table whose shape changed at an event: its new version and, when the shape
-/// before is known in this run, how.
+/// A table whose shape changed at an event, or whose shape is to be announced: its
+/// version and, when the shape before is known in this run, how it changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShapeChanged {
     pub table: String,
     pub version: u64,
     pub diff: Option<ShapeDiff>,
+    pub reason: SchemaChangeReason,
+    /// The shape the table's previous schema-change event described, if one was
+    /// sent.
+    pub before: Option<Arc<TableShape>>,
+    /// The shape announced now: `Some` when schema-change events are on.
+    pub after: Option<Arc<TableShape>>,
 }
 
 /// Follows table shapes through the events of a stream, keeping versions in the
@@ -120,13 +128,20 @@ pub struct ShapeTracker {
 }
 
 impl ShapeTracker {
-    /// Notes the description of an event's table, in stream order; the change when
-    /// its shape differs from the one `versions` has for it (a table first seen gets
-    /// version 1 and is not a change).
+    /// Notes the description of an event's table (the event at commit LSN `at`), in
+    /// stream order; the change when its shape differs from the one `versions` has
+    /// for it (a table first seen gets version 1 and is not a change).
+    ///
+    /// With `announce` (schema-change events are on), a version whose shape no
+    /// schema-change event described yet — a table first seen, a shape changed, a
+    /// version from a run with them off — is announced: the result carries the
+    /// shape `announce` gives, recorded in `versions` as this version's.
     pub fn note(
         &mut self,
         table: &Arc<TableDescription>,
         versions: &mut BTreeMap<String, TableVersion>,
+        at: Lsn,
+        announce: Option<&dyn Fn() -> TableShape>,
     ) -> Option<ShapeChanged> {
         let address = Arc::as_ptr(table) as usize;
         let known = self.names.get(&address).and_then(|name| {
@@ -151,20 +166,57 @@ impl ShapeTracker {
                 (name, shape, previous)
             }
         };
+        let described = || announce.map(|describe| Arc::new(describe()));
         match versions.get_mut(&name) {
-            Some(known) if known.shape == shape => None,
+            Some(known) if known.shape == shape => {
+                if known.columns.is_some() {
+                    return None;
+                }
+                let after = described()?;
+                known.columns = Some(Arc::clone(&after));
+                Some(ShapeChanged {
+                    table: name,
+                    version: known.version,
+                    diff: None,
+                    reason: SchemaChangeReason::Initial,
+                    before: None,
+                    after: Some(after),
+                })
+            }
             Some(known) => {
                 known.version += 1;
                 known.shape = shape;
+                known.since = Some(at);
+                let after = described();
+                let before = std::mem::replace(&mut known.columns, after.clone());
                 Some(ShapeChanged {
                     table: name,
                     version: known.version,
                     diff: previous.map(|before| ShapeDiff::between(&before, table)),
+                    reason: SchemaChangeReason::Changed,
+                    before,
+                    after,
                 })
             }
             None => {
-                versions.insert(name, TableVersion { version: 1, shape });
-                None
+                let after = described();
+                versions.insert(
+                    name.clone(),
+                    TableVersion {
+                        version: 1,
+                        shape,
+                        since: Some(at),
+                        columns: after.clone(),
+                    },
+                );
+                after.map(|after| ShapeChanged {
+                    table: name,
+                    version: 1,
+                    diff: None,
+                    reason: SchemaChangeReason::Initial,
+                    before: None,
+                    after: Some(after),
+                })
             }
         }
     }
@@ -192,6 +244,69 @@ mod tests {
     }
 
     const TEXT: SqlType = SqlType::NVarChar(Length::Bounded(50));
+    const LSN: Lsn = Lsn::ZERO;
+
+    fn described(instance: &str) -> TableShape {
+        TableShape {
+            capture_instance: instance.into(),
+            cols: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn with_announcing_every_version_is_described_once_and_the_one_before_named() {
+        let v1 = table("T", &[("Id", SqlType::Int)], vec![0]);
+        let v2 = table("T", &[("Id", SqlType::Int), ("Name", TEXT)], vec![0]);
+        let at = |n| Lsn::from_parts(0, n, 0);
+        let first = || described("dbo_T");
+        let second = || described("dbo_T_v2");
+        let mut versions = BTreeMap::new();
+        let mut tracker = ShapeTracker::default();
+        let announced = tracker
+            .note(&v1, &mut versions, at(5), Some(&first))
+            .expect("a table first seen is announced");
+        assert_eq!(
+            (announced.version, announced.reason, announced.before),
+            (1, SchemaChangeReason::Initial, None)
+        );
+        assert_eq!(announced.after.as_deref(), Some(&first()));
+        assert_eq!(versions["dbo.T"].since, Some(at(5)));
+        assert_eq!(tracker.note(&v1, &mut versions, at(6), Some(&first)), None);
+        let changed = tracker
+            .note(&v2, &mut versions, at(9), Some(&second))
+            .expect("changed");
+        assert_eq!(changed.reason, SchemaChangeReason::Changed);
+        assert_eq!(changed.before.as_deref(), Some(&first()));
+        assert_eq!(changed.after.as_deref(), Some(&second()));
+        assert_eq!(versions["dbo.T"].since, Some(at(9)));
+        assert_eq!(versions["dbo.T"].columns.as_deref(), Some(&second()));
+        // Off: a change is still numbered, but nothing is described, so turning
+        // them on announces the version then (without a shape before).
+        let v3 = table("T", &[("Id", SqlType::BigInt), ("Name", TEXT)], vec![0]);
+        let off = tracker
+            .note(&v3, &mut versions, at(12), None)
+            .expect("numbered");
+        assert_eq!((off.version, off.after), (3, None));
+        assert_eq!(versions["dbo.T"].columns, None);
+        let third = || described("dbo_T_v3");
+        let mut restarted = ShapeTracker::default();
+        let late = restarted
+            .note(&v3, &mut versions, at(14), Some(&third))
+            .expect("announced once on");
+        assert_eq!(
+            (late.version, late.reason, late.before),
+            (3, SchemaChangeReason::Initial, None)
+        );
+        assert_eq!(
+            versions["dbo.T"].since,
+            Some(at(12)),
+            "the version began at 12"
+        );
+        assert_eq!(
+            restarted.note(&v3, &mut versions, at(15), Some(&third)),
+            None
+        );
+    }
 
     #[test]
     fn fingerprints_are_stable_and_tell_shapes_apart() {
@@ -229,23 +344,25 @@ mod tests {
         );
         let mut versions = BTreeMap::new();
         let mut tracker = ShapeTracker::default();
-        assert_eq!(tracker.note(&v1, &mut versions), None);
+        assert_eq!(tracker.note(&v1, &mut versions, LSN, None), None);
         assert_eq!(versions["dbo.T"].version, 1);
         // Another description with the same shape (a re-read catalog) is no change.
-        assert_eq!(tracker.note(&same, &mut versions), None);
-        let changed = tracker.note(&v2, &mut versions).expect("a change");
+        assert_eq!(tracker.note(&same, &mut versions, LSN, None), None);
+        let changed = tracker
+            .note(&v2, &mut versions, LSN, None)
+            .expect("a change");
         assert_eq!(changed.version, 2);
         let diff = changed.diff.expect("the shape before is known");
         assert_eq!(diff.added, ["Email"]);
         assert!(diff.dropped.is_empty() && diff.retyped.is_empty() && !diff.key_changed);
-        assert_eq!(tracker.note(&v2, &mut versions), None, "once");
+        assert_eq!(tracker.note(&v2, &mut versions, LSN, None), None, "once");
         // A restart from these versions sees nothing new in the same shape, and the
         // next change without the shape before in memory.
         let mut restarted = ShapeTracker::default();
-        assert_eq!(restarted.note(&v2, &mut versions), None);
+        assert_eq!(restarted.note(&v2, &mut versions, LSN, None), None);
         let v3 = table("T", &[("Id", SqlType::BigInt), ("Name", TEXT)], vec![0]);
         let mut fresh = ShapeTracker::default();
-        let changed = fresh.note(&v3, &mut versions).expect("a change");
+        let changed = fresh.note(&v3, &mut versions, LSN, None).expect("a change");
         assert_eq!((changed.version, changed.diff), (3, None));
     }
 
@@ -257,15 +374,22 @@ mod tests {
         let a = table("T", &[("Id", SqlType::Int)], vec![0]);
         let mut versions = BTreeMap::new();
         let mut tracker = ShapeTracker::default();
-        assert_eq!(tracker.note(&b, &mut versions), None);
-        assert_eq!(tracker.note(&a, &mut versions).map(|c| c.version), Some(2));
-        let back = tracker.note(&b, &mut versions).expect("back to b's shape");
+        assert_eq!(tracker.note(&b, &mut versions, LSN, None), None);
+        assert_eq!(
+            tracker
+                .note(&a, &mut versions, LSN, None)
+                .map(|c| c.version),
+            Some(2)
+        );
+        let back = tracker
+            .note(&b, &mut versions, LSN, None)
+            .expect("back to b's shape");
         assert_eq!(back.version, 3);
         assert_eq!(versions["dbo.T"].shape, fingerprint(&b));
         // Many descriptions of the same table (catalog re-reads) keep one entry.
         for _ in 0..100 {
             let again = table("T", &[("Id", SqlType::Int), ("Email", TEXT)], vec![0]);
-            assert_eq!(tracker.note(&again, &mut versions), None);
+            assert_eq!(tracker.note(&again, &mut versions, LSN, None), None);
         }
         assert_eq!((tracker.last.len(), tracker.names.len()), (1, 1));
     }

@@ -753,6 +753,7 @@ mod tests {
                     table_index: *index,
                     sql_type: Ok(*t),
                     computed: false,
+                    nullable: Some(true),
                 })
                 .collect(),
             key_columns: vec!["Id".into()],

@@ -23,6 +23,7 @@ mod kafka_sasl;
 mod pipeline_faults;
 mod query_cost;
 mod readback;
+mod schema_change_events;
 mod schema_changes;
 mod segmentation;
 mod table_lease;

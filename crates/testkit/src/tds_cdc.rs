@@ -689,6 +689,7 @@ fn captured_columns(catalog: &Catalog) -> Reply {
                     .map_or(Cell::Null, |t| Cell::Int(i64::from(t))),
                 c.table_index
                     .map_or(Cell::Null, |t| Cell::Int(i64::from(t) + 1)),
+                c.nullable.map_or(Cell::Null, |n| Cell::Int(i64::from(n))),
             ]);
         }
     }
@@ -707,6 +708,7 @@ fn captured_columns(catalog: &Catalog) -> Reply {
             col("scale", ColumnType::Int(1)),
             col("table_index", ColumnType::Int(4)),
             col("source_column_id", ColumnType::Int(4)),
+            col("is_nullable", ColumnType::Int(4)),
         ],
         rows,
     )

@@ -493,7 +493,7 @@ impl<S: ChangeSource> Poller<S> {
             // Skipped or not, the event's commit has been read: a restart from here
             // reads later commits after it.
             CommitClock::advance_saved(&mut self.position.commit_clock_ns, change.commit_time);
-            self.note_shape(&change);
+            self.note_shape(&change, changes.len());
             if self.resume_after.is_some_and(|resume| at <= resume) {
                 continue;
             }

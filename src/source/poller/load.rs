@@ -130,12 +130,16 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     /// A batch of `changes` ending at the current position.
-    pub(super) fn position_batch(&self, changes: Vec<Change>) -> Batch {
-        Batch {
+    pub(super) async fn position_batch(
+        &mut self,
+        changes: Vec<Change>,
+    ) -> Result<Batch, SourceError> {
+        Ok(Batch {
             changes,
+            schema_changes: self.take_schema_changes().await?,
             position: self.position.clone(),
             max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
-        }
+        })
     }
 
     /// The loads running or queued, for the metrics.
@@ -177,7 +181,7 @@ impl<S: ChangeSource> Poller<S> {
         };
         let Some(tracked) = self.tracked.iter().find(|t| t.instance.name == name) else {
             self.replace_vanished_load(&name, load).await?;
-            return Ok(PollOutcome::Batch(self.position_batch(Vec::new())));
+            return Ok(PollOutcome::Batch(self.position_batch(Vec::new()).await?));
         };
         let instance = tracked.instance.clone();
         let table = Arc::clone(&tracked.context.table);
@@ -194,7 +198,7 @@ impl<S: ChangeSource> Poller<S> {
         };
         let changes = self.loaded_changes(&name, &table, &mut load, rows, done, &key_positions)?;
         if let Some(first) = changes.first() {
-            self.note_shape(first);
+            self.note_shape(first, 0);
         }
         if done {
             self.finish_load(&name, &load);
@@ -202,7 +206,7 @@ impl<S: ChangeSource> Poller<S> {
             self.position.loads.insert(name.clone(), load);
             self.log_load_progress(&name).await?;
         }
-        Ok(PollOutcome::Batch(self.position_batch(changes)))
+        Ok(PollOutcome::Batch(self.position_batch(changes).await?))
     }
 
     /// The capture instance being loaded is gone. A schema change done the

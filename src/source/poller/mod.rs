@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::event::schema::SchemaChange;
 use crate::event::{Change, Origin};
 use crate::lsn::Lsn;
 use crate::position::{EventPosition, Position, SourceIdentity, Switch, TableLoad};
@@ -49,6 +50,7 @@ use uuid::Uuid;
 
 mod iteration;
 mod load;
+mod schema;
 mod tracking;
 
 use iteration::last_before;
@@ -118,6 +120,10 @@ pub struct PollerConfig {
     pub snapshot: SnapshotMode,
     /// Rows per load chunk (one statement, one batch).
     pub load_chunk: usize,
+    /// Whether batches carry schema-change events (`sink.schema_changes` is not
+    /// `off`): a table's shape is then announced before its first event, and each
+    /// change of it before the first event of the new shape.
+    pub schema_changes: bool,
 }
 
 impl Default for PollerConfig {
@@ -134,6 +140,7 @@ impl Default for PollerConfig {
             unreadable_grace: Duration::from_secs(60),
             snapshot: SnapshotMode::Never,
             load_chunk: 1000,
+            schema_changes: false,
         }
     }
 }
@@ -142,9 +149,25 @@ impl Default for PollerConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
     pub changes: Vec<Change>,
+    /// Schema-change events, each to go out just before `changes[before]`, in
+    /// order (only with [`PollerConfig::schema_changes`]).
+    pub schema_changes: Vec<PlacedSchemaChange>,
     pub position: Position,
     /// The `max_lsn` of the iteration this batch belongs to (for lag).
     pub max_lsn: Lsn,
+}
+
+/// A schema-change event and where it goes in its batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlacedSchemaChange {
+    /// The index in [`Batch::changes`] of the event it precedes.
+    pub before: usize,
+    pub event: SchemaChange,
+    /// The capture instances whose `cdc.ddl_history` may hold its DDL.
+    ddl_from: Vec<String>,
+    /// The commit LSN of the previous version's first event: DDL after it is this
+    /// version's.
+    since: Option<Lsn>,
 }
 
 /// The result of one call to [`Poller::poll`].
@@ -226,6 +249,8 @@ pub struct Poller<S> {
     said_loaded: bool,
     /// The most change rows held in the merge's buffers at once.
     peak_rows_held: usize,
+    /// Schema-change events of the batch being built.
+    schema_changes: Vec<PlacedSchemaChange>,
 }
 
 /// What the stream has read, summarized without allocating: instance LSNs only rise,
@@ -278,6 +303,7 @@ impl<S: ChangeSource> Poller<S> {
             estimates: BTreeMap::new(),
             said_loaded: false,
             peak_rows_held: 0,
+            schema_changes: Vec::new(),
         }
     }
 
@@ -320,6 +346,7 @@ impl<S: ChangeSource> Poller<S> {
             // Start over from the last returned position: nothing is lost or repeated,
             // because re-read events up to `resume_after` are skipped.
             self.iteration = None;
+            self.schema_changes.clear();
             (self.position, self.resume_after, self.done_through) = saved;
             self.resume_after = self.resume_after.max(self.position.last_event);
             // Whatever failed, the catalog may be why: read it again first.
@@ -360,7 +387,7 @@ impl<S: ChangeSource> Poller<S> {
                         message: "the initial load waits for the capture job to set the start_lsn of every included capture instance".into(),
                     });
                 }
-                return Ok(PollOutcome::Batch(self.position_batch(Vec::new())));
+                return Ok(PollOutcome::Batch(self.position_batch(Vec::new()).await?));
             }
             if !self.position.loads.is_empty() {
                 return self.load_step().await;
@@ -383,6 +410,7 @@ impl<S: ChangeSource> Poller<S> {
                 return Ok(if progress(&self.position) != before {
                     PollOutcome::Batch(Batch {
                         changes: Vec::new(),
+                        schema_changes: Vec::new(),
                         position: self.position.clone(),
                         max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
                     })
@@ -396,6 +424,7 @@ impl<S: ChangeSource> Poller<S> {
         self.fill(&mut changes).await?;
         Ok(PollOutcome::Batch(Batch {
             changes,
+            schema_changes: self.take_schema_changes().await?,
             position: self.position.clone(),
             max_lsn: to,
         }))

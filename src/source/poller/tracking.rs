@@ -111,35 +111,6 @@ impl<S: ChangeSource> Poller<S> {
         Ok(zone)
     }
 
-    /// Follows the shape of `change`'s table (in stream order), saying when it
-    /// changed: a table's version grows by one at the first event of a new shape.
-    pub(super) fn note_shape(&mut self, change: &Change) {
-        let Some(changed) = self
-            .shapes
-            .note(&change.table, &mut self.position.table_versions)
-        else {
-            return;
-        };
-        match &changed.diff {
-            Some(diff) => tracing::info!(
-                table = %changed.table,
-                version = changed.version,
-                at_lsn = %change.commit_lsn,
-                added = ?diff.added,
-                dropped = ?diff.dropped,
-                retyped = ?diff.retyped,
-                key_changed = diff.key_changed,
-                "table shape changed: events from here carry the new columns"
-            ),
-            None => tracing::info!(
-                table = %changed.table,
-                version = changed.version,
-                at_lsn = %change.commit_lsn,
-                "table shape changed since the last run: events from here carry the new columns"
-            ),
-        }
-    }
-
     /// Says once that an instance is not read until the capture job sets its
     /// `start_lsn`.
     fn note_pending(&mut self, instance: &CaptureInstance) {

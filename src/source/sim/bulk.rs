@@ -73,6 +73,7 @@ impl BulkSource {
             table_index: Some(ordinal - 1),
             sql_type: Ok(sql_type),
             computed: false,
+            nullable: Some(true),
         };
         CaptureInstance {
             name: INSTANCE.into(),

@@ -88,6 +88,7 @@ impl CdcSimulator {
                 table_index: u32::try_from(i).ok(),
                 sql_type: c.sql_type.clone(),
                 computed: c.computed,
+                nullable: Some(c.nullable && !t.key.contains(&c.name)),
             })
             .collect();
         let create_date = datetime(state.now);

@@ -88,6 +88,9 @@ pub struct SimColumn {
     pub sql_type: Result<SqlType, TypeError>,
     /// A computed column: the table holds its value, change rows hold NULL.
     pub computed: bool,
+    /// Whether the column allows NULL (`sys.columns.is_nullable`); a key column
+    /// never does, whatever this says.
+    pub nullable: bool,
 }
 
 impl SimColumn {
@@ -96,6 +99,15 @@ impl SimColumn {
             name: name.into(),
             sql_type: Ok(sql_type),
             computed: false,
+            nullable: true,
+        }
+    }
+
+    /// A column declared `NOT NULL`.
+    pub fn not_null(name: &str, sql_type: SqlType) -> Self {
+        SimColumn {
+            nullable: false,
+            ..SimColumn::new(name, sql_type)
         }
     }
 
@@ -118,6 +130,7 @@ impl SimColumn {
                 type_name: type_name.into(),
             }),
             computed: false,
+            nullable: true,
         }
     }
 }

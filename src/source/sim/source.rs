@@ -37,13 +37,15 @@ impl ChangeSource for CdcSimulator {
                 continue;
             }
             let mut info = i.info.clone();
-            // The source table as it is now: a dropped column has no position.
-            let table_columns = state.tables.get(&i.table).map(SimTable::column_names);
+            // The source table as it is now: a dropped column has no position and
+            // no nullability (`sys.columns` has no row for it).
+            let table = state.tables.get(&i.table);
             for c in &mut info.columns {
-                c.table_index = table_columns
-                    .as_ref()
-                    .and_then(|names| names.iter().position(|n| n == &c.name))
-                    .and_then(|p| u32::try_from(p).ok());
+                let at = table.and_then(|t| t.columns.iter().position(|n| n.name == c.name));
+                c.table_index = at.and_then(|p| u32::try_from(p).ok());
+                c.nullable = table
+                    .zip(at)
+                    .map(|(t, p)| t.columns[p].nullable && !t.key.iter().any(|k| k == &c.name));
             }
             instances.push(info);
         }

@@ -66,6 +66,11 @@ struct Table {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Action {
+    action: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildInfo {
     version: &'static str,
 }
@@ -99,6 +104,7 @@ pub struct Metrics {
     load_tables: Gauge,
     table_shape_version: Family<Table, Gauge>,
     schema_change_events: Family<Table, Counter>,
+    capture_actions: Family<Action, Counter>,
     stalled_after: Duration,
     state: Mutex<RunState>,
 }
@@ -201,6 +207,7 @@ impl Metrics {
             load_tables: Gauge::default(),
             table_shape_version: Family::default(),
             schema_change_events: Family::default(),
+            capture_actions: Family::default(),
             stalled_after,
             state: Mutex::new(RunState::new()),
         };
@@ -363,6 +370,26 @@ impl Metrics {
             "Schema-change events delivered (sink.schema_changes), by table",
             m.schema_change_events.clone(),
         );
+        ours.register(
+            "capture_instance_actions",
+            "What this process did to the CDC configuration: capture instances created and disabled (source.capture_instances = \"managed\"), tables enabled (source.enable_cdc)",
+            m.capture_actions.clone(),
+        );
+    }
+
+    /// The source's capture-instance actions so far (totals of this process).
+    pub fn set_capture_actions(&self, actions: crate::source::poller::CaptureActions) {
+        for (action, total) in [
+            ("created", actions.created),
+            ("disabled", actions.disabled),
+            ("cdc_enabled", actions.tables_enabled),
+        ] {
+            let counter = self.capture_actions.get_or_create(&Action { action });
+            let now = counter.get();
+            if total > now {
+                counter.inc_by(total - now);
+            }
+        }
     }
 
     /// Each table's shape version, from a batch's position.

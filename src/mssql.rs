@@ -161,8 +161,9 @@ pub const PERSISTENT_ERRORS: &[(u32, Duration, &str)] = &[
 ];
 
 /// Permission errors: 229/230 permission denied on an object or column, 262 permission
-/// denied in database, 297/300 a missing server permission, 916 no access to database.
-pub(crate) const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916];
+/// denied in database, 297/300 a missing server permission, 916 no access to database,
+/// 22904 a CDC procedure run without `db_owner` ("DBO privileges are required").
+pub(crate) const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916, 22904];
 
 /// What a failed connection or query means for the caller. The texts are the ones
 /// the source reports (it maps each kind to its own error of the same name).

@@ -25,7 +25,13 @@ pub(super) async fn check_destination(
                     return;
                 }
             };
-            let topics = topics(&template, state);
+            let mut topics = topics(&template, state);
+            if routing.schema_changes == crate::sink::settings::SchemaChangePlacement::Topic {
+                // Schema-change events' own topic (`sink.schema_topic`).
+                topics.extend(self::topics(&routing.schema_topic(), state));
+                topics.sort();
+                topics.dedup();
+            }
             match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
                 Ok(facts) => kafka_findings(
                     report,

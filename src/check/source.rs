@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::source::diagnostics::{self, Invisible, LeftOut};
+use crate::source::poller::CaptureInstanceMode;
 
 /// What the source checks learn that the later ones need.
 pub(super) struct SourceState {
@@ -63,6 +64,7 @@ pub(super) async fn check_source<S: ChangeSource>(
         ),
     }
     check_time_zone(report, config, &catalog);
+    check_capture_management(report, config, source).await;
     let included = check_tables(report, config, source, &catalog).await;
     check_lob_limit(report, &facts, &included);
     Some(SourceState {
@@ -70,6 +72,40 @@ pub(super) async fn check_source<S: ChangeSource>(
         facts,
         included,
     })
+}
+
+/// Whether the login may create and disable capture instances, which
+/// `source.capture_instances = "managed"` and `source.enable_cdc` need (`db_owner`):
+/// a failure when one is set and it may not; said either way.
+async fn check_capture_management<S: ChangeSource>(
+    report: &mut Report,
+    config: &Config,
+    source: &mut S,
+) {
+    const CHECK: &str = "capture instances";
+    let managed = config.source.capture_instances == CaptureInstanceMode::Managed;
+    let needed = managed || config.source.enable_cdc;
+    let mode = if managed {
+        "managed (source.capture_instances): a changed table gets a new capture instance, the old one goes once drained"
+    } else {
+        "manual (source.capture_instances): a DBA creates capture instances when columns change"
+    };
+    let enable = if config.source.enable_cdc {
+        "; source.enable_cdc enables CDC on included tables that lack it"
+    } else {
+        ""
+    };
+    match source.may_manage_capture().await {
+        Ok(true) => report.pass(CHECK, format!("{mode}{enable}; the login is db_owner, which that needs")),
+        Ok(false) if needed => report.fail(
+            CHECK,
+            format!("{mode}{enable}, but the login is not db_owner, which sys.sp_cdc_enable_table and sys.sp_cdc_disable_table require"),
+            "ALTER ROLE db_owner ADD MEMBER <user>, or set source.capture_instances = \"manual\" and source.enable_cdc = false",
+        ),
+        Ok(false) => report.pass(CHECK, format!("{mode}; the login is not db_owner (\"managed\" would need it)")),
+        Err(e) if needed => report.fail(CHECK, format!("cannot tell whether the login is db_owner: {e}"), "see the error"),
+        Err(e) => report.skip(CHECK, format!("{mode}; cannot tell whether the login is db_owner: {e}")),
+    }
 }
 
 /// How commit times become UTC: `source.time_zone` against what the server can say

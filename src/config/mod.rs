@@ -25,7 +25,7 @@ use crate::setting::{ConfigError, SecretRef, invalid, millis};
 use crate::sink::settings::SinkSettings;
 use crate::source::filter::TableFilter;
 use crate::source::load::SnapshotMode;
-use crate::source::poller::{GapPolicy, PollerConfig, StartPosition};
+use crate::source::poller::{CaptureInstanceMode, GapPolicy, PollerConfig, StartPosition};
 use crate::source::timezone::TimeZoneSetting;
 use errors::{syntax_error, with_origin};
 
@@ -113,6 +113,15 @@ pub struct SourceSettings {
         default = "default_unreadable_grace_ms"
     )]
     pub unreadable_grace: Duration,
+    /// `"manual"` (default): capture instances are a DBA's; `"managed"`: the poller
+    /// creates one when a table's columns change and retires the old one once
+    /// drained (needs `db_owner`).
+    #[serde(default)]
+    pub capture_instances: CaptureInstanceMode,
+    /// Enable CDC on included tables that lack it (needs `db_owner` and
+    /// `source.include`).
+    #[serde(default)]
+    pub enable_cdc: bool,
     /// `[source.synthetic]`: the generated workload.
     #[serde(default)]
     pub synthetic: SyntheticSettings,
@@ -536,6 +545,12 @@ impl Config {
                 ),
             ));
         }
+        if self.source.enable_cdc && self.source.include.is_empty() {
+            return Err(invalid(
+                "source.enable_cdc",
+                "with no source.include every table of the database would be enabled for CDC: name the tables to enable in source.include",
+            ));
+        }
         if self.source.kind == SourceKind::Sqlserver {
             let c = &self.source.connection_string;
             if c.env.is_none() && c.file.is_none() {
@@ -631,6 +646,8 @@ impl Config {
             load_chunk: self.snapshot.chunk_size,
             schema_changes: self.sink.routing.schema_changes
                 != crate::sink::settings::SchemaChangePlacement::Off,
+            capture_instances: s.capture_instances,
+            enable_cdc: s.enable_cdc,
         })
     }
 }

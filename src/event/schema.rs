@@ -511,4 +511,36 @@ pub(crate) mod tests {
             assert_eq!(joined, expected);
         }
     }
+
+    /// The CloudEvents 1.0 checks (the spec's "REQUIRED attributes" and naming
+    /// rules) a CloudEvents validator makes, on a structured JSON schema-change event.
+    #[test]
+    fn a_schema_change_event_is_a_valid_cloudevent() {
+        let encoder = Encoder::new(options(Encoding::Json));
+        let event = encoder.encode_schema_change(&added_email()).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&event.messages[0].bytes).unwrap();
+        let attributes = json.as_object().unwrap();
+        assert_eq!(json["specversion"], "1.0");
+        for required in ["id", "source", "type"] {
+            let value = json[required].as_str().unwrap_or_default();
+            assert!(!value.is_empty(), "{required} is a non-empty string");
+        }
+        assert!(
+            chrono::DateTime::parse_from_rfc3339(json["time"].as_str().unwrap()).is_ok(),
+            "time is RFC 3339"
+        );
+        assert_eq!(json["datacontenttype"], "application/json");
+        for name in attributes.keys() {
+            assert!(
+                name.len() <= 20
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+                "attribute names are lower-case letters and digits, at most 20: {name}"
+            );
+        }
+        // `data` is a JSON string holding the data object, as CES's.
+        let data: serde_json::Value = serde_json::from_str(json["data"].as_str().unwrap()).unwrap();
+        assert_eq!(data["tableversion"], 2);
+    }
 }

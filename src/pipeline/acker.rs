@@ -132,6 +132,7 @@ pub(super) async fn acknowledge(
     metrics: Arc<Metrics>,
     (failed, abandon): (CancellationToken, CancellationToken),
     mut lease: LeaseKeeper,
+    durable: tokio::sync::watch::Sender<Option<Position>>,
 ) -> AckerResult {
     let mut delivered = Delivered::default();
     let checkpoint = acknowledge_into(
@@ -141,7 +142,7 @@ pub(super) async fn acknowledge(
         &metrics,
         (&failed, &abandon),
         &mut lease,
-        &mut delivered,
+        (&mut delivered, durable),
     )
     .await;
     // The store (and with it the stream's lease) goes back to the caller, which
@@ -158,6 +159,9 @@ struct Checkpointed {
     delivered: Option<Position>,
     written: Option<Position>,
     last_write: Instant,
+    /// Where each position written is told (the poller, which retires a capture
+    /// instance only once what it had to deliver is checkpointed).
+    durable: tokio::sync::watch::Sender<Option<Position>>,
 }
 
 impl Checkpointed {
@@ -179,6 +183,7 @@ impl Checkpointed {
             lease.confirmed();
             self.written = self.delivered.clone();
             self.last_write = Instant::now();
+            self.durable.send_replace(self.written.clone());
         }
         Ok(())
     }
@@ -191,12 +196,13 @@ pub(super) async fn acknowledge_into(
     metrics: &Metrics,
     (failed, abandon): (&CancellationToken, &CancellationToken),
     lease: &mut LeaseKeeper,
-    tally: &mut Delivered,
+    (tally, durable): (&mut Delivered, tokio::sync::watch::Sender<Option<Position>>),
 ) -> Result<Option<Position>, PipelineError> {
     let mut state = Checkpointed {
         delivered: None,
         written: None,
         last_write: Instant::now(),
+        durable,
     };
     let result: Result<(), PipelineError> = async {
         loop {
@@ -411,6 +417,7 @@ mod tests {
             Arc::new(Metrics::default()),
             (failed, CancellationToken::new()),
             LeaseKeeper::new(view),
+            tokio::sync::watch::channel(None).0,
         ));
         (tx, memory, task)
     }
@@ -535,6 +542,7 @@ mod tests {
                 Arc::new(Metrics::default()),
                 (CancellationToken::new(), abandon),
                 LeaseKeeper::new(tokio::sync::watch::channel(LeaseView::Lasting).0),
+                tokio::sync::watch::channel(None).0,
             )
             .await;
             assert_eq!(result.checkpoint.unwrap(), Some(position(2)));
@@ -570,6 +578,7 @@ mod tests {
             Arc::new(Metrics::default()),
             (CancellationToken::new(), abandon),
             LeaseKeeper::new(tokio::sync::watch::channel(LeaseView::Lasting).0),
+            tokio::sync::watch::channel(None).0,
         )
         .await;
         assert_eq!(

@@ -75,6 +75,13 @@ pub trait BatchSource: Send + 'static {
     fn more_expected(&self) -> bool {
         false
     }
+    /// What the source did to the CDC configuration (none by default).
+    fn capture_actions(&self) -> crate::source::poller::CaptureActions {
+        Default::default()
+    }
+    /// Hands the source the positions the checkpoint holds, as each is written;
+    /// ignored by default.
+    fn watch_checkpoints(&mut self, _checkpoints: tokio::sync::watch::Receiver<Option<Position>>) {}
 }
 
 impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
@@ -96,6 +103,14 @@ impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
 
     fn more_expected(&self) -> bool {
         Poller::more_expected(self)
+    }
+
+    fn watch_checkpoints(&mut self, checkpoints: tokio::sync::watch::Receiver<Option<Position>>) {
+        Poller::watch_checkpoints(self, checkpoints);
+    }
+
+    fn capture_actions(&self) -> crate::source::poller::CaptureActions {
+        Poller::capture_actions(self)
     }
 }
 
@@ -181,6 +196,11 @@ pub async fn run<B: BatchSource>(
     let abandon = CancellationToken::new();
     let metrics = Arc::clone(&settings.metrics);
     let (lease_view, lease) = tokio::sync::watch::channel(LeaseView::of(&store));
+    // Positions as they are checkpointed, for the source (see
+    // `BatchSource::watch_checkpoints`).
+    let (durable_tx, durable_rx) = tokio::sync::watch::channel(None);
+    let mut poller = poller;
+    poller.watch_checkpoints(durable_rx);
     let acker = tokio::spawn(acknowledge(
         rx,
         store,
@@ -188,6 +208,7 @@ pub async fn run<B: BatchSource>(
         Arc::clone(&metrics),
         (failed.clone(), abandon.clone()),
         LeaseKeeper::new(lease_view),
+        durable_tx,
     ));
 
     let mut upstream = spawn_source_and_encoder(

@@ -311,6 +311,26 @@ pub struct ProbeResult {
     pub next_change: Option<Lsn>,
 }
 
+/// What `sys.sp_cdc_enable_table` is asked to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnableCapture {
+    pub schema: String,
+    pub table: String,
+    /// `@capture_instance`.
+    pub capture_instance: String,
+    /// `@role_name`, `@index_name`, `@filegroup_name`, `@supports_net_changes`.
+    pub options: CaptureOptions,
+    /// `@captured_column_list`: the columns to capture; `None` for every column.
+    pub columns: Option<Vec<String>>,
+}
+
+/// A table CDC does not capture yet (`sys.tables.is_tracked_by_cdc = 0`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UncapturedTable {
+    pub schema: String,
+    pub table: String,
+}
+
 /// A schema change recorded in `cdc.ddl_history`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DdlEvent {
@@ -407,6 +427,15 @@ pub enum SourceError {
     Definite { message: String },
     #[error(transparent)]
     UnknownServerZone(#[from] crate::source::timezone::UnknownServerZone),
+    #[error(
+        "{setting} needs the login to be a member of db_owner in the source database (sys.sp_cdc_enable_table and sys.sp_cdc_disable_table require it): `ALTER ROLE db_owner ADD MEMBER <user>`, or {instead}"
+    )]
+    ManageDenied {
+        /// The setting that asks for it.
+        setting: &'static str,
+        /// What to set instead.
+        instead: &'static str,
+    },
 }
 
 /// What an unreadable capture instance's gating role asks of the login: membership,
@@ -534,6 +563,53 @@ pub trait ChangeSource: Send {
     /// cannot know its future writes, so by default nothing new means idle.
     fn more_expected(&self) -> bool {
         false
+    }
+
+    /// Whether this login may enable and disable capture instances
+    /// (`IS_ROLEMEMBER('db_owner')`); a source that cannot says no.
+    fn may_manage_capture(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send {
+        std::future::ready(Ok(false))
+    }
+
+    /// `sys.sp_cdc_enable_table` as `request` says.
+    fn enable_capture(
+        &mut self,
+        request: &EnableCapture,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send {
+        std::future::ready(Err(SourceError::Definite {
+            message: format!(
+                "this source cannot enable CDC on {}.{}",
+                request.schema, request.table
+            ),
+        }))
+    }
+
+    /// `sys.sp_cdc_disable_table` for one capture instance of a table.
+    fn disable_capture(
+        &mut self,
+        instance: &CaptureInstance,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send {
+        std::future::ready(Err(SourceError::Definite {
+            message: format!(
+                "this source cannot disable capture instance {}",
+                instance.name
+            ),
+        }))
+    }
+
+    /// Per capture instance, the columns of its source table it does not capture
+    /// (`(instance, column)`, in column order), in one round trip.
+    fn uncaptured_columns(
+        &mut self,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, SourceError>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
+
+    /// The user tables CDC does not capture.
+    fn uncaptured_tables(
+        &mut self,
+    ) -> impl Future<Output = Result<Vec<UncapturedTable>, SourceError>> + Send {
+        std::future::ready(Ok(Vec::new()))
     }
 
     /// The source's own clock in UTC when it is not the wall clock (a simulator's,

@@ -513,8 +513,60 @@ WHERE ct.__$start_lsn > @P{after_param} AND ct.__$start_lsn <= @P1) AS next_chan
     format!("{};", parts.join(" UNION ALL "))
 }
 
+/// Whether the login may run `sys.sp_cdc_enable_table` and `sys.sp_cdc_disable_table`,
+/// which require `db_owner` (both pages' Permissions): a member of the role, or the
+/// `dbo` user — the database's owner, and every `sysadmin` — for whom
+/// `IS_ROLEMEMBER` answers 0 ("dbo always returns 0", its Remarks).
+/// <https://learn.microsoft.com/sql/t-sql/functions/is-rolemember-transact-sql>
+pub const IS_DB_OWNER: &str = "SELECT CAST(CASE WHEN IS_ROLEMEMBER(N'db_owner') = 1 \
+OR IS_SRVROLEMEMBER(N'sysadmin') = 1 OR USER_NAME() = N'dbo' THEN 1 ELSE 0 END AS int) \
+AS is_db_owner;";
+
+/// A new capture instance, with the options of the one it replaces. `@P8` is the
+/// column list (`QUOTENAME`d names, comma-separated), NULL for every column.
+/// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-enable-table-transact-sql>
+pub const ENABLE_TABLE: &str = "EXEC sys.sp_cdc_enable_table @source_schema = @P1, \
+@source_name = @P2, @capture_instance = @P3, @role_name = @P4, @index_name = @P5, \
+@filegroup_name = @P6, @supports_net_changes = @P7, @captured_column_list = @P8;";
+
+/// One capture instance of a table disabled (its change table dropped).
+/// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-disable-table-transact-sql>
+pub const DISABLE_TABLE: &str = "EXEC sys.sp_cdc_disable_table @source_schema = @P1, \
+@source_name = @P2, @capture_instance = @P3;";
+
+/// Per capture instance, its source table's columns it does not capture (matched by
+/// `cdc.captured_columns.column_id`), in column order.
+pub const UNCAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, c.name AS column_name \
+FROM cdc.change_tables AS ct JOIN sys.columns AS c ON c.object_id = ct.source_object_id \
+WHERE NOT EXISTS (SELECT 1 FROM cdc.captured_columns AS cc \
+WHERE cc.object_id = ct.object_id AND cc.column_id = c.column_id) \
+ORDER BY ct.capture_instance, c.column_id;";
+
+/// User tables CDC does not capture (`sys.tables.is_tracked_by_cdc`), for
+/// `source.enable_cdc`.
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-tables-transact-sql>
+pub const UNCAPTURED_TABLES: &str = "SELECT s.name AS schema_name, t.name AS table_name \
+FROM sys.tables AS t JOIN sys.schemas AS s ON s.schema_id = t.schema_id \
+WHERE t.is_tracked_by_cdc = 0 AND t.is_ms_shipped = 0 AND s.name <> N'cdc' \
+ORDER BY s.name, t.name;";
+
+/// `@captured_column_list` for `columns`: each name quoted as `QUOTENAME` quotes
+/// it, comma-separated.
+pub fn column_list(columns: &[String]) -> String {
+    columns
+        .iter()
+        .map(|c| quote_name(c))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Every constant above, for the parse test.
 pub const ALL_CONSTANTS: &[(&str, &str)] = &[
+    ("IS_DB_OWNER", IS_DB_OWNER),
+    ("ENABLE_TABLE", ENABLE_TABLE),
+    ("DISABLE_TABLE", DISABLE_TABLE),
+    ("UNCAPTURED_COLUMNS", UNCAPTURED_COLUMNS),
+    ("UNCAPTURED_TABLES", UNCAPTURED_TABLES),
     ("MAX_LSN", MAX_LSN),
     ("MIN_LSN", MIN_LSN),
     ("DDL_HISTORY", DDL_HISTORY),

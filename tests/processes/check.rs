@@ -165,6 +165,45 @@ async fn server_time_zone_fails_where_the_server_cannot_name_its_zone() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// `source.capture_instances = "managed"` needs `db_owner`: the check says whether
+/// the login is, and fails only when the setting needs it.
+#[tokio::test]
+async fn managed_capture_instances_need_db_owner_and_the_check_says_so() {
+    let dir = temp_dir("check-managed");
+    let sim = database();
+    insert(&sim, 1);
+    let report = run(&stdout_config(&dir), &sim).await;
+    let manual = expect(&report, "capture instances", Status::Pass);
+    assert!(
+        manual.detail.contains("manual") && manual.detail.contains("is db_owner"),
+        "{}",
+        manual.detail
+    );
+    let mut managed = stdout_config(&dir);
+    managed.source.capture_instances = mssql_ces::source::poller::CaptureInstanceMode::Managed;
+    expect(
+        &run(&managed, &sim).await,
+        "capture instances",
+        Status::Pass,
+    );
+    sim.set_db_owner(false);
+    let report = run(&stdout_config(&dir), &sim).await;
+    let manual = expect(&report, "capture instances", Status::Pass);
+    assert!(manual.detail.contains("not db_owner"), "{}", manual.detail);
+    let report = run(&managed, &sim).await;
+    let denied = expect(&report, "capture instances", Status::Fail);
+    assert!(
+        denied
+            .fix
+            .as_deref()
+            .unwrap_or_default()
+            .contains("ALTER ROLE db_owner ADD MEMBER"),
+        "{denied:?}"
+    );
+    assert!(!report.passed());
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// A table with two capture instances whose names do not sort together (another
 /// table's instance between them) is one finding, not two.
 #[tokio::test]
@@ -625,6 +664,14 @@ async fn kafka_topics_are_checked_per_table_and_a_missing_one_fails() {
     );
     let orders = expect(&report, "topic Shop.dbo.Orders", Status::Fail);
     assert!(orders.detail.contains("does not exist"), "{orders:?}");
+    // With schema-change events on their own topic, that topic is checked too.
+    let mut with_schema = config.clone();
+    with_schema.sink.routing.schema_changes =
+        mssql_ces::sink::settings::SchemaChangePlacement::Topic;
+    with_schema.sink.routing.schema_topic = Some("Shop.schema".into());
+    let report = run(&with_schema, &database()).await;
+    let schema = expect(&report, "topic Shop.schema", Status::Fail);
+    assert!(schema.detail.contains("does not exist"), "{schema:?}");
     std::fs::remove_dir_all(dir).ok();
 }
 

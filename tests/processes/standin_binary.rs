@@ -202,3 +202,143 @@ async fn sigkill_on_the_sqlserver_path_loses_nothing_and_ends_with_the_same_byte
     println!("{cut_short} of 6 kills cut the stream short");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Managed capture instances through the real binary and the wire: `ALTER TABLE …
+/// ADD` on a streamed table; the next run creates a capture instance for it (every
+/// statement — the db_owner check, the uncaptured columns, `sys.sp_cdc_enable_table`
+/// — through tiberius), and the file gets a schema-change event and then a row
+/// carrying the new column; a later run retires the old instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_added_column_in_managed_mode_yields_a_schema_change_then_rows_with_it() {
+    use mssql_ces::event::Value;
+    use mssql_ces::event::value::{Length, SqlType};
+    use mssql_ces::source::ChangeSource;
+    use mssql_ces::source::sim::{CdcSimulator, SimColumn};
+
+    let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
+    sim.create_table(
+        "dbo",
+        "T",
+        vec![
+            SimColumn::new("Id", SqlType::Int),
+            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+        ],
+        &["Id"],
+    );
+    sim.enable_table("dbo.T", None).expect("enable");
+    let text = |s: &str| Value::Text(s.into());
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(1), text("a")])
+        .commit()
+        .expect("commit");
+    let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
+        .await
+        .expect("stand-in");
+    let dir = temp_dir("standin-managed");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[source]
+kind = "sqlserver"
+connection_string = {{ env = "MSSQL_CES_TEST_STANDIN" }}
+encrypt = false
+poll_interval_ms = 20
+catalog_refresh_s = 0
+capture_instances = "managed"
+
+[sink]
+kind = "file"
+path = "{out}"
+schema_changes = "inline"
+
+[checkpoint]
+path = "{checkpoint}"
+interval_ms = 20
+"#,
+            out = dir.join("events.jsonl").display(),
+            checkpoint = dir.join("cp.json").display()
+        ),
+    )
+    .expect("config");
+    let run = |n: usize| {
+        let mut run = command(&config, &standin, &["run", "--until-idle"]);
+        run.stderr(std::fs::File::create(dir.join(format!("run-{n}.log"))).expect("log"));
+        async move {
+            let status = tokio::task::spawn_blocking(move || run.status().expect("run"))
+                .await
+                .unwrap();
+            assert!(status.success(), "run {n} failed");
+        }
+    };
+    let names = || {
+        let mut source = sim.clone();
+        futures_util::FutureExt::now_or_never(source.catalog())
+            .expect("at once")
+            .expect("catalog")
+            .instances
+            .into_iter()
+            .map(|i| i.name)
+            .collect::<Vec<_>>()
+    };
+    run(1).await;
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Email", SqlType::NVarChar(Length::Bounded(80))),
+        Value::Null,
+    )
+    .expect("add column");
+    run(2).await;
+    assert_eq!(names(), ["dbo_T", "dbo_T_v2"], "logs in {}", dir.display());
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(2), text("b"), text("b@example.com")],
+        )
+        .commit()
+        .expect("commit");
+    run(3).await;
+    run(4).await;
+    assert_eq!(
+        names(),
+        ["dbo_T_v2"],
+        "retired once checkpointed; logs in {}",
+        dir.display()
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("events.jsonl"))
+        .expect("output")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let kinds: Vec<(String, serde_json::Value)> = lines
+        .iter()
+        .map(|l| {
+            let data: serde_json::Value =
+                serde_json::from_str(l["data"].as_str().expect("data")).expect("data json");
+            (l["type"].as_str().expect("type").to_owned(), data)
+        })
+        .collect();
+    let schema = mssql_ces::event::schema::SCHEMA_CHANGE_TYPE;
+    assert_eq!(kinds.len(), 4, "{kinds:?}");
+    assert_eq!(kinds[0].0, schema);
+    assert_eq!(kinds[0].1["tableversion"], 1);
+    assert_eq!(
+        kinds[2].0, schema,
+        "the change comes before the row with the new column"
+    );
+    assert_eq!(kinds[2].1["tableversion"], 2);
+    assert_eq!(kinds[2].1["after"]["captureinstance"], "dbo_T_v2");
+    assert!(
+        kinds[2].1["ddl"][0]["command"]
+            .as_str()
+            .is_some_and(|c| c.contains("ADD [Email]")),
+        "{}",
+        kinds[2].1
+    );
+    let row: serde_json::Value =
+        serde_json::from_str(kinds[3].1["eventrow"]["current"].as_str().expect("current"))
+            .expect("row");
+    assert_eq!(row["Email"], "b@example.com");
+    std::fs::remove_dir_all(dir).ok();
+}

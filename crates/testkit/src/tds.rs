@@ -898,6 +898,8 @@ fn read_param(data: &[u8], at: &mut usize) -> Option<Param> {
     };
     let type_byte = byte(at)?;
     match type_byte {
+        // NULLTYPE: no length, no value (how the driver sends a NULL of no type).
+        0x1F => Some(Param::Null),
         // INTNTYPE, BITNTYPE: max length, then a length-prefixed value.
         0x26 | 0x68 => {
             let _max = byte(at)?;

@@ -23,7 +23,8 @@ use mssql_ces::source::catalog::{
 };
 use mssql_ces::source::queries::{self, fixed};
 use mssql_ces::source::{
-    CaptureInstance, Catalog, ChangeSource, Probe, RowKey, SourceError, TableCursor,
+    CaptureInstance, CaptureOptions, Catalog, ChangeSource, EnableCapture, Probe, RowKey,
+    SourceError, TableCursor,
 };
 
 use super::tds::{Cell, Column, ColumnType, Handler, Param, Reply, Request, ResultSet};
@@ -50,6 +51,7 @@ fn error_reply(error: SourceError) -> Reply {
     let number = match &error {
         SourceError::CatalogChanged { message } if message.contains("207") => 207,
         SourceError::CatalogChanged { .. } => 208,
+        SourceError::PermissionDenied { message } if message.contains("22904") => 22904,
         SourceError::PermissionDenied { .. } => 229,
         SourceError::Transient { .. } => 1205,
         _ => 50000,
@@ -285,6 +287,9 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
             fingerprint_columns(),
             vec![fingerprint(max.catalog_version)],
         ));
+    }
+    if let Some(reply) = capture_ddl(source, request)? {
+        return Ok(reply);
     }
     if sql == queries::MIN_LSN {
         let name = param_text(request, 0).unwrap_or_default().to_owned();
@@ -712,6 +717,88 @@ fn captured_columns(catalog: &Catalog) -> Reply {
         ],
         rows,
     )
+}
+
+/// `source.capture_instances = "managed"` and `source.enable_cdc`: the permission
+/// check, `sys.sp_cdc_enable_table` and `sys.sp_cdc_disable_table`, a table's
+/// columns and the tables CDC does not capture.
+fn capture_ddl<S: ChangeSource>(
+    source: &mut S,
+    request: &Request,
+) -> Result<Option<Reply>, SourceError> {
+    let sql = request.sql.as_str();
+    let done = || Reply::Rows(Vec::new());
+    let opt = |at| param_text(request, at).map(str::to_owned);
+    let text_at = |at| opt(at).unwrap_or_default();
+    Ok(Some(if sql == queries::IS_DB_OWNER {
+        let owner = now(source.may_manage_capture())?;
+        one(
+            vec![col("is_db_owner", ColumnType::Int(4))],
+            vec![vec![Cell::Int(i64::from(owner))]],
+        )
+    } else if sql == queries::ENABLE_TABLE {
+        let columns = opt(7).map(|list| {
+            list.split("],[")
+                .map(|name| {
+                    name.trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .replace("]]", "]")
+                })
+                .collect()
+        });
+        now(source.enable_capture(&EnableCapture {
+            schema: text_at(0),
+            table: text_at(1),
+            capture_instance: text_at(2),
+            options: CaptureOptions {
+                role_name: opt(3),
+                index_name: opt(4),
+                filegroup_name: opt(5),
+                supports_net_changes: param_int(request, 6) == Some(1),
+            },
+            columns,
+        }))?;
+        done()
+    } else if sql == queries::DISABLE_TABLE {
+        let name = text_at(2);
+        let catalog = now(source.catalog())?;
+        let Some(instance) = catalog.instances.into_iter().find(|i| i.name == name) else {
+            // (The number SQL Server raises is not documented; a generic one here.)
+            return Ok(Some(Reply::Error {
+                number: 50000,
+                class: 16,
+                message: format!("Could not find capture instance '{name}'"),
+            }));
+        };
+        now(source.disable_capture(&instance))?;
+        done()
+    } else if sql == queries::UNCAPTURED_COLUMNS {
+        let columns = now(source.uncaptured_columns())?;
+        one(
+            vec![
+                col("capture_instance", ColumnType::NVarChar(Some(128))),
+                col("column_name", ColumnType::NVarChar(Some(128))),
+            ],
+            columns
+                .iter()
+                .map(|(instance, column)| vec![text(instance), text(column)])
+                .collect(),
+        )
+    } else if sql == queries::UNCAPTURED_TABLES {
+        let tables = now(source.uncaptured_tables())?;
+        one(
+            vec![
+                col("schema_name", ColumnType::NVarChar(Some(128))),
+                col("table_name", ColumnType::NVarChar(Some(128))),
+            ],
+            tables
+                .iter()
+                .map(|t| vec![text(&t.schema), text(&t.table)])
+                .collect(),
+        )
+    } else {
+        return Ok(None);
+    }))
 }
 
 /// The probe names its capture instances in the parameters: `@P1` the upper LSN, then

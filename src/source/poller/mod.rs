@@ -50,8 +50,11 @@ use uuid::Uuid;
 
 mod iteration;
 mod load;
+mod managed;
 mod schema;
 mod tracking;
+
+pub use managed::{CaptureActions, CaptureInstanceMode, next_instance_name};
 
 use iteration::last_before;
 use load::LoadRun;
@@ -124,6 +127,11 @@ pub struct PollerConfig {
     /// `off`): a table's shape is then announced before its first event, and each
     /// change of it before the first event of the new shape.
     pub schema_changes: bool,
+    /// `source.capture_instances`: whether the poller creates and retires capture
+    /// instances as tables' columns change.
+    pub capture_instances: CaptureInstanceMode,
+    /// `source.enable_cdc`: enable CDC on included tables that lack it.
+    pub enable_cdc: bool,
 }
 
 impl Default for PollerConfig {
@@ -141,6 +149,8 @@ impl Default for PollerConfig {
             snapshot: SnapshotMode::Never,
             load_chunk: 1000,
             schema_changes: false,
+            capture_instances: CaptureInstanceMode::Manual,
+            enable_cdc: false,
         }
     }
 }
@@ -251,6 +261,17 @@ pub struct Poller<S> {
     peak_rows_held: usize,
     /// Schema-change events of the batch being built.
     schema_changes: Vec<PlacedSchemaChange>,
+    /// The positions the checkpoint holds, as the pipeline writes them.
+    checkpoints: Option<tokio::sync::watch::Receiver<Option<Position>>>,
+    /// The position this poller started from: the checkpoint's, until the pipeline
+    /// writes another.
+    started_from: Option<Position>,
+    /// What this process did to the CDC configuration.
+    capture_actions: CaptureActions,
+    /// The login was found to be `db_owner` (asked once, when needed).
+    may_manage: bool,
+    /// The catalog version whose columns managed mode last compared.
+    managed_version: Option<crate::source::CatalogVersion>,
 }
 
 /// What the stream has read, summarized without allocating: instance LSNs only rise,
@@ -276,6 +297,7 @@ impl<S: ChangeSource> Poller<S> {
     /// A poller starting at `position` (from a checkpoint), or at
     /// `config.start_position` when there is none.
     pub fn new(source: S, config: PollerConfig, position: Option<Position>) -> Self {
+        let started_from = position.clone();
         let resume_after = position.as_ref().and_then(|p| p.last_event);
         let needs_plan =
             config.snapshot.loads() && position.as_ref().is_none_or(Position::is_start);
@@ -304,6 +326,11 @@ impl<S: ChangeSource> Poller<S> {
             said_loaded: false,
             peak_rows_held: 0,
             schema_changes: Vec::new(),
+            checkpoints: None,
+            started_from,
+            capture_actions: CaptureActions::default(),
+            may_manage: false,
+            managed_version: None,
         }
     }
 

@@ -15,7 +15,10 @@ impl<S: ChangeSource> Poller<S> {
         if !due {
             return Ok(());
         }
-        let catalog = self.source.catalog().await?;
+        let mut catalog = self.source.catalog().await?;
+        if self.enable_missing_tables().await? {
+            catalog = self.source.catalog().await?;
+        }
         self.catalog_read_at = Some(Instant::now());
         self.catalog_stale = false;
         self.adopt_identity(&catalog)?;
@@ -71,7 +74,7 @@ impl<S: ChangeSource> Poller<S> {
         self.tracked = tracked;
         self.waiting_for = waiting_for;
         self.catalog = Some(catalog);
-        Ok(())
+        self.manage_capture_instances().await
     }
 
     /// The stream GUID (`event.stream_guid`, else the database's), and the identity

@@ -275,6 +275,14 @@ impl CdcSimulator {
 
     /// The current rows of `table` (`schema.name`) in key order, each as its
     /// columns' names and values: what a consumer's copy must equal.
+    /// The names of `table`'s columns now, in column order.
+    pub fn table_columns(&self, table: &str) -> Vec<String> {
+        let state = self.lock();
+        state.tables.get(table).map_or_else(Vec::new, |t| {
+            t.columns.iter().map(|c| c.name.clone()).collect()
+        })
+    }
+
     pub fn table_contents(&self, table: &str) -> Vec<Vec<(String, Value)>> {
         let state = self.lock();
         state.tables.get(table).map_or_else(Vec::new, |t| {

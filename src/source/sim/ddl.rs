@@ -15,6 +15,16 @@ pub struct SimDdlError {
 }
 
 impl SimDdlError {
+    /// As the driver reports it: 22904 (not `db_owner`) is a permission error.
+    pub(super) fn into_source_error(self) -> SourceError {
+        let message = self.to_string();
+        if self.number == 22904 {
+            SourceError::PermissionDenied { message }
+        } else {
+            SourceError::Definite { message }
+        }
+    }
+
     fn not_owner() -> Self {
         SimDdlError {
             number: 22904,
@@ -49,6 +59,21 @@ impl CdcSimulator {
     /// without `db_owner`, 22931 for a table that does not exist, 22962 when the table
     /// has two instances already, 22926 for a name in use.
     pub fn enable_table(&self, table: &str, name: Option<&str>) -> Result<String, SimDdlError> {
+        self.enable_table_with(table, name, &CaptureOptions::default(), None)
+    }
+
+    /// `sys.sp_cdc_enable_table` with its options and `@captured_column_list`
+    /// (`None`: every column). Every name must be a column of the table, and the key
+    /// columns must be in it ("Columns defined in a primary key index … must be
+    /// included", the procedure's page); the numbers of those two errors are not
+    /// documented — 22918 and 22945 here, unverified.
+    pub fn enable_table_with(
+        &self,
+        table: &str,
+        name: Option<&str>,
+        options: &CaptureOptions,
+        captured: Option<&[String]>,
+    ) -> Result<String, SimDdlError> {
         let mut state = self.lock();
         if !state.db_owner {
             return Err(SimDdlError::not_owner());
@@ -77,14 +102,38 @@ impl CdcSimulator {
                 ),
             });
         }
+        if let Some(list) = captured {
+            if let Some(missing) = list
+                .iter()
+                .find(|n| !t.columns.iter().any(|c| &c.name == *n))
+            {
+                return Err(SimDdlError {
+                    number: 22918,
+                    message: format!(
+                        "One or more columns in the list of included columns was not a captured column of the change table {missing}."
+                    ),
+                });
+            }
+            if let Some(key) = t.key.iter().find(|k| !list.contains(k)) {
+                return Err(SimDdlError {
+                    number: 22945,
+                    message: format!(
+                        "Could not add column information to the cdc.captured_columns system table for source table '{}.{}'. The index column '{key}' must be in the captured column list.",
+                        t.schema, t.name
+                    ),
+                });
+            }
+        }
         let enabled_at = state.next_lsn();
         let columns = t
             .columns
             .iter()
             .enumerate()
-            .map(|(i, c)| CapturedColumn {
+            .filter(|(_, c)| captured.is_none_or(|list| list.contains(&c.name)))
+            .enumerate()
+            .map(|(ordinal, (i, c))| CapturedColumn {
                 name: c.name.clone(),
-                ordinal: u32::try_from(i + 1).unwrap_or(u32::MAX),
+                ordinal: u32::try_from(ordinal + 1).unwrap_or(u32::MAX),
                 table_index: u32::try_from(i).ok(),
                 sql_type: c.sql_type.clone(),
                 computed: c.computed,
@@ -106,7 +155,7 @@ impl CdcSimulator {
                 key_columns: t.key.clone(),
                 descending_keys: Vec::new(),
                 has_command_id: true,
-                options: Default::default(),
+                options: options.clone(),
             },
             table: table.into(),
             enabled_at,

@@ -75,9 +75,9 @@ use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
 use crate::source::sim::order::SortKey;
 use crate::source::{
-    CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, CommitTime,
-    DdlEvent, Fact, LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError,
-    TableCursor, op,
+    CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource,
+    CommitTime, DdlEvent, EnableCapture, Fact, LogScan, MaxLsn, Probe, ProbeResult, RowKey,
+    ServerFacts, SourceError, TableCursor, UncapturedTable, op,
 };
 
 /// A column of a simulated table.

@@ -267,6 +267,58 @@ impl ChangeSource for CdcSimulator {
             .flat_map(|i| i.ddl.clone())
             .collect())
     }
+
+    async fn may_manage_capture(&mut self) -> Result<bool, SourceError> {
+        Ok(self.call()?.db_owner)
+    }
+
+    async fn enable_capture(&mut self, request: &EnableCapture) -> Result<(), SourceError> {
+        drop(self.call()?);
+        self.enable_table_with(
+            &format!("{}.{}", request.schema, request.table),
+            Some(&request.capture_instance),
+            &request.options,
+            request.columns.as_deref(),
+        )
+        .map(drop)
+        .map_err(SimDdlError::into_source_error)
+    }
+
+    async fn disable_capture(&mut self, instance: &CaptureInstance) -> Result<(), SourceError> {
+        drop(self.call()?);
+        self.try_disable_instance(&instance.name)
+            .map_err(SimDdlError::into_source_error)
+    }
+
+    async fn uncaptured_columns(&mut self) -> Result<Vec<(String, String)>, SourceError> {
+        let state = self.call()?;
+        let mut out = Vec::new();
+        for i in &state.instances {
+            let Some(t) = state.tables.get(&i.table) else {
+                continue;
+            };
+            for c in &t.columns {
+                if !i.info.columns.iter().any(|cc| cc.name == c.name) {
+                    out.push((i.info.name.clone(), c.name.clone()));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    async fn uncaptured_tables(&mut self) -> Result<Vec<UncapturedTable>, SourceError> {
+        let state = self.call()?;
+        Ok(state
+            .tables
+            .iter()
+            .filter(|(name, _)| !state.instances.iter().any(|i| &i.table == *name))
+            .map(|(_, t)| UncapturedTable {
+                schema: t.schema.clone(),
+                table: t.name.clone(),
+            })
+            .collect())
+    }
 }
 
 /// One `read_table` statement over a simulated table: the columns it names (those

@@ -1,0 +1,435 @@
+//! Capture instances that manage themselves (`source.capture_instances =
+//! "managed"`), and CDC enabled on included tables that lack it
+//! (`source.enable_cdc`).
+//!
+//! SQL Server's own capture instance never follows a table's columns: a column added
+//! is not captured, a column dropped stays in the change table as NULL (*What is
+//! change data capture*, Handling changes to source tables). The documented remedy is
+//! a second capture instance with the new column list, and the first disabled once
+//! its consumers have moved over. Managed mode does exactly that, per table:
+//!
+//! 1. one instance whose table gained columns since it was created (an `ALTER TABLE
+//!    … ADD` naming them in its `cdc.ddl_history`) or lost captured ones: a new
+//!    instance (`<name>_v2`, `_v3`, …) with the same options (gating role, index,
+//!    filegroup, net changes) capturing the columns the old one still has plus the
+//!    added ones. The stream switches to it at its `start_lsn` as it does for any
+//!    second instance, without duplicates;
+//! 2. two instances: the older is disabled once the checkpoint holds every change of
+//!    it below the switch point (the pipeline tells the poller each position it
+//!    writes). Until then nothing else is done for the table: never a third.
+//!
+//! Each step is decided from the catalog and the checkpoint alone, and is harmless to
+//! repeat, so a crash at any point resumes: before the create, the difference is
+//! still there; after it, the table has two instances and the stream switches; after
+//! the disable, one again. Nothing is attempted without `db_owner` (the run stops
+//! first, naming the grant).
+
+use super::*;
+use crate::source::{EnableCapture, SourceError};
+
+/// `source.capture_instances`: who creates capture instances when a table's
+/// columns change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CaptureInstanceMode {
+    /// A DBA (today's CDC practice); the stream follows what they create.
+    #[default]
+    Manual,
+    /// The poller, when the login may: see the module's comment.
+    Managed,
+}
+
+impl std::fmt::Display for CaptureInstanceMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CaptureInstanceMode::Manual => "manual",
+            CaptureInstanceMode::Managed => "managed",
+        })
+    }
+}
+
+/// What this process has done to the CDC configuration (for the metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaptureActions {
+    /// Capture instances created for a table whose columns changed.
+    pub created: u64,
+    /// Older capture instances disabled once drained.
+    pub disabled: u64,
+    /// Tables CDC was enabled on (`source.enable_cdc`).
+    pub tables_enabled: u64,
+}
+
+/// The longest capture-instance name `sys.sp_cdc_enable_table` takes.
+pub(super) const MAX_INSTANCE_NAME: usize = 100;
+
+/// The name of the instance that follows `old`: `old_v2`, or with `old` already
+/// `base_vN`, `base_v(N+1)`; the first such name not in `taken`, cut to
+/// [`MAX_INSTANCE_NAME`] characters.
+pub fn next_instance_name(old: &str, taken: &[&str]) -> String {
+    let (base, number) = match old.rsplit_once("_v") {
+        Some((base, digits))
+            if !base.is_empty()
+                && !digits.is_empty()
+                && digits.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            (base, digits.parse::<u64>().unwrap_or(1))
+        }
+        _ => (old, 1),
+    };
+    let mut number = number.saturating_add(1);
+    loop {
+        let suffix = format!("_v{number}");
+        let room = MAX_INSTANCE_NAME.saturating_sub(suffix.chars().count());
+        let name: String = base.chars().take(room).chain(suffix.chars()).collect();
+        if !taken.contains(&name.as_str()) {
+            return name;
+        }
+        number = number.saturating_add(1);
+    }
+}
+
+/// Whether `command` (a `cdc.ddl_history.ddl_command`) adds a column named `column`:
+/// an `ADD` followed, in the same statement, by the name as a word (bare, in
+/// brackets or in double quotes).
+/// Names compare case-insensitively (ASCII), as in the default collations.
+pub(super) fn adds_column(command: &str, column: &str) -> bool {
+    let upper = command.to_ascii_uppercase();
+    let Some(at) = find_word(&upper, "ADD") else {
+        return false;
+    };
+    let rest = &upper[at + 3..];
+    let column = column.to_ascii_uppercase();
+    [
+        format!("[{}]", column.replace(']', "]]")),
+        format!("\"{}\"", column.replace('"', "\"\"")),
+    ]
+    .iter()
+    .any(|quoted| rest.contains(quoted.as_str()))
+        || find_word(rest, &column).is_some()
+}
+
+/// The byte offset of `word` in `text` where it is not part of a longer identifier.
+fn find_word(text: &str, word: &str) -> Option<usize> {
+    let identifier = |c: char| c.is_alphanumeric() || c == '_' || c == '@' || c == '#' || c == '$';
+    text.match_indices(word).map(|(at, _)| at).find(|&at| {
+        let before = text[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !identifier(c));
+        let after = text[at + word.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !identifier(c));
+        before && after
+    })
+}
+
+impl<S: ChangeSource> Poller<S> {
+    /// Hands the poller the positions the checkpoint holds, as each is written: a
+    /// managed instance is disabled only once its changes are among them (or among
+    /// those of the position the poller started from, the checkpoint's).
+    pub fn watch_checkpoints(
+        &mut self,
+        checkpoints: tokio::sync::watch::Receiver<Option<Position>>,
+    ) {
+        self.checkpoints = Some(checkpoints);
+    }
+
+    /// What this process has done to the CDC configuration.
+    pub fn capture_actions(&self) -> CaptureActions {
+        self.capture_actions
+    }
+
+    /// Refuses managed mode or `enable_cdc` without `db_owner` (asked once).
+    async fn may_manage(&mut self) -> Result<(), SourceError> {
+        if self.may_manage {
+            return Ok(());
+        }
+        if !self.source.may_manage_capture().await? {
+            return Err(
+                if self.config.capture_instances == CaptureInstanceMode::Managed {
+                    SourceError::ManageDenied {
+                        setting: "source.capture_instances = \"managed\"",
+                        instead: "set source.capture_instances = \"manual\"",
+                    }
+                } else {
+                    SourceError::ManageDenied {
+                        setting: "source.enable_cdc = true",
+                        instead: "set source.enable_cdc = false and enable CDC on the tables yourself",
+                    }
+                },
+            );
+        }
+        self.may_manage = true;
+        Ok(())
+    }
+
+    /// `source.enable_cdc`: enables CDC on every included table that lacks it
+    /// (`@role_name = NULL`, every column, SQL Server's default instance name
+    /// `schema_table`); true when it enabled one.
+    pub(super) async fn enable_missing_tables(&mut self) -> Result<bool, SourceError> {
+        if !self.config.enable_cdc {
+            return Ok(false);
+        }
+        self.may_manage().await?;
+        let tables = self.source.uncaptured_tables().await?;
+        let mut enabled = false;
+        for t in tables {
+            if !self.config.filter.allows(&t.schema, &t.table) {
+                continue;
+            }
+            let request = EnableCapture {
+                capture_instance: format!("{}_{}", t.schema, t.table),
+                schema: t.schema,
+                table: t.table,
+                options: Default::default(),
+                columns: None,
+            };
+            let table = format!("{}.{}", request.schema, request.table);
+            match self.source.enable_capture(&request).await {
+                Ok(()) => {
+                    tracing::info!(
+                        %table,
+                        capture_instance = %request.capture_instance,
+                        "CDC enabled on an included table that lacked it (source.enable_cdc): its changes stream from the capture job's next scan"
+                    );
+                    self.capture_actions.tables_enabled += 1;
+                    enabled = true;
+                }
+                Err(e @ SourceError::PermissionDenied { .. }) => return Err(e),
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    if self.warned.insert(format!("enable {table}: {e}")) {
+                        tracing::warn!(%table, error = %e, "CDC could not be enabled on an included table (source.enable_cdc); it is not streamed");
+                    }
+                }
+            }
+        }
+        Ok(enabled)
+    }
+
+    /// Managed mode, after each catalog read: per included table, a new capture
+    /// instance when its columns changed, or the older of two disabled once drained.
+    pub(super) async fn manage_capture_instances(&mut self) -> Result<(), SourceError> {
+        if self.config.capture_instances != CaptureInstanceMode::Managed {
+            return Ok(());
+        }
+        self.may_manage().await?;
+        if self.needs_plan || !self.position.loads.is_empty() {
+            return Ok(()); // an initial load reads through the instances as they are
+        }
+        let Some(catalog) = self.catalog.as_ref() else {
+            return Ok(());
+        };
+        let mut tables: BTreeMap<String, Vec<CaptureInstance>> = BTreeMap::new();
+        for instance in catalog
+            .instances
+            .iter()
+            .filter(|i| self.config.filter.allows(&i.schema, &i.table))
+        {
+            tables
+                .entry(instance.qualified_table())
+                .or_default()
+                .push(instance.clone());
+        }
+        let taken: Vec<String> = catalog.instances.iter().map(|i| i.name.clone()).collect();
+        let version = catalog.version;
+        let columns_changed_somewhere = self.managed_version != Some(version);
+        let mut uncaptured: Option<Vec<(String, String)>> = None;
+        for (table, mut instances) in tables {
+            instances.sort_by(|a, b| (a.create_date, &a.name).cmp(&(b.create_date, &b.name)));
+            match instances.as_slice() {
+                [older, newer] => self.retire_when_delivered(&table, older, newer).await?,
+                [only] if columns_changed_somewhere => {
+                    if uncaptured.is_none() {
+                        uncaptured = Some(self.source.uncaptured_columns().await?);
+                    }
+                    let not_captured: Vec<String> = uncaptured
+                        .iter()
+                        .flatten()
+                        .filter(|(instance, _)| *instance == only.name)
+                        .map(|(_, column)| column.clone())
+                        .collect();
+                    self.replace_if_changed(&table, only, not_captured, &taken)
+                        .await?;
+                }
+                _ => {}
+            }
+        }
+        self.managed_version = Some(version);
+        Ok(())
+    }
+
+    /// A new capture instance for `instance`'s table when columns were added to the
+    /// table after the instance was created (of `not_captured`, those an `ADD` in
+    /// its DDL history names) or captured ones were dropped.
+    async fn replace_if_changed(
+        &mut self,
+        table: &str,
+        instance: &CaptureInstance,
+        not_captured: Vec<String>,
+        taken: &[String],
+    ) -> Result<(), SourceError> {
+        let dropped: Vec<String> = instance
+            .columns
+            .iter()
+            .filter(|c| c.table_index.is_none())
+            .map(|c| c.name.clone())
+            .collect();
+        let added: Vec<String> = if not_captured.is_empty() {
+            Vec::new()
+        } else {
+            let ddl = self.source.ddl_history(&instance.name).await?;
+            not_captured
+                .into_iter()
+                .filter(|column| ddl.iter().any(|d| adds_column(&d.ddl_command, column)))
+                .collect()
+        };
+        if added.is_empty() && dropped.is_empty() {
+            return Ok(());
+        }
+        let taken: Vec<&str> = taken.iter().map(String::as_str).collect();
+        let name = next_instance_name(&instance.name, &taken);
+        let mut columns: Vec<String> = instance
+            .columns
+            .iter()
+            .filter(|c| c.table_index.is_some())
+            .map(|c| c.name.clone())
+            .collect();
+        columns.extend(added.iter().cloned());
+        let request = EnableCapture {
+            schema: instance.schema.clone(),
+            table: instance.table.clone(),
+            capture_instance: name.clone(),
+            options: instance.options.clone(),
+            columns: Some(columns),
+        };
+        match self.source.enable_capture(&request).await {
+            Ok(()) => {
+                tracing::info!(
+                    %table,
+                    from = %instance.name,
+                    to = %name,
+                    ?added,
+                    ?dropped,
+                    "capture instance created for the table's new columns (source.capture_instances = \"managed\"); the stream switches to it at its start LSN, and the old one is disabled once its changes are checkpointed"
+                );
+                self.capture_actions.created += 1;
+                self.catalog_stale = true;
+                Ok(())
+            }
+            Err(e @ SourceError::PermissionDenied { .. }) => Err(e),
+            Err(e) if e.is_transient() => Err(e),
+            Err(e) => {
+                if self.warned.insert(format!("create {name}: {e}")) {
+                    tracing::warn!(%table, capture_instance = %name, error = %e, "could not create a capture instance for the table's new columns; the stream goes on with the old one and tries again when the catalog changes");
+                }
+                // Decided again at the next catalog change, not at every read.
+                Ok(())
+            }
+        }
+    }
+
+    /// Disables `older` once the checkpoint holds every change of it below the
+    /// point where `newer` takes over.
+    async fn retire_when_delivered(
+        &mut self,
+        table: &str,
+        older: &CaptureInstance,
+        newer: &CaptureInstance,
+    ) -> Result<(), SourceError> {
+        let Some(start) = newer.start_lsn else {
+            return Ok(()); // the switch point is not known yet
+        };
+        let switch_at = self
+            .position
+            .switches
+            .get(&older.name)
+            .map_or(start, |s| s.at);
+        let written = self.checkpoints.as_ref().and_then(|rx| rx.borrow().clone());
+        let drained = written
+            .as_ref()
+            .or(self.started_from.as_ref())
+            .is_some_and(|checkpoint| {
+                checkpoint.change_tables.get(&older.name) == Some(&older.object_id)
+                    && checkpoint
+                        .instances
+                        .get(&older.name)
+                        .is_some_and(|&through| through >= last_before(switch_at))
+            });
+        if !drained {
+            return Ok(());
+        }
+        match self.source.disable_capture(older).await {
+            Ok(()) => {
+                tracing::info!(
+                    %table,
+                    disabled = %older.name,
+                    streaming_from = %newer.name,
+                    switch_lsn = %switch_at,
+                    "older capture instance disabled: every change it held below the switch is delivered and checkpointed (source.capture_instances = \"managed\")"
+                );
+                self.capture_actions.disabled += 1;
+                self.catalog_stale = true;
+                Ok(())
+            }
+            Err(e @ SourceError::PermissionDenied { .. }) => Err(e),
+            Err(e) if e.is_transient() => Err(e),
+            Err(e) => {
+                if self.warned.insert(format!("disable {}: {e}", older.name)) {
+                    tracing::warn!(%table, capture_instance = %older.name, error = %e, "could not disable the drained capture instance; it is tried again at the next catalog read");
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_names_count_up_and_fit_sql_servers_limit() {
+        assert_eq!(next_instance_name("dbo_T", &[]), "dbo_T_v2");
+        assert_eq!(next_instance_name("dbo_T_v2", &[]), "dbo_T_v3");
+        assert_eq!(next_instance_name("dbo_T_v9", &["dbo_T_v10"]), "dbo_T_v11");
+        assert_eq!(next_instance_name("dbo_T_vx", &[]), "dbo_T_vx_v2");
+        assert_eq!(next_instance_name("_v3", &[]), "_v3_v2");
+        let long = "x".repeat(100);
+        let next = next_instance_name(&long, &[]);
+        assert_eq!(next.chars().count(), MAX_INSTANCE_NAME);
+        assert!(next.ends_with("_v2"));
+    }
+
+    #[test]
+    fn an_add_is_recognised_by_the_columns_name_as_a_word() {
+        assert!(adds_column(
+            "ALTER TABLE dbo.T ADD [Email] nvarchar(80)",
+            "Email"
+        ));
+        assert!(adds_column(
+            "alter table dbo.T add Email nvarchar(80) null",
+            "Email"
+        ));
+        assert!(adds_column("ALTER TABLE T ADD a int, \"b c\" int", "b c"));
+        assert!(adds_column("ALTER TABLE T ADD a int, b int", "b"));
+        assert!(!adds_column("ALTER TABLE T ADD Emails int", "Email"));
+        assert!(!adds_column(
+            "ALTER TABLE T ALTER COLUMN Email nvarchar(90)",
+            "Email"
+        ));
+        assert!(!adds_column("ALTER TABLE T DROP COLUMN Email", "Email"));
+        assert!(!adds_column("ALTER TABLE T ADD x int -- no", "Email"));
+        assert!(adds_column("ALTER TABLE T ADD [we]]ird] int", "we]ird"));
+        assert!(
+            adds_column("alter table t add email int", "Email"),
+            "case-insensitive"
+        );
+        // "ADD" inside a name is not the keyword.
+        assert!(!adds_column(
+            "ALTER TABLE ADDRESS ALTER COLUMN Email int",
+            "Email"
+        ));
+    }
+}

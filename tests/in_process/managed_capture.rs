@@ -198,6 +198,73 @@ async fn an_added_column_gets_a_new_instance_and_the_old_one_goes_once_checkpoin
     assert_eq!(ids(&items), [2]);
 }
 
+/// Killed right after creating the new instance, before anything after it was
+/// checkpointed: the next process starts from the old checkpoint, finds two
+/// instances, creates no third, reads the old one up to the switch and the new one
+/// from it — each change once — and retires the old one once that is checkpointed.
+#[tokio::test]
+async fn a_crash_after_the_create_resumes_from_the_checkpoint_without_loss_or_a_third() {
+    let sim = database();
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(1), text("a")])
+        .commit()
+        .expect("commit");
+    let mut first = Poller::new(sim.clone(), config(), None);
+    drain(&mut first).await.expect("poll");
+    let checkpoint = first.position().clone();
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Email", SqlType::NVarChar(Length::Bounded(80))),
+        Value::Null,
+    )
+    .expect("add");
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(2), text("b"), text("lost?")])
+        .commit()
+        .expect("commit");
+    // The first process reads the catalog, creates the instance, and dies before
+    // its next checkpoint.
+    let _ = first.poll().await.expect("poll");
+    drop(first);
+    assert_eq!(instance_names(&sim), ["dbo_T", "dbo_T_v2"]);
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(3), text("c"), text("c@example.com")],
+        )
+        .commit()
+        .expect("commit");
+    let (written, checkpoints) = watch::channel(None::<Position>);
+    let mut second = Poller::new(sim.clone(), config(), Some(checkpoint));
+    second.watch_checkpoints(checkpoints);
+    let items = drain(&mut second).await.expect("poll");
+    assert_eq!(ids(&items), [2, 3], "each change once, none lost");
+    assert_eq!(second.capture_actions().created, 0, "no third instance");
+    assert_eq!(instance_names(&sim), ["dbo_T", "dbo_T_v2"]);
+    written.send_replace(Some(second.position().clone()));
+    drain(&mut second).await.expect("poll");
+    assert_eq!(instance_names(&sim), ["dbo_T_v2"]);
+    // Killed after the disable, before another checkpoint: the next process starts
+    // from the one that allowed the disable (it knows the gone instance), re-sends
+    // nothing of it and goes on with the new one.
+    let durable = written.borrow().clone();
+    let mut third = Poller::new(sim.clone(), config(), durable);
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(4), text("d"), text("d@example.com")],
+        )
+        .commit()
+        .expect("commit");
+    let items = drain(&mut third).await.expect("poll");
+    assert_eq!(ids(&items), [4]);
+    assert_eq!(
+        third.capture_actions(),
+        Default::default(),
+        "nothing more to do"
+    );
+}
+
 #[tokio::test]
 async fn a_dropped_column_gets_an_instance_without_it_and_two_instances_wait() {
     let sim = database();

@@ -2,4 +2,5 @@
 //! and `sql/`). See `sqlserver_integration` for how to run it and how it reports a
 //! server it cannot reach.
 
+mod schema_evolution;
 mod sqlserver_integration;

@@ -27,11 +27,11 @@ use tiberius::{Client, Config};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
-type Admin = Client<Compat<TcpStream>>;
+pub(crate) type Admin = Client<Compat<TcpStream>>;
 
 /// An admin connection to `MSSQL_CES_TEST_URL`; a test run without one fails saying
 /// what to start.
-async fn admin() -> (Admin, String) {
+pub(crate) async fn admin() -> (Admin, String) {
     let Ok(url) = std::env::var("MSSQL_CES_TEST_URL") else {
         panic!(
             "MSSQL_CES_TEST_URL is not set: start the docker SQL Server (docker compose up -d --wait) and point it there"
@@ -51,7 +51,7 @@ async fn admin() -> (Admin, String) {
     }
 }
 
-async fn exec(db: &mut Admin, sql: &str) {
+pub(crate) async fn exec(db: &mut Admin, sql: &str) {
     db.simple_query(sql)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
@@ -77,12 +77,12 @@ async fn attempt(db: &mut Admin, sql: String) -> Result<(), tiberius::error::Err
     db.simple_query(sql).await?.into_results().await.map(|_| ())
 }
 
-fn suffix() -> String {
+pub(crate) fn suffix() -> String {
     format!("{:08x}", uuid::Uuid::new_v4().as_u128() as u32)
 }
 
 /// Creates `dbo.<name>` from `columns` and enables CDC on it.
-async fn cdc_table(db: &mut Admin, name: &str, columns: &str, instance: Option<&str>) {
+pub(crate) async fn cdc_table(db: &mut Admin, name: &str, columns: &str, instance: Option<&str>) {
     exec(db, &format!("CREATE TABLE dbo.[{name}] ({columns})")).await;
     let instance = instance.map_or("NULL".to_owned(), |i| format!("N'{i}'"));
     exec(
@@ -95,7 +95,7 @@ async fn cdc_table(db: &mut Admin, name: &str, columns: &str, instance: Option<&
     .await;
 }
 
-async fn drop_table(db: &mut Admin, name: &str) {
+pub(crate) async fn drop_table(db: &mut Admin, name: &str) {
     exec(
         db,
         &format!(
@@ -107,7 +107,7 @@ async fn drop_table(db: &mut Admin, name: &str) {
 }
 
 /// The poller's connection string: the least-privilege login's.
-fn poller_url(admin_url: &str) -> String {
+pub(crate) fn poller_url(admin_url: &str) -> String {
     if let Ok(url) = std::env::var("MSSQL_CES_TEST_POLLER_URL") {
         return url;
     }
@@ -136,7 +136,7 @@ fn poller(url: &str, tables: &[&str], position: Option<Position>) -> Poller<SqlS
     poller_with(url, tables, position, |_| {})
 }
 
-fn poller_with(
+pub(crate) fn poller_with(
     url: &str,
     tables: &[&str],
     position: Option<Position>,

@@ -25,13 +25,7 @@ pub(super) async fn check_destination(
                     return;
                 }
             };
-            let mut topics = topics(&template, state);
-            if routing.schema_changes == crate::sink::settings::SchemaChangePlacement::Topic {
-                // Schema-change events' own topic (`sink.schema_topic`).
-                topics.extend(self::topics(&routing.schema_topic(), state));
-                topics.sort();
-                topics.dedup();
-            }
+            let topics = written_topics(routing, &template, state);
             match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
                 Ok(facts) => kafka_findings(
                     report,
@@ -130,6 +124,22 @@ async fn check_event_hubs(
             "check the namespace, that AMQP (port 5671) is reachable from here, and sink.custom_endpoint",
         ),
     }
+}
+
+/// The topics the stream writes: data events' (`template`) and, with
+/// `sink.schema_changes = "topic"`, schema-change events'.
+fn written_topics(
+    routing: &crate::sink::settings::RoutingSettings,
+    template: &str,
+    state: Option<&SourceState>,
+) -> Vec<String> {
+    let mut all = topics(template, state);
+    if routing.schema_changes == crate::sink::settings::SchemaChangePlacement::Topic {
+        all.extend(topics(&routing.schema_topic(), state));
+        all.sort();
+        all.dedup();
+    }
+    all
 }
 
 /// The topics the stream writes to: the template for each included table.

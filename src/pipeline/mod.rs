@@ -196,11 +196,8 @@ pub async fn run<B: BatchSource>(
     let abandon = CancellationToken::new();
     let metrics = Arc::clone(&settings.metrics);
     let (lease_view, lease) = tokio::sync::watch::channel(LeaseView::of(&store));
-    // Positions as they are checkpointed, for the source (see
-    // `BatchSource::watch_checkpoints`).
+    // Positions as they are checkpointed, for the source.
     let (durable_tx, durable_rx) = tokio::sync::watch::channel(None);
-    let mut poller = poller;
-    poller.watch_checkpoints(durable_rx);
     let acker = tokio::spawn(acknowledge(
         rx,
         store,
@@ -212,7 +209,7 @@ pub async fn run<B: BatchSource>(
     ));
 
     let mut upstream = spawn_source_and_encoder(
-        poller,
+        (poller, durable_rx),
         encoder_options,
         router,
         &settings,
@@ -288,12 +285,13 @@ pub async fn run<B: BatchSource>(
 /// can take it, until the source yields; the two would take turns instead of running
 /// at once.
 fn spawn_source_and_encoder<B: BatchSource>(
-    poller: B,
+    (mut poller, checkpoints): (B, tokio::sync::watch::Receiver<Option<Position>>),
     encoder_options: EncoderFactory,
     router: Router,
     settings: &PipelineSettings,
     metrics: Arc<Metrics>,
 ) -> Upstream {
+    poller.watch_checkpoints(checkpoints);
     let (batch_tx, batch_rx) = mpsc::channel::<Result<SourceItem, SourceError>>(2);
     let stop_source = CancellationToken::new();
     let source = tokio::spawn(poll_source(

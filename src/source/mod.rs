@@ -12,6 +12,7 @@
 //! `__$operation`) order ([`RowKey`]); `__$start_lsn` is the commit LSN, shared by every
 //! row of a transaction; op 3 (before image) is immediately followed by its op 4.
 
+pub mod capture_ddl;
 pub mod catalog;
 pub mod decode;
 pub mod diagnostics;

@@ -128,27 +128,18 @@ pub struct ShapeTracker {
 }
 
 impl ShapeTracker {
-    /// Notes the description of an event's table (the event at commit LSN `at`), in
-    /// stream order; the change when its shape differs from the one `versions` has
-    /// for it (a table first seen gets version 1 and is not a change).
-    ///
-    /// With `announce` (schema-change events are on), a version whose shape no
-    /// schema-change event described yet — a table first seen, a shape changed, a
-    /// version from a run with them off — is announced: the result carries the
-    /// shape `announce` gives, recorded in `versions` as this version's.
-    pub fn note(
+    /// The table's name and shape fingerprint, and the description of its last event
+    /// when it was another one (whose shape may differ).
+    fn remember(
         &mut self,
         table: &Arc<TableDescription>,
-        versions: &mut BTreeMap<String, TableVersion>,
-        at: Lsn,
-        announce: Option<&dyn Fn() -> TableShape>,
-    ) -> Option<ShapeChanged> {
+    ) -> (String, Uuid, Option<Arc<TableDescription>>) {
         let address = Arc::as_ptr(table) as usize;
         let known = self.names.get(&address).and_then(|name| {
             let (_, shape) = self.last.get(name)?;
             Some((name.clone(), *shape))
         });
-        let (name, shape, previous) = match known {
+        match known {
             // The same description as the table's last event: only the version
             // map can have moved (a restart's, or another description's).
             Some((name, shape)) => (name, shape, None),
@@ -165,7 +156,25 @@ impl ShapeTracker {
                 self.names.insert(address, name.clone());
                 (name, shape, previous)
             }
-        };
+        }
+    }
+
+    /// Notes the description of an event's table (the event at commit LSN `at`), in
+    /// stream order; the change when its shape differs from the one `versions` has
+    /// for it (a table first seen gets version 1 and is not a change).
+    ///
+    /// With `announce` (schema-change events are on), a version whose shape no
+    /// schema-change event described yet — a table first seen, a shape changed, a
+    /// version from a run with them off — is announced: the result carries the
+    /// shape `announce` gives, recorded in `versions` as this version's.
+    pub fn note(
+        &mut self,
+        table: &Arc<TableDescription>,
+        versions: &mut BTreeMap<String, TableVersion>,
+        at: Lsn,
+        announce: Option<&dyn Fn() -> TableShape>,
+    ) -> Option<ShapeChanged> {
+        let (name, shape, previous) = self.remember(table);
         let described = || announce.map(|describe| Arc::new(describe()));
         match versions.get_mut(&name) {
             Some(known) if known.shape == shape => {

@@ -27,7 +27,7 @@ use crate::source::{
     CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
     RowKey, SourceError, TableCursor,
 };
-use crate::source::{EnableCapture, UncapturedTable};
+use crate::source::{EnableCapture, UncapturedTable, capture_ddl};
 
 /// The change query of one capture instance and what it was built from.
 struct ChangeQuery {
@@ -77,7 +77,8 @@ fn malformed(capture_instance: &str, error: DecodeError) -> SourceError {
     }
 }
 
-fn catalog_error(error: DecodeError) -> SourceError {
+/// An answer that does not have the shape its query promises.
+pub(crate) fn catalog_error(error: DecodeError) -> SourceError {
     SourceError::Definite {
         message: format!("unexpected catalog result: {error}"),
     }
@@ -709,72 +710,23 @@ impl ChangeSource for SqlServerSource {
     }
 
     async fn may_manage_capture(&mut self) -> Result<bool, SourceError> {
-        let rows = self.conn.query(queries::IS_DB_OWNER, &[]).await?;
-        match rows.into_iter().next() {
-            Some(row) => Ok(NamedRow::new(row)
-                .opt_int("is_db_owner")
-                .map_err(catalog_error)?
-                == Some(1)),
-            None => Ok(false),
-        }
+        capture_ddl::may_manage(&mut self.conn).await
     }
 
     async fn enable_capture(&mut self, request: &EnableCapture) -> Result<(), SourceError> {
-        let options = &request.options;
-        let columns = request.columns.as_deref().map(queries::column_list);
-        let net = i32::from(options.supports_net_changes);
-        self.conn
-            .query(
-                queries::ENABLE_TABLE,
-                &[
-                    &request.schema,
-                    &request.table,
-                    &request.capture_instance,
-                    &options.role_name,
-                    &options.index_name,
-                    &options.filegroup_name,
-                    &net,
-                    &columns,
-                ],
-            )
-            .await?;
-        Ok(())
+        capture_ddl::enable(&mut self.conn, request).await
     }
 
     async fn disable_capture(&mut self, instance: &CaptureInstance) -> Result<(), SourceError> {
-        self.conn
-            .query(
-                queries::DISABLE_TABLE,
-                &[&instance.schema, &instance.table, &instance.name],
-            )
-            .await?;
-        Ok(())
+        capture_ddl::disable(&mut self.conn, instance).await
     }
 
     async fn uncaptured_columns(&mut self) -> Result<Vec<(String, String)>, SourceError> {
-        let rows = self.conn.query(queries::UNCAPTURED_COLUMNS, &[]).await?;
-        rows.into_iter()
-            .map(|row| {
-                let mut row = NamedRow::new(row);
-                Ok((
-                    row.string("capture_instance").map_err(catalog_error)?,
-                    row.string("column_name").map_err(catalog_error)?,
-                ))
-            })
-            .collect()
+        capture_ddl::uncaptured_columns(&mut self.conn).await
     }
 
     async fn uncaptured_tables(&mut self) -> Result<Vec<UncapturedTable>, SourceError> {
-        let rows = self.conn.query(queries::UNCAPTURED_TABLES, &[]).await?;
-        rows.into_iter()
-            .map(|row| {
-                let mut row = NamedRow::new(row);
-                Ok(UncapturedTable {
-                    schema: row.string("schema_name").map_err(catalog_error)?,
-                    table: row.string("table_name").map_err(catalog_error)?,
-                })
-            })
-            .collect()
+        capture_ddl::uncaptured_tables(&mut self.conn).await
     }
 
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {

@@ -52,6 +52,59 @@ impl SimDdlError {
     }
 }
 
+/// A table has at most two capture instances, and an instance name is unique in
+/// the database.
+fn check_new_instance(
+    state: &SimState,
+    t: &SimTable,
+    table: &str,
+    name: &str,
+) -> Result<(), SimDdlError> {
+    if state.instances.iter().filter(|i| i.table == table).count() >= 2 {
+        return Err(SimDdlError {
+            number: 22962,
+            message: format!(
+                "Two capture instances already exist for source table '{}.{}'. A table can have at most two capture instances. If the current tracking options are not appropriate, disable change tracking for the obsolete instance by using sys.sp_cdc_disable_table and retry the operation.",
+                t.schema, t.name
+            ),
+        });
+    }
+    if state.instances.iter().any(|i| i.info.name == name) {
+        return Err(SimDdlError {
+            number: 22926,
+            message: format!(
+                "Could not create a capture instance because the capture instance name '{name}' already exists in the current database. Specify an explicit unique name for the parameter @capture_instance."
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `@captured_column_list` names columns of the table, the key among them.
+fn check_captured_list(t: &SimTable, list: &[String]) -> Result<(), SimDdlError> {
+    if let Some(missing) = list
+        .iter()
+        .find(|n| !t.columns.iter().any(|c| &c.name == *n))
+    {
+        return Err(SimDdlError {
+            number: 22918,
+            message: format!(
+                "One or more columns in the list of included columns was not a captured column of the change table {missing}."
+            ),
+        });
+    }
+    if let Some(key) = t.key.iter().find(|k| !list.contains(k)) {
+        return Err(SimDdlError {
+            number: 22945,
+            message: format!(
+                "Could not add column information to the cdc.captured_columns system table for source table '{}.{}'. The index column '{key}' must be in the captured column list.",
+                t.schema, t.name
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl CdcSimulator {
     /// `sys.sp_cdc_enable_table`: a capture instance named `name` (default
     /// `schema_table`) capturing the table's current columns. Its `start_lsn` is NULL
@@ -85,44 +138,9 @@ impl CdcSimulator {
             ),
         })?;
         let name = name.map_or_else(|| format!("{}_{}", t.schema, t.name), str::to_owned);
-        if state.instances.iter().filter(|i| i.table == table).count() >= 2 {
-            return Err(SimDdlError {
-                number: 22962,
-                message: format!(
-                    "Two capture instances already exist for source table '{}.{}'. A table can have at most two capture instances. If the current tracking options are not appropriate, disable change tracking for the obsolete instance by using sys.sp_cdc_disable_table and retry the operation.",
-                    t.schema, t.name
-                ),
-            });
-        }
-        if state.instances.iter().any(|i| i.info.name == name) {
-            return Err(SimDdlError {
-                number: 22926,
-                message: format!(
-                    "Could not create a capture instance because the capture instance name '{name}' already exists in the current database. Specify an explicit unique name for the parameter @capture_instance."
-                ),
-            });
-        }
+        check_new_instance(&state, &t, table, &name)?;
         if let Some(list) = captured {
-            if let Some(missing) = list
-                .iter()
-                .find(|n| !t.columns.iter().any(|c| &c.name == *n))
-            {
-                return Err(SimDdlError {
-                    number: 22918,
-                    message: format!(
-                        "One or more columns in the list of included columns was not a captured column of the change table {missing}."
-                    ),
-                });
-            }
-            if let Some(key) = t.key.iter().find(|k| !list.contains(k)) {
-                return Err(SimDdlError {
-                    number: 22945,
-                    message: format!(
-                        "Could not add column information to the cdc.captured_columns system table for source table '{}.{}'. The index column '{key}' must be in the captured column list.",
-                        t.schema, t.name
-                    ),
-                });
-            }
+            check_captured_list(&t, list)?;
         }
         let enabled_at = state.next_lsn();
         let columns = t

@@ -1,0 +1,93 @@
+//! What `source.capture_instances = "managed"` and `source.enable_cdc` run on SQL
+//! Server: the `db_owner` check, `sys.sp_cdc_enable_table` and
+//! `sys.sp_cdc_disable_table`, and the two catalog reads that decide them (the
+//! columns a capture instance lacks, the tables without CDC). The T-SQL is in
+//! [`queries`].
+
+use crate::mssql::SqlConnection;
+use crate::source::catalog::NamedRow;
+use crate::source::queries;
+use crate::source::sqlserver::catalog_error;
+use crate::source::{CaptureInstance, EnableCapture, SourceError, UncapturedTable};
+
+/// `IS_DB_OWNER`: whether the login may run the CDC procedures.
+pub(crate) async fn may_manage(conn: &mut SqlConnection) -> Result<bool, SourceError> {
+    let rows = conn.query(queries::IS_DB_OWNER, &[]).await?;
+    match rows.into_iter().next() {
+        Some(row) => Ok(NamedRow::new(row)
+            .opt_int("is_db_owner")
+            .map_err(catalog_error)?
+            == Some(1)),
+        None => Ok(false),
+    }
+}
+
+/// `sys.sp_cdc_enable_table` as `request` says.
+pub(crate) async fn enable(
+    conn: &mut SqlConnection,
+    request: &EnableCapture,
+) -> Result<(), SourceError> {
+    let options = &request.options;
+    let columns = request.columns.as_deref().map(queries::column_list);
+    let net = i32::from(options.supports_net_changes);
+    conn.query(
+        queries::ENABLE_TABLE,
+        &[
+            &request.schema,
+            &request.table,
+            &request.capture_instance,
+            &options.role_name,
+            &options.index_name,
+            &options.filegroup_name,
+            &net,
+            &columns,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// `sys.sp_cdc_disable_table` for one capture instance.
+pub(crate) async fn disable(
+    conn: &mut SqlConnection,
+    instance: &CaptureInstance,
+) -> Result<(), SourceError> {
+    conn.query(
+        queries::DISABLE_TABLE,
+        &[&instance.schema, &instance.table, &instance.name],
+    )
+    .await?;
+    Ok(())
+}
+
+/// `UNCAPTURED_COLUMNS`: per capture instance, its table's columns it lacks.
+pub(crate) async fn uncaptured_columns(
+    conn: &mut SqlConnection,
+) -> Result<Vec<(String, String)>, SourceError> {
+    let rows = conn.query(queries::UNCAPTURED_COLUMNS, &[]).await?;
+    rows.into_iter()
+        .map(|row| {
+            let mut row = NamedRow::new(row);
+            Ok((
+                row.string("capture_instance").map_err(catalog_error)?,
+                row.string("column_name").map_err(catalog_error)?,
+            ))
+        })
+        .collect()
+}
+
+/// `UNCAPTURED_TABLES`: user tables without CDC.
+pub(crate) async fn uncaptured_tables(
+    conn: &mut SqlConnection,
+) -> Result<Vec<UncapturedTable>, SourceError> {
+    let rows = conn.query(queries::UNCAPTURED_TABLES, &[]).await?;
+    rows.into_iter()
+        .map(|row| {
+            let mut row = NamedRow::new(row);
+            Ok(UncapturedTable {
+                schema: row.string("schema_name").map_err(catalog_error)?,
+                table: row.string("table_name").map_err(catalog_error)?,
+            })
+        })
+        .collect()
+}

@@ -545,6 +545,20 @@ impl Config {
                 ),
             ));
         }
+        if self.source.kind == SourceKind::Synthetic {
+            if self.source.capture_instances == CaptureInstanceMode::Managed {
+                return Err(invalid(
+                    "source.capture_instances",
+                    "\"managed\" creates capture instances on SQL Server; the synthetic source has none: use kind = \"sqlserver\", or \"manual\"",
+                ));
+            }
+            if self.source.enable_cdc {
+                return Err(invalid(
+                    "source.enable_cdc",
+                    "enables CDC on SQL Server tables; the synthetic source has none: use kind = \"sqlserver\", or false",
+                ));
+            }
+        }
         if self.source.enable_cdc && self.source.include.is_empty() {
             return Err(invalid(
                 "source.enable_cdc",
@@ -1411,6 +1425,47 @@ topic = "hub"
             .unwrap_err()
             .to_string();
         assert!(err.contains("schema_changes"), "{err}");
+    }
+
+    #[test]
+    fn managed_capture_instances_and_enable_cdc_are_checked_before_connecting() {
+        let sqlserver = "[source]\nkind = \"sqlserver\"\nconnection_string = { env = \"X\" }\n";
+        let sink = "[sink]\nkind = \"stdout\"\n";
+        let managed = load(&format!(
+            "{sqlserver}capture_instances = \"managed\"\n{sink}"
+        ))
+        .unwrap();
+        let poller = managed.poller().unwrap();
+        assert_eq!(poller.capture_instances, CaptureInstanceMode::Managed);
+        assert!(!poller.enable_cdc);
+        let err = load(&format!("{sqlserver}enable_cdc = true\n{sink}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("source.enable_cdc") && err.contains("source.include"),
+            "{err}"
+        );
+        let named = load(&format!(
+            "{sqlserver}enable_cdc = true\ninclude = [\"dbo.T\"]\n{sink}"
+        ))
+        .unwrap();
+        assert!(named.poller().unwrap().enable_cdc);
+        let err = load(&format!("{sqlserver}capture_instances = \"auto\"\n{sink}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("capture_instances") && err.contains("managed"),
+            "{err}"
+        );
+        let synthetic = MINIMAL.replace(
+            "kind = \"synthetic\"\n",
+            "kind = \"synthetic\"\ncapture_instances = \"managed\"\n",
+        );
+        let err = load(&synthetic).unwrap_err().to_string();
+        assert!(
+            err.contains("source.capture_instances") && err.contains("synthetic"),
+            "{err}"
+        );
     }
 
     #[test]

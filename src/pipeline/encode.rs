@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::sink::settings::SchemaChangePlacement;
+use crate::source::poller::BatchEvent;
 
 /// Messages handed from the encode task to the send loop, at most, per chunk: a
 /// chunk ends after the change that reaches either bound, or with its batch.
@@ -101,18 +102,22 @@ pub(super) fn encode_batch(
 ) -> Result<bool, PipelineError> {
     let mut counts = BatchCounts::default();
     let mut chunk = Chunk::default();
-    let mut schema_changes = batch.schema_changes.iter().peekable();
-    for (at, change) in batch.changes.iter().enumerate() {
-        while let Some(placed) = schema_changes.next_if(|p| p.before <= at) {
-            if router.schema_changes() == SchemaChangePlacement::Off {
-                continue; // a poller with them on behind a router with them off
+    for event in batch.events() {
+        let change = match event {
+            BatchEvent::Change(change) => change,
+            // A poller with them on behind a router with them off sends none.
+            BatchEvent::Schema(_) if router.schema_changes() == SchemaChangePlacement::Off => {
+                continue;
             }
-            let messages = router
-                .route_schema_change(&placed.event, encoder.encode_schema_change(&placed.event)?)?;
-            counts.add_schema_change(placed.event.qualified_name(), messages.len() as u64);
-            chunk.bytes += messages.iter().map(|m| m.payload.len() as u64).sum::<u64>();
-            chunk.messages.extend(messages);
-        }
+            BatchEvent::Schema(schema) => {
+                let messages =
+                    router.route_schema_change(schema, encoder.encode_schema_change(schema)?)?;
+                counts.add_schema_change(schema.qualified_name(), messages.len() as u64);
+                chunk.bytes += messages.iter().map(|m| m.payload.len() as u64).sum::<u64>();
+                chunk.messages.extend(messages);
+                continue;
+            }
+        };
         let event = encoder.encode(change)?;
         let truncated = event.truncated_values as u64;
         let messages = router.route(change, event)?;

@@ -1,8 +1,9 @@
 //! Helpers several in-process suites share.
 
 use mssql_ces::event::Change;
+use mssql_ces::event::schema::SchemaChange;
 use mssql_ces::event::value::{Length, SqlType};
-use mssql_ces::source::poller::{PollOutcome, Poller};
+use mssql_ces::source::poller::{BatchEvent, PollOutcome, Poller};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{ChangeSource, SourceError};
 use uuid::Uuid;
@@ -18,17 +19,58 @@ pub async fn drain<S: ChangeSource>(poller: &mut Poller<S>) -> Result<Vec<Change
     }
 }
 
+/// An event of the stream: a schema change or a change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Item {
+    Schema(SchemaChange),
+    Change(Box<Change>),
+}
+
+/// Polls until idle: every event in stream order, schema changes included.
+pub async fn drain_items<S: ChangeSource>(
+    poller: &mut Poller<S>,
+) -> Result<Vec<Item>, SourceError> {
+    let mut items = Vec::new();
+    loop {
+        match poller.poll().await? {
+            PollOutcome::Idle => return Ok(items),
+            PollOutcome::Batch(batch) => {
+                items.extend(batch.events().into_iter().map(|e| match e {
+                    BatchEvent::Schema(s) => Item::Schema(s.clone()),
+                    BatchEvent::Change(c) => Item::Change(Box::new(c.clone())),
+                }))
+            }
+        }
+    }
+}
+
+/// The schema-change events among `items`.
+pub fn schema_events(items: &[Item]) -> Vec<&SchemaChange> {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Schema(s) => Some(s),
+            Item::Change(_) => None,
+        })
+        .collect()
+}
+
 /// Database `Shop` on a server at `utc_offset_minutes`, with `dbo.T (Id int PRIMARY
 /// KEY, Name nvarchar(50))`, not yet enabled.
 pub fn shop_with_t(utc_offset_minutes: i32) -> CdcSimulator {
+    shop_with(
+        utc_offset_minutes,
+        SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+    )
+}
+
+/// As [`shop_with_t`], with `name` as `dbo.T`'s second column.
+pub fn shop_with(utc_offset_minutes: i32, name: SimColumn) -> CdcSimulator {
     let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), utc_offset_minutes);
     sim.create_table(
         "dbo",
         "T",
-        vec![
-            SimColumn::new("Id", SqlType::Int),
-            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
-        ],
+        vec![SimColumn::new("Id", SqlType::Int), name],
         &["Id"],
     );
     sim

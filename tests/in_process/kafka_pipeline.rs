@@ -63,7 +63,7 @@ fn sink_settings(bootstrap: &str) -> KafkaSinkConfig {
 }
 
 /// A Kafka sink at `bootstrap` with the tests' settings (`config` when given).
-fn kafka_sink_with(bootstrap: &str, config: Option<KafkaSinkConfig>) -> KafkaSink {
+pub(crate) fn kafka_sink_with(bootstrap: &str, config: Option<KafkaSinkConfig>) -> KafkaSink {
     let config = config.unwrap_or_else(|| sink_settings(bootstrap));
     let settings =
         KafkaSettings::new(&config, KafkaFlavour::Kafka, 128 * 1024, None).expect("settings");
@@ -105,20 +105,25 @@ async fn run(
         router,
         sink,
         store,
-        PipelineSettings {
-            poll_interval: Duration::from_millis(10),
-            checkpoint_interval: Duration::from_millis(10),
-            drain_timeout: Duration::from_secs(30),
-            idle_drain_timeout: Duration::from_secs(30),
-            until_idle: true,
-            metrics: Default::default(),
-        },
+        until_idle(),
         CancellationToken::new(),
     )
     .await
     .expect("run");
     std::fs::remove_dir_all(dir).ok();
     summary
+}
+
+/// A run until the source is idle, with short intervals.
+pub(crate) fn until_idle() -> PipelineSettings {
+    PipelineSettings {
+        poll_interval: Duration::from_millis(10),
+        checkpoint_interval: Duration::from_millis(10),
+        drain_timeout: Duration::from_secs(30),
+        idle_drain_timeout: Duration::from_secs(30),
+        until_idle: true,
+        metrics: Default::default(),
+    }
 }
 
 fn header<'a>(m: &'a Consumed, name: &str) -> Option<&'a [u8]> {

@@ -8,11 +8,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use mssql_ces::event::schema::SchemaChange;
+use crate::common::Item;
 use mssql_ces::event::value::{Length, SqlType};
-use mssql_ces::event::{Change, Operation, Value};
+use mssql_ces::event::{Operation, Value};
 use mssql_ces::position::Position;
-use mssql_ces::source::poller::{CaptureInstanceMode, PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::poller::{CaptureInstanceMode, Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{CaptureOptions, ChangeSource, SourceError};
 use tokio::sync::watch;
@@ -35,20 +35,21 @@ fn text(s: &str) -> Value {
 /// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, enabled with a gating role, a
 /// filegroup and net changes.
 fn database() -> CdcSimulator {
-    let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
-    sim.create_table(
-        "dbo",
-        "T",
-        vec![
-            SimColumn::new("Id", SqlType::Int),
-            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
-        ],
-        &["Id"],
-    );
+    let sim = crate::common::shop_with_t(0);
     sim.enable_table_with("dbo.T", None, &options(), None)
         .expect("enable");
     sim.set_role_member("cdc_reader", true);
     sim
+}
+
+/// `ALTER TABLE dbo.T ADD <name> nvarchar(80) NULL`.
+fn add_column(sim: &CdcSimulator, name: &str) {
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new(name, SqlType::NVarChar(Length::Bounded(80))),
+        Value::Null,
+    )
+    .expect("add column");
 }
 
 fn options() -> CaptureOptions {
@@ -60,28 +61,9 @@ fn options() -> CaptureOptions {
     }
 }
 
-enum Item {
-    Schema(SchemaChange),
-    Change(Change),
-}
-
-/// Polls until idle; every event in order, and the last position.
+/// Polls until idle; every event in order.
 async fn drain(poller: &mut Poller<CdcSimulator>) -> Result<Vec<Item>, SourceError> {
-    let mut items = Vec::new();
-    loop {
-        match poller.poll().await? {
-            PollOutcome::Idle => return Ok(items),
-            PollOutcome::Batch(batch) => {
-                let mut schema = batch.schema_changes.into_iter().peekable();
-                for (at, change) in batch.changes.into_iter().enumerate() {
-                    while let Some(placed) = schema.next_if(|p| p.before <= at) {
-                        items.push(Item::Schema(placed.event));
-                    }
-                    items.push(Item::Change(change));
-                }
-            }
-        }
-    }
+    crate::common::drain_items(poller).await
 }
 
 fn instance_names(sim: &CdcSimulator) -> Vec<String> {
@@ -117,12 +99,7 @@ async fn an_added_column_gets_a_new_instance_and_the_old_one_goes_once_checkpoin
     poller.watch_checkpoints(checkpoints);
     assert_eq!(ids(&drain(&mut poller).await.expect("poll")), [1]);
 
-    sim.add_column(
-        "dbo.T",
-        SimColumn::new("Email", SqlType::NVarChar(Length::Bounded(80))),
-        Value::Null,
-    )
-    .expect("add");
+    add_column(&sim, "Email");
     // Written before the new instance exists: captured by the old one, without Email.
     sim.transaction()
         .insert(
@@ -212,12 +189,7 @@ async fn a_crash_after_the_create_resumes_from_the_checkpoint_without_loss_or_a_
     let mut first = Poller::new(sim.clone(), config(), None);
     drain(&mut first).await.expect("poll");
     let checkpoint = first.position().clone();
-    sim.add_column(
-        "dbo.T",
-        SimColumn::new("Email", SqlType::NVarChar(Length::Bounded(80))),
-        Value::Null,
-    )
-    .expect("add");
+    add_column(&sim, "Email");
     sim.transaction()
         .insert("dbo.T", vec![Value::Int(2), text("b"), text("lost?")])
         .commit()
@@ -268,12 +240,7 @@ async fn a_crash_after_the_create_resumes_from_the_checkpoint_without_loss_or_a_
 #[tokio::test]
 async fn a_dropped_column_gets_an_instance_without_it_and_two_instances_wait() {
     let sim = database();
-    sim.add_column(
-        "dbo.T",
-        SimColumn::new("Note", SqlType::NVarChar(Length::Bounded(20))),
-        Value::Null,
-    )
-    .expect("add");
+    add_column(&sim, "Note");
     // A DBA's second instance, with the new column: managed mode creates no third.
     sim.enable_table("dbo.T", Some("dbo_T_dba"))
         .expect("second");
@@ -311,7 +278,7 @@ async fn managed_mode_needs_db_owner_and_says_so_before_doing_anything() {
     let sim = database();
     sim.set_db_owner(false);
     let mut poller = Poller::new(sim.clone(), config(), None);
-    let err = drain(&mut poller).await.err().expect("refused");
+    let err = drain(&mut poller).await.expect_err("refused");
     let text = err.to_string();
     assert!(
         text.contains("source.capture_instances = \"managed\"")
@@ -329,11 +296,7 @@ async fn managed_mode_needs_db_owner_and_says_so_before_doing_anything() {
         },
         None,
     );
-    let text = drain(&mut enabling)
-        .await
-        .err()
-        .expect("refused")
-        .to_string();
+    let text = drain(&mut enabling).await.expect_err("refused").to_string();
     assert!(text.contains("source.enable_cdc = true"), "{text}");
 }
 
@@ -474,23 +437,7 @@ async fn randomized(seed: u64, steps: u64) {
         match random.below(100) {
             0..=39 => {
                 next_id += 1;
-                let row: Vec<Value> = sim
-                    .table_columns("dbo.T")
-                    .iter()
-                    .map(|name| {
-                        if name == "Id" {
-                            Value::Int(next_id)
-                        } else if writable.contains(name) {
-                            text(&format!("{name}{next_id}"))
-                        } else {
-                            Value::Null
-                        }
-                    })
-                    .collect();
-                sim.transaction()
-                    .insert("dbo.T", row)
-                    .commit()
-                    .expect("insert");
+                insert_row(&sim, next_id, &writable);
                 row_changes += 1;
             }
             40..=64 if next_id > 0 => {
@@ -527,12 +474,7 @@ async fn randomized(seed: u64, steps: u64) {
             73..=78 => {
                 next_column += 1;
                 let name = format!("C{next_column}");
-                sim.add_column(
-                    "dbo.T",
-                    SimColumn::new(&name, SqlType::NVarChar(Length::Bounded(40))),
-                    Value::Null,
-                )
-                .expect("add");
+                add_column(&sim, &name);
                 pending_new.push(name);
             }
             79..=82 => {
@@ -596,21 +538,7 @@ async fn randomized(seed: u64, steps: u64) {
         }
         // A shape is announced before its first event: a row written now is one.
         next_id += 1;
-        let row: Vec<Value> = sim
-            .table_columns("dbo.T")
-            .iter()
-            .map(|name| {
-                if name == "Id" {
-                    Value::Int(next_id)
-                } else {
-                    Value::Null
-                }
-            })
-            .collect();
-        sim.transaction()
-            .insert("dbo.T", row)
-            .commit()
-            .expect("insert");
+        insert_row(&sim, next_id, &[]);
         row_changes += 1;
     }
     let table = sim.table_contents("dbo.T");
@@ -651,6 +579,27 @@ async fn randomized(seed: u64, steps: u64) {
         restarts > 0 || steps < 50,
         "seed {seed}: the run was restarted"
     );
+}
+
+/// A row `id` of `dbo.T`: a value in each of the `writable` columns, NULL in the rest.
+fn insert_row(sim: &CdcSimulator, id: i32, writable: &[String]) {
+    let row: Vec<Value> = sim
+        .table_columns("dbo.T")
+        .iter()
+        .map(|name| {
+            if name == "Id" {
+                Value::Int(id)
+            } else if writable.contains(name) {
+                text(&format!("{name}{id}"))
+            } else {
+                Value::Null
+            }
+        })
+        .collect();
+    sim.transaction()
+        .insert("dbo.T", row)
+        .commit()
+        .expect("insert");
 }
 
 fn exists(sim: &CdcSimulator, id: i32) -> bool {

@@ -3,6 +3,7 @@
 //! first of the new one, the same event again after a restart, and — through Kafka —
 //! in the table's own partition (`inline`) or a topic of their own (`topic`).
 
+use crate::common::{Item, schema_events};
 use crate::support;
 
 use std::collections::BTreeMap;
@@ -12,23 +13,19 @@ use mssql_ces::event::readback::{Reassembler, decode_message};
 use mssql_ces::event::schema::{SCHEMA_CHANGE_TYPE, SchemaChange, SchemaChangeReason};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{
-    Change, EVENT_TYPE, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value,
+    EVENT_TYPE, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value,
 };
-use mssql_ces::pipeline::{self, PipelineSettings};
-use mssql_ces::position::Position;
-use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink, KafkaSinkConfig};
+use mssql_ces::pipeline;
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme, SchemaChangePlacement};
 use mssql_ces::sink::{Router, Sink};
-use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
+use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use rdkafka::mocking::MockCluster;
 use tokio_util::sync::CancellationToken;
 
-/// An event of the stream, in order: a schema change or a change.
-#[derive(Debug, Clone, PartialEq)]
-enum Item {
-    Schema(SchemaChange),
-    Change(Box<Change>),
+/// Polls until idle: every event in stream order.
+async fn drain(poller: &mut Poller<CdcSimulator>) -> Vec<Item> {
+    crate::common::drain_items(poller).await.expect("poll")
 }
 
 fn config(schema_changes: bool) -> PollerConfig {
@@ -38,41 +35,6 @@ fn config(schema_changes: bool) -> PollerConfig {
         schema_changes,
         ..PollerConfig::default()
     }
-}
-
-/// Polls until idle: every event in stream order, and the position of each batch.
-async fn drain(poller: &mut Poller<CdcSimulator>) -> (Vec<Item>, Vec<Position>) {
-    let mut items = Vec::new();
-    let mut positions = Vec::new();
-    loop {
-        match poller.poll().await.expect("poll") {
-            PollOutcome::Idle => return (items, positions),
-            PollOutcome::Batch(batch) => {
-                let mut schema = batch.schema_changes.into_iter().peekable();
-                for (at, change) in batch.changes.into_iter().enumerate() {
-                    while let Some(placed) = schema.next_if(|p| p.before <= at) {
-                        items.push(Item::Schema(placed.event));
-                    }
-                    items.push(Item::Change(Box::new(change)));
-                }
-                assert!(
-                    schema.next().is_none(),
-                    "every schema change precedes a change"
-                );
-                positions.push(batch.position);
-            }
-        }
-    }
-}
-
-fn schema_events(items: &[Item]) -> Vec<&SchemaChange> {
-    items
-        .iter()
-        .filter_map(|i| match i {
-            Item::Schema(s) => Some(s),
-            Item::Change(_) => None,
-        })
-        .collect()
 }
 
 fn text(s: &str) -> Value {
@@ -85,15 +47,9 @@ fn names(event: &SchemaChange) -> Vec<&str> {
 
 /// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50) NOT NULL)` enabled, one row.
 fn database() -> CdcSimulator {
-    let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
-    sim.create_table(
-        "dbo",
-        "T",
-        vec![
-            SimColumn::new("Id", SqlType::Int),
-            SimColumn::not_null("Name", SqlType::NVarChar(Length::Bounded(50))),
-        ],
-        &["Id"],
+    let sim = crate::common::shop_with(
+        0,
+        SimColumn::not_null("Name", SqlType::NVarChar(Length::Bounded(50))),
     );
     sim.enable_table("dbo.T", None).expect("enable");
     sim.transaction()
@@ -132,7 +88,7 @@ fn retire_first(sim: &CdcSimulator) {
 async fn a_table_is_announced_first_and_each_change_between_its_shapes() {
     let sim = database();
     let mut poller = Poller::new(sim.clone(), config(true), None);
-    let (items, _) = drain(&mut poller).await;
+    let items = drain(&mut poller).await;
     let Item::Schema(first) = &items[0] else {
         panic!("the table's shape comes before its first event: {items:?}");
     };
@@ -170,7 +126,7 @@ async fn a_table_is_announced_first_and_each_change_between_its_shapes() {
     let before_add = poller.position().clone();
 
     add_email(&sim);
-    let (items, _) = drain(&mut poller).await;
+    let items = drain(&mut poller).await;
     retire_first(&sim);
     assert_eq!(items.len(), 2, "{items:?}");
     let (Item::Schema(added), Item::Change(change)) = (&items[0], &items[1]) else {
@@ -202,7 +158,7 @@ async fn a_table_is_announced_first_and_each_change_between_its_shapes() {
         .insert("dbo.T", vec![Value::Int(3), text("c")])
         .commit()
         .expect("commit");
-    let (items, _) = drain(&mut poller).await;
+    let items = drain(&mut poller).await;
     let dropped = schema_events(&items);
     assert_eq!(dropped.len(), 1);
     let dropped = dropped[0].clone();
@@ -216,20 +172,20 @@ async fn a_table_is_announced_first_and_each_change_between_its_shapes() {
     assert_eq!(dropped.ddl.len(), 1, "only the DDL since version 2");
     assert!(dropped.ddl[0].command.contains("DROP COLUMN [Email]"));
     assert!(
-        drain(&mut poller).await.0.is_empty(),
+        drain(&mut poller).await.is_empty(),
         "nothing new, nothing sent"
     );
 
     // A restart from before the drop sends the same event again, byte for byte.
     let mut restarted = Poller::new(sim.clone(), config(true), Some(after_add));
-    assert_eq!(schema_events(&drain(&mut restarted).await.0), [&dropped]);
+    assert_eq!(schema_events(&drain(&mut restarted).await), [&dropped]);
     // From before the column was added, once the old instance is gone: its changes
     // are gone with it (the instance was disabled before the stream got there),
     // and so is its DDL history.
     // What is left to read is the new instance's rows, whose events carry the
     // columns of version 1 again (Email is dropped by now): no schema change.
     let mut again = Poller::new(sim.clone(), config(true), Some(before_add));
-    let (items, _) = drain(&mut again).await;
+    let items = drain(&mut again).await;
     assert!(schema_events(&items).is_empty(), "{items:?}");
     assert_eq!(items.len(), 2, "rows 2 and 3");
     assert_eq!(again.position().table_versions["dbo.T"].version, 1);
@@ -239,10 +195,10 @@ async fn a_table_is_announced_first_and_each_change_between_its_shapes() {
 async fn turned_on_later_the_current_shape_is_announced_and_off_sends_none() {
     let sim = database();
     let mut off = Poller::new(sim.clone(), config(false), None);
-    let (items, _) = drain(&mut off).await;
+    let items = drain(&mut off).await;
     assert!(schema_events(&items).is_empty());
     add_email(&sim);
-    let (items, _) = drain(&mut off).await;
+    let items = drain(&mut off).await;
     retire_first(&sim);
     assert!(schema_events(&items).is_empty());
     assert_eq!(off.position().table_versions["dbo.T"].version, 2);
@@ -252,7 +208,7 @@ async fn turned_on_later_the_current_shape_is_announced_and_off_sends_none() {
         .expect("commit");
     // On from here: the consumer has never been told the shape.
     let mut on = Poller::new(sim.clone(), config(true), Some(off.position().clone()));
-    let (items, _) = drain(&mut on).await;
+    let items = drain(&mut on).await;
     let events = schema_events(&items);
     assert_eq!(events.len(), 1, "{items:?}");
     assert_eq!(
@@ -278,7 +234,7 @@ async fn a_load_announces_the_table_before_its_first_row() {
         },
         None,
     );
-    let (items, _) = drain(&mut poller).await;
+    let items = drain(&mut poller).await;
     let Item::Schema(first) = &items[0] else {
         panic!("{items:?}");
     };
@@ -322,13 +278,7 @@ async fn stream_into_kafka(
     let dir = std::env::temp_dir().join(format!("mssql-ces-sce-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).expect("dir");
     let run = || async {
-        let config = KafkaSinkConfig {
-            delivery_timeout: Duration::from_secs(60),
-            ..KafkaSinkConfig::new(bootstrap)
-        };
-        let settings =
-            KafkaSettings::new(&config, KafkaFlavour::Kafka, 128 * 1024, None).expect("settings");
-        let sink = Sink::Kafka(KafkaSink::new(&settings, 128 * 1024).expect("sink"));
+        let sink = Sink::Kafka(crate::kafka_pipeline::kafka_sink_with(bootstrap, None));
         let router = Router::new("data", PartitionKeyScheme::Table, None, mode, encoding, "g")
             .with_schema_changes(placement, "schemas");
         let mut store = mssql_ces::checkpoint::CheckpointStore::File(
@@ -341,14 +291,7 @@ async fn stream_into_kafka(
             router,
             sink,
             store,
-            PipelineSettings {
-                poll_interval: Duration::from_millis(10),
-                checkpoint_interval: Duration::from_millis(10),
-                drain_timeout: Duration::from_secs(30),
-                idle_drain_timeout: Duration::from_secs(30),
-                until_idle: true,
-                metrics: Default::default(),
-            },
+            crate::kafka_pipeline::until_idle(),
             CancellationToken::new(),
         )
         .await

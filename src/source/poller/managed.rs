@@ -186,23 +186,17 @@ impl<S: ChangeSource> Poller<S> {
                 columns: None,
             };
             let table = format!("{}.{}", request.schema, request.table);
-            match self.source.enable_capture(&request).await {
-                Ok(()) => {
-                    tracing::info!(
-                        %table,
-                        capture_instance = %request.capture_instance,
-                        "CDC enabled on an included table that lacked it (source.enable_cdc): its changes stream from the capture job's next scan"
-                    );
-                    self.capture_actions.tables_enabled += 1;
-                    enabled = true;
-                }
-                Err(e @ SourceError::PermissionDenied { .. }) => return Err(e),
-                Err(e) if e.is_transient() => return Err(e),
-                Err(e) => {
-                    if self.warned.insert(format!("enable {table}: {e}")) {
-                        tracing::warn!(%table, error = %e, "CDC could not be enabled on an included table (source.enable_cdc); it is not streamed");
-                    }
-                }
+            let result = self.source.enable_capture(&request).await;
+            if self.settle(result, format!("enable {table}"), |e| {
+                tracing::warn!(%table, error = %e, "CDC could not be enabled on an included table (source.enable_cdc); it is not streamed");
+            })? {
+                tracing::info!(
+                    %table,
+                    capture_instance = %request.capture_instance,
+                    "CDC enabled on an included table that lacked it (source.enable_cdc): its changes stream from the capture job's next scan"
+                );
+                self.capture_actions.tables_enabled += 1;
+                enabled = true;
             }
         }
         Ok(enabled)
@@ -304,30 +298,23 @@ impl<S: ChangeSource> Poller<S> {
             options: instance.options.clone(),
             columns: Some(columns),
         };
-        match self.source.enable_capture(&request).await {
-            Ok(()) => {
-                tracing::info!(
-                    %table,
-                    from = %instance.name,
-                    to = %name,
-                    ?added,
-                    ?dropped,
-                    "capture instance created for the table's new columns (source.capture_instances = \"managed\"); the stream switches to it at its start LSN, and the old one is disabled once its changes are checkpointed"
-                );
-                self.capture_actions.created += 1;
-                self.catalog_stale = true;
-                Ok(())
-            }
-            Err(e @ SourceError::PermissionDenied { .. }) => Err(e),
-            Err(e) if e.is_transient() => Err(e),
-            Err(e) => {
-                if self.warned.insert(format!("create {name}: {e}")) {
-                    tracing::warn!(%table, capture_instance = %name, error = %e, "could not create a capture instance for the table's new columns; the stream goes on with the old one and tries again when the catalog changes");
-                }
-                // Decided again at the next catalog change, not at every read.
-                Ok(())
-            }
+        let result = self.source.enable_capture(&request).await;
+        // On a refusal, decided again at the next catalog change, not every read.
+        if self.settle(result, format!("create {name}"), |e| {
+            tracing::warn!(%table, capture_instance = %name, error = %e, "could not create a capture instance for the table's new columns; the stream goes on with the old one and tries again when the catalog changes");
+        })? {
+            tracing::info!(
+                %table,
+                from = %instance.name,
+                to = %name,
+                ?added,
+                ?dropped,
+                "capture instance created for the table's new columns (source.capture_instances = \"managed\"); the stream switches to it at its start LSN, and the old one is disabled once its changes are checkpointed"
+            );
+            self.capture_actions.created += 1;
+            self.catalog_stale = true;
         }
+        Ok(())
     }
 
     /// Disables `older` once the checkpoint holds every change of it below the
@@ -360,26 +347,41 @@ impl<S: ChangeSource> Poller<S> {
         if !drained {
             return Ok(());
         }
-        match self.source.disable_capture(older).await {
-            Ok(()) => {
-                tracing::info!(
-                    %table,
-                    disabled = %older.name,
-                    streaming_from = %newer.name,
-                    switch_lsn = %switch_at,
-                    "older capture instance disabled: every change it held below the switch is delivered and checkpointed (source.capture_instances = \"managed\")"
-                );
-                self.capture_actions.disabled += 1;
-                self.catalog_stale = true;
-                Ok(())
-            }
+        let result = self.source.disable_capture(older).await;
+        if self.settle(result, format!("disable {}", older.name), |e| {
+            tracing::warn!(%table, capture_instance = %older.name, error = %e, "could not disable the drained capture instance; it is tried again at the next catalog read");
+        })? {
+            tracing::info!(
+                %table,
+                disabled = %older.name,
+                streaming_from = %newer.name,
+                switch_lsn = %switch_at,
+                "older capture instance disabled: every change it held below the switch is delivered and checkpointed (source.capture_instances = \"managed\")"
+            );
+            self.capture_actions.disabled += 1;
+            self.catalog_stale = true;
+        }
+        Ok(())
+    }
+
+    /// The outcome of a DDL step: done (`Ok(true)`); refused for want of a
+    /// permission, or a fault that passes, stops the poll (`Err`); anything else is
+    /// warned about once (per `step` and error) and left for later (`Ok(false)`).
+    fn settle(
+        &mut self,
+        result: Result<(), SourceError>,
+        step: String,
+        warn: impl FnOnce(&SourceError),
+    ) -> Result<bool, SourceError> {
+        match result {
+            Ok(()) => Ok(true),
             Err(e @ SourceError::PermissionDenied { .. }) => Err(e),
             Err(e) if e.is_transient() => Err(e),
             Err(e) => {
-                if self.warned.insert(format!("disable {}: {e}", older.name)) {
-                    tracing::warn!(%table, capture_instance = %older.name, error = %e, "could not disable the drained capture instance; it is tried again at the next catalog read");
+                if self.warned.insert(format!("{step}: {e}")) {
+                    warn(&e);
                 }
-                Ok(())
+                Ok(false)
             }
         }
     }

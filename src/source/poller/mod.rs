@@ -167,6 +167,30 @@ pub struct Batch {
     pub max_lsn: Lsn,
 }
 
+/// One event of a batch, in stream order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BatchEvent<'a> {
+    Schema(&'a SchemaChange),
+    Change(&'a Change),
+}
+
+impl Batch {
+    /// The batch's events in stream order: each schema-change event just before the
+    /// change it precedes.
+    pub fn events(&self) -> Vec<BatchEvent<'_>> {
+        let mut out = Vec::with_capacity(self.changes.len() + self.schema_changes.len());
+        let mut schema = self.schema_changes.iter().peekable();
+        for (at, change) in self.changes.iter().enumerate() {
+            while let Some(placed) = schema.next_if(|p| p.before <= at) {
+                out.push(BatchEvent::Schema(&placed.event));
+            }
+            out.push(BatchEvent::Change(change));
+        }
+        out.extend(schema.map(|placed| BatchEvent::Schema(&placed.event)));
+        out
+    }
+}
+
 /// A schema-change event and where it goes in its batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlacedSchemaChange {

@@ -559,10 +559,13 @@ impl Config {
                 ));
             }
         }
-        if self.source.enable_cdc && self.source.include.is_empty() {
+        let everything = |p: &String| matches!(p.trim(), "*" | "*.*");
+        if self.source.enable_cdc
+            && (self.source.include.is_empty() || self.source.include.iter().any(everything))
+        {
             return Err(invalid(
                 "source.enable_cdc",
-                "with no source.include every table of the database would be enabled for CDC: name the tables to enable in source.include",
+                "with source.include empty or \"*.*\" every table of the database would be enabled for CDC: name the tables (or schemas, \"dbo.*\") to enable in source.include",
             ));
         }
         if self.source.kind == SourceKind::Sqlserver {
@@ -1445,6 +1448,12 @@ topic = "hub"
             err.contains("source.enable_cdc") && err.contains("source.include"),
             "{err}"
         );
+        let all = load(&format!(
+            "{sqlserver}enable_cdc = true\ninclude = [\"dbo.T\", \"*.*\"]\n{sink}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(all.contains("source.enable_cdc"), "{all}");
         let named = load(&format!(
             "{sqlserver}enable_cdc = true\ninclude = [\"dbo.T\"]\n{sink}"
         ))

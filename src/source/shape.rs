@@ -163,21 +163,32 @@ impl ShapeTracker {
     /// stream order; the change when its shape differs from the one `versions` has
     /// for it (a table first seen gets version 1 and is not a change).
     ///
-    /// With `announce` (schema-change events are on), a version whose shape no
+    /// With `announce` (schema-change events are on: the capture instance the
+    /// event comes from, and how to describe the shape), a version whose shape no
     /// schema-change event described yet — a table first seen, a shape changed, a
     /// version from a run with them off — is announced: the result carries the
-    /// shape `announce` gives, recorded in `versions` as this version's.
+    /// shape `announce` gives, recorded in `versions` as this version's. A switch
+    /// to another capture instance with the same columns is then a new version
+    /// too: the event names the instance.
     pub fn note(
         &mut self,
         table: &Arc<TableDescription>,
         versions: &mut BTreeMap<String, TableVersion>,
         at: Lsn,
-        announce: Option<&dyn Fn() -> TableShape>,
+        announce: Option<(&str, &dyn Fn() -> TableShape)>,
     ) -> Option<ShapeChanged> {
         let (name, shape, previous) = self.remember(table);
-        let described = || announce.map(|describe| Arc::new(describe()));
+        let described = || announce.map(|(_, describe)| Arc::new(describe()));
+        let moved = |known: &TableVersion| {
+            announce.is_some_and(|(instance, _)| {
+                known
+                    .columns
+                    .as_ref()
+                    .is_some_and(|c| c.capture_instance != instance)
+            })
+        };
         match versions.get_mut(&name) {
-            Some(known) if known.shape == shape => {
+            Some(known) if known.shape == shape && !moved(known) => {
                 if known.columns.is_some() {
                     return None;
                 }
@@ -272,7 +283,7 @@ mod tests {
         let mut versions = BTreeMap::new();
         let mut tracker = ShapeTracker::default();
         let announced = tracker
-            .note(&v1, &mut versions, at(5), Some(&first))
+            .note(&v1, &mut versions, at(5), Some(("dbo_T", &first)))
             .expect("a table first seen is announced");
         assert_eq!(
             (announced.version, announced.reason, announced.before),
@@ -280,9 +291,12 @@ mod tests {
         );
         assert_eq!(announced.after.as_deref(), Some(&first()));
         assert_eq!(versions["dbo.T"].since, Some(at(5)));
-        assert_eq!(tracker.note(&v1, &mut versions, at(6), Some(&first)), None);
+        assert_eq!(
+            tracker.note(&v1, &mut versions, at(6), Some(("dbo_T", &first))),
+            None
+        );
         let changed = tracker
-            .note(&v2, &mut versions, at(9), Some(&second))
+            .note(&v2, &mut versions, at(9), Some(("dbo_T_v2", &second)))
             .expect("changed");
         assert_eq!(changed.reason, SchemaChangeReason::Changed);
         assert_eq!(changed.before.as_deref(), Some(&first()));
@@ -300,7 +314,7 @@ mod tests {
         let third = || described("dbo_T_v3");
         let mut restarted = ShapeTracker::default();
         let late = restarted
-            .note(&v3, &mut versions, at(14), Some(&third))
+            .note(&v3, &mut versions, at(14), Some(("dbo_T_v3", &third)))
             .expect("announced once on");
         assert_eq!(
             (late.version, late.reason, late.before),
@@ -312,9 +326,21 @@ mod tests {
             "the version began at 12"
         );
         assert_eq!(
-            restarted.note(&v3, &mut versions, at(15), Some(&third)),
+            restarted.note(&v3, &mut versions, at(15), Some(("dbo_T_v3", &third))),
             None
         );
+        // Another capture instance with the same columns: a version of its own
+        // while announcing (the event names the instance), none while not.
+        let fourth = || described("dbo_T_v4");
+        let switched = restarted
+            .note(&v3, &mut versions, at(20), Some(("dbo_T_v4", &fourth)))
+            .expect("the instance moved");
+        assert_eq!(
+            (switched.version, switched.reason),
+            (4, SchemaChangeReason::Changed)
+        );
+        assert_eq!(switched.before.as_deref(), Some(&third()));
+        assert_eq!(restarted.note(&v3, &mut versions, at(21), None), None);
     }
 
     #[test]

@@ -183,12 +183,19 @@ async fn a_table_is_announced_first_and_each_change_between_its_shapes() {
     // are gone with it (the instance was disabled before the stream got there),
     // and so is its DDL history.
     // What is left to read is the new instance's rows, whose events carry the
-    // columns of version 1 again (Email is dropped by now): no schema change.
+    // columns of version 1 again (Email is dropped by now): the switch of capture
+    // instance alone is announced, without DDL (gone with the old instance).
     let mut again = Poller::new(sim.clone(), config(true), Some(before_add));
     let items = drain(&mut again).await;
-    assert!(schema_events(&items).is_empty(), "{items:?}");
-    assert_eq!(items.len(), 2, "rows 2 and 3");
-    assert_eq!(again.position().table_versions["dbo.T"].version, 1);
+    let events = schema_events(&items);
+    assert_eq!(events.len(), 1, "{items:?}");
+    assert_eq!(
+        (events[0].version, events[0].after.capture_instance.as_str()),
+        (2, "dbo_T_v2")
+    );
+    assert_eq!(names(events[0]), ["Id", "Name"]);
+    assert!(events[0].ddl.is_empty());
+    assert_eq!(items.len(), 3, "the switch, rows 2 and 3");
 }
 
 #[tokio::test]

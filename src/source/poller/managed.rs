@@ -89,23 +89,73 @@ pub fn next_instance_name(old: &str, taken: &[&str]) -> String {
 }
 
 /// Whether `command` (a `cdc.ddl_history.ddl_command`) adds a column named `column`:
-/// an `ADD` followed, in the same statement, by the name as a word (bare, in
-/// brackets or in double quotes).
-/// Names compare case-insensitively (ASCII), as in the default collations.
+/// after its `ADD`, one of the comma-separated items (at the top level: not inside
+/// parentheses, brackets or quotes) starts with the name — bare, in brackets or in
+/// double quotes. A name that only appears inside an item (a computed column's
+/// expression, a constraint) is not added. Names compare case-insensitively (ASCII),
+/// as in the default collations.
 pub(super) fn adds_column(command: &str, column: &str) -> bool {
     let upper = command.to_ascii_uppercase();
     let Some(at) = find_word(&upper, "ADD") else {
         return false;
     };
-    let rest = &upper[at + 3..];
     let column = column.to_ascii_uppercase();
-    [
-        format!("[{}]", column.replace(']', "]]")),
-        format!("\"{}\"", column.replace('"', "\"\"")),
-    ]
-    .iter()
-    .any(|quoted| rest.contains(quoted.as_str()))
-        || find_word(rest, &column).is_some()
+    top_level_items(&upper[at + 3..])
+        .iter()
+        .any(|item| first_name(item).is_some_and(|name| name == column))
+}
+
+/// `text` cut at its top-level commas.
+fn top_level_items(text: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut depth, mut quote, mut start) = (0usize, None::<char>, 0);
+    for (i, c) in text.char_indices() {
+        match (quote, c) {
+            (Some(close), c) if c == close => quote = None,
+            (Some(_), _) => {}
+            (None, '[') => quote = Some(']'),
+            (None, '"') => quote = Some('"'),
+            (None, '\'') => quote = Some('\''),
+            (None, '(') => depth += 1,
+            (None, ')') => depth = depth.saturating_sub(1),
+            (None, ',') if depth == 0 => {
+                items.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&text[start..]);
+    items
+}
+
+/// The name an item of an `ADD` list starts with, unquoted (`]]` and `""` undone).
+fn first_name(item: &str) -> Option<String> {
+    let item = item.trim_start();
+    let quoted = |open: char, close: char| -> Option<String> {
+        let mut rest = item.strip_prefix(open)?;
+        let mut name = String::new();
+        loop {
+            let end = rest.find(close)?;
+            name.push_str(&rest[..end]);
+            rest = &rest[end + close.len_utf8()..];
+            match rest.strip_prefix(close) {
+                // Doubled: the character itself.
+                Some(more) => {
+                    name.push(close);
+                    rest = more;
+                }
+                None => return Some(name),
+            }
+        }
+    };
+    quoted('[', ']').or_else(|| quoted('"', '"')).or_else(|| {
+        let word: String = item
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | '@' | '#' | '$'))
+            .collect();
+        (!word.is_empty()).then_some(word)
+    })
 }
 
 /// The byte offset of `word` in `text` where it is not part of a longer identifier.
@@ -179,7 +229,10 @@ impl<S: ChangeSource> Poller<S> {
                 continue;
             }
             let request = EnableCapture {
-                capture_instance: format!("{}_{}", t.schema, t.table),
+                capture_instance: format!("{}_{}", t.schema, t.table)
+                    .chars()
+                    .take(MAX_INSTANCE_NAME)
+                    .collect(),
                 schema: t.schema,
                 table: t.table,
                 options: Default::default(),
@@ -231,7 +284,8 @@ impl<S: ChangeSource> Poller<S> {
         let columns_changed_somewhere = self.managed_version != Some(version);
         let mut uncaptured: Option<Vec<(String, String)>> = None;
         for (table, mut instances) in tables {
-            instances.sort_by(|a, b| (a.create_date, &a.name).cmp(&(b.create_date, &b.name)));
+            // Older first, as the switch itself orders them.
+            instances.sort_by_key(|i| (i.create_date, i.object_id));
             match instances.as_slice() {
                 [older, newer] => self.retire_when_delivered(&table, older, newer).await?,
                 [only] if columns_changed_somewhere => {
@@ -334,6 +388,7 @@ impl<S: ChangeSource> Poller<S> {
             .get(&older.name)
             .map_or(start, |s| s.at);
         let written = self.checkpoints.as_ref().and_then(|rx| rx.borrow().clone());
+        let announcing = self.config.schema_changes;
         let drained = written
             .as_ref()
             .or(self.started_from.as_ref())
@@ -343,8 +398,25 @@ impl<S: ChangeSource> Poller<S> {
                         .instances
                         .get(&older.name)
                         .is_some_and(|&through| through >= last_before(switch_at))
+                    // The schema-change event that names the newer instance (and
+                    // carries the DDL in the older one's history) is checkpointed.
+                    && (!announcing
+                        || checkpoint
+                            .table_versions
+                            .get(table)
+                            .and_then(|v| v.columns.as_ref())
+                            .is_some_and(|shape| shape.capture_instance == newer.name))
             });
         if !drained {
+            if self.warned.insert(format!("retire {}", older.name)) {
+                tracing::info!(
+                    %table,
+                    capture_instance = %older.name,
+                    newer = %newer.name,
+                    "older capture instance kept until the checkpoint holds its changes below the switch{}",
+                    if announcing { " and the schema-change event of the newer one (its first row)" } else { "" }
+                );
+            }
             return Ok(());
         }
         let result = self.source.disable_capture(older).await;
@@ -423,6 +495,23 @@ mod tests {
         ));
         assert!(!adds_column("ALTER TABLE T DROP COLUMN Email", "Email"));
         assert!(!adds_column("ALTER TABLE T ADD x int -- no", "Email"));
+        // Named inside an item, not added by it.
+        assert!(!adds_column(
+            "ALTER TABLE T ADD Total AS (Price * Secret)",
+            "Secret"
+        ));
+        assert!(!adds_column(
+            "ALTER TABLE T ADD CONSTRAINT c CHECK (Secret > 0)",
+            "Secret"
+        ));
+        assert!(!adds_column(
+            "ALTER TABLE T ADD x int DEFAULT (1), y AS (Secret)",
+            "Secret"
+        ));
+        assert!(adds_column(
+            "ALTER TABLE T ADD x decimal(9, 2), [Secret] int",
+            "Secret"
+        ));
         assert!(adds_column("ALTER TABLE T ADD [we]]ird] int", "we]ird"));
         assert!(
             adds_column("alter table t add email int", "Email"),

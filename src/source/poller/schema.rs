@@ -28,9 +28,10 @@ impl<S: ChangeSource> Poller<S> {
             &change.table,
             &mut self.position.table_versions,
             change.commit_lsn,
-            self.config
-                .schema_changes
-                .then_some(&describe as &dyn Fn() -> TableShape),
+            self.config.schema_changes.then_some((
+                tracked.map_or("", |t| t.instance.name.as_str()),
+                &describe as &dyn Fn() -> TableShape,
+            )),
         ) else {
             return;
         };

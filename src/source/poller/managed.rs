@@ -39,15 +39,6 @@ pub enum CaptureInstanceMode {
     Managed,
 }
 
-impl std::fmt::Display for CaptureInstanceMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            CaptureInstanceMode::Manual => "manual",
-            CaptureInstanceMode::Managed => "managed",
-        })
-    }
-}
-
 /// What this process has done to the CDC configuration (for the metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CaptureActions {

@@ -30,6 +30,7 @@ pub(crate) async fn enable(
     let options = &request.options;
     let columns = request.columns.as_deref().map(queries::column_list);
     let net = i32::from(options.supports_net_changes);
+    let switch = i32::from(options.allow_partition_switch.unwrap_or(true));
     conn.query(
         queries::ENABLE_TABLE,
         &[
@@ -41,6 +42,7 @@ pub(crate) async fn enable(
             &options.filegroup_name,
             &net,
             &columns,
+            &switch,
         ],
     )
     .await?;

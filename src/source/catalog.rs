@@ -93,6 +93,7 @@ OBJECT_SCHEMA_NAME(ct.source_object_id) AS schema_name, \
 OBJECT_NAME(ct.source_object_id) AS table_name, \
 ct.start_lsn, ct.create_date, ct.role_name, ct.index_name, ct.filegroup_name, \
 CAST(ct.supports_net_changes AS int) AS supports_net_changes, \
+CAST(ct.partition_switch AS int) AS partition_switch, \
 CAST(CASE WHEN EXISTS (SELECT 1 FROM sys.columns AS c \
 WHERE c.object_id = ct.object_id AND c.name = N'__$command_id') THEN 1 ELSE 0 END AS int) \
 AS has_command_id \
@@ -207,6 +208,7 @@ fn capture_options(row: &mut NamedRow) -> Result<CaptureOptions, DecodeError> {
         index_name: row.opt_string("index_name")?,
         filegroup_name: row.opt_string("filegroup_name")?,
         supports_net_changes: row.opt_int("supports_net_changes")? == Some(1),
+        allow_partition_switch: row.opt_int("partition_switch")?.map(|p| p == 1),
     })
 }
 

@@ -201,6 +201,9 @@ pub struct CaptureOptions {
     pub filegroup_name: Option<String>,
     /// `@supports_net_changes`.
     pub supports_net_changes: bool,
+    /// `@allow_partition_switch` (`cdc.change_tables.partition_switch`); `None`
+    /// where not known, for SQL Server's default (allowed).
+    pub allow_partition_switch: Option<bool>,
 }
 
 impl CaptureInstance {
@@ -319,7 +322,8 @@ pub struct EnableCapture {
     pub table: String,
     /// `@capture_instance`.
     pub capture_instance: String,
-    /// `@role_name`, `@index_name`, `@filegroup_name`, `@supports_net_changes`.
+    /// `@role_name`, `@index_name`, `@filegroup_name`, `@supports_net_changes`,
+    /// `@allow_partition_switch`.
     pub options: CaptureOptions,
     /// `@captured_column_list`: the columns to capture; `None` for every column.
     pub columns: Option<Vec<String>>,

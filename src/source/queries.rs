@@ -527,7 +527,8 @@ AS is_db_owner;";
 /// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-enable-table-transact-sql>
 pub const ENABLE_TABLE: &str = "EXEC sys.sp_cdc_enable_table @source_schema = @P1, \
 @source_name = @P2, @capture_instance = @P3, @role_name = @P4, @index_name = @P5, \
-@filegroup_name = @P6, @supports_net_changes = @P7, @captured_column_list = @P8;";
+@filegroup_name = @P6, @supports_net_changes = @P7, @captured_column_list = @P8, \
+@allow_partition_switch = @P9;";
 
 /// One capture instance of a table disabled (its change table dropped).
 /// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-disable-table-transact-sql>

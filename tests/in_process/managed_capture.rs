@@ -58,6 +58,7 @@ fn options() -> CaptureOptions {
         index_name: None,
         filegroup_name: Some("CDC".into()),
         supports_net_changes: true,
+        allow_partition_switch: Some(false),
     }
 }
 

@@ -554,6 +554,27 @@ mod through_the_wire {
         let from_sim = direct.catalog().await.unwrap().instances[0].options.clone();
         assert_eq!(over_wire, from_sim);
         assert_eq!(over_wire.role_name.as_deref(), Some("cdc_readers"));
+        // An instance created through the wire (managed mode's statement) with every
+        // option set reads back with them.
+        let options = mssql_ces::source::CaptureOptions {
+            role_name: Some("cdc_readers".into()),
+            index_name: None,
+            filegroup_name: Some("CDC".into()),
+            supports_net_changes: true,
+            allow_partition_switch: Some(false),
+        };
+        wire.enable_capture(&mssql_ces::source::EnableCapture {
+            schema: "dbo".into(),
+            table: "T".into(),
+            capture_instance: "dbo_T_v2".into(),
+            options: options.clone(),
+            columns: Some(vec!["id".into()]),
+        })
+        .await
+        .unwrap();
+        let created = wire.catalog().await.unwrap().instances[1].clone();
+        assert_eq!(created.name, "dbo_T_v2");
+        assert_eq!(created.options, options);
     }
 
     /// Commits in the hour Berlin's clocks repeat, on a server that names its zone:

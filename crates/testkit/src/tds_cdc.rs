@@ -623,6 +623,9 @@ fn capture_instances(catalog: &Catalog) -> Reply {
                 opt_text(i.options.index_name.as_deref()),
                 opt_text(i.options.filegroup_name.as_deref()),
                 Cell::Int(i64::from(i.options.supports_net_changes)),
+                i.options
+                    .allow_partition_switch
+                    .map_or(Cell::Null, |p| Cell::Int(i64::from(p))),
                 Cell::Int(i64::from(i.has_command_id)),
             ]
         })
@@ -639,6 +642,7 @@ fn capture_instances(catalog: &Catalog) -> Reply {
             Cell::Null,
             Cell::Null,
             Cell::Int(0),
+            Cell::Null,
             Cell::Int(1),
         ]);
     }
@@ -654,6 +658,7 @@ fn capture_instances(catalog: &Catalog) -> Reply {
             col("index_name", ColumnType::NVarChar(Some(128))),
             col("filegroup_name", ColumnType::NVarChar(Some(128))),
             col("supports_net_changes", ColumnType::Int(4)),
+            col("partition_switch", ColumnType::Int(4)),
             col("has_command_id", ColumnType::Int(4)),
         ],
         rows,
@@ -755,6 +760,7 @@ fn capture_ddl<S: ChangeSource>(
                 index_name: opt(4),
                 filegroup_name: opt(5),
                 supports_net_changes: param_int(request, 6) == Some(1),
+                allow_partition_switch: param_int(request, 8).map(|p| p == 1),
             },
             columns,
         }))?;

@@ -9,6 +9,7 @@ use mssql_ces_testkit as support;
 
 mod check;
 mod event_hubs_amqp_released;
+mod managed_binary;
 mod metrics_binary;
 mod run_binary;
 mod standin_binary;

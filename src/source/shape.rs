@@ -112,6 +112,9 @@ pub struct ShapeChanged {
     pub before: Option<Arc<TableShape>>,
     /// The shape announced now: `Some` when schema-change events are on.
     pub after: Option<Arc<TableShape>>,
+    /// The commit LSN of the previous version's first event (DDL after it is this
+    /// version's); `None` for a table first seen, or when not known.
+    pub since_before: Option<Lsn>,
 }
 
 /// Follows table shapes through the events of a stream, keeping versions in the
@@ -121,41 +124,74 @@ pub struct ShapeTracker {
     /// Per table: the description of its last event (kept alive here, so its
     /// address is not reused for another while it is the key below) and its
     /// fingerprint. One entry per table, whatever the catalog re-reads.
-    last: HashMap<String, (Arc<TableDescription>, Uuid)>,
+    last: HashMap<String, Last>,
     /// The table of each description in `last`, by address: the common case (an
     /// event of the same description as the table's last one) costs two lookups.
     names: HashMap<usize, String>,
 }
 
+/// A table's last description, its shape and (when schema-change events are on)
+/// the capture instance its events come from.
+#[derive(Debug)]
+struct Last {
+    table: Arc<TableDescription>,
+    shape: Uuid,
+    instance: Option<Arc<str>>,
+}
+
+/// What [`ShapeTracker::remember`] knows of an event's table.
+struct Remembered {
+    name: String,
+    shape: Uuid,
+    /// The description of the table's last event, when it was another one.
+    previous: Option<Arc<TableDescription>>,
+    /// The capture instance of this description (while announcing).
+    instance: Option<Arc<str>>,
+}
+
 impl ShapeTracker {
-    /// The table's name and shape fingerprint, and the description of its last event
-    /// when it was another one (whose shape may differ).
+    /// The table's name, shape fingerprint and capture instance, and the
+    /// description of its last event when it was another one (whose shape may
+    /// differ). Only a description not seen before costs more than two lookups:
+    /// its fingerprint, and its instance from `describe`.
     fn remember(
         &mut self,
         table: &Arc<TableDescription>,
-    ) -> (String, Uuid, Option<Arc<TableDescription>>) {
+        describe: Option<&dyn Fn() -> TableShape>,
+    ) -> Remembered {
         let address = Arc::as_ptr(table) as usize;
         let known = self.names.get(&address).and_then(|name| {
-            let (_, shape) = self.last.get(name)?;
-            Some((name.clone(), *shape))
+            let last = self.last.get(name)?;
+            Some(Remembered {
+                name: name.clone(),
+                shape: last.shape,
+                previous: None,
+                instance: last.instance.clone(),
+            })
         });
-        match known {
+        if let Some(known) = known {
             // The same description as the table's last event: only the version
             // map can have moved (a restart's, or another description's).
-            Some((name, shape)) => (name, shape, None),
-            None => {
-                let name = table.qualified_name();
-                let shape = fingerprint(table);
-                let previous = self
-                    .last
-                    .insert(name.clone(), (Arc::clone(table), shape))
-                    .map(|(before, _)| before);
-                if let Some(before) = &previous {
-                    self.names.remove(&(Arc::as_ptr(before) as usize));
-                }
-                self.names.insert(address, name.clone());
-                (name, shape, previous)
-            }
+            return known;
+        }
+        let name = table.qualified_name();
+        let shape = fingerprint(table);
+        let instance: Option<Arc<str>> = describe.map(|d| d().capture_instance.into());
+        let last = Last {
+            table: Arc::clone(table),
+            shape,
+            instance: instance.clone(),
+        };
+        let previous = self.last.insert(name.clone(), last).map(|l| l.table);
+        if let Some(before) = &previous {
+            self.names.remove(&(Arc::as_ptr(before) as usize));
+        }
+        self.names.insert(address, name.clone());
+        Remembered {
+            name,
+            shape,
+            previous,
+            instance,
         }
     }
 
@@ -163,8 +199,8 @@ impl ShapeTracker {
     /// stream order; the change when its shape differs from the one `versions` has
     /// for it (a table first seen gets version 1 and is not a change).
     ///
-    /// With `announce` (schema-change events are on: the capture instance the
-    /// event comes from, and how to describe the shape), a version whose shape no
+    /// With `announce` (schema-change events are on: how to describe the shape,
+    /// capture instance included), a version whose shape no
     /// schema-change event described yet — a table first seen, a shape changed, a
     /// version from a run with them off — is announced: the result carries the
     /// shape `announce` gives, recorded in `versions` as this version's. A switch
@@ -175,17 +211,18 @@ impl ShapeTracker {
         table: &Arc<TableDescription>,
         versions: &mut BTreeMap<String, TableVersion>,
         at: Lsn,
-        announce: Option<(&str, &dyn Fn() -> TableShape)>,
+        announce: Option<&dyn Fn() -> TableShape>,
     ) -> Option<ShapeChanged> {
-        let (name, shape, previous) = self.remember(table);
-        let described = || announce.map(|(_, describe)| Arc::new(describe()));
-        let moved = |known: &TableVersion| {
-            announce.is_some_and(|(instance, _)| {
-                known
-                    .columns
-                    .as_ref()
-                    .is_some_and(|c| c.capture_instance != instance)
-            })
+        let Remembered {
+            name,
+            shape,
+            previous,
+            instance,
+        } = self.remember(table, announce);
+        let described = || announce.map(|describe| Arc::new(describe()));
+        let moved = |known: &TableVersion| match (&instance, &known.columns) {
+            (Some(instance), Some(announced)) => *announced.capture_instance != **instance,
+            _ => false,
         };
         match versions.get_mut(&name) {
             Some(known) if known.shape == shape && !moved(known) => {
@@ -201,12 +238,13 @@ impl ShapeTracker {
                     reason: SchemaChangeReason::Initial,
                     before: None,
                     after: Some(after),
+                    since_before: None,
                 })
             }
             Some(known) => {
                 known.version += 1;
                 known.shape = shape;
-                known.since = Some(at);
+                let since_before = known.since.replace(at);
                 let after = described();
                 let before = std::mem::replace(&mut known.columns, after.clone());
                 Some(ShapeChanged {
@@ -216,6 +254,7 @@ impl ShapeTracker {
                     reason: SchemaChangeReason::Changed,
                     before,
                     after,
+                    since_before,
                 })
             }
             None => {
@@ -236,6 +275,7 @@ impl ShapeTracker {
                     reason: SchemaChangeReason::Initial,
                     before: None,
                     after: Some(after),
+                    since_before: None,
                 })
             }
         }
@@ -283,7 +323,7 @@ mod tests {
         let mut versions = BTreeMap::new();
         let mut tracker = ShapeTracker::default();
         let announced = tracker
-            .note(&v1, &mut versions, at(5), Some(("dbo_T", &first)))
+            .note(&v1, &mut versions, at(5), Some(&first))
             .expect("a table first seen is announced");
         assert_eq!(
             (announced.version, announced.reason, announced.before),
@@ -291,12 +331,9 @@ mod tests {
         );
         assert_eq!(announced.after.as_deref(), Some(&first()));
         assert_eq!(versions["dbo.T"].since, Some(at(5)));
-        assert_eq!(
-            tracker.note(&v1, &mut versions, at(6), Some(("dbo_T", &first))),
-            None
-        );
+        assert_eq!(tracker.note(&v1, &mut versions, at(6), Some(&first)), None);
         let changed = tracker
-            .note(&v2, &mut versions, at(9), Some(("dbo_T_v2", &second)))
+            .note(&v2, &mut versions, at(9), Some(&second))
             .expect("changed");
         assert_eq!(changed.reason, SchemaChangeReason::Changed);
         assert_eq!(changed.before.as_deref(), Some(&first()));
@@ -314,7 +351,7 @@ mod tests {
         let third = || described("dbo_T_v3");
         let mut restarted = ShapeTracker::default();
         let late = restarted
-            .note(&v3, &mut versions, at(14), Some(("dbo_T_v3", &third)))
+            .note(&v3, &mut versions, at(14), Some(&third))
             .expect("announced once on");
         assert_eq!(
             (late.version, late.reason, late.before),
@@ -326,21 +363,35 @@ mod tests {
             "the version began at 12"
         );
         assert_eq!(
-            restarted.note(&v3, &mut versions, at(15), Some(("dbo_T_v3", &third))),
+            restarted.note(&v3, &mut versions, at(15), Some(&third)),
             None
         );
         // Another capture instance with the same columns: a version of its own
         // while announcing (the event names the instance), none while not.
         let fourth = || described("dbo_T_v4");
+        let v4 = table("T", &[("Id", SqlType::BigInt), ("Name", TEXT)], vec![0]);
         let switched = restarted
-            .note(&v3, &mut versions, at(20), Some(("dbo_T_v4", &fourth)))
+            .note(&v4, &mut versions, at(20), Some(&fourth))
             .expect("the instance moved");
         assert_eq!(
             (switched.version, switched.reason),
             (4, SchemaChangeReason::Changed)
         );
         assert_eq!(switched.before.as_deref(), Some(&third()));
-        assert_eq!(restarted.note(&v3, &mut versions, at(21), None), None);
+        assert_eq!(switched.since_before, Some(at(12)));
+        assert_eq!(
+            restarted.note(&v4, &mut versions, at(21), Some(&fourth)),
+            None
+        );
+        // The same description again after the version map went back (a poll that
+        // failed restores the position): its instance is remembered, so the switch
+        // is found again.
+        versions.get_mut("dbo.T").unwrap().columns = Some(Arc::new(third()));
+        versions.get_mut("dbo.T").unwrap().version = 3;
+        let again = restarted
+            .note(&v4, &mut versions, at(20), Some(&fourth))
+            .expect("found again");
+        assert_eq!(again.version, 4);
     }
 
     #[test]

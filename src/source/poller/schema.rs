@@ -14,24 +14,23 @@ impl<S: ChangeSource> Poller<S> {
     /// With schema-change events on, places one before the batch's change at
     /// `before` when the shape is new to the stream's consumers.
     pub(super) fn note_shape(&mut self, change: &Change, before: usize) {
-        let tracked = self
-            .tracked
-            .iter()
-            .find(|t| Arc::ptr_eq(&t.context.table, &change.table));
-        let describe = || table_shape(&change.table, tracked.map(|t| &t.instance));
-        let previous_since = self
-            .position
-            .table_versions
-            .get(&change.table.qualified_name())
-            .and_then(|v| v.since);
+        // Only a description not seen before, or a shape to announce, is looked
+        // up: every event of the stream passes here.
+        let tracked = &self.tracked;
+        let describe = || {
+            let instance = tracked
+                .iter()
+                .find(|t| Arc::ptr_eq(&t.context.table, &change.table))
+                .map(|t| &t.instance);
+            table_shape(&change.table, instance)
+        };
         let Some(changed) = self.shapes.note(
             &change.table,
             &mut self.position.table_versions,
             change.commit_lsn,
-            self.config.schema_changes.then_some((
-                tracked.map_or("", |t| t.instance.name.as_str()),
-                &describe as &dyn Fn() -> TableShape,
-            )),
+            self.config
+                .schema_changes
+                .then_some(&describe as &dyn Fn() -> TableShape),
         ) else {
             return;
         };
@@ -63,7 +62,7 @@ impl<S: ChangeSource> Poller<S> {
                 } else {
                     Vec::new()
                 },
-                since: previous_since,
+                since: changed.since_before,
             });
         }
         if changed.reason == SchemaChangeReason::Initial {

@@ -103,7 +103,6 @@ fn top_level_items(text: &str) -> Vec<&str> {
     for (i, c) in text.char_indices() {
         match (quote, c) {
             (Some(close), c) if c == close => quote = None,
-            (Some(_), _) => {}
             (None, '[') => quote = Some(']'),
             (None, '"') => quote = Some('"'),
             (None, '\'') => quote = Some('\''),
@@ -501,6 +500,24 @@ mod tests {
         ));
         assert!(adds_column(
             "ALTER TABLE T ADD x decimal(9, 2), [Secret] int",
+            "Secret"
+        ));
+        // A comma inside parentheses, brackets or quotes does not start an item.
+        for inside in [
+            "ALTER TABLE T ADD Total AS (COALESCE(Price, Secret))",
+            "ALTER TABLE T ADD [a,Secret] int",
+            "ALTER TABLE T ADD \"a,Secret\" int",
+            "ALTER TABLE T ADD x varchar(9) DEFAULT ('a,Secret')",
+        ] {
+            assert!(!adds_column(inside, "Secret"), "{inside}");
+        }
+        // After a quoted name closes, the next comma does; nothing counts inside one.
+        assert!(adds_column(
+            "ALTER TABLE T ADD [a] int, Secret int",
+            "Secret"
+        ));
+        assert!(adds_column(
+            "ALTER TABLE T ADD [a(b] int, Secret int",
             "Secret"
         ));
         assert!(adds_column("ALTER TABLE T ADD [we]]ird] int", "we]ird"));

@@ -467,6 +467,25 @@ mod tests {
     }
 
     #[test]
+    fn a_word_is_not_part_of_a_longer_identifier() {
+        assert_eq!(find_word("ADD", "ADD"), Some(0));
+        assert_eq!(find_word("ADDX ADD", "ADD"), Some(5));
+        assert_eq!(find_word("XADD ADD", "ADD"), Some(5));
+        for joined in ["_", "@", "#", "$", "9"] {
+            let before = format!("{joined}ADD ADD");
+            assert_eq!(
+                find_word(&before, "ADD"),
+                Some(before.len() - 3),
+                "{before}"
+            );
+            let after = format!("ADD{joined} ADD");
+            assert_eq!(find_word(&after, "ADD"), Some(after.len() - 3), "{after}");
+        }
+        assert_eq!(find_word("[ADD](ADD", "ADD"), Some(1));
+        assert_eq!(find_word("ADDRESS", "ADD"), None);
+    }
+
+    #[test]
     fn an_add_is_recognised_by_the_columns_name_as_a_word() {
         assert!(adds_column(
             "ALTER TABLE dbo.T ADD [Email] nvarchar(80)",

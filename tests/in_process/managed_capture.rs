@@ -653,3 +653,63 @@ fn pending_new_captured(sim: &CdcSimulator, pending: &mut Vec<String>) -> Vec<St
     *pending = later;
     now
 }
+
+/// Managed mode costs nothing while no table changes: an idle poll makes the same
+/// round trips as in manual mode (the columns are compared only when the catalog's
+/// fingerprint moved), and nothing is created while an initial load reads through
+/// the instances as they are.
+#[tokio::test]
+async fn managed_mode_is_free_when_idle_and_waits_for_the_initial_load() {
+    let idle_trips = |mode: CaptureInstanceMode| async move {
+        let sim = database();
+        let mut poller = Poller::new(
+            sim.clone(),
+            PollerConfig {
+                capture_instances: mode,
+                ..config()
+            },
+            None,
+        );
+        drain(&mut poller).await.expect("poll");
+        let before = sim.round_trips();
+        for _ in 0..5 {
+            drain(&mut poller).await.expect("poll");
+        }
+        sim.round_trips() - before
+    };
+    assert_eq!(
+        idle_trips(CaptureInstanceMode::Managed).await,
+        idle_trips(CaptureInstanceMode::Manual).await
+    );
+
+    let sim = database();
+    for id in 1..=20 {
+        sim.transaction()
+            .insert("dbo.T", vec![Value::Int(id), text("x")])
+            .commit()
+            .expect("commit");
+    }
+    let mut poller = Poller::new(
+        sim.clone(),
+        PollerConfig {
+            snapshot: mssql_ces::source::load::SnapshotMode::Initial,
+            load_chunk: 5,
+            ..config()
+        },
+        None,
+    );
+    // The load plans and reads its first chunk; then a column is added.
+    for _ in 0..2 {
+        poller.poll().await.expect("poll");
+    }
+    assert!(!poller.position().loads.is_empty(), "the load is under way");
+    add_column(&sim, "Email");
+    poller.poll().await.expect("poll");
+    assert_eq!(instance_names(&sim), ["dbo_T"], "not during the load");
+    drain(&mut poller).await.expect("poll");
+    assert_eq!(
+        instance_names(&sim),
+        ["dbo_T", "dbo_T_v2"],
+        "once it is done"
+    );
+}

@@ -713,3 +713,35 @@ async fn managed_mode_is_free_when_idle_and_waits_for_the_initial_load() {
         "once it is done"
     );
 }
+
+/// A table `enable_cdc` cannot enable (here its default instance name is another
+/// table's) is warned about and left out; the stream goes on.
+#[tokio::test]
+async fn a_table_enable_cdc_cannot_enable_is_left_out_and_the_stream_goes_on() {
+    let sim = crate::common::shop_with_t(0);
+    sim.create_table(
+        "dbo",
+        "U",
+        vec![SimColumn::new("Id", SqlType::Int)],
+        &["Id"],
+    );
+    sim.enable_table("dbo.T", Some("dbo_U"))
+        .expect("enable T as dbo_U");
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(1), text("a")])
+        .commit()
+        .expect("commit");
+    let mut poller = Poller::new(
+        sim.clone(),
+        PollerConfig {
+            capture_instances: CaptureInstanceMode::Manual,
+            enable_cdc: true,
+            ..config()
+        },
+        None,
+    );
+    let items = drain(&mut poller).await.expect("the stream goes on");
+    assert_eq!(ids(&items), [1]);
+    assert_eq!(instance_names(&sim), ["dbo_U"]);
+    assert_eq!(poller.capture_actions().tables_enabled, 0);
+}

@@ -486,3 +486,42 @@ async fn topic_placement_keeps_the_data_topic_ces_only() {
     }
     assert_eq!(schemas.values().flatten().count(), 5);
 }
+
+/// The DDL of a change is read from the newer instance's history too: here the
+/// older instance (and its history) is gone before the stream reaches the switch,
+/// and the type change recorded after the newer one was created still shows.
+#[tokio::test]
+async fn ddl_comes_from_the_newer_instances_history_too() {
+    let sim = database();
+    let mut poller = Poller::new(sim.clone(), config(true), None);
+    drain(&mut poller).await;
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Email", SqlType::NVarChar(Length::Bounded(80))),
+        Value::Null,
+    )
+    .expect("add");
+    sim.enable_table("dbo.T", Some("dbo_T_v2"))
+        .expect("enable v2");
+    sim.alter_column_type("dbo.T", "Name", SqlType::NVarChar(Length::Bounded(90)))
+        .expect("alter");
+    retire_first(&sim);
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(2), text("b"), text("b@example.com")],
+        )
+        .commit()
+        .expect("commit");
+    let items = drain(&mut poller).await;
+    let events = schema_events(&items);
+    assert_eq!(events.len(), 1, "{items:?}");
+    assert!(
+        events[0]
+            .ddl
+            .iter()
+            .any(|d| d.command.contains("ALTER COLUMN [Name]")),
+        "{:?}",
+        events[0].ddl
+    );
+}

@@ -545,29 +545,13 @@ impl Config {
                 ),
             ));
         }
-        if self.source.kind == SourceKind::Synthetic {
-            if self.source.capture_instances == CaptureInstanceMode::Managed {
-                return Err(invalid(
-                    "source.capture_instances",
-                    "\"managed\" creates capture instances on SQL Server; the synthetic source has none: use kind = \"sqlserver\", or \"manual\"",
-                ));
-            }
-            if self.source.enable_cdc {
-                return Err(invalid(
-                    "source.enable_cdc",
-                    "enables CDC on SQL Server tables; the synthetic source has none: use kind = \"sqlserver\", or false",
-                ));
-            }
-        }
-        let everything = |p: &String| matches!(p.trim(), "*" | "*.*");
-        if self.source.enable_cdc
-            && (self.source.include.is_empty() || self.source.include.iter().any(everything))
-        {
-            return Err(invalid(
-                "source.enable_cdc",
-                "with source.include empty or \"*.*\" every table of the database would be enabled for CDC: name the tables (or schemas, \"dbo.*\") to enable in source.include",
-            ));
-        }
+        crate::source::poller::check_capture_settings(
+            self.source.kind == SourceKind::Sqlserver,
+            self.source.capture_instances,
+            self.source.enable_cdc,
+            &self.source.include,
+        )
+        .map_err(|(setting, reason)| invalid(setting, reason))?;
         if self.source.kind == SourceKind::Sqlserver {
             let c = &self.source.connection_string;
             if c.env.is_none() && c.file.is_none() {

@@ -39,6 +39,37 @@ pub enum CaptureInstanceMode {
     Managed,
 }
 
+/// What `source.capture_instances = "managed"` and `source.enable_cdc` need before
+/// anything connects: a SQL Server source and, to enable CDC, tables named in
+/// `source.include`. The setting and why, when not.
+pub fn check_capture_settings(
+    sqlserver: bool,
+    mode: CaptureInstanceMode,
+    enable_cdc: bool,
+    include: &[String],
+) -> Result<(), (&'static str, &'static str)> {
+    if !sqlserver && mode == CaptureInstanceMode::Managed {
+        return Err((
+            "source.capture_instances",
+            "\"managed\" creates capture instances on SQL Server; the synthetic source has none: use kind = \"sqlserver\", or \"manual\"",
+        ));
+    }
+    if !sqlserver && enable_cdc {
+        return Err((
+            "source.enable_cdc",
+            "enables CDC on SQL Server tables; the synthetic source has none: use kind = \"sqlserver\", or false",
+        ));
+    }
+    let everything = |p: &String| matches!(p.trim(), "*" | "*.*");
+    if enable_cdc && (include.is_empty() || include.iter().any(everything)) {
+        return Err((
+            "source.enable_cdc",
+            "with source.include empty or \"*.*\" every table of the database would be enabled for CDC: name the tables (or schemas, \"dbo.*\") to enable in source.include",
+        ));
+    }
+    Ok(())
+}
+
 /// What this process has done to the CDC configuration (for the metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CaptureActions {

@@ -54,7 +54,9 @@ mod managed;
 mod schema;
 mod tracking;
 
-pub use managed::{CaptureActions, CaptureInstanceMode, next_instance_name};
+pub use managed::{
+    CaptureActions, CaptureInstanceMode, check_capture_settings, next_instance_name,
+};
 
 use iteration::last_before;
 use load::LoadRun;

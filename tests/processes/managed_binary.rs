@@ -8,7 +8,7 @@ use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use mssql_ces::event::Value;
@@ -19,9 +19,7 @@ use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use support::tds::StandIn;
 use support::temp_dir;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
-const USER: &str = "mssql_ces";
-const PASSWORD: &str = "Ces_Poller_Passw0rd!";
+use crate::standin_binary::{BINARY, PASSWORD, USER};
 
 /// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, enabled, one row, served by a
 /// stand-in.
@@ -83,18 +81,10 @@ interval_ms = 20
     path
 }
 
+/// The stand-in's `command`, its log in `log`.
 fn command(config: &Path, standin: &StandIn, args: &[&str], log: PathBuf) -> Command {
-    let mut command = Command::new(BINARY);
-    command
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .env(
-            "MSSQL_CES_TEST_STANDIN",
-            standin.connection_string(USER, PASSWORD),
-        )
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log"));
+    let mut command = crate::standin_binary::command(config, standin, args);
+    command.stderr(std::fs::File::create(log).expect("log"));
     command
 }
 

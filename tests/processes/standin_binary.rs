@@ -14,9 +14,9 @@ use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use support::tds::StandIn;
 use support::temp_dir;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
-const USER: &str = "mssql_ces";
-const PASSWORD: &str = "Ces_Poller_Passw0rd!";
+pub(crate) const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
+pub(crate) const USER: &str = "mssql_ces";
+pub(crate) const PASSWORD: &str = "Ces_Poller_Passw0rd!";
 const SEED: u64 = 17;
 const TRANSACTIONS: u64 = 400;
 const EXISTING_ROWS: u64 = 20_000;
@@ -74,7 +74,7 @@ interval_ms = 20
     path
 }
 
-fn command(config: &Path, standin: &StandIn, args: &[&str]) -> Command {
+pub(crate) fn command(config: &Path, standin: &StandIn, args: &[&str]) -> Command {
     let mut command = Command::new(BINARY);
     command
         .args(args)

@@ -100,7 +100,7 @@ impl<S: ChangeSource> Poller<S> {
             for instance in &p.ddl_from {
                 for d in self.source.ddl_history(instance).await? {
                     let after_since = p.since.is_none_or(|since| d.ddl_lsn > since);
-                    if after_since && d.ddl_lsn <= p.event.lsn && d.capture_instance == *instance {
+                    if after_since && d.ddl_lsn <= p.event.lsn {
                         ddl.push(d);
                     }
                 }

@@ -21,6 +21,7 @@ fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
         name: name.into(),
         sql_type,
         index,
+        mask: None,
     }
 }
 

@@ -335,8 +335,8 @@ pub(super) async fn check_tables<S: ChangeSource>(
     source: &mut S,
     catalog: &Catalog,
 ) -> Vec<CaptureInstance> {
-    let filter = match config.poller() {
-        Ok(poller) => poller.filter,
+    let (filter, rules) = match config.poller() {
+        Ok(poller) => (poller.filter, poller.columns),
         Err(e) => {
             report.fail("tables", e.to_string(), "fix the setting it names");
             return Vec::new();
@@ -403,7 +403,58 @@ pub(super) async fn check_tables<S: ChangeSource>(
             None => report.pass(check, details.join(" | ")),
         }
     }
+    check_column_rules(report, &rules, &included, &catalog.database);
     included
+}
+
+/// `[[event.columns]]`: per table, which columns are excluded, masked or
+/// truncated (a failure where a rule would stop the run), and the rules that match
+/// no column of any included table.
+fn check_column_rules(
+    report: &mut Report,
+    rules: &crate::event::columns::ColumnRules,
+    included: &[CaptureInstance],
+    database: &str,
+) {
+    if rules.is_empty() {
+        return;
+    }
+    let mut plans = crate::event::columns::PlanCache::default();
+    let mut seen = std::collections::HashSet::new();
+    for instance in included {
+        let Ok(context) = crate::source::merge::InstanceContext::new(instance, database) else {
+            continue;
+        };
+        let table = context.table.qualified_name();
+        if !seen.insert(table.clone()) {
+            continue;
+        }
+        let check = format!("column rules {table}");
+        if let Err(e) = plans.plan(rules, &context.table) {
+            report.fail(check, e.to_string(), "change the rule the message names");
+            continue;
+        }
+        let columns = rules.describe(&context.table);
+        if !columns.is_empty() {
+            let detail = columns
+                .iter()
+                .map(|(c, what)| format!("{c} {what}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            report.pass(check, detail);
+        }
+    }
+    let unmatched = rules.unmatched(&plans.matched);
+    if !unmatched.is_empty() {
+        report.fail(
+            "column rules",
+            format!(
+                "matching no column of any included table: {}",
+                unmatched.join(", ")
+            ),
+            "correct the pattern (schema.table.column, case-insensitive; * and ?) or remove the rule: a misspelt rule lets the column's data out",
+        );
+    }
 }
 
 /// What `check` says of one capture instance: where it starts, its key and the

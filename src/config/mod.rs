@@ -564,6 +564,7 @@ impl Config {
             }
         }
         self.sink.validate(&self.event)?;
+        crate::event::columns::ColumnRules::validate(&self.event.columns, &self.event.hash_key)?;
         self.validate_file_paths()?;
         self.metrics.listen_address()?;
         if self.metrics.stalled_after.is_zero() {
@@ -626,6 +627,7 @@ impl Config {
             self.sql_server()?;
         }
         self.sink.kind.check_secrets()?;
+        self.event.column_rules()?;
         Ok(())
     }
 
@@ -649,6 +651,7 @@ impl Config {
                 != crate::sink::settings::SchemaChangePlacement::Off,
             capture_instances: s.capture_instances,
             enable_cdc: s.enable_cdc,
+            columns: std::sync::Arc::new(self.event.column_rules()?),
         })
     }
 }

@@ -126,7 +126,7 @@ pub(crate) fn eventsource_prefix(
         write_len(&mut out, columns.len());
         for column in columns {
             write_string(&mut out, &column.name);
-            write_string(&mut out, &column.sql_type.to_string());
+            write_string(&mut out, &column.type_label());
             write_long(&mut out, i64::from(column.index));
         }
     }

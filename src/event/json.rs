@@ -209,7 +209,7 @@ pub(crate) fn eventsource_prefix(
         push_string_at(&mut out, &column.name, depth);
         out.push(',');
         key(&mut out, "type");
-        push_string_at(&mut out, &column.sql_type.to_string(), depth);
+        push_string_at(&mut out, &column.type_label(), depth);
         out.push(',');
         key(&mut out, "index");
         let _ = write!(out, "{}}}", column.index);

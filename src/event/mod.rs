@@ -13,6 +13,7 @@
 //! deterministic `id`, and is at most the configured size in bytes.
 
 pub mod avro;
+pub mod columns;
 pub mod json;
 pub mod readback;
 pub mod schema;
@@ -84,6 +85,24 @@ pub struct ColumnDescription {
     pub sql_type: SqlType,
     /// 0-based position of the column in the source table (`cols[].index`).
     pub index: u32,
+    /// What an `[[event.columns]]` rule does to its values; `None` for data as read.
+    pub mask: Option<columns::ColumnMask>,
+}
+
+impl ColumnDescription {
+    /// The `cols[].type` string: the SQL type, wrapped in what a column rule does
+    /// to the values (`hashed(…)`, `redacted(…)`, `truncated(…,N)`), so that a
+    /// consumer can tell a masked value from data.
+    pub fn type_label(&self) -> String {
+        match self.mask {
+            None => self.sql_type.to_string(),
+            Some(columns::ColumnMask::Hashed) => format!("hashed({})", self.sql_type),
+            Some(columns::ColumnMask::Redacted) => format!("redacted({})", self.sql_type),
+            Some(columns::ColumnMask::Truncated(n)) => {
+                format!("truncated({},{n})", self.sql_type)
+            }
+        }
+    }
 }
 
 /// What an event says about its table: names, emitted columns and key columns.
@@ -646,6 +665,7 @@ pub(crate) mod test_support {
             name: name.into(),
             sql_type,
             index,
+            mask: None,
         }
     }
 

@@ -3,7 +3,9 @@
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::columns::{ColumnRuleSetting, ColumnRules};
 use super::{Encoding, FinalEventMode, MessageSizeLimit};
+use crate::setting::{ConfigError, SecretRef};
 
 /// `[event]`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -21,6 +23,19 @@ pub struct EventSettings {
     /// Stream GUID in `logicalid` and ids; default: the database GUID.
     #[serde(default)]
     pub stream_guid: Option<Uuid>,
+    /// `[[event.columns]]`: which columns leave the database, and how.
+    #[serde(default)]
+    pub columns: Vec<ColumnRuleSetting>,
+    /// The secret key of `mask = "hash"` rules.
+    #[serde(default)]
+    pub hash_key: SecretRef,
+}
+
+impl EventSettings {
+    /// The column rules, with the hash key read when a rule needs it.
+    pub fn column_rules(&self) -> Result<ColumnRules, ConfigError> {
+        ColumnRules::new(&self.columns, &self.hash_key)
+    }
 }
 
 impl Default for EventSettings {
@@ -30,6 +45,8 @@ impl Default for EventSettings {
             final_event: FinalEventMode::default(),
             max_message_size_kb: MessageSizeLimit::default(),
             stream_guid: None,
+            columns: Vec::new(),
+            hash_key: SecretRef::default(),
         }
     }
 }

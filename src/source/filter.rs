@@ -47,7 +47,7 @@ impl TableFilter {
 }
 
 /// `*`/`?` matching, iterative with backtracking to the last star.
-fn glob_match(pattern: &[char], text: &[char]) -> bool {
+pub(crate) fn glob_match(pattern: &[char], text: &[char]) -> bool {
     let (mut p, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while t < text.len() {

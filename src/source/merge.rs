@@ -47,6 +47,7 @@ impl InstanceContext {
                 name: e.column.name.clone(),
                 sql_type: e.sql_type,
                 index: e.table_index,
+                mask: None,
             })
             .collect();
         let key = instance

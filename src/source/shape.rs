@@ -296,6 +296,7 @@ mod tests {
                 name: (*n).to_owned(),
                 sql_type: *t,
                 index: u32::try_from(i).unwrap(),
+                mask: None,
             })
             .collect();
         Arc::new(

@@ -105,6 +105,7 @@ pub fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
         name: name.into(),
         sql_type,
         index,
+        mask: None,
     }
 }
 

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::event::columns::{ColumnRules, PlanCache};
 use crate::event::schema::SchemaChange;
 use crate::event::{Change, Origin};
 use crate::lsn::Lsn;
@@ -134,6 +135,8 @@ pub struct PollerConfig {
     pub capture_instances: CaptureInstanceMode,
     /// `source.enable_cdc`: enable CDC on included tables that lack it.
     pub enable_cdc: bool,
+    /// `[[event.columns]]`: applied to every change and loaded row of a batch.
+    pub columns: Arc<ColumnRules>,
 }
 
 impl Default for PollerConfig {
@@ -153,6 +156,7 @@ impl Default for PollerConfig {
             schema_changes: false,
             capture_instances: CaptureInstanceMode::Manual,
             enable_cdc: false,
+            columns: Arc::default(),
         }
     }
 }
@@ -298,6 +302,8 @@ pub struct Poller<S> {
     may_manage: bool,
     /// The catalog version whose columns managed mode last compared.
     managed_version: Option<crate::source::CatalogVersion>,
+    /// What `[[event.columns]]` does to each table seen.
+    column_plans: PlanCache,
 }
 
 /// What the stream has read, summarized without allocating: instance LSNs only rise,
@@ -357,6 +363,7 @@ impl<S: ChangeSource> Poller<S> {
             capture_actions: CaptureActions::default(),
             may_manage: false,
             managed_version: None,
+            column_plans: PlanCache::default(),
         }
     }
 
@@ -394,7 +401,16 @@ impl<S: ChangeSource> Poller<S> {
     /// from the last position it returned.
     pub async fn poll(&mut self) -> Result<PollOutcome, SourceError> {
         let saved = (self.position.clone(), self.resume_after, self.done_through);
-        let result = self.poll_inner().await;
+        let result = match self.poll_inner().await {
+            Ok(PollOutcome::Batch(mut batch)) => self
+                .column_plans
+                .apply(&self.config.columns, &mut batch.changes)
+                .map(|()| PollOutcome::Batch(batch))
+                .map_err(|e| SourceError::Definite {
+                    message: e.to_string(),
+                }),
+            other => other,
+        };
         if result.is_err() {
             // Start over from the last returned position: nothing is lost or repeated,
             // because re-read events up to `resume_after` are skipped.

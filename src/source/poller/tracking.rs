@@ -47,11 +47,20 @@ impl<S: ChangeSource> Poller<S> {
             let superseded_at =
                 self.superseded_at(instance, start_lsn, &included, &mut waiting_for);
             let context = Arc::new(InstanceContext::new(instance, &catalog.database)?);
+            // A rule the table cannot take stops the run here, before anything is read.
+            self.column_plans
+                .plan(&self.config.columns, &context.table)
+                .map_err(|e| SourceError::Definite {
+                    message: e.to_string(),
+                })?;
             tracked.push(Tracked {
                 instance: (*instance).clone(),
                 context,
                 superseded_at,
             });
+        }
+        if self.catalog.is_none() {
+            self.say_column_rules(&tracked);
         }
         self.retire_vanished(&catalog);
         self.note_new_instances(&tracked).await?;
@@ -75,6 +84,29 @@ impl<S: ChangeSource> Poller<S> {
         self.waiting_for = waiting_for;
         self.catalog = Some(catalog);
         self.manage_capture_instances().await
+    }
+
+    /// At start: what `[[event.columns]]` does to each table, and the rules that
+    /// match no column of any included table (a misspelt pattern leaks data).
+    fn say_column_rules(&self, tracked: &[Tracked]) {
+        let rules = &self.config.columns;
+        if rules.is_empty() {
+            return;
+        }
+        for t in tracked {
+            let columns = rules.describe(&t.context.table);
+            if !columns.is_empty() {
+                let columns = columns
+                    .iter()
+                    .map(|(c, what)| format!("{c} {what}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                tracing::info!(table = %t.context.table.qualified_name(), %columns, "column rules");
+            }
+        }
+        for rule in rules.unmatched(&self.column_plans.matched) {
+            tracing::warn!(%rule, "event.columns: this rule matches no column of any included table (patterns are schema.table.column, case-insensitive)");
+        }
     }
 
     /// The stream GUID (`event.stream_guid`, else the database's), and the identity

@@ -54,6 +54,7 @@ fn messages() -> Vec<OutgoingMessage> {
                 )],
                 payload,
                 message_id: None,
+                tombstone: false,
             }
         })
         .collect()

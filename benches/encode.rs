@@ -22,6 +22,7 @@ fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
         sql_type,
         index,
         mask: None,
+        nullable: true,
     }
 }
 
@@ -82,6 +83,7 @@ fn change(operation: Operation, notes: Value) -> Change {
         operation,
         commit_lsn: Lsn::from_parts(0xB1, 0x930, 9),
         begin_lsn: Lsn::from_parts(0xB1, 0x930, 2),
+        change_lsn: Lsn::from_parts(0xB1, 0x930, 3),
         sequence_number: 1,
         last_in_transaction: true,
         commit_time: Utc::now(),

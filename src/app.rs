@@ -259,8 +259,13 @@ async fn drive<S: ChangeSource + 'static>(
     }
     let event = config.event.clone();
     let routing = &config.sink.routing;
+    let debezium = config.event.format == crate::event::settings::EventFormat::Debezium;
+    let topic = match &routing.topic {
+        None if debezium => config.event.debezium.topic_template(),
+        _ => built.topic,
+    };
     let router = Router::new(
-        built.topic,
+        topic,
         routing.partition_key,
         routing.partition_key_column.clone(),
         routing.mode,
@@ -268,6 +273,14 @@ async fn drive<S: ChangeSource + 'static>(
         config.checkpoint.stream_name.clone(),
     )
     .with_schema_changes(routing.schema_changes, routing.schema_topic());
+    let router = if debezium {
+        router.with_debezium(
+            std::sync::Arc::new(config.event.debezium.clone()),
+            poller.position().open_transaction.clone(),
+        )
+    } else {
+        router
+    };
     let factory = Box::new(move |database_guid: uuid::Uuid| {
         let stream_guid = event.stream_guid.unwrap_or(database_guid);
         tracing::info!(%stream_guid, "stream GUID (event.stream_guid, default the database GUID)");

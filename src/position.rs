@@ -28,6 +28,18 @@ impl std::fmt::Display for EventPosition {
     }
 }
 
+/// Debezium format with transaction metadata: the counts of a transaction still
+/// open at a batch's end, kept in the checkpoint so that a restart inside a large
+/// transaction numbers its events on and writes its `END` whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenTransaction {
+    pub commit_lsn: Lsn,
+    pub total: u64,
+    /// `db.schema.table` and its events so far, in first-seen order.
+    pub tables: Vec<(String, u64)>,
+}
+
 /// Where a stream stands; what a checkpoint stores.
 ///
 /// Unknown fields are refused: a field this release does not know belongs to a newer
@@ -87,6 +99,10 @@ pub struct Position {
     /// (format 4).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub table_versions: BTreeMap<String, TableVersion>,
+    /// Debezium format: the transaction open at this position, if any (written by
+    /// the encoder, not the source). Absent in checkpoints written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_transaction: Option<OpenTransaction>,
 }
 
 /// A table's shape version: 1 for the first shape its events carried, one more for

@@ -288,6 +288,11 @@ mod tests {
                 },
             )]
             .into(),
+            open_transaction: Some(crate::position::OpenTransaction {
+                commit_lsn: Lsn::from_parts(0x2A, 0x10, 9),
+                total: 1500,
+                tables: vec![("Shop.dbo.Orders".into(), 1500)],
+            }),
         }
     }
 

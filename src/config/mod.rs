@@ -565,12 +565,55 @@ impl Config {
         }
         self.sink.validate(&self.event)?;
         crate::event::columns::ColumnRules::validate(&self.event.columns, &self.event.hash_key)?;
+        self.validate_debezium()?;
         self.validate_file_paths()?;
         self.metrics.listen_address()?;
         if self.metrics.stalled_after.is_zero() {
             return Err(invalid(
                 "metrics.stalled_after_ms",
                 "must be more than 0 (the default is 300000)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `event.format = "debezium"`: what it does not combine with, by name.
+    fn validate_debezium(&self) -> Result<(), ConfigError> {
+        use crate::event::settings::EventFormat;
+        if self.event.format != EventFormat::Debezium {
+            return Ok(());
+        }
+        let d = &self.event.debezium;
+        if d.topic_prefix.trim().is_empty() || d.topic_prefix.contains(['{', '}']) {
+            return Err(invalid(
+                "event.debezium.topic_prefix",
+                "must be a plain, non-empty name (Debezium's topic.prefix): it starts every topic and is source.name",
+            ));
+        }
+        if self.event.encoding == crate::event::Encoding::Avro {
+            return Err(invalid(
+                "event.encoding",
+                "Debezium's Avro form needs a schema registry, which this release does not have yet: use encoding = \"json\" with format = \"debezium\"",
+            ));
+        }
+        if self.sink.routing.schema_changes != crate::sink::settings::SchemaChangePlacement::Off {
+            return Err(invalid(
+                "sink.schema_changes",
+                "schema-change events are written in CES's form only so far: set it to \"off\" with event.format = \"debezium\"",
+            ));
+        }
+        if self.sink.routing.mode == crate::sink::settings::CloudEventsMode::Binary {
+            return Err(invalid(
+                "sink.mode",
+                "\"binary\" is a CloudEvents mode; Debezium records have none: remove it with event.format = \"debezium\"",
+            ));
+        }
+        if matches!(self.sink.kind, crate::sink::SinkConfig::EventHubsAmqp(_))
+            && d.tombstones_on_delete
+        {
+            return Err(invalid(
+                "event.debezium.tombstones_on_delete",
+                "an Event Hubs message over AMQP cannot have a null body, so there are no tombstones: set it to false (or use kind = \"event_hubs_kafka\")",
             ));
         }
         Ok(())

@@ -14,6 +14,7 @@
 
 pub mod avro;
 pub mod columns;
+pub mod debezium;
 pub mod json;
 pub mod readback;
 pub mod schema;
@@ -87,6 +88,9 @@ pub struct ColumnDescription {
     pub index: u32,
     /// What an `[[event.columns]]` rule does to its values; `None` for data as read.
     pub mask: Option<columns::ColumnMask>,
+    /// Whether the column allows NULL (true where the catalog does not say):
+    /// Debezium's `optional`. Not part of the CES event.
+    pub nullable: bool,
 }
 
 impl ColumnDescription {
@@ -238,6 +242,9 @@ pub struct Change {
     pub commit_lsn: Lsn,
     /// `tran_begin_lsn` from `cdc.lsn_time_mapping`.
     pub begin_lsn: Lsn,
+    /// `__$seqval`: the change's own LSN within its transaction ([`Lsn::ZERO`] for a
+    /// loaded row). Debezium's `change_lsn`.
+    pub change_lsn: Lsn,
     /// 1-based position of the event within its transaction, across all tables.
     pub sequence_number: u64,
     /// True when no later event of the same transaction exists.
@@ -619,6 +626,20 @@ fn load_message_id(id_seed: Uuid, segment: u32) -> Uuid {
     Uuid::new_v5(&MESSAGE_ID_NAMESPACE, &name)
 }
 
+/// The message id of segment `segment` of a change: a CDC event's from its
+/// position, a loaded row's from its seed (as [`Encoder::encode`] gives them).
+pub fn event_message_id(stream_guid: Uuid, change: &Change, segment: u32) -> Uuid {
+    match change.origin {
+        Origin::Cdc => message_id(
+            stream_guid,
+            change.commit_lsn,
+            change.sequence_number,
+            segment,
+        ),
+        Origin::Load { id_seed, .. } => load_message_id(id_seed, segment),
+    }
+}
+
 /// `<stream GUID>:<commit LSN, 20 hex>:<sequence number, 20 digits>`.
 pub fn logical_id(stream_guid: Uuid, commit_lsn: Lsn, sequence_number: u64) -> String {
     let mut out = String::with_capacity(36 + 1 + 20 + 1 + 20);
@@ -666,6 +687,7 @@ pub(crate) mod test_support {
             sql_type,
             index,
             mask: None,
+            nullable: true,
         }
     }
 
@@ -710,6 +732,7 @@ pub(crate) mod test_support {
             operation: Operation::Insert,
             commit_lsn: Lsn::from_parts(0xB1, 0x8A8, 7),
             begin_lsn: Lsn::from_parts(0xB1, 0x8A8, 3),
+            change_lsn: Lsn::from_parts(0xB1, 0x8A8, 5),
             sequence_number: 1,
             last_in_transaction: true,
             commit_time: Utc.with_ymd_and_hms(2026, 8, 7, 16, 25, 0).unwrap()

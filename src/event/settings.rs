@@ -4,6 +4,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::columns::{ColumnRuleSetting, ColumnRules};
+use super::debezium::DebeziumSettings;
 use super::{Encoding, FinalEventMode, MessageSizeLimit};
 use crate::setting::{ConfigError, SecretRef};
 
@@ -23,12 +24,29 @@ pub struct EventSettings {
     /// Stream GUID in `logicalid` and ids; default: the database GUID.
     #[serde(default)]
     pub stream_guid: Option<Uuid>,
+    /// `"ces"` (default) or `"debezium"`.
+    #[serde(default)]
+    pub format: EventFormat,
+    /// `[event.debezium]`: the Debezium envelope's settings.
+    #[serde(default)]
+    pub debezium: DebeziumSettings,
     /// `[[event.columns]]`: which columns leave the database, and how.
     #[serde(default)]
     pub columns: Vec<ColumnRuleSetting>,
     /// The secret key of `mask = "hash"` rules.
     #[serde(default)]
     pub hash_key: SecretRef,
+}
+
+/// `event.format`: which envelope events have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventFormat {
+    /// CES's CloudEvents (the default, byte-exact).
+    #[default]
+    Ces,
+    /// Debezium's SQL Server connector's envelope ([`crate::event::debezium`]).
+    Debezium,
 }
 
 impl EventSettings {
@@ -45,6 +63,8 @@ impl Default for EventSettings {
             final_event: FinalEventMode::default(),
             max_message_size_kb: MessageSizeLimit::default(),
             stream_guid: None,
+            format: EventFormat::default(),
+            debezium: DebeziumSettings::default(),
             columns: Vec::new(),
             hash_key: SecretRef::default(),
         }

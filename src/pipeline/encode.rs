@@ -62,6 +62,7 @@ pub(super) fn encode_batches(
 ) {
     let mut factory = Some(factory);
     let mut encoder: Option<Encoder> = None;
+    let mut debezium = None;
     while let Some(item) = batches.blocking_recv() {
         let (batch, database_guid) = match item {
             Ok(SourceItem::Batch(batch, guid)) => (*batch, guid),
@@ -77,12 +78,19 @@ pub(super) fn encode_batches(
         if encoder.is_none()
             && let Some(factory) = factory.take()
         {
-            encoder = Some(Encoder::new(factory(database_guid)).data_only(router.binary()));
+            let options = factory(database_guid);
+            debezium =
+                router.debezium_encoder(options.stream_guid, options.max_message_size.bytes());
+            encoder = Some(Encoder::new(options).data_only(router.binary()));
         }
         let Some(encoder) = encoder.as_ref() else {
             continue;
         };
-        match encode_batch(encoder, &router, batch, &out) {
+        let result = match debezium.as_mut() {
+            Some(debezium) => encode_debezium_batch(debezium, &router, batch, &out),
+            None => encode_batch(encoder, &router, batch, &out),
+        };
+        match result {
             Ok(true) => {}
             Ok(false) => return, // the send loop stopped
             Err(e) => {
@@ -91,6 +99,52 @@ pub(super) fn encode_batches(
             }
         }
     }
+}
+
+/// As [`encode_batch`], in Debezium's envelope: each change's records (and
+/// transaction events) in order; the batch's position carries the transaction
+/// still open at its end.
+pub(super) fn encode_debezium_batch(
+    encoder: &mut crate::event::debezium::DebeziumEncoder,
+    router: &Router,
+    mut batch: Batch,
+    out: &mpsc::Sender<Result<Encoded, PipelineError>>,
+) -> Result<bool, PipelineError> {
+    let mut counts = BatchCounts::default();
+    let mut chunk = Chunk::default();
+    for change in &batch.changes {
+        let records = encoder.encode(change)?;
+        let messages = router.route_records(change, records);
+        let (count, bytes) = (
+            messages.len() as u64,
+            messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),
+        );
+        counts.add(&change.table, change.operation, count, bytes, 0);
+        chunk.events += 1;
+        chunk.bytes += bytes;
+        chunk.messages.extend(messages);
+        if out.is_closed() {
+            return Ok(false);
+        }
+        if chunk.full() {
+            let full = std::mem::take(&mut chunk);
+            if out.blocking_send(Ok(Encoded::Chunk(full))).is_err() {
+                return Ok(false);
+            }
+        }
+    }
+    let last_commit = batch.changes.last().map(|change| {
+        counts.set_last_commit(change.commit_time, change.commit_lsn);
+        change.commit_time
+    });
+    batch.position.open_transaction = encoder.open_transaction();
+    chunk.end = Some(Box::new(BatchEnd {
+        position: batch.position,
+        counts,
+        max_lsn: batch.max_lsn,
+        last_commit,
+    }));
+    Ok(out.blocking_send(Ok(Encoded::Chunk(chunk))).is_ok())
 }
 
 /// Encodes one batch into chunks; false once the send loop no longer listens.

@@ -125,6 +125,8 @@ pub enum PipelineError {
     #[error(transparent)]
     Event(#[from] EventError),
     #[error(transparent)]
+    Debezium(#[from] crate::event::debezium::DebeziumError),
+    #[error(transparent)]
     Sink(#[from] SinkError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),

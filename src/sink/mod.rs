@@ -192,6 +192,7 @@ impl SinkConfig {
     ) -> Result<BuiltSink, SinkError> {
         let max_bytes = event.max_message_size_kb.bytes();
         let default_topic = || routing.topic.clone().unwrap_or_else(|| "ces".into());
+        let records = event.format == crate::event::settings::EventFormat::Debezium;
         if matches!(self, SinkConfig::Stdout(_) | SinkConfig::File(_)) {
             // Nothing to connect to: ready once open.
             health.set_connected(true);
@@ -203,15 +204,16 @@ impl SinkConfig {
             }
             SinkConfig::EventHubsAmqp(c) => c.build(routing, health).await,
             SinkConfig::Stdout(_) => Ok(BuiltSink {
-                sink: Sink::Stream(stream::StreamSink::stdout(event.encoding)),
+                sink: Sink::Stream(
+                    stream::StreamSink::stdout(event.encoding).with_records(records),
+                ),
                 topic: default_topic(),
             }),
             SinkConfig::File(c) => Ok(BuiltSink {
-                sink: Sink::Stream(stream::StreamSink::file(
-                    c.path.clone(),
-                    event.encoding,
-                    resume,
-                )?),
+                sink: Sink::Stream(
+                    stream::StreamSink::file(c.path.clone(), event.encoding, resume)?
+                        .with_records(records),
+                ),
                 topic: default_topic(),
             }),
         }
@@ -243,6 +245,9 @@ pub struct OutgoingMessage {
     /// The message's CloudEvent `id` (each segment's own), for destinations that
     /// carry a message id of their own (AMQP's `message-id`); formatted only there.
     pub message_id: Option<uuid::Uuid>,
+    /// A Kafka tombstone: the value is null (not empty), `payload` is empty. Only
+    /// the Debezium format writes them (after a delete).
+    pub tombstone: bool,
 }
 
 /// Why a message could not be delivered, by whether trying again can help.
@@ -344,6 +349,12 @@ pub struct Router {
     /// With [`SchemaChangePlacement::Topic`]: the schema-change events' topic
     /// (template).
     schema_topic: String,
+    /// `event.format = "debezium"`: its settings and the transaction the
+    /// checkpoint says is open.
+    debezium: Option<(
+        std::sync::Arc<crate::event::debezium::DebeziumSettings>,
+        Option<crate::position::OpenTransaction>,
+    )>,
 }
 
 impl Router {
@@ -364,7 +375,62 @@ impl Router {
             stream_key: stream_key.into(),
             schema_changes: SchemaChangePlacement::Off,
             schema_topic: String::new(),
+            debezium: None,
         }
+    }
+
+    /// Events in Debezium's envelope, with `settings`; `open` is the transaction
+    /// the checkpoint says is open.
+    pub fn with_debezium(
+        mut self,
+        settings: std::sync::Arc<crate::event::debezium::DebeziumSettings>,
+        open: Option<crate::position::OpenTransaction>,
+    ) -> Self {
+        self.debezium = Some((settings, open));
+        self
+    }
+
+    /// The Debezium encoder for a stream, when events are in Debezium's envelope.
+    pub fn debezium_encoder(
+        &self,
+        stream_guid: uuid::Uuid,
+        max_message_size: usize,
+    ) -> Option<crate::event::debezium::DebeziumEncoder> {
+        let (settings, open) = self.debezium.as_ref()?;
+        Some(crate::event::debezium::DebeziumEncoder::new(
+            std::sync::Arc::clone(settings),
+            stream_guid,
+            max_message_size,
+            open.clone(),
+        ))
+    }
+
+    /// The messages of a change's Debezium records: the table's topic (or the
+    /// record's own), the key as the record has it; with no key, one partition per
+    /// change so that its records stay in order.
+    pub fn route_records(
+        &self,
+        change: &Change,
+        records: Vec<crate::event::debezium::Record>,
+    ) -> Vec<OutgoingMessage> {
+        let table_topic = self.topic(&change.table);
+        records
+            .into_iter()
+            .map(|record| {
+                let partition_hint = record.key.is_none().then(|| {
+                    fnv1a(format!("{} {}", change.commit_lsn, change.sequence_number).as_bytes())
+                });
+                OutgoingMessage {
+                    topic: record.topic.unwrap_or_else(|| table_topic.clone()),
+                    key: record.key,
+                    partition_hint,
+                    headers: record.headers,
+                    tombstone: record.value.is_none(),
+                    payload: record.value.unwrap_or_default(),
+                    message_id: Some(record.id),
+                }
+            })
+            .collect()
     }
 
     /// Where schema-change events go: `placement`, and with
@@ -561,6 +627,7 @@ impl Router {
                 headers,
                 payload,
                 message_id: Some(message.id),
+                tombstone: false,
             });
         }
         out

@@ -199,6 +199,9 @@ pub struct StreamSink {
     /// The id of the last event written, and of the last one fsynced.
     last_id: Option<uuid::Uuid>,
     durable_last_id: Option<uuid::Uuid>,
+    /// Each line is a whole Kafka record (`{"topic","key","value","headers"}`), for
+    /// the Debezium format, whose keys and tombstones matter; else the value alone.
+    records: bool,
 }
 
 /// Standard output as the system names it elsewhere: what a process sees of its
@@ -254,6 +257,41 @@ fn ends_mid_line(path: &std::path::Path) -> bool {
     file.read_exact(&mut last).is_ok() && last[0] != b'\n'
 }
 
+/// A record as one JSON line: `{"topic":…,"key":…,"value":…,"headers":{…}}`, the
+/// key and value as written (JSON text) or `null` (no key; a tombstone), header
+/// values as strings.
+fn record_line(message: &OutgoingMessage) -> Vec<u8> {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let mut out = String::from("{\"topic\":");
+    out.push_str(&serde_json::Value::String(message.topic.clone()).to_string());
+    out.push_str(",\"key\":");
+    out.push_str(
+        message
+            .key
+            .as_deref()
+            .map(text)
+            .as_deref()
+            .unwrap_or("null"),
+    );
+    out.push_str(",\"value\":");
+    if message.tombstone {
+        out.push_str("null");
+    } else {
+        out.push_str(&text(&message.payload));
+    }
+    out.push_str(",\"headers\":{");
+    for (i, (name, value)) in message.headers.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::Value::String((*name).to_owned()).to_string());
+        out.push(':');
+        out.push_str(&serde_json::Value::String(text(value)).to_string());
+    }
+    out.push_str("}}");
+    out.into_bytes()
+}
+
 /// Whether `path` is a regular file.
 fn is_regular(path: &std::path::Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file())
@@ -276,6 +314,7 @@ impl StreamSink {
             absolute: None,
             last_id: None,
             durable_last_id: None,
+            records: false,
         }
     }
 
@@ -303,6 +342,7 @@ impl StreamSink {
                 absolute: None,
                 last_id: None,
                 durable_last_id: None,
+                records: false,
             });
         }
         let existed = path.exists();
@@ -361,6 +401,7 @@ impl StreamSink {
             stream_in_file: false,
             last_id,
             durable_last_id: last_id,
+            records: false,
         })
     }
 
@@ -391,8 +432,15 @@ impl StreamSink {
         }
     }
 
+    /// Lines are whole records (see [`StreamSink::records`]).
+    pub fn with_records(mut self, records: bool) -> Self {
+        self.records = records;
+        self
+    }
+
     pub fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
         let line = match self.encoding {
+            _ if self.records => record_line(&message),
             Encoding::Json => message.payload,
             Encoding::Avro => base64::engine::general_purpose::STANDARD
                 .encode(&message.payload)
@@ -468,6 +516,7 @@ mod tests {
             headers: Vec::new(),
             payload: text.as_bytes().to_vec(),
             message_id: None,
+            tombstone: false,
         }
     }
 
@@ -561,6 +610,7 @@ mod tests {
         OutgoingMessage {
             payload: format!("{{\"id\":\"{id}\",\"data\":\"{text}\"}}").into_bytes(),
             message_id: Some(id),
+            tombstone: false,
             ..message("")
         }
     }

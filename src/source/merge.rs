@@ -48,6 +48,7 @@ impl InstanceContext {
                 sql_type: e.sql_type,
                 index: e.table_index,
                 mask: None,
+                nullable: e.column.nullable.unwrap_or(true),
             })
             .collect();
         let key = instance
@@ -232,6 +233,7 @@ impl Sequencer {
             operation,
             commit_lsn: key.start_lsn,
             begin_lsn,
+            change_lsn: key.seqval,
             sequence_number: 1,
             last_in_transaction: false,
             commit_time: self.clock.read(self.zone.readings(end_time, offsets)),

@@ -297,6 +297,7 @@ mod tests {
                 sql_type: *t,
                 index: u32::try_from(i).unwrap(),
                 mask: None,
+                nullable: true,
             })
             .collect();
         Arc::new(

@@ -453,6 +453,7 @@ fn small_message() -> mssql_ces::sink::OutgoingMessage {
         headers: Vec::new(),
         payload: b"{}".to_vec(),
         message_id: None,
+        tombstone: false,
     }
 }
 
@@ -554,6 +555,7 @@ async fn an_outage_longer_than_the_delivery_timeout_fails_the_oldest_and_reorder
         headers: Vec::new(),
         payload: format!("{{\"n\":{n}}}").into_bytes(),
         message_id: None,
+        tombstone: false,
     };
     // Metadata first, so that the messages are queued for a known partition.
     sink.send(message(0))
@@ -664,6 +666,7 @@ async fn a_topic_being_created_is_waited_for_and_a_forbidden_one_is_named() {
         headers: Vec::new(),
         payload: b"{}".to_vec(),
         message_id: None,
+        tombstone: false,
     };
     let send = tokio::spawn(async move {
         let delivery = sink.send(keyless("new")).await;

@@ -358,6 +358,7 @@ fn binary_paths_agree(change: &Change, encoding: Encoding, kb: u32) -> Result<bo
                 headers,
                 payload: e.data,
                 message_id,
+                tombstone: false,
             }
         })
         .collect();

@@ -31,6 +31,7 @@ async fn a_released_batch_is_sent_again() {
         headers: Vec::new(),
         payload: b"{\"id\":\"x\"}".to_vec(),
         message_id: None,
+        tombstone: false,
     };
     let delivery = sink.send(message).await.expect("queued");
     sink.end_batch()

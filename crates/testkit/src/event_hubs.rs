@@ -79,6 +79,7 @@ pub fn message(key: &str, payload: Vec<u8>) -> OutgoingMessage {
         )],
         payload,
         message_id: None,
+        tombstone: false,
     }
 }
 

@@ -106,6 +106,7 @@ pub fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
         sql_type,
         index,
         mask: None,
+        nullable: true,
     }
 }
 
@@ -167,6 +168,7 @@ impl ChangeBuilder {
                 operation,
                 commit_lsn: Lsn::from_parts(1, 2, 3),
                 begin_lsn: Lsn::from_parts(1, 2, 1),
+                change_lsn: Lsn::from_parts(1, 2, 2),
                 sequence_number: 1,
                 last_in_transaction: true,
                 commit_time: utc("2026-01-01T00:00:00.000"),

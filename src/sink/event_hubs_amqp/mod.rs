@@ -756,6 +756,7 @@ mod tests {
             headers: Vec::new(),
             payload: Vec::new(),
             message_id: None,
+            tombstone: false,
         };
         assert_eq!(
             EventHubsAmqpSink::partition_key(&message(Some(b"k"), None)),

@@ -395,8 +395,11 @@ impl KafkaSink {
             }
             None => None,
         };
-        let mut record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&message.topic).payload(message.payload.as_slice());
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&message.topic);
+        // A tombstone's value is null, not empty.
+        if !message.tombstone {
+            record = record.payload(message.payload.as_slice());
+        }
         if let Some(headers) = librdkafka_headers(&message.headers) {
             record = record.headers(headers);
         }

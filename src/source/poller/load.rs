@@ -428,6 +428,7 @@ impl<S: ChangeSource> Poller<S> {
                 operation: crate::event::Operation::Insert,
                 commit_lsn: load.at,
                 begin_lsn: Lsn::ZERO,
+                change_lsn: Lsn::ZERO,
                 sequence_number,
                 last_in_transaction: done && i + 1 == count,
                 commit_time,

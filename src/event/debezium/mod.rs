@@ -1,0 +1,1139 @@
+//! `event.format = "debezium"`: the change-event envelope of Debezium's SQL Server
+//! connector (Debezium 3.x), so that Kafka Connect sinks, Flink's and Spark's
+//! `debezium-json`, and the other readers of that envelope take our stream as
+//! Debezium's. The facts, from Debezium's source at 3.6 (`Envelope`,
+//! `SchemaFactory`, `SqlServerSourceInfoStructMaker`, `SqlServerOffsetContext`,
+//! `RelationalChangeRecordEmitter`, `EventDispatcher`) and its SQL Server
+//! documentation; where the two differ, the code is followed:
+//!
+//! - Topic `<topic_prefix>.<db>.<schema>.<table>` (unless `sink.topic` is set); key
+//!   schema `….Key` (the key columns; no key for a table without one), value
+//!   `….Envelope` (version 2) with `before`, `after` (`….Value`), `source`
+//!   (`io.debezium.connector.sqlserver.Source`, version 1), `transaction`
+//!   (`event.block`), `op`, `ts_ms`, `ts_us`, `ts_ns`, in that order.
+//! - `op`: `c`, `u`, `d`, and `r` for loaded rows. `source.snapshot` is `"false"`
+//!   for changes (the schema's default, which JsonConverter writes for the unset
+//!   field) and `"true"` for loaded rows (Debezium marks the first and last rows
+//!   `first`/`last`; a load here is read in chunks and resumable, so every row is
+//!   `true`). `sequence` is always null, as Debezium's SQL Server connector leaves
+//!   it. `change_lsn` is `__$seqval`, `commit_lsn` `__$start_lsn`, both lower-case
+//!   `xxxxxxxx:xxxxxxxx:xxxx`; for a loaded row `change_lsn` and `event_serial_no`
+//!   are null and `commit_lsn` is the load's LSN. `event_serial_no` is 1 for an
+//!   insert or delete, 2 for an update, added up over events at one
+//!   (`commit_lsn`, `change_lsn`).
+//! - `source.ts_*` are the commit time; the envelope's `ts_*` the time the event
+//!   was written (Debezium's processing time).
+//! - After a delete, a tombstone (same key, null value) unless
+//!   `tombstones_on_delete = false`. SQL Server's CDC records a key change as a
+//!   delete and an insert, which become `d`, tombstone, `c` by themselves; an
+//!   update pair whose images have different keys is written as Debezium's
+//!   `RelationalChangeRecordEmitter` writes it: `d` with header
+//!   `__debezium.newkey`, a tombstone, `c` with `__debezium.oldkey`.
+//! - Every message carries the header `id`: the CES message id of the change
+//!   (segment 0, 1, 2 for the `d`, tombstone and `c` of one change), deterministic,
+//!   so a message written again after a crash is recognisable.
+//! - With `provide_transaction_metadata`, `BEGIN` and `END` events on
+//!   `<topic_prefix>.transaction`, keyed by the transaction id (the commit LSN),
+//!   and each event's `transaction` block. Transactions here are complete when
+//!   read, so `END` follows the transaction's last event at once.
+//!
+//! There is no segmentation (Debezium has none): values are truncated to 1 MiB as
+//! for CES, and a message still larger than `event.max_message_size_kb` is a
+//! definite error naming the table, the key and the size.
+
+pub mod connect;
+pub mod types;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::{Change, Operation, Origin, Row, TableDescription, segment};
+use crate::lsn::Lsn;
+use connect::{Schema, Type, write_string};
+pub use types::{BinaryMode, DecimalMode, TimePrecisionMode};
+
+/// `[event.debezium]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebeziumSettings {
+    /// Debezium's `topic.prefix`: the topics' first part and `source.name`.
+    #[serde(default = "default_prefix")]
+    pub topic_prefix: String,
+    /// JsonConverter's `schemas.enable`: `{"schema":…,"payload":…}` (true, its
+    /// default) or the payload alone.
+    #[serde(default = "yes")]
+    pub schemas_enable: bool,
+    #[serde(default = "yes")]
+    pub tombstones_on_delete: bool,
+    #[serde(default)]
+    pub decimal_handling_mode: DecimalMode,
+    #[serde(default)]
+    pub time_precision_mode: TimePrecisionMode,
+    #[serde(default)]
+    pub binary_handling_mode: BinaryMode,
+    #[serde(default)]
+    pub provide_transaction_metadata: bool,
+    /// Default `<topic_prefix>.transaction`.
+    #[serde(default)]
+    pub transaction_topic: Option<String>,
+}
+
+fn default_prefix() -> String {
+    "mssql-ces".into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for DebeziumSettings {
+    fn default() -> Self {
+        DebeziumSettings {
+            topic_prefix: default_prefix(),
+            schemas_enable: true,
+            tombstones_on_delete: true,
+            decimal_handling_mode: DecimalMode::default(),
+            time_precision_mode: TimePrecisionMode::default(),
+            binary_handling_mode: BinaryMode::default(),
+            provide_transaction_metadata: false,
+            transaction_topic: None,
+        }
+    }
+}
+
+impl DebeziumSettings {
+    /// The data topics' template when `sink.topic` is not set.
+    pub fn topic_template(&self) -> String {
+        format!("{}.{{db}}.{{schema}}.{{tbl}}", self.topic_prefix)
+    }
+
+    pub fn transaction_topic(&self) -> String {
+        self.transaction_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.transaction", self.topic_prefix))
+    }
+}
+
+/// Why an event cannot be written in Debezium's form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DebeziumError {
+    #[error(
+        "column {column}: {value} is outside what Debezium's type for it holds (io.debezium.time.NanoTimestamp ends in 2262): set event.debezium.time_precision_mode = \"connect\""
+    )]
+    OutOfRange { column: String, value: String },
+    #[error(
+        "a Debezium message of {table} with key {key} is {size} bytes, over event.max_message_size_kb ({limit} bytes); Debezium's envelope has no segments: raise the limit (and the destination's), or leave large columns out with [[event.columns]]"
+    )]
+    TooLarge {
+        table: String,
+        key: String,
+        size: usize,
+        limit: usize,
+    },
+}
+
+/// One Kafka record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// `None`: the change's table's topic (the router's); `Some`: the
+    /// transaction topic.
+    pub topic: Option<String>,
+    /// The key's JSON; `None` for a table without a key.
+    pub key: Option<Vec<u8>>,
+    /// The value's JSON; `None` for a tombstone.
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(&'static str, Vec<u8>)>,
+    /// The CES id in the `id` header.
+    pub id: Uuid,
+}
+
+pub use crate::position::OpenTransaction;
+
+/// What a table's records share: names and the schemas' JSON.
+#[derive(Debug)]
+struct TableSchemas {
+    key_schema: Option<Schema>,
+    key_schema_json: String,
+    value_schema_json: String,
+    data_collection: String,
+}
+
+/// The source's version in `source.version`.
+pub const SOURCE_VERSION: &str = concat!("mssql-ces-", env!("CARGO_PKG_VERSION"));
+
+/// `snapshot`'s allowed values (Debezium 3.0.5 and later).
+const SNAPSHOT_ALLOWED: &str =
+    "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental";
+
+/// Turns changes into Debezium records. Holds the state that numbering needs
+/// across events: `event_serial_no` and the open transaction.
+#[derive(Debug)]
+pub struct DebeziumEncoder {
+    settings: Arc<DebeziumSettings>,
+    stream_guid: Uuid,
+    max_message_size: usize,
+    tables: HashMap<usize, (Arc<TableDescription>, Arc<TableSchemas>)>,
+    last_change: Option<(Lsn, Lsn)>,
+    serial: i64,
+    transaction: Option<OpenTransaction>,
+    /// The processing time, for tests (`None`: the clock).
+    now: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl DebeziumEncoder {
+    pub fn new(
+        settings: Arc<DebeziumSettings>,
+        stream_guid: Uuid,
+        max_message_size: usize,
+        open: Option<OpenTransaction>,
+    ) -> Self {
+        DebeziumEncoder {
+            settings,
+            stream_guid,
+            max_message_size,
+            tables: HashMap::new(),
+            last_change: None,
+            serial: 0,
+            transaction: open,
+            now: None,
+        }
+    }
+
+    /// Fixes the envelope's `ts_*` (tests compare whole messages).
+    pub fn with_clock(mut self, now: chrono::DateTime<chrono::Utc>) -> Self {
+        self.now = Some(now);
+        self
+    }
+
+    /// The transaction still open after the last event encoded, if any.
+    pub fn open_transaction(&self) -> Option<OpenTransaction> {
+        self.transaction.clone()
+    }
+
+    fn schemas(&mut self, table: &Arc<TableDescription>) -> Arc<TableSchemas> {
+        let key = Arc::as_ptr(table) as usize;
+        if let Some((_, schemas)) = self.tables.get(&key) {
+            return Arc::clone(schemas);
+        }
+        let schemas = Arc::new(build_schemas(table, &self.settings));
+        if self.tables.len() > 4096 {
+            self.tables.clear();
+        }
+        self.tables
+            .insert(key, (Arc::clone(table), Arc::clone(&schemas)));
+        schemas
+    }
+
+    /// The records of one change, in order (transaction events included).
+    pub fn encode(&mut self, change: &Change) -> Result<Vec<Record>, DebeziumError> {
+        let needs_cut = [change.old.as_ref(), change.current.as_ref()]
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(segment::exceeds_value_limit);
+        let owned;
+        let change = if needs_cut {
+            let mut copy = change.clone();
+            for row in [copy.old.as_mut(), copy.current.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                segment::truncate_row(row);
+            }
+            owned = copy;
+            &owned
+        } else {
+            change
+        };
+        let schemas = self.schemas(&change.table);
+        let loaded = matches!(change.origin, Origin::Load { .. });
+        let mut out = Vec::new();
+        let transactional = self.settings.provide_transaction_metadata && !loaded;
+        if transactional {
+            self.begin_transaction(change, &mut out);
+        }
+        let serial = if loaded {
+            None
+        } else {
+            let count = if change.operation == Operation::Update {
+                2
+            } else {
+                1
+            };
+            let at = (change.commit_lsn, change.change_lsn);
+            if self.last_change == Some(at) {
+                self.serial += count;
+            } else {
+                self.serial = count;
+            }
+            self.last_change = Some(at);
+            Some(self.serial)
+        };
+        let key_of = |row: Option<&Row>| -> Option<String> {
+            let row = row?;
+            let _ = schemas.key_schema.as_ref()?;
+            Some(key_payload(&change.table, row, &self.settings))
+        };
+        let old_key = key_of(change.old.as_ref());
+        let new_key = key_of(change.current.as_ref());
+        let stream_guid = self.stream_guid;
+        let id = move |segment: u32| crate::event::event_message_id(stream_guid, change, segment);
+        let record = |this: &mut Self,
+                      op: &str,
+                      before: Option<&Row>,
+                      after: Option<&Row>,
+                      key: &Option<String>,
+                      segment: u32,
+                      extra: Vec<(&'static str, Vec<u8>)>|
+         -> Result<Vec<Record>, DebeziumError> {
+            let transaction = if transactional {
+                this.count_event(&schemas.data_collection)
+            } else {
+                None
+            };
+            let value =
+                this.envelope(change, &schemas, op, (before, after), serial, transaction)?;
+            let key_bytes = key.as_ref().map(|k| this.wrap(&schemas.key_schema_json, k));
+            if value.len() > this.max_message_size {
+                return Err(DebeziumError::TooLarge {
+                    table: change.table.qualified_name(),
+                    key: key.clone().unwrap_or_else(|| "(none)".into()),
+                    size: value.len(),
+                    limit: this.max_message_size,
+                });
+            }
+            let message_id = id(segment);
+            let mut headers = vec![("id", message_id.hyphenated().to_string().into_bytes())];
+            headers.extend(extra);
+            let mut records = vec![Record {
+                topic: None,
+                key: key_bytes.clone(),
+                value: Some(value),
+                headers: headers.clone(),
+                id: message_id,
+            }];
+            if op == "d" && this.settings.tombstones_on_delete {
+                records.push(Record {
+                    topic: None,
+                    key: key_bytes,
+                    value: None,
+                    headers,
+                    id: id(segment + 1),
+                });
+            }
+            Ok(records)
+        };
+        match change.operation {
+            _ if loaded => out.extend(record(
+                self,
+                "r",
+                None,
+                change.current.as_ref(),
+                &new_key,
+                0,
+                vec![],
+            )?),
+            Operation::Insert => out.extend(record(
+                self,
+                "c",
+                None,
+                change.current.as_ref(),
+                &new_key,
+                0,
+                vec![],
+            )?),
+            Operation::Delete => out.extend(record(
+                self,
+                "d",
+                change.old.as_ref(),
+                None,
+                &old_key,
+                0,
+                vec![],
+            )?),
+            Operation::Update if old_key != new_key => {
+                let header = |key: &Option<String>| key.clone().unwrap_or_default().into_bytes();
+                out.extend(record(
+                    self,
+                    "d",
+                    change.old.as_ref(),
+                    None,
+                    &old_key,
+                    0,
+                    vec![("__debezium.newkey", header(&new_key))],
+                )?);
+                out.extend(record(
+                    self,
+                    "c",
+                    None,
+                    change.current.as_ref(),
+                    &new_key,
+                    2,
+                    vec![("__debezium.oldkey", header(&old_key))],
+                )?);
+            }
+            Operation::Update => out.extend(record(
+                self,
+                "u",
+                change.old.as_ref(),
+                change.current.as_ref(),
+                &new_key,
+                0,
+                vec![],
+            )?),
+        }
+        if transactional && change.last_in_transaction {
+            self.end_transaction(change, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// `{"schema":…,"payload":…}` or the payload alone.
+    fn wrap(&self, schema: &str, payload: &str) -> Vec<u8> {
+        if !self.settings.schemas_enable {
+            return payload.as_bytes().to_vec();
+        }
+        let mut out = String::with_capacity(schema.len() + payload.len() + 24);
+        out.push_str("{\"schema\":");
+        out.push_str(schema);
+        out.push_str(",\"payload\":");
+        out.push_str(payload);
+        out.push('}');
+        out.into_bytes()
+    }
+
+    fn envelope(
+        &self,
+        change: &Change,
+        schemas: &TableSchemas,
+        op: &str,
+        (before, after): (Option<&Row>, Option<&Row>),
+        serial: Option<i64>,
+        transaction: Option<(u64, u64)>,
+    ) -> Result<Vec<u8>, DebeziumError> {
+        let settings = &self.settings;
+        let mut p = String::with_capacity(512);
+        p.push_str("{\"before\":");
+        row_payload(&mut p, &change.table, before, settings)?;
+        p.push_str(",\"after\":");
+        row_payload(&mut p, &change.table, after, settings)?;
+        p.push_str(",\"source\":{\"version\":");
+        write_string(&mut p, SOURCE_VERSION);
+        p.push_str(",\"connector\":\"sqlserver\",\"name\":");
+        write_string(&mut p, &settings.topic_prefix);
+        let commit = change.commit_time;
+        push_times(&mut p, "ts_ms", commit, TimeField::Millis);
+        p.push_str(",\"snapshot\":");
+        p.push_str(if serial.is_none() {
+            "\"true\""
+        } else {
+            "\"false\""
+        });
+        p.push_str(",\"db\":");
+        write_string(&mut p, change.table.database());
+        p.push_str(",\"sequence\":null");
+        push_times(&mut p, "ts_us", commit, TimeField::Micros);
+        push_times(&mut p, "ts_ns", commit, TimeField::Nanos);
+        p.push_str(",\"schema\":");
+        write_string(&mut p, change.table.schema());
+        p.push_str(",\"table\":");
+        write_string(&mut p, change.table.table());
+        p.push_str(",\"change_lsn\":");
+        if serial.is_some() {
+            write_string(&mut p, &lsn_text(change.change_lsn));
+        } else {
+            p.push_str("null");
+        }
+        p.push_str(",\"commit_lsn\":");
+        write_string(&mut p, &lsn_text(change.commit_lsn));
+        p.push_str(",\"event_serial_no\":");
+        match serial {
+            Some(n) => p.push_str(itoa::Buffer::new().format(n)),
+            None => p.push_str("null"),
+        }
+        p.push_str("},\"transaction\":");
+        match transaction {
+            Some((total, per_table)) => {
+                p.push_str("{\"id\":");
+                write_string(&mut p, &lsn_text(change.commit_lsn));
+                p.push_str(",\"total_order\":");
+                p.push_str(itoa::Buffer::new().format(total));
+                p.push_str(",\"data_collection_order\":");
+                p.push_str(itoa::Buffer::new().format(per_table));
+                p.push('}');
+            }
+            None => p.push_str("null"),
+        }
+        p.push_str(",\"op\":");
+        write_string(&mut p, op);
+        let now = self.now.unwrap_or_else(chrono::Utc::now);
+        push_times(&mut p, "ts_ms", now, TimeField::Millis);
+        push_times(&mut p, "ts_us", now, TimeField::Micros);
+        push_times(&mut p, "ts_ns", now, TimeField::Nanos);
+        p.push('}');
+        Ok(self.wrap(&schemas.value_schema_json, &p))
+    }
+
+    /// Opens the change's transaction when it is a new one; `BEGIN` when the
+    /// change is its first event.
+    fn begin_transaction(&mut self, change: &Change, out: &mut Vec<Record>) {
+        if self
+            .transaction
+            .as_ref()
+            .is_some_and(|t| t.commit_lsn == change.commit_lsn)
+        {
+            return;
+        }
+        self.transaction = Some(OpenTransaction {
+            commit_lsn: change.commit_lsn,
+            // Resumed inside a transaction without its counts: number on from the
+            // sequence number (per-table orders start over; said in the README).
+            total: change.sequence_number.saturating_sub(1),
+            tables: Vec::new(),
+        });
+        if change.sequence_number <= 1 {
+            out.push(self.transaction_record(change, "BEGIN"));
+        }
+    }
+
+    /// Counts one event of the open transaction: `(total_order,
+    /// data_collection_order)`.
+    fn count_event(&mut self, collection: &str) -> Option<(u64, u64)> {
+        let t = self.transaction.as_mut()?;
+        t.total += 1;
+        let per_table = match t.tables.iter_mut().find(|(c, _)| c == collection) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                t.tables.push((collection.to_owned(), 1));
+                1
+            }
+        };
+        Some((t.total, per_table))
+    }
+
+    fn end_transaction(&mut self, change: &Change, out: &mut Vec<Record>) {
+        out.push(self.transaction_record(change, "END"));
+        self.transaction = None;
+    }
+
+    /// A `BEGIN` or `END` record of the change's transaction.
+    fn transaction_record(&self, change: &Change, status: &str) -> Record {
+        let id = lsn_text(change.commit_lsn);
+        let mut key = String::from("{\"id\":");
+        write_string(&mut key, &id);
+        key.push('}');
+        let mut value = String::from("{\"status\":");
+        write_string(&mut value, status);
+        value.push_str(",\"id\":");
+        write_string(&mut value, &id);
+        match (&self.transaction, status) {
+            (Some(t), "END") => {
+                value.push_str(",\"event_count\":");
+                value.push_str(itoa::Buffer::new().format(t.total));
+                value.push_str(",\"data_collections\":[");
+                for (i, (collection, count)) in t.tables.iter().enumerate() {
+                    if i > 0 {
+                        value.push(',');
+                    }
+                    value.push_str("{\"data_collection\":");
+                    write_string(&mut value, collection);
+                    value.push_str(",\"event_count\":");
+                    value.push_str(itoa::Buffer::new().format(*count));
+                    value.push('}');
+                }
+                value.push(']');
+            }
+            _ => value.push_str(",\"event_count\":null,\"data_collections\":null"),
+        }
+        push_times(&mut value, "ts_ms", change.commit_time, TimeField::Millis);
+        value.push('}');
+        let (key_schema, value_schema) = transaction_schemas();
+        // BEGIN and END of one transaction: ids of their own, apart from the
+        // events' (segment indexes past any an event uses).
+        let segment = if status == "BEGIN" {
+            0xFFFF_FFF0
+        } else {
+            0xFFFF_FFF1
+        };
+        let message_id = crate::event::message_id(self.stream_guid, change.commit_lsn, 0, segment);
+        Record {
+            topic: Some(self.settings.transaction_topic()),
+            key: Some(self.wrap(&key_schema, &key)),
+            value: Some(self.wrap(&value_schema, &value)),
+            headers: vec![("id", message_id.hyphenated().to_string().into_bytes())],
+            id: message_id,
+        }
+    }
+}
+
+enum TimeField {
+    Millis,
+    Micros,
+    Nanos,
+}
+
+fn push_times(out: &mut String, name: &str, at: chrono::DateTime<chrono::Utc>, unit: TimeField) {
+    out.push_str(",\"");
+    out.push_str(name);
+    out.push_str("\":");
+    let n = match unit {
+        TimeField::Millis => at.timestamp_millis(),
+        TimeField::Micros => at.timestamp_micros(),
+        TimeField::Nanos => at.timestamp_nanos_opt().unwrap_or(i64::MAX),
+    };
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
+/// Debezium's LSN text: lower-case hex, `xxxxxxxx:xxxxxxxx:xxxx`.
+pub fn lsn_text(lsn: Lsn) -> String {
+    lsn.to_colon_string().to_ascii_lowercase()
+}
+
+fn row_payload(
+    out: &mut String,
+    table: &TableDescription,
+    row: Option<&Row>,
+    settings: &DebeziumSettings,
+) -> Result<(), DebeziumError> {
+    let Some(row) = row else {
+        out.push_str("null");
+        return Ok(());
+    };
+    out.push('{');
+    for (i, (column, value)) in table.columns().iter().zip(row).enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(out, &column.name);
+        out.push(':');
+        types::write_value(out, column, value, settings)?;
+    }
+    out.push('}');
+    Ok(())
+}
+
+/// The key payload (`{"Id":7}`) of a row; also the `__debezium.*key` headers.
+fn key_payload(table: &TableDescription, row: &Row, settings: &DebeziumSettings) -> String {
+    let mut out = String::from("{");
+    for (i, &position) in table.key().iter().enumerate() {
+        let (Some(column), Some(value)) = (table.columns().get(position), row.get(position)) else {
+            continue;
+        };
+        if i > 0 {
+            out.push(',');
+        }
+        write_string(&mut out, &column.name);
+        out.push(':');
+        if types::write_value(&mut out, column, value, settings).is_err() {
+            write_string(&mut out, &value.to_text().unwrap_or_default());
+        }
+    }
+    out.push('}');
+    out
+}
+
+fn build_schemas(table: &TableDescription, settings: &DebeziumSettings) -> TableSchemas {
+    let prefix = format!(
+        "{}.{}.{}.{}",
+        settings.topic_prefix,
+        table.database(),
+        table.schema(),
+        table.table()
+    );
+    let fields: Vec<(String, Schema)> = table
+        .columns()
+        .iter()
+        .map(|c| (c.name.clone(), types::column_schema(c, settings)))
+        .collect();
+    let key_schema = (!table.key().is_empty()).then(|| {
+        Schema::of(
+            Type::Struct(
+                table
+                    .key()
+                    .iter()
+                    .filter_map(|&p| fields.get(p).cloned())
+                    .collect(),
+            ),
+            false,
+        )
+        .named(format!("{prefix}.Key"), None)
+    });
+    let row = Schema::of(Type::Struct(fields), true).named(format!("{prefix}.Value"), None);
+    let optional = |ty| Schema::of(ty, true);
+    let required = |ty| Schema::of(ty, false);
+    let mut snapshot = optional(Type::String)
+        .named("io.debezium.data.Enum", Some(1))
+        .parameter("allowed", SNAPSHOT_ALLOWED);
+    snapshot.default = Some("\"false\"".into());
+    let source = required(Type::Struct(vec![
+        ("version".into(), required(Type::String)),
+        ("connector".into(), required(Type::String)),
+        ("name".into(), required(Type::String)),
+        ("ts_ms".into(), required(Type::Int64)),
+        ("snapshot".into(), snapshot),
+        ("db".into(), required(Type::String)),
+        ("sequence".into(), optional(Type::String)),
+        ("ts_us".into(), optional(Type::Int64)),
+        ("ts_ns".into(), optional(Type::Int64)),
+        ("schema".into(), required(Type::String)),
+        ("table".into(), required(Type::String)),
+        ("change_lsn".into(), optional(Type::String)),
+        ("commit_lsn".into(), optional(Type::String)),
+        ("event_serial_no".into(), optional(Type::Int64)),
+    ]))
+    .named("io.debezium.connector.sqlserver.Source", Some(1));
+    let block = optional(Type::Struct(vec![
+        ("id".into(), required(Type::String)),
+        ("total_order".into(), required(Type::Int64)),
+        ("data_collection_order".into(), required(Type::Int64)),
+    ]))
+    .named("event.block", Some(1));
+    let envelope = required(Type::Struct(vec![
+        ("before".into(), row.clone()),
+        ("after".into(), row),
+        ("source".into(), source),
+        ("transaction".into(), block),
+        ("op".into(), required(Type::String)),
+        ("ts_ms".into(), optional(Type::Int64)),
+        ("ts_us".into(), optional(Type::Int64)),
+        ("ts_ns".into(), optional(Type::Int64)),
+    ]))
+    .named(format!("{prefix}.Envelope"), Some(2));
+    let mut value_schema_json = String::new();
+    envelope.write(&mut value_schema_json, None);
+    let mut key_schema_json = String::new();
+    if let Some(key) = &key_schema {
+        key.write(&mut key_schema_json, None);
+    }
+    TableSchemas {
+        key_schema,
+        key_schema_json,
+        value_schema_json,
+        data_collection: format!("{}.{}.{}", table.database(), table.schema(), table.table()),
+    }
+}
+
+/// The transaction topic's key and value schemas (`SchemaFactory`).
+fn transaction_schemas() -> (String, String) {
+    let required = |ty| Schema::of(ty, false);
+    let optional = |ty| Schema::of(ty, true);
+    let key = required(Type::Struct(vec![("id".into(), required(Type::String))])).named(
+        "io.debezium.connector.common.TransactionMetadataKey",
+        Some(1),
+    );
+    let collection = optional(Type::Struct(vec![
+        ("data_collection".into(), required(Type::String)),
+        ("event_count".into(), required(Type::Int64)),
+    ]))
+    .named("event.collection", Some(1));
+    let value = required(Type::Struct(vec![
+        ("status".into(), required(Type::String)),
+        ("id".into(), required(Type::String)),
+        ("event_count".into(), optional(Type::Int64)),
+        (
+            "data_collections".into(),
+            optional(Type::Array(Box::new(collection))),
+        ),
+        ("ts_ms".into(), required(Type::Int64)),
+    ]))
+    .named(
+        "io.debezium.connector.common.TransactionMetadataValue",
+        Some(1),
+    );
+    let (mut k, mut v) = (String::new(), String::new());
+    key.write(&mut k, None);
+    value.write(&mut v, None);
+    (k, v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::test_support::{column, insert};
+    use crate::event::{ColumnDescription, Length, SqlType, Value};
+    use chrono::{NaiveDate, TimeZone};
+
+    fn required(c: ColumnDescription) -> ColumnDescription {
+        ColumnDescription {
+            nullable: false,
+            ..c
+        }
+    }
+
+    /// `testDB.dbo.customers` of Debezium's SQL Server documentation.
+    fn customers() -> Arc<TableDescription> {
+        let text = SqlType::NVarChar(Length::Bounded(255));
+        Arc::new(
+            TableDescription::new(
+                "testDB",
+                "dbo",
+                "customers",
+                vec![
+                    required(column("id", SqlType::Int, 0)),
+                    required(column("first_name", text, 1)),
+                    required(column("last_name", text, 2)),
+                    required(column("email", text, 3)),
+                ],
+                vec![0],
+            )
+            .unwrap(),
+        )
+    }
+
+    fn encoder(settings: DebeziumSettings) -> DebeziumEncoder {
+        DebeziumEncoder::new(Arc::new(settings), Uuid::nil(), 1 << 20, None).with_clock(
+            chrono::Utc
+                .timestamp_opt(1_559_729_471, 739_876_149)
+                .unwrap(),
+        )
+    }
+
+    fn server1() -> DebeziumSettings {
+        DebeziumSettings {
+            topic_prefix: "server1".into(),
+            ..DebeziumSettings::default()
+        }
+    }
+
+    fn john() -> Change {
+        let mut change = insert(
+            customers(),
+            vec![
+                Value::Int(1005),
+                Value::Text("john".into()),
+                Value::Text("doe".into()),
+                Value::Text("john.doe@example.org".into()),
+            ],
+        );
+        change.commit_lsn = Lsn::from_parts(0x27, 0x758, 5);
+        change.change_lsn = Lsn::from_parts(0x27, 0x758, 3);
+        change.commit_time = chrono::Utc.timestamp_millis_opt(1_559_729_468_470).unwrap();
+        change
+    }
+
+    /// The insert of Debezium's documentation, as its code and Kafka's JsonConverter
+    /// write it (the documentation's own example swaps the database and schema in
+    /// the value's schema names; the code, `TableSchemaBuilder`, does not). Typed
+    /// from that rendering, not produced by this code.
+    #[test]
+    fn an_insert_is_the_documented_key_and_value() {
+        let records = encoder(server1()).encode(&john()).unwrap();
+        assert_eq!(records.len(), 1);
+        let key = String::from_utf8(records[0].key.clone().unwrap()).unwrap();
+        assert_eq!(
+            key,
+            r#"{"schema":{"type":"struct","fields":[{"type":"int32","optional":false,"field":"id"}],"optional":false,"name":"server1.testDB.dbo.customers.Key"},"payload":{"id":1005}}"#
+        );
+        let row = r#"{"type":"struct","fields":[{"type":"int32","optional":false,"field":"id"},{"type":"string","optional":false,"field":"first_name"},{"type":"string","optional":false,"field":"last_name"},{"type":"string","optional":false,"field":"email"}],"optional":true,"name":"server1.testDB.dbo.customers.Value","field":"#;
+        let expected = [
+            r#"{"schema":{"type":"struct","fields":["#,
+            row,
+            r#""before"},"#,
+            row,
+            r#""after"},{"type":"struct","fields":[{"type":"string","optional":false,"field":"version"},{"type":"string","optional":false,"field":"connector"},{"type":"string","optional":false,"field":"name"},{"type":"int64","optional":false,"field":"ts_ms"},{"type":"string","optional":true,"name":"io.debezium.data.Enum","version":1,"parameters":{"allowed":"true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},"default":"false","field":"snapshot"},{"type":"string","optional":false,"field":"db"},{"type":"string","optional":true,"field":"sequence"},{"type":"int64","optional":true,"field":"ts_us"},{"type":"int64","optional":true,"field":"ts_ns"},{"type":"string","optional":false,"field":"schema"},{"type":"string","optional":false,"field":"table"},{"type":"string","optional":true,"field":"change_lsn"},{"type":"string","optional":true,"field":"commit_lsn"},{"type":"int64","optional":true,"field":"event_serial_no"}],"optional":false,"name":"io.debezium.connector.sqlserver.Source","version":1,"field":"source"},{"type":"struct","fields":[{"type":"string","optional":false,"field":"id"},{"type":"int64","optional":false,"field":"total_order"},{"type":"int64","optional":false,"field":"data_collection_order"}],"optional":true,"name":"event.block","version":1,"field":"transaction"},{"type":"string","optional":false,"field":"op"},{"type":"int64","optional":true,"field":"ts_ms"},{"type":"int64","optional":true,"field":"ts_us"},{"type":"int64","optional":true,"field":"ts_ns"}],"optional":false,"name":"server1.testDB.dbo.customers.Envelope","version":2},"payload":{"before":null,"after":{"id":1005,"first_name":"john","last_name":"doe","email":"john.doe@example.org"},"source":{"version":"VERSION","connector":"sqlserver","name":"server1","ts_ms":1559729468470,"snapshot":"false","db":"testDB","sequence":null,"ts_us":1559729468470000,"ts_ns":1559729468470000000,"schema":"dbo","table":"customers","change_lsn":"00000027:00000758:0003","commit_lsn":"00000027:00000758:0005","event_serial_no":1},"transaction":null,"op":"c","ts_ms":1559729471739,"ts_us":1559729471739876,"ts_ns":1559729471739876149}}"#,
+        ]
+        .concat()
+        .replace("VERSION", SOURCE_VERSION);
+        let value = String::from_utf8(records[0].value.clone().unwrap()).unwrap();
+        assert_eq!(value, expected);
+        // Without schemas: the payload alone.
+        let plain = encoder(DebeziumSettings {
+            schemas_enable: false,
+            ..server1()
+        })
+        .encode(&john())
+        .unwrap();
+        assert_eq!(plain[0].key.as_deref(), Some(&br#"{"id":1005}"#[..]));
+        let payload: serde_json::Value =
+            serde_json::from_slice(plain[0].value.as_ref().unwrap()).unwrap();
+        let full: serde_json::Value = serde_json::from_str(&value).unwrap();
+        assert_eq!(payload, full["payload"]);
+    }
+
+    /// A delete, its tombstone; an update pair whose key changed as Debezium's
+    /// `RelationalChangeRecordEmitter` writes it; transaction events and counts.
+    #[test]
+    fn deletes_key_changes_and_transactions() {
+        let mut encoder = encoder(DebeziumSettings {
+            provide_transaction_metadata: true,
+            ..server1()
+        });
+        let mut delete = john();
+        delete.operation = Operation::Delete;
+        delete.old = delete.current.take();
+        delete.last_in_transaction = false;
+        let records = encoder.encode(&delete).unwrap();
+        let kinds: Vec<_> = records
+            .iter()
+            .map(|r| (r.topic.clone(), r.value.is_some()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (Some("server1.transaction".to_owned()), true),
+                (None, true),
+                (None, false)
+            ]
+        );
+        assert_eq!(
+            records[1].key, records[2].key,
+            "the tombstone has the delete's key"
+        );
+        assert_ne!(records[1].id, records[2].id);
+        let mut update = john();
+        update.operation = Operation::Update;
+        update.sequence_number = 2;
+        update.change_lsn = Lsn::from_parts(0x27, 0x758, 4);
+        update.old = john().current;
+        if let Some(row) = update.current.as_mut() {
+            row[0] = Value::Int(1006);
+        }
+        let records = encoder.encode(&update).unwrap();
+        let ops: Vec<String> = records
+            .iter()
+            .map(|r| match &r.value {
+                None => "tombstone".into(),
+                Some(v) => {
+                    let v: serde_json::Value = serde_json::from_slice(v).unwrap();
+                    let p = &v["payload"];
+                    p["op"]
+                        .as_str()
+                        .or(p["status"].as_str())
+                        .unwrap()
+                        .to_owned()
+                }
+            })
+            .collect();
+        assert_eq!(ops, ["d", "tombstone", "c", "END"]);
+        assert_eq!(records[0].headers[1].0, "__debezium.newkey");
+        assert_eq!(records[0].headers[1].1, br#"{"id":1006}"#);
+        assert_eq!(
+            records[2].headers[1],
+            ("__debezium.oldkey", br#"{"id":1005}"#.to_vec())
+        );
+        let end: serde_json::Value =
+            serde_json::from_slice(records[3].value.as_ref().unwrap()).unwrap();
+        assert_eq!(end["payload"]["event_count"], 3);
+        assert_eq!(
+            end["payload"]["data_collections"],
+            serde_json::json!([{"data_collection": "testDB.dbo.customers", "event_count": 3}])
+        );
+        let c: serde_json::Value =
+            serde_json::from_slice(records[2].value.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            c["payload"]["transaction"],
+            serde_json::json!({"id": "00000027:00000758:0005", "total_order": 3, "data_collection_order": 3})
+        );
+        assert_eq!(encoder.open_transaction(), None);
+    }
+
+    fn value_of(sql_type: SqlType, value: Value, settings: &DebeziumSettings) -> (String, String) {
+        let column = column("v", sql_type, 0);
+        let mut schema = String::new();
+        types::column_schema(&column, settings).write(&mut schema, Some("v"));
+        let mut out = String::new();
+        types::write_value(&mut out, &column, &value, settings).unwrap();
+        (schema, out)
+    }
+
+    /// The values of Debezium's own datatype test (`AbstractSqlServerDatatypesTest`)
+    /// for the same inputs.
+    #[test]
+    fn each_type_as_debeziums_datatype_test_has_it() {
+        let adaptive = DebeziumSettings::default();
+        let day = NaiveDate::from_ymd_opt(2018, 7, 13).unwrap();
+        let at = |h, m, s, nanos| day.and_hms_nano_opt(h, m, s, nanos).unwrap();
+        let cases = [
+            (
+                SqlType::Date,
+                Value::Date(day),
+                "io.debezium.time.Date",
+                "17725",
+            ),
+            (
+                SqlType::Time { scale: 2 },
+                Value::Time {
+                    value: at(10, 23, 45, 680_000_000).time(),
+                    scale: 2,
+                },
+                "io.debezium.time.Time",
+                "37425680",
+            ),
+            (
+                SqlType::Time { scale: 4 },
+                Value::Time {
+                    value: at(10, 23, 45, 678_900_000).time(),
+                    scale: 4,
+                },
+                "io.debezium.time.MicroTime",
+                "37425678900",
+            ),
+            (
+                SqlType::Time { scale: 7 },
+                Value::Time {
+                    value: at(10, 23, 45, 678_901_200).time(),
+                    scale: 7,
+                },
+                "io.debezium.time.NanoTime",
+                "37425678901200",
+            ),
+            (
+                SqlType::DateTime2 { scale: 7 },
+                Value::DateTime2 {
+                    value: at(11, 23, 45, 340_000_000),
+                    scale: 7,
+                },
+                "io.debezium.time.NanoTimestamp",
+                "1531481025340000000",
+            ),
+            (
+                SqlType::DateTime,
+                Value::DateTime(at(13, 23, 45, 780_000_000)),
+                "io.debezium.time.Timestamp",
+                "1531488225780",
+            ),
+            (
+                SqlType::SmallDateTime,
+                Value::SmallDateTime(at(14, 24, 0, 0)),
+                "io.debezium.time.Timestamp",
+                "1531491840000",
+            ),
+            (
+                SqlType::DateTimeOffset { scale: 7 },
+                Value::DateTimeOffset {
+                    value: chrono::FixedOffset::east_opt(11 * 3600)
+                        .unwrap()
+                        .from_local_datetime(&at(12, 23, 45, 456_000_000))
+                        .unwrap(),
+                    scale: 7,
+                },
+                "io.debezium.time.ZonedTimestamp",
+                "\"2018-07-13T12:23:45.456+11:00\"",
+            ),
+            (
+                SqlType::Decimal {
+                    precision: 6,
+                    scale: 3,
+                },
+                Value::Decimal {
+                    unscaled: 1123,
+                    scale: 3,
+                },
+                "org.apache.kafka.connect.data.Decimal",
+                "\"BGM=\"",
+            ),
+            (
+                SqlType::Numeric {
+                    precision: 18,
+                    scale: 0,
+                },
+                Value::Decimal {
+                    unscaled: 2,
+                    scale: 0,
+                },
+                "org.apache.kafka.connect.data.Decimal",
+                "\"Ag==\"",
+            ),
+            (
+                SqlType::SmallMoney,
+                Value::Decimal {
+                    unscaled: 53230,
+                    scale: 4,
+                },
+                "\"connect.decimal.precision\":\"10\"",
+                "\"AM/u\"",
+            ),
+            (
+                SqlType::Money,
+                Value::Decimal {
+                    unscaled: 63230,
+                    scale: 4,
+                },
+                "\"connect.decimal.precision\":\"19\"",
+                "\"APb+\"",
+            ),
+            (SqlType::TinyInt, Value::TinyInt(22), "\"int16\"", "22"),
+            (SqlType::Real, Value::Real(4.323), "\"float\"", "4.323"),
+            (SqlType::Float, Value::Float(3.323), "\"double\"", "3.323"),
+            (SqlType::Bit, Value::Bit(true), "\"boolean\"", "true"),
+            (
+                SqlType::UniqueIdentifier,
+                Value::Guid(Uuid::parse_str("6f9619ff-8b86-d011-b42d-00c04fc964ff").unwrap()),
+                "\"string\"",
+                "\"6F9619FF-8B86-D011-B42D-00C04FC964FF\"",
+            ),
+            (
+                SqlType::VarBinary(Length::Bounded(4)),
+                Value::Binary(vec![0xFB, 0xFF]),
+                "\"bytes\"",
+                "\"+/8=\"",
+            ),
+        ];
+        for (sql_type, value, schema_has, expected) in cases {
+            let (schema, text) = value_of(sql_type, value, &adaptive);
+            assert!(schema.contains(schema_has), "{sql_type}: {schema}");
+            assert_eq!(text, expected, "{sql_type}");
+        }
+        // The other modes.
+        let connect = DebeziumSettings {
+            time_precision_mode: TimePrecisionMode::Connect,
+            decimal_handling_mode: DecimalMode::String,
+            binary_handling_mode: BinaryMode::Hex,
+            ..DebeziumSettings::default()
+        };
+        let (schema, text) = value_of(
+            SqlType::Time { scale: 7 },
+            Value::Time {
+                value: at(10, 23, 45, 678_901_200).time(),
+                scale: 7,
+            },
+            &connect,
+        );
+        assert!(
+            schema.contains("\"int32\"") && schema.contains("org.apache.kafka.connect.data.Time")
+        );
+        assert_eq!(text, "37425678");
+        let (_, text) = value_of(
+            SqlType::Money,
+            Value::Decimal {
+                unscaled: 53230,
+                scale: 4,
+            },
+            &connect,
+        );
+        assert_eq!(text, "\"5.3230\"");
+        let (_, text) = value_of(
+            SqlType::Binary(Length::Bounded(2)),
+            Value::Binary(vec![0xFB, 0xFF]),
+            &connect,
+        );
+        assert_eq!(text, "\"fbff\"");
+        let url = DebeziumSettings {
+            binary_handling_mode: BinaryMode::Base64UrlSafe,
+            decimal_handling_mode: DecimalMode::Double,
+            ..DebeziumSettings::default()
+        };
+        let (schema, text) = value_of(
+            SqlType::Binary(Length::Bounded(2)),
+            Value::Binary(vec![0xFB, 0xFF]),
+            &url,
+        );
+        assert!(schema.contains("\"string\""));
+        assert_eq!(text, "\"-_8=\"");
+        let (_, text) = value_of(
+            SqlType::Money,
+            Value::Decimal {
+                unscaled: 63230,
+                scale: 4,
+            },
+            &url,
+        );
+        assert_eq!(text, "6.323");
+    }
+}

@@ -273,6 +273,14 @@ async fn drive<S: ChangeSource + 'static>(
         config.checkpoint.stream_name.clone(),
     )
     .with_schema_changes(routing.schema_changes, routing.schema_topic());
+    let router = router.with_registry(
+        routing.schema_registry.clone(),
+        config
+            .sink
+            .kind
+            .delivery_timeout()
+            .unwrap_or(std::time::Duration::from_secs(120)),
+    );
     let router = if debezium {
         router.with_debezium(
             std::sync::Arc::new(config.event.debezium.clone()),

@@ -566,12 +566,42 @@ impl Config {
         self.sink.validate(&self.event)?;
         crate::event::columns::ColumnRules::validate(&self.event.columns, &self.event.hash_key)?;
         self.validate_debezium()?;
+        self.validate_registry()?;
         self.validate_file_paths()?;
         self.metrics.listen_address()?;
         if self.metrics.stalled_after.is_zero() {
             return Err(invalid(
                 "metrics.stalled_after_ms",
                 "must be more than 0 (the default is 300000)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[sink.schema_registry]`: Avro only, on Kafka (or a file), structured CES.
+    fn validate_registry(&self) -> Result<(), ConfigError> {
+        let Some(registry) = &self.sink.routing.schema_registry else {
+            return Ok(());
+        };
+        registry.validate()?;
+        if self.event.encoding != crate::event::Encoding::Avro {
+            return Err(invalid(
+                "sink.schema_registry",
+                "applies to Avro messages: set event.encoding = \"avro\" (JSON needs no registry)",
+            ));
+        }
+        if matches!(self.sink.kind, crate::sink::SinkConfig::EventHubsAmqp(_)) {
+            return Err(invalid(
+                "sink.schema_registry",
+                "a Confluent-API schema registry goes with Kafka clients; Event Hubs over AMQP does not use one (Azure Schema Registry is another API, not supported): use kind = \"event_hubs_kafka\" with a Confluent-compatible registry, or remove it",
+            ));
+        }
+        if self.event.format == crate::event::settings::EventFormat::Ces
+            && self.sink.routing.mode == crate::sink::settings::CloudEventsMode::Binary
+        {
+            return Err(invalid(
+                "sink.mode",
+                "with [sink.schema_registry] the registered schema is CES's whole ChangeEvent record: use mode = \"structured\"",
             ));
         }
         Ok(())
@@ -590,10 +620,12 @@ impl Config {
                 "must be a plain, non-empty name (Debezium's topic.prefix): it starts every topic and is source.name",
             ));
         }
-        if self.event.encoding == crate::event::Encoding::Avro {
+        if self.event.encoding == crate::event::Encoding::Avro
+            && self.sink.routing.schema_registry.is_none()
+        {
             return Err(invalid(
                 "event.encoding",
-                "Debezium's Avro form needs a schema registry, which this release does not have yet: use encoding = \"json\" with format = \"debezium\"",
+                "Debezium's Avro form is Confluent's (AvroConverter): it needs [sink.schema_registry] with url = \"http://…\"; or use encoding = \"json\"",
             ));
         }
         if self.sink.routing.schema_changes != crate::sink::settings::SchemaChangePlacement::Off {

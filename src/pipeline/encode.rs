@@ -63,6 +63,16 @@ pub(super) fn encode_batches(
     let mut factory = Some(factory);
     let mut encoder: Option<Encoder> = None;
     let mut debezium = None;
+    let mut registrar = match router.registry() {
+        Some((settings, patience)) => match super::registry::Registrar::new(settings, *patience) {
+            Ok(registrar) => Some(registrar),
+            Err(e) => {
+                let _ = out.blocking_send(Err(e));
+                return;
+            }
+        },
+        None => None,
+    };
     while let Some(item) = batches.blocking_recv() {
         let (batch, database_guid) = match item {
             Ok(SourceItem::Batch(batch, guid)) => (*batch, guid),
@@ -87,8 +97,10 @@ pub(super) fn encode_batches(
             continue;
         };
         let result = match debezium.as_mut() {
-            Some(debezium) => encode_debezium_batch(debezium, &router, batch, &out),
-            None => encode_batch(encoder, &router, batch, &out),
+            Some(debezium) => {
+                encode_debezium_batch(debezium, &router, registrar.as_mut(), batch, &out)
+            }
+            None => encode_batch(encoder, &router, registrar.as_mut(), batch, &out),
         };
         match result {
             Ok(true) => {}
@@ -107,13 +119,17 @@ pub(super) fn encode_batches(
 pub(super) fn encode_debezium_batch(
     encoder: &mut crate::event::debezium::DebeziumEncoder,
     router: &Router,
+    mut registrar: Option<&mut super::registry::Registrar>,
     mut batch: Batch,
     out: &mpsc::Sender<Result<Encoded, PipelineError>>,
 ) -> Result<bool, PipelineError> {
     let mut counts = BatchCounts::default();
     let mut chunk = Chunk::default();
     for change in &batch.changes {
-        let records = encoder.encode(change)?;
+        let mut records = encoder.encode(change)?;
+        if let Some(registrar) = registrar.as_deref_mut() {
+            registrar.debezium(&mut records, &router.topic(&change.table))?;
+        }
         let messages = router.route_records(change, records);
         let (count, bytes) = (
             messages.len() as u64,
@@ -151,6 +167,7 @@ pub(super) fn encode_debezium_batch(
 pub(super) fn encode_batch(
     encoder: &Encoder,
     router: &Router,
+    mut registrar: Option<&mut super::registry::Registrar>,
     batch: Batch,
     out: &mpsc::Sender<Result<Encoded, PipelineError>>,
 ) -> Result<bool, PipelineError> {
@@ -164,8 +181,11 @@ pub(super) fn encode_batch(
                 continue;
             }
             BatchEvent::Schema(schema) => {
-                let messages =
+                let mut messages =
                     router.route_schema_change(schema, encoder.encode_schema_change(schema)?)?;
+                if let Some(registrar) = registrar.as_deref_mut() {
+                    registrar.ces(&mut messages)?;
+                }
                 counts.add_schema_change(schema.qualified_name(), messages.len() as u64);
                 chunk.bytes += messages.iter().map(|m| m.payload.len() as u64).sum::<u64>();
                 chunk.messages.extend(messages);
@@ -174,7 +194,10 @@ pub(super) fn encode_batch(
         };
         let event = encoder.encode(change)?;
         let truncated = event.truncated_values as u64;
-        let messages = router.route(change, event)?;
+        let mut messages = router.route(change, event)?;
+        if let Some(registrar) = registrar.as_deref_mut() {
+            registrar.ces(&mut messages)?;
+        }
         let (count, bytes) = (
             messages.len() as u64,
             messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),

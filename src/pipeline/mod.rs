@@ -47,6 +47,7 @@ use crate::source::{ChangeSource, SourceError};
 
 mod acker;
 mod encode;
+mod registry;
 mod send;
 mod source;
 
@@ -126,6 +127,8 @@ pub enum PipelineError {
     Event(#[from] EventError),
     #[error(transparent)]
     Debezium(#[from] crate::event::debezium::DebeziumError),
+    #[error(transparent)]
+    Registry(#[from] crate::sink::registry::RegistryError),
     #[error(transparent)]
     Sink(#[from] SinkError),
     #[error(transparent)]
@@ -563,7 +566,7 @@ mod tests {
             let (position, max_lsn) = (batch.position.clone(), batch.max_lsn);
             let changes = batch.changes.len() as u64;
             let (tx, mut rx) = mpsc::channel(1_000);
-            assert!(encode_batch(&encoder, &router, batch, &tx).unwrap());
+            assert!(encode_batch(&encoder, &router, None, batch, &tx).unwrap());
             drop(tx);
             let mut chunks = Vec::new();
             while let Some(Ok(Encoded::Chunk(chunk))) = rx.blocking_recv() {
@@ -603,7 +606,7 @@ mod tests {
     fn encoding_stops_when_nobody_listens() {
         let (tx, rx) = mpsc::channel(1);
         drop(rx);
-        assert!(!encode_batch(&encoder(), &router(), batch(0), &tx).unwrap());
+        assert!(!encode_batch(&encoder(), &router(), None, batch(0), &tx).unwrap());
     }
 
     #[test]

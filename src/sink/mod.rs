@@ -12,6 +12,7 @@
 
 pub mod event_hubs_amqp;
 pub mod kafka;
+pub mod registry;
 pub mod settings;
 pub mod stream;
 
@@ -355,6 +356,8 @@ pub struct Router {
         std::sync::Arc<crate::event::debezium::DebeziumSettings>,
         Option<crate::position::OpenTransaction>,
     )>,
+    /// `[sink.schema_registry]`, and how long to wait for it when it is down.
+    registry: Option<(registry::SchemaRegistrySettings, std::time::Duration)>,
 }
 
 impl Router {
@@ -376,7 +379,24 @@ impl Router {
             schema_changes: SchemaChangePlacement::Off,
             schema_topic: String::new(),
             debezium: None,
+            registry: None,
         }
+    }
+
+    /// Avro in the Confluent wire format, ids from the registry of `settings`
+    /// (waited for up to `patience` when it is down).
+    pub fn with_registry(
+        mut self,
+        settings: Option<registry::SchemaRegistrySettings>,
+        patience: std::time::Duration,
+    ) -> Self {
+        self.registry = settings.map(|s| (s, patience));
+        self
+    }
+
+    /// The schema registry's settings and patience, when one is configured.
+    pub fn registry(&self) -> Option<&(registry::SchemaRegistrySettings, std::time::Duration)> {
+        self.registry.as_ref()
     }
 
     /// Events in Debezium's envelope, with `settings`; `open` is the transaction
@@ -397,12 +417,15 @@ impl Router {
         max_message_size: usize,
     ) -> Option<crate::event::debezium::DebeziumEncoder> {
         let (settings, open) = self.debezium.as_ref()?;
-        Some(crate::event::debezium::DebeziumEncoder::new(
-            std::sync::Arc::clone(settings),
-            stream_guid,
-            max_message_size,
-            open.clone(),
-        ))
+        Some(
+            crate::event::debezium::DebeziumEncoder::new(
+                std::sync::Arc::clone(settings),
+                stream_guid,
+                max_message_size,
+                open.clone(),
+            )
+            .with_avro(self.encoding == Encoding::Avro),
+        )
     }
 
     /// The messages of a change's Debezium records: the table's topic (or the

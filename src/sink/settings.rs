@@ -115,6 +115,9 @@ pub struct RoutingSettings {
     /// unset).
     #[serde(default)]
     pub schema_topic: Option<String>,
+    /// `[sink.schema_registry]`: Avro in the Confluent wire format.
+    #[serde(default)]
+    pub schema_registry: Option<crate::sink::registry::SchemaRegistrySettings>,
 }
 
 impl RoutingSettings {
@@ -135,6 +138,7 @@ const ROUTING_KEYS: &[&str] = &[
     "mode",
     "schema_changes",
     "schema_topic",
+    "schema_registry",
 ];
 
 impl<'de> Deserialize<'de> for SinkSettings {

@@ -260,8 +260,16 @@ fn ends_mid_line(path: &std::path::Path) -> bool {
 /// A record as one JSON line: `{"topic":…,"key":…,"value":…,"headers":{…}}`, the
 /// key and value as written (JSON text) or `null` (no key; a tombstone), header
 /// values as strings.
-fn record_line(message: &OutgoingMessage) -> Vec<u8> {
-    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+fn record_line(message: &OutgoingMessage, encoding: Encoding) -> Vec<u8> {
+    use base64::Engine as _;
+    // JSON as it is; Avro (wire format) as a base64 string.
+    let text = |bytes: &[u8]| match encoding {
+        Encoding::Json => String::from_utf8_lossy(bytes).into_owned(),
+        Encoding::Avro => {
+            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+                .to_string()
+        }
+    };
     let mut out = String::from("{\"topic\":");
     out.push_str(&serde_json::Value::String(message.topic.clone()).to_string());
     out.push_str(",\"key\":");
@@ -286,7 +294,9 @@ fn record_line(message: &OutgoingMessage) -> Vec<u8> {
         }
         out.push_str(&serde_json::Value::String((*name).to_owned()).to_string());
         out.push(':');
-        out.push_str(&serde_json::Value::String(text(value)).to_string());
+        out.push_str(
+            &serde_json::Value::String(String::from_utf8_lossy(value).into_owned()).to_string(),
+        );
     }
     out.push_str("}}");
     out.into_bytes()
@@ -440,7 +450,7 @@ impl StreamSink {
 
     pub fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
         let line = match self.encoding {
-            _ if self.records => record_line(&message),
+            _ if self.records => record_line(&message, self.encoding),
             Encoding::Json => message.payload,
             Encoding::Avro => base64::engine::general_purpose::STANDARD
                 .encode(&message.payload)

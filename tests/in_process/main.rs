@@ -27,6 +27,7 @@ mod query_cost;
 mod readback;
 mod schema_change_events;
 mod schema_changes;
+mod schema_registry;
 mod segmentation;
 mod table_lease;
 mod tds_standin;

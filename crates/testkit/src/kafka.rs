@@ -16,6 +16,8 @@ pub struct Consumed {
     pub key: Option<Vec<u8>>,
     pub headers: Vec<(String, Vec<u8>)>,
     pub payload: Vec<u8>,
+    /// The value is null (a tombstone), not empty.
+    pub null_payload: bool,
 }
 
 /// Reads `topic` from the beginning until `until(&messages)` holds or `timeout` passes.
@@ -81,6 +83,7 @@ pub fn consume_quietly(
                     key: m.key().map(<[u8]>::to_vec),
                     headers,
                     payload: m.payload().unwrap_or_default().to_vec(),
+                    null_payload: m.payload().is_none(),
                 });
             }
             Some(Err(e)) => panic!("consume: {e}"),

@@ -19,6 +19,7 @@ pub mod event_hubs;
 pub mod expected;
 pub mod kafka;
 pub mod kafka_sasl;
+pub mod registry;
 pub mod seek_cost;
 pub mod tds;
 pub mod tds_cdc;

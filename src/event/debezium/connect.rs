@@ -13,6 +13,8 @@
 
 use std::fmt::Write as _;
 
+use crate::event::avro::write_long;
+
 /// A Connect schema type.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Type {
@@ -130,6 +132,266 @@ impl Schema {
             write_string(out, field);
         }
         out.push('}');
+    }
+}
+
+impl Schema {
+    /// The Avro schema Confluent's `AvroData` derives from this one (its defaults:
+    /// `connect.meta.data` on), as compact JSON: a struct is a record named by the
+    /// last part of its name in the namespace of the rest, and written once (later
+    /// uses name it); an optional field is `["null", T]` with default null (`[T,
+    /// "null"]` with a Connect default); `connect.version`, `connect.parameters`,
+    /// `connect.default`, `connect.name` and `connect.type` (int16) as properties;
+    /// `Decimal`, `Date`, `Time` and `Timestamp` with their Avro logical types.
+    pub fn avro_json(&self) -> String {
+        let mut out = String::new();
+        let mut defined = std::collections::HashSet::new();
+        self.write_avro(&mut out, "", &mut defined);
+        out
+    }
+
+    /// The full name of the record this schema becomes (its Connect name).
+    pub fn record_name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The type, not made optional.
+    fn write_avro(
+        &self,
+        out: &mut String,
+        namespace: &str,
+        defined: &mut std::collections::HashSet<String>,
+    ) {
+        match &self.ty {
+            Type::Struct(fields) => {
+                let full = self
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| "io.confluent.connect.avro.ConnectDefault".to_owned());
+                let (space, short) = match full.rsplit_once('.') {
+                    Some((space, short)) => (space.to_owned(), short.to_owned()),
+                    None => (String::new(), full.clone()),
+                };
+                if !defined.insert(full.clone()) {
+                    write_string(out, if space == namespace { &short } else { &full });
+                    return;
+                }
+                out.push_str("{\"type\":\"record\",\"name\":");
+                write_string(out, &short);
+                if space != namespace && !space.is_empty() {
+                    out.push_str(",\"namespace\":");
+                    write_string(out, &space);
+                }
+                out.push_str(",\"fields\":[");
+                let inner = if space.is_empty() { namespace } else { &space };
+                for (i, (name, field)) in fields.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str("{\"name\":");
+                    write_string(out, name);
+                    out.push_str(",\"type\":");
+                    field.write_avro_optional(out, inner, defined);
+                    match (&field.default, field.optional) {
+                        (Some(default), _) => {
+                            out.push_str(",\"default\":");
+                            out.push_str(default);
+                        }
+                        (None, true) => out.push_str(",\"default\":null"),
+                        (None, false) => {}
+                    }
+                    out.push('}');
+                }
+                out.push(']');
+                self.write_avro_properties(out, &full);
+                out.push('}');
+            }
+            Type::Array(items) => {
+                out.push_str("{\"type\":\"array\",\"items\":");
+                items.write_avro_optional(out, namespace, defined);
+                out.push('}');
+            }
+            primitive => {
+                let avro = match primitive {
+                    Type::Int16 | Type::Int32 => "int",
+                    Type::Int64 => "long",
+                    Type::Float32 => "float",
+                    Type::Float64 => "double",
+                    Type::Boolean => "boolean",
+                    Type::Bytes => "bytes",
+                    _ => "string",
+                };
+                let logical = match self.name.as_deref() {
+                    Some("org.apache.kafka.connect.data.Decimal") => Some("decimal"),
+                    Some("org.apache.kafka.connect.data.Date") => Some("date"),
+                    Some("org.apache.kafka.connect.data.Time") => Some("time-millis"),
+                    Some("org.apache.kafka.connect.data.Timestamp") => Some("timestamp-millis"),
+                    _ => None,
+                };
+                let plain = self.name.is_none()
+                    && self.version.is_none()
+                    && self.parameters.is_empty()
+                    && self.default.is_none()
+                    && !matches!(primitive, Type::Int16);
+                if plain {
+                    write_string(out, avro);
+                    return;
+                }
+                out.push_str("{\"type\":");
+                write_string(out, avro);
+                if logical == Some("decimal") {
+                    let parameter = |key: &str| {
+                        self.parameters
+                            .iter()
+                            .find(|(k, _)| *k == key)
+                            .map(|(_, v)| v.clone())
+                    };
+                    let _ = write!(
+                        out,
+                        ",\"scale\":{},\"precision\":{}",
+                        parameter("scale").unwrap_or_else(|| "0".into()),
+                        parameter("connect.decimal.precision").unwrap_or_else(|| "64".into())
+                    );
+                }
+                self.write_avro_properties(out, self.name.as_deref().unwrap_or_default());
+                if matches!(primitive, Type::Int16) {
+                    out.push_str(",\"connect.type\":\"int16\"");
+                }
+                if let Some(logical) = logical {
+                    out.push_str(",\"logicalType\":");
+                    write_string(out, logical);
+                }
+                out.push('}');
+            }
+        }
+    }
+
+    /// `connect.version`, `connect.parameters`, `connect.default`, `connect.name`.
+    fn write_avro_properties(&self, out: &mut String, name: &str) {
+        if let Some(version) = self.version {
+            let _ = write!(out, ",\"connect.version\":{version}");
+        }
+        if !self.parameters.is_empty() {
+            out.push_str(",\"connect.parameters\":{");
+            for (i, (k, v)) in self.parameters.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(out, k);
+                out.push(':');
+                write_string(out, v);
+            }
+            out.push('}');
+        }
+        if let Some(default) = &self.default {
+            out.push_str(",\"connect.default\":");
+            out.push_str(default);
+        }
+        if !name.is_empty() {
+            out.push_str(",\"connect.name\":");
+            write_string(out, name);
+        }
+    }
+
+    /// The type as a field or array item has it: optional ones in a union with
+    /// null (null first without a default, last with one).
+    fn write_avro_optional(
+        &self,
+        out: &mut String,
+        namespace: &str,
+        defined: &mut std::collections::HashSet<String>,
+    ) {
+        if !self.optional {
+            self.write_avro(out, namespace, defined);
+        } else if self.default.is_some() {
+            out.push('[');
+            self.write_avro(out, namespace, defined);
+            out.push_str(",\"null\"]");
+        } else {
+            out.push_str("[\"null\",");
+            self.write_avro(out, namespace, defined);
+            out.push(']');
+        }
+    }
+
+    /// Appends the Avro binary datum of `value` (the JSON payload JsonConverter
+    /// would write for this schema) to `out`.
+    pub fn write_avro_datum(
+        &self,
+        out: &mut Vec<u8>,
+        value: &serde_json::Value,
+    ) -> Result<(), String> {
+        if self.optional {
+            let null_first = self.default.is_none();
+            let branch: i64 = match (value.is_null(), null_first) {
+                (true, true) | (false, false) => 0,
+                _ => 1,
+            };
+            write_long(out, branch);
+            if value.is_null() {
+                return Ok(());
+            }
+        }
+        let mismatch = || format!("{value} does not fit {:?}", self.ty);
+        match &self.ty {
+            Type::Int16 | Type::Int32 | Type::Int64 => {
+                write_long(out, value.as_i64().ok_or_else(mismatch)?);
+            }
+            Type::Float32 => {
+                let v = json_float(value).ok_or_else(mismatch)?;
+                out.extend_from_slice(&(v as f32).to_le_bytes());
+            }
+            Type::Float64 => {
+                let v = json_float(value).ok_or_else(mismatch)?;
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            Type::Boolean => out.push(u8::from(value.as_bool().ok_or_else(mismatch)?)),
+            Type::String => {
+                let s = value.as_str().ok_or_else(mismatch)?;
+                write_long(out, s.len() as i64);
+                out.extend_from_slice(s.as_bytes());
+            }
+            Type::Bytes => {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(value.as_str().ok_or_else(mismatch)?)
+                    .map_err(|e| e.to_string())?;
+                write_long(out, bytes.len() as i64);
+                out.extend_from_slice(&bytes);
+            }
+            Type::Struct(fields) => {
+                for (name, field) in fields {
+                    field.write_avro_datum(
+                        out,
+                        value.get(name).unwrap_or(&serde_json::Value::Null),
+                    )?;
+                }
+            }
+            Type::Array(items) => {
+                let list = value.as_array().ok_or_else(mismatch)?;
+                if !list.is_empty() {
+                    write_long(out, list.len() as i64);
+                    for item in list {
+                        items.write_avro_datum(out, item)?;
+                    }
+                }
+                write_long(out, 0);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A JSON number, or the strings JsonConverter writes for NaN and the infinities.
+fn json_float(value: &serde_json::Value) -> Option<f64> {
+    match value {
+        serde_json::Value::String(s) => match s.as_str() {
+            "NaN" => Some(f64::NAN),
+            "Infinity" => Some(f64::INFINITY),
+            "-Infinity" => Some(f64::NEG_INFINITY),
+            _ => None,
+        },
+        other => other.as_f64(),
     }
 }
 

@@ -133,6 +133,9 @@ pub enum DebeziumError {
         size: usize,
         limit: usize,
     },
+    /// A defect: our own JSON did not fit our own schema.
+    #[error("writing a Debezium record as Avro: {0}")]
+    Avro(String),
 }
 
 /// One Kafka record.
@@ -148,17 +151,54 @@ pub struct Record {
     pub headers: Vec<(&'static str, Vec<u8>)>,
     /// The CES id in the `id` header.
     pub id: Uuid,
+    /// With Avro: the schemas of `key` and `value` (which are then bare Avro
+    /// datums, to be given the registry's wire format).
+    pub avro: Option<AvroSchemas>,
 }
 
 pub use crate::position::OpenTransaction;
 
-/// What a table's records share: names and the schemas' JSON.
+/// A Connect schema with its two written forms, made once.
+#[derive(Debug)]
+struct Shape {
+    schema: Schema,
+    /// As JsonConverter writes it.
+    json: String,
+    /// As AvroData derives it.
+    avro: Arc<str>,
+}
+
+impl Shape {
+    fn of(schema: Schema) -> Self {
+        let mut json = String::new();
+        schema.write(&mut json, None);
+        let avro = schema.avro_json().into();
+        Shape { schema, json, avro }
+    }
+
+    /// The Avro schema and the record's full name, for a registry.
+    fn avro_schema(&self) -> (Arc<str>, String) {
+        (
+            Arc::clone(&self.avro),
+            self.schema.record_name().unwrap_or_default().to_owned(),
+        )
+    }
+}
+
+/// What a table's records share: the key's and the envelope's schemas.
 #[derive(Debug)]
 struct TableSchemas {
-    key_schema: Option<Schema>,
-    key_schema_json: String,
-    value_schema_json: String,
+    key: Option<Shape>,
+    value: Shape,
     data_collection: String,
+}
+
+/// An Avro record's schemas, for the registry that gives their ids: the Avro
+/// schema JSON and the record's full name, of the key and of the value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AvroSchemas {
+    pub key: Option<(Arc<str>, String)>,
+    pub value: Option<(Arc<str>, String)>,
 }
 
 /// The source's version in `source.version`.
@@ -181,6 +221,10 @@ pub struct DebeziumEncoder {
     transaction: Option<OpenTransaction>,
     /// The processing time, for tests (`None`: the clock).
     now: Option<chrono::DateTime<chrono::Utc>>,
+    /// Avro datums rather than JsonConverter's JSON.
+    avro: bool,
+    /// The transaction topic's key and value schemas.
+    transaction_shapes: Arc<(Shape, Shape)>,
 }
 
 impl DebeziumEncoder {
@@ -199,7 +243,15 @@ impl DebeziumEncoder {
             serial: 0,
             transaction: open,
             now: None,
+            avro: false,
+            transaction_shapes: Arc::new(transaction_shapes()),
         }
+    }
+
+    /// Avro datums (for a schema registry) instead of JSON.
+    pub fn with_avro(mut self, avro: bool) -> Self {
+        self.avro = avro;
+        self
     }
 
     /// Fixes the envelope's `ts_*` (tests compare whole messages).
@@ -274,7 +326,7 @@ impl DebeziumEncoder {
         };
         let key_of = |row: Option<&Row>| -> Option<String> {
             let row = row?;
-            let _ = schemas.key_schema.as_ref()?;
+            let _ = schemas.key.as_ref()?;
             Some(key_payload(&change.table, row, &self.settings))
         };
         let old_key = key_of(change.old.as_ref());
@@ -296,7 +348,10 @@ impl DebeziumEncoder {
             };
             let value =
                 this.envelope(change, &schemas, op, (before, after), serial, transaction)?;
-            let key_bytes = key.as_ref().map(|k| this.wrap(&schemas.key_schema_json, k));
+            let key_bytes = match (key, &schemas.key) {
+                (Some(k), Some(shape)) => Some(this.serialize(shape, k)?),
+                _ => None,
+            };
             if value.len() > this.max_message_size {
                 return Err(DebeziumError::TooLarge {
                     table: change.table.qualified_name(),
@@ -308,12 +363,17 @@ impl DebeziumEncoder {
             let message_id = id(segment);
             let mut headers = vec![("id", message_id.hyphenated().to_string().into_bytes())];
             headers.extend(extra);
+            let avro = this.avro.then(|| AvroSchemas {
+                key: schemas.key.as_ref().map(Shape::avro_schema),
+                value: Some(schemas.value.avro_schema()),
+            });
             let mut records = vec![Record {
                 topic: None,
                 key: key_bytes.clone(),
                 value: Some(value),
                 headers: headers.clone(),
                 id: message_id,
+                avro: avro.clone(),
             }];
             if op == "d" && this.settings.tombstones_on_delete {
                 records.push(Record {
@@ -322,6 +382,7 @@ impl DebeziumEncoder {
                     value: None,
                     headers,
                     id: id(segment + 1),
+                    avro,
                 });
             }
             Ok(records)
@@ -388,6 +449,21 @@ impl DebeziumEncoder {
         if transactional && change.last_in_transaction {
             self.end_transaction(change, &mut out);
         }
+        Ok(out)
+    }
+
+    /// The payload as the message's bytes: an Avro datum, or JSON.
+    fn serialize(&self, shape: &Shape, payload: &str) -> Result<Vec<u8>, DebeziumError> {
+        if !self.avro {
+            return Ok(self.wrap(&shape.json, payload));
+        }
+        let value: serde_json::Value =
+            serde_json::from_str(payload).map_err(|e| DebeziumError::Avro(e.to_string()))?;
+        let mut out = Vec::with_capacity(payload.len());
+        shape
+            .schema
+            .write_avro_datum(&mut out, &value)
+            .map_err(DebeziumError::Avro)?;
         Ok(out)
     }
 
@@ -474,7 +550,7 @@ impl DebeziumEncoder {
         push_times(&mut p, "ts_us", now, TimeField::Micros);
         push_times(&mut p, "ts_ns", now, TimeField::Nanos);
         p.push('}');
-        Ok(self.wrap(&schemas.value_schema_json, &p))
+        self.serialize(&schemas.value, &p)
     }
 
     /// Opens the change's transaction when it is a new one; `BEGIN` when the
@@ -553,7 +629,8 @@ impl DebeziumEncoder {
         }
         push_times(&mut value, "ts_ms", change.commit_time, TimeField::Millis);
         value.push('}');
-        let (key_schema, value_schema) = transaction_schemas();
+        let shapes = Arc::clone(&self.transaction_shapes);
+        let (key_shape, value_shape) = (&shapes.0, &shapes.1);
         // BEGIN and END of one transaction: ids of their own, apart from the
         // events' (segment indexes past any an event uses).
         let segment = if status == "BEGIN" {
@@ -562,12 +639,21 @@ impl DebeziumEncoder {
             0xFFFF_FFF1
         };
         let message_id = crate::event::message_id(self.stream_guid, change.commit_lsn, 0, segment);
+        // Our own JSON of our own schemas: it always fits them.
+        let bytes = |shape: &Shape, payload: &str| {
+            self.serialize(shape, payload)
+                .unwrap_or_else(|_| payload.as_bytes().to_vec())
+        };
         Record {
             topic: Some(self.settings.transaction_topic()),
-            key: Some(self.wrap(&key_schema, &key)),
-            value: Some(self.wrap(&value_schema, &value)),
+            key: Some(bytes(key_shape, &key)),
+            value: Some(bytes(value_shape, &value)),
             headers: vec![("id", message_id.hyphenated().to_string().into_bytes())],
             id: message_id,
+            avro: self.avro.then(|| AvroSchemas {
+                key: Some(key_shape.avro_schema()),
+                value: Some(value_shape.avro_schema()),
+            }),
         }
     }
 }
@@ -705,22 +791,15 @@ fn build_schemas(table: &TableDescription, settings: &DebeziumSettings) -> Table
         ("ts_ns".into(), optional(Type::Int64)),
     ]))
     .named(format!("{prefix}.Envelope"), Some(2));
-    let mut value_schema_json = String::new();
-    envelope.write(&mut value_schema_json, None);
-    let mut key_schema_json = String::new();
-    if let Some(key) = &key_schema {
-        key.write(&mut key_schema_json, None);
-    }
     TableSchemas {
-        key_schema,
-        key_schema_json,
-        value_schema_json,
+        key: key_schema.map(Shape::of),
+        value: Shape::of(envelope),
         data_collection: format!("{}.{}.{}", table.database(), table.schema(), table.table()),
     }
 }
 
 /// The transaction topic's key and value schemas (`SchemaFactory`).
-fn transaction_schemas() -> (String, String) {
+fn transaction_shapes() -> (Shape, Shape) {
     let required = |ty| Schema::of(ty, false);
     let optional = |ty| Schema::of(ty, true);
     let key = required(Type::Struct(vec![("id".into(), required(Type::String))])).named(
@@ -746,10 +825,7 @@ fn transaction_schemas() -> (String, String) {
         "io.debezium.connector.common.TransactionMetadataValue",
         Some(1),
     );
-    let (mut k, mut v) = (String::new(), String::new());
-    key.write(&mut k, None);
-    value.write(&mut v, None);
-    (k, v)
+    (Shape::of(key), Shape::of(value))
 }
 
 #[cfg(test)]

@@ -1,0 +1,270 @@
+//! Avro with a schema registry (the REST double in `crates/testkit`), into Kafka
+//! (`MockCluster`): the Confluent wire format, subjects, the registry down for a
+//! while and refusing a schema; CES's `ChangeEvent` and Debezium's envelope.
+
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use apache_avro::types::Value as Avro;
+use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
+use mssql_ces::event::debezium::DebeziumSettings;
+use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::pipeline::{self, PipelineError, RunSummary};
+use mssql_ces::sink::registry::{SchemaRegistrySettings, SubjectNameStrategy};
+use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
+use mssql_ces::sink::{Router, Sink};
+use mssql_ces::source::poller::{Poller, PollerConfig};
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use rdkafka::mocking::MockCluster;
+use support::kafka::{Consumed, consume};
+use support::registry::RegistryDouble;
+use tokio_util::sync::CancellationToken;
+
+use crate::kafka_pipeline::{kafka_sink_with, until_idle};
+
+fn synthetic(transactions: u64) -> SyntheticConfig {
+    SyntheticConfig {
+        seed: 5,
+        transactions: Some(transactions),
+        rate_per_second: None,
+        large_value_every: 0,
+        existing_rows: 0,
+        oversized_value_every: 0,
+    }
+}
+
+fn registry_settings(url: &str) -> SchemaRegistrySettings {
+    SchemaRegistrySettings {
+        url: url.into(),
+        username: None,
+        password: Default::default(),
+        ca_location: None,
+        subject_name_strategy: SubjectNameStrategy::Topic,
+        request_timeout_ms: 2_000,
+    }
+}
+
+async fn run(
+    bootstrap: &str,
+    router: Router,
+    transactions: u64,
+) -> Result<RunSummary, PipelineError> {
+    let dir = std::env::temp_dir().join(format!("mssql-ces-sr-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let store = CheckpointStore::File(FileStore::new(dir.join("cp.json"), "test"));
+    let poller = Poller::new(
+        SyntheticSource::new(synthetic(transactions)),
+        PollerConfig {
+            batch_size: 50,
+            ..PollerConfig::default()
+        },
+        None,
+    );
+    let result = pipeline::run(
+        poller,
+        Box::new(|guid| EncoderOptions {
+            stream_guid: guid,
+            encoding: Encoding::Avro,
+            final_event: FinalEventMode::LastInTransaction,
+            max_message_size: MessageSizeLimit::from_kb(1024).expect("valid"),
+        }),
+        router,
+        Sink::Kafka(kafka_sink_with(bootstrap, None)),
+        store,
+        until_idle(),
+        CancellationToken::new(),
+    )
+    .await;
+    std::fs::remove_dir_all(dir).ok();
+    result
+}
+
+/// The schema id and datum of a wire-format message.
+fn unwire(bytes: &[u8]) -> (u32, &[u8]) {
+    assert_eq!(bytes[0], 0, "magic byte");
+    let id = u32::from_be_bytes(bytes[1..5].try_into().expect("4 bytes"));
+    (id, &bytes[5..])
+}
+
+/// Decodes with apache-avro and the schema the registry holds for the id.
+fn decode(registry: &RegistryDouble, bytes: &[u8]) -> Avro {
+    let (id, mut datum) = unwire(bytes);
+    let text = registry.schema(id).expect("the id is registered");
+    let schema = apache_avro::Schema::parse_str(&text).expect("the registered schema parses");
+    let value = mssql_ces::event::avro::read_datum(&schema, &mut datum).expect("the datum decodes");
+    assert!(datum.is_empty(), "the whole datum is read");
+    value
+}
+
+fn field<'a>(record: &'a Avro, name: &str) -> &'a Avro {
+    let Avro::Record(fields) = record else {
+        panic!("not a record: {record:?}");
+    };
+    let value = &fields.iter().find(|(n, _)| n == name).expect(name).1;
+    match value {
+        Avro::Union(_, inner) => inner,
+        other => other,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ces_avro_goes_out_in_the_wire_format_once_the_registry_is_back() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces-reg", 2, 1).expect("topic");
+    let registry = RegistryDouble::start().await;
+    registry.set_down(true);
+    let router = Router::new(
+        "ces-reg",
+        PartitionKeyScheme::Table,
+        None,
+        CloudEventsMode::Structured,
+        Encoding::Avro,
+        "g",
+    )
+    .with_registry(
+        Some(registry_settings(&registry.url)),
+        Duration::from_secs(60),
+    );
+    // Down for a while: waited for, then everything goes.
+    let (summary, ()) = tokio::join!(run(&bootstrap, router, 40), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        registry.set_down(false);
+    });
+    let summary = summary.expect("run");
+    assert!(registry.posts() > 1, "asked again while down");
+    let messages = consume(&bootstrap, "ces-reg", 2, Duration::from_secs(30), |m| {
+        m.len() as u64 >= summary.delivered_messages
+    });
+    assert_eq!(messages.len() as u64, summary.delivered_messages);
+    let subjects = registry.subjects();
+    assert_eq!(subjects.keys().collect::<Vec<_>>(), ["ces-reg-value"]);
+    let id = subjects["ces-reg-value"][0];
+    assert_eq!(
+        registry.schema(id).as_deref(),
+        Some(mssql_ces::event::avro::CHANGE_EVENT_SCHEMA)
+    );
+    for m in &messages {
+        let (message_id, datum) = unwire(&m.payload);
+        assert_eq!(message_id, id);
+        // The datum is the structured message CES Avro always was.
+        let event = mssql_ces::event::readback::decode_message(datum, Encoding::Avro).expect("CES");
+        let decoded = decode(&registry, &m.payload);
+        assert_eq!(field(&decoded, "logicalid"), &Avro::String(event.logicalid));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_the_registry_refuses_stops_the_run_naming_the_subject() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces-refused", 1, 1).expect("topic");
+    let registry = RegistryDouble::start().await;
+    registry.preload("ces-refused-value", r#"{"type":"string"}"#);
+    registry.set_incompatible("ces-refused-value");
+    let router = Router::new(
+        "ces-refused",
+        PartitionKeyScheme::Table,
+        None,
+        CloudEventsMode::Structured,
+        Encoding::Avro,
+        "g",
+    )
+    .with_registry(
+        Some(registry_settings(&registry.url)),
+        Duration::from_secs(60),
+    );
+    let err = run(&bootstrap, router, 5).await.expect_err("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("ces-refused-value") && text.contains("incompatible"),
+        "{text}"
+    );
+    assert_eq!(registry.posts(), 1, "a refusal is not retried");
+}
+
+fn consumed_ops(registry: &RegistryDouble, messages: &[Consumed]) -> BTreeMap<String, usize> {
+    let mut ops = BTreeMap::new();
+    for m in messages {
+        if m.null_payload {
+            *ops.entry("tombstone".into()).or_default() += 1;
+            continue;
+        }
+        let value = decode(registry, &m.payload);
+        let op = match field(&value, "op") {
+            Avro::String(op) => op.clone(),
+            other => panic!("{other:?}"),
+        };
+        // The key decodes with its own schema and names the row the value has.
+        let key = decode(registry, m.key.as_deref().expect("keyed"));
+        let image = if op == "d" { "before" } else { "after" };
+        assert_eq!(field(&key, "id"), field(field(&value, image), "id"));
+        let source = field(&value, "source");
+        assert_eq!(
+            field(source, "connector"),
+            &Avro::String("sqlserver".into())
+        );
+        *ops.entry(op).or_default() += 1;
+    }
+    ops
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_avro_keys_and_values_decode_with_the_registered_schemas() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    let topic = "srv.synthetic.dbo.customers";
+    for t in [
+        topic,
+        "srv.synthetic.dbo.orders",
+        "srv.synthetic.sales.order details",
+    ] {
+        cluster.create_topic(t, 1, 1).expect("topic");
+    }
+    let registry = RegistryDouble::start().await;
+    let settings = DebeziumSettings {
+        topic_prefix: "srv".into(),
+        ..DebeziumSettings::default()
+    };
+    let router = Router::new(
+        settings.topic_template(),
+        PartitionKeyScheme::PrimaryKey,
+        None,
+        CloudEventsMode::Structured,
+        Encoding::Avro,
+        "g",
+    )
+    .with_registry(
+        Some(registry_settings(&registry.url)),
+        Duration::from_secs(60),
+    )
+    .with_debezium(std::sync::Arc::new(settings), None);
+    let summary = run(&bootstrap, router, 60).await.expect("run");
+    assert!(summary.delivered_messages > 0);
+    let subjects = registry.subjects();
+    assert!(
+        subjects.contains_key(&format!("{topic}-key")),
+        "{subjects:?}"
+    );
+    assert!(
+        subjects.contains_key(&format!("{topic}-value")),
+        "{subjects:?}"
+    );
+    let messages = consume(&bootstrap, topic, 1, Duration::from_secs(20), |m| {
+        !m.is_empty()
+    });
+    let messages = consume(&bootstrap, topic, 1, Duration::from_secs(20), |m| {
+        m.len() >= messages.len() && m.len() > 5
+    });
+    let ops = consumed_ops(&registry, &messages);
+    assert!(ops.contains_key("c") && ops.contains_key("u"), "{ops:?}");
+    assert_eq!(
+        ops.get("d"),
+        ops.get("tombstone"),
+        "a tombstone after each delete"
+    );
+    // One value schema per table version: registered once, ids cached.
+    assert_eq!(subjects[&format!("{topic}-value")].len(), 1);
+}

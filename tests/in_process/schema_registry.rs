@@ -146,6 +146,14 @@ async fn ces_avro_goes_out_in_the_wire_format_once_the_registry_is_back() {
         registry.schema(id).as_deref(),
         Some(mssql_ces::event::avro::CHANGE_EVENT_SCHEMA)
     );
+    let decoded = python_decode(&registry, "ces-reg", &messages, "string").await;
+    assert_eq!(decoded.len(), messages.len());
+    for (d, m) in decoded.iter().zip(&messages) {
+        let event = mssql_ces::event::readback::decode_message(&m.payload[5..], Encoding::Avro)
+            .expect("CES");
+        assert_eq!(d["value"]["logicalid"], event.logicalid.as_str());
+        assert_eq!(d["value"]["specversion"], "1.0");
+    }
     for m in &messages {
         let (message_id, datum) = unwire(&m.payload);
         assert_eq!(message_id, id);
@@ -183,6 +191,56 @@ async fn a_schema_the_registry_refuses_stops_the_run_naming_the_subject() {
         "{text}"
     );
     assert_eq!(registry.posts(), 1, "a refusal is not retried");
+}
+
+/// Decodes `messages` with the Confluent Python client's `AvroDeserializer` against
+/// the registry (an independent reader; CI installs it, see `.ci/run`): one JSON
+/// value per message.
+async fn python_decode(
+    registry: &RegistryDouble,
+    topic: &str,
+    messages: &[Consumed],
+    keys: &str,
+) -> Vec<serde_json::Value> {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let lines: String = messages
+        .iter()
+        .map(|m| {
+            let value = if m.null_payload {
+                String::new()
+            } else {
+                hex(&m.payload)
+            };
+            format!(
+                "{topic}\t{}\t{value}\n",
+                m.key.as_deref().map(hex).unwrap_or_default()
+            )
+        })
+        .collect();
+    let path = std::env::temp_dir().join(format!("mssql-ces-avro-{}.tsv", uuid::Uuid::new_v4()));
+    std::fs::write(&path, lines).expect("write");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/readers/avro_deserialize.py"
+    );
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(&registry.url)
+        .arg(&path)
+        .arg(keys)
+        .output()
+        .await
+        .expect("python3 runs");
+    std::fs::remove_file(&path).ok();
+    assert!(
+        output.status.success(),
+        "the Confluent AvroDeserializer failed (install it with: pip install 'confluent-kafka[avro,schemaregistry]==2.16.1'): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect()
 }
 
 fn consumed_ops(registry: &RegistryDouble, messages: &[Consumed]) -> BTreeMap<String, usize> {
@@ -259,6 +317,25 @@ async fn debezium_avro_keys_and_values_decode_with_the_registered_schemas() {
         m.len() >= messages.len() && m.len() > 5
     });
     let ops = consumed_ops(&registry, &messages);
+    // The Confluent client reads the same records the same way.
+    let decoded = python_decode(&registry, topic, &messages, "avro").await;
+    let mut python_ops = BTreeMap::new();
+    for d in &decoded {
+        let op = match d["value"]["op"].as_str() {
+            Some(op) => {
+                let image = if op == "d" { "before" } else { "after" };
+                assert_eq!(d["key"]["id"], d["value"][image]["id"], "{d}");
+                assert_eq!(d["value"]["source"]["connector"], "sqlserver");
+                op.to_owned()
+            }
+            None => {
+                assert!(d["value"].is_null());
+                "tombstone".to_owned()
+            }
+        };
+        *python_ops.entry(op).or_insert(0usize) += 1;
+    }
+    assert_eq!(python_ops, ops);
     assert!(ops.contains_key("c") && ops.contains_key("u"), "{ops:?}");
     assert_eq!(
         ops.get("d"),

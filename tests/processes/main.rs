@@ -8,6 +8,7 @@
 use mssql_ces_testkit as support;
 
 mod check;
+mod debezium_binary;
 mod event_hubs_amqp_released;
 mod managed_binary;
 mod metrics_binary;

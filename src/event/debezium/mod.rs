@@ -376,12 +376,17 @@ impl DebeziumEncoder {
                 avro: avro.clone(),
             }];
             if op == "d" && this.settings.tombstones_on_delete {
+                // Debezium gives the tombstone the delete's headers; ours says the
+                // tombstone's own id, so that each message has one of its own.
+                let tombstone_id = id(segment + 1);
+                let mut headers = headers;
+                headers[0].1 = tombstone_id.hyphenated().to_string().into_bytes();
                 records.push(Record {
                     topic: None,
                     key: key_bytes,
                     value: None,
                     headers,
-                    id: id(segment + 1),
+                    id: tombstone_id,
                     avro,
                 });
             }
@@ -962,6 +967,8 @@ mod tests {
             "the tombstone has the delete's key"
         );
         assert_ne!(records[1].id, records[2].id);
+        assert_ne!(records[1].headers[0], records[2].headers[0], "an id header of its own");
+        assert_eq!(records[2].headers[0].1, records[2].id.to_string().into_bytes());
         let mut update = john();
         update.operation = Operation::Update;
         update.sequence_number = 2;

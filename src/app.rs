@@ -272,7 +272,14 @@ async fn drive<S: ChangeSource + 'static>(
         event.encoding,
         config.checkpoint.stream_name.clone(),
     )
-    .with_schema_changes(routing.schema_changes, routing.schema_topic());
+    .with_schema_changes(
+        routing.schema_changes,
+        match &routing.schema_topic {
+            // Debezium's schema change topic is the topic prefix.
+            None if debezium => config.event.debezium.topic_prefix.clone(),
+            _ => routing.schema_topic(),
+        },
+    );
     let router = router.with_registry(
         routing.schema_registry.clone(),
         config

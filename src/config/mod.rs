@@ -628,10 +628,11 @@ impl Config {
                 "Debezium's Avro form is Confluent's (AvroConverter): it needs [sink.schema_registry] with url = \"http://…\"; or use encoding = \"json\"",
             ));
         }
-        if self.sink.routing.schema_changes != crate::sink::settings::SchemaChangePlacement::Off {
+        if self.sink.routing.schema_changes == crate::sink::settings::SchemaChangePlacement::Inline
+        {
             return Err(invalid(
                 "sink.schema_changes",
-                "schema-change events are written in CES's form only so far: set it to \"off\" with event.format = \"debezium\"",
+                "Debezium writes schema changes to a topic of their own (its schema change topic, by default the topic prefix): use \"topic\" (or \"off\") with event.format = \"debezium\"",
             ));
         }
         if self.sink.routing.mode == crate::sink::settings::CloudEventsMode::Binary {

@@ -626,6 +626,18 @@ fn load_message_id(id_seed: Uuid, segment: u32) -> Uuid {
     Uuid::new_v5(&MESSAGE_ID_NAMESPACE, &name)
 }
 
+/// A topic template with `{db}`, `{schema}` and `{tbl}` replaced.
+pub fn expand_names(template: &str, database: &str, schema: &str, table: &str) -> String {
+    if !template.contains('{') {
+        // A fixed topic (the common case): no search per event.
+        return template.to_owned();
+    }
+    template
+        .replace("{db}", database)
+        .replace("{schema}", schema)
+        .replace("{tbl}", table)
+}
+
 /// The message id of segment `segment` of a change: a CDC event's from its
 /// position, a loaded row's from its seed (as [`Encoder::encode`] gives them).
 pub fn event_message_id(stream_guid: Uuid, change: &Change, segment: u32) -> Uuid {

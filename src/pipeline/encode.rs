@@ -125,7 +125,24 @@ pub(super) fn encode_debezium_batch(
 ) -> Result<bool, PipelineError> {
     let mut counts = BatchCounts::default();
     let mut chunk = Chunk::default();
-    for change in &batch.changes {
+    for event in batch.events() {
+        let change = match event {
+            BatchEvent::Change(change) => change,
+            BatchEvent::Schema(_) if router.schema_changes() == SchemaChangePlacement::Off => {
+                continue;
+            }
+            BatchEvent::Schema(schema) => {
+                let mut records = vec![encoder.encode_schema_change(schema)?];
+                if let Some(registrar) = registrar.as_deref_mut() {
+                    registrar.debezium(&mut records, "")?;
+                }
+                let messages = router.route_schema_records(records);
+                counts.add_schema_change(schema.qualified_name(), messages.len() as u64);
+                chunk.bytes += messages.iter().map(|m| m.payload.len() as u64).sum::<u64>();
+                chunk.messages.extend(messages);
+                continue;
+            }
+        };
         let mut records = encoder.encode(change)?;
         if let Some(registrar) = registrar.as_deref_mut() {
             registrar.debezium(&mut records, &router.topic(&change.table))?;

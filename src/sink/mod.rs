@@ -424,8 +424,28 @@ impl Router {
                 max_message_size,
                 open.clone(),
             )
-            .with_avro(self.encoding == Encoding::Avro),
+            .with_avro(self.encoding == Encoding::Avro)
+            .with_schema_topic(self.schema_topic.clone()),
         )
+    }
+
+    /// The messages of Debezium schema-change records (each names its topic).
+    pub fn route_schema_records(
+        &self,
+        records: Vec<crate::event::debezium::Record>,
+    ) -> Vec<OutgoingMessage> {
+        records
+            .into_iter()
+            .map(|record| OutgoingMessage {
+                topic: record.topic.unwrap_or_else(|| self.schema_topic.clone()),
+                key: record.key,
+                partition_hint: None,
+                headers: record.headers,
+                tombstone: record.value.is_none(),
+                payload: record.value.unwrap_or_default(),
+                message_id: Some(record.id),
+            })
+            .collect()
     }
 
     /// The messages of a change's Debezium records: the table's topic (or the
@@ -668,16 +688,7 @@ struct Place {
 }
 
 /// A topic template with `{db}`, `{schema}` and `{tbl}` replaced.
-pub fn expand_topic(template: &str, database: &str, schema: &str, table: &str) -> String {
-    if !template.contains('{') {
-        // A fixed topic (the common case): no search per event.
-        return template.to_owned();
-    }
-    template
-        .replace("{db}", database)
-        .replace("{schema}", schema)
-        .replace("{tbl}", table)
-}
+pub use crate::event::expand_names as expand_topic;
 
 /// FNV-1a, 64-bit: a stable hash (unlike `DefaultHasher`), so a re-sent event picks
 /// the same partition after an upgrade too.

@@ -38,6 +38,7 @@ provide_transaction_metadata = true
 [sink]
 kind = "file"
 path = "{out}"
+schema_changes = "topic"
 [checkpoint]
 path = "{cp}"
 interval_ms = 20
@@ -97,8 +98,13 @@ fn a_connect_style_reader_takes_every_record_through_a_kill_and_restart() {
         assert!(ops[op].as_u64().unwrap_or(0) > 0, "{summary}");
     }
     assert_eq!(summary["tombstones"], ops["d"], "{summary}");
+    // One CREATE per table, before its first event (four tables in the source).
+    assert_eq!(summary["schema_changes"], 4, "{summary}");
     // Transactions the load covers are in it, not in the stream.
-    assert!(summary["transactions"].as_u64().unwrap_or(0) > 100, "{summary}");
+    assert!(
+        summary["transactions"].as_u64().unwrap_or(0) > 100,
+        "{summary}"
+    );
     // Exactly once in the file: the restart cut what the checkpoint did not cover.
     let text = std::fs::read_to_string(dir.join("out.lines")).expect("out");
     let mut ids = std::collections::HashSet::new();

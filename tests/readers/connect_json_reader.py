@@ -110,7 +110,8 @@ def connect(message, what):
 
 
 def main(path):
-    errors, ops, counts = [], {}, {"records": 0, "tombstones": 0, "transactions": 0}
+    errors, ops = [], {}
+    counts = {"records": 0, "tombstones": 0, "transactions": 0, "schema_changes": 0}
     last_delete_key = {}
     open_tx = None
     for n, line in enumerate(open(path, encoding="utf-8"), 1):
@@ -126,6 +127,15 @@ def main(path):
                     raise Invalid("a tombstone that does not follow a delete of its key")
                 continue
             data = connect(value, "value")
+            if value["schema"].get("name") == "io.debezium.connector.sqlserver.SchemaChangeValue":
+                key_data = connect(key, "key")
+                if key_data["databaseName"] != data["databaseName"]:
+                    raise Invalid("a schema change keyed by another database")
+                for change in data["tableChanges"]:
+                    if change["type"] not in ("CREATE", "ALTER", "DROP"):
+                        raise Invalid(f"table change type {change['type']}")
+                counts["schema_changes"] += 1
+                continue
             if topic.endswith(".transaction"):
                 connect(key, "key")
                 status = data["status"]

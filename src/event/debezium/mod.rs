@@ -42,6 +42,7 @@
 //! definite error naming the table, the key and the size.
 
 pub mod connect;
+pub mod schema_change;
 pub mod types;
 
 use std::collections::HashMap;
@@ -225,6 +226,10 @@ pub struct DebeziumEncoder {
     avro: bool,
     /// The transaction topic's key and value schemas.
     transaction_shapes: Arc<(Shape, Shape)>,
+    /// The schema-change topic's key and value schemas.
+    schema_change_shapes: Arc<(Shape, Shape)>,
+    /// Where schema-change events go (a template like `sink.topic`'s).
+    schema_topic: String,
 }
 
 impl DebeziumEncoder {
@@ -245,7 +250,71 @@ impl DebeziumEncoder {
             now: None,
             avro: false,
             transaction_shapes: Arc::new(transaction_shapes()),
+            schema_change_shapes: Arc::new({
+                let (key, value) = schema_change::schemas(source_schema());
+                (Shape::of(key), Shape::of(value))
+            }),
+            schema_topic: String::new(),
         }
+    }
+
+    /// Schema-change events go to `topic` (a template over `{db}`, `{schema}`,
+    /// `{tbl}`; Debezium's is the topic prefix alone).
+    pub fn with_schema_topic(mut self, topic: String) -> Self {
+        self.schema_topic = topic;
+        self
+    }
+
+    /// A schema-change event as Debezium's schema change topic carries it, keyed by
+    /// the database name.
+    pub fn encode_schema_change(
+        &mut self,
+        change: &crate::event::schema::SchemaChange,
+    ) -> Result<Record, DebeziumError> {
+        let mut source = String::from("{\"version\":");
+        write_string(&mut source, SOURCE_VERSION);
+        source.push_str(",\"connector\":\"sqlserver\",\"name\":");
+        write_string(&mut source, &self.settings.topic_prefix);
+        push_times(&mut source, "ts_ms", change.time, TimeField::Millis);
+        source.push_str(",\"snapshot\":\"false\",\"db\":");
+        write_string(&mut source, &change.database);
+        source.push_str(",\"sequence\":null");
+        push_times(&mut source, "ts_us", change.time, TimeField::Micros);
+        push_times(&mut source, "ts_ns", change.time, TimeField::Nanos);
+        source.push_str(",\"schema\":");
+        write_string(&mut source, &change.schema);
+        source.push_str(",\"table\":");
+        write_string(&mut source, &change.table);
+        source.push_str(",\"change_lsn\":null,\"commit_lsn\":");
+        write_string(&mut source, &lsn_text(change.lsn));
+        source.push_str(",\"event_serial_no\":null}");
+        let value = schema_change::value_payload(change, &source);
+        let mut key = String::from("{\"databaseName\":");
+        write_string(&mut key, &change.database);
+        key.push('}');
+        let shapes = Arc::clone(&self.schema_change_shapes);
+        let id = crate::event::schema::schema_message_id(
+            self.stream_guid,
+            &change.qualified_name(),
+            change.version,
+            0,
+        );
+        Ok(Record {
+            topic: Some(crate::event::expand_names(
+                &self.schema_topic,
+                &change.database,
+                &change.schema,
+                &change.table,
+            )),
+            key: Some(self.serialize(&shapes.0, &key)?),
+            value: Some(self.serialize(&shapes.1, &value)?),
+            headers: vec![("id", id.hyphenated().to_string().into_bytes())],
+            id,
+            avro: self.avro.then(|| AvroSchemas {
+                key: Some(shapes.0.avro_schema()),
+                value: Some(shapes.1.avro_schema()),
+            }),
+        })
     }
 
     /// Avro datums (for a schema registry) instead of JSON.
@@ -758,27 +827,7 @@ fn build_schemas(table: &TableDescription, settings: &DebeziumSettings) -> Table
     let row = Schema::of(Type::Struct(fields), true).named(format!("{prefix}.Value"), None);
     let optional = |ty| Schema::of(ty, true);
     let required = |ty| Schema::of(ty, false);
-    let mut snapshot = optional(Type::String)
-        .named("io.debezium.data.Enum", Some(1))
-        .parameter("allowed", SNAPSHOT_ALLOWED);
-    snapshot.default = Some("\"false\"".into());
-    let source = required(Type::Struct(vec![
-        ("version".into(), required(Type::String)),
-        ("connector".into(), required(Type::String)),
-        ("name".into(), required(Type::String)),
-        ("ts_ms".into(), required(Type::Int64)),
-        ("snapshot".into(), snapshot),
-        ("db".into(), required(Type::String)),
-        ("sequence".into(), optional(Type::String)),
-        ("ts_us".into(), optional(Type::Int64)),
-        ("ts_ns".into(), optional(Type::Int64)),
-        ("schema".into(), required(Type::String)),
-        ("table".into(), required(Type::String)),
-        ("change_lsn".into(), optional(Type::String)),
-        ("commit_lsn".into(), optional(Type::String)),
-        ("event_serial_no".into(), optional(Type::Int64)),
-    ]))
-    .named("io.debezium.connector.sqlserver.Source", Some(1));
+    let source = source_schema();
     let block = optional(Type::Struct(vec![
         ("id".into(), required(Type::String)),
         ("total_order".into(), required(Type::Int64)),
@@ -801,6 +850,33 @@ fn build_schemas(table: &TableDescription, settings: &DebeziumSettings) -> Table
         value: Shape::of(envelope),
         data_collection: format!("{}.{}.{}", table.database(), table.schema(), table.table()),
     }
+}
+
+/// `io.debezium.connector.sqlserver.Source` (version 1, Debezium 3.1 and later).
+fn source_schema() -> Schema {
+    let optional = |ty| Schema::of(ty, true);
+    let required = |ty| Schema::of(ty, false);
+    let mut snapshot = optional(Type::String)
+        .named("io.debezium.data.Enum", Some(1))
+        .parameter("allowed", SNAPSHOT_ALLOWED);
+    snapshot.default = Some("\"false\"".into());
+    required(Type::Struct(vec![
+        ("version".into(), required(Type::String)),
+        ("connector".into(), required(Type::String)),
+        ("name".into(), required(Type::String)),
+        ("ts_ms".into(), required(Type::Int64)),
+        ("snapshot".into(), snapshot),
+        ("db".into(), required(Type::String)),
+        ("sequence".into(), optional(Type::String)),
+        ("ts_us".into(), optional(Type::Int64)),
+        ("ts_ns".into(), optional(Type::Int64)),
+        ("schema".into(), required(Type::String)),
+        ("table".into(), required(Type::String)),
+        ("change_lsn".into(), optional(Type::String)),
+        ("commit_lsn".into(), optional(Type::String)),
+        ("event_serial_no".into(), optional(Type::Int64)),
+    ]))
+    .named("io.debezium.connector.sqlserver.Source", Some(1))
 }
 
 /// The transaction topic's key and value schemas (`SchemaFactory`).
@@ -967,8 +1043,14 @@ mod tests {
             "the tombstone has the delete's key"
         );
         assert_ne!(records[1].id, records[2].id);
-        assert_ne!(records[1].headers[0], records[2].headers[0], "an id header of its own");
-        assert_eq!(records[2].headers[0].1, records[2].id.to_string().into_bytes());
+        assert_ne!(
+            records[1].headers[0], records[2].headers[0],
+            "an id header of its own"
+        );
+        assert_eq!(
+            records[2].headers[0].1,
+            records[2].id.to_string().into_bytes()
+        );
         let mut update = john();
         update.operation = Operation::Update;
         update.sequence_number = 2;

@@ -13,6 +13,7 @@ mod ces_conformance;
 mod column_rules;
 mod commit_times;
 mod common;
+mod debezium_sinks;
 mod event_hubs_amqp;
 mod event_hubs_amqp_binary;
 mod event_hubs_amqp_large;

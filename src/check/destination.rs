@@ -25,7 +25,7 @@ pub(super) async fn check_destination(
                     return;
                 }
             };
-            let topics = written_topics(routing, &template, state);
+            let topics = written_topics(config, &template, state);
             match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
                 Ok(facts) => kafka_findings(
                     report,
@@ -82,6 +82,40 @@ pub(super) async fn check_destination(
         }
         SinkConfig::Stdout(_) => report.pass("destination", "stdout"),
     }
+    if let Some(settings) = &routing.schema_registry {
+        check_registry(report, settings).await;
+    }
+}
+
+/// `[sink.schema_registry]`: answers, and takes this login.
+async fn check_registry(
+    report: &mut Report,
+    settings: &crate::sink::registry::SchemaRegistrySettings,
+) {
+    let check = "schema registry";
+    let mut registry = match crate::sink::registry::SchemaRegistry::new(settings) {
+        Ok(registry) => registry,
+        Err(e) => {
+            report.fail(
+                check,
+                e.to_string(),
+                "correct the setting the message names",
+            );
+            return;
+        }
+    };
+    match registry.probe().await {
+        Ok(subjects) => report.pass(
+            check,
+            format!("{} answers ({subjects} subjects)", settings.url),
+        ),
+        Err(e) if e.is_transient() => report.fail(
+            check,
+            e.to_string(),
+            "check sink.schema_registry.url, that the registry runs and is reachable from here (ca_location for a private CA)",
+        ),
+        Err(e) => report.fail(check, e.to_string(), "check sink.schema_registry.username and password"),
+    }
 }
 
 /// Event Hubs over AMQP: connects as a run would and reads the hub's partitions.
@@ -128,17 +162,28 @@ async fn check_event_hubs(
 
 /// The topics the stream writes: data events' (`template`) and, with
 /// `sink.schema_changes = "topic"`, schema-change events'.
-fn written_topics(
-    routing: &crate::sink::settings::RoutingSettings,
-    template: &str,
-    state: Option<&SourceState>,
-) -> Vec<String> {
-    let mut all = topics(template, state);
+fn written_topics(config: &Config, template: &str, state: Option<&SourceState>) -> Vec<String> {
+    let routing = &config.sink.routing;
+    let debezium = (config.event.format == crate::event::settings::EventFormat::Debezium)
+        .then_some(&config.event.debezium);
+    // Debezium's names where sink.topic and sink.schema_topic leave them.
+    let template = match (debezium, &routing.topic) {
+        (Some(d), None) => d.topic_template(),
+        _ => template.to_owned(),
+    };
+    let mut all = topics(&template, state);
     if routing.schema_changes == crate::sink::settings::SchemaChangePlacement::Topic {
-        all.extend(topics(&routing.schema_topic(), state));
-        all.sort();
-        all.dedup();
+        let schema_topic = match (debezium, &routing.schema_topic) {
+            (Some(d), None) => d.topic_prefix.clone(),
+            _ => routing.schema_topic(),
+        };
+        all.extend(topics(&schema_topic, state));
     }
+    if let Some(d) = debezium.filter(|d| d.provide_transaction_metadata) {
+        all.push(d.transaction_topic());
+    }
+    all.sort();
+    all.dedup();
     all
 }
 

@@ -704,6 +704,11 @@ impl Config {
         }
         self.sink.kind.check_secrets()?;
         self.event.column_rules()?;
+        if let Some(registry) = &self.sink.routing.schema_registry
+            && registry.password.is_set()
+        {
+            registry.password.resolve("sink.schema_registry.password")?;
+        }
         Ok(())
     }
 

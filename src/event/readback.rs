@@ -97,6 +97,11 @@ pub fn decode_message(bytes: &[u8], encoding: Encoding) -> Result<CloudEvent, Re
 
 /// Decodes one JSON (structured-mode) message.
 pub fn decode_json_message(bytes: &[u8]) -> Result<CloudEvent, ReadError> {
+    if bytes.starts_with(br#"{"topic":"#) || bytes.starts_with(br#"{"schema":"#) {
+        return Err(ReadError::Json {
+            reason: "it is a Debezium record (event.format = \"debezium\"); `read` decodes CES events: read Debezium records with a Kafka Connect JSON reader, or jq".into(),
+        });
+    }
     serde_json::from_slice(bytes).map_err(|e| ReadError::Json {
         reason: e.to_string(),
     })
@@ -106,6 +111,13 @@ pub fn decode_json_message(bytes: &[u8]) -> Result<CloudEvent, ReadError> {
 pub fn decode_avro_message(bytes: &[u8]) -> Result<CloudEvent, ReadError> {
     let avro_err = |reason: String| ReadError::Avro { reason };
     let schema = avro::change_event_schema().map_err(|e| avro_err(e.to_string()))?;
+    // Written with [sink.schema_registry]: the Confluent wire format's magic byte
+    // and schema id come first (a CES datum starts with `specversion`'s length,
+    // never 0).
+    let bytes = match bytes {
+        [0, _, _, _, _, datum @ ..] => datum,
+        other => other,
+    };
     let mut reader = bytes;
     let value = avro::read_datum(schema, &mut reader).map_err(|e| avro_err(e.to_string()))?;
     if !reader.is_empty() {

@@ -205,6 +205,42 @@ impl SchemaRegistry {
         Ok(id)
     }
 
+    /// Whether the registry answers and takes the login: `GET /subjects`, the
+    /// number of subjects.
+    pub async fn probe(&mut self) -> Result<usize, RegistryError> {
+        let mut request = self.client.get(format!("{}/subjects", self.url)).header(
+            "Accept",
+            "application/vnd.schemaregistry.v1+json, application/json",
+        );
+        if let Some(user) = &self.username {
+            request = request.basic_auth(user, self.password.as_deref());
+        }
+        let transient = |reason: String| RegistryError::Transient {
+            url: self.url.clone(),
+            reason,
+        };
+        let response = request
+            .send()
+            .await
+            .map_err(|e| transient(format!("no answer: {}", without_url(&e))))?;
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        if status.is_success() {
+            let subjects: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+            return Ok(subjects.len());
+        }
+        let refused = |reason: String| RegistryError::Refused {
+            url: self.url.clone(),
+            subject: "(any)".into(),
+            reason,
+        };
+        Err(match status.as_u16() {
+            401 | 403 => refused(format!("not authorized ({status})")),
+            s if s >= 500 => transient(format!("{status}: {}", short(&text))),
+            _ => refused(format!("{status}: {}", short(&text))),
+        })
+    }
+
     async fn register(&mut self, subject: &str, schema: &str) -> Result<u32, RegistryError> {
         self.requests += 1;
         let endpoint = format!("{}/subjects/{}/versions", self.url, encode_path(subject));

@@ -149,8 +149,8 @@ async fn ces_avro_goes_out_in_the_wire_format_once_the_registry_is_back() {
     let decoded = python_decode(&registry, "ces-reg", &messages, "string").await;
     assert_eq!(decoded.len(), messages.len());
     for (d, m) in decoded.iter().zip(&messages) {
-        let event = mssql_ces::event::readback::decode_message(&m.payload[5..], Encoding::Avro)
-            .expect("CES");
+        let event =
+            mssql_ces::event::readback::decode_message(&m.payload, Encoding::Avro).expect("CES");
         assert_eq!(d["value"]["logicalid"], event.logicalid.as_str());
         assert_eq!(d["value"]["specversion"], "1.0");
     }
@@ -344,4 +344,55 @@ async fn debezium_avro_keys_and_values_decode_with_the_registered_schemas() {
     );
     // One value schema per table version: registered once, ids cached.
     assert_eq!(subjects[&format!("{topic}-value")].len(), 1);
+}
+
+#[tokio::test]
+async fn basic_authentication_and_the_check_probe() {
+    let registry = RegistryDouble::start().await;
+    registry.require_auth("api-key", "s3cret-value");
+    // SAFETY: a variable of this test's own.
+    unsafe { std::env::set_var("MSSQL_CES_TEST_REGISTRY_PASSWORD", "s3cret-value") };
+    let settings = SchemaRegistrySettings {
+        username: Some("api-key".into()),
+        password: mssql_ces::setting::SecretRef {
+            env: Some("MSSQL_CES_TEST_REGISTRY_PASSWORD".into()),
+            file: None,
+        },
+        ..registry_settings(&registry.url)
+    };
+    let mut client = mssql_ces::sink::registry::SchemaRegistry::new(&settings).expect("client");
+    assert_eq!(client.probe().await, Ok(0));
+    let id = client
+        .id("t-value", r#"{"type":"string"}"#)
+        .await
+        .expect("registered");
+    assert_eq!(client.id("t-value", r#"{"type":"string"}"#).await, Ok(id));
+    assert_eq!(client.requests, 1, "the id is cached");
+    let anonymous = registry_settings(&registry.url);
+    let mut client = mssql_ces::sink::registry::SchemaRegistry::new(&anonymous).expect("client");
+    let err = client.probe().await.expect_err("refused");
+    assert!(
+        !err.is_transient() && err.to_string().contains("not authorized"),
+        "{err}"
+    );
+    let err = client
+        .id("t-value", r#"{"type":"int"}"#)
+        .await
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("sink.schema_registry.username"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("s3cret"), "no secret in messages");
+    registry.set_down(true);
+    let err = client.probe().await.expect_err("down");
+    assert!(err.is_transient(), "{err}");
+    // Nothing listens: transient, not refused.
+    let gone = registry_settings("http://127.0.0.1:9");
+    let err = mssql_ces::sink::registry::SchemaRegistry::new(&gone)
+        .expect("client")
+        .probe()
+        .await
+        .expect_err("no registry");
+    assert!(err.is_transient(), "{err}");
 }

@@ -150,12 +150,23 @@ async fn schema_by_id(
     }
 }
 
+async fn subjects(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    let registry = lock(&state);
+    if let Some(response) = refused(&registry, &headers) {
+        return response;
+    }
+    ok(serde_json::json!(
+        registry.subjects.keys().collect::<Vec<_>>()
+    ))
+}
+
 impl RegistryDouble {
     pub async fn start() -> Self {
         let state: Shared = Arc::default();
         let app = axum::Router::new()
             .route("/subjects/{subject}/versions", post(register))
             .route("/schemas/ids/{id}", get(schema_by_id))
+            .route("/subjects", get(subjects))
             .fallback(|| async { error(StatusCode::NOT_FOUND, 404, "HTTP 404 Not Found") })
             .with_state(Arc::clone(&state));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -1302,3 +1302,68 @@ mod tests {
         assert_eq!(text, "6.323");
     }
 }
+
+#[cfg(test)]
+mod more_tests {
+    use super::*;
+    use crate::event::columns::ColumnMask;
+    use crate::event::test_support::{column, employee_row, employees, insert};
+    use crate::event::{ColumnDescription, SqlType, Value};
+
+    fn encoder(max: usize) -> DebeziumEncoder {
+        DebeziumEncoder::new(
+            Arc::new(DebeziumSettings::default()),
+            Uuid::nil(),
+            max,
+            None,
+        )
+    }
+
+    #[test]
+    fn a_message_over_the_limit_is_a_definite_error_naming_table_key_and_size() {
+        let mut change = insert(employees(), employee_row(7, "Ada", "Lovelace"));
+        if let Some(row) = change.current.as_mut() {
+            row[1] = Value::Text("x".repeat(200 * 1024));
+        }
+        let err = encoder(128 * 1024).encode(&change).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("dbo.Employees")
+                && text.contains(r#"{"Id":7}"#)
+                && text.contains("131072"),
+            "{text}"
+        );
+        // Under a larger limit it goes; a value over 1 MiB is cut to 1 MiB as in CES.
+        assert!(encoder(1024 * 1024).encode(&change).is_ok());
+    }
+
+    #[test]
+    fn a_hashed_or_redacted_column_is_a_string_whatever_its_type() {
+        let hashed = ColumnDescription {
+            mask: Some(ColumnMask::Hashed),
+            ..column("Id", SqlType::Int, 0)
+        };
+        let mut schema = String::new();
+        types::column_schema(&hashed, &DebeziumSettings::default()).write(&mut schema, None);
+        assert_eq!(schema, r#"{"type":"string","optional":true}"#);
+        let mut out = String::new();
+        types::write_value(
+            &mut out,
+            &hashed,
+            &Value::Text("ab".into()),
+            &DebeziumSettings::default(),
+        )
+        .unwrap();
+        assert_eq!(out, r#""ab""#);
+    }
+
+    #[test]
+    fn read_names_a_debezium_record_for_what_it_is() {
+        let records = encoder(1 << 20)
+            .encode(&insert(employees(), employee_row(1, "a", "b")))
+            .unwrap();
+        let err = crate::event::readback::decode_json_message(records[0].value.as_ref().unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains("Debezium record"), "{err}");
+    }
+}

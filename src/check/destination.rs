@@ -82,13 +82,10 @@ pub(super) async fn check_destination(
         }
         SinkConfig::Stdout(_) => report.pass("destination", "stdout"),
     }
-    if let Some(settings) = &routing.schema_registry {
-        check_registry(report, settings).await;
-    }
 }
 
 /// `[sink.schema_registry]`: answers, and takes this login.
-async fn check_registry(
+pub(super) async fn check_registry(
     report: &mut Report,
     settings: &crate::sink::registry::SchemaRegistrySettings,
 ) {
@@ -179,8 +176,14 @@ fn written_topics(config: &Config, template: &str, state: Option<&SourceState>) 
         };
         all.extend(topics(&schema_topic, state));
     }
-    if let Some(d) = debezium.filter(|d| d.provide_transaction_metadata) {
-        all.push(d.transaction_topic());
+    if let Some(d) = debezium {
+        if d.provide_transaction_metadata {
+            all.push(d.transaction_topic());
+        }
+        all = all
+            .iter()
+            .map(|t| crate::event::debezium::sanitize_topic(t))
+            .collect();
     }
     all.sort();
     all.dedup();

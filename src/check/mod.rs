@@ -188,6 +188,9 @@ pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server
     let catalog = check_source(&mut report, config, source, server).await;
     let checkpoint = check_checkpoint(&mut report, config, source, catalog.as_ref()).await;
     check_destination(&mut report, config, catalog.as_ref(), checkpoint).await;
+    if let Some(registry) = &config.sink.routing.schema_registry {
+        destination::check_registry(&mut report, registry).await;
+    }
     check_metrics(&mut report, config).await;
     report
 }

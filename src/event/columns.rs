@@ -252,7 +252,7 @@ impl ColumnRules {
             .collect();
         self.rules.iter().enumerate().find(|(_, rule)| {
             (!matches!(rule.action, Action::Truncate(_)) || truncatable(column))
-                && crate::source::filter::glob_match(&rule.pattern, &name)
+                && crate::setting::glob_match(&rule.pattern, &name)
         })
     }
 

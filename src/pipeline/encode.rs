@@ -145,7 +145,8 @@ pub(super) fn encode_debezium_batch(
         };
         let mut records = encoder.encode(change)?;
         if let Some(registrar) = registrar.as_deref_mut() {
-            registrar.debezium(&mut records, &router.topic(&change.table))?;
+            let topic = crate::event::debezium::sanitize_topic(&router.topic(&change.table));
+            registrar.debezium(&mut records, &topic)?;
         }
         let messages = router.route_records(change, records);
         let (count, bytes) = (

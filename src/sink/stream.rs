@@ -257,6 +257,17 @@ fn ends_mid_line(path: &std::path::Path) -> bool {
     file.read_exact(&mut last).is_ok() && last[0] != b'\n'
 }
 
+/// Syncs the directory holding `path`: a new file's directory entry is durable only
+/// then; without it, a power loss could lose the file the checkpoint says holds
+/// lines.
+fn sync_directory_of(path: &std::path::Path) -> std::io::Result<()> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    File::open(parent).and_then(|d| d.sync_all())
+}
+
 /// A record as one JSON line: `{"topic":…,"key":…,"value":…,"headers":{…}}`, the
 /// key and value as written (JSON text) or `null` (no key; a tombstone), header
 /// values as strings.
@@ -377,14 +388,7 @@ impl StreamSink {
             }
         }
         if !existed && metadata.is_file() {
-            // A new file's directory entry is durable only once its directory is
-            // synced: without it, a power loss could lose the file the checkpoint
-            // says holds lines.
-            let parent = path
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."));
-            File::open(parent).and_then(|d| d.sync_all()).map_err(io)?;
+            sync_directory_of(&path).map_err(io)?;
         }
         let length = if metadata.is_file() {
             let found = metadata.len();

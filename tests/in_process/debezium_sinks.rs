@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kafka_pipeline::{kafka_sink_with, until_idle};
 
-const TABLES: [&str; 3] = ["dbo.customers", "dbo.orders", "sales.order details"];
+/// The tables' topic suffixes: Kafka allows no space, Debezium writes `_`.
+const TABLES: [&str; 3] = ["dbo.customers", "dbo.orders", "sales.order_details"];
 
 fn synthetic() -> SyntheticConfig {
     SyntheticConfig {

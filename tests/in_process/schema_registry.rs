@@ -277,7 +277,7 @@ async fn debezium_avro_keys_and_values_decode_with_the_registered_schemas() {
     for t in [
         topic,
         "srv.synthetic.dbo.orders",
-        "srv.synthetic.sales.order details",
+        "srv.synthetic.sales.order_details",
     ] {
         cluster.create_topic(t, 1, 1).expect("topic");
     }

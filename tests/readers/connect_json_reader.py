@@ -163,7 +163,9 @@ def main(path):
                 raise Invalid("source fields out of order")
             if source["connector"] != "sqlserver":
                 raise Invalid("connector is not sqlserver")
-            expected = f"{source['name']}.{source['db']}.{source['schema']}.{source['table']}"
+            # Debezium's topic naming: characters Kafka does not allow become "_".
+            expected = re.sub(r"[^A-Za-z0-9._-]", "_",
+                              f"{source['name']}.{source['db']}.{source['schema']}.{source['table']}")
             if prefix != expected or topic != expected:
                 raise Invalid(f"names {prefix} / topic {topic} are not {expected}")
             op = data["op"]

@@ -163,107 +163,120 @@ impl Schema {
         defined: &mut std::collections::HashSet<String>,
     ) {
         match &self.ty {
-            Type::Struct(fields) => {
-                let full = self
-                    .name
-                    .clone()
-                    .unwrap_or_else(|| "io.confluent.connect.avro.ConnectDefault".to_owned());
-                let (space, short) = match full.rsplit_once('.') {
-                    Some((space, short)) => (space.to_owned(), short.to_owned()),
-                    None => (String::new(), full.clone()),
-                };
-                if !defined.insert(full.clone()) {
-                    write_string(out, if space == namespace { &short } else { &full });
-                    return;
-                }
-                out.push_str("{\"type\":\"record\",\"name\":");
-                write_string(out, &short);
-                if space != namespace && !space.is_empty() {
-                    out.push_str(",\"namespace\":");
-                    write_string(out, &space);
-                }
-                out.push_str(",\"fields\":[");
-                let inner = if space.is_empty() { namespace } else { &space };
-                for (i, (name, field)) in fields.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str("{\"name\":");
-                    write_string(out, name);
-                    out.push_str(",\"type\":");
-                    field.write_avro_optional(out, inner, defined);
-                    match (&field.default, field.optional) {
-                        (Some(default), _) => {
-                            out.push_str(",\"default\":");
-                            out.push_str(default);
-                        }
-                        (None, true) => out.push_str(",\"default\":null"),
-                        (None, false) => {}
-                    }
-                    out.push('}');
-                }
-                out.push(']');
-                self.write_avro_properties(out, &full);
-                out.push('}');
-            }
+            Type::Struct(fields) => self.write_avro_record(out, fields, namespace, defined),
             Type::Array(items) => {
                 out.push_str("{\"type\":\"array\",\"items\":");
                 items.write_avro_optional(out, namespace, defined);
                 out.push('}');
             }
-            primitive => {
-                let avro = match primitive {
-                    Type::Int16 | Type::Int32 => "int",
-                    Type::Int64 => "long",
-                    Type::Float32 => "float",
-                    Type::Float64 => "double",
-                    Type::Boolean => "boolean",
-                    Type::Bytes => "bytes",
-                    _ => "string",
-                };
-                let logical = match self.name.as_deref() {
-                    Some("org.apache.kafka.connect.data.Decimal") => Some("decimal"),
-                    Some("org.apache.kafka.connect.data.Date") => Some("date"),
-                    Some("org.apache.kafka.connect.data.Time") => Some("time-millis"),
-                    Some("org.apache.kafka.connect.data.Timestamp") => Some("timestamp-millis"),
-                    _ => None,
-                };
-                let plain = self.name.is_none()
-                    && self.version.is_none()
-                    && self.parameters.is_empty()
-                    && self.default.is_none()
-                    && !matches!(primitive, Type::Int16);
-                if plain {
-                    write_string(out, avro);
-                    return;
-                }
-                out.push_str("{\"type\":");
-                write_string(out, avro);
-                if logical == Some("decimal") {
-                    let parameter = |key: &str| {
-                        self.parameters
-                            .iter()
-                            .find(|(k, _)| *k == key)
-                            .map(|(_, v)| v.clone())
-                    };
-                    let _ = write!(
-                        out,
-                        ",\"scale\":{},\"precision\":{}",
-                        parameter("scale").unwrap_or_else(|| "0".into()),
-                        parameter("connect.decimal.precision").unwrap_or_else(|| "64".into())
-                    );
-                }
-                self.write_avro_properties(out, self.name.as_deref().unwrap_or_default());
-                if matches!(primitive, Type::Int16) {
-                    out.push_str(",\"connect.type\":\"int16\"");
-                }
-                if let Some(logical) = logical {
-                    out.push_str(",\"logicalType\":");
-                    write_string(out, logical);
-                }
-                out.push('}');
-            }
+            primitive => self.write_avro_primitive(out, primitive),
         }
+    }
+
+    /// A struct as an Avro record, or its name once it has been written.
+    fn write_avro_record(
+        &self,
+        out: &mut String,
+        fields: &[(String, Schema)],
+        namespace: &str,
+        defined: &mut std::collections::HashSet<String>,
+    ) {
+        let full = self
+            .name
+            .clone()
+            .unwrap_or_else(|| "io.confluent.connect.avro.ConnectDefault".to_owned());
+        let (space, short) = match full.rsplit_once('.') {
+            Some((space, short)) => (space.to_owned(), short.to_owned()),
+            None => (String::new(), full.clone()),
+        };
+        if !defined.insert(full.clone()) {
+            write_string(out, if space == namespace { &short } else { &full });
+            return;
+        }
+        out.push_str("{\"type\":\"record\",\"name\":");
+        write_string(out, &short);
+        if space != namespace && !space.is_empty() {
+            out.push_str(",\"namespace\":");
+            write_string(out, &space);
+        }
+        out.push_str(",\"fields\":[");
+        let inner = if space.is_empty() { namespace } else { &space };
+        for (i, (name, field)) in fields.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str("{\"name\":");
+            write_string(out, name);
+            out.push_str(",\"type\":");
+            field.write_avro_optional(out, inner, defined);
+            match (&field.default, field.optional) {
+                (Some(default), _) => {
+                    out.push_str(",\"default\":");
+                    out.push_str(default);
+                }
+                (None, true) => out.push_str(",\"default\":null"),
+                (None, false) => {}
+            }
+            out.push('}');
+        }
+        out.push(']');
+        self.write_avro_properties(out, &full);
+        out.push('}');
+    }
+
+    /// A primitive: its Avro type, bare or with the properties and logical type.
+    fn write_avro_primitive(&self, out: &mut String, primitive: &Type) {
+        let avro = match primitive {
+            Type::Int16 | Type::Int32 => "int",
+            Type::Int64 => "long",
+            Type::Float32 => "float",
+            Type::Float64 => "double",
+            Type::Boolean => "boolean",
+            Type::Bytes => "bytes",
+            _ => "string",
+        };
+        let logical = match self.name.as_deref() {
+            Some("org.apache.kafka.connect.data.Decimal") => Some("decimal"),
+            Some("org.apache.kafka.connect.data.Date") => Some("date"),
+            Some("org.apache.kafka.connect.data.Time") => Some("time-millis"),
+            Some("org.apache.kafka.connect.data.Timestamp") => Some("timestamp-millis"),
+            _ => None,
+        };
+        let int16 = matches!(primitive, Type::Int16);
+        if self.name.is_none()
+            && self.version.is_none()
+            && self.parameters.is_empty()
+            && self.default.is_none()
+            && !int16
+        {
+            write_string(out, avro);
+            return;
+        }
+        out.push_str("{\"type\":");
+        write_string(out, avro);
+        if logical == Some("decimal") {
+            let parameter = |key: &str| {
+                self.parameters
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| v.clone())
+            };
+            let _ = write!(
+                out,
+                ",\"scale\":{},\"precision\":{}",
+                parameter("scale").unwrap_or_else(|| "0".into()),
+                parameter("connect.decimal.precision").unwrap_or_else(|| "64".into())
+            );
+        }
+        self.write_avro_properties(out, self.name.as_deref().unwrap_or_default());
+        if int16 {
+            out.push_str(",\"connect.type\":\"int16\"");
+        }
+        if let Some(logical) = logical {
+            out.push_str(",\"logicalType\":");
+            write_string(out, logical);
+        }
+        out.push('}');
     }
 
     /// `connect.version`, `connect.parameters`, `connect.default`, `connect.name`.

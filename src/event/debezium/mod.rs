@@ -42,18 +42,21 @@
 //! definite error naming the table, the key and the size.
 
 pub mod connect;
+mod encoder;
+mod payload;
 pub mod schema_change;
+mod schemas;
+mod transaction;
 pub mod types;
 
-use std::collections::HashMap;
+pub use encoder::DebeziumEncoder;
+
 use std::sync::Arc;
 
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{Change, Operation, Origin, Row, TableDescription, segment};
 use crate::lsn::Lsn;
-use connect::{Schema, Type, write_string};
 pub use types::{BinaryMode, DecimalMode, TimePrecisionMode};
 
 /// `[event.debezium]`.
@@ -159,41 +162,6 @@ pub struct Record {
 
 pub use crate::position::OpenTransaction;
 
-/// A Connect schema with its two written forms, made once.
-#[derive(Debug)]
-struct Shape {
-    schema: Schema,
-    /// As JsonConverter writes it.
-    json: String,
-    /// As AvroData derives it.
-    avro: Arc<str>,
-}
-
-impl Shape {
-    fn of(schema: Schema) -> Self {
-        let mut json = String::new();
-        schema.write(&mut json, None);
-        let avro = schema.avro_json().into();
-        Shape { schema, json, avro }
-    }
-
-    /// The Avro schema and the record's full name, for a registry.
-    fn avro_schema(&self) -> (Arc<str>, String) {
-        (
-            Arc::clone(&self.avro),
-            self.schema.record_name().unwrap_or_default().to_owned(),
-        )
-    }
-}
-
-/// What a table's records share: the key's and the envelope's schemas.
-#[derive(Debug)]
-struct TableSchemas {
-    key: Option<Shape>,
-    value: Shape,
-    data_collection: String,
-}
-
 /// An Avro record's schemas, for the registry that gives their ids: the Avro
 /// schema JSON and the record's full name, of the key and of the value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,549 +173,19 @@ pub struct AvroSchemas {
 /// The source's version in `source.version`.
 pub const SOURCE_VERSION: &str = concat!("mssql-ces-", env!("CARGO_PKG_VERSION"));
 
-/// `snapshot`'s allowed values (Debezium 3.0.5 and later).
-const SNAPSHOT_ALLOWED: &str =
-    "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental";
-
-/// Turns changes into Debezium records. Holds the state that numbering needs
-/// across events: `event_serial_no` and the open transaction.
-#[derive(Debug)]
-pub struct DebeziumEncoder {
-    settings: Arc<DebeziumSettings>,
-    stream_guid: Uuid,
-    max_message_size: usize,
-    tables: HashMap<usize, (Arc<TableDescription>, Arc<TableSchemas>)>,
-    last_change: Option<(Lsn, Lsn)>,
-    serial: i64,
-    transaction: Option<OpenTransaction>,
-    /// The processing time, for tests (`None`: the clock).
-    now: Option<chrono::DateTime<chrono::Utc>>,
-    /// Avro datums rather than JsonConverter's JSON.
-    avro: bool,
-    /// The transaction topic's key and value schemas.
-    transaction_shapes: Arc<(Shape, Shape)>,
-    /// The schema-change topic's key and value schemas.
-    schema_change_shapes: Arc<(Shape, Shape)>,
-    /// Where schema-change events go (a template like `sink.topic`'s).
-    schema_topic: String,
-}
-
-impl DebeziumEncoder {
-    pub fn new(
-        settings: Arc<DebeziumSettings>,
-        stream_guid: Uuid,
-        max_message_size: usize,
-        open: Option<OpenTransaction>,
-    ) -> Self {
-        DebeziumEncoder {
-            settings,
-            stream_guid,
-            max_message_size,
-            tables: HashMap::new(),
-            last_change: None,
-            serial: 0,
-            transaction: open,
-            now: None,
-            avro: false,
-            transaction_shapes: Arc::new(transaction_shapes()),
-            schema_change_shapes: Arc::new({
-                let (key, value) = schema_change::schemas(source_schema());
-                (Shape::of(key), Shape::of(value))
-            }),
-            schema_topic: String::new(),
-        }
-    }
-
-    /// Schema-change events go to `topic` (a template over `{db}`, `{schema}`,
-    /// `{tbl}`; Debezium's is the topic prefix alone).
-    pub fn with_schema_topic(mut self, topic: String) -> Self {
-        self.schema_topic = topic;
-        self
-    }
-
-    /// A schema-change event as Debezium's schema change topic carries it, keyed by
-    /// the database name.
-    pub fn encode_schema_change(
-        &mut self,
-        change: &crate::event::schema::SchemaChange,
-    ) -> Result<Record, DebeziumError> {
-        let mut source = String::from("{\"version\":");
-        write_string(&mut source, SOURCE_VERSION);
-        source.push_str(",\"connector\":\"sqlserver\",\"name\":");
-        write_string(&mut source, &self.settings.topic_prefix);
-        push_times(&mut source, "ts_ms", change.time, TimeField::Millis);
-        source.push_str(",\"snapshot\":\"false\",\"db\":");
-        write_string(&mut source, &change.database);
-        source.push_str(",\"sequence\":null");
-        push_times(&mut source, "ts_us", change.time, TimeField::Micros);
-        push_times(&mut source, "ts_ns", change.time, TimeField::Nanos);
-        source.push_str(",\"schema\":");
-        write_string(&mut source, &change.schema);
-        source.push_str(",\"table\":");
-        write_string(&mut source, &change.table);
-        source.push_str(",\"change_lsn\":null,\"commit_lsn\":");
-        write_string(&mut source, &lsn_text(change.lsn));
-        source.push_str(",\"event_serial_no\":null}");
-        let value = schema_change::value_payload(change, &source);
-        let mut key = String::from("{\"databaseName\":");
-        write_string(&mut key, &change.database);
-        key.push('}');
-        let shapes = Arc::clone(&self.schema_change_shapes);
-        let id = crate::event::schema::schema_message_id(
-            self.stream_guid,
-            &change.qualified_name(),
-            change.version,
-            0,
-        );
-        Ok(Record {
-            topic: Some(crate::event::expand_names(
-                &self.schema_topic,
-                &change.database,
-                &change.schema,
-                &change.table,
-            )),
-            key: Some(self.serialize(&shapes.0, &key)?),
-            value: Some(self.serialize(&shapes.1, &value)?),
-            headers: vec![("id", id.hyphenated().to_string().into_bytes())],
-            id,
-            avro: self.avro.then(|| AvroSchemas {
-                key: Some(shapes.0.avro_schema()),
-                value: Some(shapes.1.avro_schema()),
-            }),
+/// A topic name as Debezium's topic naming strategies leave it
+/// (`AbstractTopicNamingStrategy`): every character outside `A-Z a-z 0-9 . _ -`
+/// replaced by `_` (Kafka allows no others). Record schema names take the same.
+pub fn sanitize_topic(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
         })
-    }
-
-    /// Avro datums (for a schema registry) instead of JSON.
-    pub fn with_avro(mut self, avro: bool) -> Self {
-        self.avro = avro;
-        self
-    }
-
-    /// Fixes the envelope's `ts_*` (tests compare whole messages).
-    pub fn with_clock(mut self, now: chrono::DateTime<chrono::Utc>) -> Self {
-        self.now = Some(now);
-        self
-    }
-
-    /// The transaction still open after the last event encoded, if any.
-    pub fn open_transaction(&self) -> Option<OpenTransaction> {
-        self.transaction.clone()
-    }
-
-    fn schemas(&mut self, table: &Arc<TableDescription>) -> Arc<TableSchemas> {
-        let key = Arc::as_ptr(table) as usize;
-        if let Some((_, schemas)) = self.tables.get(&key) {
-            return Arc::clone(schemas);
-        }
-        let schemas = Arc::new(build_schemas(table, &self.settings));
-        if self.tables.len() > 4096 {
-            self.tables.clear();
-        }
-        self.tables
-            .insert(key, (Arc::clone(table), Arc::clone(&schemas)));
-        schemas
-    }
-
-    /// The records of one change, in order (transaction events included).
-    pub fn encode(&mut self, change: &Change) -> Result<Vec<Record>, DebeziumError> {
-        let needs_cut = [change.old.as_ref(), change.current.as_ref()]
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(segment::exceeds_value_limit);
-        let owned;
-        let change = if needs_cut {
-            let mut copy = change.clone();
-            for row in [copy.old.as_mut(), copy.current.as_mut()]
-                .into_iter()
-                .flatten()
-            {
-                segment::truncate_row(row);
-            }
-            owned = copy;
-            &owned
-        } else {
-            change
-        };
-        let schemas = self.schemas(&change.table);
-        let loaded = matches!(change.origin, Origin::Load { .. });
-        let mut out = Vec::new();
-        let transactional = self.settings.provide_transaction_metadata && !loaded;
-        if transactional {
-            self.begin_transaction(change, &mut out);
-        }
-        let serial = if loaded {
-            None
-        } else {
-            let count = if change.operation == Operation::Update {
-                2
-            } else {
-                1
-            };
-            let at = (change.commit_lsn, change.change_lsn);
-            if self.last_change == Some(at) {
-                self.serial += count;
-            } else {
-                self.serial = count;
-            }
-            self.last_change = Some(at);
-            Some(self.serial)
-        };
-        let key_of = |row: Option<&Row>| -> Option<String> {
-            let row = row?;
-            let _ = schemas.key.as_ref()?;
-            Some(key_payload(&change.table, row, &self.settings))
-        };
-        let old_key = key_of(change.old.as_ref());
-        let new_key = key_of(change.current.as_ref());
-        let stream_guid = self.stream_guid;
-        let id = move |segment: u32| crate::event::event_message_id(stream_guid, change, segment);
-        let record = |this: &mut Self,
-                      op: &str,
-                      before: Option<&Row>,
-                      after: Option<&Row>,
-                      key: &Option<String>,
-                      segment: u32,
-                      extra: Vec<(&'static str, Vec<u8>)>|
-         -> Result<Vec<Record>, DebeziumError> {
-            let transaction = if transactional {
-                this.count_event(&schemas.data_collection)
-            } else {
-                None
-            };
-            let value =
-                this.envelope(change, &schemas, op, (before, after), serial, transaction)?;
-            let key_bytes = match (key, &schemas.key) {
-                (Some(k), Some(shape)) => Some(this.serialize(shape, k)?),
-                _ => None,
-            };
-            if value.len() > this.max_message_size {
-                return Err(DebeziumError::TooLarge {
-                    table: change.table.qualified_name(),
-                    key: key.clone().unwrap_or_else(|| "(none)".into()),
-                    size: value.len(),
-                    limit: this.max_message_size,
-                });
-            }
-            let message_id = id(segment);
-            let mut headers = vec![("id", message_id.hyphenated().to_string().into_bytes())];
-            headers.extend(extra);
-            let avro = this.avro.then(|| AvroSchemas {
-                key: schemas.key.as_ref().map(Shape::avro_schema),
-                value: Some(schemas.value.avro_schema()),
-            });
-            let mut records = vec![Record {
-                topic: None,
-                key: key_bytes.clone(),
-                value: Some(value),
-                headers: headers.clone(),
-                id: message_id,
-                avro: avro.clone(),
-            }];
-            if op == "d" && this.settings.tombstones_on_delete {
-                // Debezium gives the tombstone the delete's headers; ours says the
-                // tombstone's own id, so that each message has one of its own.
-                let tombstone_id = id(segment + 1);
-                let mut headers = headers;
-                headers[0].1 = tombstone_id.hyphenated().to_string().into_bytes();
-                records.push(Record {
-                    topic: None,
-                    key: key_bytes,
-                    value: None,
-                    headers,
-                    id: tombstone_id,
-                    avro,
-                });
-            }
-            Ok(records)
-        };
-        match change.operation {
-            _ if loaded => out.extend(record(
-                self,
-                "r",
-                None,
-                change.current.as_ref(),
-                &new_key,
-                0,
-                vec![],
-            )?),
-            Operation::Insert => out.extend(record(
-                self,
-                "c",
-                None,
-                change.current.as_ref(),
-                &new_key,
-                0,
-                vec![],
-            )?),
-            Operation::Delete => out.extend(record(
-                self,
-                "d",
-                change.old.as_ref(),
-                None,
-                &old_key,
-                0,
-                vec![],
-            )?),
-            Operation::Update if old_key != new_key => {
-                let header = |key: &Option<String>| key.clone().unwrap_or_default().into_bytes();
-                out.extend(record(
-                    self,
-                    "d",
-                    change.old.as_ref(),
-                    None,
-                    &old_key,
-                    0,
-                    vec![("__debezium.newkey", header(&new_key))],
-                )?);
-                out.extend(record(
-                    self,
-                    "c",
-                    None,
-                    change.current.as_ref(),
-                    &new_key,
-                    2,
-                    vec![("__debezium.oldkey", header(&old_key))],
-                )?);
-            }
-            Operation::Update => out.extend(record(
-                self,
-                "u",
-                change.old.as_ref(),
-                change.current.as_ref(),
-                &new_key,
-                0,
-                vec![],
-            )?),
-        }
-        if transactional && change.last_in_transaction {
-            self.end_transaction(change, &mut out);
-        }
-        Ok(out)
-    }
-
-    /// The payload as the message's bytes: an Avro datum, or JSON.
-    fn serialize(&self, shape: &Shape, payload: &str) -> Result<Vec<u8>, DebeziumError> {
-        if !self.avro {
-            return Ok(self.wrap(&shape.json, payload));
-        }
-        let value: serde_json::Value =
-            serde_json::from_str(payload).map_err(|e| DebeziumError::Avro(e.to_string()))?;
-        let mut out = Vec::with_capacity(payload.len());
-        shape
-            .schema
-            .write_avro_datum(&mut out, &value)
-            .map_err(DebeziumError::Avro)?;
-        Ok(out)
-    }
-
-    /// `{"schema":…,"payload":…}` or the payload alone.
-    fn wrap(&self, schema: &str, payload: &str) -> Vec<u8> {
-        if !self.settings.schemas_enable {
-            return payload.as_bytes().to_vec();
-        }
-        let mut out = String::with_capacity(schema.len() + payload.len() + 24);
-        out.push_str("{\"schema\":");
-        out.push_str(schema);
-        out.push_str(",\"payload\":");
-        out.push_str(payload);
-        out.push('}');
-        out.into_bytes()
-    }
-
-    fn envelope(
-        &self,
-        change: &Change,
-        schemas: &TableSchemas,
-        op: &str,
-        (before, after): (Option<&Row>, Option<&Row>),
-        serial: Option<i64>,
-        transaction: Option<(u64, u64)>,
-    ) -> Result<Vec<u8>, DebeziumError> {
-        let settings = &self.settings;
-        let mut p = String::with_capacity(512);
-        p.push_str("{\"before\":");
-        row_payload(&mut p, &change.table, before, settings)?;
-        p.push_str(",\"after\":");
-        row_payload(&mut p, &change.table, after, settings)?;
-        p.push_str(",\"source\":{\"version\":");
-        write_string(&mut p, SOURCE_VERSION);
-        p.push_str(",\"connector\":\"sqlserver\",\"name\":");
-        write_string(&mut p, &settings.topic_prefix);
-        let commit = change.commit_time;
-        push_times(&mut p, "ts_ms", commit, TimeField::Millis);
-        p.push_str(",\"snapshot\":");
-        p.push_str(if serial.is_none() {
-            "\"true\""
-        } else {
-            "\"false\""
-        });
-        p.push_str(",\"db\":");
-        write_string(&mut p, change.table.database());
-        p.push_str(",\"sequence\":null");
-        push_times(&mut p, "ts_us", commit, TimeField::Micros);
-        push_times(&mut p, "ts_ns", commit, TimeField::Nanos);
-        p.push_str(",\"schema\":");
-        write_string(&mut p, change.table.schema());
-        p.push_str(",\"table\":");
-        write_string(&mut p, change.table.table());
-        p.push_str(",\"change_lsn\":");
-        if serial.is_some() {
-            write_string(&mut p, &lsn_text(change.change_lsn));
-        } else {
-            p.push_str("null");
-        }
-        p.push_str(",\"commit_lsn\":");
-        write_string(&mut p, &lsn_text(change.commit_lsn));
-        p.push_str(",\"event_serial_no\":");
-        match serial {
-            Some(n) => p.push_str(itoa::Buffer::new().format(n)),
-            None => p.push_str("null"),
-        }
-        p.push_str("},\"transaction\":");
-        match transaction {
-            Some((total, per_table)) => {
-                p.push_str("{\"id\":");
-                write_string(&mut p, &lsn_text(change.commit_lsn));
-                p.push_str(",\"total_order\":");
-                p.push_str(itoa::Buffer::new().format(total));
-                p.push_str(",\"data_collection_order\":");
-                p.push_str(itoa::Buffer::new().format(per_table));
-                p.push('}');
-            }
-            None => p.push_str("null"),
-        }
-        p.push_str(",\"op\":");
-        write_string(&mut p, op);
-        let now = self.now.unwrap_or_else(chrono::Utc::now);
-        push_times(&mut p, "ts_ms", now, TimeField::Millis);
-        push_times(&mut p, "ts_us", now, TimeField::Micros);
-        push_times(&mut p, "ts_ns", now, TimeField::Nanos);
-        p.push('}');
-        self.serialize(&schemas.value, &p)
-    }
-
-    /// Opens the change's transaction when it is a new one; `BEGIN` when the
-    /// change is its first event.
-    fn begin_transaction(&mut self, change: &Change, out: &mut Vec<Record>) {
-        if self
-            .transaction
-            .as_ref()
-            .is_some_and(|t| t.commit_lsn == change.commit_lsn)
-        {
-            return;
-        }
-        self.transaction = Some(OpenTransaction {
-            commit_lsn: change.commit_lsn,
-            // Resumed inside a transaction without its counts: number on from the
-            // sequence number (per-table orders start over; said in the README).
-            total: change.sequence_number.saturating_sub(1),
-            tables: Vec::new(),
-        });
-        if change.sequence_number <= 1 {
-            out.push(self.transaction_record(change, "BEGIN"));
-        }
-    }
-
-    /// Counts one event of the open transaction: `(total_order,
-    /// data_collection_order)`.
-    fn count_event(&mut self, collection: &str) -> Option<(u64, u64)> {
-        let t = self.transaction.as_mut()?;
-        t.total += 1;
-        let per_table = match t.tables.iter_mut().find(|(c, _)| c == collection) {
-            Some((_, n)) => {
-                *n += 1;
-                *n
-            }
-            None => {
-                t.tables.push((collection.to_owned(), 1));
-                1
-            }
-        };
-        Some((t.total, per_table))
-    }
-
-    fn end_transaction(&mut self, change: &Change, out: &mut Vec<Record>) {
-        out.push(self.transaction_record(change, "END"));
-        self.transaction = None;
-    }
-
-    /// A `BEGIN` or `END` record of the change's transaction.
-    fn transaction_record(&self, change: &Change, status: &str) -> Record {
-        let id = lsn_text(change.commit_lsn);
-        let mut key = String::from("{\"id\":");
-        write_string(&mut key, &id);
-        key.push('}');
-        let mut value = String::from("{\"status\":");
-        write_string(&mut value, status);
-        value.push_str(",\"id\":");
-        write_string(&mut value, &id);
-        match (&self.transaction, status) {
-            (Some(t), "END") => {
-                value.push_str(",\"event_count\":");
-                value.push_str(itoa::Buffer::new().format(t.total));
-                value.push_str(",\"data_collections\":[");
-                for (i, (collection, count)) in t.tables.iter().enumerate() {
-                    if i > 0 {
-                        value.push(',');
-                    }
-                    value.push_str("{\"data_collection\":");
-                    write_string(&mut value, collection);
-                    value.push_str(",\"event_count\":");
-                    value.push_str(itoa::Buffer::new().format(*count));
-                    value.push('}');
-                }
-                value.push(']');
-            }
-            _ => value.push_str(",\"event_count\":null,\"data_collections\":null"),
-        }
-        push_times(&mut value, "ts_ms", change.commit_time, TimeField::Millis);
-        value.push('}');
-        let shapes = Arc::clone(&self.transaction_shapes);
-        let (key_shape, value_shape) = (&shapes.0, &shapes.1);
-        // BEGIN and END of one transaction: ids of their own, apart from the
-        // events' (segment indexes past any an event uses).
-        let segment = if status == "BEGIN" {
-            0xFFFF_FFF0
-        } else {
-            0xFFFF_FFF1
-        };
-        let message_id = crate::event::message_id(self.stream_guid, change.commit_lsn, 0, segment);
-        // Our own JSON of our own schemas: it always fits them.
-        let bytes = |shape: &Shape, payload: &str| {
-            self.serialize(shape, payload)
-                .unwrap_or_else(|_| payload.as_bytes().to_vec())
-        };
-        Record {
-            topic: Some(self.settings.transaction_topic()),
-            key: Some(bytes(key_shape, &key)),
-            value: Some(bytes(value_shape, &value)),
-            headers: vec![("id", message_id.hyphenated().to_string().into_bytes())],
-            id: message_id,
-            avro: self.avro.then(|| AvroSchemas {
-                key: Some(key_shape.avro_schema()),
-                value: Some(value_shape.avro_schema()),
-            }),
-        }
-    }
-}
-
-enum TimeField {
-    Millis,
-    Micros,
-    Nanos,
-}
-
-fn push_times(out: &mut String, name: &str, at: chrono::DateTime<chrono::Utc>, unit: TimeField) {
-    out.push_str(",\"");
-    out.push_str(name);
-    out.push_str("\":");
-    let n = match unit {
-        TimeField::Millis => at.timestamp_millis(),
-        TimeField::Micros => at.timestamp_micros(),
-        TimeField::Nanos => at.timestamp_nanos_opt().unwrap_or(i64::MAX),
-    };
-    out.push_str(itoa::Buffer::new().format(n));
+        .collect()
 }
 
 /// Debezium's LSN text: lower-case hex, `xxxxxxxx:xxxxxxxx:xxxx`.
@@ -755,164 +193,11 @@ pub fn lsn_text(lsn: Lsn) -> String {
     lsn.to_colon_string().to_ascii_lowercase()
 }
 
-fn row_payload(
-    out: &mut String,
-    table: &TableDescription,
-    row: Option<&Row>,
-    settings: &DebeziumSettings,
-) -> Result<(), DebeziumError> {
-    let Some(row) = row else {
-        out.push_str("null");
-        return Ok(());
-    };
-    out.push('{');
-    for (i, (column, value)) in table.columns().iter().zip(row).enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        write_string(out, &column.name);
-        out.push(':');
-        types::write_value(out, column, value, settings)?;
-    }
-    out.push('}');
-    Ok(())
-}
-
-/// The key payload (`{"Id":7}`) of a row; also the `__debezium.*key` headers.
-fn key_payload(table: &TableDescription, row: &Row, settings: &DebeziumSettings) -> String {
-    let mut out = String::from("{");
-    for (i, &position) in table.key().iter().enumerate() {
-        let (Some(column), Some(value)) = (table.columns().get(position), row.get(position)) else {
-            continue;
-        };
-        if i > 0 {
-            out.push(',');
-        }
-        write_string(&mut out, &column.name);
-        out.push(':');
-        if types::write_value(&mut out, column, value, settings).is_err() {
-            write_string(&mut out, &value.to_text().unwrap_or_default());
-        }
-    }
-    out.push('}');
-    out
-}
-
-fn build_schemas(table: &TableDescription, settings: &DebeziumSettings) -> TableSchemas {
-    let prefix = format!(
-        "{}.{}.{}.{}",
-        settings.topic_prefix,
-        table.database(),
-        table.schema(),
-        table.table()
-    );
-    let fields: Vec<(String, Schema)> = table
-        .columns()
-        .iter()
-        .map(|c| (c.name.clone(), types::column_schema(c, settings)))
-        .collect();
-    let key_schema = (!table.key().is_empty()).then(|| {
-        Schema::of(
-            Type::Struct(
-                table
-                    .key()
-                    .iter()
-                    .filter_map(|&p| fields.get(p).cloned())
-                    .collect(),
-            ),
-            false,
-        )
-        .named(format!("{prefix}.Key"), None)
-    });
-    let row = Schema::of(Type::Struct(fields), true).named(format!("{prefix}.Value"), None);
-    let optional = |ty| Schema::of(ty, true);
-    let required = |ty| Schema::of(ty, false);
-    let source = source_schema();
-    let block = optional(Type::Struct(vec![
-        ("id".into(), required(Type::String)),
-        ("total_order".into(), required(Type::Int64)),
-        ("data_collection_order".into(), required(Type::Int64)),
-    ]))
-    .named("event.block", Some(1));
-    let envelope = required(Type::Struct(vec![
-        ("before".into(), row.clone()),
-        ("after".into(), row),
-        ("source".into(), source),
-        ("transaction".into(), block),
-        ("op".into(), required(Type::String)),
-        ("ts_ms".into(), optional(Type::Int64)),
-        ("ts_us".into(), optional(Type::Int64)),
-        ("ts_ns".into(), optional(Type::Int64)),
-    ]))
-    .named(format!("{prefix}.Envelope"), Some(2));
-    TableSchemas {
-        key: key_schema.map(Shape::of),
-        value: Shape::of(envelope),
-        data_collection: format!("{}.{}.{}", table.database(), table.schema(), table.table()),
-    }
-}
-
-/// `io.debezium.connector.sqlserver.Source` (version 1, Debezium 3.1 and later).
-fn source_schema() -> Schema {
-    let optional = |ty| Schema::of(ty, true);
-    let required = |ty| Schema::of(ty, false);
-    let mut snapshot = optional(Type::String)
-        .named("io.debezium.data.Enum", Some(1))
-        .parameter("allowed", SNAPSHOT_ALLOWED);
-    snapshot.default = Some("\"false\"".into());
-    required(Type::Struct(vec![
-        ("version".into(), required(Type::String)),
-        ("connector".into(), required(Type::String)),
-        ("name".into(), required(Type::String)),
-        ("ts_ms".into(), required(Type::Int64)),
-        ("snapshot".into(), snapshot),
-        ("db".into(), required(Type::String)),
-        ("sequence".into(), optional(Type::String)),
-        ("ts_us".into(), optional(Type::Int64)),
-        ("ts_ns".into(), optional(Type::Int64)),
-        ("schema".into(), required(Type::String)),
-        ("table".into(), required(Type::String)),
-        ("change_lsn".into(), optional(Type::String)),
-        ("commit_lsn".into(), optional(Type::String)),
-        ("event_serial_no".into(), optional(Type::Int64)),
-    ]))
-    .named("io.debezium.connector.sqlserver.Source", Some(1))
-}
-
-/// The transaction topic's key and value schemas (`SchemaFactory`).
-fn transaction_shapes() -> (Shape, Shape) {
-    let required = |ty| Schema::of(ty, false);
-    let optional = |ty| Schema::of(ty, true);
-    let key = required(Type::Struct(vec![("id".into(), required(Type::String))])).named(
-        "io.debezium.connector.common.TransactionMetadataKey",
-        Some(1),
-    );
-    let collection = optional(Type::Struct(vec![
-        ("data_collection".into(), required(Type::String)),
-        ("event_count".into(), required(Type::Int64)),
-    ]))
-    .named("event.collection", Some(1));
-    let value = required(Type::Struct(vec![
-        ("status".into(), required(Type::String)),
-        ("id".into(), required(Type::String)),
-        ("event_count".into(), optional(Type::Int64)),
-        (
-            "data_collections".into(),
-            optional(Type::Array(Box::new(collection))),
-        ),
-        ("ts_ms".into(), required(Type::Int64)),
-    ]))
-    .named(
-        "io.debezium.connector.common.TransactionMetadataValue",
-        Some(1),
-    );
-    (Shape::of(key), Shape::of(value))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::test_support::{column, insert};
+    use crate::event::{Change, Operation, TableDescription};
     use crate::event::{ColumnDescription, Length, SqlType, Value};
     use chrono::{NaiveDate, TimeZone};
 
@@ -1305,7 +590,9 @@ mod tests {
 
 #[cfg(test)]
 mod more_tests {
+    use super::schemas::build_schemas;
     use super::*;
+    use crate::event::TableDescription;
     use crate::event::columns::ColumnMask;
     use crate::event::test_support::{column, employee_row, employees, insert};
     use crate::event::{ColumnDescription, SqlType, Value};
@@ -1355,6 +642,31 @@ mod more_tests {
         )
         .unwrap();
         assert_eq!(out, r#""ab""#);
+    }
+
+    #[test]
+    fn names_kafka_does_not_allow_become_underscores_as_debezium_writes_them() {
+        assert_eq!(
+            sanitize_topic("srv.Shop.sales.order details"),
+            "srv.Shop.sales.order_details"
+        );
+        assert_eq!(sanitize_topic("a-b_c.D9é"), "a-b_c.D9_");
+        let table = Arc::new(
+            TableDescription::new(
+                "Shop",
+                "sales",
+                "order details",
+                vec![column("Id", SqlType::Int, 0)],
+                vec![0],
+            )
+            .unwrap(),
+        );
+        let schemas = build_schemas(&table, &DebeziumSettings::default());
+        assert_eq!(
+            schemas.value.schema.record_name(),
+            Some("mssql-ces.Shop.sales.order_details.Envelope")
+        );
+        assert_eq!(schemas.data_collection, "Shop.sales.order details");
     }
 
     #[test]

@@ -17,7 +17,11 @@
 //!   names it; `position` is 1-based; `autoIncremented` and `generated` false
 //!   (CDC does not say); `defaultValueExpression` null (not read).
 
+use std::sync::Arc;
+
 use super::connect::{Schema, Type, write_string};
+use super::payload::{TimeField, push_times};
+use super::{AvroSchemas, DebeziumError, Record, SOURCE_VERSION, lsn_text};
 use crate::event::schema::SchemaChange;
 
 /// The key and value schemas of the schema-change topic.
@@ -196,34 +200,93 @@ pub(super) fn value_payload(change: &SchemaChange, source: &str) -> String {
         if i > 0 {
             p.push(',');
         }
-        let (jdbc, name, length, scale) = jdbc_facts(&c.sql_type);
-        let int = |p: &mut String, v: Option<i32>| match v {
-            Some(v) => p.push_str(itoa::Buffer::new().format(v)),
-            None => p.push_str("null"),
-        };
-        p.push_str("{\"name\":");
-        write_string(&mut p, &c.name);
-        p.push_str(",\"jdbcType\":");
-        p.push_str(itoa::Buffer::new().format(jdbc));
-        p.push_str(",\"nativeType\":null,\"typeName\":");
-        write_string(&mut p, &name);
-        p.push_str(",\"typeExpression\":");
-        write_string(&mut p, &name);
-        p.push_str(",\"charsetName\":null,\"length\":");
-        int(&mut p, length);
-        p.push_str(",\"scale\":");
-        int(&mut p, scale);
-        p.push_str(",\"position\":");
-        p.push_str(itoa::Buffer::new().format(c.index + 1));
-        p.push_str(",\"optional\":");
-        p.push_str(match c.nullable {
-            Some(false) => "false",
-            _ => "true",
-        });
-        p.push_str(",\"autoIncremented\":false,\"generated\":false,\"comment\":null,\"defaultValueExpression\":null,\"enumValues\":null}");
+        write_column(&mut p, c);
     }
     p.push_str("],\"comment\":null}}]}");
     p
+}
+
+impl super::DebeziumEncoder {
+    /// A schema-change event as Debezium's schema change topic carries it, keyed by
+    /// the database name.
+    pub fn encode_schema_change(
+        &mut self,
+        change: &crate::event::schema::SchemaChange,
+    ) -> Result<Record, DebeziumError> {
+        let mut source = String::from("{\"version\":");
+        write_string(&mut source, SOURCE_VERSION);
+        source.push_str(",\"connector\":\"sqlserver\",\"name\":");
+        write_string(&mut source, &self.settings.topic_prefix);
+        push_times(&mut source, "ts_ms", change.time, TimeField::Millis);
+        source.push_str(",\"snapshot\":\"false\",\"db\":");
+        write_string(&mut source, &change.database);
+        source.push_str(",\"sequence\":null");
+        push_times(&mut source, "ts_us", change.time, TimeField::Micros);
+        push_times(&mut source, "ts_ns", change.time, TimeField::Nanos);
+        source.push_str(",\"schema\":");
+        write_string(&mut source, &change.schema);
+        source.push_str(",\"table\":");
+        write_string(&mut source, &change.table);
+        source.push_str(",\"change_lsn\":null,\"commit_lsn\":");
+        write_string(&mut source, &lsn_text(change.lsn));
+        source.push_str(",\"event_serial_no\":null}");
+        let value = value_payload(change, &source);
+        let mut key = String::from("{\"databaseName\":");
+        write_string(&mut key, &change.database);
+        key.push('}');
+        let shapes = Arc::clone(&self.schema_change_shapes);
+        let id = crate::event::schema::schema_message_id(
+            self.stream_guid,
+            &change.qualified_name(),
+            change.version,
+            0,
+        );
+        Ok(Record {
+            topic: Some(crate::event::expand_names(
+                &self.schema_topic,
+                &change.database,
+                &change.schema,
+                &change.table,
+            )),
+            key: Some(self.serialize(&shapes.0, &key)?),
+            value: Some(self.serialize(&shapes.1, &value)?),
+            headers: vec![("id", id.hyphenated().to_string().into_bytes())],
+            id,
+            avro: self.avro.then(|| AvroSchemas {
+                key: Some(shapes.0.avro_schema()),
+                value: Some(shapes.1.avro_schema()),
+            }),
+        })
+    }
+}
+
+/// One column of `tableChanges[].table.columns` (`io.debezium.connector.schema.Column`).
+fn write_column(p: &mut String, c: &crate::position::ShapeColumn) {
+    let (jdbc, name, length, scale) = jdbc_facts(&c.sql_type);
+    let int = |p: &mut String, v: Option<i32>| match v {
+        Some(v) => p.push_str(itoa::Buffer::new().format(v)),
+        None => p.push_str("null"),
+    };
+    p.push_str("{\"name\":");
+    write_string(p, &c.name);
+    p.push_str(",\"jdbcType\":");
+    p.push_str(itoa::Buffer::new().format(jdbc));
+    p.push_str(",\"nativeType\":null,\"typeName\":");
+    write_string(p, &name);
+    p.push_str(",\"typeExpression\":");
+    write_string(p, &name);
+    p.push_str(",\"charsetName\":null,\"length\":");
+    int(p, length);
+    p.push_str(",\"scale\":");
+    int(p, scale);
+    p.push_str(",\"position\":");
+    p.push_str(itoa::Buffer::new().format(c.index + 1));
+    p.push_str(",\"optional\":");
+    p.push_str(match c.nullable {
+        Some(false) => "false",
+        _ => "true",
+    });
+    p.push_str(",\"autoIncremented\":false,\"generated\":false,\"comment\":null,\"defaultValueExpression\":null,\"enumValues\":null}");
 }
 
 #[cfg(test)]

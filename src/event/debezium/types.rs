@@ -136,26 +136,13 @@ pub fn write_value(
     settings: &DebeziumSettings,
 ) -> Result<(), DebeziumError> {
     let adaptive = settings.time_precision_mode == TimePrecisionMode::Adaptive;
-    let number = |out: &mut String, n: i64| {
-        let mut buffer = itoa::Buffer::new();
-        out.push_str(buffer.format(n));
-    };
     let out_of_range = || DebeziumError::OutOfRange {
         column: column.name.clone(),
         value: value.to_text().unwrap_or_default(),
     };
-    // A timestamp in the unit its scale calls for.
-    let timestamp = |out: &mut String, v: NaiveDateTime, scale: u8| -> Result<(), DebeziumError> {
-        let utc = v.and_utc();
-        let n = if !adaptive || scale <= 3 {
-            Some(utc.timestamp_millis())
-        } else if scale <= 6 {
-            Some(utc.timestamp_micros())
-        } else {
-            utc.timestamp_nanos_opt()
-        };
-        number(out, n.ok_or_else(out_of_range)?);
-        Ok(())
+    let scale_of = |sql_type: SqlType| match sql_type {
+        SqlType::Time { scale } | SqlType::DateTime2 { scale } => scale,
+        _ => 7,
     };
     match value {
         Value::Null => out.push_str("null"),
@@ -163,90 +150,96 @@ pub fn write_value(
             write_string(out, &value.to_text().unwrap_or_default());
         }
         Value::Bit(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::TinyInt(v) => number(out, i64::from(*v)),
-        Value::SmallInt(v) => number(out, i64::from(*v)),
-        Value::Int(v) => number(out, i64::from(*v)),
-        Value::BigInt(v) => number(out, *v),
+        Value::TinyInt(v) => push_number(out, i64::from(*v)),
+        Value::SmallInt(v) => push_number(out, i64::from(*v)),
+        Value::Int(v) => push_number(out, i64::from(*v)),
+        Value::BigInt(v) => push_number(out, *v),
         Value::Decimal { unscaled, scale } => {
             let column_scale = decimal_facts(column.sql_type).map_or(*scale, |(_, s)| s);
             let unscaled = rescale(*unscaled, *scale, column_scale).ok_or_else(out_of_range)?;
-            match settings.decimal_handling_mode {
-                DecimalMode::Precise => {
-                    let bytes = twos_complement(unscaled);
-                    write_string(
-                        out,
-                        &base64::engine::general_purpose::STANDARD.encode(bytes),
-                    );
-                }
-                DecimalMode::Double => {
-                    let text = value.to_text().unwrap_or_default();
-                    write_double(out, text.parse().unwrap_or(f64::NAN));
-                }
-                DecimalMode::String => {
-                    let mut text = String::new();
-                    Value::Decimal {
-                        unscaled,
-                        scale: column_scale,
-                    }
-                    .write_text(&mut text);
-                    write_string(out, &text);
-                }
-            }
+            write_decimal(out, unscaled, column_scale, settings.decimal_handling_mode);
         }
         Value::Float(v) => write_double(out, *v),
         Value::Real(v) => write_float(out, *v),
         Value::Date(d) => {
             let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
-            number(out, d.signed_duration_since(epoch).num_days());
+            push_number(out, d.signed_duration_since(epoch).num_days());
         }
         Value::Time { value, .. } => {
-            let scale = match column.sql_type {
-                SqlType::Time { scale } => scale,
-                _ => 7,
-            };
             let nanos = i64::from(value.num_seconds_from_midnight()) * 1_000_000_000
                 + i64::from(value.nanosecond().min(999_999_999));
-            number(
+            let scale = scale_of(column.sql_type);
+            push_number(
                 out,
-                if !adaptive || scale <= 3 {
-                    nanos / 1_000_000
-                } else if scale <= 6 {
-                    nanos / 1_000
-                } else {
-                    nanos
+                match (adaptive, scale) {
+                    (false, _) | (true, 0..=3) => nanos / 1_000_000,
+                    (true, 4..=6) => nanos / 1_000,
+                    _ => nanos,
                 },
             );
         }
         // datetime: 1/300-second ticks, read as the driver reports them, to the
         // nearest millisecond.
-        Value::DateTime(v) => timestamp(out, *v + chrono::Duration::microseconds(500), 3)?,
-        Value::SmallDateTime(v) => timestamp(out, *v, 0)?,
-        Value::DateTime2 { value, .. } => {
-            let scale = match column.sql_type {
-                SqlType::DateTime2 { scale } => scale,
-                _ => 7,
-            };
-            timestamp(out, *value, scale)?;
+        Value::DateTime(v) => push_number(
+            out,
+            timestamp(*v + chrono::Duration::microseconds(500), 3, adaptive)
+                .ok_or_else(out_of_range)?,
+        ),
+        Value::SmallDateTime(v) => {
+            push_number(out, timestamp(*v, 0, adaptive).ok_or_else(out_of_range)?);
         }
-        Value::DateTimeOffset { value, .. } => {
-            write_string(out, &zoned_timestamp(value));
-        }
+        Value::DateTime2 { value, .. } => push_number(
+            out,
+            timestamp(*value, scale_of(column.sql_type), adaptive).ok_or_else(out_of_range)?,
+        ),
+        Value::DateTimeOffset { value, .. } => write_string(out, &zoned_timestamp(value)),
         Value::Guid(_) | Value::Text(_) => write_string(out, &value.to_text().unwrap_or_default()),
         Value::Binary(bytes) => {
-            let text = match settings.binary_handling_mode {
-                // JsonConverter writes bytes as standard base64.
-                BinaryMode::Bytes | BinaryMode::Base64 => {
-                    base64::engine::general_purpose::STANDARD.encode(bytes)
-                }
-                BinaryMode::Base64UrlSafe => {
-                    base64::engine::general_purpose::URL_SAFE.encode(bytes)
-                }
-                BinaryMode::Hex => bytes.iter().map(|b| format!("{b:02x}")).collect(),
-            };
-            write_string(out, &text);
+            write_string(out, &binary_text(bytes, settings.binary_handling_mode))
         }
     }
     Ok(())
+}
+
+fn push_number(out: &mut String, n: i64) {
+    out.push_str(itoa::Buffer::new().format(n));
+}
+
+/// A timestamp in the unit its scale calls for (milliseconds with `connect`);
+/// `None` past what the unit holds (nanoseconds end in 2262).
+fn timestamp(v: NaiveDateTime, scale: u8, adaptive: bool) -> Option<i64> {
+    let utc = v.and_utc();
+    match (adaptive, scale) {
+        (false, _) | (true, 0..=3) => Some(utc.timestamp_millis()),
+        (true, 4..=6) => Some(utc.timestamp_micros()),
+        _ => utc.timestamp_nanos_opt(),
+    }
+}
+
+/// A decimal in `mode`: the Connect `Decimal`'s bytes (base64 in JSON), a double,
+/// or its plain text at the column's scale.
+fn write_decimal(out: &mut String, unscaled: i128, scale: u8, mode: DecimalMode) {
+    let mut text = String::new();
+    Value::Decimal { unscaled, scale }.write_text(&mut text);
+    match mode {
+        DecimalMode::Precise => write_string(
+            out,
+            &base64::engine::general_purpose::STANDARD.encode(twos_complement(unscaled)),
+        ),
+        DecimalMode::Double => write_double(out, text.parse().unwrap_or(f64::NAN)),
+        DecimalMode::String => write_string(out, &text),
+    }
+}
+
+/// Binary data in `mode` (JsonConverter writes `bytes` as standard base64).
+fn binary_text(bytes: &[u8], mode: BinaryMode) -> String {
+    match mode {
+        BinaryMode::Bytes | BinaryMode::Base64 => {
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        }
+        BinaryMode::Base64UrlSafe => base64::engine::general_purpose::URL_SAFE.encode(bytes),
+        BinaryMode::Hex => bytes.iter().map(|b| format!("{b:02x}")).collect(),
+    }
 }
 
 /// `unscaled / 10^from` as an unscaled value at scale `to`.

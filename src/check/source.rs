@@ -434,13 +434,7 @@ fn check_column_rules(
             report.fail(check, e.to_string(), "change the rule the message names");
             continue;
         }
-        let columns = rules.describe(&context.table);
-        if !columns.is_empty() {
-            let detail = columns
-                .iter()
-                .map(|(c, what)| format!("{c} {what}"))
-                .collect::<Vec<_>>()
-                .join(", ");
+        if let Some(detail) = rules.summary(&context.table) {
             report.pass(check, detail);
         }
     }

@@ -346,6 +346,19 @@ impl ColumnRules {
             .collect()
     }
 
+    /// [`describe`](Self::describe) as one line (`Email hashed, Notes excluded`);
+    /// `None` when no rule touches the table.
+    pub fn summary(&self, table: &TableDescription) -> Option<String> {
+        let columns = self.describe(table);
+        (!columns.is_empty()).then(|| {
+            columns
+                .iter()
+                .map(|(c, what)| format!("{c} {what}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+    }
+
     /// The names (`event.columns[i] ("pattern")`) of the rules whose index is not in
     /// `matched`.
     pub fn unmatched(&self, matched: &std::collections::BTreeSet<usize>) -> Vec<String> {

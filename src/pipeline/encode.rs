@@ -96,12 +96,11 @@ pub(super) fn encode_batches(
         let Some(encoder) = encoder.as_ref() else {
             continue;
         };
-        let result = match debezium.as_mut() {
-            Some(debezium) => {
-                encode_debezium_batch(debezium, &router, registrar.as_mut(), batch, &out)
-            }
-            None => encode_batch(encoder, &router, registrar.as_mut(), batch, &out),
+        let format = match debezium.as_mut() {
+            Some(debezium) => Format::Debezium(debezium),
+            None => Format::Ces(encoder),
         };
+        let result = encode_batch(format, &router, registrar.as_mut(), batch, &out);
         match result {
             Ok(true) => {}
             Ok(false) => return, // the send loop stopped
@@ -113,80 +112,76 @@ pub(super) fn encode_batches(
     }
 }
 
-/// As [`encode_batch`], in Debezium's envelope: each change's records (and
-/// transaction events) in order; the batch's position carries the transaction
-/// still open at its end.
-pub(super) fn encode_debezium_batch(
-    encoder: &mut crate::event::debezium::DebeziumEncoder,
-    router: &Router,
-    mut registrar: Option<&mut super::registry::Registrar>,
-    mut batch: Batch,
-    out: &mpsc::Sender<Result<Encoded, PipelineError>>,
-) -> Result<bool, PipelineError> {
-    let mut counts = BatchCounts::default();
-    let mut chunk = Chunk::default();
-    for event in batch.events() {
-        let change = match event {
-            BatchEvent::Change(change) => change,
-            BatchEvent::Schema(_) if router.schema_changes() == SchemaChangePlacement::Off => {
-                continue;
+/// The envelope a batch's events are written in.
+pub(super) enum Format<'a> {
+    Ces(&'a Encoder),
+    /// Debezium's: stateful (serial numbers, the open transaction).
+    Debezium(&'a mut crate::event::debezium::DebeziumEncoder),
+}
+
+impl Format<'_> {
+    /// The messages of a schema-change event.
+    fn schema_messages(
+        &mut self,
+        router: &Router,
+        registrar: Option<&mut super::registry::Registrar>,
+        schema: &crate::event::schema::SchemaChange,
+    ) -> Result<Vec<OutgoingMessage>, PipelineError> {
+        match self {
+            Format::Ces(encoder) => {
+                let mut messages =
+                    router.route_schema_change(schema, encoder.encode_schema_change(schema)?)?;
+                if let Some(registrar) = registrar {
+                    registrar.ces(&mut messages)?;
+                }
+                Ok(messages)
             }
-            BatchEvent::Schema(schema) => {
+            Format::Debezium(encoder) => {
                 let mut records = vec![encoder.encode_schema_change(schema)?];
-                if let Some(registrar) = registrar.as_deref_mut() {
+                if let Some(registrar) = registrar {
                     registrar.debezium(&mut records, "")?;
                 }
-                let messages = router.route_schema_records(records);
-                counts.add_schema_change(schema.qualified_name(), messages.len() as u64);
-                chunk.bytes += messages.iter().map(|m| m.payload.len() as u64).sum::<u64>();
-                chunk.messages.extend(messages);
-                continue;
-            }
-        };
-        let mut records = encoder.encode(change)?;
-        if let Some(registrar) = registrar.as_deref_mut() {
-            let topic = crate::event::debezium::sanitize_topic(&router.topic(&change.table));
-            registrar.debezium(&mut records, &topic)?;
-        }
-        let messages = router.route_records(change, records);
-        let (count, bytes) = (
-            messages.len() as u64,
-            messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),
-        );
-        counts.add(&change.table, change.operation, count, bytes, 0);
-        chunk.events += 1;
-        chunk.bytes += bytes;
-        chunk.messages.extend(messages);
-        if out.is_closed() {
-            return Ok(false);
-        }
-        if chunk.full() {
-            let full = std::mem::take(&mut chunk);
-            if out.blocking_send(Ok(Encoded::Chunk(full))).is_err() {
-                return Ok(false);
+                Ok(router.route_schema_records(records))
             }
         }
     }
-    let last_commit = batch.changes.last().map(|change| {
-        counts.set_last_commit(change.commit_time, change.commit_lsn);
-        change.commit_time
-    });
-    batch.position.open_transaction = encoder.open_transaction();
-    chunk.end = Some(Box::new(BatchEnd {
-        position: batch.position,
-        counts,
-        max_lsn: batch.max_lsn,
-        last_commit,
-    }));
-    Ok(out.blocking_send(Ok(Encoded::Chunk(chunk))).is_ok())
+
+    /// The messages of a change, and how many of its values were truncated.
+    fn change_messages(
+        &mut self,
+        router: &Router,
+        registrar: Option<&mut super::registry::Registrar>,
+        change: &crate::event::Change,
+    ) -> Result<(Vec<OutgoingMessage>, u64), PipelineError> {
+        match self {
+            Format::Ces(encoder) => {
+                let event = encoder.encode(change)?;
+                let truncated = event.truncated_values as u64;
+                let mut messages = router.route(change, event)?;
+                if let Some(registrar) = registrar {
+                    registrar.ces(&mut messages)?;
+                }
+                Ok((messages, truncated))
+            }
+            Format::Debezium(encoder) => {
+                let mut records = encoder.encode(change)?;
+                if let Some(registrar) = registrar {
+                    let topic =
+                        crate::event::debezium::sanitize_topic(&router.topic(&change.table));
+                    registrar.debezium(&mut records, &topic)?;
+                }
+                Ok((router.route_records(change, records), 0))
+            }
+        }
+    }
 }
 
 /// Encodes one batch into chunks; false once the send loop no longer listens.
 pub(super) fn encode_batch(
-    encoder: &Encoder,
+    mut format: Format<'_>,
     router: &Router,
     mut registrar: Option<&mut super::registry::Registrar>,
-    batch: Batch,
+    mut batch: Batch,
     out: &mpsc::Sender<Result<Encoded, PipelineError>>,
 ) -> Result<bool, PipelineError> {
     let mut counts = BatchCounts::default();
@@ -199,23 +194,15 @@ pub(super) fn encode_batch(
                 continue;
             }
             BatchEvent::Schema(schema) => {
-                let mut messages =
-                    router.route_schema_change(schema, encoder.encode_schema_change(schema)?)?;
-                if let Some(registrar) = registrar.as_deref_mut() {
-                    registrar.ces(&mut messages)?;
-                }
+                let messages = format.schema_messages(router, registrar.as_deref_mut(), schema)?;
                 counts.add_schema_change(schema.qualified_name(), messages.len() as u64);
                 chunk.bytes += messages.iter().map(|m| m.payload.len() as u64).sum::<u64>();
                 chunk.messages.extend(messages);
                 continue;
             }
         };
-        let event = encoder.encode(change)?;
-        let truncated = event.truncated_values as u64;
-        let mut messages = router.route(change, event)?;
-        if let Some(registrar) = registrar.as_deref_mut() {
-            registrar.ces(&mut messages)?;
-        }
+        let (messages, truncated) =
+            format.change_messages(router, registrar.as_deref_mut(), change)?;
         let (count, bytes) = (
             messages.len() as u64,
             messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),
@@ -239,6 +226,10 @@ pub(super) fn encode_batch(
         counts.set_last_commit(change.commit_time, change.commit_lsn);
         change.commit_time
     });
+    if let Format::Debezium(encoder) = &format {
+        // Where a large transaction stands, for a restart inside it.
+        batch.position.open_transaction = encoder.open_transaction();
+    }
     chunk.end = Some(Box::new(BatchEnd {
         position: batch.position,
         counts,

@@ -566,7 +566,9 @@ mod tests {
             let (position, max_lsn) = (batch.position.clone(), batch.max_lsn);
             let changes = batch.changes.len() as u64;
             let (tx, mut rx) = mpsc::channel(1_000);
-            assert!(encode_batch(&encoder, &router, None, batch, &tx).unwrap());
+            assert!(
+                encode_batch(encode::Format::Ces(&encoder), &router, None, batch, &tx).unwrap()
+            );
             drop(tx);
             let mut chunks = Vec::new();
             while let Some(Ok(Encoded::Chunk(chunk))) = rx.blocking_recv() {
@@ -606,7 +608,16 @@ mod tests {
     fn encoding_stops_when_nobody_listens() {
         let (tx, rx) = mpsc::channel(1);
         drop(rx);
-        assert!(!encode_batch(&encoder(), &router(), None, batch(0), &tx).unwrap());
+        assert!(
+            !encode_batch(
+                encode::Format::Ces(&encoder()),
+                &router(),
+                None,
+                batch(0),
+                &tx
+            )
+            .unwrap()
+        );
     }
 
     #[test]

@@ -208,23 +208,12 @@ impl SchemaRegistry {
     /// Whether the registry answers and takes the login: `GET /subjects`, the
     /// number of subjects.
     pub async fn probe(&mut self) -> Result<usize, RegistryError> {
-        let mut request = self.client.get(format!("{}/subjects", self.url)).header(
-            "Accept",
-            "application/vnd.schemaregistry.v1+json, application/json",
-        );
-        if let Some(user) = &self.username {
-            request = request.basic_auth(user, self.password.as_deref());
-        }
+        let request = self.client.get(format!("{}/subjects", self.url));
+        let (status, text) = self.send(request).await?;
         let transient = |reason: String| RegistryError::Transient {
             url: self.url.clone(),
             reason,
         };
-        let response = request
-            .send()
-            .await
-            .map_err(|e| transient(format!("no answer: {}", without_url(&e))))?;
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
         if status.is_success() {
             let subjects: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
             return Ok(subjects.len());
@@ -245,32 +234,16 @@ impl SchemaRegistry {
         self.requests += 1;
         let endpoint = format!("{}/subjects/{}/versions", self.url, encode_path(subject));
         let body = serde_json::json!({ "schema": schema }).to_string();
-        let mut request = self
+        let request = self
             .client
             .post(&endpoint)
             .header("Content-Type", "application/vnd.schemaregistry.v1+json")
-            .header(
-                "Accept",
-                "application/vnd.schemaregistry.v1+json, application/json",
-            )
             .body(body);
-        if let Some(user) = &self.username {
-            request = request.basic_auth(user, self.password.as_deref());
-        }
+        let (status, text) = self.send(request).await?;
         let transient = |reason: String| RegistryError::Transient {
             url: self.url.clone(),
             reason,
         };
-        // The error's text names the URL; reqwest's never carries the password.
-        let response = request
-            .send()
-            .await
-            .map_err(|e| transient(format!("no answer: {}", without_url(&e))))?;
-        let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| transient(format!("reading the answer: {}", without_url(&e))))?;
         let answer: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         if status.is_success() {
             return answer
@@ -307,6 +280,39 @@ impl SchemaRegistry {
             s if s >= 500 || s == 408 || s == 429 => transient(format!("{status}: {message}")),
             _ => refused(format!("{status}: {message}")),
         })
+    }
+}
+
+impl SchemaRegistry {
+    /// Sends `request` with the registry's `Accept` and the login: the status and
+    /// the body's text, or a transient error when nothing answered. The error's
+    /// text leaves the URL out (the error's own prefix says it once), and
+    /// reqwest's never carries the password.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(reqwest::StatusCode, String), RegistryError> {
+        let mut request = request.header(
+            "Accept",
+            "application/vnd.schemaregistry.v1+json, application/json",
+        );
+        if let Some(user) = &self.username {
+            request = request.basic_auth(user, self.password.as_deref());
+        }
+        let transient = |what: &str, e: reqwest::Error| RegistryError::Transient {
+            url: self.url.clone(),
+            reason: format!("{what}: {}", without_url(&e)),
+        };
+        let response = request
+            .send()
+            .await
+            .map_err(|e| transient("no answer", e))?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| transient("reading the answer", e))?;
+        Ok((status, text))
     }
 }
 

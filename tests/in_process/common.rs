@@ -75,3 +75,42 @@ pub fn shop_with(utc_offset_minutes: i32, name: SimColumn) -> CdcSimulator {
     );
     sim
 }
+
+/// The synthetic source through the whole pipeline into `sink` until idle, with a
+/// checkpoint in a temporary directory (1 MiB messages, `encoding`).
+pub async fn run_synthetic(
+    synthetic: mssql_ces::source::sim::synthetic::SyntheticConfig,
+    encoding: mssql_ces::event::Encoding,
+    router: mssql_ces::sink::Router,
+    sink: mssql_ces::sink::Sink,
+) -> Result<mssql_ces::pipeline::RunSummary, mssql_ces::pipeline::PipelineError> {
+    use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
+    use mssql_ces::event::{EncoderOptions, FinalEventMode, MessageSizeLimit};
+    use mssql_ces::source::poller::PollerConfig;
+    let dir = std::env::temp_dir().join(format!("mssql-ces-run-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let result = mssql_ces::pipeline::run(
+        Poller::new(
+            mssql_ces::source::sim::synthetic::SyntheticSource::new(synthetic),
+            PollerConfig {
+                batch_size: 30,
+                ..PollerConfig::default()
+            },
+            None,
+        ),
+        Box::new(move |guid| EncoderOptions {
+            stream_guid: guid,
+            encoding,
+            final_event: FinalEventMode::LastInTransaction,
+            max_message_size: MessageSizeLimit::from_kb(1024).expect("valid"),
+        }),
+        router,
+        sink,
+        CheckpointStore::File(FileStore::new(dir.join("cp.json"), "test")),
+        crate::kafka_pipeline::until_idle(),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await;
+    std::fs::remove_dir_all(dir).ok();
+    result
+}

@@ -8,19 +8,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
+use mssql_ces::event::Encoding;
 use mssql_ces::event::debezium::DebeziumSettings;
-use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-use mssql_ces::pipeline::{self, RunSummary};
+use mssql_ces::pipeline::RunSummary;
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
-use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::sim::synthetic::SyntheticConfig;
 use rdkafka::mocking::MockCluster;
 use support::kafka::{consume, consume_quietly};
-use tokio_util::sync::CancellationToken;
 
-use crate::kafka_pipeline::{kafka_sink_with, until_idle};
+use crate::kafka_pipeline::kafka_sink_with;
 
 /// The tables' topic suffixes: Kafka allows no space, Debezium writes `_`.
 const TABLES: [&str; 3] = ["dbo.customers", "dbo.orders", "sales.order_details"];
@@ -49,33 +46,9 @@ fn router(settings: DebeziumSettings) -> Router {
 }
 
 async fn run(router: Router, sink: Sink) -> RunSummary {
-    let dir = std::env::temp_dir().join(format!("mssql-ces-dbz-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let summary = pipeline::run(
-        Poller::new(
-            SyntheticSource::new(synthetic()),
-            PollerConfig {
-                batch_size: 30,
-                ..PollerConfig::default()
-            },
-            None,
-        ),
-        Box::new(|guid| EncoderOptions {
-            stream_guid: guid,
-            encoding: Encoding::Json,
-            final_event: FinalEventMode::LastInTransaction,
-            max_message_size: MessageSizeLimit::from_kb(1024).expect("valid"),
-        }),
-        router,
-        sink,
-        CheckpointStore::File(FileStore::new(dir.join("cp.json"), "dbz")),
-        until_idle(),
-        CancellationToken::new(),
-    )
-    .await
-    .expect("run");
-    std::fs::remove_dir_all(dir).ok();
-    summary
+    crate::common::run_synthetic(synthetic(), Encoding::Json, router, sink)
+        .await
+        .expect("run")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

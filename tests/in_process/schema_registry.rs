@@ -8,21 +8,18 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use apache_avro::types::Value as Avro;
-use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
+use mssql_ces::event::Encoding;
 use mssql_ces::event::debezium::DebeziumSettings;
-use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-use mssql_ces::pipeline::{self, PipelineError, RunSummary};
+use mssql_ces::pipeline::{PipelineError, RunSummary};
 use mssql_ces::sink::registry::{SchemaRegistrySettings, SubjectNameStrategy};
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
-use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::sim::synthetic::SyntheticConfig;
 use rdkafka::mocking::MockCluster;
 use support::kafka::{Consumed, consume};
 use support::registry::RegistryDouble;
-use tokio_util::sync::CancellationToken;
 
-use crate::kafka_pipeline::{kafka_sink_with, until_idle};
+use crate::kafka_pipeline::kafka_sink_with;
 
 fn synthetic(transactions: u64) -> SyntheticConfig {
     SyntheticConfig {
@@ -51,34 +48,8 @@ async fn run(
     router: Router,
     transactions: u64,
 ) -> Result<RunSummary, PipelineError> {
-    let dir = std::env::temp_dir().join(format!("mssql-ces-sr-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let store = CheckpointStore::File(FileStore::new(dir.join("cp.json"), "test"));
-    let poller = Poller::new(
-        SyntheticSource::new(synthetic(transactions)),
-        PollerConfig {
-            batch_size: 50,
-            ..PollerConfig::default()
-        },
-        None,
-    );
-    let result = pipeline::run(
-        poller,
-        Box::new(|guid| EncoderOptions {
-            stream_guid: guid,
-            encoding: Encoding::Avro,
-            final_event: FinalEventMode::LastInTransaction,
-            max_message_size: MessageSizeLimit::from_kb(1024).expect("valid"),
-        }),
-        router,
-        Sink::Kafka(kafka_sink_with(bootstrap, None)),
-        store,
-        until_idle(),
-        CancellationToken::new(),
-    )
-    .await;
-    std::fs::remove_dir_all(dir).ok();
-    result
+    let sink = Sink::Kafka(kafka_sink_with(bootstrap, None));
+    crate::common::run_synthetic(synthetic(transactions), Encoding::Avro, router, sink).await
 }
 
 /// The schema id and datum of a wire-format message.

@@ -108,25 +108,7 @@ impl Schema {
             out.push_str(",\"name\":");
             write_string(out, name);
         }
-        if let Some(version) = self.version {
-            let _ = write!(out, ",\"version\":{version}");
-        }
-        if !self.parameters.is_empty() {
-            out.push_str(",\"parameters\":{");
-            for (i, (k, v)) in self.parameters.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_string(out, k);
-                out.push(':');
-                write_string(out, v);
-            }
-            out.push('}');
-        }
-        if let Some(default) = &self.default {
-            out.push_str(",\"default\":");
-            out.push_str(default);
-        }
+        self.write_metadata(out, "");
         if let Some(field) = field {
             out.push_str(",\"field\":");
             write_string(out, field);
@@ -279,13 +261,14 @@ impl Schema {
         out.push('}');
     }
 
-    /// `connect.version`, `connect.parameters`, `connect.default`, `connect.name`.
-    fn write_avro_properties(&self, out: &mut String, name: &str) {
+    /// `version`, `parameters` and `default`, each when set, with their names
+    /// prefixed (`""` in JsonConverter's schema, `"connect."` in AvroData's).
+    fn write_metadata(&self, out: &mut String, prefix: &str) {
         if let Some(version) = self.version {
-            let _ = write!(out, ",\"connect.version\":{version}");
+            let _ = write!(out, ",\"{prefix}version\":{version}");
         }
         if !self.parameters.is_empty() {
-            out.push_str(",\"connect.parameters\":{");
+            let _ = write!(out, ",\"{prefix}parameters\":{{");
             for (i, (k, v)) in self.parameters.iter().enumerate() {
                 if i > 0 {
                     out.push(',');
@@ -297,9 +280,13 @@ impl Schema {
             out.push('}');
         }
         if let Some(default) = &self.default {
-            out.push_str(",\"connect.default\":");
-            out.push_str(default);
+            let _ = write!(out, ",\"{prefix}default\":{default}");
         }
+    }
+
+    /// `connect.version`, `connect.parameters`, `connect.default`, `connect.name`.
+    fn write_avro_properties(&self, out: &mut String, name: &str) {
+        self.write_metadata(out, "connect.");
         if !name.is_empty() {
             out.push_str(",\"connect.name\":");
             write_string(out, name);
@@ -574,5 +561,49 @@ mod tests {
             out,
             r#"{"type":"bytes","optional":true,"name":"org.apache.kafka.connect.data.Decimal","version":1,"parameters":{"scale":"3","connect.decimal.precision":"6"},"field":"val_decimal"}"#
         );
+    }
+
+    /// The strings Confluent's `AvroData` writes for these Connect schemas (its
+    /// code's order of properties; the Decimal and Timestamp ones as seen in
+    /// registries' answers quoted in kafka-connect-jdbc#788 and ksql#7031).
+    #[test]
+    fn avro_schemas_are_avrodatas() {
+        let decimal = Schema::of(Type::Bytes, false)
+            .named("org.apache.kafka.connect.data.Decimal", Some(1))
+            .parameter("scale", "2")
+            .parameter("connect.decimal.precision", "10");
+        assert_eq!(
+            decimal.avro_json(),
+            r#"{"type":"bytes","scale":2,"precision":10,"connect.version":1,"connect.parameters":{"scale":"2","connect.decimal.precision":"10"},"connect.name":"org.apache.kafka.connect.data.Decimal","logicalType":"decimal"}"#
+        );
+        let timestamp = Schema::of(Type::Int64, false)
+            .named("org.apache.kafka.connect.data.Timestamp", Some(1));
+        assert_eq!(
+            timestamp.avro_json(),
+            r#"{"type":"long","connect.version":1,"connect.name":"org.apache.kafka.connect.data.Timestamp","logicalType":"timestamp-millis"}"#
+        );
+        assert_eq!(
+            Schema::of(Type::Int16, false).avro_json(),
+            r#"{"type":"int","connect.type":"int16"}"#
+        );
+        let row = Schema::of(
+            Type::Struct(vec![
+                ("id".into(), Schema::of(Type::Int32, false)),
+                ("name".into(), Schema::of(Type::String, true)),
+            ]),
+            true,
+        )
+        .named("srv.db.dbo.t.Value", None);
+        let envelope = Schema::of(
+            Type::Struct(vec![("before".into(), row.clone()), ("after".into(), row)]),
+            false,
+        )
+        .named("srv.db.dbo.t.Envelope", Some(2));
+        assert_eq!(
+            envelope.avro_json(),
+            r#"{"type":"record","name":"Envelope","namespace":"srv.db.dbo.t","fields":[{"name":"before","type":["null",{"type":"record","name":"Value","fields":[{"name":"id","type":"int"},{"name":"name","type":["null","string"],"default":null}],"connect.name":"srv.db.dbo.t.Value"}],"default":null},{"name":"after","type":["null","Value"],"default":null}],"connect.version":2,"connect.name":"srv.db.dbo.t.Envelope"}"#
+        );
+        // And it is a schema apache-avro takes.
+        apache_avro::Schema::parse_str(&envelope.avro_json()).unwrap();
     }
 }

@@ -94,13 +94,7 @@ impl<S: ChangeSource> Poller<S> {
             return;
         }
         for t in tracked {
-            let columns = rules.describe(&t.context.table);
-            if !columns.is_empty() {
-                let columns = columns
-                    .iter()
-                    .map(|(c, what)| format!("{c} {what}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+            if let Some(columns) = rules.summary(&t.context.table) {
                 tracing::info!(table = %t.context.table.qualified_name(), %columns, "column rules");
             }
         }

@@ -341,7 +341,9 @@ fn encode_path(subject: &str) -> String {
 fn without_url(e: &reqwest::Error) -> String {
     let mut text = e.to_string();
     if let Some(url) = e.url() {
-        text = text.replace(url.as_str(), "");
+        text = text
+            .replace(&format!(" for url ({})", url.as_str()), "")
+            .replace(url.as_str(), "");
     }
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {

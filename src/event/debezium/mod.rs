@@ -383,6 +383,59 @@ mod tests {
         assert_eq!(encoder.open_transaction(), None);
     }
 
+    /// A restart inside a large transaction: the checkpoint's counts go on, no
+    /// second `BEGIN`, and `END` counts the events before the restart too.
+    #[test]
+    fn a_transaction_resumed_from_the_checkpoint_numbers_on() {
+        let mut change = john();
+        change.sequence_number = 6;
+        let open = OpenTransaction {
+            commit_lsn: change.commit_lsn,
+            total: 5,
+            tables: vec![("testDB.dbo.customers".into(), 5)],
+        };
+        let mut encoder = DebeziumEncoder::new(
+            Arc::new(DebeziumSettings {
+                provide_transaction_metadata: true,
+                ..server1()
+            }),
+            Uuid::nil(),
+            1 << 20,
+            Some(open),
+        );
+        let records = encoder.encode(&change).unwrap();
+        assert_eq!(records.len(), 2, "the event and END, no BEGIN");
+        let event: serde_json::Value =
+            serde_json::from_slice(records[0].value.as_ref().unwrap()).unwrap();
+        assert_eq!(event["payload"]["transaction"]["total_order"], 6);
+        assert_eq!(event["payload"]["transaction"]["data_collection_order"], 6);
+        let end: serde_json::Value =
+            serde_json::from_slice(records[1].value.as_ref().unwrap()).unwrap();
+        assert_eq!(end["payload"]["event_count"], 6);
+        assert_eq!(end["payload"]["data_collections"][0]["event_count"], 6);
+        // Mid-transaction the state is what a checkpoint keeps.
+        let mut middle = john();
+        middle.last_in_transaction = false;
+        let mut fresh = DebeziumEncoder::new(
+            Arc::new(DebeziumSettings {
+                provide_transaction_metadata: true,
+                ..server1()
+            }),
+            Uuid::nil(),
+            1 << 20,
+            None,
+        );
+        fresh.encode(&middle).unwrap();
+        assert_eq!(
+            fresh.open_transaction(),
+            Some(OpenTransaction {
+                commit_lsn: middle.commit_lsn,
+                total: 1,
+                tables: vec![("testDB.dbo.customers".into(), 1)],
+            })
+        );
+    }
+
     fn value_of(sql_type: SqlType, value: Value, settings: &DebeziumSettings) -> (String, String) {
         let column = column("v", sql_type, 0);
         let mut schema = String::new();

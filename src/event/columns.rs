@@ -587,6 +587,17 @@ mod tests {
     }
 
     #[test]
+    fn the_key_never_shows_in_debug_output() {
+        let rules = rules(vec![ColumnRuleSetting {
+            mask: Some(MaskSetting::Hash),
+            ..rule("*.*.Id")
+        }]);
+        let text = format!("{rules:?}");
+        assert!(text.contains("(secret)") && text.contains("Hash"), "{text}");
+        assert!(!text.contains("0123456789abcdef"), "{text}");
+    }
+
+    #[test]
     fn hashing_is_keyed_stable_and_leaves_null_alone() {
         let settings = vec![ColumnRuleSetting {
             mask: Some(MaskSetting::Hash),
@@ -658,6 +669,23 @@ mod tests {
         )
         .unwrap_err();
         assert!(no_key.to_string().starts_with("event.hash_key"), "{no_key}");
+        // The check before connecting says the same, without reading any secret;
+        // rules that hash nothing need no key.
+        let hashing = [ColumnRuleSetting {
+            mask: Some(MaskSetting::Hash),
+            ..rule("*.*.x")
+        }];
+        let err = ColumnRules::validate(&hashing, &SecretRef::default()).unwrap_err();
+        assert!(err.to_string().contains("needs a secret key"), "{err}");
+        let redacting = [ColumnRuleSetting {
+            mask: Some(MaskSetting::Redact),
+            ..rule("*.*.x")
+        }];
+        assert_eq!(
+            ColumnRules::validate(&redacting, &SecretRef::default()),
+            Ok(())
+        );
+        assert!(ColumnRules::validate(&[rule("dbo.T")], &SecretRef::default()).is_err());
         let cases = [
             (rule("dbo.T"), "event.columns[0].column"),
             (rule("*.*.x"), "says nothing to do"),

@@ -746,6 +746,18 @@ mod tests {
             rules.describe(&table),
             vec![("LastName".to_owned(), "excluded".to_owned())]
         );
+        assert_eq!(rules.summary(&table).as_deref(), Some("LastName excluded"));
+        let untouched = Arc::new(
+            TableDescription::new(
+                "d",
+                "dbo",
+                "T",
+                vec![column("Id", SqlType::Int, 0)],
+                vec![0],
+            )
+            .unwrap(),
+        );
+        assert_eq!(rules.summary(&untouched), None);
         assert_eq!(
             rules.unmatched(&cache.matched),
             vec![

@@ -22,7 +22,6 @@
 //! says what was done (`hashed(nvarchar(50))`, `redacted(…)`,
 //! `truncated(nvarchar(max),100)`), so a consumer can tell a masked value from data.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
@@ -457,7 +456,7 @@ impl TablePlan {
 /// pointer is never reused while it is a key here).
 #[derive(Debug, Default)]
 pub struct PlanCache {
-    plans: HashMap<usize, (Arc<TableDescription>, Option<Arc<TablePlan>>)>,
+    plans: crate::event::PerTable<Option<Arc<TablePlan>>>,
     /// Rules that matched some column of some table.
     pub matched: std::collections::BTreeSet<usize>,
 }
@@ -469,20 +468,14 @@ impl PlanCache {
         rules: &ColumnRules,
         table: &Arc<TableDescription>,
     ) -> Result<Option<Arc<TablePlan>>, ColumnRuleError> {
-        let key = Arc::as_ptr(table) as usize;
-        if let Some((_, plan)) = self.plans.get(&key) {
-            return Ok(plan.clone());
-        }
-        let plan = rules.plan(table)?.map(Arc::new);
-        if let Some(plan) = &plan {
-            self.matched.extend(plan.matched.iter().copied());
-        }
-        if self.plans.len() > 4096 {
-            // Descriptions are replaced when the catalog is read again: forget old ones.
-            self.plans.clear();
-        }
-        self.plans.insert(key, (Arc::clone(table), plan.clone()));
-        Ok(plan)
+        let matched = &mut self.matched;
+        self.plans.get_or_try_insert(table, || {
+            let plan = rules.plan(table)?.map(Arc::new);
+            if let Some(plan) = &plan {
+                matched.extend(plan.matched.iter().copied());
+            }
+            Ok(plan)
+        })
     }
 
     /// Applies the rules to each change in place.

@@ -16,6 +16,7 @@ pub mod avro;
 pub mod columns;
 pub mod debezium;
 pub mod json;
+mod per_table;
 pub mod readback;
 pub mod schema;
 pub mod segment;
@@ -28,6 +29,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::lsn::Lsn;
+pub use per_table::PerTable;
 pub use segment::MessageSizeLimit;
 pub use value::{Length, SqlType, Value};
 

@@ -61,8 +61,7 @@ pub(super) fn encode_batches(
     out: mpsc::Sender<Result<Encoded, PipelineError>>,
 ) {
     let mut factory = Some(factory);
-    let mut encoder: Option<Encoder> = None;
-    let mut debezium = None;
+    let mut format: Option<Format> = None;
     let mut registrar = match router.registry() {
         Some((settings, patience)) => match super::registry::Registrar::new(settings, *patience) {
             Ok(registrar) => Some(registrar),
@@ -85,20 +84,20 @@ pub(super) fn encode_batches(
                 return;
             }
         };
-        if encoder.is_none()
+        if format.is_none()
             && let Some(factory) = factory.take()
         {
             let options = factory(database_guid);
-            debezium =
-                router.debezium_encoder(options.stream_guid, options.max_message_size.bytes());
-            encoder = Some(Encoder::new(options).data_only(router.binary()));
+            format = Some(
+                match router.debezium_encoder(options.stream_guid, options.max_message_size.bytes())
+                {
+                    Some(debezium) => Format::Debezium(Box::new(debezium)),
+                    None => Format::Ces(Encoder::new(options).data_only(router.binary())),
+                },
+            );
         }
-        let Some(encoder) = encoder.as_ref() else {
+        let Some(format) = format.as_mut() else {
             continue;
-        };
-        let format = match debezium.as_mut() {
-            Some(debezium) => Format::Debezium(debezium),
-            None => Format::Ces(encoder),
         };
         let result = encode_batch(format, &router, registrar.as_mut(), batch, &out);
         match result {
@@ -112,14 +111,14 @@ pub(super) fn encode_batches(
     }
 }
 
-/// The envelope a batch's events are written in.
-pub(super) enum Format<'a> {
-    Ces(&'a Encoder),
+/// The envelope events are written in, with its encoder.
+pub(super) enum Format {
+    Ces(Encoder),
     /// Debezium's: stateful (serial numbers, the open transaction).
-    Debezium(&'a mut crate::event::debezium::DebeziumEncoder),
+    Debezium(Box<crate::event::debezium::DebeziumEncoder>),
 }
 
-impl Format<'_> {
+impl Format {
     /// The messages of a schema-change event.
     fn schema_messages(
         &mut self,
@@ -165,12 +164,11 @@ impl Format<'_> {
             }
             Format::Debezium(encoder) => {
                 let mut records = encoder.encode(change)?;
+                let topic = router.debezium_topic(&change.table);
                 if let Some(registrar) = registrar {
-                    let topic =
-                        crate::event::debezium::sanitize_topic(&router.topic(&change.table));
                     registrar.debezium(&mut records, &topic)?;
                 }
-                Ok((router.route_records(change, records), 0))
+                Ok((router.route_records(change, records, &topic), 0))
             }
         }
     }
@@ -178,7 +176,7 @@ impl Format<'_> {
 
 /// Encodes one batch into chunks; false once the send loop no longer listens.
 pub(super) fn encode_batch(
-    mut format: Format<'_>,
+    format: &mut Format,
     router: &Router,
     mut registrar: Option<&mut super::registry::Registrar>,
     mut batch: Batch,
@@ -226,7 +224,7 @@ pub(super) fn encode_batch(
         counts.set_last_commit(change.commit_time, change.commit_lsn);
         change.commit_time
     });
-    if let Format::Debezium(encoder) = &format {
+    if let Format::Debezium(encoder) = format {
         // Where a large transaction stands, for a restart inside it.
         batch.position.open_transaction = encoder.open_transaction();
     }

@@ -567,7 +567,14 @@ mod tests {
             let changes = batch.changes.len() as u64;
             let (tx, mut rx) = mpsc::channel(1_000);
             assert!(
-                encode_batch(encode::Format::Ces(&encoder), &router, None, batch, &tx).unwrap()
+                encode_batch(
+                    &mut encode::Format::Ces(encoder.clone()),
+                    &router,
+                    None,
+                    batch,
+                    &tx
+                )
+                .unwrap()
             );
             drop(tx);
             let mut chunks = Vec::new();
@@ -610,7 +617,7 @@ mod tests {
         drop(rx);
         assert!(
             !encode_batch(
-                encode::Format::Ces(&encoder()),
+                &mut encode::Format::Ces(encoder()),
                 &router(),
                 None,
                 batch(0),

@@ -59,9 +59,9 @@ impl Router {
         records
             .into_iter()
             .map(|record| OutgoingMessage {
-                topic: crate::event::debezium::sanitize_topic(
-                    &record.topic.unwrap_or_else(|| self.schema_topic.clone()),
-                ),
+                topic: record
+                    .topic
+                    .unwrap_or_else(|| crate::event::debezium::sanitize_topic(&self.schema_topic)),
                 key: record.key,
                 partition_hint: None,
                 headers: record.headers,
@@ -72,16 +72,22 @@ impl Router {
             .collect()
     }
 
-    /// The messages of a change's Debezium records: the table's topic (or the
-    /// record's own), the key as the record has it; with no key, one partition per
-    /// change so that its records stay in order.
+    /// A table's topic as Debezium names it: the template expanded, characters
+    /// Kafka does not allow replaced by `_`.
+    pub fn debezium_topic(&self, table: &crate::event::TableDescription) -> String {
+        crate::event::debezium::sanitize_topic(&self.topic(table))
+    }
+
+    /// The messages of a change's Debezium records: `table_topic`
+    /// ([`debezium_topic`](Self::debezium_topic)) or the record's own, the key as
+    /// the record has it; with no key, one partition per change so that its
+    /// records stay in order.
     pub fn route_records(
         &self,
         change: &Change,
         records: Vec<crate::event::debezium::Record>,
+        table_topic: &str,
     ) -> Vec<OutgoingMessage> {
-        // Debezium's names: characters Kafka does not allow become `_`.
-        let table_topic = crate::event::debezium::sanitize_topic(&self.topic(&change.table));
         records
             .into_iter()
             .map(|record| {
@@ -89,10 +95,7 @@ impl Router {
                     fnv1a(format!("{} {}", change.commit_lsn, change.sequence_number).as_bytes())
                 });
                 OutgoingMessage {
-                    topic: record
-                        .topic
-                        .map(|t| crate::event::debezium::sanitize_topic(&t))
-                        .unwrap_or_else(|| table_topic.clone()),
+                    topic: record.topic.unwrap_or_else(|| table_topic.to_owned()),
                     key: record.key,
                     partition_hint,
                     headers: record.headers,

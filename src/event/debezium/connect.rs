@@ -431,37 +431,23 @@ pub fn write_string(out: &mut String, s: &str) {
 /// Java's `Double.toString` (shortest digits that read back, as Java 19 and later
 /// print them), or the quoted names Jackson writes for NaN and the infinities.
 pub fn write_double(out: &mut String, v: f64) {
-    if !v.is_finite() {
-        out.push_str(non_finite(v.is_nan(), v > 0.0));
-        return;
-    }
-    java_decimal(
-        out,
-        v == 0.0,
-        v.is_sign_negative(),
-        &format!("{:e}", v.abs()),
-    );
+    write_java_number(out, v, &format!("{:e}", v.abs()));
 }
 
-/// Java's `Float.toString`, as [`write_double`].
+/// Java's `Float.toString`, as [`write_double`]: the float's own shortest digits.
 pub fn write_float(out: &mut String, v: f32) {
-    if !v.is_finite() {
-        out.push_str(non_finite(v.is_nan(), v > 0.0));
-        return;
-    }
-    java_decimal(
-        out,
-        v == 0.0,
-        v.is_sign_negative(),
-        &format!("{:e}", v.abs()),
-    );
+    // Widening keeps NaN, the infinities, zero and the sign: only the digits
+    // must be the float's.
+    write_java_number(out, f64::from(v), &format!("{:e}", v.abs()));
 }
 
-fn non_finite(nan: bool, positive: bool) -> &'static str {
-    match (nan, positive) {
-        (true, _) => "\"NaN\"",
-        (false, true) => "\"Infinity\"",
-        (false, false) => "\"-Infinity\"",
+/// `v`, whose shortest digits are `scientific` (`d.ddde±x`), as Java prints it.
+fn write_java_number(out: &mut String, v: f64, scientific: &str) {
+    match (v.is_nan(), v.is_finite(), v > 0.0) {
+        (true, _, _) => out.push_str("\"NaN\""),
+        (false, false, true) => out.push_str("\"Infinity\""),
+        (false, false, false) => out.push_str("\"-Infinity\""),
+        (false, true, _) => java_decimal(out, v == 0.0, v.is_sign_negative(), scientific),
     }
 }
 

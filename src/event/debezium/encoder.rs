@@ -1,7 +1,6 @@
 //! The encoder: one change to its Debezium records, with the state numbering
 //! needs across events.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use uuid::Uuid;
@@ -23,7 +22,7 @@ pub struct DebeziumEncoder {
     pub(super) settings: Arc<DebeziumSettings>,
     pub(super) stream_guid: Uuid,
     pub(super) max_message_size: usize,
-    pub(super) tables: HashMap<usize, (Arc<TableDescription>, Arc<TableSchemas>)>,
+    pub(super) tables: crate::event::PerTable<Arc<TableSchemas>>,
     pub(super) last_change: Option<(Lsn, Lsn)>,
     pub(super) serial: i64,
     pub(super) transaction: Option<OpenTransaction>,
@@ -50,7 +49,7 @@ impl DebeziumEncoder {
             settings,
             stream_guid,
             max_message_size,
-            tables: HashMap::new(),
+            tables: Default::default(),
             last_change: None,
             serial: 0,
             transaction: open,
@@ -90,17 +89,9 @@ impl DebeziumEncoder {
     }
 
     fn schemas(&mut self, table: &Arc<TableDescription>) -> Arc<TableSchemas> {
-        let key = Arc::as_ptr(table) as usize;
-        if let Some((_, schemas)) = self.tables.get(&key) {
-            return Arc::clone(schemas);
-        }
-        let schemas = Arc::new(build_schemas(table, &self.settings));
-        if self.tables.len() > 4096 {
-            self.tables.clear();
-        }
+        let settings = &self.settings;
         self.tables
-            .insert(key, (Arc::clone(table), Arc::clone(&schemas)));
-        schemas
+            .get_or_insert(table, || Arc::new(build_schemas(table, settings)))
     }
 
     /// The records of one change, in order (transaction events included).

@@ -146,7 +146,7 @@ pub enum DebeziumError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// `None`: the change's table's topic (the router's); `Some`: the
-    /// transaction topic.
+    /// transaction or schema-change topic, final (as Debezium sanitizes names).
     pub topic: Option<String>,
     /// The key's JSON; `None` for a table without a key.
     pub key: Option<Vec<u8>>,

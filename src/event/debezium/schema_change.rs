@@ -242,12 +242,12 @@ impl super::DebeziumEncoder {
             0,
         );
         Ok(Record {
-            topic: Some(crate::event::expand_names(
+            topic: Some(super::sanitize_topic(&crate::event::expand_names(
                 &self.schema_topic,
                 &change.database,
                 &change.schema,
                 &change.table,
-            )),
+            ))),
             key: Some(self.serialize(&shapes.0, &key)?),
             value: Some(self.serialize(&shapes.1, &value)?),
             headers: vec![("id", id.hyphenated().to_string().into_bytes())],

@@ -7,7 +7,7 @@ use super::connect::write_string;
 use super::encoder::DebeziumEncoder;
 use super::payload::{TimeField, push_times};
 use super::schemas::Shape;
-use super::{AvroSchemas, OpenTransaction, Record, lsn_text};
+use super::{AvroSchemas, OpenTransaction, Record, lsn_text, sanitize_topic};
 use crate::event::Change;
 
 impl DebeziumEncoder {
@@ -103,7 +103,7 @@ impl DebeziumEncoder {
                 .unwrap_or_else(|_| payload.as_bytes().to_vec())
         };
         Record {
-            topic: Some(self.settings.transaction_topic()),
+            topic: Some(sanitize_topic(&self.settings.transaction_topic())),
             key: Some(bytes(key_shape, &key)),
             value: Some(bytes(value_shape, &value)),
             headers: vec![("id", message_id.hyphenated().to_string().into_bytes())],

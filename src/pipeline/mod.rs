@@ -18,11 +18,13 @@
 //!   `ENCODED_CHUNKS_AHEAD` chunks of encoded messages waiting to be sent, and
 //!   [`IN_FLIGHT_BATCHES`] batches awaiting acknowledgement; the sink's queue applies
 //!   backpressure to `send`.
-//! - Shutdown (the token is cancelled) stops at once wherever the loop waits (a full
-//!   producer queue, a free in-flight slot, a sink's batch send), waits up to the drain
-//!   timeout for outstanding acknowledgements, and writes the final checkpoint of what
-//!   was delivered: the whole shutdown is bounded by the drain timeout, brokers down or
-//!   not.
+//! - Shutdown (the token is cancelled) stops at once between batches; a batch begun
+//!   is finished (its messages are in the producer's queue and are delivered
+//!   anyway), except that every wait (a full producer queue, a free in-flight slot, a
+//!   sink's batch send) ends at the drain timeout from the signal. Then it waits up to
+//!   the same deadline for outstanding acknowledgements and writes the final
+//!   checkpoint of what was delivered: the whole shutdown is bounded by the drain
+//!   timeout, brokers down or not.
 //! - A source task that ends on its own (a panic, a closed channel) fails the run with
 //!   the cause; only a shutdown or `until_idle` ends it cleanly.
 //! - Checkpoint-store faults that can pass (deadlock victim, failover, a reset
@@ -221,7 +223,14 @@ pub async fn run<B: BatchSource>(
         Arc::clone(&metrics),
     );
     let signalled = shutdown.clone();
-    let mut sender = Sender::new(sink, tx, metrics, (shutdown, failed), lease);
+    let mut sender = Sender::new(
+        sink,
+        tx,
+        metrics,
+        (shutdown, failed),
+        lease,
+        settings.drain_timeout,
+    );
     let outcome = sender.run(&mut upstream.encoded).await;
     let Sender {
         sink,
@@ -230,6 +239,7 @@ pub async fn run<B: BatchSource>(
         deliveries,
         source_vanished,
         idle,
+        cut,
         ..
     } = sender;
     // What was sent of a batch cut short is not acknowledged here: it is sent again
@@ -242,7 +252,11 @@ pub async fn run<B: BatchSource>(
     } else {
         settings.drain_timeout
     };
-    let deadline = tokio::time::Instant::now() + drain;
+    // A shutdown's bound counts from the signal: finishing the batch begun took
+    // part of it.
+    let from_now = tokio::time::Instant::now() + drain;
+    let deadline = cut.deadline().map_or(from_now, |bound| bound.min(from_now));
+    drop(cut);
     let source_failure = upstream.stop(source_vanished).await;
     // Stop feeding the acker; let it finish what is in flight, within the bound.
     drop(tx);

@@ -1,6 +1,12 @@
 //! The send loop: hands each chunk's messages to the sink (waiting on a full queue,
-//! never past a shutdown) and each finished batch, with its deliveries, to the
-//! acker; logs progress.
+//! never past a shutdown's drain bound) and each finished batch, with its
+//! deliveries, to the acker; logs progress.
+//!
+//! A shutdown between batches stops the loop at once. A batch begun is finished
+//! first, up to the drain timeout from the signal: its messages are in the
+//! producer's queue and will be delivered whether or not it is checkpointed, so
+//! cutting it would leave delivered events behind the checkpoint (re-sent on the
+//! next start). Past the drain timeout it is cut all the same (brokers down).
 
 use super::*;
 use acker::LEASE_TRUSTED_FOR;
@@ -12,6 +18,9 @@ pub(super) struct Sender {
     pub(super) tx: mpsc::Sender<Pending>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) shutdown: CancellationToken,
+    /// Cancelled `shutdown.drain_timeout_ms` after the shutdown: what stops a batch
+    /// begun.
+    pub(super) cut: Cut,
     /// Cancelled when the acker failed.
     pub(super) failed: CancellationToken,
     pub(super) summary: RunSummary,
@@ -35,11 +44,13 @@ impl Sender {
         metrics: Arc<Metrics>,
         (shutdown, failed): (CancellationToken, CancellationToken),
         lease: tokio::sync::watch::Receiver<LeaseView>,
+        drain_timeout: Duration,
     ) -> Self {
         Sender {
             sink,
             tx,
             metrics,
+            cut: Cut::after(&shutdown, drain_timeout),
             shutdown,
             failed,
             summary: RunSummary::default(),
@@ -52,10 +63,21 @@ impl Sender {
         }
     }
 
+    /// What ends a wait of the loop: the shutdown between batches; within a batch
+    /// begun, the drain timeout after it.
+    fn stop(&self) -> CancellationToken {
+        if self.batch_started.is_some() {
+            self.cut.token.clone()
+        } else {
+            self.shutdown.clone()
+        }
+    }
+
     /// Waits, when the lease lapses with a session, until its last confirmation is
     /// recent: a process that may have lost its stream to a standby hands nothing
     /// more to the sink. `false` when the run is to stop.
     async fn lease_confirmed(&mut self) -> bool {
+        let stop = self.stop();
         let mut waited: Option<tokio::time::Instant> = None;
         loop {
             let view = *self.lease.borrow_and_update();
@@ -84,7 +106,7 @@ impl Sender {
                         return false; // the acker is gone: its error ends the run
                     }
                 }
-                () = self.shutdown.cancelled() => return false,
+                () = stop.cancelled() => return false,
                 () = self.failed.cancelled() => return false,
             }
         }
@@ -97,9 +119,10 @@ impl Sender {
         encoded: &mut mpsc::Receiver<Result<Encoded, PipelineError>>,
     ) -> Result<(), PipelineError> {
         loop {
+            let stop = self.stop();
             let item = tokio::select! {
                 item = encoded.recv() => item,
-                () = self.shutdown.cancelled() => return Ok(()),
+                () = stop.cancelled() => return Ok(()),
                 () = self.failed.cancelled() => return Ok(()),
             };
             let chunk = match item {
@@ -138,19 +161,19 @@ impl Sender {
         if self.batch_started.is_none() {
             self.batch_started = Some(tokio::time::Instant::now());
         }
+        let stop = self.stop();
         for message in chunk.messages {
             // The lease's bound holds per message: a send that waited on a full
             // queue past it does not hand the rest of the chunk over unconfirmed.
             if !self.lease_confirmed().await {
                 return Ok(false);
             }
-            // A full producer queue (brokers down) must not hold a shutdown.
-            // `biased`: a send that can complete does, so a shutdown cuts a batch
-            // short only while the queue is really full.
+            // A full producer queue (brokers down) must not hold a shutdown past
+            // its drain timeout.
             let delivery = tokio::select! {
                 biased;
                 delivery = self.sink.send(message) => delivery.map_err(counted)?,
-                () = self.shutdown.cancelled() => return Ok(false),
+                () = stop.cancelled() => return Ok(false),
                 () = self.failed.cancelled() => return Ok(false),
             };
             self.deliveries.push(delivery);
@@ -161,7 +184,7 @@ impl Sender {
         tokio::select! {
             biased;
             ended = self.sink.end_batch() => ended.map_err(counted)?,
-            () = self.shutdown.cancelled() => return Ok(false),
+            () = stop.cancelled() => return Ok(false),
             () = self.failed.cancelled() => return Ok(false),
         }
         self.progress.last_commit = end.last_commit.or(self.progress.last_commit);
@@ -186,7 +209,7 @@ impl Sender {
         let sent = tokio::select! {
             biased;
             sent = self.tx.send(pending) => sent,
-            () = self.shutdown.cancelled() => return Ok(false),
+            () = stop.cancelled() => return Ok(false),
             // The acker failed: it may be retrying its last checkpoint, and the
             // drain deadline that bounds that starts only once this loop ends.
             () = self.failed.cancelled() => return Ok(false),
@@ -243,3 +266,48 @@ impl Progress {
 
 /// How often a busy run logs a progress line.
 pub(super) const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// A token cancelled a fixed time after a shutdown, and when that was; its watcher
+/// ends with it.
+pub(super) struct Cut {
+    pub(super) token: CancellationToken,
+    /// When the shutdown was seen.
+    signalled_at: Arc<std::sync::OnceLock<tokio::time::Instant>>,
+    bound: Duration,
+    _watcher: tokio_util::sync::DropGuard,
+}
+
+impl Cut {
+    fn after(shutdown: &CancellationToken, bound: Duration) -> Self {
+        let token = CancellationToken::new();
+        let ended = CancellationToken::new();
+        let signalled_at = Arc::new(std::sync::OnceLock::new());
+        tokio::spawn({
+            let (shutdown, token, ended) = (shutdown.clone(), token.clone(), ended.clone());
+            let signalled_at = Arc::clone(&signalled_at);
+            async move {
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = ended.cancelled() => return,
+                }
+                let at = tokio::time::Instant::now();
+                signalled_at.get_or_init(|| at);
+                tokio::select! {
+                    () = tokio::time::sleep_until(at + bound) => token.cancel(),
+                    () = ended.cancelled() => {}
+                }
+            }
+        });
+        Cut {
+            token,
+            signalled_at,
+            bound,
+            _watcher: ended.drop_guard(),
+        }
+    }
+
+    /// When the shutdown's drain bound ends, if the watcher has seen it.
+    pub(super) fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.signalled_at.get().map(|at| *at + self.bound)
+    }
+}

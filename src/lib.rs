@@ -46,6 +46,7 @@ pub mod backoff;
 pub mod check;
 pub mod checkpoint;
 pub mod config;
+pub mod databases;
 pub mod event;
 pub mod lsn;
 pub mod metrics;

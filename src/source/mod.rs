@@ -22,6 +22,7 @@ pub mod load;
 pub mod merge;
 pub mod poller;
 pub mod queries;
+pub mod server;
 pub mod shape;
 pub mod sim;
 pub mod sqlserver;

@@ -23,6 +23,7 @@ mod initial_load;
 mod kafka_pipeline;
 mod kafka_sasl;
 mod managed_capture;
+mod many_databases;
 mod pipeline_faults;
 mod query_cost;
 mod readback;

@@ -252,6 +252,21 @@ impl CdcSimulator {
         self.lock().faults.push_back(error);
     }
 
+    /// The max LSN and catalog fingerprint, as a server-level probe reads them
+    /// (not a round trip of this database's own).
+    pub fn peek_max_lsn(&self) -> crate::source::MaxLsn {
+        let state = self.lock();
+        crate::source::MaxLsn {
+            lsn: state.max_lsn(),
+            catalog_version: state.version,
+        }
+    }
+
+    /// Whether CDC is enabled on the database (`sys.databases.is_cdc_enabled`).
+    pub fn cdc_enabled(&self) -> bool {
+        self.lock().server.cdc_enabled
+    }
+
     /// Calls made through [`ChangeSource`] so far (each is one round trip).
     pub fn round_trips(&self) -> usize {
         self.lock().round_trips

@@ -55,6 +55,8 @@ mod controls;
 mod ddl;
 pub use ddl::SimDdlError;
 pub mod order;
+#[cfg(any(test, feature = "testing"))]
+pub mod server;
 mod source;
 pub mod synthetic;
 mod transaction;

@@ -1,0 +1,190 @@
+//! One server, many databases: which CDC-enabled databases there are, and each one's
+//! max LSN and catalog fingerprint in a few round trips for all of them, so that an
+//! idle database costs a share of one query per poll rather than a query of its own.
+//!
+//! Debezium reads several databases of one server (`database.names`) with three-part
+//! names (`SELECT [db].sys.fn_cdc_get_max_lsn()`, `SqlServerConnection`), one query
+//! per database per iteration; [`probe_sql`] puts up to [`PROBE_CHUNK`] such selects
+//! in one `UNION ALL`.
+
+use std::future::Future;
+
+use crate::mssql::SqlConnection;
+use crate::source::catalog::{self, NamedRow};
+use crate::source::sqlserver::catalog_error;
+use crate::source::{MaxLsn, SourceError};
+
+/// The databases the login can stream: CDC enabled, online, and open to it.
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-databases-transact-sql>
+/// (`is_cdc_enabled`, `state` 0 = ONLINE) and `HAS_DBACCESS`
+/// (<https://learn.microsoft.com/sql/t-sql/functions/has-dbaccess-transact-sql>).
+pub const CDC_DATABASES: &str = "SELECT name FROM sys.databases \
+WHERE is_cdc_enabled = 1 AND state = 0 AND HAS_DBACCESS(name) = 1 ORDER BY name;";
+
+/// One database's part of the probe: the catalog fingerprint of `MAX_LSN`, with
+/// `{db}` the bracketed database name and `@P{n}` its name as text.
+pub const PROBE_DATABASE: &str = "SELECT @P{n} AS database_name, \
+{db}.sys.fn_cdc_get_max_lsn() AS max_lsn, \
+(SELECT CHECKSUM_AGG(CHECKSUM(ct.capture_instance, ct.object_id, ct.start_lsn)) \
+FROM {db}.cdc.change_tables AS ct) AS tables_checksum, \
+(SELECT COUNT_BIG(*) FROM {db}.cdc.change_tables) AS tables_count, \
+(SELECT COUNT_BIG(*) FROM {db}.cdc.ddl_history) AS ddl_count";
+
+/// Databases per probe query: a query of this many three-part selects stays small
+/// (about 25 KB of text) and its failure, one database offline, is narrowed down
+/// database by database only then.
+pub const PROBE_CHUNK: usize = 100;
+
+/// A database name as a bracketed identifier (`]` doubled).
+pub fn bracketed(name: &str) -> String {
+    format!("[{}]", name.replace(']', "]]"))
+}
+
+/// The probe of `databases`, their names bound as `@P1…` in order.
+pub fn probe_sql(databases: &[String]) -> String {
+    let parts: Vec<String> = databases
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            PROBE_DATABASE
+                .replace("{n}", &(i + 1).to_string())
+                .replace("{db}", &bracketed(name))
+        })
+        .collect();
+    parts.join(" UNION ALL ") + ";"
+}
+
+/// What one database answered to the probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseProbe {
+    pub database: String,
+    /// Its max LSN and catalog fingerprint, or why it could not be read.
+    pub state: Result<MaxLsn, String>,
+}
+
+/// A server of many CDC-enabled databases.
+pub trait DatabaseServer: Send {
+    /// The databases that can be streamed now, by name.
+    fn cdc_databases(&mut self) -> impl Future<Output = Result<Vec<String>, SourceError>> + Send;
+
+    /// One probe query: the max LSN and catalog fingerprint of each of `chunk`, or
+    /// the error of the whole query.
+    fn probe_chunk(
+        &mut self,
+        chunk: &[String],
+    ) -> impl Future<Output = Result<Vec<DatabaseProbe>, SourceError>> + Send;
+
+    /// Every database's max LSN and catalog fingerprint, [`PROBE_CHUNK`] to a query.
+    /// One database that cannot be read (offline, closed to the login) fails its
+    /// chunk's query; that chunk is then asked database by database, and the one
+    /// is answered as such while the others are still answered. A transient fault
+    /// (the connection) fails the probe.
+    fn probe(
+        &mut self,
+        databases: &[String],
+    ) -> impl Future<Output = Result<Vec<DatabaseProbe>, SourceError>> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            let mut answers = Vec::with_capacity(databases.len());
+            for chunk in databases.chunks(PROBE_CHUNK) {
+                match self.probe_chunk(chunk).await {
+                    Ok(found) => answers.extend(found),
+                    Err(e) if e.is_transient() => return Err(e),
+                    Err(e) if chunk.len() == 1 => answers.push(DatabaseProbe {
+                        database: chunk[0].clone(),
+                        state: Err(e.to_string()),
+                    }),
+                    Err(_) => {
+                        for name in chunk {
+                            match self.probe_chunk(std::slice::from_ref(name)).await {
+                                Ok(found) => answers.extend(found),
+                                Err(e) if e.is_transient() => return Err(e),
+                                Err(e) => answers.push(DatabaseProbe {
+                                    database: name.clone(),
+                                    state: Err(e.to_string()),
+                                }),
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(answers)
+        }
+    }
+}
+
+/// SQL Server: one connection, three-part names.
+pub struct SqlServerDatabases {
+    conn: SqlConnection,
+}
+
+impl SqlServerDatabases {
+    pub fn new(conn: SqlConnection) -> Self {
+        SqlServerDatabases { conn }
+    }
+}
+
+impl DatabaseServer for SqlServerDatabases {
+    async fn cdc_databases(&mut self) -> Result<Vec<String>, SourceError> {
+        let rows = self.conn.query(CDC_DATABASES, &[]).await?;
+        rows.into_iter()
+            .map(|row| NamedRow::new(row).string("name").map_err(catalog_error))
+            .collect()
+    }
+
+    async fn probe_chunk(&mut self, chunk: &[String]) -> Result<Vec<DatabaseProbe>, SourceError> {
+        let sql = probe_sql(chunk);
+        let params: Vec<&dyn tiberius::ToSql> =
+            chunk.iter().map(|n| n as &dyn tiberius::ToSql).collect();
+        let rows = self.conn.query(&sql, &params).await?;
+        rows.into_iter()
+            .map(|row| {
+                let mut row = NamedRow::new(row);
+                let database = row.string("database_name").map_err(catalog_error)?;
+                let lsn = row.opt_lsn("max_lsn").map_err(catalog_error)?;
+                let catalog_version = catalog::fingerprint(&mut row).map_err(catalog_error)?;
+                Ok(DatabaseProbe {
+                    database,
+                    state: Ok(MaxLsn {
+                        lsn: lsn.filter(|l| !l.is_zero()),
+                        catalog_version,
+                    }),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_bracketed_with_closing_brackets_doubled() {
+        assert_eq!(bracketed("Tenant 1"), "[Tenant 1]");
+        assert_eq!(bracketed("a]b"), "[a]]b]");
+    }
+
+    #[test]
+    fn the_probe_selects_each_database_by_its_three_part_name_and_binds_its_name() {
+        let sql = probe_sql(&["a".into(), "b]c".into()]);
+        assert_eq!(sql.matches(" UNION ALL ").count(), 1);
+        assert!(sql.contains("SELECT @P1 AS database_name, [a].sys.fn_cdc_get_max_lsn()"));
+        assert!(sql.contains("SELECT @P2 AS database_name, [b]]c].sys.fn_cdc_get_max_lsn()"));
+        assert!(sql.contains("FROM [b]]c].cdc.ddl_history"));
+        assert!(sql.ends_with(';'));
+    }
+
+    #[test]
+    fn the_probe_and_discovery_parse_as_t_sql() {
+        use sqlparser::dialect::MsSqlDialect;
+        use sqlparser::parser::Parser;
+        let names: Vec<String> = (0..PROBE_CHUNK).map(|i| format!("Tenant{i}")).collect();
+        for sql in [CDC_DATABASES.to_owned(), probe_sql(&names)] {
+            Parser::parse_sql(&MsSqlDialect {}, &sql)
+                .unwrap_or_else(|e| panic!("{e}: {}", &sql[..sql.len().min(200)]));
+        }
+    }
+}

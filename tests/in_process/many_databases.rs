@@ -1,0 +1,430 @@
+//! Many databases in one process, against the simulated server (`SimServer`: many
+//! `CdcSimulator` databases and a count of the server-level queries). Each
+//! activation is the real single-database pipeline into a file per database, with
+//! its checkpoint in memory, so "every event exactly once" is read off the files.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use mssql_ces::checkpoint::CheckpointStore;
+use mssql_ces::checkpoint::memory::MemoryStore;
+use mssql_ces::databases::{ManySettings, ManyStatus, StreamRunner, Supervisor};
+use mssql_ces::event::value::{Length, SqlType, Value};
+use mssql_ces::pipeline::{self, PipelineSettings};
+use mssql_ces::sink::Sink;
+use mssql_ces::sink::stream::{Resume, StreamSink};
+use mssql_ces::source::poller::{Poller, PollerConfig};
+use mssql_ces::source::server::PROBE_CHUNK;
+use mssql_ces::source::sim::server::SimServer;
+use mssql_ces::source::sim::{CdcSimulator, SimColumn};
+use tokio_util::sync::CancellationToken;
+
+use crate::pipeline_faults::{factory, router};
+
+/// Runs a database of the simulated server through the pipeline into
+/// `<dir>/<db>.jsonl`, resuming from its checkpoint in memory.
+struct SimRunner {
+    server: SimServer,
+    dir: std::path::PathBuf,
+    stores: Mutex<HashMap<String, MemoryStore>>,
+}
+
+impl StreamRunner for SimRunner {
+    type Error = String;
+
+    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), String> {
+        let sim = self
+            .server
+            .database(&database)
+            .ok_or_else(|| format!("{database}: no such database"))?;
+        let store = self
+            .stores
+            .lock()
+            .expect("stores")
+            .entry(database.clone())
+            .or_default()
+            .clone();
+        let position = store.position();
+        let sink = StreamSink::file(
+            self.dir.join(format!("{database}.jsonl")),
+            mssql_ces::event::Encoding::Json,
+            Resume::from_checkpoint(position.as_ref()),
+        )
+        .map_err(|e| e.to_string())?;
+        pipeline::run(
+            Poller::new(sim, PollerConfig::default(), position),
+            factory(),
+            router(),
+            Sink::Stream(sink),
+            CheckpointStore::Memory(store),
+            PipelineSettings {
+                poll_interval: Duration::from_millis(5),
+                checkpoint_interval: Duration::from_millis(20),
+                drain_timeout: Duration::from_secs(5),
+                idle_drain_timeout: Duration::from_secs(5),
+                until_idle: true,
+                metrics: Default::default(),
+            },
+            stop,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// A CDC database with `dbo.T (Id int, Name nvarchar(50))` captured.
+fn database(name: &str, guid: u128) -> CdcSimulator {
+    let sim = CdcSimulator::new(name, uuid::Uuid::from_u128(guid), 0);
+    sim.create_table(
+        "dbo",
+        "T",
+        vec![
+            SimColumn::new("Id", SqlType::Int),
+            SimColumn::new("Name", SqlType::NVarChar(Length::Bounded(50))),
+        ],
+        &["Id"],
+    );
+    sim.enable_table("dbo.T", None).expect("enable");
+    sim
+}
+
+/// Inserts row `id` named `<db>-<id>`.
+fn insert(sim: &CdcSimulator, db: &str, id: i32) {
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(id), Value::Text(format!("{db}-{id}"))],
+        )
+        .commit()
+        .expect("commit");
+}
+
+/// The rows named in `db`'s file, in order (each line one event).
+fn delivered(dir: &std::path::Path, db: &str) -> Vec<i32> {
+    let text = std::fs::read_to_string(dir.join(format!("{db}.jsonl"))).unwrap_or_default();
+    let marker = format!("{db}-");
+    text.lines()
+        .map(|line| {
+            let at = line.find(&marker).expect("a row name in the event");
+            line[at + marker.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .expect("row id")
+        })
+        .collect()
+}
+
+fn settings(patterns: &[&str]) -> ManySettings {
+    ManySettings {
+        patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
+        discovery_interval: Duration::from_millis(50),
+        poll_interval: Duration::from_millis(10),
+        max_active: 4,
+        quantum: Duration::from_secs(30),
+        until_idle: false,
+    }
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mssql-ces-many-{name}-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    dir
+}
+
+/// Waits until `status` satisfies `until`, up to 60 s.
+async fn wait_for(
+    status: &mut tokio::sync::watch::Receiver<ManyStatus>,
+    what: &str,
+    until: impl Fn(&ManyStatus) -> bool,
+) -> ManyStatus {
+    let wait = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| until(s)))
+        .await
+        .map(|r| r.map(|s| s.clone()));
+    match wait {
+        Ok(Ok(s)) => s,
+        _ => panic!("{what}: {:?}", *status.borrow()),
+    }
+}
+
+/// 1,000 idle databases: after the first pass (each read once), a poll costs one
+/// probe query per 100 databases and not one query of any database's own; a change
+/// in one database activates that one alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_idle_databases_cost_one_probe_query_per_hundred_and_no_reads() {
+    let count: usize = 1_000;
+    let server = SimServer::default();
+    let names: Vec<String> = (0..count).map(|i| format!("Tenant{i:04}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        insert(&sim, name, 1);
+        server.add(name, sim);
+    }
+    let dir = temp_dir("idle");
+    let supervisor = Supervisor::new(
+        server.clone(),
+        SimRunner {
+            server: server.clone(),
+            dir: dir.clone(),
+            stores: Mutex::default(),
+        },
+        ManySettings {
+            discovery_interval: Duration::from_secs(3600),
+            max_active: 8,
+            ..settings(&["Tenant*"])
+        },
+    );
+    let mut status = supervisor.status();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(shutdown.clone()));
+    // The first pass: every database read once, its one row delivered.
+    wait_for(&mut status, "the first pass", |s| {
+        s.activations == count as u64 && s.active == 0 && s.queued == 0
+    })
+    .await;
+    for name in names.iter().step_by(97) {
+        assert_eq!(delivered(&dir, name), vec![1], "{name}");
+    }
+    let own_queries = || -> usize {
+        names
+            .iter()
+            .map(|n| server.database(n).expect("db").round_trips())
+            .sum()
+    };
+    // Idle: 20 probe rounds.
+    let (server_before, own_before, probes_before) =
+        (server.round_trips(), own_queries(), status.borrow().probes);
+    wait_for(&mut status, "20 probe rounds", |s| {
+        s.probes >= probes_before + 20
+    })
+    .await;
+    let rounds = status.borrow().probes - probes_before;
+    let server_queries = server.round_trips() - server_before;
+    let per_round = count.div_ceil(PROBE_CHUNK);
+    assert!(
+        server_queries.abs_diff(rounds as usize * per_round) <= per_round,
+        "{server_queries} server queries over {rounds} idle rounds of {count} databases: {per_round} a round"
+    );
+    assert_eq!(
+        own_queries(),
+        own_before,
+        "no idle database was queried on its own"
+    );
+    assert_eq!(
+        status.borrow().activations,
+        count as u64,
+        "nothing activated"
+    );
+    // One change: that database alone is read.
+    let busy = &names[421];
+    insert(&server.database(busy).expect("db"), busy, 2);
+    wait_for(&mut status, "the changed database read", |s| {
+        s.activations == count as u64 + 1 && s.active == 0
+    })
+    .await;
+    assert_eq!(delivered(&dir, busy), vec![1, 2]);
+    shutdown.cancel();
+    let summary = run.await.expect("join").expect("clean stop");
+    assert_eq!(summary.failures, 0);
+    println!(
+        "{count} idle databases: {per_round} server queries a poll; {} activations",
+        summary.activations
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A busy database beside idle ones, one the probe cannot read (taken offline
+/// after it was found) and one whose every read fails: the busy one's events all
+/// arrive once and in order, the idle ones' too, and the two failures are reported
+/// without stopping anything; the offline one is read again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_database_and_two_failing_ones_do_not_hold_up_the_others() {
+    let server = SimServer::default();
+    let names: Vec<String> = (0..12).map(|i| format!("Shop{i:02}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        insert(&sim, name, 1);
+        server.add(name, sim);
+    }
+    // Shop11: every read fails.
+    let failing = server.database("Shop11").expect("db");
+    for _ in 0..10_000 {
+        failing.inject_fault(mssql_ces::source::SourceError::Definite {
+            message: "SQL Server error 229: SELECT permission denied".into(),
+        });
+    }
+    let dir = temp_dir("busy");
+    let supervisor = Supervisor::new(
+        server.clone(),
+        SimRunner {
+            server: server.clone(),
+            dir: dir.clone(),
+            stores: Mutex::default(),
+        },
+        ManySettings {
+            max_active: 2,
+            quantum: Duration::from_millis(200),
+            // Found once: Shop10 then goes offline under the probe's feet.
+            discovery_interval: Duration::from_secs(3600),
+            ..settings(&["Shop*"])
+        },
+    );
+    let mut status = supervisor.status();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(shutdown.clone()));
+    wait_for(&mut status, "the first probe", |s| s.probes > 0).await;
+    server.set_online("Shop10", false);
+    insert(&server.database("Shop10").expect("db"), "Shop10", 2);
+    // Shop00 busy for a while: 300 rows, 2 ms apart.
+    let busy = server.database("Shop00").expect("db");
+    let writer = tokio::spawn(async move {
+        for id in 2..=300 {
+            insert(&busy, "Shop00", id);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    writer.await.expect("writer");
+    let healthy = &names[..10];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = delivered(&dir, "Shop00").len() == 300
+            && healthy[1..].iter().all(|n| delivered(&dir, n) == vec![1]);
+        if done {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not everything arrived: Shop00 {} rows; {:?}",
+            delivered(&dir, "Shop00").len(),
+            *status.borrow()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        delivered(&dir, "Shop00"),
+        (1..=300).collect::<Vec<_>>(),
+        "the busy database's rows, each once, in order"
+    );
+    let now = wait_for(&mut status, "the failures reported", |s| {
+        s.unreadable == 1 && s.failed == 1
+    })
+    .await;
+    assert_eq!(now.databases, 12);
+    assert!(delivered(&dir, "Shop11").is_empty());
+    // Back online: Shop10 is read.
+    server.set_online("Shop10", true);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while delivered(&dir, "Shop10") != vec![1, 2] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Shop10 after it came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    let summary = run.await.expect("join").expect("a shutdown is clean");
+    assert!(summary.failures >= 1, "{summary:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Discovery: a database created (and CDC-enabled) while running is streamed
+/// without a restart; a dropped one stops; one no pattern matches is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_added_while_running_is_streamed_and_a_dropped_one_stops() {
+    let server = SimServer::default();
+    for (i, name) in ["TenantA", "TenantB"].iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        insert(&sim, name, 1);
+        server.add(name, sim);
+    }
+    let other = database("Billing", 9);
+    insert(&other, "Billing", 1);
+    server.add("Billing", other);
+    let dir = temp_dir("discovery");
+    let supervisor = Supervisor::new(
+        server.clone(),
+        SimRunner {
+            server: server.clone(),
+            dir: dir.clone(),
+            stores: Mutex::default(),
+        },
+        settings(&["tenant*"]),
+    );
+    let mut status = supervisor.status();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(shutdown.clone()));
+    wait_for(&mut status, "two tenants read", |s| {
+        s.databases == 2 && s.activations == 2
+    })
+    .await;
+    let added = database("TenantC", 3);
+    insert(&added, "TenantC", 1);
+    insert(&added, "TenantC", 2);
+    server.add("TenantC", added);
+    wait_for(&mut status, "the new tenant read", |s| {
+        s.databases == 3 && s.activations == 3
+    })
+    .await;
+    assert_eq!(delivered(&dir, "TenantC"), vec![1, 2]);
+    server.drop_database("TenantA");
+    wait_for(&mut status, "the dropped tenant gone", |s| s.databases == 2).await;
+    assert!(
+        delivered(&dir, "Billing").is_empty(),
+        "a database no pattern matches"
+    );
+    shutdown.cancel();
+    let summary = run.await.expect("join").expect("clean stop");
+    assert_eq!(summary.failures, 0);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// `until_idle` ends once every database is read up to its probed max LSN, and a
+/// pattern that matches nothing is an error naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_idle_stops_when_every_database_is_caught_up() {
+    let server = SimServer::default();
+    for (i, name) in ["A1", "A2", "A3"].iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        for id in 1..=5 {
+            insert(&sim, name, id);
+        }
+        server.add(name, sim);
+    }
+    let dir = temp_dir("idle-stop");
+    let runner = || SimRunner {
+        server: server.clone(),
+        dir: dir.clone(),
+        stores: Mutex::default(),
+    };
+    let summary = Supervisor::new(
+        server.clone(),
+        runner(),
+        ManySettings {
+            until_idle: true,
+            ..settings(&["A?"])
+        },
+    )
+    .run(CancellationToken::new())
+    .await
+    .expect("caught up");
+    assert_eq!(summary.activations, 3);
+    for name in ["A1", "A2", "A3"] {
+        assert_eq!(delivered(&dir, name), (1..=5).collect::<Vec<_>>());
+    }
+    let error = Supervisor::new(
+        server.clone(),
+        runner(),
+        ManySettings {
+            until_idle: true,
+            ..settings(&["Nothing*"])
+        },
+    )
+    .run(CancellationToken::new())
+    .await
+    .expect_err("nothing matched");
+    assert!(error.to_string().contains("source.databases"), "{error}");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -21,6 +21,8 @@ use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use crate::source::sqlserver::SqlServerSource;
 use tokio_util::sync::CancellationToken;
 
+mod many;
+
 /// Why a run stopped with a failure.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -35,6 +37,13 @@ pub enum RunError {
     Pipeline(#[from] PipelineError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Many(#[from] crate::databases::ManyError),
+    /// One of many databases: another process holds its lease.
+    #[error(
+        "another process holds this database's lease (checkpoint {checkpoint}); it is tried again later"
+    )]
+    LeaseHeld { checkpoint: String },
 }
 
 impl RunError {
@@ -48,23 +57,53 @@ impl RunError {
     }
 }
 
-/// Runs the configured stream. `Ok(None)` when stopped while waiting for the lease.
+/// Runs the configured stream (or, with `source.databases`, every database's).
+/// `Ok(None)` when stopped while waiting for the lease, and after many databases.
 pub async fn run(
     config: Config,
     until_idle: bool,
     shutdown: CancellationToken,
 ) -> Result<Option<RunSummary>, RunError> {
-    let poller_config = config.poller()?;
-    let metrics = std::sync::Arc::new(Metrics::new(config.metrics.stalled_after));
     // Served for the whole run, the wait for the lease included.
     let stop_serving = CancellationToken::new();
     let _stop_serving = stop_serving.clone().drop_guard();
-    serve_metrics(&config, &metrics, stop_serving).await?;
+    if config.many_databases() {
+        many::run(config, until_idle, shutdown, stop_serving).await?;
+        return Ok(None);
+    }
+    let metrics = std::sync::Arc::new(Metrics::new(config.metrics.stalled_after));
+    serve_metrics(&config, metrics.clone(), stop_serving).await?;
+    run_stream(config, until_idle, shutdown, &metrics, None).await
+}
+
+/// Runs one stream with these metrics. With `lease_patience`, a lease another
+/// process holds is waited for that long only, then [`RunError::LeaseHeld`].
+async fn run_stream(
+    config: Config,
+    until_idle: bool,
+    shutdown: CancellationToken,
+    metrics: &std::sync::Arc<Metrics>,
+    lease_patience: Option<std::time::Duration>,
+) -> Result<Option<RunSummary>, RunError> {
+    let poller_config = config.poller()?;
     let mut store = checkpoint_store(&config)?;
     // One writer per stream: wait here as a hot standby while another process holds
     // the lease, and read the checkpoint only once this one does.
     metrics.set_standby(true);
-    if !store.acquire_lease(&shutdown).await? {
+    let waiting = shutdown.child_token();
+    if let Some(patience) = lease_patience {
+        let waiting = waiting.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(patience).await;
+            waiting.cancel();
+        });
+    }
+    if !store.acquire_lease(&waiting).await? {
+        if !shutdown.is_cancelled() && lease_patience.is_some() {
+            return Err(RunError::LeaseHeld {
+                checkpoint: config.checkpoint.stream_name.clone(),
+            });
+        }
         tracing::info!("stopped while waiting for the lease");
         return Ok(None);
     }
@@ -77,7 +116,7 @@ pub async fn run(
         SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
             let poller = Poller::new(bulk_source(&config), poller_config, position);
             drive(
-                &config, poller, store, shutdown, until_idle, resume, &metrics,
+                &config, poller, store, shutdown, until_idle, resume, metrics,
             )
             .await?
         }
@@ -88,7 +127,7 @@ pub async fn run(
             }
             let poller = Poller::new(source, poller_config, position);
             drive(
-                &config, poller, store, shutdown, until_idle, resume, &metrics,
+                &config, poller, store, shutdown, until_idle, resume, metrics,
             )
             .await?
         }
@@ -104,7 +143,7 @@ pub async fn run(
                 .with_first_row_timeout(config.snapshot.first_row_timeout);
             let poller = Poller::new(source, poller_config, position);
             drive(
-                &config, poller, store, shutdown, until_idle, resume, &metrics,
+                &config, poller, store, shutdown, until_idle, resume, metrics,
             )
             .await?
         }
@@ -144,7 +183,7 @@ fn log_start(config: &Config, position: Option<&Position>) {
 /// `stop`.
 async fn serve_metrics(
     config: &Config,
-    metrics: &std::sync::Arc<Metrics>,
+    metrics: std::sync::Arc<dyn crate::metrics::Observed>,
     stop: CancellationToken,
 ) -> Result<(), RunError> {
     let Some(address) = config.metrics.listen_address()? else {
@@ -155,9 +194,8 @@ async fn serve_metrics(
         .local_addr()
         .map_or_else(|_| address.to_string(), |a| a.to_string());
     tracing::info!(listen = %local, "serving /metrics, /healthz and /readyz (metrics.listen)");
-    let served = std::sync::Arc::clone(metrics);
     tokio::spawn(async move {
-        if let Err(e) = crate::metrics::serve(listener, served, stop).await {
+        if let Err(e) = crate::metrics::serve(listener, metrics, stop).await {
             tracing::warn!(error = %e, "the metrics server stopped");
         }
     });

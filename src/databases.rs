@@ -195,6 +195,12 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
         self.status.subscribe()
     }
 
+    /// Reports the counts to `status` (made before the supervisor, for the metrics).
+    pub fn reporting_to(mut self, status: tokio::sync::watch::Sender<ManyStatus>) -> Self {
+        self.status = status;
+        self
+    }
+
     /// Runs until `shutdown` (then every activation drains and checkpoints), or with
     /// `until_idle` until every database has been read up to its probed max LSN.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<ManySummary, ManyError> {

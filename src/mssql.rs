@@ -50,10 +50,7 @@ impl ConnectionString {
 
     /// The server and the database it names (not secrets: for the log).
     pub fn server_and_database(&self) -> (Option<String>, Option<String>) {
-        (
-            self.setting(SERVER_KEYS),
-            self.setting(&["database", "initial catalog"]),
-        )
+        (self.setting(SERVER_KEYS), self.setting(DATABASE_KEYS))
     }
 
     /// Whether it asks for a read-only intent (`ApplicationIntent=ReadOnly`), with
@@ -78,6 +75,25 @@ impl ConnectionString {
         ConnectionString(kept.join(";"))
     }
 
+    /// The same string naming `database` (`Database=`, in place of any
+    /// `Database=` or `Initial Catalog=` it had). The name is one the server listed
+    /// and has none of `;{}'"` (see [`crate::databases::usable_name`]).
+    pub fn with_database(&self, database: &str) -> ConnectionString {
+        let mut kept: Vec<&str> = self
+            .0
+            .split(';')
+            .filter(|pair| {
+                pair.split_once('=').is_none_or(|(key, _)| {
+                    !DATABASE_KEYS.contains(&key.trim().to_ascii_lowercase().as_str())
+                })
+            })
+            .filter(|pair| !pair.trim().is_empty())
+            .collect();
+        let named = format!("Database={database}");
+        kept.push(&named);
+        ConnectionString(kept.join(";"))
+    }
+
     /// The value of `key` (case-insensitive, any of its synonyms), if present.
     fn setting(&self, keys: &[&str]) -> Option<String> {
         self.0.split(';').find_map(|pair| {
@@ -88,6 +104,9 @@ impl ConnectionString {
         })
     }
 }
+
+/// The keys that name the database.
+const DATABASE_KEYS: &[&str] = &["database", "initial catalog"];
 
 impl fmt::Debug for ConnectionString {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -563,6 +582,24 @@ fn keeps_session(e: &SqlError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_string_for_another_database_names_it_once() {
+        let original =
+            ConnectionString::new("Server=tcp:h,1433;Initial Catalog=Old;User Id=u;Password=p;");
+        let moved = original.with_database("Tenant 7");
+        assert_eq!(
+            moved.server_and_database(),
+            (Some("tcp:h,1433".into()), Some("Tenant 7".into()))
+        );
+        assert_eq!(moved.expose().matches("=").count(), 4, "{}", moved.expose());
+        assert!(moved.expose().contains("Password=p"));
+        let without = ConnectionString::new("Server=h;User Id=u;Password=p");
+        assert_eq!(
+            without.with_database("A").server_and_database().1,
+            Some("A".into())
+        );
+    }
 
     #[test]
     fn a_deadlock_or_lock_timeout_keeps_the_session_anything_else_transient_drops_it() {

@@ -27,11 +27,13 @@ use crate::source::{
 
 mod checkpoint;
 mod destination;
+mod many;
 mod source;
 
 use checkpoint::{check_checkpoint, human_minutes};
 use destination::check_destination;
 pub use destination::kafka_findings;
+pub use many::check_many;
 use source::{SourceState, check_source};
 
 /// A checkpoint this far into the cleanup retention is at risk (its changes are
@@ -161,23 +163,38 @@ pub async fn check(config: &Config) -> Report {
             let mut source = crate::app::synthetic_source(config);
             check_with(config, &mut source, "synthetic source (a simulated server)").await
         }
+        SourceKind::Sqlserver if config.many_databases() => match config.sql_server() {
+            Ok(settings) => {
+                let mut server = crate::source::server::SqlServerDatabases::new(
+                    crate::mssql::SqlConnection::new(settings),
+                );
+                check_many(config, &mut server, |own| {
+                    own.sql_server().map(SqlServerSource::new)
+                })
+                .await
+            }
+            Err(_) => unusable_connection_string(config),
+        },
         SourceKind::Sqlserver => match config.sql_server() {
             Ok(settings) => {
                 let mut source = SqlServerSource::new(settings);
                 check_with(config, &mut source, "").await
             }
-            Err(_) => {
-                // The configuration finding says what is wrong with it.
-                let mut report = Report::default();
-                secrets(&mut report, config);
-                report.skip(
-                    "SQL Server",
-                    "not contacted: source.connection_string is not usable (see the configuration finding)",
-                );
-                report
-            }
+            Err(_) => unusable_connection_string(config),
         },
     }
+}
+
+/// The report when `source.connection_string` cannot be used.
+fn unusable_connection_string(config: &Config) -> Report {
+    // The configuration finding says what is wrong with it.
+    let mut report = Report::default();
+    secrets(&mut report, config);
+    report.skip(
+        "SQL Server",
+        "not contacted: source.connection_string is not usable (see the configuration finding)",
+    );
+    report
 }
 
 /// [`check`] against a given source; `server`, when not empty, names it in the

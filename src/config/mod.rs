@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod databases;
 mod errors;
 mod formats;
 mod overrides;
@@ -126,6 +127,26 @@ pub struct SourceSettings {
     /// `source.include`).
     #[serde(default)]
     pub enable_cdc: bool,
+    /// Databases to stream, by name or `*`/`?` pattern over the server's
+    /// CDC-enabled databases; empty: the connection string's database alone.
+    #[serde(default)]
+    pub databases: Vec<String>,
+    /// How often `databases` is matched against the server again, in milliseconds
+    /// (default 60000).
+    #[serde(
+        rename = "discovery_interval_ms",
+        with = "millis",
+        default = "databases::default_discovery_interval_ms"
+    )]
+    pub discovery_interval: Duration,
+    /// Connections to the source at most, the probe's included (default 9: eight
+    /// databases read at once).
+    #[serde(default = "databases::default_max_connections")]
+    pub max_connections: usize,
+    /// Set by [`Config::for_database`]: the database of many this configuration
+    /// reads (the connection string's `Database=` replaced).
+    #[serde(skip)]
+    pub database: Option<String>,
     /// `[source.synthetic]`: the generated workload.
     #[serde(default)]
     pub synthetic: SyntheticSettings,
@@ -571,6 +592,7 @@ impl Config {
         crate::event::columns::ColumnRules::validate(&self.event.columns, &self.event.hash_key)?;
         self.validate_debezium()?;
         self.validate_registry()?;
+        self.validate_databases()?;
         self.validate_file_paths()?;
         self.metrics.listen_address()?;
         if self.metrics.stalled_after.is_zero() {

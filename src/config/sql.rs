@@ -14,8 +14,12 @@ impl Config {
             .source
             .connection_string
             .resolve("source.connection_string")?;
+        let connection_string = ConnectionString::new(secret);
         let settings = SqlServerConfig {
-            connection_string: ConnectionString::new(secret),
+            connection_string: match &self.source.database {
+                Some(database) => connection_string.with_database(database),
+                None => connection_string,
+            },
             trust_server_certificate: self.source.trust_server_certificate,
             encrypt: self.source.encrypt,
             connect_timeout: self.source.connect_timeout,

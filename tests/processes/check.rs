@@ -839,3 +839,69 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
     assert!(stdout.starts_with("✘ configuration:"), "{stdout}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `check` with `source.databases`: which databases match, a named one that is
+/// missing, each matched database's own findings (named `<db>: …`), and the
+/// destination once.
+#[tokio::test]
+async fn many_databases_are_checked_each_by_name() {
+    use mssql_ces::source::sim::server::SimServer;
+    let dir = temp_dir("check-many");
+    let secret = dir.join("cs");
+    std::fs::write(
+        &secret,
+        "Server=tcp:sql,1433;Database=Shop1;User Id=u;Password=p",
+    )
+    .expect("secret");
+    let text = format!(
+        "[source]\nkind = \"sqlserver\"\ndatabases = [\"Shop*\", \"Billing\"]\nconnection_string = {{ file = \"{secret}\" }}\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{cp}\"\n",
+        secret = secret.display(),
+        cp = dir.join("cp.json").display()
+    );
+    let config = load(&dir, "config.toml", &text);
+    let server = SimServer::default();
+    server.add("Shop1", database());
+    server.add("Shop2", database());
+    server.add("Other", database());
+    let report = mssql_ces::check::check_many(&config, &mut server.clone(), |own| {
+        let name = own
+            .source
+            .database
+            .clone()
+            .expect("one database's configuration");
+        Ok(server.database(&name).expect("a simulated database"))
+    })
+    .await;
+    let databases = expect(&report, "databases", Status::Pass);
+    assert_eq!(databases.detail, "2 matched: Shop1, Shop2");
+    let missing = expect(&report, "database Billing", Status::Fail);
+    assert!(
+        missing.detail.contains("not CDC-enabled"),
+        "{}",
+        missing.detail
+    );
+    for name in ["Shop1", "Shop2"] {
+        expect(&report, &format!("{name}: table dbo.Orders"), Status::Pass);
+        expect(
+            &report,
+            &format!("{name}: checkpoint: writable"),
+            Status::Pass,
+        );
+    }
+    assert!(
+        report.get("Other: table dbo.Orders").is_none(),
+        "{}",
+        report.to_text()
+    );
+    assert_eq!(
+        report
+            .findings
+            .iter()
+            .filter(|f| f.check == "destination")
+            .count(),
+        1,
+        "{}",
+        report.to_text()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -29,6 +29,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+
+mod set;
+pub use set::{MetricsSet, Observed, merge};
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{Operation, TableDescription};
@@ -166,7 +169,20 @@ impl Default for Metrics {
 impl Metrics {
     /// Metrics of a run whose `/healthz` fails after `stalled_after` without progress.
     pub fn new(stalled_after: Duration) -> Self {
-        let mut registry = Registry::default();
+        Self::with_registry(stalled_after, Registry::default())
+    }
+
+    /// Metrics of one of many databases: every series labelled
+    /// `database="<name>"`.
+    pub fn for_database(stalled_after: Duration, database: &str) -> Self {
+        let label = (
+            std::borrow::Cow::Borrowed("database"),
+            std::borrow::Cow::Owned(database.to_owned()),
+        );
+        Self::with_registry(stalled_after, Registry::with_labels(std::iter::once(label)))
+    }
+
+    fn with_registry(stalled_after: Duration, mut registry: Registry) -> Self {
         let start_time = FloatGauge::default();
         start_time.set(
             std::time::SystemTime::now()
@@ -724,7 +740,7 @@ pub async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListen
 /// Serves `/metrics`, `/healthz` and `/readyz` until `stop` is cancelled.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Observed>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
     let app = axum::Router::new()
@@ -739,7 +755,7 @@ pub async fn serve(
 
 type Page = (StatusCode, [(header::HeaderName, &'static str); 1], String);
 
-async fn metrics_page(State(metrics): State<Arc<Metrics>>) -> Page {
+async fn metrics_page(State(metrics): State<Arc<dyn Observed>>) -> Page {
     (
         StatusCode::OK,
         [(
@@ -762,11 +778,11 @@ fn probe(result: Result<String, String>) -> Page {
     )
 }
 
-async fn healthz(State(metrics): State<Arc<Metrics>>) -> Page {
+async fn healthz(State(metrics): State<Arc<dyn Observed>>) -> Page {
     probe(metrics.health())
 }
 
-async fn readyz(State(metrics): State<Arc<Metrics>>) -> Page {
+async fn readyz(State(metrics): State<Arc<dyn Observed>>) -> Page {
     probe(metrics.readiness())
 }
 

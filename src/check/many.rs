@@ -1,0 +1,118 @@
+//! `check` with `source.databases`: which databases the patterns match on the
+//! server, whether the probe reads each, and every matched database's own source
+//! and checkpoint findings (named `<db>: …`); the destination once.
+
+use super::*;
+use crate::databases::{matches, usable_name};
+use crate::source::server::DatabaseServer;
+
+/// Checks many databases: `server` lists and probes them, `source_for` opens one.
+pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
+    config: &Config,
+    server: &mut D,
+    mut source_for: impl FnMut(&Config) -> Result<S, crate::setting::ConfigError>,
+) -> Report {
+    let mut report = Report::default();
+    secrets(&mut report, config);
+    let patterns = &config.source.databases;
+    let found = match server.cdc_databases().await {
+        Ok(found) => found,
+        Err(e) => {
+            report.fail(
+                "databases",
+                format!("the server's databases could not be listed: {e}"),
+                "check source.connection_string and that the login can read sys.databases",
+            );
+            return report;
+        }
+    };
+    let matched: Vec<String> = found
+        .into_iter()
+        .filter(|name| patterns.iter().any(|p| matches(p, name)) && usable_name(name))
+        .collect();
+    if matched.is_empty() {
+        report.fail(
+            "databases",
+            format!("source.databases ({}) matches no CDC-enabled database that is online and open to this login", patterns.join(", ")),
+            "enable CDC on the databases (EXEC sys.sp_cdc_enable_db), grant the login access, or correct source.databases",
+        );
+        return report;
+    }
+    report.pass(
+        "databases",
+        format!("{} matched: {}", matched.len(), list(&matched)),
+    );
+    for explicit in patterns.iter().filter(|p| !p.contains(['*', '?'])) {
+        if !matched.iter().any(|name| matches(explicit, name)) {
+            report.fail(
+                format!("database {explicit}"),
+                "named in source.databases but not CDC-enabled, online and open to this login",
+                format!("EXEC sys.sp_cdc_enable_db in {explicit}, bring it online, or grant the login access to it"),
+            );
+        }
+    }
+    match server.probe(&matched).await {
+        Ok(answers) => {
+            for answer in answers {
+                if let Err(e) = answer.state {
+                    report.fail(
+                        format!("{}: probe", answer.database),
+                        e,
+                        "grant the login SELECT on the database's cdc schema (db_datareader or the capture instances' gating role)",
+                    );
+                }
+            }
+        }
+        Err(e) => report.fail(
+            "probe",
+            format!("the max LSN of the databases could not be read: {e}"),
+            "check the connection and the login's access to the databases' cdc schema",
+        ),
+    }
+    let mut first: Option<(SourceState, Option<Resume>)> = None;
+    for name in &matched {
+        let own = config.for_database(name);
+        let mut database = Report::default();
+        let mut source = match source_for(&own) {
+            Ok(source) => source,
+            Err(e) => {
+                report.fail(
+                    format!("{name}: configuration"),
+                    e.to_string(),
+                    "correct source.connection_string",
+                );
+                continue;
+            }
+        };
+        let state = check_source(&mut database, &own, &mut source, "").await;
+        let resume = check_checkpoint(&mut database, &own, &mut source, state.as_ref()).await;
+        for mut finding in database.findings {
+            finding.check = format!("{name}: {}", finding.check);
+            report.findings.push(finding);
+        }
+        if first.is_none()
+            && let Some(state) = state
+        {
+            first = Some((state, resume));
+        }
+    }
+    let (state, resume) = match first {
+        Some((state, resume)) => (Some(state), resume),
+        None => (None, None),
+    };
+    check_destination(&mut report, config, state.as_ref(), resume).await;
+    if let Some(registry) = &config.sink.routing.schema_registry {
+        destination::check_registry(&mut report, registry).await;
+    }
+    check_metrics(&mut report, config).await;
+    report
+}
+
+/// Up to ten names, and how many more.
+fn list(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(10).map(String::as_str).collect();
+    match names.len().saturating_sub(10) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
+    }
+}

@@ -1,0 +1,220 @@
+//! The metrics of many databases in one process: each database's own [`Metrics`]
+//! (every series labelled `database="<name>"`) and the supervisor's counts, served
+//! as one exposition with each metric family's `# HELP`/`# TYPE` once.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::Metrics;
+use crate::databases::ManyStatus;
+
+/// What `/metrics`, `/healthz` and `/readyz` are served from.
+pub trait Observed: Send + Sync + 'static {
+    fn render(&self) -> String;
+    fn health(&self) -> Result<String, String>;
+    fn readiness(&self) -> Result<String, String>;
+}
+
+impl Observed for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
+    fn health(&self) -> Result<String, String> {
+        Metrics::health(self)
+    }
+    fn readiness(&self) -> Result<String, String> {
+        Metrics::readiness(self)
+    }
+}
+
+/// Every database's metrics, and the supervisor's status.
+#[derive(Debug)]
+pub struct MetricsSet {
+    stalled_after: Duration,
+    databases: Mutex<BTreeMap<String, Arc<Metrics>>>,
+    status: tokio::sync::watch::Receiver<ManyStatus>,
+}
+
+impl MetricsSet {
+    pub fn new(stalled_after: Duration, status: tokio::sync::watch::Receiver<ManyStatus>) -> Self {
+        MetricsSet {
+            stalled_after,
+            databases: Mutex::default(),
+            status,
+        }
+    }
+
+    /// A database's metrics, made on first use and kept across its activations.
+    pub fn database(&self, name: &str) -> Arc<Metrics> {
+        let mut databases = self.databases.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(
+            databases
+                .entry(name.to_owned())
+                .or_insert_with(|| Arc::new(Metrics::for_database(self.stalled_after, name))),
+        )
+    }
+
+    fn supervisor_text(&self) -> String {
+        let s = self.status.borrow().clone();
+        let gauge = |name: &str, help: &str, value: usize| {
+            format!(
+                "# HELP mssql_ces_{name} {help}\n# TYPE mssql_ces_{name} gauge\nmssql_ces_{name} {value}\n"
+            )
+        };
+        let counter = |name: &str, help: &str, value: u64| {
+            format!(
+                "# HELP mssql_ces_{name} {help}\n# TYPE mssql_ces_{name} counter\nmssql_ces_{name}_total {value}\n"
+            )
+        };
+        [
+            gauge(
+                "databases",
+                "Databases streamed (source.databases matched on the server)",
+                s.databases,
+            ),
+            gauge("databases_active", "Databases being read now", s.active),
+            gauge(
+                "databases_queued",
+                "Databases with changes waiting for a connection",
+                s.queued,
+            ),
+            gauge(
+                "databases_failed",
+                "Databases whose last read failed (retried with backoff)",
+                s.failed,
+            ),
+            gauge(
+                "databases_unreadable",
+                "Databases the probe cannot read (offline, no access)",
+                s.unreadable,
+            ),
+            counter(
+                "database_probes",
+                "Probe rounds of every database's max LSN",
+                s.probes,
+            ),
+            counter(
+                "database_activations",
+                "Reads of a database that ended caught up",
+                s.activations,
+            ),
+        ]
+        .concat()
+    }
+}
+
+impl Observed for MetricsSet {
+    fn render(&self) -> String {
+        let databases: Vec<Arc<Metrics>> = self
+            .databases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut texts = vec![self.supervisor_text()];
+        texts.extend(databases.iter().map(|m| m.render()));
+        merge(&texts)
+    }
+
+    fn health(&self) -> Result<String, String> {
+        let s = self.status.borrow();
+        Ok(format!(
+            "ok: {} databases, {} being read, {} failed",
+            s.databases, s.active, s.failed
+        ))
+    }
+
+    fn readiness(&self) -> Result<String, String> {
+        let s = self.status.borrow();
+        if s.probes == 0 {
+            Err("not ready: no probe of the databases has finished yet".into())
+        } else {
+            Ok("ready".into())
+        }
+    }
+}
+
+/// Expositions merged: each family's comment lines once (from its first
+/// appearance), then its samples from every text, in order; one `# EOF` at the end
+/// when any had one.
+pub fn merge(texts: &[String]) -> String {
+    let mut order: Vec<String> = Vec::new();
+    let mut families: BTreeMap<String, (Vec<String>, Vec<String>)> = BTreeMap::new();
+    let mut eof = false;
+    for text in texts {
+        let mut current = String::new();
+        for line in text.lines() {
+            if line == "# EOF" {
+                eof = true;
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# ") {
+                let mut words = rest.split(' ');
+                let (_, Some(name)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                current = name.to_owned();
+                let entry = families.entry(current.clone()).or_insert_with(|| {
+                    order.push(current.clone());
+                    (Vec::new(), Vec::new())
+                });
+                if !entry.0.iter().any(|l| l == line) && entry.1.is_empty() {
+                    entry.0.push(line.to_owned());
+                }
+                continue;
+            }
+            if line.is_empty() {
+                continue;
+            }
+            let entry = families.entry(current.clone()).or_insert_with(|| {
+                order.push(current.clone());
+                (Vec::new(), Vec::new())
+            });
+            entry.1.push(line.to_owned());
+        }
+    }
+    let mut out = String::new();
+    for name in order {
+        if let Some((comments, samples)) = families.get(&name) {
+            for line in comments.iter().chain(samples) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    if eof {
+        out.push_str("# EOF\n");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_family_is_described_once_with_every_databases_samples() {
+        let a = Metrics::for_database(Duration::from_secs(60), "A").render();
+        let b = Metrics::for_database(Duration::from_secs(60), "B").render();
+        let merged = merge(&[a, b]);
+        let types = merged
+            .lines()
+            .filter(|l| l.starts_with("# TYPE mssql_ces_polls "))
+            .count();
+        assert_eq!(types, 1, "{merged}");
+        assert!(
+            merged.contains("mssql_ces_polls_total{database=\"A\"} 0"),
+            "{merged}"
+        );
+        assert!(
+            merged.contains("mssql_ces_polls_total{database=\"B\"} 0"),
+            "{merged}"
+        );
+        assert!(merged.matches("# EOF").count() <= 1);
+        // The samples of a family follow its comments, not another family's.
+        let at = |needle: &str| merged.find(needle).unwrap_or(usize::MAX);
+        assert!(at("# TYPE mssql_ces_polls ") < at("mssql_ces_polls_total{database=\"B\"}"));
+    }
+}

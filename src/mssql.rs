@@ -77,7 +77,7 @@ impl ConnectionString {
 
     /// The same string naming `database` (`Database=`, in place of any
     /// `Database=` or `Initial Catalog=` it had). The name is one the server listed
-    /// and has none of `;{}'"` (see [`crate::databases::usable_name`]).
+    /// and has none of `;{}'"` (the supervisor skips such names).
     pub fn with_database(&self, database: &str) -> ConnectionString {
         let mut kept: Vec<&str> = self
             .0

@@ -69,8 +69,29 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
             "check the connection and the login's access to the databases' cdc schema",
         ),
     }
+    let first = check_each(&mut report, config, &matched, &mut source_for).await;
+    let (state, resume) = match first {
+        Some((state, resume)) => (Some(state), resume),
+        None => (None, None),
+    };
+    check_destination(&mut report, config, state.as_ref(), resume).await;
+    if let Some(registry) = &config.sink.routing.schema_registry {
+        destination::check_registry(&mut report, registry).await;
+    }
+    check_metrics(&mut report, config).await;
+    report
+}
+
+/// Each database's own source and checkpoint findings, named `<db>: …`; the first
+/// readable database's state, for the destination's checks.
+async fn check_each<S: ChangeSource>(
+    report: &mut Report,
+    config: &Config,
+    matched: &[String],
+    source_for: &mut impl FnMut(&Config) -> Result<S, crate::setting::ConfigError>,
+) -> Option<(SourceState, Option<Resume>)> {
     let mut first: Option<(SourceState, Option<Resume>)> = None;
-    for name in &matched {
+    for name in matched {
         let own = config.for_database(name);
         let mut database = Report::default();
         let mut source = match source_for(&own) {
@@ -96,16 +117,7 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
             first = Some((state, resume));
         }
     }
-    let (state, resume) = match first {
-        Some((state, resume)) => (Some(state), resume),
-        None => (None, None),
-    };
-    check_destination(&mut report, config, state.as_ref(), resume).await;
-    if let Some(registry) = &config.sink.routing.schema_registry {
-        destination::check_registry(&mut report, registry).await;
-    }
-    check_metrics(&mut report, config).await;
-    report
+    first
 }
 
 /// Up to ten names, and how many more.

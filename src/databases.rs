@@ -72,6 +72,10 @@ pub enum ManyError {
         "source.databases matches no CDC-enabled database that is online and open to this login ({patterns})"
     )]
     NoDatabases { patterns: String },
+    /// The server's databases could not be listed, and trying again cannot help
+    /// (the login refused, no permission).
+    #[error("listing the server's databases failed: {0}")]
+    Discovery(SourceError),
     #[error("{count} database(s) failed: {detail}")]
     Failed { count: usize, detail: String },
 }
@@ -212,18 +216,24 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
                 break;
             }
             if Instant::now() >= next_discovery {
+                let mut listed = false;
                 next_discovery = match self.discover().await {
                     Ok(()) => {
+                        listed = true;
                         discovery_backoff.reset();
                         Instant::now() + self.settings.discovery_interval
                     }
-                    Err(e) => {
+                    Err(e) if e.is_transient() => {
                         let wait = discovery_backoff.next_wait();
                         tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "listing the server's databases failed; retrying");
                         Instant::now() + wait
                     }
+                    Err(e) => {
+                        self.stop_all().await;
+                        return Err(ManyError::Discovery(e));
+                    }
                 };
-                if self.streams.is_empty() && self.settings.until_idle {
+                if listed && self.streams.is_empty() && self.settings.until_idle {
                     return Err(ManyError::NoDatabases {
                         patterns: self.settings.patterns.join(", "),
                     });

@@ -201,20 +201,23 @@ mod tests {
         let merged = merge(&[a, b]);
         let types = merged
             .lines()
-            .filter(|l| l.starts_with("# TYPE mssql_ces_polls "))
+            .filter(|l| l.starts_with("# TYPE mssql_ces_source_polls_total "))
             .count();
         assert_eq!(types, 1, "{merged}");
         assert!(
-            merged.contains("mssql_ces_polls_total{database=\"A\"} 0"),
+            merged.contains("mssql_ces_source_polls_total{database=\"A\"} 0"),
             "{merged}"
         );
         assert!(
-            merged.contains("mssql_ces_polls_total{database=\"B\"} 0"),
+            merged.contains("mssql_ces_source_polls_total{database=\"B\"} 0"),
             "{merged}"
         );
         assert!(merged.matches("# EOF").count() <= 1);
         // The samples of a family follow its comments, not another family's.
         let at = |needle: &str| merged.find(needle).unwrap_or(usize::MAX);
-        assert!(at("# TYPE mssql_ces_polls ") < at("mssql_ces_polls_total{database=\"B\"}"));
+        assert!(
+            at("# TYPE mssql_ces_source_polls_total ")
+                < at("mssql_ces_source_polls_total{database=\"B\"}")
+        );
     }
 }

@@ -129,6 +129,20 @@ fn settings(patterns: &[&str]) -> ManySettings {
     }
 }
 
+/// The supervisor over `server`, each database read into `dir`.
+fn supervisor(
+    server: &SimServer,
+    dir: &std::path::Path,
+    settings: ManySettings,
+) -> Supervisor<SimServer, SimRunner> {
+    let runner = SimRunner {
+        server: server.clone(),
+        dir: dir.to_owned(),
+        stores: Mutex::default(),
+    };
+    Supervisor::new(server.clone(), runner, settings)
+}
+
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("mssql-ces-many-{name}-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -164,13 +178,9 @@ async fn a_thousand_idle_databases_cost_one_probe_query_per_hundred_and_no_reads
         server.add(name, sim);
     }
     let dir = temp_dir("idle");
-    let supervisor = Supervisor::new(
-        server.clone(),
-        SimRunner {
-            server: server.clone(),
-            dir: dir.clone(),
-            stores: Mutex::default(),
-        },
+    let supervisor = supervisor(
+        &server,
+        &dir,
         ManySettings {
             discovery_interval: Duration::from_secs(3600),
             max_active: 8,
@@ -257,13 +267,9 @@ async fn a_busy_database_and_two_failing_ones_do_not_hold_up_the_others() {
         });
     }
     let dir = temp_dir("busy");
-    let supervisor = Supervisor::new(
-        server.clone(),
-        SimRunner {
-            server: server.clone(),
-            dir: dir.clone(),
-            stores: Mutex::default(),
-        },
+    let supervisor = supervisor(
+        &server,
+        &dir,
         ManySettings {
             max_active: 2,
             quantum: Duration::from_millis(200),
@@ -344,15 +350,7 @@ async fn a_database_added_while_running_is_streamed_and_a_dropped_one_stops() {
     insert(&other, "Billing", 1);
     server.add("Billing", other);
     let dir = temp_dir("discovery");
-    let supervisor = Supervisor::new(
-        server.clone(),
-        SimRunner {
-            server: server.clone(),
-            dir: dir.clone(),
-            stores: Mutex::default(),
-        },
-        settings(&["tenant*"]),
-    );
+    let supervisor = supervisor(&server, &dir, settings(&["tenant*"]));
     let mut status = supervisor.status();
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(supervisor.run(shutdown.clone()));
@@ -394,14 +392,9 @@ async fn until_idle_stops_when_every_database_is_caught_up() {
         server.add(name, sim);
     }
     let dir = temp_dir("idle-stop");
-    let runner = || SimRunner {
-        server: server.clone(),
-        dir: dir.clone(),
-        stores: Mutex::default(),
-    };
-    let summary = Supervisor::new(
-        server.clone(),
-        runner(),
+    let summary = supervisor(
+        &server,
+        &dir,
         ManySettings {
             until_idle: true,
             ..settings(&["A?"])
@@ -414,9 +407,9 @@ async fn until_idle_stops_when_every_database_is_caught_up() {
     for name in ["A1", "A2", "A3"] {
         assert_eq!(delivered(&dir, name), (1..=5).collect::<Vec<_>>());
     }
-    let error = Supervisor::new(
-        server.clone(),
-        runner(),
+    let error = supervisor(
+        &server,
+        &dir,
         ManySettings {
             until_idle: true,
             ..settings(&["Nothing*"])

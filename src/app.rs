@@ -239,6 +239,29 @@ pub fn checkpoint_store(config: &Config) -> Result<CheckpointStore, ConfigError>
             config.checkpoint_sql_server()?,
             &config.checkpoint.stream_name,
         ))),
+        CheckpointStoreKind::Kafka => {
+            let connection = match config.sink.kind.kafka_connection(&config.sink.routing) {
+                Some(Ok(connection)) => connection,
+                Some(Err(e)) => return Err(crate::setting::invalid("sink", e.to_string())),
+                None => {
+                    return Err(crate::setting::invalid(
+                        "checkpoint.store",
+                        "\"kafka\" needs a Kafka sink",
+                    ));
+                }
+            };
+            CheckpointStore::Kafka(Box::new(crate::checkpoint::kafka::KafkaStore::new(
+                connection,
+                &config.checkpoint.topic,
+                &config.checkpoint.stream_name,
+                config
+                    .sink
+                    .kind
+                    .delivery_timeout()
+                    .unwrap_or(std::time::Duration::from_secs(30))
+                    .min(std::time::Duration::from_secs(30)),
+            )))
+        }
     })
 }
 

@@ -21,6 +21,10 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
     let where_ = match config.checkpoint.store {
         crate::config::CheckpointStoreKind::File => config.checkpoint.path.display().to_string(),
         crate::config::CheckpointStoreKind::Table => "table dbo.mssql_ces_checkpoint".to_owned(),
+        crate::config::CheckpointStoreKind::Kafka => format!(
+            "topic {} key {}",
+            config.checkpoint.topic, config.checkpoint.stream_name
+        ),
     };
     let position = match store.load().await {
         Ok(Some(position)) => {
@@ -66,6 +70,9 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
                 }
                 crate::config::CheckpointStoreKind::Table => {
                     "create dbo.mssql_ces_checkpoint (sql/04_checkpoint_table.sql) and GRANT INSERT, UPDATE on it to the login"
+                }
+                crate::config::CheckpointStoreKind::Kafka => {
+                    "check the sink's brokers and the login's right to read and write checkpoint.topic"
                 }
             },
         ),

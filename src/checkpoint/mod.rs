@@ -17,6 +17,7 @@
 //! connection before it writes, and stops the run if another process holds it.
 
 pub mod file;
+pub mod kafka;
 pub mod memory;
 pub mod table;
 
@@ -110,6 +111,7 @@ impl CheckpointError {
 pub enum CheckpointStore {
     File(file::FileStore),
     Table(Box<table::TableStore>),
+    Kafka(Box<kafka::KafkaStore>),
     Memory(memory::MemoryStore),
 }
 
@@ -133,7 +135,7 @@ impl CheckpointStore {
             let tried = match self {
                 CheckpointStore::File(s) => s.try_lease(),
                 CheckpointStore::Table(s) => s.try_lease().await,
-                CheckpointStore::Memory(_) => Ok(None),
+                CheckpointStore::Kafka(_) | CheckpointStore::Memory(_) => Ok(None),
             };
             let holder = match tried {
                 Ok(holder) => holder,
@@ -194,7 +196,7 @@ impl CheckpointStore {
                 }
             }
             CheckpointStore::Table(s) => s.verify_lease().await,
-            CheckpointStore::Memory(_) => Ok(()),
+            CheckpointStore::Kafka(_) | CheckpointStore::Memory(_) => Ok(()),
         }
     }
 
@@ -209,6 +211,7 @@ impl CheckpointStore {
         match self {
             CheckpointStore::File(s) => s.load(),
             CheckpointStore::Table(s) => s.load().await,
+            CheckpointStore::Kafka(s) => s.load().await,
             CheckpointStore::Memory(s) => Ok(s.load()),
         }
     }
@@ -219,6 +222,7 @@ impl CheckpointStore {
         match self {
             CheckpointStore::File(s) => s.check_writable(),
             CheckpointStore::Table(s) => s.check_writable().await,
+            CheckpointStore::Kafka(s) => s.check_writable().await,
             CheckpointStore::Memory(_) => Ok(()),
         }
     }
@@ -242,6 +246,7 @@ impl CheckpointStore {
                 })?
             }
             CheckpointStore::Table(s) => s.save(position).await,
+            CheckpointStore::Kafka(s) => s.save(position).await,
             CheckpointStore::Memory(s) => {
                 if let Some(delay) = s.write_delay() {
                     tokio::time::sleep(delay).await;

@@ -102,6 +102,11 @@ impl Config {
                 "checkpoint table rows of stream {}",
                 self.for_database(DB).checkpoint.stream_name
             ),
+            CheckpointStoreKind::Kafka => format!(
+                "checkpoint records of topic {} under key {}",
+                self.checkpoint.topic,
+                self.for_database(DB).checkpoint.stream_name
+            ),
         }
     }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod checkpoint;
 mod databases;
 mod errors;
 mod formats;
@@ -213,6 +214,8 @@ pub enum CheckpointStoreKind {
     File,
     /// `dbo.mssql_ces_checkpoint` in the source database (`sql/04_checkpoint_table.sql`).
     Table,
+    /// A compacted topic on the sink's Kafka brokers (`checkpoint.topic`).
+    Kafka,
 }
 
 /// `[checkpoint]`.
@@ -232,6 +235,9 @@ pub struct CheckpointSettings {
     /// is read-only there). Unset: the source's connection string, read-write.
     #[serde(default)]
     pub connection_string: SecretRef,
+    /// Kafka store: the compacted topic (default `mssql-ces-checkpoints`).
+    #[serde(default = "checkpoint::default_checkpoint_topic")]
+    pub topic: String,
     /// Least time between checkpoint writes, in ms (default 1000); the final
     /// checkpoint at shutdown is always written.
     #[serde(
@@ -249,6 +255,7 @@ impl Default for CheckpointSettings {
             path: default_checkpoint_path(),
             stream_name: default_stream_name(),
             connection_string: SecretRef::default(),
+            topic: checkpoint::default_checkpoint_topic(),
             interval: default_checkpoint_interval_ms(),
         }
     }
@@ -593,6 +600,7 @@ impl Config {
         self.validate_debezium()?;
         self.validate_registry()?;
         self.validate_databases()?;
+        self.validate_kafka_store()?;
         self.validate_file_paths()?;
         self.metrics.listen_address()?;
         if self.metrics.stalled_after.is_zero() {

@@ -107,6 +107,25 @@ pub struct BuiltSink {
 }
 
 impl SinkConfig {
+    /// The Kafka client properties that say where and how to connect (secrets read
+    /// now: never log them), for a store that writes to the same brokers; `None`
+    /// for a destination that is not reached over the Kafka protocol.
+    pub fn kafka_connection(
+        &self,
+        routing: &settings::RoutingSettings,
+    ) -> Option<Result<Vec<(String, String)>, SinkError>> {
+        let (config, flavour) = match self {
+            SinkConfig::Kafka(c) => (c, kafka::KafkaFlavour::Kafka),
+            SinkConfig::EventHubsKafka(c) => (c, kafka::KafkaFlavour::EventHubs),
+            _ => return None,
+        };
+        Some(
+            config
+                .settings(flavour, routing, 1024 * 1024)
+                .map(|(settings, _)| kafka::connection_properties(&settings)),
+        )
+    }
+
     /// Checks what can be checked before connecting; each error names the setting.
     pub fn validate(
         &self,

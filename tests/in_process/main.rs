@@ -20,6 +20,7 @@ mod event_hubs_amqp_large;
 mod event_hubs_amqp_partitions;
 mod event_hubs_amqp_rejected;
 mod initial_load;
+mod kafka_checkpoint;
 mod kafka_pipeline;
 mod kafka_sasl;
 mod managed_capture;

@@ -1327,3 +1327,84 @@ fn a_sasl_cluster_takes_the_right_password_and_refuses_a_wrong_one_by_name() {
     }
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `checkpoint.store = "kafka"`: the checkpoint lives in a compacted topic on the
+/// same brokers. Killed three times while it publishes and restarted, the binary
+/// resumes from the topic each time: every event arrives, with its data, and the
+/// checkpoint topic ends at the last event.
+#[test]
+fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    cluster
+        .create_topic("mssql-ces-checkpoints", 1, 1)
+        .expect("checkpoint topic");
+    let dir = temp_dir("kafka-store");
+    let config = config(&dir, &bootstrap, "seed = 31\ntransactions = 1500");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        text.replace("[checkpoint]\n", "[checkpoint]\nstore = \"kafka\"\n"),
+    )
+    .expect("config");
+    for run in 0..3 {
+        let mut child = spawn(&config, &dir, &[], run);
+        std::thread::sleep(Duration::from_millis(900 + 150 * run as u64));
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "run {run} still publishing; logs in {}",
+            dir.display()
+        );
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+    }
+    let mut last = spawn(&config, &dir, &["--until-idle"], 3);
+    let status = wait(&mut last, Duration::from_secs(120));
+    assert!(
+        status.success(),
+        "final run: {status}; logs in {}",
+        dir.display()
+    );
+    assert!(
+        !dir.join("cp.json").exists(),
+        "no checkpoint file with the Kafka store"
+    );
+    let log = std::fs::read_to_string(dir.join("run-3.log")).expect("log");
+    assert!(log.contains("resuming from the checkpoint"), "{log}");
+    let expected = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(expected_events(SyntheticConfig {
+            seed: 31,
+            transactions: Some(1500),
+            rate_per_second: None,
+            large_value_every: 0,
+            existing_rows: 0,
+            oversized_value_every: 0,
+        }));
+    let consumed = consume_quietly(
+        &bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+        |m| m.len() >= expected.len(),
+    );
+    let mut arrived: HashMap<String, Vec<u8>> = HashMap::new();
+    for m in &consumed {
+        let event = decode_json_message(&m.payload).expect("message decodes");
+        arrived.insert(event.logicalid.clone(), event.data.clone());
+    }
+    for (id, data) in &expected {
+        assert!(
+            arrived.get(id) == Some(data),
+            "event {id} missing or changed"
+        );
+    }
+    assert_eq!(
+        arrived.len(),
+        expected.len(),
+        "no event that should not exist"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

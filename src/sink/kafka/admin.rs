@@ -38,17 +38,26 @@ pub fn check_topic_limit(
 /// An admin client's configuration: only where and how to connect.
 pub(super) fn admin_config(settings: &KafkaSettings) -> ClientConfig {
     let mut config = ClientConfig::new();
-    for (key, value) in &settings.properties {
-        let connection = key == "bootstrap.servers"
-            || key.starts_with("security.")
-            || key.starts_with("sasl.")
-            || key.starts_with("ssl.")
-            || key.starts_with("socket.");
-        if connection {
-            config.set(key, value);
-        }
+    for (key, value) in connection_properties(settings) {
+        config.set(key, value);
     }
     config
+}
+
+/// The properties that say where and how to connect (secrets included).
+pub fn connection_properties(settings: &KafkaSettings) -> Vec<(String, String)> {
+    settings
+        .properties
+        .iter()
+        .filter(|(key, _)| {
+            key == "bootstrap.servers"
+                || key.starts_with("security.")
+                || key.starts_with("sasl.")
+                || key.starts_with("ssl.")
+                || key.starts_with("socket.")
+        })
+        .cloned()
+        .collect()
 }
 
 /// What `check` learns of a Kafka destination.

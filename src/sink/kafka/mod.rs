@@ -25,7 +25,8 @@ mod outage;
 pub use outage::BrokerLog;
 
 pub use admin::{
-    DestinationFacts, RECORD_OVERHEAD_BYTES, TopicFacts, check_topic_limit, describe_destination,
+    DestinationFacts, RECORD_OVERHEAD_BYTES, TopicFacts, check_topic_limit, connection_properties,
+    describe_destination,
 };
 pub use config::{
     Compression, EVENT_HUBS_MAX_MESSAGE_KB, EVENT_HUBS_RECORD_OVERHEAD, EVENT_HUBS_REQUEST_LIMIT,

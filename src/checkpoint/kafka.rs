@@ -1,0 +1,325 @@
+//! The Kafka store: each stream's checkpoint is the latest record under its stream
+//! name in a compacted topic (`checkpoint.topic`), so a deployment needs neither a
+//! shared file system nor write permission on SQL Server, only the brokers it
+//! already writes to.
+//!
+//! - Written by an idempotent producer (`acks=all`), one record per write, keyed by
+//!   the stream name; the value is the same versioned JSON document the file store
+//!   writes. A write returns once the broker acknowledged it.
+//! - Read by assigning every partition of the topic from its start to its end
+//!   (`read_committed`: a transaction not yet committed is not a checkpoint) and
+//!   keeping the last record of the stream's key. Compaction keeps that read short;
+//!   the result is the same without it.
+//! - The topic is created compacted (`cleanup.policy=compact`, one partition) when
+//!   it does not exist; an existing topic that is not compacted is named in a
+//!   warning (it grows without bound).
+//! - No lease: the store cannot tell two processes on one stream apart. Run one
+//!   process per stream (a Kubernetes Deployment of one replica, or
+//!   `source.databases`, where each database is read by one process at a time).
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use super::{CheckpointError, parse, render};
+use crate::position::Position;
+
+/// The default `checkpoint.topic`.
+pub const DEFAULT_TOPIC: &str = "mssql-ces-checkpoints";
+
+/// A stream's checkpoint in a compacted topic.
+pub struct KafkaStore {
+    topic: String,
+    stream_name: String,
+    /// Where and how to connect (bootstrap servers, security), secrets included.
+    connection: Vec<(String, String)>,
+    producer: Option<FutureProducer>,
+    /// Bound on one read or write.
+    timeout: Duration,
+    /// Whether the topic was looked at (created when missing).
+    prepared: bool,
+}
+
+impl KafkaStore {
+    /// `connection`: the client properties that say where and how to connect.
+    pub fn new(
+        connection: Vec<(String, String)>,
+        topic: impl Into<String>,
+        stream_name: impl Into<String>,
+        timeout: Duration,
+    ) -> Self {
+        KafkaStore {
+            topic: topic.into(),
+            stream_name: stream_name.into(),
+            connection,
+            producer: None,
+            timeout,
+            prepared: false,
+        }
+    }
+
+    fn location(&self) -> String {
+        format!("topic {} key {}", self.topic, self.stream_name)
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        for (key, value) in &self.connection {
+            config.set(key, value);
+        }
+        config
+    }
+
+    fn transient(&self, reason: impl std::fmt::Display) -> CheckpointError {
+        CheckpointError::Transient {
+            location: self.location(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn producer(&mut self) -> Result<FutureProducer, CheckpointError> {
+        if let Some(producer) = &self.producer {
+            return Ok(producer.clone());
+        }
+        let mut config = self.client_config();
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", self.timeout.as_millis().to_string());
+        let producer: FutureProducer = config.create().map_err(|e| CheckpointError::Io {
+            location: self.location(),
+            reason: format!(
+                "cannot create the Kafka producer: {}",
+                crate::sink::kafka::config_error(&e)
+            ),
+        })?;
+        self.producer = Some(producer.clone());
+        Ok(producer)
+    }
+
+    /// Creates the topic compacted when it does not exist; warns when it exists
+    /// without compaction. Once per store, before its first write (a read of a
+    /// topic that does not exist finds no checkpoint, and creates nothing).
+    async fn prepare(&mut self) -> Result<(), CheckpointError> {
+        if self.prepared {
+            return Ok(());
+        }
+        let exists = self.topic_partitions().await?.is_some();
+        if !exists {
+            self.create_topic().await?;
+        } else {
+            // Only a warning: not waited for (a broker without DescribeConfigs
+            // would hold the first write for the whole time-out).
+            tokio::spawn(warn_unless_compacted(
+                self.client_config(),
+                self.topic.clone(),
+                self.timeout,
+            ));
+        }
+        self.prepared = true;
+        Ok(())
+    }
+
+    /// The topic's partitions, `None` when it does not exist.
+    async fn topic_partitions(&self) -> Result<Option<Vec<i32>>, CheckpointError> {
+        let config = self.client_config();
+        let (topic, timeout) = (self.topic.clone(), self.timeout);
+        let location = self.location();
+        let found = tokio::task::spawn_blocking(move || {
+            let consumer: BaseConsumer = config.create()?;
+            let metadata = consumer.fetch_metadata(Some(&topic), timeout)?;
+            Ok::<_, rdkafka::error::KafkaError>(metadata.topics().first().and_then(|t| {
+                (t.error().is_none() && !t.partitions().is_empty())
+                    .then(|| t.partitions().iter().map(|p| p.id()).collect())
+            }))
+        })
+        .await
+        .map_err(|e| CheckpointError::Io {
+            location: location.clone(),
+            reason: format!("the metadata request's thread failed: {e}"),
+        })?;
+        found.map_err(|e| self.transient(format!("cannot read the topic's metadata: {e}")))
+    }
+
+    async fn create_topic(&self) -> Result<(), CheckpointError> {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = self
+            .client_config()
+            .create()
+            .map_err(|e| CheckpointError::Io {
+                location: self.location(),
+                reason: format!(
+                    "cannot create a Kafka admin client: {}",
+                    crate::sink::kafka::config_error(&e)
+                ),
+            })?;
+        // The broker's default replication (KIP-464).
+        let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
+            .set("cleanup.policy", "compact");
+        let options = AdminOptions::new().operation_timeout(Some(self.timeout));
+        let created = admin
+            .create_topics([&topic], &options)
+            .await
+            .map_err(|e| self.transient(format!("cannot create the topic: {e}")))?;
+        match created.into_iter().next() {
+            Some(Ok(_)) => {
+                tracing::info!(topic = %self.topic, "created the checkpoint topic (compacted, one partition)");
+                Ok(())
+            }
+            Some(Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists))) | None => Ok(()),
+            Some(Err((_, code))) => Err(CheckpointError::Io {
+                location: self.location(),
+                reason: format!(
+                    "cannot create the topic ({code}): create it with cleanup.policy=compact, or give the login the right to create topics"
+                ),
+            }),
+        }
+    }
+
+    /// The last checkpoint of this stream in the topic.
+    pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {
+        let Some(partitions) = self.topic_partitions().await? else {
+            return Ok(None);
+        };
+        let mut config = self.client_config();
+        config
+            .set("group.id", "mssql-ces-checkpoint-reader")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed");
+        let (topic, key, timeout) = (self.topic.clone(), self.stream_name.clone(), self.timeout);
+        let read = tokio::task::spawn_blocking(move || {
+            last_value(config, &topic, &partitions, &key, timeout)
+        })
+        .await
+        .map_err(|e| CheckpointError::Io {
+            location: self.location(),
+            reason: format!("the read's thread failed: {e}"),
+        })?;
+        match read.map_err(|e| self.transient(e))? {
+            Some(text) => parse(&text, &self.stream_name, &self.location()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether the topic can be reached (for `check`: nothing written).
+    pub async fn check_writable(&mut self) -> Result<(), CheckpointError> {
+        self.topic_partitions().await.map(|_| ())
+    }
+
+    /// Writes `position`, returning once the broker acknowledged it.
+    pub async fn save(&mut self, position: &Position) -> Result<(), CheckpointError> {
+        self.prepare().await?;
+        let document = render(&self.stream_name, position, &self.location())?;
+        let producer = self.producer()?;
+        let record = FutureRecord::to(&self.topic)
+            .key(self.stream_name.as_bytes())
+            .payload(document.as_bytes());
+        producer
+            .send(record, self.timeout)
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| self.transient(format!("the write was not acknowledged: {e}")))
+    }
+}
+
+/// Warns when `topic` is not compacted (it then keeps every write).
+async fn warn_unless_compacted(config: ClientConfig, topic: String, timeout: Duration) {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    let Ok(admin) = config.create::<AdminClient<rdkafka::client::DefaultClientContext>>() else {
+        return;
+    };
+    let options = AdminOptions::new().request_timeout(Some(timeout));
+    let Ok(described) = admin
+        .describe_configs([&ResourceSpecifier::Topic(&topic)], &options)
+        .await
+    else {
+        return;
+    };
+    let policy = described
+        .into_iter()
+        .flatten()
+        .next()
+        .and_then(|r| r.get("cleanup.policy").and_then(|e| e.value.clone()));
+    if let Some(policy) = policy
+        && !policy.contains("compact")
+    {
+        tracing::warn!(topic = %topic, cleanup_policy = %policy, "the checkpoint topic is not compacted: it keeps every write; set cleanup.policy=compact on it");
+    }
+}
+
+/// The last payload under `key` in `partitions` of `topic`, read to the end (its
+/// last stable offset under `read_committed`) as it stood when the read began.
+fn last_value(
+    config: ClientConfig,
+    topic: &str,
+    partitions: &[i32],
+    key: &str,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
+    let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    let mut ends = std::collections::BTreeMap::new();
+    for &partition in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, timeout)
+            .map_err(|e| format!("cannot read partition {partition}'s offsets: {e}"))?;
+        if high > low {
+            assignment
+                .add_partition_offset(topic, partition, rdkafka::Offset::Offset(low))
+                .map_err(|e| e.to_string())?;
+            ends.insert(partition, high);
+        }
+    }
+    if ends.is_empty() {
+        return Ok(None);
+    }
+    consumer.assign(&assignment).map_err(|e| e.to_string())?;
+    let mut last: Option<(i32, i64, Option<String>)> = None;
+    let mut found: std::collections::BTreeMap<i32, (i64, Option<String>)> = Default::default();
+    let deadline = std::time::Instant::now() + timeout;
+    while !ends.is_empty() {
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "the topic was not read to its end within {} ms",
+                timeout.as_millis()
+            ));
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            // A partition whose last records are aborted or control records ends
+            // before its high watermark: its position tells.
+            let positions = consumer.position().map_err(|e| e.to_string())?;
+            for element in positions.elements() {
+                if let rdkafka::Offset::Offset(at) = element.offset()
+                    && ends.get(&element.partition()).is_some_and(|end| at >= *end)
+                {
+                    ends.remove(&element.partition());
+                }
+            }
+            continue;
+        };
+        let message = message.map_err(|e| e.to_string())?;
+        let partition = message.partition();
+        if message.key() == Some(key.as_bytes()) {
+            let value = message
+                .payload()
+                .map(|p| String::from_utf8_lossy(p).into_owned());
+            found.insert(partition, (message.offset(), value));
+        }
+        if ends
+            .get(&partition)
+            .is_some_and(|end| message.offset() + 1 >= *end)
+        {
+            ends.remove(&partition);
+        }
+    }
+    // One partition holds a key (the producer's partitioner): its last record.
+    for (partition, (offset, value)) in found {
+        if last.as_ref().is_none_or(|(_, at, _)| offset > *at) {
+            last = Some((partition, offset, value));
+        }
+    }
+    Ok(last.and_then(|(_, _, value)| value))
+}

@@ -1,0 +1,138 @@
+//! `checkpoint.store = "kafka"`: each stream's checkpoint is the last record under
+//! its name in a compacted topic on `MockCluster` brokers (which keep every record:
+//! the reader's last-record-wins is what is tested, not compaction).
+
+use std::time::Duration;
+
+use mssql_ces::checkpoint::CheckpointStore;
+use mssql_ces::checkpoint::kafka::KafkaStore;
+use mssql_ces::pipeline::{self, PipelineSettings};
+use mssql_ces::position::{EventPosition, Position};
+use mssql_ces::sink::Sink;
+use mssql_ces::source::poller::{Poller, PollerConfig};
+use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use rdkafka::mocking::MockCluster;
+use tokio_util::sync::CancellationToken;
+
+use crate::kafka_pipeline::kafka_sink_with;
+use crate::pipeline_faults::factory;
+
+fn store(bootstrap: &str, stream: &str) -> KafkaStore {
+    KafkaStore::new(
+        vec![("bootstrap.servers".into(), bootstrap.into())],
+        "mssql-ces-checkpoints",
+        stream,
+        Duration::from_secs(10),
+    )
+}
+
+fn at(sequence_number: u64) -> Position {
+    Position {
+        last_event: Some(EventPosition {
+            commit_lsn: mssql_ces::lsn::Lsn::from_parts(0xB1, 0x10, 2),
+            sequence_number,
+        }),
+        ..Position::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_stream_reads_back_its_own_last_write() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster
+        .create_topic("mssql-ces-checkpoints", 1, 1)
+        .expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let mut fresh = store(&bootstrap, "orders");
+    assert_eq!(
+        fresh.load().await.expect("read"),
+        None,
+        "nothing written yet"
+    );
+    let mut orders = store(&bootstrap, "orders");
+    let mut billing = store(&bootstrap, "billing");
+    orders.save(&at(1)).await.expect("write");
+    billing.save(&at(7)).await.expect("write");
+    orders.save(&at(2)).await.expect("write");
+    assert_eq!(
+        store(&bootstrap, "orders").load().await.expect("read"),
+        Some(at(2))
+    );
+    assert_eq!(
+        store(&bootstrap, "billing").load().await.expect("read"),
+        Some(at(7))
+    );
+    assert_eq!(store(&bootstrap, "other").load().await.expect("read"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_reach_its_brokers_says_so_as_a_fault_that_can_pass() {
+    let mut unreachable = KafkaStore::new(
+        vec![("bootstrap.servers".into(), "127.0.0.1:1".into())],
+        "mssql-ces-checkpoints",
+        "orders",
+        Duration::from_millis(500),
+    );
+    let error = unreachable.load().await.expect_err("no broker");
+    assert!(error.is_transient(), "{error}");
+    assert!(
+        error.to_string().contains("mssql-ces-checkpoints"),
+        "{error}"
+    );
+}
+
+/// A run to Kafka with its checkpoint in Kafka; a second run reads it back and has
+/// nothing left to send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_resumes_from_its_checkpoint_in_the_topic() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 4, 1).expect("topic");
+    cluster
+        .create_topic("mssql-ces-checkpoints", 1, 1)
+        .expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let run = |position: Option<Position>| {
+        let bootstrap = bootstrap.clone();
+        async move {
+            let source = SyntheticSource::new(SyntheticConfig {
+                seed: 5,
+                transactions: Some(200),
+                rate_per_second: None,
+                large_value_every: 0,
+                existing_rows: 0,
+                oversized_value_every: 0,
+            });
+            let mut source = source;
+            if let Some(p) = &position {
+                source.resume_from(p);
+            }
+            pipeline::run(
+                Poller::new(source, PollerConfig::default(), position),
+                factory(),
+                crate::pipeline_faults::router(),
+                Sink::Kafka(kafka_sink_with(&bootstrap, None)),
+                CheckpointStore::Kafka(Box::new(store(&bootstrap, "s"))),
+                PipelineSettings {
+                    poll_interval: Duration::from_millis(10),
+                    checkpoint_interval: Duration::from_millis(20),
+                    drain_timeout: Duration::from_secs(10),
+                    idle_drain_timeout: Duration::from_secs(10),
+                    until_idle: true,
+                    metrics: Default::default(),
+                },
+                CancellationToken::new(),
+            )
+            .await
+            .expect("run")
+        }
+    };
+    let first = run(None).await;
+    assert!(first.events > 200, "{first:?}");
+    let stored = store(&bootstrap, "s").load().await.expect("read");
+    assert_eq!(
+        stored, first.checkpoint,
+        "the topic holds the run's last checkpoint"
+    );
+    let second = run(stored).await;
+    assert_eq!(second.events, 0, "resumed at the end: {second:?}");
+}

@@ -18,14 +18,7 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
             return None;
         }
     };
-    let where_ = match config.checkpoint.store {
-        crate::config::CheckpointStoreKind::File => config.checkpoint.path.display().to_string(),
-        crate::config::CheckpointStoreKind::Table => "table dbo.mssql_ces_checkpoint".to_owned(),
-        crate::config::CheckpointStoreKind::Kafka => format!(
-            "topic {} key {}",
-            config.checkpoint.topic, config.checkpoint.stream_name
-        ),
-    };
+    let where_ = store_location(config);
     let position = match store.load().await {
         Ok(Some(position)) => {
             let at = position
@@ -61,21 +54,7 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
     };
     match check_writable(&mut store, config.check.timeout).await {
         Ok(()) => report.pass("checkpoint: writable", where_.clone()),
-        Err(e) => report.fail(
-            "checkpoint: writable",
-            e.to_string(),
-            match config.checkpoint.store {
-                crate::config::CheckpointStoreKind::File => {
-                    "make the checkpoint's directory writable by this user, or set checkpoint.path elsewhere"
-                }
-                crate::config::CheckpointStoreKind::Table => {
-                    "create dbo.mssql_ces_checkpoint (sql/04_checkpoint_table.sql) and GRANT INSERT, UPDATE on it to the login"
-                }
-                crate::config::CheckpointStoreKind::Kafka => {
-                    "check the sink's brokers and the login's right to read and write checkpoint.topic"
-                }
-            },
-        ),
+        Err(e) => report.fail("checkpoint: writable", e.to_string(), writable_fix(config)),
     }
     let resume = position
         .as_ref()
@@ -301,4 +280,31 @@ pub(super) fn human_minutes(minutes: i64) -> String {
         parts.push(format!("{mins} min"));
     }
     parts.join(" ")
+}
+
+/// Where the configured store keeps this stream's checkpoint, for the report.
+fn store_location(config: &Config) -> String {
+    match config.checkpoint.store {
+        crate::config::CheckpointStoreKind::File => config.checkpoint.path.display().to_string(),
+        crate::config::CheckpointStoreKind::Table => "table dbo.mssql_ces_checkpoint".to_owned(),
+        crate::config::CheckpointStoreKind::Kafka => format!(
+            "topic {} key {}",
+            config.checkpoint.topic, config.checkpoint.stream_name
+        ),
+    }
+}
+
+/// What to do when the configured store cannot be written.
+fn writable_fix(config: &Config) -> &'static str {
+    match config.checkpoint.store {
+        crate::config::CheckpointStoreKind::File => {
+            "make the checkpoint's directory writable by this user, or set checkpoint.path elsewhere"
+        }
+        crate::config::CheckpointStoreKind::Table => {
+            "create dbo.mssql_ces_checkpoint (sql/04_checkpoint_table.sql) and GRANT INSERT, UPDATE on it to the login"
+        }
+        crate::config::CheckpointStoreKind::Kafka => {
+            "check the sink's brokers and the login's right to read and write checkpoint.topic"
+        }
+    }
 }

@@ -127,7 +127,7 @@ async fn through_sink(endpoint: &str, messages: &[OutgoingMessage], run: Duratio
             for m in messages {
                 deliveries.push(sink.send(m.clone()).await.expect("queued"));
             }
-            sink.end_batch().await.expect("sent");
+            sink.end_batch(&Default::default()).await.expect("sent");
             for d in deliveries {
                 d.wait().await.expect("delivered");
             }

@@ -301,12 +301,10 @@ async fn drive<S: ChangeSource + 'static>(
     let health = SinkHealth::new(config.metrics.listen.is_some());
     metrics.watch_sink(std::sync::Arc::clone(&health));
     let fresh = resume == Resume::Fresh;
+    let sink_kind = exactly_once(config, &mut store).await?;
     // Opening may wait for an unreachable destination (up to the delivery timeout):
     // a shutdown ends that wait.
-    let build = config
-        .sink
-        .kind
-        .build(&config.sink.routing, &config.event, resume, health);
+    let build = sink_kind.build(&config.sink.routing, &config.event, resume, health);
     let built = tokio::select! {
         built = build => built?,
         () = shutdown.cancelled() => {
@@ -317,6 +315,9 @@ async fn drive<S: ChangeSource + 'static>(
     log_destination(config, &built.topic);
     if !save_first_position(config, &mut poller, &mut store, &shutdown, fresh).await? {
         return Ok(RunSummary::default());
+    }
+    if let (CheckpointStore::Kafka(s), true) = (&mut store, exactly_once_on(config)) {
+        s.hand_over_writes();
     }
     let event = config.event.clone();
     let routing = &config.sink.routing;
@@ -384,6 +385,38 @@ async fn drive<S: ChangeSource + 'static>(
         poller, factory, router, built.sink, store, settings, shutdown,
     )
     .await?)
+}
+
+/// Whether `sink.exactly_once` is on.
+fn exactly_once_on(config: &Config) -> bool {
+    matches!(&config.sink.kind, SinkConfig::Kafka(k) if k.exactly_once)
+}
+
+/// The sink's configuration, with `sink.exactly_once` tied to the stream: its
+/// transactional id and where its positions go (the topic made ready first, so
+/// that the transactions never auto-create it uncompacted).
+async fn exactly_once(
+    config: &Config,
+    store: &mut CheckpointStore,
+) -> Result<SinkConfig, RunError> {
+    let mut kind = config.sink.kind.clone();
+    if let (SinkConfig::Kafka(k), CheckpointStore::Kafka(s)) = (&mut kind, store)
+        && k.exactly_once
+    {
+        s.prepare().await?;
+        let stream_name = config.checkpoint.stream_name.clone();
+        let id = k
+            .transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("mssql-ces.{stream_name}"));
+        tracing::info!(transactional_id = %id, checkpoint_topic = %config.checkpoint.topic, "exactly-once: each batch and its position in one Kafka transaction");
+        k.transaction = Some(crate::sink::kafka::TransactionSettings {
+            id,
+            checkpoint_topic: config.checkpoint.topic.clone(),
+            stream_name,
+        });
+    }
+    Ok(kind)
 }
 
 /// Where events go, as the configuration spells it.

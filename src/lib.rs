@@ -48,6 +48,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod databases;
 pub mod event;
+pub mod kafka_client;
 pub mod lsn;
 pub mod metrics;
 pub mod mssql;

@@ -41,6 +41,9 @@ pub struct KafkaStore {
     timeout: Duration,
     /// Whether the topic was looked at (created when missing).
     prepared: bool,
+    /// The sink writes the positions, each in its batch's transaction
+    /// (`sink.exactly_once`): the store's own writes end once the run starts.
+    sink_writes: bool,
 }
 
 impl KafkaStore {
@@ -58,6 +61,7 @@ impl KafkaStore {
             producer: None,
             timeout,
             prepared: false,
+            sink_writes: false,
         }
     }
 
@@ -93,7 +97,7 @@ impl KafkaStore {
             location: self.location(),
             reason: format!(
                 "cannot create the Kafka producer: {}",
-                crate::sink::kafka::config_error(&e)
+                crate::kafka_client::config_error(&e)
             ),
         })?;
         self.producer = Some(producer.clone());
@@ -103,7 +107,7 @@ impl KafkaStore {
     /// Creates the topic compacted when it does not exist; warns when it exists
     /// without compaction. Once per store, before its first write (a read of a
     /// topic that does not exist finds no checkpoint, and creates nothing).
-    async fn prepare(&mut self) -> Result<(), CheckpointError> {
+    pub async fn prepare(&mut self) -> Result<(), CheckpointError> {
         if self.prepared {
             return Ok(());
         }
@@ -153,7 +157,7 @@ impl KafkaStore {
                 location: self.location(),
                 reason: format!(
                     "cannot create a Kafka admin client: {}",
-                    crate::sink::kafka::config_error(&e)
+                    crate::kafka_client::config_error(&e)
                 ),
             })?;
         // The broker's default replication (KIP-464).
@@ -209,8 +213,20 @@ impl KafkaStore {
         self.topic_partitions().await.map(|_| ())
     }
 
-    /// Writes `position`, returning once the broker acknowledged it.
+    /// From now on the sink writes the positions in its transactions
+    /// (`sink.exactly_once`), and [`save`](Self::save) writes nothing: a write of its
+    /// own, outside a transaction, could put back an older position after a
+    /// successor committed a newer one (a paused process resuming).
+    pub fn hand_over_writes(&mut self) {
+        self.sink_writes = true;
+    }
+
+    /// Writes `position`, returning once the broker acknowledged it (nothing once
+    /// the writes are [handed over](Self::hand_over_writes)).
     pub async fn save(&mut self, position: &Position) -> Result<(), CheckpointError> {
+        if self.sink_writes {
+            return Ok(());
+        }
         self.prepare().await?;
         let document = render(&self.stream_name, position, &self.location())?;
         let producer = self.producer()?;

@@ -10,6 +10,23 @@ pub(super) fn default_checkpoint_topic() -> String {
 
 impl Config {
     pub(super) fn validate_kafka_store(&self) -> Result<(), ConfigError> {
+        match &self.sink.kind {
+            SinkConfig::EventHubsKafka(c) if c.exactly_once => {
+                return Err(invalid(
+                    "sink.exactly_once",
+                    "is for Kafka: Event Hubs' Kafka endpoint has no transactions on the Basic and Standard tiers, and this release does not support them on Premium or Dedicated",
+                ));
+            }
+            SinkConfig::Kafka(c)
+                if c.exactly_once && self.checkpoint.store != CheckpointStoreKind::Kafka =>
+            {
+                return Err(invalid(
+                    "sink.exactly_once",
+                    "needs checkpoint.store = \"kafka\": the position is committed in the same transaction as the batch",
+                ));
+            }
+            _ => {}
+        }
         if self.checkpoint.store != CheckpointStoreKind::Kafka {
             return Ok(());
         }
@@ -59,6 +76,14 @@ mod tests {
             .to_string();
         assert!(
             error.contains("checkpoint.store") && error.contains("kafka"),
+            "{error}"
+        );
+        let once = format!("{kafka}\nexactly_once = true");
+        let c = load(&once, "store = \"kafka\"").expect("valid");
+        assert!(matches!(&c.sink.kind, SinkConfig::Kafka(k) if k.exactly_once));
+        let error = load(&once, "").expect_err("file store").to_string();
+        assert!(
+            error.contains("sink.exactly_once") && error.contains("checkpoint.store"),
             "{error}"
         );
         let error = load(kafka, "store = \"kafka\"\ntopic = \" \"")

@@ -61,6 +61,16 @@ impl Config {
                 "cannot be set with source.databases: each database is its own stream, with its own GUID",
             ));
         }
+        if let SinkConfig::Kafka(k) = &self.sink.kind
+            && k.transactional_id
+                .as_ref()
+                .is_some_and(|id| !id.contains(DB))
+        {
+            return Err(invalid(
+                "sink.transactional_id",
+                "must contain {db} with source.databases (each database's transactions are its own), or be left unset",
+            ));
+        }
         if let SinkConfig::File(file) = &self.sink.kind
             && !file.path.to_string_lossy().contains(DB)
         {
@@ -85,8 +95,17 @@ impl Config {
         } else {
             format!("{}/{database}", self.checkpoint.stream_name)
         };
-        if let SinkConfig::File(file) = &mut config.sink.kind {
-            file.path = PathBuf::from(file.path.to_string_lossy().replace(DB, database));
+        match &mut config.sink.kind {
+            SinkConfig::File(file) => {
+                file.path = PathBuf::from(file.path.to_string_lossy().replace(DB, database));
+            }
+            SinkConfig::Kafka(k) => {
+                k.transactional_id = k
+                    .transactional_id
+                    .as_ref()
+                    .map(|id| id.replace(DB, database));
+            }
+            _ => {}
         }
         config
     }

@@ -183,7 +183,7 @@ impl Sender {
         };
         tokio::select! {
             biased;
-            ended = self.sink.end_batch() => ended.map_err(counted)?,
+            ended = self.sink.end_batch(&end.position) => ended.map_err(counted)?,
             () = stop.cancelled() => return Ok(false),
             () = self.failed.cancelled() => return Ok(false),
         }

@@ -219,7 +219,13 @@ impl SinkConfig {
             health.set_connected(true);
         }
         match self {
-            SinkConfig::Kafka(c) => c.build(kafka::KafkaFlavour::Kafka, routing, max_bytes, health),
+            SinkConfig::Kafka(c) => {
+                let mut built = c.build(kafka::KafkaFlavour::Kafka, routing, max_bytes, health)?;
+                if let Sink::Kafka(k) = &mut built.sink {
+                    k.init_transactions().await?;
+                }
+                Ok(built)
+            }
             SinkConfig::EventHubsKafka(c) => {
                 c.build(kafka::KafkaFlavour::EventHubs, routing, max_bytes, health)
             }
@@ -681,11 +687,15 @@ impl Sink {
         }
     }
 
-    /// Ends a pipeline batch: sends what the sink buffers (Event Hubs over AMQP) and
-    /// makes what was written durable (files).
-    pub async fn end_batch(&mut self) -> Result<(), SinkError> {
+    /// Ends a pipeline batch at `position`: sends what the sink buffers (Event Hubs
+    /// over AMQP), makes what was written durable (files), commits the batch's
+    /// transaction with the position (Kafka with `sink.exactly_once`).
+    pub async fn end_batch(
+        &mut self,
+        position: &crate::position::Position,
+    ) -> Result<(), SinkError> {
         match self {
-            Sink::Kafka(_) => Ok(()),
+            Sink::Kafka(s) => s.end_batch(position).await,
             Sink::EventHubsAmqp(s) => s.end_batch().await,
             Sink::Stream(s) => s.sync().await,
         }
@@ -711,7 +721,11 @@ impl Sink {
     pub async fn close(self) -> Result<(), SinkError> {
         match self {
             Sink::EventHubsAmqp(s) => s.close().await,
-            Sink::Kafka(_) | Sink::Stream(_) => Ok(()),
+            Sink::Kafka(mut s) => {
+                s.close().await;
+                Ok(())
+            }
+            Sink::Stream(_) => Ok(()),
         }
     }
 

@@ -32,7 +32,9 @@ async fn messages_of_about_a_megabyte_are_delivered_in_key_order() {
             .await
             .expect("queued"),
     );
-    sink.end_batch().await.expect("the batch is sent");
+    sink.end_batch(&Default::default())
+        .await
+        .expect("the batch is sent");
     for delivery in deliveries {
         delivery.wait().await.expect("delivered");
     }
@@ -71,7 +73,9 @@ async fn a_stalled_batch_is_resent_alone_on_a_new_connection() {
         .store(2, std::sync::atomic::Ordering::SeqCst);
     let deliveries = send_tagged(&mut sink, "dbo.T", &sizes).await;
     let started = std::time::Instant::now();
-    sink.end_batch().await.expect("the stalled chunk is resent");
+    sink.end_batch(&Default::default())
+        .await
+        .expect("the stalled chunk is resent");
     for delivery in deliveries {
         delivery.wait().await.expect("delivered");
     }

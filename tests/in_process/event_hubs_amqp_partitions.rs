@@ -35,7 +35,9 @@ async fn send_all(sink: &mut Sink, keys: usize, per_key: u32) -> Vec<(String, u3
             sent.push((key.clone(), seq));
         }
     }
-    sink.end_batch().await.expect("the batch is sent");
+    sink.end_batch(&Default::default())
+        .await
+        .expect("the batch is sent");
     for delivery in deliveries {
         delivery.wait().await.expect("delivered");
     }

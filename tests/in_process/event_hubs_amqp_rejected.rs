@@ -26,7 +26,7 @@ async fn a_batch_rejected_while_the_service_is_busy_is_sent_again() {
         "com.microsoft:partition-not-owned".to_owned(),
     ]);
     let delivery = sink.send(message()).await.expect("queued");
-    sink.end_batch()
+    sink.end_batch(&Default::default())
         .await
         .expect("stored once the service takes it");
     delivery.wait().await.expect("delivered");
@@ -56,7 +56,10 @@ async fn a_batch_rejected_as_unauthorized_fails_at_once_as_definite() {
         ));
     let started = Instant::now();
     let delivery = sink.send(message()).await.expect("queued");
-    let error = sink.end_batch().await.expect_err("refused");
+    let error = sink
+        .end_batch(&Default::default())
+        .await
+        .expect_err("refused");
     assert!(matches!(error, SinkError::Definite(_)), "{error:?}");
     assert!(
         matches!(delivery.wait().await, Err(SinkError::Definite(_))),

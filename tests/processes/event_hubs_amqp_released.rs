@@ -34,7 +34,7 @@ async fn a_released_batch_is_sent_again() {
         tombstone: false,
     };
     let delivery = sink.send(message).await.expect("queued");
-    sink.end_batch()
+    sink.end_batch(&Default::default())
         .await
         .expect("sent again after the release");
     delivery.wait().await.expect("delivered");

@@ -94,6 +94,16 @@ pub struct KafkaSinkConfig {
     /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
     #[serde(default)]
     pub kafka: BTreeMap<String, String>,
+    /// Each batch and the stream's position in one Kafka transaction (needs
+    /// `checkpoint.store = "kafka"`).
+    #[serde(default)]
+    pub exactly_once: bool,
+    /// The transactional id (default `mssql-ces.<checkpoint.stream_name>`).
+    #[serde(default)]
+    pub transactional_id: Option<String>,
+    /// Set by the run from `[checkpoint]` when `exactly_once` is on.
+    #[serde(skip)]
+    pub transaction: Option<super::TransactionSettings>,
 }
 
 fn yes() -> bool {
@@ -249,6 +259,14 @@ const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
         "sink.sasl_password (Event Hubs: sink.connection_string)",
     ),
     ("partitioner", "sink.partitioner"),
+    (
+        "transactional.id",
+        "sink.transactional_id (with sink.exactly_once)",
+    ),
+    (
+        "transaction.timeout.ms",
+        "sink.delivery_timeout_ms (with sink.exactly_once)",
+    ),
     ("security.protocol", "sink.security_protocol"),
     ("sasl.mechanism", "sink.sasl_mechanism"),
     ("sasl.mechanisms", "sink.sasl_mechanism"),
@@ -282,6 +300,9 @@ impl KafkaSinkConfig {
             ssl_key_password: SecretRef::default(),
             ssl_endpoint_identification: true,
             kafka: BTreeMap::new(),
+            exactly_once: false,
+            transactional_id: None,
+            transaction: None,
         }
     }
 
@@ -555,6 +576,8 @@ pub struct KafkaSettings {
     /// Whether each topic's `max.message.bytes` is read and checked (not for Event
     /// Hubs, whose limit the configuration enforces).
     pub check_topic_limits: bool,
+    /// `sink.exactly_once`: what the transactions are tied to.
+    pub transaction: Option<super::TransactionSettings>,
 }
 
 /// `Endpoint=sb://<namespace>.servicebus.windows.net/;…;EntityPath=<hub>` →
@@ -710,10 +733,25 @@ impl KafkaSettings {
             }
         }
         properties.extend(sink.kafka.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if let Some(t) = &sink.transaction {
+            // A transaction must end within transaction.timeout.ms, and librdkafka
+            // wants every message's time-out within it: the delivery time-out bounds
+            // both (a batch not committed by then is aborted and the run fails).
+            let timeout = sink.delivery_timeout.as_millis().max(1000);
+            properties.extend([
+                ("transactional.id".to_owned(), t.id.clone()),
+                ("message.timeout.ms".to_owned(), timeout.to_string()),
+                (
+                    "transaction.timeout.ms".to_owned(),
+                    (timeout + 5000).to_string(),
+                ),
+            ]);
+        }
         Ok(KafkaSettings {
             properties,
             delivery_timeout: sink.delivery_timeout,
             check_topic_limits: flavour == KafkaFlavour::Kafka,
+            transaction: sink.transaction.clone(),
         })
     }
 }

@@ -19,6 +19,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 
 mod admin;
+mod transactions;
+pub use transactions::TransactionSettings;
 mod config;
 mod outage;
 
@@ -34,23 +36,7 @@ pub use config::{
     parse_event_hubs_connection_string,
 };
 
-/// A Kafka client's error without the value of the property it is about: rdkafka's
-/// text quotes it, and it may be a secret (`sasl.password`,
-/// `sasl.oauthbearer.client.secret`, `ssl.key.password`, …). The property's name and
-/// librdkafka's reason, with any copy of the value blanked.
-pub fn config_error(error: &KafkaError) -> String {
-    match error {
-        KafkaError::ClientConfig(_, description, key, value) => {
-            let description = if value.is_empty() {
-                description.clone()
-            } else {
-                description.replace(value.as_str(), "<value not shown>")
-            };
-            format!("[sink.kafka] \"{key}\": {description}")
-        }
-        other => other.to_string(),
-    }
-}
+pub use crate::kafka_client::config_error;
 
 /// A Kafka error as a [`SinkError`]: definite where the broker refuses the message
 /// itself or the client's rights (resending cannot help), else transient.
@@ -222,6 +208,8 @@ pub struct KafkaSink {
     largest_message: usize,
     checked_topics: std::collections::HashSet<String>,
     topic_error: Arc<Mutex<Option<SinkError>>>,
+    /// `sink.exactly_once`: each batch in a transaction with its position.
+    transactions: Option<transactions::Transactions>,
 }
 
 impl KafkaSink {
@@ -283,6 +271,10 @@ impl KafkaSink {
             largest_message: settings.largest_record_batch(largest_message),
             checked_topics: std::collections::HashSet::new(),
             topic_error: Arc::new(Mutex::new(None)),
+            transactions: settings
+                .transaction
+                .clone()
+                .map(|t| transactions::Transactions::new(t, settings.delivery_timeout)),
         })
     }
 
@@ -379,9 +371,43 @@ impl KafkaSink {
         self.delivery_timeout
     }
 
+    /// With `sink.exactly_once`: takes the stream's transactional id, fencing
+    /// every earlier producer of it.
+    pub async fn init_transactions(&mut self) -> Result<(), SinkError> {
+        match &self.transactions {
+            Some(t) => t.init(&self.producer).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Ends a batch: with `sink.exactly_once`, writes `position` into the batch's
+    /// transaction and commits it.
+    pub async fn end_batch(
+        &mut self,
+        position: &crate::position::Position,
+    ) -> Result<(), SinkError> {
+        match &mut self.transactions {
+            Some(t) => t.commit(&self.producer, position).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Aborts a transaction left open (a shutdown that cut a batch): nothing of it
+    /// becomes visible, and `read_committed` consumers are not held up by it.
+    pub async fn close(&mut self) {
+        if let Some(t) = &mut self.transactions
+            && t.is_open()
+        {
+            t.abort(&self.producer).await;
+        }
+    }
+
     pub async fn send(&mut self, message: OutgoingMessage) -> Result<Delivery, SinkError> {
         if let Some(e) = self.topic_error() {
             return Err(e);
+        }
+        if let Some(t) = &mut self.transactions {
+            t.begin(&self.producer)?;
         }
         if self.brokers.refused().is_some() {
             return Err(self.brokers.refusal_error());

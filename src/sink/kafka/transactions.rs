@@ -1,0 +1,160 @@
+//! Exactly-once into Kafka (`sink.exactly_once`): each batch and the stream's new
+//! position are written in one Kafka transaction, the position as a record of the
+//! compacted checkpoint topic (`checkpoint.store = "kafka"`), as Kafka Connect's
+//! exactly-once sources commit their offsets (KIP-618). A `read_committed`
+//! consumer sees a batch's events only with the position after them, so a restart
+//! resumes exactly after the last committed batch.
+//!
+//! Fencing: the transactional id is the stream's, so a new process on the stream
+//! initialises it, which bumps the producer epoch and aborts what the old one left
+//! open; the old one's next send or commit fails as fenced, a fatal error: it stops
+//! and says why.
+
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+
+use crate::position::Position;
+use crate::sink::SinkError;
+
+/// What the transactions are tied to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransactionSettings {
+    /// `transactional.id`: one per stream.
+    pub id: String,
+    /// Where the position goes, and under which key.
+    pub checkpoint_topic: String,
+    pub stream_name: String,
+}
+
+/// The producer's transaction state.
+#[derive(Debug)]
+pub(super) struct Transactions {
+    pub(super) settings: TransactionSettings,
+    /// A transaction is open (begun at a batch's first send).
+    open: bool,
+    timeout: Duration,
+}
+
+impl Transactions {
+    pub(super) fn new(settings: TransactionSettings, timeout: Duration) -> Self {
+        Transactions {
+            settings,
+            open: false,
+            timeout,
+        }
+    }
+
+    /// Registers the transactional id with the coordinator: fences every earlier
+    /// producer of the stream and aborts its open transaction.
+    pub(super) async fn init<C: rdkafka::client::ClientContext + 'static>(
+        &self,
+        producer: &FutureProducer<C>,
+    ) -> Result<(), SinkError> {
+        let producer = producer.clone();
+        let timeout = self.timeout;
+        let id = self.settings.id.clone();
+        blocking(move || producer.init_transactions(timeout))
+            .await
+            .map_err(|e| {
+                SinkError::Transient(format!(
+                    "cannot initialise transactions for transactional id {id} (sink.exactly_once): {e}"
+                ))
+            })
+    }
+
+    /// Begins a transaction unless one is open.
+    pub(super) fn begin<C: rdkafka::client::ClientContext + 'static>(
+        &mut self,
+        producer: &FutureProducer<C>,
+    ) -> Result<(), SinkError> {
+        if !self.open {
+            producer
+                .begin_transaction()
+                .map_err(|e| self.classify(&e))?;
+            self.open = true;
+        }
+        Ok(())
+    }
+
+    /// Writes `position` into the open transaction and commits it. A transaction
+    /// that cannot commit is aborted (nothing of it is visible to `read_committed`
+    /// consumers) and the run fails; fenced, it fails as definite.
+    pub(super) async fn commit<C: rdkafka::client::ClientContext + 'static>(
+        &mut self,
+        producer: &FutureProducer<C>,
+        position: &Position,
+    ) -> Result<(), SinkError> {
+        self.begin(producer)?;
+        let location = format!("topic {}", self.settings.checkpoint_topic);
+        let document = crate::checkpoint::render(&self.settings.stream_name, position, &location)
+            .map_err(|e| SinkError::Definite(e.to_string()))?;
+        let record = FutureRecord::to(&self.settings.checkpoint_topic)
+            .key(self.settings.stream_name.as_bytes())
+            .payload(document.as_bytes());
+        let sent = producer
+            .send_result(record)
+            .map_err(|(e, _)| self.classify(&e));
+        let committed = match sent {
+            Ok(_delivery) => {
+                let (producer, timeout) = (producer.clone(), self.timeout);
+                blocking(move || producer.commit_transaction(timeout))
+                    .await
+                    .map_err(|e| self.classify(&e))
+            }
+            Err(e) => Err(e),
+        };
+        self.open = false;
+        if let Err(e) = &committed
+            && !matches!(e, SinkError::Definite(_))
+        {
+            self.abort(producer).await;
+        }
+        committed
+    }
+
+    /// Aborts an open transaction (at a failure or a cut shutdown), bounded.
+    pub(super) async fn abort<C: rdkafka::client::ClientContext + 'static>(
+        &mut self,
+        producer: &FutureProducer<C>,
+    ) {
+        let producer = producer.clone();
+        let timeout = self.timeout.min(Duration::from_secs(5));
+        if let Err(e) = blocking(move || producer.abort_transaction(timeout)).await {
+            tracing::debug!(error = %e, "aborting the transaction");
+        }
+        self.open = false;
+    }
+
+    pub(super) fn is_open(&self) -> bool {
+        self.open
+    }
+
+    fn classify(&self, error: &KafkaError) -> SinkError {
+        match error {
+            KafkaError::Transaction(e) if e.is_fatal() => SinkError::Definite(format!(
+                "another process took over this stream (transactional id {}: {}); this one stops, and what it had not committed is aborted",
+                self.settings.id,
+                e.string()
+            )),
+            other => SinkError::Transient(format!(
+                "the transaction of transactional id {} failed: {other}",
+                self.settings.id
+            )),
+        }
+    }
+}
+
+/// Runs a blocking librdkafka call off the async workers.
+async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
+) -> Result<T, KafkaError> {
+    match tokio::task::spawn_blocking(call).await {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::debug!(error = %e, "a blocking Kafka call's thread failed");
+            Err(KafkaError::Canceled)
+        }
+    }
+}

@@ -733,20 +733,7 @@ impl KafkaSettings {
             }
         }
         properties.extend(sink.kafka.iter().map(|(k, v)| (k.clone(), v.clone())));
-        if let Some(t) = &sink.transaction {
-            // A transaction must end within transaction.timeout.ms, and librdkafka
-            // wants every message's time-out within it: the delivery time-out bounds
-            // both (a batch not committed by then is aborted and the run fails).
-            let timeout = sink.delivery_timeout.as_millis().max(1000);
-            properties.extend([
-                ("transactional.id".to_owned(), t.id.clone()),
-                ("message.timeout.ms".to_owned(), timeout.to_string()),
-                (
-                    "transaction.timeout.ms".to_owned(),
-                    (timeout + 5000).to_string(),
-                ),
-            ]);
-        }
+        properties.extend(transaction_properties(sink));
         Ok(KafkaSettings {
             properties,
             delivery_timeout: sink.delivery_timeout,
@@ -754,4 +741,23 @@ impl KafkaSettings {
             transaction: sink.transaction.clone(),
         })
     }
+}
+
+/// With `sink.exactly_once`: the transactional id, and the time-outs. A transaction
+/// must end within `transaction.timeout.ms`, and librdkafka wants every message's
+/// time-out within it: the delivery time-out bounds both (a batch not committed by
+/// then is aborted and the run fails).
+fn transaction_properties(sink: &KafkaSinkConfig) -> Vec<(String, String)> {
+    let Some(t) = &sink.transaction else {
+        return Vec::new();
+    };
+    let timeout = sink.delivery_timeout.as_millis().max(1000);
+    vec![
+        ("transactional.id".to_owned(), t.id.clone()),
+        ("message.timeout.ms".to_owned(), timeout.to_string()),
+        (
+            "transaction.timeout.ms".to_owned(),
+            (timeout + 5000).to_string(),
+        ),
+    ]
 }

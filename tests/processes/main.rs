@@ -10,6 +10,7 @@ use mssql_ces_testkit as support;
 mod check;
 mod debezium_binary;
 mod event_hubs_amqp_released;
+mod exactly_once;
 mod managed_binary;
 mod metrics_binary;
 mod run_binary;

@@ -97,12 +97,7 @@ impl Transactions {
             .send_result(record)
             .map_err(|(e, _)| self.classify(&e));
         let committed = match sent {
-            Ok(_delivery) => {
-                let (producer, timeout) = (producer.clone(), self.timeout);
-                blocking(move || producer.commit_transaction(timeout))
-                    .await
-                    .map_err(|e| self.classify(&e))
-            }
+            Ok(_delivery) => self.commit_retrying(producer).await,
             Err(e) => Err(e),
         };
         self.open = false;
@@ -112,6 +107,28 @@ impl Transactions {
             self.abort(producer).await;
         }
         committed
+    }
+
+    /// Commits, calling again while librdkafka says the call may be retried (a
+    /// time-out: the process may have been paused meanwhile), up to the time-out
+    /// from the first call. A fenced producer learns it here.
+    async fn commit_retrying<C: rdkafka::client::ClientContext + 'static>(
+        &self,
+        producer: &FutureProducer<C>,
+    ) -> Result<(), SinkError> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            let (p, timeout) = (producer.clone(), self.timeout);
+            match blocking(move || p.commit_transaction(timeout)).await {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::Transaction(e))
+                    if e.is_retriable() && std::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(error = %e, "committing again");
+                }
+                Err(e) => return Err(self.classify(&e)),
+            }
+        }
     }
 
     /// Aborts an open transaction (at a failure or a cut shutdown), bounded.

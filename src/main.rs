@@ -50,7 +50,7 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct ReadArgs {
     /// A newline-delimited file written by the file or stdout sink; `-` for stdin.
-    #[arg(long, conflicts_with_all = ["topic", "bootstrap_servers", "partitions", "group", "idle_ms", "kafka"])]
+    #[arg(long, conflicts_with_all = ["topic", "bootstrap_servers", "partitions", "group", "idle_ms", "kafka", "isolation"])]
     file: Option<PathBuf>,
     /// A Kafka topic (or event hub through the Kafka endpoint, with `--kafka`
     /// security properties), read from the beginning.
@@ -86,6 +86,19 @@ struct ReadArgs {
     /// A librdkafka property for the consumer (`--kafka security.protocol=SASL_SSL`).
     #[arg(long = "kafka", value_name = "KEY=VALUE")]
     kafka: Vec<String>,
+    /// `read_committed` (default, as Kafka consumers read): only committed
+    /// transactions' records, what a consumer of an exactly-once stream sees;
+    /// `read_uncommitted`: also those of open and aborted transactions.
+    #[arg(long, value_enum, default_value = "read_committed", requires = "topic")]
+    isolation: Isolation,
+}
+
+/// `read --isolation`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum Isolation {
+    ReadCommitted,
+    ReadUncommitted,
 }
 
 #[derive(Debug, clap::Args)]
@@ -282,6 +295,7 @@ fn read(args: &ReadArgs) -> ExitCode {
                 follow: args.follow,
                 idle: Duration::from_millis(args.idle_ms.unwrap_or(2000)),
                 properties,
+                read_committed: matches!(args.isolation, Isolation::ReadCommitted),
             };
             read_kafka(&input, &mut reader, &stop)
         }

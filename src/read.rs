@@ -523,6 +523,8 @@ pub struct KafkaInput {
     pub idle: std::time::Duration,
     /// More librdkafka properties (security, SASL).
     pub properties: Vec<(String, String)>,
+    /// Only committed transactions' records (`isolation.level=read_committed`).
+    pub read_committed: bool,
 }
 
 /// Reads a topic from the beginning, each partition as one ordered stream; a message
@@ -603,7 +605,15 @@ fn assigned_consumer(input: &KafkaInput) -> Result<rdkafka::consumer::BaseConsum
         )
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        .set(
+            "isolation.level",
+            if input.read_committed {
+                "read_committed"
+            } else {
+                "read_uncommitted"
+            },
+        );
     for (key, value) in &input.properties {
         config.set(key, value);
     }

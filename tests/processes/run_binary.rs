@@ -1408,3 +1408,52 @@ fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `sink.exactly_once` with the binary (on `MockCluster`, which runs transactions):
+/// a run to the end, a second that resumes from the position its last transaction
+/// committed and has nothing to send, and `read --isolation read_committed` that
+/// finds every event once, with no duplicate to drop.
+#[test]
+fn an_exactly_once_stream_reads_back_without_duplicates() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    cluster
+        .create_topic("mssql-ces-checkpoints", 1, 1)
+        .expect("checkpoint topic");
+    let dir = temp_dir("exactly-once-read");
+    let config = config(&dir, &bootstrap, "seed = 33\ntransactions = 600");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        text.replace("[checkpoint]\n", "[checkpoint]\nstore = \"kafka\"\n")
+            .replace(
+                "delivery_timeout_ms = 60000",
+                "delivery_timeout_ms = 20000\nexactly_once = true",
+            ),
+    )
+    .expect("config");
+    for run in 0..2 {
+        let mut child = spawn(&config, &dir, &["--until-idle"], run);
+        let status = wait(&mut child, Duration::from_secs(60));
+        assert!(status.success(), "run {run}; logs in {}", dir.display());
+    }
+    let second = std::fs::read_to_string(dir.join("run-1.log")).expect("log");
+    assert!(second.contains("resuming from the checkpoint"), "{second}");
+    assert!(
+        second.contains(" events=0 "),
+        "nothing left to send: {second}"
+    );
+    let output = Command::new(BINARY)
+        .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
+        .args(["--idle-ms", "1500", "--isolation", "read_committed"])
+        .output()
+        .expect("read");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("0 duplicates dropped"), "{stderr}");
+    let events = String::from_utf8_lossy(&output.stdout).lines().count();
+    assert!(events > 600, "{events} events; {stderr}");
+    assert!(stderr.contains(&format!("{events} events")), "{stderr}");
+    std::fs::remove_dir_all(dir).ok();
+}

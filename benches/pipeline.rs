@@ -19,7 +19,9 @@
 //!
 //! Run: `cargo bench --bench pipeline` (`PIPELINE_BENCH_SECONDS`, `PIPELINE_BENCH_ROUNDS`,
 //! `PIPELINE_BENCH_CASES=json-structured,avro-binary,…` to pick cases,
-//! `PIPELINE_BENCH_SIDES=c` to run some sides only, e.g. under a profiler).
+//! `PIPELINE_BENCH_SIDES=c` to run some sides only, e.g. under a profiler;
+//! `PIPELINE_BENCH_EXACTLY_ONCE=1`: the pipeline's sides with `sink.exactly_once`,
+//! a transaction per batch with its position, to compare with the same run without).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -122,8 +124,17 @@ fn cluster() -> Option<(
 )> {
     let cluster = MockCluster::new(1).ok()?;
     cluster.create_topic(TOPIC, 4, 1).ok()?;
+    cluster.create_topic("mssql-ces-checkpoints", 1, 1).ok()?;
+    let exactly_once = std::env::var("PIPELINE_BENCH_EXACTLY_ONCE").is_ok_and(|v| v == "1");
     let settings = KafkaSettings::new(
-        &KafkaSinkConfig::new(&cluster.bootstrap_servers()),
+        &KafkaSinkConfig {
+            transaction: exactly_once.then(|| mssql_ces::sink::kafka::TransactionSettings {
+                id: "mssql-ces.bench".into(),
+                checkpoint_topic: "mssql-ces-checkpoints".into(),
+                stream_name: "bench".into(),
+            }),
+            ..KafkaSinkConfig::new(&cluster.bootstrap_servers())
+        },
         KafkaFlavour::Kafka,
         MessageSizeLimit::default().bytes(),
         None,
@@ -346,9 +357,12 @@ async fn pipeline_replay(
     settings: &KafkaSettings,
     seconds: Duration,
 ) -> Rate {
-    let Ok(sink) = KafkaSink::new(settings, MessageSizeLimit::default().bytes()) else {
+    let Ok(mut sink) = KafkaSink::new(settings, MessageSizeLimit::default().bytes()) else {
         return Rate::new(0, 0, Duration::from_secs(1));
     };
+    if sink.init_transactions().await.is_err() {
+        return Rate::new(0, 0, Duration::from_secs(1));
+    }
     let replay = Replay {
         batches,
         ready,
@@ -389,9 +403,12 @@ async fn run_pipeline<B: BatchSource>(
 
 /// (d) end to end: the endless synthetic source for `seconds`, then a graceful stop.
 async fn end_to_end(case: Case, settings: &KafkaSettings, seconds: Duration) -> Rate {
-    let Ok(sink) = KafkaSink::new(settings, MessageSizeLimit::default().bytes()) else {
+    let Ok(mut sink) = KafkaSink::new(settings, MessageSizeLimit::default().bytes()) else {
         return Rate::new(0, 0, Duration::from_secs(1));
     };
+    if sink.init_transactions().await.is_err() {
+        return Rate::new(0, 0, Duration::from_secs(1));
+    }
     let poller = Poller::new(
         SyntheticSource::new(synthetic(None)),
         PollerConfig::default(),

@@ -1328,26 +1328,48 @@ fn a_sasl_cluster_takes_the_right_password_and_refuses_a_wrong_one_by_name() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// `checkpoint.store = "kafka"`: the checkpoint lives in a compacted topic on the
-/// same brokers. Killed three times while it publishes and restarted, the binary
-/// resumes from the topic each time: every event arrives, with its data, and the
-/// checkpoint topic ends at the last event.
-#[test]
-fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
+/// A cluster with topic `ces` and the checkpoint topic, and a configuration in a new
+/// directory named `name` whose checkpoint is in Kafka (`extra_sink`: more `[sink]`
+/// lines).
+fn kafka_store_setup(
+    name: &str,
+    synthetic: &str,
+    extra_sink: &str,
+) -> (
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    String,
+    PathBuf,
+    PathBuf,
+) {
     let cluster = MockCluster::new(1).expect("mock cluster");
     let bootstrap = cluster.bootstrap_servers();
     cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
     cluster
         .create_topic("mssql-ces-checkpoints", 1, 1)
         .expect("checkpoint topic");
-    let dir = temp_dir("kafka-store");
-    let config = config(&dir, &bootstrap, "seed = 31\ntransactions = 1500");
+    let dir = temp_dir(name);
+    let config = config(&dir, &bootstrap, synthetic);
     let text = std::fs::read_to_string(&config).expect("config");
     std::fs::write(
         &config,
-        text.replace("[checkpoint]\n", "[checkpoint]\nstore = \"kafka\"\n"),
+        text.replace("[checkpoint]\n", "[checkpoint]\nstore = \"kafka\"\n")
+            .replace(
+                "delivery_timeout_ms = 60000",
+                &format!("delivery_timeout_ms = 20000\n{extra_sink}"),
+            ),
     )
     .expect("config");
+    (cluster, bootstrap, dir, config)
+}
+
+/// `checkpoint.store = "kafka"`: the checkpoint lives in a compacted topic on the
+/// same brokers. Killed three times while it publishes and restarted, the binary
+/// resumes from the topic each time: every event arrives, with its data, and the
+/// checkpoint topic ends at the last event.
+#[test]
+fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
+    let (_cluster, bootstrap, dir, config) =
+        kafka_store_setup("kafka-store", "seed = 31\ntransactions = 1500", "");
     for run in 0..3 {
         let mut child = spawn(&config, &dir, &[], run);
         std::thread::sleep(Duration::from_millis(900 + 150 * run as u64));
@@ -1415,24 +1437,11 @@ fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
 /// finds every event once, with no duplicate to drop.
 #[test]
 fn an_exactly_once_stream_reads_back_without_duplicates() {
-    let cluster = MockCluster::new(1).expect("mock cluster");
-    let bootstrap = cluster.bootstrap_servers();
-    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
-    cluster
-        .create_topic("mssql-ces-checkpoints", 1, 1)
-        .expect("checkpoint topic");
-    let dir = temp_dir("exactly-once-read");
-    let config = config(&dir, &bootstrap, "seed = 33\ntransactions = 600");
-    let text = std::fs::read_to_string(&config).expect("config");
-    std::fs::write(
-        &config,
-        text.replace("[checkpoint]\n", "[checkpoint]\nstore = \"kafka\"\n")
-            .replace(
-                "delivery_timeout_ms = 60000",
-                "delivery_timeout_ms = 20000\nexactly_once = true",
-            ),
-    )
-    .expect("config");
+    let (_cluster, bootstrap, dir, config) = kafka_store_setup(
+        "exactly-once-read",
+        "seed = 33\ntransactions = 600",
+        "exactly_once = true",
+    );
     for run in 0..2 {
         let mut child = spawn(&config, &dir, &["--until-idle"], run);
         let status = wait(&mut child, Duration::from_secs(60));

@@ -86,6 +86,14 @@ mod tests {
             error.contains("sink.exactly_once") && error.contains("checkpoint.store"),
             "{error}"
         );
+        let hubs = "kind = \"event_hubs_kafka\"\nconnection_string = { env = \"EH\" }\nexactly_once = true";
+        let error = load(hubs, "store = \"kafka\"")
+            .expect_err("event hubs")
+            .to_string();
+        assert!(
+            error.contains("sink.exactly_once") && error.contains("Event Hubs"),
+            "{error}"
+        );
         let error = load(kafka, "store = \"kafka\"\ntopic = \" \"")
             .expect_err("empty")
             .to_string();

@@ -164,6 +164,8 @@ mod tests {
         assert_eq!(c.source.max_connections, 9);
         assert_eq!(c.source.discovery_interval, Duration::from_secs(60));
         assert!(!load("", "").expect("valid").many_databases());
+        let two = load("databases = [\"A\"]\nmax_connections = 2", "").expect("the least");
+        assert_eq!(two.source.max_connections, 2);
         let refused = [
             ("databases = [\"\"]", "", "source.databases"),
             (

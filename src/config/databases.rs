@@ -219,6 +219,41 @@ mod tests {
     }
 
     #[test]
+    fn a_transactional_id_is_each_database_s_own() {
+        let sink = |id: &str| {
+            Config::from_parts(
+                &format!(
+                    "[source]\nkind = \"sqlserver\"\nconnection_string = {{ env = \"CS\" }}\ndatabases = [\"T*\"]\n[sink]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\nexactly_once = true\ntransactional_id = \"{id}\"\n[checkpoint]\nstore = \"kafka\"\n"
+                ),
+                &[],
+                &[],
+            )
+        };
+        let error = sink("shared").expect_err("one id for all").to_string();
+        assert!(
+            error.contains("sink.transactional_id") && error.contains("{db}"),
+            "{error}"
+        );
+        let one = sink("eos-{db}").expect("an id each").for_database("T7");
+        assert!(
+            matches!(&one.sink.kind, SinkConfig::Kafka(k) if k.transactional_id.as_deref() == Some("eos-T7")),
+            "{:?}",
+            one.sink.kind
+        );
+        let c = sink("eos-{db}").expect("valid");
+        assert_eq!(
+            c.describe_per_database_checkpoint(),
+            "checkpoint records of topic mssql-ces-checkpoints under key default/{db}"
+        );
+        let file =
+            load("databases = [\"T*\"]", "[checkpoint]\npath = \"s/cp.json\"").expect("valid");
+        assert_eq!(
+            file.describe_per_database_checkpoint(),
+            "checkpoint files s/cp.{db}.json"
+        );
+    }
+
+    #[test]
     fn a_database_s_configuration_names_it_everywhere_it_must() {
         let c = load(
             "databases = [\"T*\"]",

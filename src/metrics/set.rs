@@ -195,6 +195,52 @@ mod tests {
     use super::*;
 
     #[test]
+    fn one_database_s_metrics_are_kept_and_served_with_the_supervisor_s_counts() {
+        let (status, watched) = tokio::sync::watch::channel(ManyStatus::default());
+        let set = MetricsSet::new(Duration::from_secs(60), watched);
+        let a = set.database("A");
+        assert!(
+            Arc::ptr_eq(&a, &set.database("A")),
+            "kept across activations"
+        );
+        assert!(set.readiness().is_err(), "no probe yet");
+        status.send_replace(ManyStatus {
+            probes: 3,
+            activations: 2,
+            databases: 5,
+            active: 1,
+            queued: 4,
+            failed: 1,
+            unreadable: 0,
+        });
+        assert_eq!(set.readiness(), Ok("ready".into()));
+        assert_eq!(
+            set.health(),
+            Ok("ok: 5 databases, 1 being read, 1 failed".into())
+        );
+        let text = Observed::render(&set);
+        for sample in [
+            "mssql_ces_databases 5",
+            "mssql_ces_databases_queued 4",
+            "mssql_ces_database_probes_total 3",
+            "mssql_ces_database_activations_total 2",
+            "mssql_ces_source_polls_total{database=\"A\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == sample), "{sample} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn one_run_s_metrics_are_served_as_they_are() {
+        let metrics = Metrics::new(Duration::from_secs(60));
+        assert!(Observed::render(&metrics).contains("mssql_ces_build_info"));
+        assert_eq!(Observed::health(&metrics), metrics.health());
+        assert!(Observed::health(&metrics).is_ok_and(|h| h.starts_with("ok:")));
+        assert_eq!(Observed::readiness(&metrics), metrics.readiness());
+        assert!(Observed::readiness(&metrics).is_err());
+    }
+
+    #[test]
     fn each_family_is_described_once_with_every_databases_samples() {
         let a = Metrics::for_database(Duration::from_secs(60), "A").render();
         let b = Metrics::for_database(Duration::from_secs(60), "B").render();

@@ -161,6 +161,94 @@ impl DatabaseServer for SqlServerDatabases {
 mod tests {
     use super::*;
 
+    /// A server where `bad` cannot be read (a definite error, which fails any query
+    /// naming it) and `flaky` drops the connection (transient), `lone` too when it
+    /// is asked alone; counts queries.
+    struct Fake {
+        queries: usize,
+    }
+
+    impl DatabaseServer for Fake {
+        async fn cdc_databases(&mut self) -> Result<Vec<String>, SourceError> {
+            Ok(Vec::new())
+        }
+
+        async fn probe_chunk(
+            &mut self,
+            chunk: &[String],
+        ) -> Result<Vec<DatabaseProbe>, SourceError> {
+            self.queries += 1;
+            // `lone` drops the connection only when asked alone.
+            if chunk.iter().any(|n| n == "flaky") || chunk == ["lone"] {
+                return Err(SourceError::Transient {
+                    message: "connection reset".into(),
+                });
+            }
+            if chunk.iter().any(|n| n == "bad") {
+                return Err(SourceError::Definite {
+                    message: "error 942: offline".into(),
+                });
+            }
+            Ok(chunk
+                .iter()
+                .map(|n| DatabaseProbe {
+                    database: n.clone(),
+                    state: Ok(MaxLsn {
+                        lsn: None,
+                        catalog_version: 0,
+                    }),
+                })
+                .collect())
+        }
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn one_unreadable_database_is_found_alone_and_the_others_are_answered() {
+        let mut server = Fake { queries: 0 };
+        let answers = server
+            .probe(&names(&["a", "bad", "c"]))
+            .await
+            .expect("probe");
+        assert_eq!(server.queries, 1 + 3, "the chunk, then each alone");
+        let states: Vec<(&str, bool)> = answers
+            .iter()
+            .map(|a| (a.database.as_str(), a.state.is_ok()))
+            .collect();
+        assert_eq!(states, vec![("a", true), ("bad", false), ("c", true)]);
+        assert!(answers[1].state.as_ref().is_err_and(|e| e.contains("942")));
+        // Alone in its chunk: answered as unreadable at once.
+        let mut server = Fake { queries: 0 };
+        let answers = server.probe(&names(&["bad"])).await.expect("probe");
+        assert_eq!(server.queries, 1);
+        assert!(answers[0].state.is_err());
+        // A chunk of PROBE_CHUNK + 1: two queries when all can be read.
+        let many: Vec<String> = (0..=PROBE_CHUNK).map(|i| format!("t{i}")).collect();
+        let mut server = Fake { queries: 0 };
+        assert_eq!(server.probe(&many).await.expect("probe").len(), many.len());
+        assert_eq!(server.queries, 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_fault_fails_the_probe_to_be_tried_again() {
+        for list in [
+            vec!["flaky"],
+            vec!["a", "flaky"],
+            vec!["bad", "x", "flaky"],
+            vec!["bad", "lone"],
+        ] {
+            let mut server = Fake { queries: 0 };
+            let result = server.probe(&names(&list)).await;
+            assert!(
+                result.as_ref().is_err_and(SourceError::is_transient),
+                "{list:?}: {result:?}"
+            );
+        }
+    }
+
     #[test]
     fn names_are_bracketed_with_closing_brackets_doubled() {
         assert_eq!(bracketed("Tenant 1"), "[Tenant 1]");

@@ -15,17 +15,6 @@ use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// CPU time of this thread.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 fn main() {
     let env = mssql_ces_testkit::bench_setting::<f64>;
     let instances = env("IDLE_BENCH_INSTANCES", 1000.0) as usize;
@@ -73,7 +62,7 @@ fn main() {
         }
     }
     let trips_before = sim.round_trips();
-    let (started, cpu_before) = (Instant::now(), thread_cpu());
+    let (started, cpu_before) = (Instant::now(), mssql_ces_testkit::thread_cpu());
     let mut polls = 0u64;
     while started.elapsed() < seconds {
         if !matches!(runtime.block_on(poller.poll()), Ok(PollOutcome::Idle)) {
@@ -82,7 +71,7 @@ fn main() {
         }
         polls += 1;
     }
-    let cpu = thread_cpu() - cpu_before;
+    let cpu = mssql_ces_testkit::thread_cpu() - cpu_before;
     let trips = sim.round_trips() - trips_before;
     println!(
         "{instances} capture instances, caught up after {events} events; {polls} idle polls in {:.1} s",

@@ -60,17 +60,6 @@ impl StreamRunner for Instant {
     }
 }
 
-/// CPU time of this thread.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 fn main() {
     let env = mssql_ces_testkit::bench_setting::<f64>;
     let count = env("MANY_BENCH_DATABASES", 1000.0) as usize;
@@ -114,12 +103,15 @@ fn main() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     });
     let held = LIVE.load(Ordering::Relaxed) - before;
-    let (probes_before, trips_before, cpu_before) =
-        (status.borrow().probes, server.round_trips(), thread_cpu());
+    let (probes_before, trips_before, cpu_before) = (
+        status.borrow().probes,
+        server.round_trips(),
+        mssql_ces_testkit::thread_cpu(),
+    );
     runtime.block_on(tokio::time::sleep(seconds));
     let probes = status.borrow().probes - probes_before;
     let trips = server.round_trips() - trips_before;
-    let cpu = thread_cpu() - cpu_before;
+    let cpu = mssql_ces_testkit::thread_cpu() - cpu_before;
     shutdown.cancel();
     let _ = runtime.block_on(run);
     let polls = probes.max(1) as f64;

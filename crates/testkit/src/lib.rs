@@ -54,6 +54,18 @@ pub fn bench_setting<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// CPU time of the calling thread (benches that run on one thread report CPU per
+/// operation with it).
+pub fn thread_cpu() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 /// The 10-column table the SQL Server path benches measure (`sqlserver_path`'s
 /// narrow table, whose rows `decode_rows` decodes): name and type of each column.
 pub fn narrow_table() -> Vec<(&'static str, mssql_ces::event::value::SqlType)> {

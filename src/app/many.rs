@@ -22,11 +22,12 @@ pub(super) async fn run(
     shutdown: CancellationToken,
     stop_serving: CancellationToken,
 ) -> Result<(), RunError> {
-    let server = SqlServerDatabases::new(SqlConnection::new(config.sql_server()?));
+    let source = config.sql_server()?;
+    let (host, _) = source.connection_string.server_and_database();
+    let server = SqlServerDatabases::new(SqlConnection::new(source));
     let (status_tx, status_rx) = tokio::sync::watch::channel(ManyStatus::default());
     let metrics = Arc::new(MetricsSet::new(config.metrics.stalled_after, status_rx));
     serve_metrics(&config, metrics.clone(), stop_serving).await?;
-    let (host, _) = config.sql_server()?.connection_string.server_and_database();
     tracing::info!(
         server = host.as_deref().unwrap_or("(none given)"),
         databases = %config.source.databases.join(", "),

@@ -293,7 +293,6 @@ fn last_value(
         return Ok(None);
     }
     consumer.assign(&assignment).map_err(|e| e.to_string())?;
-    let mut last: Option<(i32, i64, Option<String>)> = None;
     let mut found: std::collections::BTreeMap<i32, (i64, Option<String>)> = Default::default();
     let deadline = std::time::Instant::now() + timeout;
     while !ends.is_empty() {
@@ -332,10 +331,8 @@ fn last_value(
         }
     }
     // One partition holds a key (the producer's partitioner): its last record.
-    for (partition, (offset, value)) in found {
-        if last.as_ref().is_none_or(|(_, at, _)| offset > *at) {
-            last = Some((partition, offset, value));
-        }
-    }
-    Ok(last.and_then(|(_, _, value)| value))
+    Ok(found
+        .into_values()
+        .max_by_key(|(offset, _)| *offset)
+        .and_then(|(_, value)| value))
 }

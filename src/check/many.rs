@@ -74,11 +74,7 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
         Some((state, resume)) => (Some(state), resume),
         None => (None, None),
     };
-    check_destination(&mut report, config, state.as_ref(), resume).await;
-    if let Some(registry) = &config.sink.routing.schema_registry {
-        destination::check_registry(&mut report, registry).await;
-    }
-    check_metrics(&mut report, config).await;
+    check_delivery(&mut report, config, state.as_ref(), resume).await;
     report
 }
 

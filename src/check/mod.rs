@@ -204,12 +204,23 @@ pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server
     secrets(&mut report, config);
     let catalog = check_source(&mut report, config, source, server).await;
     let checkpoint = check_checkpoint(&mut report, config, source, catalog.as_ref()).await;
-    check_destination(&mut report, config, catalog.as_ref(), checkpoint).await;
-    if let Some(registry) = &config.sink.routing.schema_registry {
-        destination::check_registry(&mut report, registry).await;
-    }
-    check_metrics(&mut report, config).await;
+    check_delivery(&mut report, config, catalog.as_ref(), checkpoint).await;
     report
+}
+
+/// What is checked once per configuration, after the source and the checkpoint:
+/// the destination, the schema registry and the metrics address.
+async fn check_delivery(
+    report: &mut Report,
+    config: &Config,
+    state: Option<&SourceState>,
+    resume: Option<Resume>,
+) {
+    check_destination(report, config, state, resume).await;
+    if let Some(registry) = &config.sink.routing.schema_registry {
+        destination::check_registry(report, registry).await;
+    }
+    check_metrics(report, config).await;
 }
 
 /// `metrics.listen`: the address can be bound, as a run binds it first.

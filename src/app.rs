@@ -39,6 +39,8 @@ pub enum RunError {
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Many(#[from] crate::databases::ManyError),
+    #[error(transparent)]
+    Fleet(#[from] crate::fleet::FleetError),
     /// One of many databases: another process holds its lease.
     #[error(
         "another process holds this database's lease (checkpoint {checkpoint}); it is tried again later"
@@ -268,14 +270,19 @@ pub fn checkpoint_store(config: &Config) -> Result<CheckpointStore, ConfigError>
 /// The synthetic workload of `[source.synthetic]`.
 pub fn synthetic_source(config: &Config) -> SyntheticSource {
     let s = &config.source.synthetic;
-    SyntheticSource::new(SyntheticConfig {
+    let source = SyntheticSource::new(SyntheticConfig {
         seed: s.seed,
         transactions: (s.transactions > 0).then_some(s.transactions),
         rate_per_second: (s.rate_per_second > 0.0).then_some(s.rate_per_second),
         large_value_every: s.large_value_every,
         existing_rows: s.existing_rows,
         oversized_value_every: s.oversized_value_every,
-    })
+    });
+    // One of a synthetic server's databases (`source.databases`).
+    if let Some(database) = &config.source.database {
+        source.simulator().set_database(database);
+    }
+    source
 }
 
 /// The large-transaction workload of `[source.synthetic] transaction_rows`.

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+use crate::fleet::{FleetEvent, slot_of};
 use crate::setting::glob_match;
 use crate::source::server::DatabaseServer;
 use crate::source::{MaxLsn, SourceError};
@@ -176,6 +177,15 @@ pub struct Supervisor<S, R: StreamRunner> {
     status: tokio::sync::watch::Sender<ManyStatus>,
     /// Explicit names (no wildcard) already reported missing.
     reported_missing: BTreeSet<String>,
+    /// In a fleet: the slots this member owns, and the group's word on them.
+    fleet: Option<Ownership>,
+}
+
+/// A fleet member's share: only the databases of its slots are probed and read.
+struct Ownership {
+    slots: u32,
+    owned: BTreeSet<u32>,
+    events: tokio::sync::mpsc::UnboundedReceiver<FleetEvent>,
 }
 
 impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
@@ -191,7 +201,30 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
             summary: ManySummary::default(),
             status: tokio::sync::watch::Sender::new(ManyStatus::default()),
             reported_missing: BTreeSet::new(),
+            fleet: None,
         }
+    }
+
+    /// A member of a fleet of `slots` slots: reads only the databases of the slots
+    /// the group assigns it (none until the first assignment), and stops those of a
+    /// revoked slot before answering the revocation.
+    pub fn in_fleet(
+        mut self,
+        slots: u32,
+        events: tokio::sync::mpsc::UnboundedReceiver<FleetEvent>,
+    ) -> Self {
+        self.fleet = Some(Ownership {
+            slots,
+            owned: BTreeSet::new(),
+            events,
+        });
+        self
+    }
+
+    /// Whether this process reads `name`: always, unless a fleet gave its slot to
+    /// another member.
+    fn owns(&self, name: &str) -> bool {
+        owns(self.fleet.as_ref(), name)
     }
 
     /// Follows the counts of databases, active, queued and failed.
@@ -253,6 +286,12 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
                 () = shutdown.cancelled() => {}
                 () = tokio::time::sleep_until(wake) => {}
                 Some(joined) = self.running.join_next_with_id() => self.finished(joined),
+                Some(event) = fleet_event(&mut self.fleet) => {
+                    let probe_now = self.on_fleet_event(event).await;
+                    if probe_now {
+                        next_probe = Instant::now();
+                    }
+                }
             }
         }
         self.stop_all().await;
@@ -337,7 +376,12 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
 
     /// One probe round over every database.
     async fn probe(&mut self) {
-        let names: Vec<String> = self.streams.keys().cloned().collect();
+        let names: Vec<String> = self
+            .streams
+            .keys()
+            .filter(|name| self.owns(name))
+            .cloned()
+            .collect();
         if names.is_empty() {
             return;
         }
@@ -369,7 +413,11 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
     /// their quantum while others wait.
     fn schedule(&mut self) {
         let now = Instant::now();
+        let fleet = self.fleet.as_ref();
         for (name, stream) in &mut self.streams {
+            if !owns(fleet, name) {
+                continue;
+            }
             let due = match &stream.phase {
                 Phase::Waiting => stream.behind(),
                 Phase::Failed { retry_at, .. } => *retry_at <= now,
@@ -495,10 +543,11 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
     fn all_idle(&self) -> bool {
         self.running.is_empty()
             && self.queue.is_empty()
-            && self.streams.values().all(|s| {
-                matches!(s.phase, Phase::Waiting | Phase::Failed { .. })
-                    && s.probed.is_some()
-                    && !s.behind()
+            && self.streams.iter().all(|(name, s)| {
+                !self.owns(name)
+                    || matches!(s.phase, Phase::Waiting | Phase::Failed { .. })
+                        && s.probed.is_some()
+                        && !s.behind()
             })
     }
 
@@ -536,6 +585,114 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
         while let Some(joined) = self.running.join_next_with_id().await {
             self.finished(joined);
         }
+    }
+}
+
+impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
+    /// The group's word. `true`: slots were assigned (probe them now).
+    async fn on_fleet_event(&mut self, event: FleetEvent) -> bool {
+        match event {
+            FleetEvent::Assigned(slots) => {
+                let Some(fleet) = &mut self.fleet else {
+                    return false;
+                };
+                fleet.owned.extend(slots.iter().copied());
+                let count = fleet.slots;
+                let mut databases = 0;
+                for (name, stream) in &mut self.streams {
+                    if slots.contains(&slot_of(name, count)) {
+                        databases += 1;
+                        // Read once from its checkpoint: another member may have
+                        // moved it on since this one last did.
+                        stream.served = None;
+                        if matches!(stream.phase, Phase::Failed { .. }) {
+                            stream.phase = Phase::Waiting;
+                            stream.backoff.reset();
+                        }
+                    }
+                }
+                tracing::info!(
+                    slots = slots.len(),
+                    owned_slots = self.fleet.as_ref().map_or(0, |f| f.owned.len()),
+                    databases,
+                    "fleet: slots assigned to this member"
+                );
+                true
+            }
+            FleetEvent::Revoked { slots, released } => {
+                let stopped = self.release(&slots).await;
+                tracing::info!(
+                    slots = slots.len(),
+                    databases = stopped,
+                    owned_slots = self.fleet.as_ref().map_or(0, |f| f.owned.len()),
+                    "fleet: slots revoked; their databases stopped and checkpointed"
+                );
+                let _ = released.send(());
+                false
+            }
+        }
+    }
+
+    /// Stops every database of `slots` (drained, checkpointed) and gives up the
+    /// slots; returns how many databases they hold.
+    async fn release(&mut self, slots: &BTreeSet<u32>) -> usize {
+        let Some(fleet) = &mut self.fleet else {
+            return 0;
+        };
+        for slot in slots {
+            fleet.owned.remove(slot);
+        }
+        let count = fleet.slots;
+        let names: Vec<String> = self
+            .streams
+            .keys()
+            .filter(|name| slots.contains(&slot_of(name, count)))
+            .cloned()
+            .collect();
+        self.queue.retain(|q| !names.contains(q));
+        for name in &names {
+            if let Some(stream) = self.streams.get(name)
+                && let Phase::Active { stop, .. } = &stream.phase
+            {
+                stop.cancel();
+            }
+        }
+        let active = |streams: &BTreeMap<String, Stream>| {
+            names.iter().any(|name| {
+                streams
+                    .get(name)
+                    .is_some_and(|s| matches!(s.phase, Phase::Active { .. }))
+            })
+        };
+        while active(&self.streams) {
+            let Some(joined) = self.running.join_next_with_id().await else {
+                break;
+            };
+            self.finished(joined);
+        }
+        self.queue.retain(|q| !names.contains(q));
+        for name in &names {
+            if let Some(stream) = self.streams.get_mut(name) {
+                stream.served = None;
+                if matches!(stream.phase, Phase::Queued) {
+                    stream.phase = Phase::Waiting;
+                }
+            }
+        }
+        names.len()
+    }
+}
+
+/// Whether a member with this share reads `name` (no fleet: every database).
+fn owns(fleet: Option<&Ownership>, name: &str) -> bool {
+    fleet.is_none_or(|f| f.owned.contains(&slot_of(name, f.slots)))
+}
+
+/// The group's next word; never, outside a fleet.
+async fn fleet_event(fleet: &mut Option<Ownership>) -> Option<FleetEvent> {
+    match fleet {
+        Some(f) => f.events.recv().await,
+        None => std::future::pending().await,
     }
 }
 

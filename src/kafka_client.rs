@@ -20,3 +20,68 @@ pub fn config_error(error: &KafkaError) -> String {
         other => other.to_string(),
     }
 }
+
+/// A topic's partition ids, `None` when it does not exist. `Err`: librdkafka's
+/// reason (the brokers unreachable, the metadata request refused).
+pub async fn topic_partitions(
+    config: rdkafka::ClientConfig,
+    topic: &str,
+    timeout: std::time::Duration,
+) -> Result<Option<Vec<i32>>, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let topic = topic.to_owned();
+    let found = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create()?;
+        let metadata = consumer.fetch_metadata(Some(&topic), timeout)?;
+        Ok::<_, KafkaError>(metadata.topics().first().and_then(|t| {
+            (t.error().is_none() && !t.partitions().is_empty())
+                .then(|| t.partitions().iter().map(|p| p.id()).collect())
+        }))
+    })
+    .await
+    .map_err(|e| format!("the metadata request's thread failed: {e}"))?;
+    found.map_err(|e| format!("cannot read the topic's metadata: {e}"))
+}
+
+/// Why a topic could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateTopicError {
+    /// The admin client could not be made (a property librdkafka refuses).
+    #[error("cannot create a Kafka admin client: {0}")]
+    Client(String),
+    /// The request failed on the way (brokers unreachable, timed out).
+    #[error("cannot create the topic: {0}")]
+    Transient(String),
+    /// The broker refused it (no right to create topics, a bad setting).
+    #[error("the broker refused to create the topic ({0})")]
+    Refused(rdkafka::types::RDKafkaErrorCode),
+}
+
+/// Creates `topic` with `partitions` partitions, the broker's default replication
+/// (KIP-464) and `settings`. `Ok(true)`: created; `Ok(false)`: it already existed.
+pub async fn create_topic(
+    config: &rdkafka::ClientConfig,
+    topic: &str,
+    partitions: i32,
+    settings: &[(&str, &str)],
+    timeout: std::time::Duration,
+) -> Result<bool, CreateTopicError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = config
+        .create()
+        .map_err(|e| CreateTopicError::Client(config_error(&e)))?;
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+    for (key, value) in settings {
+        new = new.set(key, value);
+    }
+    let options = AdminOptions::new().operation_timeout(Some(timeout));
+    let created = admin
+        .create_topics([&new], &options)
+        .await
+        .map_err(|e| CreateTopicError::Transient(e.to_string()))?;
+    match created.into_iter().next() {
+        Some(Ok(_)) => Ok(true),
+        Some(Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists))) | None => Ok(false),
+        Some(Err((_, code))) => Err(CreateTopicError::Refused(code)),
+    }
+}

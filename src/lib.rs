@@ -48,6 +48,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod databases;
 pub mod event;
+pub mod fleet;
 pub mod kafka_client;
 pub mod lsn;
 pub mod metrics;

@@ -5,11 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{RunError, run_stream, serve_metrics};
-use crate::config::Config;
+use crate::backoff::Backoff;
+use crate::config::{Config, SourceKind};
 use crate::databases::{ManySettings, ManyStatus, QUANTUM, StreamRunner, Supervisor};
+use crate::fleet::{FleetEvent, Member, MemberSettings};
 use crate::metrics::MetricsSet;
 use crate::mssql::SqlConnection;
-use crate::source::server::SqlServerDatabases;
+use crate::source::server::{DatabaseServer, SqlServerDatabases};
+use crate::source::sim::synthetic_server::SyntheticServer;
 use tokio_util::sync::CancellationToken;
 
 /// How long an activation waits for a database's lease that another process holds
@@ -22,12 +25,22 @@ pub(super) async fn run(
     shutdown: CancellationToken,
     stop_serving: CancellationToken,
 ) -> Result<(), RunError> {
-    let source = config.sql_server()?;
-    let (host, _) = source.connection_string.server_and_database();
-    let server = SqlServerDatabases::new(SqlConnection::new(source));
     let (status_tx, status_rx) = tokio::sync::watch::channel(ManyStatus::default());
     let metrics = Arc::new(MetricsSet::new(config.metrics.stalled_after, status_rx));
     serve_metrics(&config, metrics.clone(), stop_serving).await?;
+    if config.source.kind == SourceKind::Synthetic {
+        let s = &config.source.synthetic;
+        let server = SyntheticServer::new(s.databases, s.transactions);
+        tracing::info!(
+            databases = s.databases,
+            transactions = s.transactions,
+            "source: a synthetic server of many databases (generated workloads, not a database)"
+        );
+        return supervise(server, config, until_idle, shutdown, metrics, status_tx).await;
+    }
+    let source = config.sql_server()?;
+    let (host, _) = source.connection_string.server_and_database();
+    let server = SqlServerDatabases::new(SqlConnection::new(source));
     tracing::info!(
         server = host.as_deref().unwrap_or("(none given)"),
         databases = %config.source.databases.join(", "),
@@ -36,6 +49,24 @@ pub(super) async fn run(
         checkpoints = %config.describe_per_database_checkpoint(),
         "source: many databases of one SQL Server"
     );
+    supervise(server, config, until_idle, shutdown, metrics, status_tx).await
+}
+
+/// The supervisor over `server`, in the fleet when one is configured.
+async fn supervise<S: DatabaseServer>(
+    server: S,
+    config: Config,
+    until_idle: bool,
+    shutdown: CancellationToken,
+    metrics: Arc<MetricsSet>,
+    status: tokio::sync::watch::Sender<ManyStatus>,
+) -> Result<(), RunError> {
+    let fleet = config.fleet.enabled();
+    if fleet && until_idle {
+        tracing::warn!(
+            "--until-idle is ignored in a fleet: the group decides which databases this member reads, and a member runs until stopped"
+        );
+    }
     let settings = ManySettings {
         patterns: config.source.databases.clone(),
         discovery_interval: config.source.discovery_interval,
@@ -43,16 +74,35 @@ pub(super) async fn run(
         // One connection is the probe's.
         max_active: config.source.max_connections.saturating_sub(1).max(1),
         quantum: QUANTUM,
-        until_idle,
+        until_idle: until_idle && !fleet,
+    };
+    let member = if fleet {
+        let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
+        let Some(member) = join_fleet(&config, events_tx, &shutdown).await? else {
+            return Ok(());
+        };
+        Some((member, events))
+    } else {
+        None
     };
     let runner = Activation {
         config: Arc::new(config),
         metrics,
     };
-    let summary = Supervisor::new(server, runner, settings)
-        .reporting_to(status_tx)
-        .run(shutdown)
-        .await?;
+    let mut supervisor = Supervisor::new(server, runner, settings).reporting_to(status);
+    let member = match member {
+        Some((member, events)) => {
+            supervisor = supervisor.in_fleet(member.slots(), events);
+            Some(member)
+        }
+        None => None,
+    };
+    let summary = supervisor.run(shutdown).await;
+    // Every database is stopped and checkpointed: the slots can go to the others.
+    if let Some(member) = member {
+        member.leave().await;
+    }
+    let summary = summary?;
     tracing::info!(
         reads = summary.activations,
         turns_given_up = summary.yielded,
@@ -61,6 +111,50 @@ pub(super) async fn run(
         "stopped"
     );
     Ok(())
+}
+
+/// Joins the fleet's group, trying again while the brokers do not answer; `None`
+/// when stopped meanwhile.
+async fn join_fleet(
+    config: &Config,
+    events: tokio::sync::mpsc::UnboundedSender<FleetEvent>,
+    shutdown: &CancellationToken,
+) -> Result<Option<Member>, RunError> {
+    let connection = match config.sink.kind.kafka_connection(&config.sink.routing) {
+        Some(Ok(connection)) => connection,
+        Some(Err(e)) => return Err(crate::setting::invalid("sink", e.to_string()).into()),
+        None => {
+            return Err(crate::setting::invalid(
+                "fleet.group_id",
+                "the fleet coordinates through a Kafka sink's brokers",
+            )
+            .into());
+        }
+    };
+    let settings = MemberSettings {
+        connection,
+        group_id: config.fleet.group_id.clone().unwrap_or_default(),
+        topic: config.fleet.control_topic(),
+        slots: config.fleet.slots,
+        session_timeout: config.fleet.session_timeout,
+        release_timeout: config.shutdown.drain_timeout + Duration::from_secs(30),
+        timeout: Duration::from_secs(30),
+    };
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        match Member::join(settings.clone(), events.clone()).await {
+            Ok(member) => return Ok(Some(member)),
+            Err(e) if e.is_transient() => {
+                let wait = backoff.next_wait();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "cannot join the fleet yet; trying again");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// One database read until caught up, as the single-database run does it.

@@ -129,52 +129,33 @@ impl KafkaStore {
 
     /// The topic's partitions, `None` when it does not exist.
     async fn topic_partitions(&self) -> Result<Option<Vec<i32>>, CheckpointError> {
-        let config = self.client_config();
-        let (topic, timeout) = (self.topic.clone(), self.timeout);
-        let location = self.location();
-        let found = tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = config.create()?;
-            let metadata = consumer.fetch_metadata(Some(&topic), timeout)?;
-            Ok::<_, rdkafka::error::KafkaError>(metadata.topics().first().and_then(|t| {
-                (t.error().is_none() && !t.partitions().is_empty())
-                    .then(|| t.partitions().iter().map(|p| p.id()).collect())
-            }))
-        })
-        .await
-        .map_err(|e| CheckpointError::Io {
-            location: location.clone(),
-            reason: format!("the metadata request's thread failed: {e}"),
-        })?;
-        found.map_err(|e| self.transient(format!("cannot read the topic's metadata: {e}")))
+        crate::kafka_client::topic_partitions(self.client_config(), &self.topic, self.timeout)
+            .await
+            .map_err(|e| self.transient(e))
     }
 
     async fn create_topic(&self) -> Result<(), CheckpointError> {
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        let admin: AdminClient<rdkafka::client::DefaultClientContext> = self
-            .client_config()
-            .create()
-            .map_err(|e| CheckpointError::Io {
-                location: self.location(),
-                reason: format!(
-                    "cannot create a Kafka admin client: {}",
-                    crate::kafka_client::config_error(&e)
-                ),
-            })?;
-        // The broker's default replication (KIP-464).
-        let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
-            .set("cleanup.policy", "compact");
-        let options = AdminOptions::new().operation_timeout(Some(self.timeout));
-        let created = admin
-            .create_topics([&topic], &options)
-            .await
-            .map_err(|e| self.transient(format!("cannot create the topic: {e}")))?;
-        match created.into_iter().next() {
-            Some(Ok(_)) => {
+        use crate::kafka_client::CreateTopicError;
+        let created = crate::kafka_client::create_topic(
+            &self.client_config(),
+            &self.topic,
+            1,
+            &[("cleanup.policy", "compact")],
+            self.timeout,
+        )
+        .await;
+        match created {
+            Ok(true) => {
                 tracing::info!(topic = %self.topic, "created the checkpoint topic (compacted, one partition)");
                 Ok(())
             }
-            Some(Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists))) | None => Ok(()),
-            Some(Err((_, code))) => Err(CheckpointError::Io {
+            Ok(false) => Ok(()),
+            Err(e @ CreateTopicError::Transient(_)) => Err(self.transient(e)),
+            Err(e @ CreateTopicError::Client(_)) => Err(CheckpointError::Io {
+                location: self.location(),
+                reason: e.to_string(),
+            }),
+            Err(CreateTopicError::Refused(code)) => Err(CheckpointError::Io {
                 location: self.location(),
                 reason: format!(
                     "cannot create the topic ({code}): create it with cleanup.policy=compact, or give the login the right to create topics"

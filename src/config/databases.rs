@@ -29,11 +29,19 @@ impl Config {
         if !self.many_databases() {
             return Ok(());
         }
-        if self.source.kind != SourceKind::Sqlserver {
-            return Err(invalid(
-                "source.databases",
-                "needs source.kind = \"sqlserver\" (the synthetic workload is one database)",
-            ));
+        if self.source.kind == SourceKind::Synthetic {
+            if self.source.synthetic.databases == 0 {
+                return Err(invalid(
+                    "source.databases",
+                    "needs source.kind = \"sqlserver\", or a synthetic server of many databases (source.synthetic.databases = 12)",
+                ));
+            }
+            if self.source.synthetic.transaction_rows > 0 {
+                return Err(invalid(
+                    "source.synthetic.transaction_rows",
+                    "cannot be combined with source.databases (the large-transaction workload is one database)",
+                ));
+            }
         }
         if let Some(empty) = self.source.databases.iter().find(|p| p.trim().is_empty()) {
             return Err(invalid(
@@ -89,6 +97,9 @@ impl Config {
         let mut config = self.clone();
         config.source.databases.clear();
         config.source.database = Some(database.to_owned());
+        if config.source.kind == SourceKind::Synthetic {
+            config.source.synthetic.seed ^= crate::fleet::name_hash(database);
+        }
         config.checkpoint.path = per_database_path(&self.checkpoint.path, database);
         config.checkpoint.stream_name = if self.checkpoint.stream_name.contains(DB) {
             self.checkpoint.stream_name.replace(DB, database)
@@ -195,7 +206,31 @@ mod tests {
         )
         .expect_err("synthetic")
         .to_string();
-        assert!(synthetic.contains("source.databases"), "{synthetic}");
+        assert!(
+            synthetic.contains("source.databases") && synthetic.contains("synthetic.databases"),
+            "{synthetic}"
+        );
+        let server = Config::from_parts(
+            "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 3\n[sink]\nkind = \"stdout\"\n",
+            &[],
+            &[],
+        )
+        .expect("a synthetic server");
+        let one = server.for_database("tenant002");
+        assert_eq!(one.source.database.as_deref(), Some("tenant002"));
+        assert_ne!(
+            one.source.synthetic.seed,
+            server.for_database("tenant003").source.synthetic.seed,
+            "each database its own workload"
+        );
+        let bulk = Config::from_parts(
+            "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 3\ntransaction_rows = 5\n[sink]\nkind = \"stdout\"\n",
+            &[],
+            &[],
+        )
+        .expect_err("bulk")
+        .to_string();
+        assert!(bulk.contains("source.synthetic.transaction_rows"), "{bulk}");
         let file = |path: &str| {
             Config::from_parts(
                 &format!(

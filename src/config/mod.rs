@@ -19,9 +19,12 @@ use serde::Deserialize;
 mod checkpoint;
 mod databases;
 mod errors;
+mod fleet;
 mod formats;
 mod overrides;
 mod sql;
+
+pub use fleet::FleetSettings;
 
 use crate::event::settings::EventSettings;
 use crate::mssql::SqlServerConfig;
@@ -189,6 +192,11 @@ pub struct SyntheticSettings {
     /// text and binary values are over 1 MiB (truncation); 0 (default) never.
     #[serde(default)]
     pub oversized_value_every: u64,
+    /// With `source.databases`: a server of this many databases, `tenant001`, …, each
+    /// its own workload (its seed derived from `seed` and its name); 0 (default):
+    /// one database.
+    #[serde(default)]
+    pub databases: u32,
 }
 
 impl Default for SyntheticSettings {
@@ -201,6 +209,7 @@ impl Default for SyntheticSettings {
             transaction_rows: 0,
             existing_rows: 0,
             oversized_value_every: 0,
+            databases: 0,
         }
     }
 }
@@ -329,6 +338,8 @@ pub struct Config {
     pub snapshot: SnapshotSettings,
     #[serde(default)]
     pub check: CheckSettings,
+    #[serde(default)]
+    pub fleet: FleetSettings,
 }
 
 /// `[snapshot]`: the initial load of the rows tables already hold.
@@ -601,6 +612,7 @@ impl Config {
         self.validate_registry()?;
         self.validate_databases()?;
         self.validate_kafka_store()?;
+        self.validate_fleet()?;
         self.validate_file_paths()?;
         self.metrics.listen_address()?;
         if self.metrics.stalled_after.is_zero() {

@@ -421,3 +421,187 @@ async fn until_idle_stops_when_every_database_is_caught_up() {
     assert!(error.to_string().contains("source.databases"), "{error}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A database that stays busy until stopped, shared by two fleet members: counts
+/// who reads each database at once.
+#[derive(Default)]
+struct HoldingRunner {
+    /// Database → members reading it now, and the most seen at once.
+    active: Mutex<HashMap<String, (usize, usize)>>,
+    /// Database → reads started, by member.
+    reads: Mutex<HashMap<(String, &'static str), usize>>,
+}
+
+struct Member {
+    name: &'static str,
+    shared: std::sync::Arc<HoldingRunner>,
+}
+
+impl StreamRunner for Member {
+    type Error = String;
+
+    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), String> {
+        {
+            let mut active = self.shared.active.lock().expect("active");
+            let entry = active.entry(database.clone()).or_default();
+            entry.0 += 1;
+            entry.1 = entry.1.max(entry.0);
+            *self
+                .shared
+                .reads
+                .lock()
+                .expect("reads")
+                .entry((database.clone(), self.name))
+                .or_default() += 1;
+        }
+        stop.cancelled().await;
+        // Draining and saving the position takes a while.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.shared
+            .active
+            .lock()
+            .expect("active")
+            .entry(database)
+            .or_default()
+            .0 -= 1;
+        Ok(())
+    }
+}
+
+impl HoldingRunner {
+    fn active(&self, database: &str) -> usize {
+        self.active
+            .lock()
+            .expect("active")
+            .get(database)
+            .map_or(0, |a| a.0)
+    }
+
+    fn reads(&self, database: &str, member: &'static str) -> usize {
+        self.reads
+            .lock()
+            .expect("reads")
+            .get(&(database.to_owned(), member))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Revokes `slots` and waits (as librdkafka's rebalance callback does) for the
+/// member's word that their databases are stopped.
+async fn revoke(
+    events: &tokio::sync::mpsc::UnboundedSender<mssql_ces::fleet::FleetEvent>,
+    slots: &[u32],
+) {
+    let (released, answer) = std::sync::mpsc::sync_channel(1);
+    events
+        .send(mssql_ces::fleet::FleetEvent::Revoked {
+            slots: slots.iter().copied().collect(),
+            released,
+        })
+        .expect("member running");
+    tokio::task::spawn_blocking(move || answer.recv_timeout(Duration::from_secs(30)))
+        .await
+        .expect("join")
+        .expect("the member answers the revocation");
+}
+
+/// Two fleet members over one server: each reads only the databases of the slots
+/// it was assigned; a revoked slot's databases are stopped before the revocation
+/// is answered, and the member that gets the slot reads them next. No database is
+/// ever read by both at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_members_read_only_their_slots_and_hand_one_over_only_once_stopped() {
+    use mssql_ces::fleet::{FleetEvent, slot_of};
+    const SLOTS: u32 = 4;
+    let server = SimServer::default();
+    let names: Vec<String> = (1..=8).map(|i| format!("Tenant{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        insert(&sim, name, 1);
+        server.add(name, sim);
+    }
+    let slot = |name: &str| slot_of(name, SLOTS);
+    let moved: Vec<&String> = names.iter().filter(|n| slot(n) >= 2).collect();
+    let kept: Vec<&String> = names.iter().filter(|n| slot(n) < 2).collect();
+    assert!(
+        !moved.is_empty() && !kept.is_empty(),
+        "both halves hold databases"
+    );
+    let shared = std::sync::Arc::new(HoldingRunner::default());
+    let mut many = settings(&["tenant*"]);
+    many.max_active = 8;
+    let start = |name: &'static str| {
+        let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
+        let member = Member {
+            name,
+            shared: shared.clone(),
+        };
+        let supervisor =
+            Supervisor::new(server.clone(), member, many.clone()).in_fleet(SLOTS, events);
+        let status = supervisor.status();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(supervisor.run(shutdown.clone()));
+        (events_tx, status, shutdown, run)
+    };
+    let (a_events, mut a_status, a_stop, a_run) = start("a");
+    let (b_events, mut b_status, b_stop, b_run) = start("b");
+    // Before any assignment nothing is read.
+    wait_for(&mut a_status, "a lists the databases", |s| s.databases == 8).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(a_status.borrow().active, 0, "no slot, no read");
+    a_events
+        .send(FleetEvent::Assigned((0..SLOTS).collect()))
+        .expect("a");
+    wait_for(&mut a_status, "a reads every database", |s| s.active == 8).await;
+    assert_eq!(b_status.borrow().active, 0);
+    revoke(&a_events, &[2, 3]).await;
+    for name in &moved {
+        assert_eq!(shared.active(name), 0, "{name} stopped before the answer");
+    }
+    for name in &kept {
+        assert_eq!(shared.active(name), 1, "{name} still read by a");
+    }
+    b_events
+        .send(FleetEvent::Assigned([2, 3].into()))
+        .expect("b");
+    wait_for(&mut b_status, "b reads the moved databases", |s| {
+        s.active == moved.len()
+    })
+    .await;
+    for name in &moved {
+        assert_eq!(shared.reads(name, "b"), 1, "{name} read by b");
+        assert_eq!(shared.reads(name, "a"), 1, "{name} not read by a again");
+    }
+    for name in &kept {
+        assert_eq!(shared.reads(name, "b"), 0, "{name} is not b's");
+    }
+    // The slots come back to a: read again from the checkpoint b left.
+    revoke(&b_events, &[2, 3]).await;
+    a_events
+        .send(FleetEvent::Assigned([2, 3].into()))
+        .expect("a");
+    wait_for(&mut a_status, "a reads every database again", |s| {
+        s.active == 8
+    })
+    .await;
+    for name in &moved {
+        assert_eq!(shared.reads(name, "a"), 2, "{name} read by a again");
+    }
+    a_stop.cancel();
+    b_stop.cancel();
+    a_run.await.expect("join").expect("a stops");
+    b_run.await.expect("join").expect("b stops");
+    let most = shared
+        .active
+        .lock()
+        .expect("active")
+        .values()
+        .map(|a| a.1)
+        .max();
+    assert_eq!(
+        most,
+        Some(1),
+        "no database was ever read by both members at once"
+    );
+}

@@ -96,6 +96,10 @@ impl CdcSimulator {
     pub fn current_max_lsn(&self) -> Option<Lsn> {
         self.lock().max_lsn()
     }
+    /// Renames the database (`DB_NAME()`, the name events carry).
+    pub fn set_database(&self, name: &str) {
+        self.lock().database = name.to_owned();
+    }
 }
 
 /// Test controls: what a test makes the database do or tells about it. Not part of

@@ -59,6 +59,7 @@ pub mod order;
 pub mod server;
 mod source;
 pub mod synthetic;
+pub mod synthetic_server;
 mod transaction;
 mod values;
 use values::{convert, fits};

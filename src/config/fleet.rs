@@ -1,0 +1,203 @@
+//! `[fleet]`: several processes with the same configuration share `source.databases`
+//! through Kafka's consumer group protocol (see `crate::fleet`).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{CheckpointStoreKind, Config};
+use crate::setting::{ConfigError, invalid, millis};
+use crate::sink::SinkConfig;
+
+/// `[fleet]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSettings {
+    /// The consumer group the members join; unset (default): no fleet, this process
+    /// streams every database it matches.
+    #[serde(default)]
+    pub group_id: Option<String>,
+    /// The control topic whose partitions are the assignment slots (default
+    /// `mssql-ces-fleet.<group_id>`); created with `slots` partitions when missing.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// Assignment slots (the control topic's partitions) when the topic is created
+    /// (default 60). An existing topic's partition count is used as it is.
+    #[serde(default = "default_slots")]
+    pub slots: u32,
+    /// How long a member that stopped answering keeps its databases, in ms
+    /// (librdkafka's `session.timeout.ms`, default 10000).
+    #[serde(
+        rename = "session_timeout_ms",
+        with = "millis",
+        default = "default_session_timeout_ms"
+    )]
+    pub session_timeout: Duration,
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        FleetSettings {
+            group_id: None,
+            topic: None,
+            slots: default_slots(),
+            session_timeout: default_session_timeout_ms(),
+        }
+    }
+}
+
+fn default_slots() -> u32 {
+    60
+}
+
+fn default_session_timeout_ms() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// The most slots a control topic is created with.
+const MAX_SLOTS: u32 = 10_000;
+
+impl FleetSettings {
+    /// Whether a group is configured.
+    pub fn enabled(&self) -> bool {
+        self.group_id.is_some()
+    }
+
+    /// The control topic: `topic`, or `mssql-ces-fleet.<group_id>`.
+    pub fn control_topic(&self) -> String {
+        match (&self.topic, &self.group_id) {
+            (Some(topic), _) => topic.clone(),
+            (None, Some(group)) => format!("mssql-ces-fleet.{group}"),
+            (None, None) => "mssql-ces-fleet".to_owned(),
+        }
+    }
+}
+
+impl Config {
+    pub(super) fn validate_fleet(&self) -> Result<(), ConfigError> {
+        let Some(group) = &self.fleet.group_id else {
+            return Ok(());
+        };
+        if group.trim().is_empty() {
+            return Err(invalid(
+                "fleet.group_id",
+                "must name the group (the same in every member's configuration), or be left unset for no fleet",
+            ));
+        }
+        if !self.many_databases() {
+            return Err(invalid(
+                "fleet.group_id",
+                "needs source.databases: the fleet shares databases among its members (for one database, list it: databases = [\"Sales\"])",
+            ));
+        }
+        if !matches!(
+            self.sink.kind,
+            SinkConfig::Kafka(_) | SinkConfig::EventHubsKafka(_)
+        ) {
+            return Err(invalid(
+                "fleet.group_id",
+                "the fleet coordinates through the sink's Kafka brokers: it needs sink.kind = \"kafka\" or \"event_hubs_kafka\"",
+            ));
+        }
+        if self.checkpoint.store == CheckpointStoreKind::File {
+            return Err(invalid(
+                "checkpoint.store",
+                "must be \"kafka\" (or \"table\") with fleet.group_id: a database moves between members, and its next owner must read the checkpoint its last owner wrote",
+            ));
+        }
+        if !(1..=MAX_SLOTS).contains(&self.fleet.slots) {
+            return Err(invalid(
+                "fleet.slots",
+                format!("must be from 1 to {MAX_SLOTS} (the default is 60)"),
+            ));
+        }
+        if self
+            .fleet
+            .topic
+            .as_ref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err(invalid(
+                "fleet.topic",
+                "must name a topic, or be left unset for mssql-ces-fleet.<group_id>",
+            ));
+        }
+        if self.fleet.session_timeout < Duration::from_secs(1) {
+            return Err(invalid(
+                "fleet.session_timeout_ms",
+                "must be at least 1000 (the default is 10000)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(fleet: &str, checkpoint: &str, databases: &str) -> Result<Config, ConfigError> {
+        Config::from_parts(
+            &format!(
+                "[source]\nkind = \"synthetic\"\n{databases}\n[source.synthetic]\ndatabases = 3\n\
+                 [sink]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\n\
+                 [checkpoint]\n{checkpoint}\n[fleet]\n{fleet}\n"
+            ),
+            &[],
+            &[],
+        )
+    }
+
+    const MANY: &str = "databases = [\"tenant*\"]";
+    const KAFKA: &str = "store = \"kafka\"";
+
+    #[test]
+    fn a_fleet_has_defaults_and_needs_databases_a_kafka_sink_and_a_shared_store() {
+        let c = load("group_id = \"g\"", KAFKA, MANY).expect("valid");
+        assert!(c.fleet.enabled());
+        assert_eq!(c.fleet.control_topic(), "mssql-ces-fleet.g");
+        assert_eq!(c.fleet.slots, 60);
+        assert_eq!(c.fleet.session_timeout, Duration::from_secs(10));
+        let c = load("group_id = \"g\"\ntopic = \"t\"", "store = \"table\"", MANY)
+            .expect("table store");
+        assert_eq!(c.fleet.control_topic(), "t");
+        assert!(!load("", KAFKA, MANY).expect("no fleet").fleet.enabled());
+        let refused = [
+            ("group_id = \" \"", KAFKA, MANY, "fleet.group_id"),
+            ("group_id = \"g\"", KAFKA, "", "source.databases"),
+            ("group_id = \"g\"", "", MANY, "checkpoint.store"),
+            ("group_id = \"g\"\nslots = 0", KAFKA, MANY, "fleet.slots"),
+            (
+                "group_id = \"g\"\nslots = 10001",
+                KAFKA,
+                MANY,
+                "fleet.slots",
+            ),
+            ("group_id = \"g\"\ntopic = \"\"", KAFKA, MANY, "fleet.topic"),
+            (
+                "group_id = \"g\"\nsession_timeout_ms = 999",
+                KAFKA,
+                MANY,
+                "fleet.session_timeout_ms",
+            ),
+        ];
+        for (fleet, checkpoint, databases, setting) in refused {
+            let error = load(fleet, checkpoint, databases)
+                .expect_err(setting)
+                .to_string();
+            assert!(error.contains(setting), "{fleet}: {error}");
+        }
+        let stdout = Config::from_parts(
+            "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 2\n\
+             [sink]\nkind = \"stdout\"\n[checkpoint]\nstore = \"table\"\n[fleet]\ngroup_id = \"g\"\n",
+            &[],
+            &[],
+        )
+        .expect_err("stdout")
+        .to_string();
+        assert!(
+            stdout.contains("fleet.group_id") && stdout.contains("sink.kind"),
+            "{stdout}"
+        );
+    }
+}

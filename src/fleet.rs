@@ -1,0 +1,366 @@
+//! A fleet: several processes with the same configuration (`fleet.group_id`) share
+//! `source.databases` through Kafka's consumer group protocol, the coordination
+//! Kafka Connect distributes its tasks with. No coordinator of our own.
+//!
+//! - **Slots**: the control topic's partitions. A database belongs to slot
+//!   `fnv1a64(lowercase name) mod partitions`, the same in every member, so the
+//!   group's assignment of partitions is the assignment of databases.
+//! - **Membership**: each member is a consumer of the control topic in the group,
+//!   with the cooperative-sticky assignor: a rebalance moves only the slots it must,
+//!   and a member that joins takes its share from the others. Nothing is written to
+//!   or read from the topic; only the assignment is used.
+//! - **Hand-over**: a revoked slot is released only once this member has stopped
+//!   every database in it (drained, its position saved): librdkafka's rebalance
+//!   callback waits for the supervisor's word. A member that stops answering loses
+//!   its slots after `fleet.session_timeout_ms`; if it was only paused, its first
+//!   poll after it wakes revokes them (assignment lost) and stops their pipelines,
+//!   and with `sink.exactly_once` the successor's transactions have fenced it
+//!   already.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::topic_partition_list::TopicPartitionList;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// FNV-1a (64 bits) of the lowercased name: stable across processes, versions and
+/// platforms, as the slot mapping and the synthetic seeds need.
+pub fn name_hash(name: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.to_lowercase().bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// The slot of a database among `slots` (at least 1).
+pub fn slot_of(database: &str, slots: u32) -> u32 {
+    (name_hash(database) % u64::from(slots.max(1))) as u32
+}
+
+/// What the group tells the supervisor.
+#[derive(Debug)]
+pub enum FleetEvent {
+    /// These slots are this member's now.
+    Assigned(BTreeSet<u32>),
+    /// These slots are taken away: stop their databases, then answer on `released`
+    /// (the slots are handed to another member once answered).
+    Revoked {
+        slots: BTreeSet<u32>,
+        released: std::sync::mpsc::SyncSender<()>,
+    },
+}
+
+/// Why the member could not join.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// The brokers did not answer: worth trying again.
+    #[error("fleet.topic {topic}: {reason}")]
+    Unreachable { topic: String, reason: String },
+    #[error("fleet.topic {topic}: {reason}")]
+    Topic { topic: String, reason: String },
+    #[error("the fleet's group consumer: {0}")]
+    Consumer(String),
+}
+
+impl FleetError {
+    /// Whether trying again may help.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, FleetError::Unreachable { .. })
+    }
+}
+
+/// What a member needs to join.
+#[derive(Debug, Clone)]
+pub struct MemberSettings {
+    /// Where and how to connect: the sink's Kafka client properties.
+    pub connection: Vec<(String, String)>,
+    pub group_id: String,
+    pub topic: String,
+    /// Partitions of the control topic when this member creates it.
+    pub slots: u32,
+    pub session_timeout: Duration,
+    /// How long a revocation waits for the databases to stop before the slots are
+    /// released anyway (the drain time-out and a margin).
+    pub release_timeout: Duration,
+    /// Bound on the topic's metadata and creation.
+    pub timeout: Duration,
+}
+
+/// A member of the group: a thread that serves the group protocol.
+pub struct Member {
+    slots: u32,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Member {
+    /// Makes sure the control topic exists, then joins the group; assignments and
+    /// revocations arrive on `events`.
+    pub async fn join(
+        settings: MemberSettings,
+        events: UnboundedSender<FleetEvent>,
+    ) -> Result<Member, FleetError> {
+        let slots = control_topic(&settings).await?;
+        let mut config = ClientConfig::new();
+        for (key, value) in &settings.connection {
+            config.set(key, value);
+        }
+        let session_ms = settings.session_timeout.as_millis();
+        let poll_interval_ms = (settings.release_timeout.as_millis() + 60_000).max(300_000);
+        config
+            .set("group.id", &settings.group_id)
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", session_ms.to_string())
+            .set(
+                "heartbeat.interval.ms",
+                (session_ms / 3).max(100).to_string(),
+            )
+            .set("max.poll.interval.ms", poll_interval_ms.to_string())
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "latest");
+        let context = FleetContext {
+            topic: settings.topic.clone(),
+            events,
+            release_timeout: settings.release_timeout,
+        };
+        let consumer: BaseConsumer<FleetContext> = config
+            .create_with_context(context)
+            .map_err(|e| FleetError::Consumer(crate::kafka_client::config_error(&e)))?;
+        consumer
+            .subscribe(&[settings.topic.as_str()])
+            .map_err(|e| FleetError::Consumer(e.to_string()))?;
+        tracing::info!(
+            group = %settings.group_id,
+            topic = %settings.topic,
+            slots,
+            session_timeout_ms = session_ms as u64,
+            "joining the fleet"
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("fleet-member".into())
+            .spawn(move || serve(consumer, &stopping))
+            .map_err(|e| FleetError::Consumer(format!("cannot start its thread: {e}")))?;
+        Ok(Member {
+            slots,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The number of slots (the control topic's partitions).
+    pub fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    /// Leaves the group (its slots go to the others at once). Call once this
+    /// member's databases are stopped.
+    pub async fn leave(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Serves the group until told to stop, then leaves it.
+fn serve(consumer: BaseConsumer<FleetContext>, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        match consumer.poll(Duration::from_millis(200)) {
+            // Nobody writes to the control topic; a record there is not ours to read.
+            Some(Ok(_)) | None => {}
+            Some(Err(e)) => tracing::debug!(error = %e, "the fleet's group consumer"),
+        }
+    }
+    // Closing revokes what is left (the supervisor has stopped by now) and leaves.
+    consumer.unsubscribe();
+    for _ in 0..10 {
+        if consumer.poll(Duration::from_millis(100)).is_none()
+            && consumer.assignment().is_ok_and(|a| a.count() == 0)
+        {
+            break;
+        }
+    }
+    tracing::info!("left the fleet");
+}
+
+/// The control topic's partition count, the topic created when missing.
+async fn control_topic(settings: &MemberSettings) -> Result<u32, FleetError> {
+    let mut config = ClientConfig::new();
+    for (key, value) in &settings.connection {
+        config.set(key, value);
+    }
+    let unreachable = |reason: String| FleetError::Unreachable {
+        topic: settings.topic.clone(),
+        reason,
+    };
+    let error = |reason: String| FleetError::Topic {
+        topic: settings.topic.clone(),
+        reason,
+    };
+    let found =
+        crate::kafka_client::topic_partitions(config.clone(), &settings.topic, settings.timeout)
+            .await
+            .map_err(unreachable)?;
+    if let Some(partitions) = found {
+        return Ok(partitions.len() as u32);
+    }
+    let created = crate::kafka_client::create_topic(
+        &config,
+        &settings.topic,
+        settings.slots as i32,
+        &[],
+        settings.timeout,
+    )
+    .await;
+    match created {
+        Ok(true) => {
+            tracing::info!(topic = %settings.topic, slots = settings.slots, "created the fleet's control topic");
+        }
+        Ok(false) => {}
+        Err(crate::kafka_client::CreateTopicError::Refused(code)) => {
+            return Err(error(format!(
+                "the broker refused to create it ({code}): create it with fleet.slots partitions, or give the login the right to create topics"
+            )));
+        }
+        Err(e @ crate::kafka_client::CreateTopicError::Transient(_)) => {
+            return Err(unreachable(e.to_string()));
+        }
+        Err(e) => return Err(error(e.to_string())),
+    }
+    // Members that raced to create it agree on what the broker now says.
+    let deadline = tokio::time::Instant::now() + settings.timeout;
+    loop {
+        let found = crate::kafka_client::topic_partitions(
+            config.clone(),
+            &settings.topic,
+            settings.timeout,
+        )
+        .await
+        .map_err(unreachable)?;
+        if let Some(partitions) = found {
+            return Ok(partitions.len() as u32);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(error("cannot be found after it was created".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The slots of `topic` in a partition list.
+fn slots_in(topic: &str, list: &TopicPartitionList) -> BTreeSet<u32> {
+    list.elements()
+        .iter()
+        .filter(|e| e.topic() == topic)
+        .filter_map(|e| u32::try_from(e.partition()).ok())
+        .collect()
+}
+
+/// Turns librdkafka's rebalance callbacks into [`FleetEvent`]s.
+struct FleetContext {
+    topic: String,
+    events: UnboundedSender<FleetEvent>,
+    release_timeout: Duration,
+}
+
+impl rdkafka::ClientContext for FleetContext {}
+
+impl ConsumerContext for FleetContext {
+    /// A revocation waits here, before librdkafka releases the slots, until the
+    /// supervisor has stopped their databases.
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(list) => {
+                let slots = slots_in(&self.topic, list);
+                if slots.is_empty() {
+                    return;
+                }
+                let (released, answer) = std::sync::mpsc::sync_channel(1);
+                let count = slots.len();
+                if self
+                    .events
+                    .send(FleetEvent::Revoked { slots, released })
+                    .is_err()
+                {
+                    return;
+                }
+                match answer.recv_timeout(self.release_timeout) {
+                    Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                        tracing::info!(
+                            slots = count,
+                            "fleet: slots released, their databases stopped"
+                        );
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        tracing::warn!(
+                            slots = count,
+                            waited_ms = self.release_timeout.as_millis() as u64,
+                            "fleet: the databases of revoked slots did not stop in time; releasing the slots anyway"
+                        );
+                    }
+                }
+            }
+            Rebalance::Error(e) => {
+                tracing::warn!(error = %e, "fleet: a rebalance failed; the group tries again");
+            }
+            Rebalance::Assign(_) => {}
+        }
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            let slots = slots_in(&self.topic, list);
+            if !slots.is_empty() {
+                let _ = self.events.send(FleetEvent::Assigned(slots));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_has_the_same_slot_in_every_member_whatever_its_case() {
+        // FNV-1a's published test vectors: "" and "a".
+        assert_eq!(name_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(name_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(name_hash("A"), name_hash("a"));
+        assert_eq!(slot_of("Tenant7", 60), slot_of("tenant7", 60));
+        assert_eq!(slot_of("anything", 1), 0);
+        assert_eq!(slot_of("anything", 0), 0, "no slot count is one slot");
+        // Spread: 1,200 names over 60 slots leave no slot empty and none with more
+        // than twice its share.
+        let mut counts = [0u32; 60];
+        for i in 0..1200 {
+            counts[slot_of(&format!("tenant{i:04}"), 60) as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| (1..=40).contains(&c)), "{counts:?}");
+    }
+
+    #[test]
+    fn only_the_control_topics_partitions_are_slots() {
+        let mut list = TopicPartitionList::new();
+        list.add_partition("control", 3);
+        list.add_partition("control", 0);
+        list.add_partition("other", 5);
+        assert_eq!(slots_in("control", &list), BTreeSet::from([0, 3]));
+        assert!(slots_in("none", &list).is_empty());
+    }
+}

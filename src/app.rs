@@ -110,6 +110,7 @@ async fn run_stream(
         return Ok(None);
     }
     metrics.set_standby(false);
+    fence_before_reading(&config).await?;
     let position = store.load().await?;
     log_start(&config, position.as_ref());
     let resumed_at = position.as_ref().and_then(|p| p.last_event);
@@ -395,6 +396,33 @@ async fn drive<S: ChangeSource + 'static>(
 }
 
 /// Whether `sink.exactly_once` is on.
+/// `sink.transactional_id`, or `mssql-ces.<stream name>`.
+fn transactional_id(k: &crate::sink::kafka::KafkaSinkConfig, stream_name: &str) -> String {
+    k.transactional_id
+        .clone()
+        .unwrap_or_else(|| format!("mssql-ces.{stream_name}"))
+}
+
+/// With `sink.exactly_once`: fences the stream's earlier producers before its
+/// position is read (see [`crate::sink::kafka::fence`]).
+async fn fence_before_reading(config: &Config) -> Result<(), RunError> {
+    let SinkConfig::Kafka(k) = &config.sink.kind else {
+        return Ok(());
+    };
+    if !k.exactly_once {
+        return Ok(());
+    }
+    let connection = match config.sink.kind.kafka_connection(&config.sink.routing) {
+        Some(Ok(connection)) => connection,
+        Some(Err(e)) => return Err(e.into()),
+        None => return Ok(()),
+    };
+    let id = transactional_id(k, &config.checkpoint.stream_name);
+    crate::sink::kafka::fence(&connection, &id, k.delivery_timeout).await?;
+    tracing::debug!(transactional_id = %id, "fenced the stream's earlier producers");
+    Ok(())
+}
+
 fn exactly_once_on(config: &Config) -> bool {
     matches!(&config.sink.kind, SinkConfig::Kafka(k) if k.exactly_once)
 }
@@ -412,10 +440,7 @@ async fn exactly_once(
     {
         s.prepare().await?;
         let stream_name = config.checkpoint.stream_name.clone();
-        let id = k
-            .transactional_id
-            .clone()
-            .unwrap_or_else(|| format!("mssql-ces.{stream_name}"));
+        let id = transactional_id(k, &stream_name);
         tracing::info!(transactional_id = %id, checkpoint_topic = %config.checkpoint.topic, "exactly-once: each batch and its position in one Kafka transaction");
         k.transaction = Some(crate::sink::kafka::TransactionSettings {
             id,

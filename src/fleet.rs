@@ -301,22 +301,19 @@ impl ConsumerContext for FleetContext {
                 }
                 match answer.recv_timeout(self.release_timeout) {
                     Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                        tracing::info!(
-                            slots = count,
-                            "fleet: slots released, their databases stopped"
-                        );
+                        tracing::info!(slots = count, "slots released, their databases stopped");
                     }
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                         tracing::warn!(
                             slots = count,
                             waited_ms = self.release_timeout.as_millis() as u64,
-                            "fleet: the databases of revoked slots did not stop in time; releasing the slots anyway"
+                            "the databases of revoked slots did not stop in time; releasing the slots anyway"
                         );
                     }
                 }
             }
             Rebalance::Error(e) => {
-                tracing::warn!(error = %e, "fleet: a rebalance failed; the group tries again");
+                tracing::warn!(error = %e, "a rebalance failed; the group tries again");
             }
             Rebalance::Assign(_) => {}
         }

@@ -44,13 +44,13 @@ fn tansu() -> PathBuf {
 }
 
 /// A tansu broker on a free loopback port, stopped when dropped.
-struct Broker {
+pub(crate) struct Broker {
     child: Child,
-    bootstrap: String,
+    pub(crate) bootstrap: String,
 }
 
 impl Broker {
-    fn start(dir: &Path) -> Broker {
+    pub(crate) fn start(dir: &Path) -> Broker {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -89,7 +89,7 @@ impl Drop for Broker {
     }
 }
 
-fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
+pub(crate) fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)

@@ -11,6 +11,7 @@ mod check;
 mod debezium_binary;
 mod event_hubs_amqp_released;
 mod exactly_once;
+mod fleet;
 mod managed_binary;
 mod metrics_binary;
 mod run_binary;

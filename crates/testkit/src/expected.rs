@@ -14,11 +14,30 @@ pub async fn events(
     options: impl Fn(uuid::Uuid) -> EncoderOptions,
     encoding: Encoding,
 ) -> BTreeMap<String, Vec<u8>> {
-    let mut poller = Poller::new(
-        SyntheticSource::new(synthetic),
-        PollerConfig::default(),
-        None,
-    );
+    events_of(SyntheticSource::new(synthetic), options, encoding).await
+}
+
+/// As [`events`], for one database of a synthetic server (`source.databases`): its
+/// name is in its events, and its seed is derived from the configured one as
+/// `Config::for_database` derives it.
+pub async fn database_events(
+    mut synthetic: SyntheticConfig,
+    database: &str,
+    options: impl Fn(uuid::Uuid) -> EncoderOptions,
+    encoding: Encoding,
+) -> BTreeMap<String, Vec<u8>> {
+    synthetic.seed ^= mssql_ces::fleet::name_hash(database);
+    let source = SyntheticSource::new(synthetic);
+    source.simulator().set_database(database);
+    events_of(source, options, encoding).await
+}
+
+async fn events_of(
+    source: SyntheticSource,
+    options: impl Fn(uuid::Uuid) -> EncoderOptions,
+    encoding: Encoding,
+) -> BTreeMap<String, Vec<u8>> {
+    let mut poller = Poller::new(source, PollerConfig::default(), None);
     let mut out = BTreeMap::new();
     let mut encoder = None;
     while let PollOutcome::Batch(batch) = poller.poll().await.expect("poll") {

@@ -20,7 +20,7 @@ use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 
 mod admin;
 mod transactions;
-pub use transactions::TransactionSettings;
+pub use transactions::{TransactionSettings, fence};
 mod config;
 mod outage;
 

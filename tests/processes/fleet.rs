@@ -1,0 +1,502 @@
+//! A fleet of real binaries (`fleet.group_id`) sharing twelve databases of the
+//! synthetic server through Kafka's consumer group protocol.
+//!
+//! - Kills, joins and leaves run on `MockCluster` (librdkafka's in-process brokers:
+//!   the classic group protocol with the cooperative-sticky assignor, and
+//!   transactions).
+//! - The paused member runs on tansu (the binary `.ci/run` installs), because
+//!   `MockCluster` does not fence: probed before these tests were written, an old
+//!   epoch's commit after a new producer's `init_transactions` succeeds there.
+//!
+//! Neither broker hides aborted transactions' records from `read_committed`
+//! consumers (probed the same way: a transaction aborted, then one committed; both
+//! records read back). So the tests cannot watch the broker hide what a killed or
+//! fenced member left open. They check what that leaves instead: per database and
+//! partition the records are ascending runs, and a run restarts only where a member
+//! was killed or paused, going back at most one transaction, so the successor
+//! resumed from the last committed position and no two members wrote one
+//! database's records interleaved.
+
+use crate::support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mssql_ces::event::readback::decode_json_message;
+use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::source::sim::synthetic::SyntheticConfig;
+use rdkafka::mocking::MockCluster;
+use support::kafka::{consume_quietly, position_of};
+use support::temp_dir;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
+const PARTITIONS: i32 = 4;
+const DATABASES: u32 = 12;
+const TRANSACTIONS: u64 = 150;
+const SEED: u64 = 41;
+const SLOTS: i32 = 24;
+/// Change rows a poll reads at most: a batch, and so a transaction, holds fewer
+/// events than this.
+const BATCH: usize = 100;
+
+fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        r#"
+[source]
+kind = "synthetic"
+databases = ["tenant*"]
+max_connections = 13
+poll_interval_ms = 20
+batch_size = {BATCH}
+
+[source.synthetic]
+seed = {SEED}
+databases = {DATABASES}
+transactions = {TRANSACTIONS}
+rate_per_second = 15
+
+[event]
+max_message_size_kb = 128
+
+[sink]
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topic = "ces"
+partition_key = "table"
+delivery_timeout_ms = 20000
+exactly_once = true
+
+[checkpoint]
+store = "kafka"
+interval_ms = 50
+
+[shutdown]
+drain_timeout_ms = 10000
+
+[fleet]
+group_id = "fleet-test"
+session_timeout_ms = 4000
+"#
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+struct Fleet {
+    config: PathBuf,
+    dir: PathBuf,
+    members: Vec<(usize, Child)>,
+    started: usize,
+}
+
+impl Fleet {
+    fn add(&mut self) {
+        let n = self.started;
+        self.started += 1;
+        let log = std::fs::File::create(self.dir.join(format!("member-{n}.log"))).expect("log");
+        let child = Command::new(BINARY)
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn mssql-ces");
+        self.members.push((n, child));
+    }
+
+    /// Takes a member out at `pick` (modulo the members running).
+    fn take(&mut self, pick: u64) -> (usize, Child) {
+        let at = (pick % self.members.len() as u64) as usize;
+        self.members.remove(at)
+    }
+
+    fn log(&self, n: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("member-{n}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.members {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn signal(child: &Child, signal: i32) {
+    let pid = i32::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
+/// Waits for a child to exit, up to `timeout`.
+fn exit_within(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// Every database's events: `logicalid` → (database, `data`).
+type Expected = HashMap<String, (String, Vec<u8>)>;
+
+fn expected() -> Expected {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut all = HashMap::new();
+    for i in 1..=DATABASES {
+        let database = format!("tenant{i:03}");
+        let events = runtime.block_on(support::expected::database_events(
+            SyntheticConfig {
+                seed: SEED,
+                transactions: Some(TRANSACTIONS),
+                rate_per_second: None,
+                large_value_every: 0,
+                existing_rows: 0,
+                oversized_value_every: 0,
+            },
+            &database,
+            |guid| EncoderOptions {
+                stream_guid: guid,
+                encoding: Encoding::Json,
+                final_event: FinalEventMode::LastInTransaction,
+                max_message_size: MessageSizeLimit::from_kb(128).expect("valid"),
+            },
+            Encoding::Json,
+        ));
+        for (id, data) in events {
+            all.insert(id, (database.clone(), data));
+        }
+    }
+    all
+}
+
+/// Every event of every database arrived, with its bytes, and nothing else. Each
+/// database and partition: ascending runs; a run restarts only after a kill or a
+/// pause (at most `kills` times), and repeats at most the one transaction the
+/// member left open. Returns the restarts and the events repeated.
+fn check_delivery(
+    consumed: &[support::kafka::Consumed],
+    expected: &Expected,
+    kills: usize,
+    dir: &Path,
+) -> (usize, usize) {
+    let mut arrived: HashMap<&str, usize> = HashMap::new();
+    // (database, partition) → positions in offset order.
+    let mut runs: BTreeMap<(String, i32), Vec<(String, u64)>> = BTreeMap::new();
+    for m in consumed {
+        let event = decode_json_message(&m.payload).expect("message decodes");
+        let Some((id, (database, data))) = expected.get_key_value(&event.logicalid) else {
+            panic!("an event that should not exist: {}", event.logicalid);
+        };
+        assert_eq!(&event.data, data, "{id}: the bytes of the workload");
+        *arrived.entry(id.as_str()).or_default() += 1;
+        runs.entry((database.clone(), m.partition))
+            .or_default()
+            .push(position_of(&event.logicalid));
+    }
+    let missing: Vec<&String> = expected
+        .keys()
+        .filter(|id| !arrived.contains_key(id.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} events missing, e.g. {:?}; logs in {}",
+        missing.len(),
+        expected.len(),
+        missing.first(),
+        dir.display()
+    );
+    let mut restarts_seen = 0;
+    let mut repeated = 0;
+    for ((database, partition), positions) in &runs {
+        let mut kept: Vec<&(String, u64)> = Vec::new();
+        let mut restarts = 0;
+        for position in positions {
+            if kept.last().is_some_and(|last| *last >= position) {
+                restarts += 1;
+                let before = kept.len();
+                kept.retain(|p| *p < position);
+                let back = before - kept.len();
+                repeated += back;
+                assert!(
+                    back <= BATCH,
+                    "{database} partition {partition}: went back {back} events, more than one transaction"
+                );
+            }
+            kept.push(position);
+        }
+        assert!(
+            restarts <= kills,
+            "{database} partition {partition}: {restarts} restarts with {kills} kills (two writers?); logs in {}",
+            dir.display()
+        );
+        restarts_seen += restarts;
+    }
+    (restarts_seen, repeated)
+}
+
+/// The brokers of a test: in-process, or a tansu process.
+enum Brokers {
+    Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
+    Tansu(crate::exactly_once::Broker),
+}
+
+impl Brokers {
+    fn bootstrap(&self) -> String {
+        match self {
+            Brokers::Mock(cluster) => cluster.bootstrap_servers(),
+            Brokers::Tansu(broker) => broker.bootstrap.clone(),
+        }
+    }
+
+    fn create_topic(&self, topic: &str, partitions: i32) {
+        match self {
+            Brokers::Mock(cluster) => cluster.create_topic(topic, partitions, 1).expect("topic"),
+            Brokers::Tansu(broker) => {
+                crate::exactly_once::create_topic(&broker.bootstrap, topic, partitions);
+            }
+        }
+    }
+}
+
+/// The brokers with the topics, the members' configuration, and every event the
+/// databases will produce.
+fn setup(name: &str, tansu: bool) -> (Brokers, Fleet, Expected) {
+    let dir = temp_dir(name);
+    let brokers = if tansu {
+        Brokers::Tansu(crate::exactly_once::Broker::start(&dir))
+    } else {
+        Brokers::Mock(MockCluster::new(1).expect("mock cluster"))
+    };
+    brokers.create_topic("ces", PARTITIONS);
+    brokers.create_topic("mssql-ces-checkpoints", 1);
+    brokers.create_topic("mssql-ces-fleet.fleet-test", SLOTS);
+    let fleet = Fleet {
+        config: write_config(&dir, &brokers.bootstrap()),
+        dir,
+        members: Vec::new(),
+        started: 0,
+    };
+    (brokers, fleet, expected())
+}
+
+/// Waits until `what` holds of a member's log, up to `timeout`.
+fn wait_log(fleet: &Fleet, n: usize, timeout: Duration, what: impl Fn(&str) -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if what(&fleet.log(n)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// The owned slots a member's log last reported.
+fn owned_slots(log: &str) -> u32 {
+    log.lines()
+        .filter_map(|l| l.split("owned_slots=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .next_back()
+        .unwrap_or(0)
+}
+
+/// A member paused (SIGSTOP) past its session time-out: the other takes all its
+/// slots. Resumed, the paused one finds its assignment lost and stops its
+/// databases; its producers were fenced by the successor's transactions, so
+/// nothing it had open becomes more than one aborted transaction a database and
+/// partition; it rejoins and takes its share again, resuming from the checkpoints.
+#[test]
+fn a_paused_member_loses_its_databases_is_fenced_and_rejoins() {
+    let (brokers, mut fleet, expected) = setup("fleet-zombie", true);
+    let bootstrap = brokers.bootstrap();
+    let dir = fleet.dir.clone();
+    fleet.add();
+    fleet.add();
+    let assigned = |log: &str| {
+        log.contains("slots assigned") && log.contains("resuming") || log.contains("no checkpoint")
+    };
+    assert!(
+        wait_log(&fleet, 0, Duration::from_secs(30), assigned),
+        "member 0 reads; logs in {}",
+        dir.display()
+    );
+    assert!(
+        wait_log(&fleet, 1, Duration::from_secs(30), assigned),
+        "member 1 reads; logs in {}",
+        dir.display()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let paused_at = fleet.log(0).len();
+    signal(&fleet.members[0].1, libc::SIGSTOP);
+    let took_all = wait_log(&fleet, 1, Duration::from_secs(40), |log| {
+        owned_slots(log) == SLOTS as u32
+    });
+    // The successor's activations fence the paused member's producers as they
+    // start (tansu answers that only once the old epoch's open transaction is
+    // aborted, which may wait for the pause to end).
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&fleet.members[0].1, libc::SIGCONT);
+    assert!(
+        took_all,
+        "member 1 took every slot; logs in {}",
+        dir.display()
+    );
+    let after = |log: &str| log.get(paused_at..).unwrap_or_default().to_owned();
+    assert!(
+        wait_log(&fleet, 0, Duration::from_secs(30), |log| after(log)
+            .contains("slots revoked")),
+        "the resumed member stops its databases; logs in {}",
+        dir.display()
+    );
+    // Its open transactions do not commit: tansu refuses the old epoch as fenced,
+    // or leaves its EndTxn unanswered until the drain time-out cuts the batch.
+    let uncommitted = |log: &str| {
+        let log = after(log);
+        log.contains("another process took over this stream")
+            || log
+                .lines()
+                .filter_map(|l| l.split("undelivered_events=").nth(1))
+                .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+                .any(|n| n > 0)
+    };
+    assert!(
+        wait_log(&fleet, 0, Duration::from_secs(30), uncommitted),
+        "the resumed member's transactions do not commit; logs in {}",
+        dir.display()
+    );
+    assert!(
+        wait_log(&fleet, 0, Duration::from_secs(60), |log| after(log)
+            .contains("slots assigned")),
+        "the resumed member rejoins and takes a share; logs in {}",
+        dir.display()
+    );
+    let consumed = consume_quietly(
+        &bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(150),
+        Duration::from_secs(3),
+        |m| m.len() >= expected.len(),
+    );
+    let (restarts, repeated) = check_delivery(&consumed, &expected, 1, &dir);
+    for (n, child) in &mut fleet.members {
+        signal(child, libc::SIGTERM);
+        let status = exit_within(child, Duration::from_secs(30));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "member {n}: {status:?}"
+        );
+    }
+    eprintln!(
+        "fleet zombie test: {} events, {} messages read, {restarts} restarts repeating {repeated} events; after the pause: {}",
+        expected.len(),
+        consumed.len(),
+        after(&fleet.log(0))
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .map(|l| l.chars().skip(27).take(160).collect::<String>())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    fleet.members.clear();
+    if std::env::var_os("FLEET_KEEP").is_none() {
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
+
+/// Three members, then at random moments: one SIGKILLed and replaced, one stopped
+/// with SIGTERM (it hands its databases over and exits 0), one added, one more
+/// SIGKILLed. Every event of every database arrives with its bytes; duplicates are
+/// only what a killed member's open transaction left, at most one transaction a
+/// database and partition a kill; and every database's slot moved to a live member.
+#[test]
+fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
+    let (brokers, mut fleet, expected) = setup("fleet", false);
+    let bootstrap = brokers.bootstrap();
+    let dir = fleet.dir.clone();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64);
+    eprintln!("fleet test: moments seed {seed}; logs in {}", dir.display());
+    let mut pick = seed;
+    let mut next = move |low: u64, high: u64| {
+        pick ^= pick << 13;
+        pick ^= pick >> 7;
+        pick ^= pick << 17;
+        low + pick % (high - low)
+    };
+    for _ in 0..3 {
+        fleet.add();
+    }
+    let mut kills = 0;
+    std::thread::sleep(Duration::from_millis(next(3000, 5000)));
+    let (killed, mut child) = fleet.take(next(0, 1000));
+    signal(&child, libc::SIGKILL);
+    child.wait().expect("reap");
+    kills += 1;
+    fleet.add();
+    std::thread::sleep(Duration::from_millis(next(2000, 4000)));
+    let (stopped, mut child) = fleet.take(next(0, 1000));
+    signal(&child, libc::SIGTERM);
+    let status = exit_within(&mut child, Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "member {stopped} stopped with SIGTERM: {status:?}; its log: {}",
+        fleet.log(stopped)
+    );
+    std::thread::sleep(Duration::from_millis(next(1000, 3000)));
+    fleet.add();
+    std::thread::sleep(Duration::from_millis(next(2000, 4000)));
+    let (_, mut child) = fleet.take(next(0, 1000));
+    signal(&child, libc::SIGKILL);
+    child.wait().expect("reap");
+    kills += 1;
+
+    let consumed = consume_quietly(
+        &bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(150),
+        Duration::from_secs(3),
+        |m| m.len() >= expected.len(),
+    );
+    let (restarts_seen, repeated) = check_delivery(&consumed, &expected, kills, &dir);
+    // Members: the one stopped handed its slots over and left; the later ones were
+    // assigned slots; the survivors stop cleanly.
+    let log = fleet.log(stopped);
+    assert!(log.contains("left the fleet"), "{log}");
+    for (n, child) in &mut fleet.members {
+        signal(child, libc::SIGTERM);
+        let status = exit_within(child, Duration::from_secs(30));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "member {n}: {status:?}"
+        );
+    }
+    let took_over = (0..fleet.started)
+        .filter(|n| *n != killed && fleet.log(*n).matches("slots assigned").count() > 1)
+        .count();
+    assert!(
+        took_over >= 1,
+        "a member was assigned slots after a change; logs in {}",
+        dir.display()
+    );
+    eprintln!(
+        "fleet test: {} events of {DATABASES} databases, {} messages read, {restarts_seen} restarts after {kills} kills repeating {repeated} events",
+        expected.len(),
+        consumed.len()
+    );
+    fleet.members.clear();
+    if std::env::var_os("FLEET_KEEP").is_none() {
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

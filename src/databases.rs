@@ -161,6 +161,17 @@ pub struct ManyStatus {
     pub queued: usize,
     pub failed: usize,
     pub unreadable: usize,
+    /// In a fleet: the slots this member owns, and the databases in them.
+    pub fleet: Option<FleetStatus>,
+}
+
+/// A fleet member's share, for metrics.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FleetStatus {
+    pub slots: usize,
+    pub databases: usize,
+    /// Assignments and revocations so far.
+    pub changes: u64,
 }
 
 /// The supervisor: discovery, the probe, the queue and the activations.
@@ -185,6 +196,8 @@ pub struct Supervisor<S, R: StreamRunner> {
 struct Ownership {
     slots: u32,
     owned: BTreeSet<u32>,
+    /// Assignments and revocations so far.
+    changes: u64,
     events: tokio::sync::mpsc::UnboundedReceiver<FleetEvent>,
 }
 
@@ -216,6 +229,7 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
         self.fleet = Some(Ownership {
             slots,
             owned: BTreeSet::new(),
+            changes: 0,
             events,
         });
         self
@@ -568,6 +582,11 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
                 status.unreadable += 1;
             }
         }
+        status.fleet = self.fleet.as_ref().map(|f| FleetStatus {
+            slots: f.owned.len(),
+            databases: self.streams.keys().filter(|n| self.owns(n)).count(),
+            changes: f.changes,
+        });
         self.status.send_if_modified(|old| {
             let changed = *old != status;
             *old = status;
@@ -597,6 +616,7 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
                     return false;
                 };
                 fleet.owned.extend(slots.iter().copied());
+                fleet.changes += 1;
                 let count = fleet.slots;
                 let mut databases = 0;
                 for (name, stream) in &mut self.streams {
@@ -642,6 +662,7 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
         for slot in slots {
             fleet.owned.remove(slot);
         }
+        fleet.changes += 1;
         let count = fleet.slots;
         let names: Vec<String> = self
             .streams

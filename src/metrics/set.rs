@@ -99,6 +99,26 @@ impl MetricsSet {
                 "Reads of a database that ended caught up",
                 s.activations,
             ),
+            s.fleet.as_ref().map_or_else(String::new, |f| {
+                [
+                    gauge(
+                        "fleet_slots_owned",
+                        "Slots (fleet.topic partitions) the group assigned this member",
+                        f.slots,
+                    ),
+                    gauge(
+                        "fleet_databases_owned",
+                        "Databases in this member's slots",
+                        f.databases,
+                    ),
+                    counter(
+                        "fleet_slot_changes",
+                        "Assignments and revocations of slots to this member",
+                        f.changes,
+                    ),
+                ]
+                .concat()
+            }),
         ]
         .concat()
     }
@@ -212,8 +232,13 @@ mod tests {
             queued: 4,
             failed: 1,
             unreadable: 0,
+            fleet: None,
         });
         assert_eq!(set.readiness(), Ok("ready".into()));
+        assert!(
+            !Observed::render(&set).contains("mssql_ces_fleet"),
+            "no fleet, no fleet series"
+        );
         assert_eq!(
             set.health(),
             Ok("ok: 5 databases, 1 being read, 1 failed".into())
@@ -225,6 +250,21 @@ mod tests {
             "mssql_ces_database_probes_total 3",
             "mssql_ces_database_activations_total 2",
             "mssql_ces_source_polls_total{database=\"A\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == sample), "{sample} in\n{text}");
+        }
+        status.send_modify(|s| {
+            s.fleet = Some(crate::databases::FleetStatus {
+                slots: 6,
+                databases: 2,
+                changes: 3,
+            });
+        });
+        let text = Observed::render(&set);
+        for sample in [
+            "mssql_ces_fleet_slots_owned 6",
+            "mssql_ces_fleet_databases_owned 2",
+            "mssql_ces_fleet_slot_changes_total 3",
         ] {
             assert!(text.lines().any(|l| l == sample), "{sample} in\n{text}");
         }

@@ -487,6 +487,15 @@ impl HoldingRunner {
     }
 }
 
+/// Waits until `check` holds, up to 30 s.
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Revokes `slots` and waits (as librdkafka's rebalance callback does) for the
 /// member's word that their databases are stopped.
 async fn revoke(
@@ -553,9 +562,25 @@ async fn fleet_members_read_only_their_slots_and_hand_one_over_only_once_stopped
     a_events
         .send(FleetEvent::Assigned((0..SLOTS).collect()))
         .expect("a");
-    wait_for(&mut a_status, "a reads every database", |s| s.active == 8).await;
+    let a = wait_for(&mut a_status, "a reads every database", |s| s.active == 8).await;
+    assert_eq!(
+        a.fleet,
+        Some(mssql_ces::databases::FleetStatus {
+            slots: 4,
+            databases: 8,
+            changes: 1
+        })
+    );
     assert_eq!(b_status.borrow().active, 0);
     revoke(&a_events, &[2, 3]).await;
+    let a = wait_for(&mut a_status, "a's share shrinks", |s| {
+        s.fleet.as_ref().is_some_and(|f| f.slots == 2)
+    })
+    .await;
+    assert_eq!(
+        a.fleet.map(|f| (f.databases, f.changes)),
+        Some((kept.len(), 2))
+    );
     for name in &moved {
         assert_eq!(shared.active(name), 0, "{name} stopped before the answer");
     }
@@ -569,8 +594,12 @@ async fn fleet_members_read_only_their_slots_and_hand_one_over_only_once_stopped
         s.active == moved.len()
     })
     .await;
+    // Counted by the activation itself, once its task runs.
+    eventually("b's reads begin", || {
+        moved.iter().all(|name| shared.reads(name, "b") == 1)
+    })
+    .await;
     for name in &moved {
-        assert_eq!(shared.reads(name, "b"), 1, "{name} read by b");
         assert_eq!(shared.reads(name, "a"), 1, "{name} not read by a again");
     }
     for name in &kept {
@@ -585,9 +614,10 @@ async fn fleet_members_read_only_their_slots_and_hand_one_over_only_once_stopped
         s.active == 8
     })
     .await;
-    for name in &moved {
-        assert_eq!(shared.reads(name, "a"), 2, "{name} read by a again");
-    }
+    eventually("a reads the moved databases again", || {
+        moved.iter().all(|name| shared.reads(name, "a") == 2)
+    })
+    .await;
     a_stop.cancel();
     b_stop.cancel();
     a_run.await.expect("join").expect("a stops");

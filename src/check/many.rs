@@ -75,7 +75,53 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
         None => (None, None),
     };
     check_delivery(&mut report, config, state.as_ref(), resume).await;
+    check_fleet(&mut report, config, matched.len()).await;
     report
+}
+
+/// With `fleet.group_id`: the control topic on the brokers, its slots (partitions)
+/// and how the matched databases spread over them.
+async fn check_fleet(report: &mut Report, config: &Config, databases: usize) {
+    if !config.fleet.enabled() {
+        return;
+    }
+    let topic = config.fleet.control_topic();
+    let group = config.fleet.group_id.as_deref().unwrap_or_default();
+    let connection = match config.sink.kind.kafka_connection(&config.sink.routing) {
+        Some(Ok(connection)) => connection,
+        _ => {
+            report.skip(
+                "fleet",
+                "no Kafka connection to check it with (see the destination's findings)",
+            );
+            return;
+        }
+    };
+    let mut client = rdkafka::ClientConfig::new();
+    for (key, value) in &connection {
+        client.set(key, value);
+    }
+    match crate::kafka_client::topic_partitions(client, &topic, config.check.timeout).await {
+        Ok(Some(partitions)) => report.pass(
+            "fleet",
+            format!(
+                "group {group}: control topic {topic} has {} slots for {databases} databases; members share them as they join",
+                partitions.len()
+            ),
+        ),
+        Ok(None) => report.pass(
+            "fleet",
+            format!(
+                "group {group}: control topic {topic} does not exist yet; the first member creates it with {} slots (fleet.slots), which needs the right to create topics",
+                config.fleet.slots
+            ),
+        ),
+        Err(e) => report.fail(
+            "fleet",
+            format!("group {group}: the control topic {topic} could not be looked up: {e}"),
+            "check the sink's brokers and that the login may describe topics",
+        ),
+    }
 }
 
 /// Each database's own source and checkpoint findings, named `<db>: …`; the first

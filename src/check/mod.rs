@@ -155,6 +155,17 @@ impl Report {
 /// destination.
 pub async fn check(config: &Config) -> Report {
     match config.source.kind {
+        SourceKind::Synthetic if config.many_databases() => {
+            let s = &config.source.synthetic;
+            let mut server = crate::source::sim::synthetic_server::SyntheticServer::new(
+                s.databases,
+                s.transactions,
+            );
+            check_many(config, &mut server, |own| {
+                Ok(crate::app::synthetic_source(own))
+            })
+            .await
+        }
         SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
             let mut source = crate::app::bulk_source(config);
             check_with(config, &mut source, "synthetic large transactions").await

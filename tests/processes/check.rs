@@ -905,3 +905,48 @@ async fn many_databases_are_checked_each_by_name() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `fleet.group_id`: `check` looks the control topic up on the sink's brokers and
+/// says how many slots the members share (or that the first member creates it).
+/// The synthetic server's databases are checked each by name.
+#[tokio::test]
+async fn a_fleet_s_control_topic_is_checked_on_the_sink_s_brokers() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", 2, 1).expect("topic");
+    let dir = temp_dir("check-fleet");
+    let text = |bootstrap: &str| {
+        format!(
+            "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 3\n\
+             [sink]\n{}\n[checkpoint]\nstore = \"kafka\"\n[fleet]\ngroup_id = \"g\"\nslots = 12\n",
+            kafka_sink(bootstrap, "ces")
+        )
+    };
+    let config = load(&dir, "fleet.toml", &text(&bootstrap));
+    let report = mssql_ces::check::check(&config).await;
+    let databases = expect(&report, "databases", Status::Pass);
+    assert!(databases.detail.starts_with("3 matched"), "{databases:?}");
+    expect(
+        &report,
+        "tenant002: CDC on database tenant002",
+        Status::Pass,
+    );
+    let fleet = expect(&report, "fleet", Status::Pass);
+    assert!(
+        fleet
+            .detail
+            .contains("mssql-ces-fleet.g does not exist yet")
+            && fleet.detail.contains("12 slots"),
+        "{fleet:?}"
+    );
+    cluster
+        .create_topic("mssql-ces-fleet.g", 7, 1)
+        .expect("control topic");
+    let report = mssql_ces::check::check(&config).await;
+    let fleet = expect(&report, "fleet", Status::Pass);
+    assert!(
+        fleet.detail.contains("has 7 slots for 3 databases"),
+        "{fleet:?}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -90,14 +90,21 @@ impl Config {
                 "needs source.databases: the fleet shares databases among its members (for one database, list it: databases = [\"Sales\"])",
             ));
         }
-        if !matches!(
-            self.sink.kind,
-            SinkConfig::Kafka(_) | SinkConfig::EventHubsKafka(_)
-        ) {
-            return Err(invalid(
-                "fleet.group_id",
-                "the fleet coordinates through the sink's Kafka brokers: it needs sink.kind = \"kafka\" or \"event_hubs_kafka\"",
-            ));
+        match &self.sink.kind {
+            SinkConfig::Kafka(_) | SinkConfig::EventHubsKafka(_) => {}
+            SinkConfig::EventHubsAmqp(c) if c.connection_string.is_set() => {}
+            SinkConfig::EventHubsAmqp(_) => {
+                return Err(invalid(
+                    "fleet.group_id",
+                    "with sink.kind = \"event_hubs_amqp\" the fleet coordinates through the namespace's Kafka endpoint, signed in with sink.connection_string (SAS); a Microsoft Entra credential is not supported there",
+                ));
+            }
+            _ => {
+                return Err(invalid(
+                    "fleet.group_id",
+                    "the fleet coordinates through the sink's Kafka brokers: it needs sink.kind = \"kafka\", \"event_hubs_kafka\" or \"event_hubs_amqp\" (through the namespace's Kafka endpoint)",
+                ));
+            }
         }
         if self.checkpoint.store == CheckpointStoreKind::File {
             return Err(invalid(
@@ -199,5 +206,85 @@ mod tests {
             stdout.contains("fleet.group_id") && stdout.contains("sink.kind"),
             "{stdout}"
         );
+    }
+
+    /// Events over AMQP, the fleet through the same namespace's Kafka endpoint with
+    /// the same connection string; refused with an Entra credential.
+    #[test]
+    fn an_amqp_sink_s_fleet_goes_through_the_namespace_s_kafka_endpoint() {
+        let dir = std::env::temp_dir().join(format!("mssql-ces-fleet-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let secret = dir.join("cs");
+        std::fs::write(
+            &secret,
+            "Endpoint=sb://ns1.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=abc=;EntityPath=hub",
+        )
+        .expect("secret");
+        let load = |sink: &str| {
+            Config::from_parts(
+                &format!(
+                    "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 2\n\
+                     [sink]\nkind = \"event_hubs_amqp\"\n{sink}\n[checkpoint]\nstore = \"table\"\n[fleet]\ngroup_id = \"g\"\n"
+                ),
+                &[],
+                &[],
+            )
+        };
+        let config = load(&format!(
+            "connection_string = {{ file = {:?} }}",
+            secret.display().to_string()
+        ))
+        .expect("valid");
+        let connection: std::collections::BTreeMap<String, String> = config
+            .sink
+            .kind
+            .kafka_connection(&config.sink.routing)
+            .expect("a Kafka endpoint")
+            .expect("its properties")
+            .into_iter()
+            .collect();
+        assert_eq!(
+            connection.get("bootstrap.servers").map(String::as_str),
+            Some("ns1.servicebus.windows.net:9093")
+        );
+        assert_eq!(
+            connection.get("sasl.username").map(String::as_str),
+            Some("$ConnectionString")
+        );
+        assert!(
+            connection
+                .get("security.protocol")
+                .is_some_and(|p| p.eq_ignore_ascii_case("sasl_ssl")),
+            "{:?}",
+            connection.get("security.protocol")
+        );
+        // The same endpoint when events go through it too (the Kafka checkpoint
+        // store and the fleet both connect with these properties).
+        let through_kafka = Config::from_parts(
+            &format!(
+                "[source]\nkind = \"synthetic\"\n[sink]\nkind = \"event_hubs_kafka\"\nconnection_string = {{ file = {:?} }}\n[checkpoint]\nstore = \"kafka\"\n",
+                secret.display().to_string()
+            ),
+            &[],
+            &[],
+        )
+        .expect("valid");
+        let same: std::collections::BTreeMap<String, String> = through_kafka
+            .sink
+            .kind
+            .kafka_connection(&through_kafka.sink.routing)
+            .expect("a Kafka endpoint")
+            .expect("its properties")
+            .into_iter()
+            .collect();
+        assert_eq!(same, connection);
+        let entra = load("namespace = \"ns1.servicebus.windows.net\"\nentra_credential = \"managed_identity\"\ntopic = \"hub\"")
+            .expect_err("entra")
+            .to_string();
+        assert!(
+            entra.contains("fleet.group_id") && entra.contains("Entra"),
+            "{entra}"
+        );
+        std::fs::remove_dir_all(dir).ok();
     }
 }

@@ -106,6 +106,11 @@ pub struct BuiltSink {
     pub topic: String,
 }
 
+/// The message size the connection properties are derived with: they do not depend
+/// on it, and every flavour accepts this one (Event Hubs' Kafka endpoint refuses
+/// requests of about 1 MiB).
+const CONNECTION_ONLY_MAX_BYTES: usize = 64 * 1024;
+
 impl SinkConfig {
     /// The Kafka client properties that say where and how to connect (secrets read
     /// now: never log them), for a store that writes to the same brokers; `None`
@@ -117,11 +122,27 @@ impl SinkConfig {
         let (config, flavour) = match self {
             SinkConfig::Kafka(c) => (c, kafka::KafkaFlavour::Kafka),
             SinkConfig::EventHubsKafka(c) => (c, kafka::KafkaFlavour::EventHubs),
+            SinkConfig::EventHubsAmqp(c) => {
+                return c.kafka_endpoint().map(|e| {
+                    e.and_then(|k| {
+                        // The topic does not matter for a connection; a connection string
+                        // without EntityPath needs one named.
+                        let mut routing = routing.clone();
+                        routing.topic.get_or_insert_with(|| "ces".into());
+                        k.settings(
+                            kafka::KafkaFlavour::EventHubs,
+                            &routing,
+                            CONNECTION_ONLY_MAX_BYTES,
+                        )
+                        .map(|(settings, _)| kafka::connection_properties(&settings))
+                    })
+                });
+            }
             _ => return None,
         };
         Some(
             config
-                .settings(flavour, routing, 1024 * 1024)
+                .settings(flavour, routing, CONNECTION_ONLY_MAX_BYTES)
                 .map(|(settings, _)| kafka::connection_properties(&settings)),
         )
     }

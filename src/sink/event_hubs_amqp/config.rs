@@ -64,6 +64,28 @@ fn default_resend_after() -> Duration {
 }
 
 impl EventHubsAmqpSinkConfig {
+    /// The same namespace's Kafka endpoint, reached with the same connection string
+    /// (SAS): what a fleet coordinates through while events go over AMQP. `None`
+    /// with a Microsoft Entra credential, which the Kafka endpoint takes only over
+    /// OAUTHBEARER, not supported here.
+    pub fn kafka_endpoint(
+        &self,
+    ) -> Option<Result<crate::sink::kafka::KafkaSinkConfig, crate::sink::SinkError>> {
+        if !self.connection_string.is_set() {
+            return None;
+        }
+        let empty = toml::Table::new();
+        Some(
+            toml::Value::Table(empty)
+                .try_into::<crate::sink::kafka::KafkaSinkConfig>()
+                .map(|mut kafka| {
+                    kafka.connection_string = self.connection_string.clone();
+                    kafka
+                })
+                .map_err(|e| crate::sink::SinkError::Definite(e.to_string())),
+        )
+    }
+
     /// Checks what can be checked before connecting; each error names the setting.
     pub fn validate(&self, routing: &RoutingSettings) -> Result<(), ConfigError> {
         for (setting, value) in [

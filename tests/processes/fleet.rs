@@ -300,6 +300,24 @@ fn wait_log(fleet: &Fleet, n: usize, timeout: Duration, what: impl Fn(&str) -> b
     false
 }
 
+/// Seconds from `moment` to the first "slots assigned" any log shows after it.
+fn assigned_after(logs: &[String], moment: chrono::DateTime<chrono::Utc>) -> f64 {
+    logs.iter()
+        .flat_map(|log| log.lines())
+        .filter(|l| l.contains("slots assigned"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .parse::<chrono::DateTime<chrono::Utc>>()
+                .ok()
+        })
+        .filter(|at| *at > moment)
+        .min()
+        .map_or(f64::NAN, |at| {
+            (at - moment).num_milliseconds() as f64 / 1000.0
+        })
+}
+
 /// The owned slots a member's log last reported.
 fn owned_slots(log: &str) -> u32 {
     log.lines()
@@ -440,12 +458,14 @@ fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
     let mut kills = 0;
     std::thread::sleep(Duration::from_millis(next(3000, 5000)));
     let (killed, mut child) = fleet.take(next(0, 1000));
+    let first_kill = chrono::Utc::now();
     signal(&child, libc::SIGKILL);
     child.wait().expect("reap");
     kills += 1;
     fleet.add();
     std::thread::sleep(Duration::from_millis(next(2000, 4000)));
     let (stopped, mut child) = fleet.take(next(0, 1000));
+    let leave = chrono::Utc::now();
     signal(&child, libc::SIGTERM);
     let status = exit_within(&mut child, Duration::from_secs(30));
     assert!(
@@ -490,10 +510,14 @@ fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
         "a member was assigned slots after a change; logs in {}",
         dir.display()
     );
+    let logs: Vec<String> = (0..fleet.started).map(|n| fleet.log(n)).collect();
     eprintln!(
-        "fleet test: {} events of {DATABASES} databases, {} messages read, {restarts_seen} restarts after {kills} kills repeating {repeated} events",
+        "fleet test: {} events of {DATABASES} databases, {} messages read, {restarts_seen} restarts after {kills} kills repeating {repeated} events; \
+         first assignment after the first SIGKILL {:.1} s (session time-out 4 s), after the SIGTERM {:.1} s",
         expected.len(),
-        consumed.len()
+        consumed.len(),
+        assigned_after(&logs, first_kill),
+        assigned_after(&logs, leave),
     );
     fleet.members.clear();
     if std::env::var_os("FLEET_KEEP").is_none() {

@@ -208,6 +208,17 @@ mod tests {
         );
     }
 
+    fn connection_of(config: &Config) -> std::collections::BTreeMap<String, String> {
+        config
+            .sink
+            .kind
+            .kafka_connection(&config.sink.routing)
+            .expect("a Kafka endpoint")
+            .expect("its properties")
+            .into_iter()
+            .collect()
+    }
+
     /// Events over AMQP, the fleet through the same namespace's Kafka endpoint with
     /// the same connection string; refused with an Entra credential.
     #[test]
@@ -235,14 +246,7 @@ mod tests {
             secret.display().to_string()
         ))
         .expect("valid");
-        let connection: std::collections::BTreeMap<String, String> = config
-            .sink
-            .kind
-            .kafka_connection(&config.sink.routing)
-            .expect("a Kafka endpoint")
-            .expect("its properties")
-            .into_iter()
-            .collect();
+        let connection = connection_of(&config);
         assert_eq!(
             connection.get("bootstrap.servers").map(String::as_str),
             Some("ns1.servicebus.windows.net:9093")
@@ -269,14 +273,7 @@ mod tests {
             &[],
         )
         .expect("valid");
-        let same: std::collections::BTreeMap<String, String> = through_kafka
-            .sink
-            .kind
-            .kafka_connection(&through_kafka.sink.routing)
-            .expect("a Kafka endpoint")
-            .expect("its properties")
-            .into_iter()
-            .collect();
+        let same = connection_of(&through_kafka);
         assert_eq!(same, connection);
         let entra = load("namespace = \"ns1.servicebus.windows.net\"\nentra_credential = \"managed_identity\"\ntopic = \"hub\"")
             .expect_err("entra")

@@ -178,6 +178,19 @@ fn expected() -> Expected {
     all
 }
 
+/// What the topic holds once every expected event may have arrived (and a quiet
+/// while after, for duplicates that follow).
+fn consume_all(bootstrap: &str, expected: &Expected) -> Vec<support::kafka::Consumed> {
+    consume_quietly(
+        bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(150),
+        Duration::from_secs(3),
+        |m| m.len() >= expected.len(),
+    )
+}
+
 /// Every event of every database arrived, with its bytes, and nothing else. Each
 /// database and partition: ascending runs; a run restarts only after a kill or a
 /// pause (at most `kills` times), and repeats at most the one transaction the
@@ -397,14 +410,7 @@ fn a_paused_member_loses_its_databases_is_fenced_and_rejoins() {
         "the resumed member rejoins and takes a share; logs in {}",
         dir.display()
     );
-    let consumed = consume_quietly(
-        &bootstrap,
-        "ces",
-        PARTITIONS,
-        Duration::from_secs(150),
-        Duration::from_secs(3),
-        |m| m.len() >= expected.len(),
-    );
+    let consumed = consume_all(&bootstrap, &expected);
     let (restarts, repeated) = check_delivery(&consumed, &expected, 1, &dir);
     for (n, child) in &mut fleet.members {
         signal(child, libc::SIGTERM);
@@ -481,14 +487,7 @@ fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
     child.wait().expect("reap");
     kills += 1;
 
-    let consumed = consume_quietly(
-        &bootstrap,
-        "ces",
-        PARTITIONS,
-        Duration::from_secs(150),
-        Duration::from_secs(3),
-        |m| m.len() >= expected.len(),
-    );
+    let consumed = consume_all(&bootstrap, &expected);
     let (restarts_seen, repeated) = check_delivery(&consumed, &expected, kills, &dir);
     // Members: the one stopped handed its slots over and left; the later ones were
     // assigned slots; the survivors stop cleanly.

@@ -110,7 +110,14 @@ async fn run_stream(
         return Ok(None);
     }
     metrics.set_standby(false);
-    fence_before_reading(&config).await?;
+    // A stop (a revoked slot, a quantum, a signal) does not wait for the fence.
+    tokio::select! {
+        fenced = fence_before_reading(&config) => fenced?,
+        () = shutdown.cancelled() => {
+            tracing::info!("stopped while fencing the stream's earlier producers");
+            return Ok(None);
+        }
+    }
     let position = store.load().await?;
     log_start(&config, position.as_ref());
     let resumed_at = position.as_ref().and_then(|p| p.last_event);
@@ -395,7 +402,6 @@ async fn drive<S: ChangeSource + 'static>(
     .await?)
 }
 
-/// Whether `sink.exactly_once` is on.
 /// `sink.transactional_id`, or `mssql-ces.<stream name>`.
 fn transactional_id(k: &crate::sink::kafka::KafkaSinkConfig, stream_name: &str) -> String {
     k.transactional_id
@@ -423,6 +429,7 @@ async fn fence_before_reading(config: &Config) -> Result<(), RunError> {
     Ok(())
 }
 
+/// Whether `sink.exactly_once` is on.
 fn exactly_once_on(config: &Config) -> bool {
     matches!(&config.sink.kind, SinkConfig::Kafka(k) if k.exactly_once)
 }

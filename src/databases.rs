@@ -79,6 +79,15 @@ pub enum ManyError {
     Discovery(SourceError),
     #[error("{count} database(s) failed: {detail}")]
     Failed { count: usize, detail: String },
+    /// The fleet's group membership ended; a restart joins again.
+    #[error("the fleet's group membership ended (see the log for why); every database was stopped")]
+    FleetLost,
+    /// The control topic's partition count changed while running: members would
+    /// disagree on which slot a database is in.
+    #[error(
+        "fleet.topic now has {now} partitions, not the {was} this member joined with: restart every member (each reads the new count at start)"
+    )]
+    FleetResized { was: u32, now: u32 },
 }
 
 /// Where a database's stream stands.
@@ -176,7 +185,8 @@ pub struct FleetStatus {
 
 /// The supervisor: discovery, the probe, the queue and the activations.
 pub struct Supervisor<S, R: StreamRunner> {
-    server: S,
+    /// Out while a fleet member's call on it runs in a task of its own.
+    server: Option<S>,
     runner: std::sync::Arc<R>,
     settings: ManySettings,
     streams: BTreeMap<String, Stream>,
@@ -190,6 +200,12 @@ pub struct Supervisor<S, R: StreamRunner> {
     reported_missing: BTreeSet<String>,
     /// In a fleet: the slots this member owns, and the group's word on them.
     fleet: Option<Ownership>,
+    /// The control topic's partition count changed: (joined with, now).
+    resized: Option<(u32, u32)>,
+    /// The fleet's membership ended while the server was being asked.
+    lost: bool,
+    /// The run's shutdown (set by `run`).
+    shutdown: CancellationToken,
 }
 
 /// A fleet member's share: only the databases of its slots are probed and read.
@@ -198,13 +214,15 @@ struct Ownership {
     owned: BTreeSet<u32>,
     /// Assignments and revocations so far.
     changes: u64,
+    /// The membership's channel ended.
+    closed: bool,
     events: tokio::sync::mpsc::UnboundedReceiver<FleetEvent>,
 }
 
-impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
+impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
     pub fn new(server: S, runner: R, settings: ManySettings) -> Self {
         Supervisor {
-            server,
+            server: Some(server),
             runner: std::sync::Arc::new(runner),
             settings,
             streams: BTreeMap::new(),
@@ -215,6 +233,9 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
             status: tokio::sync::watch::Sender::new(ManyStatus::default()),
             reported_missing: BTreeSet::new(),
             fleet: None,
+            resized: None,
+            lost: false,
+            shutdown: CancellationToken::new(),
         }
     }
 
@@ -230,6 +251,7 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
             slots,
             owned: BTreeSet::new(),
             changes: 0,
+            closed: false,
             events,
         });
         self
@@ -255,6 +277,7 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
     /// Runs until `shutdown` (then every activation drains and checkpoints), or with
     /// `until_idle` until every database has been read up to its probed max LSN.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<ManySummary, ManyError> {
+        self.shutdown = shutdown.clone();
         let mut discovery_backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         let mut next_discovery = Instant::now();
         let mut next_probe = Instant::now();
@@ -300,12 +323,27 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
                 () = shutdown.cancelled() => {}
                 () = tokio::time::sleep_until(wake) => {}
                 Some(joined) = self.running.join_next_with_id() => self.finished(joined),
-                Some(event) = fleet_event(&mut self.fleet) => {
-                    let probe_now = self.on_fleet_event(event).await;
-                    if probe_now {
-                        next_probe = Instant::now();
+                event = fleet_event(&mut self.fleet) => match event {
+                    Some(event) => {
+                        if self.on_fleet_event(event).await {
+                            next_probe = Instant::now();
+                        }
                     }
-                }
+                    // The membership ended (its thread stopped): this member can no
+                    // longer know which databases are its own.
+                    None => {
+                        self.stop_all().await;
+                        return Err(ManyError::FleetLost);
+                    }
+                },
+            }
+            if let Some((was, now)) = self.resized {
+                self.stop_all().await;
+                return Err(ManyError::FleetResized { was, now });
+            }
+            if self.lost {
+                self.stop_all().await;
+                return Err(ManyError::FleetLost);
             }
         }
         self.stop_all().await;
@@ -329,7 +367,12 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
     /// Matches the server's databases against the patterns: new ones become streams,
     /// gone ones stop.
     async fn discover(&mut self) -> Result<(), SourceError> {
-        let found = self.server.cdc_databases().await?;
+        let found = self
+            .on_server(|mut server| async move {
+                let found = server.cdc_databases().await;
+                (server, found)
+            })
+            .await?;
         let matched: BTreeSet<String> = found
             .into_iter()
             .filter(|name| self.settings.patterns.iter().any(|p| matches(p, name)))
@@ -400,7 +443,13 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
             return;
         }
         self.summary.probes += 1;
-        match self.server.probe(&names).await {
+        let probed = self
+            .on_server(|mut server| async move {
+                let answers = server.probe(&names).await;
+                (server, answers)
+            })
+            .await;
+        match probed {
             Ok(answers) => {
                 for answer in answers {
                     let Some(stream) = self.streams.get_mut(&answer.database) else {
@@ -543,8 +592,10 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
     /// The earliest retry of a failed database (far off when none).
     fn next_retry(&self) -> Instant {
         self.streams
-            .values()
-            .filter_map(|s| match &s.phase {
+            .iter()
+            // Another member's database is not retried here.
+            .filter(|(name, _)| self.owns(name))
+            .filter_map(|(_, s)| match &s.phase {
                 Phase::Failed { retry_at, .. } => Some(*retry_at),
                 _ => None,
             })
@@ -574,7 +625,8 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
             active: self.running.len(),
             ..ManyStatus::default()
         };
-        for stream in self.streams.values() {
+        // In a fleet, another member's databases are its own to report.
+        for (_, stream) in self.streams.iter().filter(|(name, _)| self.owns(name)) {
             if matches!(stream.phase, Phase::Failed { .. }) {
                 status.failed += 1;
             }
@@ -607,7 +659,59 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
     }
 }
 
-impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
+impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
+    /// Runs `call` on the server. In a fleet it runs in a task of its own while the
+    /// group's word is answered: a revocation must not wait for a slow probe or
+    /// listing (a query may take `source.query_timeout_ms`, a failing chunk one
+    /// query a database).
+    async fn on_server<T, Fut>(&mut self, call: impl FnOnce(S) -> Fut) -> Result<T, SourceError>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = (S, Result<T, SourceError>)> + Send + 'static,
+    {
+        let Some(server) = self.server.take() else {
+            return Err(SourceError::Definite {
+                message: "the connection to the server was lost with a task that panicked".into(),
+            });
+        };
+        if self.fleet.is_none() {
+            let (server, result) = call(server).await;
+            self.server = Some(server);
+            return result;
+        }
+        let mut task = tokio::spawn(call(server));
+        let shutdown = self.shutdown.clone();
+        loop {
+            tokio::select! {
+                // A stop does not wait for a slow query either (the run ends, and
+                // with it the connection).
+                () = shutdown.cancelled() => {
+                    task.abort();
+                    return Err(SourceError::Transient {
+                        message: "stopped while the server was being asked".into(),
+                    });
+                }
+                joined = &mut task => {
+                    return match joined {
+                        Ok((server, result)) => {
+                            self.server = Some(server);
+                            result
+                        }
+                        Err(e) => Err(SourceError::Definite {
+                            message: format!("the server's query task failed: {e}"),
+                        }),
+                    };
+                }
+                event = fleet_event(&mut self.fleet) => match event {
+                    Some(event) => {
+                        self.on_fleet_event(event).await;
+                    }
+                    None => self.lost = true,
+                },
+            }
+        }
+    }
+
     /// The group's word. `true`: slots were assigned (probe them now).
     async fn on_fleet_event(&mut self, event: FleetEvent) -> bool {
         match event {
@@ -638,6 +742,11 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
                     "fleet: slots assigned to this member"
                 );
                 true
+            }
+            FleetEvent::Resized { now } => {
+                let was = self.fleet.as_ref().map_or(0, |f| f.slots);
+                self.resized = Some((was, now));
+                false
             }
             FleetEvent::Revoked { slots, released } => {
                 let stopped = self.release(&slots).await;
@@ -695,8 +804,11 @@ impl<S: DatabaseServer, R: StreamRunner> Supervisor<S, R> {
         for name in &names {
             if let Some(stream) = self.streams.get_mut(name) {
                 stream.served = None;
-                if matches!(stream.phase, Phase::Queued) {
+                // Queued, or failed (before or while stopping): another member's
+                // now, read by this one again only once assigned again.
+                if matches!(stream.phase, Phase::Queued | Phase::Failed { .. }) {
                     stream.phase = Phase::Waiting;
+                    stream.backoff.reset();
                 }
             }
         }
@@ -712,8 +824,12 @@ fn owns(fleet: Option<&Ownership>, name: &str) -> bool {
 /// The group's next word; never, outside a fleet.
 async fn fleet_event(fleet: &mut Option<Ownership>) -> Option<FleetEvent> {
     match fleet {
-        Some(f) => f.events.recv().await,
-        None => std::future::pending().await,
+        Some(f) if !f.closed => {
+            let event = f.events.recv().await;
+            f.closed = event.is_none();
+            event
+        }
+        _ => std::future::pending().await,
     }
 }
 

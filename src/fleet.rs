@@ -54,6 +54,9 @@ pub enum FleetEvent {
         slots: BTreeSet<u32>,
         released: std::sync::mpsc::SyncSender<()>,
     },
+    /// The control topic has `now` partitions, not the count this member joined
+    /// with: members would put databases in different slots.
+    Resized { now: u32 },
 }
 
 /// Why the member could not join.
@@ -112,7 +115,11 @@ impl Member {
             config.set(key, value);
         }
         let session_ms = settings.session_timeout.as_millis();
-        let poll_interval_ms = (settings.release_timeout.as_millis() + 60_000).max(300_000);
+        // librdkafka wants it at least the session time-out; a revocation waits for
+        // the databases to stop inside a poll, up to the release time-out.
+        let poll_interval_ms = (settings.release_timeout.as_millis() + 60_000)
+            .max(300_000)
+            .max(session_ms);
         config
             .set("group.id", &settings.group_id)
             .set("partition.assignment.strategy", "cooperative-sticky")
@@ -129,6 +136,7 @@ impl Member {
             topic: settings.topic.clone(),
             events,
             release_timeout: settings.release_timeout,
+            owned: std::sync::Mutex::new(BTreeSet::new()),
         };
         let consumer: BaseConsumer<FleetContext> = config
             .create_with_context(context)
@@ -145,9 +153,15 @@ impl Member {
         );
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
+        let watch = Watch {
+            topic: settings.topic.clone(),
+            slots,
+            every: Duration::from_secs(60),
+            timeout: settings.timeout,
+        };
         let thread = std::thread::Builder::new()
             .name("fleet-member".into())
-            .spawn(move || serve(consumer, &stopping))
+            .spawn(move || serve(consumer, &stopping, &watch))
             .map_err(|e| FleetError::Consumer(format!("cannot start its thread: {e}")))?;
         Ok(Member {
             slots,
@@ -177,13 +191,45 @@ impl Drop for Member {
     }
 }
 
-/// Serves the group until told to stop, then leaves it.
-fn serve(consumer: BaseConsumer<FleetContext>, stop: &AtomicBool) {
+/// How often, and where, a member looks at the control topic's partition count.
+struct Watch {
+    topic: String,
+    slots: u32,
+    every: Duration,
+    timeout: Duration,
+}
+
+/// Serves the group until told to stop, then leaves it. Says so when the group
+/// refuses this member (a session time-out below the broker's minimum, no right
+/// to the group), and when the control topic's partition count changes.
+fn serve(consumer: BaseConsumer<FleetContext>, stop: &AtomicBool, watch: &Watch) {
+    let mut last_error = String::new();
+    let mut next_look = std::time::Instant::now() + watch.every;
     while !stop.load(Ordering::Relaxed) {
         match consumer.poll(Duration::from_millis(200)) {
             // Nobody writes to the control topic; a record there is not ours to read.
             Some(Ok(_)) | None => {}
-            Some(Err(e)) => tracing::debug!(error = %e, "the fleet's group consumer"),
+            Some(Err(e)) => {
+                let text = e.to_string();
+                if text != last_error {
+                    tracing::warn!(error = %text, "the fleet's group consumer (fleet.group_id, fleet.session_timeout_ms: brokers refuse a session time-out outside their group.min/max.session.timeout.ms)");
+                    last_error = text;
+                }
+            }
+        }
+        if std::time::Instant::now() >= next_look {
+            next_look = std::time::Instant::now() + watch.every;
+            let count = consumer
+                .fetch_metadata(Some(&watch.topic), watch.timeout)
+                .ok()
+                .and_then(|m| m.topics().first().map(|t| t.partitions().len()));
+            if let Some(now) = count.and_then(|c| u32::try_from(c).ok())
+                && now > 0
+                && now != watch.slots
+            {
+                tracing::error!(topic = %watch.topic, was = watch.slots, now, "the fleet's control topic changed its partition count");
+                let _ = consumer.context().events.send(FleetEvent::Resized { now });
+            }
         }
     }
     // Closing revokes what is left (the supervisor has stopped by now) and leaves.
@@ -212,10 +258,14 @@ async fn control_topic(settings: &MemberSettings) -> Result<u32, FleetError> {
         topic: settings.topic.clone(),
         reason,
     };
+    let lookup = |e: crate::kafka_client::LookupError| match e {
+        crate::kafka_client::LookupError::Unreachable(_) => unreachable(e.to_string()),
+        crate::kafka_client::LookupError::Client(_) => error(e.to_string()),
+    };
     let found =
         crate::kafka_client::topic_partitions(config.clone(), &settings.topic, settings.timeout)
             .await
-            .map_err(unreachable)?;
+            .map_err(lookup)?;
     if let Some(partitions) = found {
         return Ok(partitions.len() as u32);
     }
@@ -251,7 +301,7 @@ async fn control_topic(settings: &MemberSettings) -> Result<u32, FleetError> {
             settings.timeout,
         )
         .await
-        .map_err(unreachable)?;
+        .map_err(lookup)?;
         if let Some(partitions) = found {
             return Ok(partitions.len() as u32);
         }
@@ -276,6 +326,43 @@ struct FleetContext {
     topic: String,
     events: UnboundedSender<FleetEvent>,
     release_timeout: Duration,
+    /// The slots assigned and not yet revoked: what a failed rebalance takes away.
+    owned: std::sync::Mutex<BTreeSet<u32>>,
+}
+
+impl FleetContext {
+    fn owned(&self) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks the supervisor to stop the databases of `slots`, and waits for it.
+    fn revoke(&self, slots: BTreeSet<u32>) {
+        if slots.is_empty() {
+            return;
+        }
+        self.owned().retain(|s| !slots.contains(s));
+        let (released, answer) = std::sync::mpsc::sync_channel(1);
+        let count = slots.len();
+        if self
+            .events
+            .send(FleetEvent::Revoked { slots, released })
+            .is_err()
+        {
+            return;
+        }
+        match answer.recv_timeout(self.release_timeout) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                tracing::info!(slots = count, "slots released, their databases stopped");
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    slots = count,
+                    waited_ms = self.release_timeout.as_millis() as u64,
+                    "the databases of revoked slots did not stop in time; releasing the slots anyway"
+                );
+            }
+        }
+    }
 }
 
 impl rdkafka::ClientContext for FleetContext {}
@@ -285,35 +372,12 @@ impl ConsumerContext for FleetContext {
     /// supervisor has stopped their databases.
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
-            Rebalance::Revoke(list) => {
-                let slots = slots_in(&self.topic, list);
-                if slots.is_empty() {
-                    return;
-                }
-                let (released, answer) = std::sync::mpsc::sync_channel(1);
-                let count = slots.len();
-                if self
-                    .events
-                    .send(FleetEvent::Revoked { slots, released })
-                    .is_err()
-                {
-                    return;
-                }
-                match answer.recv_timeout(self.release_timeout) {
-                    Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                        tracing::info!(slots = count, "slots released, their databases stopped");
-                    }
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        tracing::warn!(
-                            slots = count,
-                            waited_ms = self.release_timeout.as_millis() as u64,
-                            "the databases of revoked slots did not stop in time; releasing the slots anyway"
-                        );
-                    }
-                }
-            }
+            Rebalance::Revoke(list) => self.revoke(slots_in(&self.topic, list)),
+            // rdkafka unassigns after a failed rebalance: stop what was ours.
             Rebalance::Error(e) => {
-                tracing::warn!(error = %e, "a rebalance failed; the group tries again");
+                tracing::warn!(error = %e, "a rebalance failed; this member's databases stop and the group tries again");
+                let all = self.owned().clone();
+                self.revoke(all);
             }
             Rebalance::Assign(_) => {}
         }
@@ -323,6 +387,7 @@ impl ConsumerContext for FleetContext {
         if let Rebalance::Assign(list) = rebalance {
             let slots = slots_in(&self.topic, list);
             if !slots.is_empty() {
+                self.owned().extend(slots.iter().copied());
                 let _ = self.events.send(FleetEvent::Assigned(slots));
             }
         }

@@ -21,26 +21,40 @@ pub fn config_error(error: &KafkaError) -> String {
     }
 }
 
-/// A topic's partition ids, `None` when it does not exist. `Err`: librdkafka's
-/// reason (the brokers unreachable, the metadata request refused).
+/// Why a topic's metadata could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LookupError {
+    /// The client could not be made: a property librdkafka refuses (trying again
+    /// cannot help; the value is not shown).
+    #[error("cannot create a Kafka client: {0}")]
+    Client(String),
+    /// The brokers did not answer, or refused the request.
+    #[error("cannot read the topic's metadata: {0}")]
+    Unreachable(String),
+}
+
+/// A topic's partition ids, `None` when it does not exist.
 pub async fn topic_partitions(
     config: rdkafka::ClientConfig,
     topic: &str,
     timeout: std::time::Duration,
-) -> Result<Option<Vec<i32>>, String> {
+) -> Result<Option<Vec<i32>>, LookupError> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let topic = topic.to_owned();
-    let found = tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = config.create()?;
-        let metadata = consumer.fetch_metadata(Some(&topic), timeout)?;
-        Ok::<_, KafkaError>(metadata.topics().first().and_then(|t| {
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config
+            .create()
+            .map_err(|e| LookupError::Client(config_error(&e)))?;
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), timeout)
+            .map_err(|e| LookupError::Unreachable(e.to_string()))?;
+        Ok(metadata.topics().first().and_then(|t| {
             (t.error().is_none() && !t.partitions().is_empty())
                 .then(|| t.partitions().iter().map(|p| p.id()).collect())
         }))
     })
     .await
-    .map_err(|e| format!("the metadata request's thread failed: {e}"))?;
-    found.map_err(|e| format!("cannot read the topic's metadata: {e}"))
+    .map_err(|e| LookupError::Unreachable(format!("the request's thread failed: {e}")))?
 }
 
 /// Why a topic could not be created.

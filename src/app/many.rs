@@ -53,7 +53,7 @@ pub(super) async fn run(
 }
 
 /// The supervisor over `server`, in the fleet when one is configured.
-async fn supervise<S: DatabaseServer>(
+async fn supervise<S: DatabaseServer + 'static>(
     server: S,
     config: Config,
     until_idle: bool,

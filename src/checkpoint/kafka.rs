@@ -129,9 +129,16 @@ impl KafkaStore {
 
     /// The topic's partitions, `None` when it does not exist.
     async fn topic_partitions(&self) -> Result<Option<Vec<i32>>, CheckpointError> {
+        use crate::kafka_client::LookupError;
         crate::kafka_client::topic_partitions(self.client_config(), &self.topic, self.timeout)
             .await
-            .map_err(|e| self.transient(e))
+            .map_err(|e| match e {
+                LookupError::Unreachable(_) => self.transient(e),
+                LookupError::Client(_) => CheckpointError::Io {
+                    location: self.location(),
+                    reason: e.to_string(),
+                },
+            })
     }
 
     async fn create_topic(&self) -> Result<(), CheckpointError> {

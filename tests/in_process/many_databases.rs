@@ -635,3 +635,130 @@ async fn fleet_members_read_only_their_slots_and_hand_one_over_only_once_stopped
         "no database was ever read by both members at once"
     );
 }
+
+/// A server whose probe can be made slow (as a real one is when a chunk's query
+/// waits for `source.query_timeout_ms`).
+#[derive(Clone)]
+struct SlowServer {
+    inner: SimServer,
+    slow: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl mssql_ces::source::server::DatabaseServer for SlowServer {
+    async fn cdc_databases(&mut self) -> Result<Vec<String>, mssql_ces::source::SourceError> {
+        self.inner.cdc_databases().await
+    }
+
+    async fn probe_chunk(
+        &mut self,
+        chunk: &[String],
+    ) -> Result<Vec<mssql_ces::source::server::DatabaseProbe>, mssql_ces::source::SourceError> {
+        if self.slow.load(std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+        }
+        self.inner.probe_chunk(chunk).await
+    }
+}
+
+/// Fails one database's reads; holds the others until stopped.
+struct FailingOne {
+    failing: String,
+    holding: Member,
+}
+
+impl StreamRunner for FailingOne {
+    type Error = String;
+
+    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), String> {
+        if database == self.failing {
+            return Err(format!("{database}: no permission"));
+        }
+        self.holding.run(database, stop).await
+    }
+}
+
+/// A revocation that arrives while the probe waits on a slow server is answered at
+/// once, not after the probe; a database that failed in a revoked slot is no longer
+/// this member's to count or retry, and is read at once when its slot comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revocation_is_answered_during_a_slow_probe_and_takes_failures_along() {
+    use mssql_ces::fleet::{FleetEvent, slot_of};
+    const SLOTS: u32 = 2;
+    let inner = SimServer::default();
+    let names: Vec<String> = (1..=6).map(|i| format!("Tenant{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        insert(&sim, name, 1);
+        inner.add(name, sim);
+    }
+    let failing = names
+        .iter()
+        .find(|n| slot_of(n, SLOTS) == 1)
+        .expect("a database in slot 1")
+        .clone();
+    let in_slot_1: Vec<&String> = names.iter().filter(|n| slot_of(n, SLOTS) == 1).collect();
+    let slow = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = SlowServer {
+        inner,
+        slow: slow.clone(),
+    };
+    let shared = std::sync::Arc::new(HoldingRunner::default());
+    let runner = FailingOne {
+        failing: failing.clone(),
+        holding: Member {
+            name: "a",
+            shared: shared.clone(),
+        },
+    };
+    let mut many = settings(&["tenant*"]);
+    many.max_active = 8;
+    let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
+    let supervisor = Supervisor::new(server, runner, many).in_fleet(SLOTS, events);
+    let mut status = supervisor.status();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(shutdown.clone()));
+    events_tx
+        .send(FleetEvent::Assigned([0, 1].into()))
+        .expect("running");
+    wait_for(&mut status, "every database read, one failed", |s| {
+        s.active == 5 && s.failed == 1
+    })
+    .await;
+    // Every probe from now on waits 6 s.
+    slow.store(true, std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let asked = std::time::Instant::now();
+    revoke(&events_tx, &[1]).await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "answered in {:?}, not after the slow probe",
+        asked.elapsed()
+    );
+    for name in &in_slot_1 {
+        assert_eq!(shared.active(name), 0, "{name} stopped before the answer");
+    }
+    slow.store(false, std::sync::atomic::Ordering::Relaxed);
+    let s = wait_for(&mut status, "the failure is not this member's now", |s| {
+        s.fleet.as_ref().is_some_and(|f| f.slots == 1)
+    })
+    .await;
+    assert_eq!(s.failed, 0, "{s:?}");
+    // Back again: the failed database is tried at once, not after its backoff.
+    let other = in_slot_1
+        .iter()
+        .find(|n| ***n != failing)
+        .map(|n| n.as_str());
+    let reads_before = other.map(|n| shared.reads(n, "a"));
+    events_tx
+        .send(FleetEvent::Assigned([1].into()))
+        .expect("running");
+    wait_for(&mut status, "slot 1's databases read again", |s| {
+        s.failed == 1 && s.active == 5
+    })
+    .await;
+    if let (Some(other), Some(before)) = (other, reads_before) {
+        eventually("read again", || shared.reads(other, "a") > before).await;
+    }
+    shutdown.cancel();
+    run.await.expect("join").expect("stops");
+}

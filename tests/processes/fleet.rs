@@ -186,7 +186,9 @@ fn consume_all(bootstrap: &str, expected: &Expected) -> Vec<support::kafka::Cons
         "ces",
         PARTITIONS,
         Duration::from_secs(150),
-        Duration::from_secs(3),
+        // Longer than a session time-out and a rebalance: duplicates can make up
+        // the count while a killed member's databases are still to move.
+        Duration::from_secs(8),
         |m| m.len() >= expected.len(),
     )
 }

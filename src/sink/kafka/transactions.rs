@@ -163,7 +163,6 @@ impl Transactions {
     }
 }
 
-/// Runs a blocking librdkafka call off the async workers.
 /// Fences every earlier producer of transactional id `id` (and aborts what it left
 /// open) before anything of the stream is read: a new owner must do this before it
 /// reads the position, or a zombie could still commit a batch after that read and
@@ -192,6 +191,7 @@ pub async fn fence(
         })
 }
 
+/// Runs a blocking librdkafka call off the async workers.
 async fn blocking<T: Send + 'static>(
     call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
 ) -> Result<T, KafkaError> {

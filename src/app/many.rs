@@ -138,11 +138,21 @@ async fn join_fleet(
         slots: config.fleet.slots,
         session_timeout: config.fleet.session_timeout,
         release_timeout: config.shutdown.drain_timeout + Duration::from_secs(30),
-        timeout: Duration::from_secs(30),
+        timeout: Duration::from_secs(10),
     };
+    tracing::info!(
+        group = %settings.group_id,
+        topic = %settings.topic,
+        "joining the fleet: looking up its control topic on the sink's brokers"
+    );
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     loop {
-        match Member::join(settings.clone(), events.clone()).await {
+        // A stop does not wait for brokers that do not answer.
+        let joined = tokio::select! {
+            joined = Member::join(settings.clone(), events.clone()) => joined,
+            () = shutdown.cancelled() => return Ok(None),
+        };
+        match joined {
             Ok(member) => return Ok(Some(member)),
             Err(e) if e.is_transient() => {
                 let wait = backoff.next_wait();

@@ -89,34 +89,8 @@ async fn run_stream(
 ) -> Result<Option<RunSummary>, RunError> {
     let poller_config = config.poller()?;
     let mut store = checkpoint_store(&config)?;
-    // One writer per stream: wait here as a hot standby while another process holds
-    // the lease, and read the checkpoint only once this one does.
-    metrics.set_standby(true);
-    let waiting = shutdown.child_token();
-    if let Some(patience) = lease_patience {
-        let waiting = waiting.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(patience).await;
-            waiting.cancel();
-        });
-    }
-    if !store.acquire_lease(&waiting).await? {
-        if !shutdown.is_cancelled() && lease_patience.is_some() {
-            return Err(RunError::LeaseHeld {
-                checkpoint: config.checkpoint.stream_name.clone(),
-            });
-        }
-        tracing::info!("stopped while waiting for the lease");
+    if !take_stream(&config, &mut store, &shutdown, metrics, lease_patience).await? {
         return Ok(None);
-    }
-    metrics.set_standby(false);
-    // A stop (a revoked slot, a quantum, a signal) does not wait for the fence.
-    tokio::select! {
-        fenced = fence_before_reading(&config) => fenced?,
-        () = shutdown.cancelled() => {
-            tracing::info!("stopped while fencing the stream's earlier producers");
-            return Ok(None);
-        }
     }
     let position = store.load().await?;
     log_start(&config, position.as_ref());
@@ -160,6 +134,49 @@ async fn run_stream(
     };
     log_stopped(&summary, resumed_at);
     Ok(Some(summary))
+}
+
+/// Becomes the stream's one writer before its checkpoint is read: waits as a hot
+/// standby while another process holds the lease (with `lease_patience`, that long
+/// only: then [`RunError::LeaseHeld`]), and with exactly-once fences the stream's
+/// earlier producers. `false` when stopped meanwhile.
+async fn take_stream(
+    config: &Config,
+    store: &mut CheckpointStore,
+    shutdown: &CancellationToken,
+    metrics: &std::sync::Arc<Metrics>,
+    lease_patience: Option<std::time::Duration>,
+) -> Result<bool, RunError> {
+    // One writer per stream: wait here as a hot standby while another process holds
+    // the lease, and read the checkpoint only once this one does.
+    metrics.set_standby(true);
+    let waiting = shutdown.child_token();
+    if let Some(patience) = lease_patience {
+        let waiting = waiting.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(patience).await;
+            waiting.cancel();
+        });
+    }
+    if !store.acquire_lease(&waiting).await? {
+        if !shutdown.is_cancelled() && lease_patience.is_some() {
+            return Err(RunError::LeaseHeld {
+                checkpoint: config.checkpoint.stream_name.clone(),
+            });
+        }
+        tracing::info!("stopped while waiting for the lease");
+        return Ok(false);
+    }
+    metrics.set_standby(false);
+    // A stop (a revoked slot, a quantum, a signal) does not wait for the fence.
+    tokio::select! {
+        fenced = fence_before_reading(config) => fenced?,
+        () = shutdown.cancelled() => {
+            tracing::info!("stopped while fencing the stream's earlier producers");
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Where the run starts, and what it reads.

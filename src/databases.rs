@@ -31,10 +31,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::fleet::{FleetEvent, slot_of};
+use crate::fleet::FleetEvent;
+
+mod fleet;
 use crate::setting::glob_match;
 use crate::source::server::DatabaseServer;
 use crate::source::{MaxLsn, SourceError};
+use fleet::{Ownership, fleet_event, owns};
 
 /// How long a busy database keeps its turn while others wait.
 pub const QUANTUM: Duration = Duration::from_secs(30);
@@ -208,17 +211,6 @@ pub struct Supervisor<S, R: StreamRunner> {
     shutdown: CancellationToken,
 }
 
-/// A fleet member's share: only the databases of its slots are probed and read.
-struct Ownership {
-    slots: u32,
-    owned: BTreeSet<u32>,
-    /// Assignments and revocations so far.
-    changes: u64,
-    /// The membership's channel ended.
-    closed: bool,
-    events: tokio::sync::mpsc::UnboundedReceiver<FleetEvent>,
-}
-
 impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
     pub fn new(server: S, runner: R, settings: ManySettings) -> Self {
         Supervisor {
@@ -286,28 +278,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
                 break;
             }
             if Instant::now() >= next_discovery {
-                let mut listed = false;
-                next_discovery = match self.discover().await {
-                    Ok(()) => {
-                        listed = true;
-                        discovery_backoff.reset();
-                        Instant::now() + self.settings.discovery_interval
-                    }
-                    Err(e) if e.is_transient() => {
-                        let wait = discovery_backoff.next_wait();
-                        tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "listing the server's databases failed; retrying");
-                        Instant::now() + wait
-                    }
-                    Err(e) => {
-                        self.stop_all().await;
-                        return Err(ManyError::Discovery(e));
-                    }
-                };
-                if listed && self.streams.is_empty() && self.settings.until_idle {
-                    return Err(ManyError::NoDatabases {
-                        patterns: self.settings.patterns.join(", "),
-                    });
-                }
+                next_discovery = self.discovery_round(&mut discovery_backoff).await?;
             }
             if Instant::now() >= next_probe {
                 self.probe().await;
@@ -362,6 +333,30 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
             });
         }
         Ok(self.summary)
+    }
+
+    /// One discovery, and when the next is due (later after a transient failure).
+    async fn discovery_round(&mut self, backoff: &mut Backoff) -> Result<Instant, ManyError> {
+        match self.discover().await {
+            Ok(()) => {
+                backoff.reset();
+                if self.streams.is_empty() && self.settings.until_idle {
+                    return Err(ManyError::NoDatabases {
+                        patterns: self.settings.patterns.join(", "),
+                    });
+                }
+                Ok(Instant::now() + self.settings.discovery_interval)
+            }
+            Err(e) if e.is_transient() => {
+                let wait = backoff.next_wait();
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "listing the server's databases failed; retrying");
+                Ok(Instant::now() + wait)
+            }
+            Err(e) => {
+                self.stop_all().await;
+                Err(ManyError::Discovery(e))
+            }
+        }
     }
 
     /// Matches the server's databases against the patterns: new ones become streams,
@@ -656,180 +651,6 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
         while let Some(joined) = self.running.join_next_with_id().await {
             self.finished(joined);
         }
-    }
-}
-
-impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
-    /// Runs `call` on the server. In a fleet it runs in a task of its own while the
-    /// group's word is answered: a revocation must not wait for a slow probe or
-    /// listing (a query may take `source.query_timeout_ms`, a failing chunk one
-    /// query a database).
-    async fn on_server<T, Fut>(&mut self, call: impl FnOnce(S) -> Fut) -> Result<T, SourceError>
-    where
-        T: Send + 'static,
-        Fut: Future<Output = (S, Result<T, SourceError>)> + Send + 'static,
-    {
-        let Some(server) = self.server.take() else {
-            return Err(SourceError::Definite {
-                message: "the connection to the server was lost with a task that panicked".into(),
-            });
-        };
-        if self.fleet.is_none() {
-            let (server, result) = call(server).await;
-            self.server = Some(server);
-            return result;
-        }
-        let mut task = tokio::spawn(call(server));
-        let shutdown = self.shutdown.clone();
-        loop {
-            tokio::select! {
-                // A stop does not wait for a slow query either (the run ends, and
-                // with it the connection).
-                () = shutdown.cancelled() => {
-                    task.abort();
-                    return Err(SourceError::Transient {
-                        message: "stopped while the server was being asked".into(),
-                    });
-                }
-                joined = &mut task => {
-                    return match joined {
-                        Ok((server, result)) => {
-                            self.server = Some(server);
-                            result
-                        }
-                        Err(e) => Err(SourceError::Definite {
-                            message: format!("the server's query task failed: {e}"),
-                        }),
-                    };
-                }
-                event = fleet_event(&mut self.fleet) => match event {
-                    Some(event) => {
-                        self.on_fleet_event(event).await;
-                    }
-                    None => self.lost = true,
-                },
-            }
-        }
-    }
-
-    /// The group's word. `true`: slots were assigned (probe them now).
-    async fn on_fleet_event(&mut self, event: FleetEvent) -> bool {
-        match event {
-            FleetEvent::Assigned(slots) => {
-                let Some(fleet) = &mut self.fleet else {
-                    return false;
-                };
-                fleet.owned.extend(slots.iter().copied());
-                fleet.changes += 1;
-                let count = fleet.slots;
-                let mut databases = 0;
-                for (name, stream) in &mut self.streams {
-                    if slots.contains(&slot_of(name, count)) {
-                        databases += 1;
-                        // Read once from its checkpoint: another member may have
-                        // moved it on since this one last did.
-                        stream.served = None;
-                        if matches!(stream.phase, Phase::Failed { .. }) {
-                            stream.phase = Phase::Waiting;
-                            stream.backoff.reset();
-                        }
-                    }
-                }
-                tracing::info!(
-                    slots = slots.len(),
-                    owned_slots = self.fleet.as_ref().map_or(0, |f| f.owned.len()),
-                    databases,
-                    "fleet: slots assigned to this member"
-                );
-                true
-            }
-            FleetEvent::Resized { now } => {
-                let was = self.fleet.as_ref().map_or(0, |f| f.slots);
-                self.resized = Some((was, now));
-                false
-            }
-            FleetEvent::Revoked { slots, released } => {
-                let stopped = self.release(&slots).await;
-                tracing::info!(
-                    slots = slots.len(),
-                    databases = stopped,
-                    owned_slots = self.fleet.as_ref().map_or(0, |f| f.owned.len()),
-                    "fleet: slots revoked; their databases stopped and checkpointed"
-                );
-                let _ = released.send(());
-                false
-            }
-        }
-    }
-
-    /// Stops every database of `slots` (drained, checkpointed) and gives up the
-    /// slots; returns how many databases they hold.
-    async fn release(&mut self, slots: &BTreeSet<u32>) -> usize {
-        let Some(fleet) = &mut self.fleet else {
-            return 0;
-        };
-        for slot in slots {
-            fleet.owned.remove(slot);
-        }
-        fleet.changes += 1;
-        let count = fleet.slots;
-        let names: Vec<String> = self
-            .streams
-            .keys()
-            .filter(|name| slots.contains(&slot_of(name, count)))
-            .cloned()
-            .collect();
-        self.queue.retain(|q| !names.contains(q));
-        for name in &names {
-            if let Some(stream) = self.streams.get(name)
-                && let Phase::Active { stop, .. } = &stream.phase
-            {
-                stop.cancel();
-            }
-        }
-        let active = |streams: &BTreeMap<String, Stream>| {
-            names.iter().any(|name| {
-                streams
-                    .get(name)
-                    .is_some_and(|s| matches!(s.phase, Phase::Active { .. }))
-            })
-        };
-        while active(&self.streams) {
-            let Some(joined) = self.running.join_next_with_id().await else {
-                break;
-            };
-            self.finished(joined);
-        }
-        self.queue.retain(|q| !names.contains(q));
-        for name in &names {
-            if let Some(stream) = self.streams.get_mut(name) {
-                stream.served = None;
-                // Queued, or failed (before or while stopping): another member's
-                // now, read by this one again only once assigned again.
-                if matches!(stream.phase, Phase::Queued | Phase::Failed { .. }) {
-                    stream.phase = Phase::Waiting;
-                    stream.backoff.reset();
-                }
-            }
-        }
-        names.len()
-    }
-}
-
-/// Whether a member with this share reads `name` (no fleet: every database).
-fn owns(fleet: Option<&Ownership>, name: &str) -> bool {
-    fleet.is_none_or(|f| f.owned.contains(&slot_of(name, f.slots)))
-}
-
-/// The group's next word; never, outside a fleet.
-async fn fleet_event(fleet: &mut Option<Ownership>) -> Option<FleetEvent> {
-    match fleet {
-        Some(f) if !f.closed => {
-            let event = f.events.recv().await;
-            f.closed = event.is_none();
-            event
-        }
-        _ => std::future::pending().await,
     }
 }
 

@@ -113,6 +113,18 @@ impl Fleet {
         self.members.remove(at)
     }
 
+    /// SIGTERM to every member still running; each exits 0 within 30 s.
+    fn stop_every_member(&mut self) {
+        for (n, child) in &mut self.members {
+            signal(child, libc::SIGTERM);
+            let status = exit_within(child, Duration::from_secs(30));
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "member {n}: {status:?}"
+            );
+        }
+    }
+
     fn log(&self, n: usize) -> String {
         std::fs::read_to_string(self.dir.join(format!("member-{n}.log"))).unwrap_or_default()
     }
@@ -414,14 +426,7 @@ fn a_paused_member_loses_its_databases_is_fenced_and_rejoins() {
     );
     let consumed = consume_all(&bootstrap, &expected);
     let (restarts, repeated) = check_delivery(&consumed, &expected, 1, &dir);
-    for (n, child) in &mut fleet.members {
-        signal(child, libc::SIGTERM);
-        let status = exit_within(child, Duration::from_secs(30));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "member {n}: {status:?}"
-        );
-    }
+    fleet.stop_every_member();
     eprintln!(
         "fleet zombie test: {} events, {} messages read, {restarts} restarts repeating {repeated} events; after the pause: {}",
         expected.len(),
@@ -495,14 +500,7 @@ fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
     // assigned slots; the survivors stop cleanly.
     let log = fleet.log(stopped);
     assert!(log.contains("left the fleet"), "{log}");
-    for (n, child) in &mut fleet.members {
-        signal(child, libc::SIGTERM);
-        let status = exit_within(child, Duration::from_secs(30));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "member {n}: {status:?}"
-        );
-    }
+    fleet.stop_every_member();
     let took_over = (0..fleet.started)
         .filter(|n| *n != killed && fleet.log(*n).matches("slots assigned").count() > 1)
         .count();

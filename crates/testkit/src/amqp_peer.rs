@@ -44,6 +44,9 @@ pub struct Arrivals {
     /// Partition ids the `$management` READ reports; with none, that request is
     /// answered 404 (a hub whose partitions the client cannot read).
     pub partition_ids: Arc<Mutex<Vec<String>>>,
+    /// While set, `$management` requests are accepted and never answered (a stalled
+    /// management link).
+    pub hold_management: Arc<std::sync::atomic::AtomicBool>,
     /// Settlement delay of each event transfer, in ms (a service's round trip).
     pub settle_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     /// The next event transfers are answered `Rejected` with these AMQP error
@@ -212,16 +215,26 @@ type Replies = Arc<tokio::sync::Mutex<std::collections::HashMap<String, Sender>>
 
 /// Sends `answer` on the client's receiver for `node`, waiting for it to attach (it
 /// may attach just after its request sender).
+///
+/// Both waits are bounded and said on stderr when they run out: a client that gave
+/// up on its request (and so never settles the reply) must not hold the session's
+/// replies, or every later request on it would go unanswered.
 async fn reply_on(reply: &Replies, node: &str, answer: Message<AmqpValue<Value>>) {
+    const SETTLE: Duration = Duration::from_secs(5);
     for _ in 0..3000 {
         let mut guard = reply.lock().await;
         if let Some(sender) = guard.get_mut(node) {
-            let _ = sender.send(answer).await;
+            match tokio::time::timeout(SETTLE, sender.send(answer)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => eprintln!("amqp peer: the reply on {node} failed: {e:?}"),
+                Err(_) => eprintln!("amqp peer: the reply on {node} was not settled within {SETTLE:?}; going on"),
+            }
             return;
         }
         drop(guard);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    eprintln!("amqp peer: no receiver for replies on {node} attached within 30 s; the reply is dropped");
 }
 
 /// The answer to a `$management` READ of the event hub: its runtime information, as
@@ -399,6 +412,12 @@ async fn serve_receiver(mut receiver: Receiver, reply: Replies, arrivals: Arriva
             continue;
         }
         if address == "$management" {
+            if arrivals
+                .hold_management
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                continue;
+            }
             let answer = management_answer(&message, &arrivals);
             reply_on(&reply, "$management", answer).await;
             continue;

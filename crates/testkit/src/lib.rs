@@ -8,6 +8,10 @@
 //! - [`amqp_peer`]: a local AMQP 1.0 peer standing in for Event Hubs, and
 //!   [`event_hubs`], which drives the sink against it;
 //! - [`kafka`]: consuming what `MockCluster` holds;
+//! - [`apache_kafka`]: Apache Kafka 4.4 brokers started on loopback, and Kafka's
+//!   Java client reading back;
+//! - [`tools`]: where `bash tests/setup` installed the readers and brokers, and
+//!   child processes with a deadline;
 //! - [`expected`]: the events a synthetic workload must produce, computed without
 //!   the pipeline;
 //! - [`seek_cost`]: what the change query's seeks examine on SQL Server, from its
@@ -15,6 +19,7 @@
 //! - builders for tables, rows and changes (below).
 
 pub mod amqp_peer;
+pub mod apache_kafka;
 pub mod event_hubs;
 pub mod expected;
 pub mod kafka;
@@ -24,6 +29,7 @@ pub mod seek_cost;
 pub mod tds;
 pub mod tds_cdc;
 pub mod tds_checkpoint;
+pub mod tools;
 
 use std::sync::Arc;
 

@@ -237,11 +237,34 @@ impl EventHubsAmqpSink {
             return;
         }
         self.partitions_read_at = tokio::time::Instant::now();
-        let producer = Arc::clone(&self.connection.read().await.producer);
-        let read = tokio::time::timeout(PARTITION_READ_TIMEOUT, producer.get_eventhub_properties());
-        let Ok(Ok(properties)) = read.await else {
-            tracing::debug!(event_hub = %self.target.event_hub, "reading the event hub's partitions again failed; keeping the map");
-            return;
+        let (producer, generation) = {
+            let connection = self.connection.read().await;
+            (Arc::clone(&connection.producer), connection.generation)
+        };
+        // A read is a request and its reply on the connection's management link, and
+        // is bounded as a send is: a reply that does not come within
+        // `amqp_resend_after_ms` is a stalled link, and the connection is replaced
+        // (the client matches a late reply to the next request, not to its own).
+        let bound = self.resend_after.min(self.send_timeout);
+        let properties = match tokio::time::timeout(bound, producer.get_eventhub_properties()).await {
+            Ok(Ok(properties)) => properties,
+            Ok(Err(e)) => {
+                tracing::warn!(event_hub = %self.target.event_hub, error = %e, "reading the event hub's partitions again failed; keeping the partitions read before");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    event_hub = %self.target.event_hub,
+                    waited_ms = bound.as_millis() as u64,
+                    "reading the event hub's partitions again got no answer; keeping the partitions read before and opening a new connection"
+                );
+                self.count_resend();
+                let deadline = tokio::time::Instant::now() + self.send_timeout;
+                if let Err(e) = self.reopen_until(generation, deadline).await {
+                    tracing::warn!(event_hub = %self.target.event_hub, error = %e, "opening a new Event Hubs connection failed; the next send tries again");
+                }
+                return;
+            }
         };
         let Some(map) = PartitionMap::new(properties.partition_ids) else {
             return;
@@ -575,7 +598,15 @@ impl EventHubsAmqpSink {
         stale: u64,
         deadline: tokio::time::Instant,
     ) -> Result<(), SinkError> {
-        let mut connection = self.connection.write().await;
+        // A send that holds the connection may itself be stalled: waiting for it is
+        // bounded by the same deadline.
+        let Ok(mut connection) = tokio::time::timeout_at(deadline, self.connection.write()).await
+        else {
+            return Err(SinkError::Transient(format!(
+                "Event Hubs: the connection could not be replaced within sink.delivery_timeout_ms ({} ms): a send on it does not return",
+                self.send_timeout.as_millis()
+            )));
+        };
         if connection.generation != stale {
             return Ok(());
         }

@@ -1,0 +1,434 @@
+//! Apache Kafka 4.4.0 itself, for the tests of promises that are Kafka's behaviour
+//! (transactions and `read_committed`, fencing, replication, sign-in): brokers in
+//! KRaft mode started on loopback from the jars `bash tests/setup` assembles, and
+//! Kafka's own Java client to read back what was written.
+//!
+//! - [`shared`] is one combined broker and controller for a whole test binary,
+//!   started on first use; each test uses topics, transactional ids and groups of
+//!   its own, so tests run on it in parallel.
+//! - [`Cluster::start`] starts nodes of a test's own (three for replication); they
+//!   stop when the value is dropped, and a node can be killed, frozen and restarted.
+//!
+//! A broker's JVM never outlives the test process: each has a watchdog (`sh`) that
+//! kills it once the pipe from this process closes, however this process ends.
+//! Every wait has a deadline, and a failure names the broker's log file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+
+use crate::kafka::Consumed;
+use crate::tools;
+
+/// How long a node may take from its start to "Kafka Server started".
+const STARTUP: Duration = Duration::from_secs(90);
+
+/// One node's settings beyond the defaults every node has: extra lines of its
+/// `server.properties`, and extra arguments of `kafka-storage format` (SCRAM users).
+#[derive(Debug, Clone, Default)]
+pub struct NodeOptions {
+    pub properties: Vec<String>,
+    pub format_args: Vec<String>,
+}
+
+/// A node of a cluster: a JVM running `kafka.Kafka`, broker and controller at once.
+pub struct Node {
+    pub id: u32,
+    pub port: u16,
+    controller_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    /// The length of the log when the node was last started.
+    log_start: usize,
+    watchdog: Option<(Child, ChildStdin)>,
+}
+
+/// Brokers of a test (or the binary's shared one).
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    cluster_id: String,
+    options: NodeOptions,
+}
+
+static SHARED: OnceLock<Cluster> = OnceLock::new();
+
+/// The test binary's one broker, started on first use.
+pub fn shared() -> &'static Cluster {
+    SHARED.get_or_init(|| Cluster::start("shared", 1, NodeOptions::default()))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+fn java() -> Command {
+    let mut command = Command::new("java");
+    command.arg("-cp").arg(tools::kafka_classpath());
+    command
+}
+
+impl Cluster {
+    /// Starts `size` nodes (all of them voters) and waits until each has started.
+    pub fn start(name: &str, size: u32, options: NodeOptions) -> Cluster {
+        let root = crate::temp_dir(&format!("kafka-{name}"));
+        let started = Instant::now();
+        let random = tools::output_within(
+            java().args(["kafka.tools.StorageTool", "random-uuid"]),
+            Duration::from_secs(60),
+            "kafka-storage random-uuid",
+        );
+        let cluster_id = String::from_utf8_lossy(&random.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        assert!(!cluster_id.is_empty(), "kafka-storage random-uuid printed no id");
+        let mut nodes: Vec<Node> = (1..=size)
+            .map(|id| Node {
+                id,
+                port: free_port(),
+                controller_port: free_port(),
+                dir: root.join(format!("node{id}")),
+                child: None,
+                log_start: 0,
+                watchdog: None,
+            })
+            .collect();
+        let voters = nodes
+            .iter()
+            .map(|n| format!("{}@127.0.0.1:{}", n.id, n.controller_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        for node in &nodes {
+            node.write_properties(&voters, size, &options);
+            node.format(&cluster_id, &options);
+        }
+        for node in &mut nodes {
+            node.spawn();
+        }
+        for node in &mut nodes {
+            node.wait_started();
+        }
+        eprintln!(
+            "Apache Kafka: {size} node(s) started in {:.1} s ({})",
+            started.elapsed().as_secs_f64(),
+            root.display()
+        );
+        Cluster {
+            nodes,
+            cluster_id,
+            options,
+        }
+    }
+
+    /// `bootstrap.servers` for a client.
+    pub fn bootstrap(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The node with this id.
+    pub fn node(&mut self, id: u32) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    /// The cluster's id (as formatted).
+    pub fn id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// The options every node was started with.
+    pub fn options(&self) -> &NodeOptions {
+        &self.options
+    }
+
+    /// The last lines of every node's log, for a failure message.
+    pub fn log_tails(&self) -> String {
+        self.nodes.iter().map(|n| n.log_tail(30)).collect::<Vec<_>>().join("\n")
+    }
+
+    /// Creates a topic with `partitions` and `replicas`, and `configs`; fails the test
+    /// with Kafka's answer if it cannot.
+    pub fn create_topic(&self, topic: &str, partitions: i32, replicas: i32, configs: &[(&str, &str)]) {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("admin client");
+        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replicas));
+        for (k, v) in configs {
+            new = new.set(k, v);
+        }
+        let options = AdminOptions::new()
+            .request_timeout(Some(Duration::from_secs(30)))
+            .operation_timeout(Some(Duration::from_secs(30)));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let result = runtime
+            .block_on(admin.create_topics([&new], &options))
+            .unwrap_or_else(|e| panic!("create topic {topic}: {e}"));
+        for r in result {
+            if let Err((name, code)) = r {
+                panic!("create topic {name}: {code}");
+            }
+        }
+    }
+
+    /// Every record of `topic` as Kafka's Java client reads it with `isolation`
+    /// (`read_committed` or `read_uncommitted`), from the beginning to the end that
+    /// level sees when the reader starts. `client_properties` are extra client
+    /// settings (security).
+    pub fn read(&self, topic: &str, isolation: &str, client_properties: &[(&str, &str)]) -> Vec<Consumed> {
+        read_with_java(&self.bootstrap(), topic, isolation, client_properties)
+    }
+}
+
+/// What [`Cluster::read`] does, for brokers given by address.
+pub fn read_with_java(
+    bootstrap: &str,
+    topic: &str,
+    isolation: &str,
+    client_properties: &[(&str, &str)],
+) -> Vec<Consumed> {
+    let mut command = java();
+    command.args(["Reader", bootstrap, topic, isolation, "60000"]);
+    let props = std::env::temp_dir().join(format!("mssql-ces-reader-{}.properties", uuid::Uuid::new_v4()));
+    if !client_properties.is_empty() {
+        let text: String = client_properties.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        std::fs::write(&props, text).expect("reader properties");
+        command.arg(&props);
+    }
+    let output = tools::output_within(&mut command, Duration::from_secs(90), "the Java reader");
+    let _ = std::fs::remove_file(&props);
+    assert!(
+        output.status.success(),
+        "the Java reader of {topic} ({isolation}) failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let b64 = base64::engine::general_purpose::STANDARD;
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line from the reader");
+            let bytes = |v: &serde_json::Value| v.as_str().map(|s| b64.decode(s).expect("base64"));
+            let payload = bytes(&v["value"]);
+            Consumed {
+                partition: v["partition"].as_i64().expect("partition") as i32,
+                offset: v["offset"].as_i64().expect("offset"),
+                key: bytes(&v["key"]),
+                headers: v["headers"]
+                    .as_array()
+                    .expect("headers")
+                    .iter()
+                    .map(|h| {
+                        (
+                            h[0].as_str().expect("header name").to_owned(),
+                            bytes(&h[1]).unwrap_or_default(),
+                        )
+                    })
+                    .collect(),
+                null_payload: payload.is_none(),
+                payload: payload.unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+impl Node {
+    fn properties_path(&self) -> PathBuf {
+        self.dir.join("server.properties")
+    }
+
+    /// Where this node logs.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("kafka.log")
+    }
+
+    fn write_properties(&self, voters: &str, size: u32, options: &NodeOptions) {
+        std::fs::create_dir_all(&self.dir).expect("node directory");
+        let replication = size.min(3);
+        let min_isr = if replication >= 3 { 2 } else { 1 };
+        let mut text = format!(
+            "process.roles=broker,controller
+node.id={id}
+controller.quorum.voters={voters}
+controller.listener.names=CONTROLLER
+log.dirs={data}
+num.partitions=1
+default.replication.factor={replication}
+offsets.topic.replication.factor={replication}
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor={replication}
+transaction.state.log.min.isr={min_isr}
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor={replication}
+share.coordinator.state.topic.min.isr={min_isr}
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+",
+            id = self.id,
+            data = self.dir.join("data").display(),
+        );
+        let custom_listeners = options.properties.iter().any(|p| p.starts_with("listeners="));
+        if !custom_listeners {
+            text.push_str(&format!(
+                "listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+",
+                port = self.port,
+                controller = self.controller_port,
+            ));
+        }
+        for line in &options.properties {
+            let line = line
+                .replace("{port}", &self.port.to_string())
+                .replace("{controller_port}", &self.controller_port.to_string());
+            text.push_str(&line);
+            text.push('\n');
+        }
+        std::fs::write(self.properties_path(), text).expect("server.properties");
+    }
+
+    fn format(&self, cluster_id: &str, options: &NodeOptions) {
+        let output = tools::output_within(
+            java()
+                .args(["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c"])
+                .arg(self.properties_path())
+                .args(&options.format_args),
+            Duration::from_secs(60),
+            "kafka-storage format",
+        );
+        assert!(
+            output.status.success(),
+            "kafka-storage format of node {}: {}{}",
+            self.id,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    fn spawn(&mut self) {
+        self.log_start = std::fs::metadata(self.log_path()).map_or(0, |m| m.len() as usize);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("broker log");
+        let child = java()
+            .args(["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+            .arg(format!("-Dlog4j2.configurationFile={}", tools::kafka_log_config().display()))
+            .arg("kafka.Kafka")
+            .arg(self.properties_path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start java (Apache Kafka)");
+        // The watchdog: kills the broker once this process's end of the pipe closes.
+        let mut watchdog = Command::new("sh")
+            .arg("-c")
+            .arg(format!("cat >/dev/null; kill -9 {} 2>/dev/null", child.id()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the broker's watchdog");
+        let stdin = watchdog.stdin.take().expect("watchdog stdin");
+        self.child = Some(child);
+        self.watchdog = Some((watchdog, stdin));
+    }
+
+    fn wait_started(&mut self) {
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+            // A restarted node appends to its log: only what it wrote since counts.
+            if text.get(self.log_start..).is_some_and(|t| t.contains("Kafka Server started")) {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("Kafka node {} exited ({status}) while starting:\n{}", self.id, self.log_tail(40));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Kafka node {} did not start within {STARTUP:?}:\n{}",
+                self.id,
+                self.log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The node's process id, for signals.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).expect("node is running")
+    }
+
+    /// Kills the node (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some((mut watchdog, stdin)) = self.watchdog.take() {
+            drop(stdin);
+            let _ = watchdog.wait();
+        }
+    }
+
+    /// Freezes the node (SIGSTOP).
+    pub fn freeze(&self) {
+        // SAFETY: kill sends a signal to a child of this process.
+        unsafe { libc::kill(self.pid(), libc::SIGSTOP) };
+    }
+
+    /// Thaws a frozen node (SIGCONT).
+    pub fn thaw(&self) {
+        // SAFETY: kill sends a signal to a child of this process.
+        unsafe { libc::kill(self.pid(), libc::SIGCONT) };
+    }
+
+    /// Starts a killed node again on the same ports and data, and waits until it has
+    /// started.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "node {} is still running", self.id);
+        self.spawn();
+        self.wait_started();
+    }
+
+    /// The last `lines` of the node's log, headed by its path.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        let tail = all[all.len().saturating_sub(lines)..].join("\n");
+        format!("--- {} (last {lines} lines)\n{tail}", self.log_path().display())
+    }
+
+    /// The node's directory (its properties, data and log).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

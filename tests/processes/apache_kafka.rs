@@ -1,0 +1,254 @@
+//! The delivery promises on Apache Kafka 4.4 itself (KRaft, started by the test kit
+//! from the jars `bash tests/setup` assembles), read back by Kafka's own Java client:
+//! what MockCluster and tansu cannot show — aborted records hidden from a
+//! `read_committed` reader, fencing of a second writer, a last stable offset pinned
+//! by a transaction left open, leaders that die.
+
+use crate::support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use mssql_ces::event::readback::decode_json_message;
+use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
+use mssql_ces::source::sim::synthetic::SyntheticConfig;
+use support::apache_kafka::{self, Cluster};
+use support::kafka::Consumed;
+use support::temp_dir;
+
+use crate::exactly_once::{signal, spawn};
+
+/// Names of a test's own (topics, transactional id), so tests share one broker.
+fn unique(what: &str) -> String {
+    format!("{what}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// The events of the synthetic workload with `seed` and `transactions`.
+fn expected(seed: u64, transactions: u64) -> BTreeMap<String, Vec<u8>> {
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(support::expected::events(
+            SyntheticConfig {
+                seed,
+                transactions: Some(transactions),
+                rate_per_second: None,
+                large_value_every: 0,
+                existing_rows: 0,
+                oversized_value_every: 0,
+            },
+            |guid| EncoderOptions {
+                stream_guid: guid,
+                encoding: Encoding::Json,
+                final_event: FinalEventMode::LastInTransaction,
+                max_message_size: MessageSizeLimit::default(),
+            },
+            Encoding::Json,
+        ))
+}
+
+struct Stream {
+    topic: String,
+    checkpoint_topic: String,
+    transactional_id: String,
+}
+
+impl Stream {
+    fn new() -> Stream {
+        Stream {
+            topic: unique("ces"),
+            checkpoint_topic: unique("checkpoints"),
+            transactional_id: unique("mssql-ces"),
+        }
+    }
+
+    /// A configuration streaming `transactions` synthetic transactions (seed 41)
+    /// at `rate` into this stream's topic.
+    fn config(&self, dir: &Path, bootstrap: &str, exactly_once: bool, transactions: u64, rate: u32) -> PathBuf {
+        let path = dir.join("config.toml");
+        std::fs::write(
+            &path,
+            format!(
+                r#"
+[source]
+kind = "synthetic"
+poll_interval_ms = 20
+batch_size = 100
+
+[source.synthetic]
+seed = 41
+transactions = {transactions}
+rate_per_second = {rate}
+
+[sink]
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topic = "{topic}"
+delivery_timeout_ms = 20000
+exactly_once = {exactly_once}
+transactional_id = "{transactional_id}"
+
+[checkpoint]
+store = "kafka"
+topic = "{checkpoint_topic}"
+interval_ms = 20
+"#,
+                topic = self.topic,
+                checkpoint_topic = self.checkpoint_topic,
+                transactional_id = self.transactional_id,
+            ),
+        )
+        .expect("config");
+        path
+    }
+}
+
+/// Waits for `child` to end within `limit`, failing the test with its log if not.
+fn exit_within(child: &mut Child, limit: Duration, dir: &Path, what: &str) -> std::process::ExitStatus {
+    support::tools::wait_within(child, limit)
+        .unwrap_or_else(|()| panic!("{what} did not end within {limit:?} (killed); logs in {}", dir.display()))
+}
+
+/// Each record's `logicalid` and `data`, in offset order per partition.
+fn decoded(records: &[Consumed]) -> BTreeMap<i32, Vec<(String, Vec<u8>)>> {
+    let mut out: BTreeMap<i32, Vec<(i64, String, Vec<u8>)>> = BTreeMap::new();
+    for r in records {
+        let event = decode_json_message(&r.payload).expect("a CES event");
+        out.entry(r.partition)
+            .or_default()
+            .push((r.offset, event.logicalid.clone(), event.data.clone()));
+    }
+    out.into_iter()
+        .map(|(p, mut list)| {
+            list.sort_by_key(|(offset, ..)| *offset);
+            (p, list.into_iter().map(|(_, id, data)| (id, data)).collect())
+        })
+        .collect()
+}
+
+/// Every expected event exactly once with its bytes, nothing else, and each
+/// partition's events in the order of the source (strictly ascending positions: no
+/// repeat, no step back).
+fn assert_exactly_once(expected: &BTreeMap<String, Vec<u8>>, records: &[Consumed], logs: &Path) {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (partition, events) in decoded(records) {
+        let mut last: Option<(String, u64)> = None;
+        for (id, data) in events {
+            assert_eq!(expected.get(&id), Some(&data), "event {id} is not the workload's (logs in {})", logs.display());
+            *seen.entry(id.clone()).or_default() += 1;
+            let position = support::kafka::position_of(&id);
+            if let Some(last) = &last {
+                assert!(
+                    position > *last,
+                    "partition {partition}: {id} after {last:?}: a repeat or a step back (logs in {})",
+                    logs.display()
+                );
+            }
+            last = Some(position);
+        }
+    }
+    let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(repeated.is_empty(), "events read more than once: {repeated:?} (logs in {})", logs.display());
+    let missing: Vec<_> = expected.keys().filter(|id| !seen.contains_key(*id)).take(5).collect();
+    assert!(missing.is_empty(), "events missing: {missing:?} (logs in {})", logs.display());
+    assert_eq!(seen.len(), expected.len());
+}
+
+fn shared_broker() -> &'static Cluster {
+    apache_kafka::shared()
+}
+
+/// A writer SIGKILLed mid-transaction, its successor SIGSTOPped mid-stream and a
+/// third process taking the stream over while it is frozen: Kafka fences the frozen
+/// one (it stops with exit 1, naming the takeover), aborts what each left open, and
+/// a `read_committed` reader sees every event exactly once and in order.
+#[test]
+fn exactly_once_through_a_kill_a_freeze_and_a_takeover_read_committed_sees_each_event_once() {
+    let kafka = shared_broker();
+    let dir = temp_dir("apache-eo");
+    let stream = Stream::new();
+    kafka.create_topic(&stream.topic, 4, 1, &[]);
+    let config = stream.config(&dir, &kafka.bootstrap(), true, 2500, 700);
+
+    let mut first = spawn(&config, &dir, "first", &[]);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(first.try_wait().expect("try_wait").is_none(), "the first writer runs");
+    signal(&first, libc::SIGKILL);
+    let _ = first.wait();
+
+    let mut second = spawn(&config, &dir, "second", &[]);
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(second.try_wait().expect("try_wait").is_none(), "the second writer runs");
+    signal(&second, libc::SIGSTOP);
+    let mut third = spawn(&config, &dir, "third", &["--until-idle"]);
+    std::thread::sleep(Duration::from_millis(3000));
+    signal(&second, libc::SIGCONT);
+    let status = exit_within(&mut second, Duration::from_secs(60), &dir, "the frozen writer");
+    let log = std::fs::read_to_string(dir.join("second.log")).expect("log");
+    assert_eq!(status.code(), Some(1), "the fenced writer stops with exit 1: {log}");
+    assert!(log.contains("another process took over this stream"), "Kafka fenced it: {log}");
+    let finished = exit_within(&mut third, Duration::from_secs(180), &dir, "the successor");
+    assert!(finished.success(), "the successor ends; logs in {}", dir.display());
+
+    let expected = expected(41, 2500);
+    assert_eq!(expected.len(), 9950, "the workload's events");
+    let committed = kafka.read(&stream.topic, "read_committed", &[]);
+    assert_exactly_once(&expected, &committed, &dir);
+    let all = kafka.read(&stream.topic, "read_uncommitted", &[]);
+    println!(
+        "Apache Kafka, exactly-once through a kill, a freeze and a takeover: {} events read committed once each; {} records with the aborted ones",
+        expected.len(),
+        all.len()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Another stream's transaction left open on the checkpoint topic pins its last
+/// stable offset below this stream's newest checkpoint. A restart must not take the
+/// older checkpoint below it (and commit those batches again): it waits until the
+/// open transaction ends (Kafka aborts it at its `transaction.timeout.ms`) and
+/// resumes from the newest.
+#[test]
+fn a_transaction_left_open_on_the_checkpoint_topic_does_not_make_a_restart_resume_from_an_older_checkpoint() {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let kafka = shared_broker();
+    let dir = temp_dir("apache-lso");
+    let stream = Stream::new();
+    kafka.create_topic(&stream.topic, 4, 1, &[]);
+    kafka.create_topic(&stream.checkpoint_topic, 1, 1, &[("cleanup.policy", "compact")]);
+    let config = stream.config(&dir, &kafka.bootstrap(), true, 2500, 800);
+
+    let mut writer = spawn(&config, &dir, "first", &[]);
+    std::thread::sleep(Duration::from_millis(1200));
+    // Another stream's writer opens a transaction on the checkpoint partition and
+    // stops there (as one SIGSTOPped or SIGKILLed mid-commit would).
+    let other: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("transactional.id", unique("another-stream"))
+        .set("transaction.timeout.ms", "15000")
+        .create()
+        .expect("producer");
+    other.init_transactions(Duration::from_secs(30)).expect("init");
+    other.begin_transaction().expect("begin");
+    other
+        .send(BaseRecord::to(&stream.checkpoint_topic).key("another-stream").payload("{}"))
+        .map_err(|(e, _)| e)
+        .expect("send");
+    other.flush(Duration::from_secs(30)).expect("flush");
+    let opened = Instant::now();
+    // This stream commits well past the open transaction, then is killed.
+    std::thread::sleep(Duration::from_millis(2500));
+    signal(&writer, libc::SIGKILL);
+    let _ = writer.wait();
+    assert!(opened.elapsed() < Duration::from_secs(12), "restarted while the other transaction is still open");
+    let mut successor = spawn(&config, &dir, "second", &["--until-idle"]);
+    let finished = exit_within(&mut successor, Duration::from_secs(180), &dir, "the restarted writer");
+    assert!(finished.success(), "the restart ends; logs in {}", dir.display());
+    drop(other);
+
+    let expected = expected(41, 2500);
+    let committed = kafka.read(&stream.topic, "read_committed", &[]);
+    assert_exactly_once(&expected, &committed, &dir);
+    std::fs::remove_dir_all(dir).ok();
+}

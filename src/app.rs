@@ -277,17 +277,24 @@ pub fn checkpoint_store(config: &Config) -> Result<CheckpointStore, ConfigError>
                     ));
                 }
             };
-            CheckpointStore::Kafka(Box::new(crate::checkpoint::kafka::KafkaStore::new(
-                connection,
-                &config.checkpoint.topic,
-                &config.checkpoint.stream_name,
-                config
-                    .sink
-                    .kind
-                    .delivery_timeout()
-                    .unwrap_or(std::time::Duration::from_secs(30))
-                    .min(std::time::Duration::from_secs(30)),
-            )))
+            let delivery_timeout = config
+                .sink
+                .kind
+                .delivery_timeout()
+                .unwrap_or(std::time::Duration::from_secs(30));
+            // A transaction of a stream that shares the topic stays open at most its
+            // transaction.timeout.ms (the delivery time-out and 5 s, as this one's),
+            // and the broker aborts timed-out ones every 10 s by default.
+            let open_transaction_wait = delivery_timeout + std::time::Duration::from_secs(20);
+            CheckpointStore::Kafka(Box::new(
+                crate::checkpoint::kafka::KafkaStore::new(
+                    connection,
+                    &config.checkpoint.topic,
+                    &config.checkpoint.stream_name,
+                    delivery_timeout.min(std::time::Duration::from_secs(30)),
+                )
+                .with_open_transaction_wait(open_transaction_wait),
+            ))
         }
     })
 }

@@ -6,10 +6,16 @@
 //! - Written by an idempotent producer (`acks=all`), one record per write, keyed by
 //!   the stream name; the value is the same versioned JSON document the file store
 //!   writes. A write returns once the broker acknowledged it.
-//! - Read by assigning every partition of the topic from its start to its end
-//!   (`read_committed`: a transaction not yet committed is not a checkpoint) and
-//!   keeping the last record of the stream's key. Compaction keeps that read short;
-//!   the result is the same without it.
+//! - Read by assigning every partition of the topic from its start to its end and
+//!   keeping the last record of the stream's key. The end is the partition's high
+//!   watermark (what was written, committed or not), and the records are read
+//!   `read_committed` (a transaction not yet committed is not a checkpoint). Another
+//!   writer's transaction left open on the partition holds a `read_committed` reader
+//!   at its first record (the last stable offset), below checkpoints committed after
+//!   it: the read waits until it ends (its writer commits or aborts it, or Kafka
+//!   aborts it at its `transaction.timeout.ms`) rather than return an older
+//!   checkpoint, and fails naming it if it does not end in time. Compaction keeps
+//!   the read short; the result is the same without it.
 //! - The topic is created compacted (`cleanup.policy=compact`, one partition) when
 //!   it does not exist; an existing topic that is not compacted is named in a
 //!   warning (it grows without bound).
@@ -39,6 +45,9 @@ pub struct KafkaStore {
     producer: Option<FutureProducer>,
     /// Bound on one read or write.
     timeout: Duration,
+    /// How long a read waits, beyond `timeout`, for a transaction left open on the
+    /// topic to end.
+    open_transaction_wait: Duration,
     /// Whether the topic was looked at (created when missing).
     prepared: bool,
     /// The sink writes the positions, each in its batch's transaction
@@ -60,9 +69,19 @@ impl KafkaStore {
             connection,
             producer: None,
             timeout,
+            open_transaction_wait: timeout,
             prepared: false,
             sink_writes: false,
         }
+    }
+
+    /// Waits up to `wait` (beyond the read's own time-out) for a transaction left
+    /// open on the topic to end, before a read fails: at least as long as a
+    /// transaction of the streams that share the topic may stay open, and the
+    /// broker's interval for aborting timed-out ones.
+    pub fn with_open_transaction_wait(mut self, wait: Duration) -> Self {
+        self.open_transaction_wait = wait;
+        self
     }
 
     fn location(&self) -> String {
@@ -179,17 +198,19 @@ impl KafkaStore {
         let mut config = self.client_config();
         config
             .set("group.id", "mssql-ces-checkpoint-reader")
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed");
-        let (topic, key, timeout) = (self.topic.clone(), self.stream_name.clone(), self.timeout);
-        let read = tokio::task::spawn_blocking(move || {
-            last_value(config, &topic, &partitions, &key, timeout)
-        })
-        .await
-        .map_err(|e| CheckpointError::Io {
-            location: self.location(),
-            reason: format!("the read's thread failed: {e}"),
-        })?;
+            .set("enable.auto.commit", "false");
+        let read = Read {
+            topic: self.topic.clone(),
+            key: self.stream_name.clone(),
+            timeout: self.timeout,
+            open_transaction_wait: self.open_transaction_wait,
+        };
+        let read = tokio::task::spawn_blocking(move || read.last_value(config, &partitions))
+            .await
+            .map_err(|e| CheckpointError::Io {
+                location: self.location(),
+                reason: format!("the read's thread failed: {e}"),
+            })?;
         match read.map_err(|e| self.transient(e))? {
             Some(text) => parse(&text, &self.stream_name, &self.location()).map(Some),
             None => Ok(None),
@@ -254,73 +275,135 @@ async fn warn_unless_compacted(config: ClientConfig, topic: String, timeout: Dur
     }
 }
 
-/// The last payload under `key` in `partitions` of `topic`, read to the end (its
-/// last stable offset under `read_committed`) as it stood when the read began.
-fn last_value(
-    config: ClientConfig,
-    topic: &str,
-    partitions: &[i32],
-    key: &str,
+/// One read of a stream's checkpoint: the last record under `key` in `topic`.
+struct Read {
+    topic: String,
+    key: String,
+    /// Bound on reading what is there.
     timeout: Duration,
-) -> Result<Option<String>, String> {
-    let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
-    let mut assignment = rdkafka::TopicPartitionList::new();
-    let mut ends = std::collections::BTreeMap::new();
-    for &partition in partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, partition, timeout)
-            .map_err(|e| format!("cannot read partition {partition}'s offsets: {e}"))?;
-        if high > low {
-            assignment
-                .add_partition_offset(topic, partition, rdkafka::Offset::Offset(low))
-                .map_err(|e| e.to_string())?;
-            ends.insert(partition, high);
-        }
-    }
-    if ends.is_empty() {
-        return Ok(None);
-    }
-    consumer.assign(&assignment).map_err(|e| e.to_string())?;
-    let mut found: std::collections::BTreeMap<i32, (i64, Option<String>)> = Default::default();
-    let deadline = std::time::Instant::now() + timeout;
-    while !ends.is_empty() {
-        if std::time::Instant::now() > deadline {
-            return Err(format!(
-                "the topic was not read to its end within {} ms",
-                timeout.as_millis()
-            ));
-        }
-        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
-            // A partition whose last records are aborted or control records ends
-            // before its high watermark: its position tells.
-            let positions = consumer.position().map_err(|e| e.to_string())?;
-            for element in positions.elements() {
-                if let rdkafka::Offset::Offset(at) = element.offset()
-                    && ends.get(&element.partition()).is_some_and(|end| at >= *end)
-                {
-                    ends.remove(&element.partition());
-                }
+    /// Further bound on waiting for a transaction left open below the end.
+    open_transaction_wait: Duration,
+}
+
+impl Read {
+    /// The last payload under the key in `partitions`, read `read_committed` up to
+    /// each partition's high watermark as it stood when the read began.
+    fn last_value(
+        &self,
+        mut config: ClientConfig,
+        partitions: &[i32],
+    ) -> Result<Option<String>, String> {
+        let topic = self.topic.as_str();
+        // The ends: what was written, as a read_uncommitted client lists it (a
+        // read_committed one lists the last stable offset, which an open transaction
+        // holds back).
+        let lister: BaseConsumer = config
+            .clone()
+            .set("isolation.level", "read_uncommitted")
+            .create()
+            .map_err(|e| e.to_string())?;
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        let mut ends = std::collections::BTreeMap::new();
+        for &partition in partitions {
+            let (low, high) = lister
+                .fetch_watermarks(topic, partition, self.timeout)
+                .map_err(|e| format!("cannot read partition {partition}'s offsets: {e}"))?;
+            if high > low {
+                assignment
+                    .add_partition_offset(topic, partition, rdkafka::Offset::Offset(low))
+                    .map_err(|e| e.to_string())?;
+                ends.insert(partition, high);
             }
-            continue;
-        };
-        let message = message.map_err(|e| e.to_string())?;
-        let partition = message.partition();
-        if message.key() == Some(key.as_bytes()) {
-            let value = message
-                .payload()
-                .map(|p| String::from_utf8_lossy(p).into_owned());
-            found.insert(partition, (message.offset(), value));
         }
-        if ends
-            .get(&partition)
-            .is_some_and(|end| message.offset() + 1 >= *end)
-        {
-            ends.remove(&partition);
+        drop(lister);
+        if ends.is_empty() {
+            return Ok(None);
         }
+        let consumer: BaseConsumer = config
+            .set("isolation.level", "read_committed")
+            .create()
+            .map_err(|e| e.to_string())?;
+        consumer.assign(&assignment).map_err(|e| e.to_string())?;
+        let mut found: std::collections::BTreeMap<i32, (i64, Option<String>)> = Default::default();
+        let started = std::time::Instant::now();
+        let mut waiting_said = false;
+        while !ends.is_empty() {
+            // Records that keep coming without the end in reach (the wait for an
+            // open transaction is bounded below, where nothing comes).
+            if started.elapsed() > 2 * self.timeout + self.open_transaction_wait {
+                return Err(format!(
+                    "the topic was not read to its end within {} ms",
+                    started.elapsed().as_millis()
+                ));
+            }
+            let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+                // A partition whose last records are aborted or control records ends
+                // before its high watermark: its position tells.
+                let positions = consumer.position().map_err(|e| e.to_string())?;
+                let mut held = None;
+                for element in positions.elements() {
+                    let end = ends.get(&element.partition()).copied();
+                    match (element.offset(), end) {
+                        (rdkafka::Offset::Offset(at), Some(end)) if at >= end => {
+                            ends.remove(&element.partition());
+                        }
+                        (rdkafka::Offset::Offset(at), Some(end)) => {
+                            held = Some((element.partition(), at, end))
+                        }
+                        _ => {}
+                    }
+                }
+                let waited = started.elapsed();
+                if waited < self.timeout {
+                    continue;
+                }
+                let Some((partition, at, end)) = held else {
+                    if waited > self.timeout + self.open_transaction_wait {
+                        return Err(format!(
+                            "the topic was not read to its end within {} ms",
+                            waited.as_millis()
+                        ));
+                    }
+                    continue;
+                };
+                if waited > self.timeout + self.open_transaction_wait {
+                    return Err(format!(
+                        "partition {partition} holds a transaction that is neither committed nor aborted at offset {at}, below checkpoints written up to offset {end}; waited {} ms for it to end. It is another writer's on this topic: it ends when that writer commits or aborts it, or when Kafka aborts it at its transaction.timeout.ms",
+                        waited.as_millis()
+                    ));
+                }
+                if !waiting_said {
+                    waiting_said = true;
+                    tracing::info!(
+                        topic,
+                        partition,
+                        offset = at,
+                        end,
+                        wait_ms = self.open_transaction_wait.as_millis() as u64,
+                        "a transaction left open on the checkpoint topic hides later checkpoints; waiting for it to end rather than resume from an older one"
+                    );
+                }
+                continue;
+            };
+            let message = message.map_err(|e| e.to_string())?;
+            let partition = message.partition();
+            if message.key() == Some(self.key.as_bytes()) {
+                let value = message
+                    .payload()
+                    .map(|p| String::from_utf8_lossy(p).into_owned());
+                found.insert(partition, (message.offset(), value));
+            }
+            if ends
+                .get(&partition)
+                .is_some_and(|end| message.offset() + 1 >= *end)
+            {
+                ends.remove(&partition);
+            }
+        }
+        // One partition holds a key (the producer's partitioner): its last record.
+        Ok(found
+            .into_values()
+            .max_by_key(|(offset, _)| *offset)
+            .and_then(|(_, value)| value))
     }
-    // One partition holds a key (the producer's partitioner): its last record.
-    Ok(found
-        .into_values()
-        .max_by_key(|(offset, _)| *offset)
-        .and_then(|(_, value)| value))
 }

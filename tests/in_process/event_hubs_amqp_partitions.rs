@@ -202,7 +202,12 @@ async fn partitions_added_to_the_hub_are_read_again_and_used() {
         }
         after
     };
-    let after = within("rounds of sends until the new partitions show", Duration::from_secs(120), rounds).await;
+    let after = within(
+        "rounds of sends until the new partitions show",
+        Duration::from_secs(120),
+        rounds,
+    )
+    .await;
     assert!(
         after.iter().any(|p| *p >= 2),
         "the new partitions are used: {after:?}"
@@ -221,7 +226,12 @@ async fn a_partition_read_that_is_never_answered_is_bounded_and_the_connection_r
     arrivals.hold_management.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(150)).await;
     // With the read bounded only by its former fixed 30 s, this round took 30 s.
-    let sent = within("a batch while the partition read goes unanswered", Duration::from_secs(15), send_all(&mut sink, 10, 2)).await;
+    let sent = within(
+        "a batch while the partition read goes unanswered",
+        Duration::from_secs(15),
+        send_all(&mut sink, 10, 2),
+    )
+    .await;
     assert_complete_and_in_key_order(&sent, &distinct(&arrivals));
     // Answered again: the new partitions are read on the new connection.
     arrivals.hold_management.store(false, Ordering::SeqCst);
@@ -241,6 +251,14 @@ async fn a_partition_read_that_is_never_answered_is_bounded_and_the_connection_r
         }
         HashSet::new()
     };
-    let used = within("the partitions read again after the stall", Duration::from_secs(60), rounds).await;
-    assert!(used.iter().any(|p| *p >= 2), "read again after the stall: {used:?}");
+    let used = within(
+        "the partitions read again after the stall",
+        Duration::from_secs(60),
+        rounds,
+    )
+    .await;
+    assert!(
+        used.iter().any(|p| *p >= 2),
+        "read again after the stall: {used:?}"
+    );
 }

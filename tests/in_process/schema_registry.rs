@@ -199,7 +199,11 @@ async fn python_decode(
     // The reader asks the registry double, which runs on this runtime: wait for it
     // on a blocking thread.
     let output = tokio::task::spawn_blocking(move || {
-        support::tools::output_within(&mut command, std::time::Duration::from_secs(120), "the Confluent AvroDeserializer")
+        support::tools::output_within(
+            &mut command,
+            std::time::Duration::from_secs(120),
+            "the Confluent AvroDeserializer",
+        )
     })
     .await
     .expect("the reader's thread");

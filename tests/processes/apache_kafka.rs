@@ -22,7 +22,10 @@ use crate::exactly_once::{signal, spawn};
 
 /// Names of a test's own (topics, transactional id), so tests share one broker.
 fn unique(what: &str) -> String {
-    format!("{what}-{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "{what}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 /// The events of the synthetic workload with `seed` and `transactions`.
@@ -65,7 +68,14 @@ impl Stream {
 
     /// A configuration streaming `transactions` synthetic transactions (seed 41)
     /// at `rate` into this stream's topic.
-    fn config(&self, dir: &Path, bootstrap: &str, exactly_once: bool, transactions: u64, rate: u32) -> PathBuf {
+    fn config(
+        &self,
+        dir: &Path,
+        bootstrap: &str,
+        exactly_once: bool,
+        transactions: u64,
+        rate: u32,
+    ) -> PathBuf {
         let path = dir.join("config.toml");
         std::fs::write(
             &path,
@@ -105,9 +115,18 @@ interval_ms = 20
 }
 
 /// Waits for `child` to end within `limit`, failing the test with its log if not.
-fn exit_within(child: &mut Child, limit: Duration, dir: &Path, what: &str) -> std::process::ExitStatus {
-    support::tools::wait_within(child, limit)
-        .unwrap_or_else(|()| panic!("{what} did not end within {limit:?} (killed); logs in {}", dir.display()))
+fn exit_within(
+    child: &mut Child,
+    limit: Duration,
+    dir: &Path,
+    what: &str,
+) -> std::process::ExitStatus {
+    support::tools::wait_within(child, limit).unwrap_or_else(|()| {
+        panic!(
+            "{what} did not end within {limit:?} (killed); logs in {}",
+            dir.display()
+        )
+    })
 }
 
 /// Each record's `logicalid` and `data`, in offset order per partition.
@@ -115,14 +134,19 @@ fn decoded(records: &[Consumed]) -> BTreeMap<i32, Vec<(String, Vec<u8>)>> {
     let mut out: BTreeMap<i32, Vec<(i64, String, Vec<u8>)>> = BTreeMap::new();
     for r in records {
         let event = decode_json_message(&r.payload).expect("a CES event");
-        out.entry(r.partition)
-            .or_default()
-            .push((r.offset, event.logicalid.clone(), event.data.clone()));
+        out.entry(r.partition).or_default().push((
+            r.offset,
+            event.logicalid.clone(),
+            event.data.clone(),
+        ));
     }
     out.into_iter()
         .map(|(p, mut list)| {
             list.sort_by_key(|(offset, ..)| *offset);
-            (p, list.into_iter().map(|(_, id, data)| (id, data)).collect())
+            (
+                p,
+                list.into_iter().map(|(_, id, data)| (id, data)).collect(),
+            )
         })
         .collect()
 }
@@ -135,7 +159,12 @@ fn assert_exactly_once(expected: &BTreeMap<String, Vec<u8>>, records: &[Consumed
     for (partition, events) in decoded(records) {
         let mut last: Option<(String, u64)> = None;
         for (id, data) in events {
-            assert_eq!(expected.get(&id), Some(&data), "event {id} is not the workload's (logs in {})", logs.display());
+            assert_eq!(
+                expected.get(&id),
+                Some(&data),
+                "event {id} is not the workload's (logs in {})",
+                logs.display()
+            );
             *seen.entry(id.clone()).or_default() += 1;
             let position = support::kafka::position_of(&id);
             if let Some(last) = &last {
@@ -149,9 +178,21 @@ fn assert_exactly_once(expected: &BTreeMap<String, Vec<u8>>, records: &[Consumed
         }
     }
     let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
-    assert!(repeated.is_empty(), "events read more than once: {repeated:?} (logs in {})", logs.display());
-    let missing: Vec<_> = expected.keys().filter(|id| !seen.contains_key(*id)).take(5).collect();
-    assert!(missing.is_empty(), "events missing: {missing:?} (logs in {})", logs.display());
+    assert!(
+        repeated.is_empty(),
+        "events read more than once: {repeated:?} (logs in {})",
+        logs.display()
+    );
+    let missing: Vec<_> = expected
+        .keys()
+        .filter(|id| !seen.contains_key(*id))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "events missing: {missing:?} (logs in {})",
+        logs.display()
+    );
     assert_eq!(seen.len(), expected.len());
 }
 
@@ -173,23 +214,45 @@ fn exactly_once_through_a_kill_a_freeze_and_a_takeover_read_committed_sees_each_
 
     let mut first = spawn(&config, &dir, "first", &[]);
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(first.try_wait().expect("try_wait").is_none(), "the first writer runs");
+    assert!(
+        first.try_wait().expect("try_wait").is_none(),
+        "the first writer runs"
+    );
     signal(&first, libc::SIGKILL);
     let _ = first.wait();
 
     let mut second = spawn(&config, &dir, "second", &[]);
     std::thread::sleep(Duration::from_millis(2000));
-    assert!(second.try_wait().expect("try_wait").is_none(), "the second writer runs");
+    assert!(
+        second.try_wait().expect("try_wait").is_none(),
+        "the second writer runs"
+    );
     signal(&second, libc::SIGSTOP);
     let mut third = spawn(&config, &dir, "third", &["--until-idle"]);
     std::thread::sleep(Duration::from_millis(3000));
     signal(&second, libc::SIGCONT);
-    let status = exit_within(&mut second, Duration::from_secs(60), &dir, "the frozen writer");
+    let status = exit_within(
+        &mut second,
+        Duration::from_secs(60),
+        &dir,
+        "the frozen writer",
+    );
     let log = std::fs::read_to_string(dir.join("second.log")).expect("log");
-    assert_eq!(status.code(), Some(1), "the fenced writer stops with exit 1: {log}");
-    assert!(log.contains("another process took over this stream"), "Kafka fenced it: {log}");
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "the fenced writer stops with exit 1: {log}"
+    );
+    assert!(
+        log.contains("another process took over this stream"),
+        "Kafka fenced it: {log}"
+    );
     let finished = exit_within(&mut third, Duration::from_secs(180), &dir, "the successor");
-    assert!(finished.success(), "the successor ends; logs in {}", dir.display());
+    assert!(
+        finished.success(),
+        "the successor ends; logs in {}",
+        dir.display()
+    );
 
     let expected = expected(41, 2500);
     assert_eq!(expected.len(), 9950, "the workload's events");
@@ -210,13 +273,19 @@ fn exactly_once_through_a_kill_a_freeze_and_a_takeover_read_committed_sees_each_
 /// open transaction ends (Kafka aborts it at its `transaction.timeout.ms`) and
 /// resumes from the newest.
 #[test]
-fn a_transaction_left_open_on_the_checkpoint_topic_does_not_make_a_restart_resume_from_an_older_checkpoint() {
+fn a_transaction_left_open_on_the_checkpoint_topic_does_not_make_a_restart_resume_from_an_older_checkpoint()
+ {
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
     let kafka = shared_broker();
     let dir = temp_dir("apache-lso");
     let stream = Stream::new();
     kafka.create_topic(&stream.topic, 4, 1, &[]);
-    kafka.create_topic(&stream.checkpoint_topic, 1, 1, &[("cleanup.policy", "compact")]);
+    kafka.create_topic(
+        &stream.checkpoint_topic,
+        1,
+        1,
+        &[("cleanup.policy", "compact")],
+    );
     let config = stream.config(&dir, &kafka.bootstrap(), true, 2500, 800);
 
     let mut writer = spawn(&config, &dir, "first", &[]);
@@ -229,10 +298,16 @@ fn a_transaction_left_open_on_the_checkpoint_topic_does_not_make_a_restart_resum
         .set("transaction.timeout.ms", "15000")
         .create()
         .expect("producer");
-    other.init_transactions(Duration::from_secs(30)).expect("init");
+    other
+        .init_transactions(Duration::from_secs(30))
+        .expect("init");
     other.begin_transaction().expect("begin");
     other
-        .send(BaseRecord::to(&stream.checkpoint_topic).key("another-stream").payload("{}"))
+        .send(
+            BaseRecord::to(&stream.checkpoint_topic)
+                .key("another-stream")
+                .payload("{}"),
+        )
         .map_err(|(e, _)| e)
         .expect("send");
     other.flush(Duration::from_secs(30)).expect("flush");
@@ -241,10 +316,22 @@ fn a_transaction_left_open_on_the_checkpoint_topic_does_not_make_a_restart_resum
     std::thread::sleep(Duration::from_millis(2500));
     signal(&writer, libc::SIGKILL);
     let _ = writer.wait();
-    assert!(opened.elapsed() < Duration::from_secs(12), "restarted while the other transaction is still open");
+    assert!(
+        opened.elapsed() < Duration::from_secs(12),
+        "restarted while the other transaction is still open"
+    );
     let mut successor = spawn(&config, &dir, "second", &["--until-idle"]);
-    let finished = exit_within(&mut successor, Duration::from_secs(180), &dir, "the restarted writer");
-    assert!(finished.success(), "the restart ends; logs in {}", dir.display());
+    let finished = exit_within(
+        &mut successor,
+        Duration::from_secs(180),
+        &dir,
+        "the restarted writer",
+    );
+    assert!(
+        finished.success(),
+        "the restart ends; logs in {}",
+        dir.display()
+    );
     drop(other);
 
     let expected = expected(41, 2500);

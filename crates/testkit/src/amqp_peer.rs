@@ -227,14 +227,18 @@ async fn reply_on(reply: &Replies, node: &str, answer: Message<AmqpValue<Value>>
             match tokio::time::timeout(SETTLE, sender.send(answer)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => eprintln!("amqp peer: the reply on {node} failed: {e:?}"),
-                Err(_) => eprintln!("amqp peer: the reply on {node} was not settled within {SETTLE:?}; going on"),
+                Err(_) => eprintln!(
+                    "amqp peer: the reply on {node} was not settled within {SETTLE:?}; going on"
+                ),
             }
             return;
         }
         drop(guard);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    eprintln!("amqp peer: no receiver for replies on {node} attached within 30 s; the reply is dropped");
+    eprintln!(
+        "amqp peer: no receiver for replies on {node} attached within 30 s; the reply is dropped"
+    );
 }
 
 /// The answer to a `$management` READ of the event hub: its runtime information, as

@@ -89,7 +89,10 @@ impl Cluster {
             .unwrap_or_default()
             .trim()
             .to_owned();
-        assert!(!cluster_id.is_empty(), "kafka-storage random-uuid printed no id");
+        assert!(
+            !cluster_id.is_empty(),
+            "kafka-storage random-uuid printed no id"
+        );
         let mut nodes: Vec<Node> = (1..=size)
             .map(|id| Node {
                 id,
@@ -157,17 +160,28 @@ impl Cluster {
 
     /// The last lines of every node's log, for a failure message.
     pub fn log_tails(&self) -> String {
-        self.nodes.iter().map(|n| n.log_tail(30)).collect::<Vec<_>>().join("\n")
+        self.nodes
+            .iter()
+            .map(|n| n.log_tail(30))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// Creates a topic with `partitions` and `replicas`, and `configs`; fails the test
     /// with Kafka's answer if it cannot.
-    pub fn create_topic(&self, topic: &str, partitions: i32, replicas: i32, configs: &[(&str, &str)]) {
+    pub fn create_topic(
+        &self,
+        topic: &str,
+        partitions: i32,
+        replicas: i32,
+        configs: &[(&str, &str)],
+    ) {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .expect("admin client");
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", self.bootstrap())
+                .create()
+                .expect("admin client");
         let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replicas));
         for (k, v) in configs {
             new = new.set(k, v);
@@ -193,7 +207,12 @@ impl Cluster {
     /// (`read_committed` or `read_uncommitted`), from the beginning to the end that
     /// level sees when the reader starts. `client_properties` are extra client
     /// settings (security).
-    pub fn read(&self, topic: &str, isolation: &str, client_properties: &[(&str, &str)]) -> Vec<Consumed> {
+    pub fn read(
+        &self,
+        topic: &str,
+        isolation: &str,
+        client_properties: &[(&str, &str)],
+    ) -> Vec<Consumed> {
         read_with_java(&self.bootstrap(), topic, isolation, client_properties)
     }
 }
@@ -207,9 +226,15 @@ pub fn read_with_java(
 ) -> Vec<Consumed> {
     let mut command = java();
     command.args(["Reader", bootstrap, topic, isolation, "60000"]);
-    let props = std::env::temp_dir().join(format!("mssql-ces-reader-{}.properties", uuid::Uuid::new_v4()));
+    let props = std::env::temp_dir().join(format!(
+        "mssql-ces-reader-{}.properties",
+        uuid::Uuid::new_v4()
+    ));
     if !client_properties.is_empty() {
-        let text: String = client_properties.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+        let text: String = client_properties
+            .iter()
+            .map(|(k, v)| format!("{k}={v}\n"))
+            .collect();
         std::fs::write(&props, text).expect("reader properties");
         command.arg(&props);
     }
@@ -224,7 +249,8 @@ pub fn read_with_java(
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .map(|line| {
-            let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line from the reader");
+            let v: serde_json::Value =
+                serde_json::from_str(line).expect("a JSON line from the reader");
             let bytes = |v: &serde_json::Value| v.as_str().map(|s| b64.decode(s).expect("base64"));
             let payload = bytes(&v["value"]);
             Consumed {
@@ -284,7 +310,10 @@ auto.create.topics.enable=true
             id = self.id,
             data = self.dir.join("data").display(),
         );
-        let custom_listeners = options.properties.iter().any(|p| p.starts_with("listeners="));
+        let custom_listeners = options
+            .properties
+            .iter()
+            .any(|p| p.starts_with("listeners="));
         if !custom_listeners {
             text.push_str(&format!(
                 "listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}
@@ -332,8 +361,16 @@ inter.broker.listener.name=PLAINTEXT
             .open(self.log_path())
             .expect("broker log");
         let child = java()
-            .args(["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
-            .arg(format!("-Dlog4j2.configurationFile={}", tools::kafka_log_config().display()))
+            .args([
+                "-Xms128m",
+                "-Xmx512m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+            ])
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                tools::kafka_log_config().display()
+            ))
             .arg("kafka.Kafka")
             .arg(self.properties_path())
             .stdin(Stdio::null())
@@ -344,7 +381,10 @@ inter.broker.listener.name=PLAINTEXT
         // The watchdog: kills the broker once this process's end of the pipe closes.
         let mut watchdog = Command::new("sh")
             .arg("-c")
-            .arg(format!("cat >/dev/null; kill -9 {} 2>/dev/null", child.id()))
+            .arg(format!(
+                "cat >/dev/null; kill -9 {} 2>/dev/null",
+                child.id()
+            ))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -360,11 +400,18 @@ inter.broker.listener.name=PLAINTEXT
         loop {
             let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
             // A restarted node appends to its log: only what it wrote since counts.
-            if text.get(self.log_start..).is_some_and(|t| t.contains("Kafka Server started")) {
+            if text
+                .get(self.log_start..)
+                .is_some_and(|t| t.contains("Kafka Server started"))
+            {
                 return;
             }
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                panic!("Kafka node {} exited ({status}) while starting:\n{}", self.id, self.log_tail(40));
+                panic!(
+                    "Kafka node {} exited ({status}) while starting:\n{}",
+                    self.id,
+                    self.log_tail(40)
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -378,7 +425,10 @@ inter.broker.listener.name=PLAINTEXT
 
     /// The node's process id, for signals.
     pub fn pid(&self) -> i32 {
-        self.child.as_ref().map(|c| c.id() as i32).expect("node is running")
+        self.child
+            .as_ref()
+            .map(|c| c.id() as i32)
+            .expect("node is running")
     }
 
     /// Kills the node (SIGKILL) and reaps it.
@@ -418,7 +468,10 @@ inter.broker.listener.name=PLAINTEXT
         let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         let tail = all[all.len().saturating_sub(lines)..].join("\n");
-        format!("--- {} (last {lines} lines)\n{tail}", self.log_path().display())
+        format!(
+            "--- {} (last {lines} lines)\n{tail}",
+            self.log_path().display()
+        )
     }
 
     /// The node's directory (its properties, data and log).

@@ -120,7 +120,11 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Ve
 }
 
 /// `future`, failing the test with `what` if it has not finished within `limit`.
-pub async fn within<T>(what: &str, limit: Duration, future: impl std::future::Future<Output = T>) -> T {
+pub async fn within<T>(
+    what: &str,
+    limit: Duration,
+    future: impl std::future::Future<Output = T>,
+) -> T {
     match tokio::time::timeout(limit, future).await {
         Ok(value) => value,
         Err(_) => panic!("{what}: not done within {limit:?}"),

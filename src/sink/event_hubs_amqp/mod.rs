@@ -246,7 +246,8 @@ impl EventHubsAmqpSink {
         // `amqp_resend_after_ms` is a stalled link, and the connection is replaced
         // (the client matches a late reply to the next request, not to its own).
         let bound = self.resend_after.min(self.send_timeout);
-        let properties = match tokio::time::timeout(bound, producer.get_eventhub_properties()).await {
+        let properties = match tokio::time::timeout(bound, producer.get_eventhub_properties()).await
+        {
             Ok(Ok(properties)) => properties,
             Ok(Err(e)) => {
                 tracing::warn!(event_hub = %self.target.event_hub, error = %e, "reading the event hub's partitions again failed; keeping the partitions read before");

@@ -56,8 +56,23 @@ fn store(standin: &StandIn, stream: &str) -> TableStore {
 
 async fn leased(store: TableStore) -> CheckpointStore {
     let mut store = CheckpointStore::Table(Box::new(store));
-    let never = CancellationToken::new();
-    assert_eq!(store.acquire_lease(&never).await, Ok(true));
+    // A lease that cannot be had is retried until cancelled: a test gives up after
+    // a while, saying so.
+    let give_up = CancellationToken::new();
+    let timer = {
+        let give_up = give_up.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            give_up.cancel();
+        })
+    };
+    let acquired = store.acquire_lease(&give_up).await;
+    timer.abort();
+    assert!(
+        !give_up.is_cancelled(),
+        "the lease was not acquired within 60 s"
+    );
+    assert_eq!(acquired, Ok(true));
     store
 }
 

@@ -96,9 +96,11 @@ async fn run_until_idle(config: &Path, standin: &StandIn, dir: &Path, name: &str
         &["run", "--until-idle"],
         dir.join(format!("{name}.log")),
     );
-    let status = tokio::task::spawn_blocking(move || run.status().expect("run"))
-        .await
-        .unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        support::tools::status_within(&mut run, Duration::from_secs(180), "the managed run")
+    })
+    .await
+    .unwrap();
     assert!(status.success(), "{name} failed; logs in {}", dir.display());
 }
 

@@ -319,6 +319,7 @@ fn probe_says_what_was_answered_and_corrects_its_arguments() {
     let address = listener.local_addr().expect("address").to_string();
     let server = std::thread::spawn(move || {
         if let Ok((mut stream, _)) = listener.accept() {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
             // The whole request, so that closing does not reset the connection.
             let mut request = Vec::new();
             let mut chunk = [0u8; 256];
@@ -331,10 +332,13 @@ fn probe_says_what_was_answered_and_corrects_its_arguments() {
             let _ = stream.write_all(b"HTTP/1.0 503 Service Unavailable\r\n\r\nnot ready\n");
         }
     });
-    let output = Command::new(BINARY)
-        .args(["probe", "--address", &address, "--path", "/readyz"])
-        .output()
-        .expect("probe");
+    let output = support::tools::output_within(
+        Command::new(BINARY).args(["probe", "--address", &address, "--path", "/readyz"]),
+        Duration::from_secs(60),
+        "probe",
+    );
+    // A probe that never connected leaves the server in accept: connect to end it.
+    let _ = std::net::TcpStream::connect(&address);
     server.join().expect("server");
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(

@@ -17,6 +17,8 @@ use support::temp_dir;
 pub(crate) const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 pub(crate) const USER: &str = "mssql_ces";
 pub(crate) const PASSWORD: &str = "Ces_Poller_Passw0rd!";
+/// How long one run of the binary through the stand-in may take.
+const RUN_LIMIT: Duration = Duration::from_secs(240);
 const SEED: u64 = 17;
 const TRANSACTIONS: u64 = 400;
 const EXISTING_ROWS: u64 = 20_000;
@@ -100,13 +102,15 @@ async fn reference() -> Vec<u8> {
     let dir = temp_dir("standin-reference");
     let config = config(&dir, false);
     let status = tokio::task::spawn_blocking(move || {
-        Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run")
+        support::tools::status_within(
+            Command::new(BINARY)
+                .args(["run", "--until-idle", "--config"])
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            RUN_LIMIT,
+            "the synthetic reference run",
+        )
     })
     .await
     .unwrap();
@@ -129,9 +133,11 @@ async fn kind_sqlserver_through_the_wire_writes_the_bytes_the_synthetic_source_w
     let mut run = command(&config, &standin, &["run", "--until-idle"]);
     let log = std::fs::File::create(dir.join("run.log")).expect("log");
     run.stderr(log);
-    let status = tokio::task::spawn_blocking(move || run.status().expect("run"))
-        .await
-        .unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        support::tools::status_within(&mut run, RUN_LIMIT, "the run through the stand-in")
+    })
+    .await
+    .unwrap();
     assert!(status.success(), "logs in {}", dir.display());
     let got = std::fs::read(dir.join("events.jsonl")).expect("output");
     assert_eq!(got.len(), expected.len(), "logs in {}", dir.display());
@@ -139,9 +145,11 @@ async fn kind_sqlserver_through_the_wire_writes_the_bytes_the_synthetic_source_w
 
     let mut check = command(&config, &standin, &["check"]);
     check.stdout(Stdio::piped()).stderr(Stdio::null());
-    let output = tokio::task::spawn_blocking(move || check.output().expect("check"))
-        .await
-        .unwrap();
+    let output = tokio::task::spawn_blocking(move || {
+        support::tools::output_within(&mut check, RUN_LIMIT, "check through the stand-in")
+    })
+    .await
+    .unwrap();
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{text}");
     assert!(text.contains(", 0 failed,"), "{text}");
@@ -182,9 +190,11 @@ async fn sigkill_on_the_sqlserver_path_loses_nothing_and_ends_with_the_same_byte
     let mut last = command(&config, &standin, &["run", "--until-idle"]);
     last.stderr(std::fs::File::create(dir.join("run-last.log")).expect("log"));
     let started = Instant::now();
-    let status = tokio::task::spawn_blocking(move || last.status().expect("run"))
-        .await
-        .unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        support::tools::status_within(&mut last, RUN_LIMIT, "the last run through the stand-in")
+    })
+    .await
+    .unwrap();
     assert!(
         status.success(),
         "final run after {:?} (seed {seed}); logs in {}",

@@ -105,12 +105,17 @@ pub async fn peer_and_sink_with(
     resend_after: Duration,
 ) -> (EventHubsAmqpSink, amqp_peer::Arrivals) {
     let (endpoint, arrivals) = amqp_peer::start_with_partitions(partitions).await;
-    let sink = EventHubsAmqpSink::connect(
+    let connect = EventHubsAmqpSink::connect(
         EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
         "orders",
         Some(endpoint),
         resend_after,
         Duration::from_secs(60),
+    );
+    let sink = crate::tools::within(
+        "the AMQP sink to connect to the local peer",
+        Duration::from_secs(90),
+        connect,
     )
     .await
     .expect("producer opens against the local peer");
@@ -122,28 +127,32 @@ pub async fn deliver(scheme: PartitionKeyScheme, mode: CloudEventsMode) {
     let (sink, arrivals) = peer_and_sink(Duration::from_secs(2)).await;
     let dir = std::env::temp_dir().join(format!("mssql-ces-amqp-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let summary = pipeline::run(
-        Poller::new(
-            SyntheticSource::new(synthetic()),
-            PollerConfig {
-                batch_size: 25,
-                ..PollerConfig::default()
+    let summary = crate::tools::within(
+        "the pipeline into the local AMQP peer",
+        Duration::from_secs(300),
+        pipeline::run(
+            Poller::new(
+                SyntheticSource::new(synthetic()),
+                PollerConfig {
+                    batch_size: 25,
+                    ..PollerConfig::default()
+                },
+                None,
+            ),
+            Box::new(options),
+            router(scheme, mode),
+            Sink::EventHubsAmqp(Box::new(sink)),
+            CheckpointStore::File(FileStore::new(dir.join("cp.json"), "amqp")),
+            PipelineSettings {
+                poll_interval: Duration::from_millis(10),
+                checkpoint_interval: Duration::from_millis(10),
+                drain_timeout: Duration::from_secs(30),
+                idle_drain_timeout: Duration::from_secs(30),
+                until_idle: true,
+                metrics: Default::default(),
             },
-            None,
+            CancellationToken::new(),
         ),
-        Box::new(options),
-        router(scheme, mode),
-        Sink::EventHubsAmqp(Box::new(sink)),
-        CheckpointStore::File(FileStore::new(dir.join("cp.json"), "amqp")),
-        PipelineSettings {
-            poll_interval: Duration::from_millis(10),
-            checkpoint_interval: Duration::from_millis(10),
-            drain_timeout: Duration::from_secs(30),
-            idle_drain_timeout: Duration::from_secs(30),
-            until_idle: true,
-            metrics: Default::default(),
-        },
-        CancellationToken::new(),
     )
     .await
     .expect("run");

@@ -92,6 +92,20 @@ pub fn output_within(command: &mut Command, limit: Duration, what: &str) -> Outp
     }
 }
 
+/// Runs `command` as it is set up (its output where it sends it) and returns how it
+/// ended, failing the test (after killing it) if it has not ended within `limit`.
+pub fn status_within(
+    command: &mut Command,
+    limit: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let mut child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: could not start {command:?}: {e}"));
+    wait_within(&mut child, limit)
+        .unwrap_or_else(|()| panic!("{what}: still running after {limit:?}, killed"))
+}
+
 /// Waits for `child` to end for at most `limit`; kills it (and reaps it) if it has
 /// not.
 pub fn wait_within(child: &mut Child, limit: Duration) -> Result<std::process::ExitStatus, ()> {

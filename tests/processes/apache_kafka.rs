@@ -339,3 +339,99 @@ fn a_transaction_left_open_on_the_checkpoint_topic_does_not_make_a_restart_resum
     assert_exactly_once(&expected, &committed, &dir);
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// Three brokers, replication factor 3, `min.insync.replicas=2`, `acks=all` and
+/// idempotence (the sink's defaults): the leader of a partition killed mid-stream
+/// and brought back, a broker frozen for longer than the producer's request
+/// time-out, and the whole cluster restarted with messages waiting. The stream goes
+/// on, and the reader finds every event once (no loss, and no duplicate, since the
+/// process never restarted) and each partition in the source's order.
+#[test]
+fn three_brokers_through_a_dead_leader_a_frozen_broker_and_a_cluster_restart_lose_and_repeat_nothing()
+ {
+    let mut kafka = Cluster::start(
+        "three",
+        3,
+        apache_kafka::NodeOptions {
+            properties: vec![
+                "min.insync.replicas=2".into(),
+                "replica.lag.time.max.ms=5000".into(),
+            ],
+            ..Default::default()
+        },
+    );
+    let dir = temp_dir("apache-three");
+    let stream = Stream::new();
+    kafka.create_topic(&stream.topic, 4, 3, &[("min.insync.replicas", "2")]);
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[source]
+kind = "synthetic"
+poll_interval_ms = 20
+batch_size = 100
+
+[source.synthetic]
+seed = 41
+transactions = 2500
+rate_per_second = 50
+
+[sink]
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topic = "{topic}"
+delivery_timeout_ms = 120000
+
+[sink.kafka]
+"request.timeout.ms" = "5000"
+
+[checkpoint]
+path = "{checkpoint}"
+interval_ms = 20
+"#,
+            bootstrap = kafka.bootstrap(),
+            topic = stream.topic,
+            checkpoint = dir.join("cp.json").display(),
+        ),
+    )
+    .expect("config");
+    let mut run = spawn(&config, &dir, "run", &["--until-idle"]);
+    let running = |run: &mut Child| {
+        assert!(
+            run.try_wait().expect("try_wait").is_none(),
+            "the run goes on; logs in {}",
+            dir.display()
+        )
+    };
+
+    std::thread::sleep(Duration::from_secs(3));
+    let leader = kafka.leader_of(&stream.topic, 0);
+    kafka.node(leader).kill();
+    std::thread::sleep(Duration::from_secs(3));
+    running(&mut run);
+    kafka.node(leader).restart();
+
+    std::thread::sleep(Duration::from_secs(2));
+    let frozen = kafka.leader_of(&stream.topic, 1);
+    kafka.node(frozen).freeze();
+    std::thread::sleep(Duration::from_secs(8));
+    running(&mut run);
+    kafka.node(frozen).thaw();
+
+    std::thread::sleep(Duration::from_secs(2));
+    kafka.restart_all(Duration::from_secs(2));
+    running(&mut run);
+
+    let status = exit_within(&mut run, Duration::from_secs(240), &dir, "the run");
+    assert!(status.success(), "the run ends; logs in {}", dir.display());
+    let expected = expected(41, 2500);
+    let records = kafka.read(&stream.topic, "read_uncommitted", &[]);
+    assert_exactly_once(&expected, &records, &dir);
+    println!(
+        "three brokers: {} events once each through a dead leader (node {leader}), a frozen broker (node {frozen}) and a cluster restart",
+        expected.len()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

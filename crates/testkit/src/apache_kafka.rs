@@ -203,6 +203,54 @@ impl Cluster {
         }
     }
 
+    /// Kills every node, then starts them all again (the controllers need a quorum
+    /// to start, so they are started together) and waits until each has started.
+    pub fn restart_all(&mut self, down_for: Duration) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        std::thread::sleep(down_for);
+        for node in &mut self.nodes {
+            node.spawn();
+        }
+        for node in &mut self.nodes {
+            node.wait_started();
+        }
+    }
+
+    /// The node that leads `partition` of `topic` now.
+    pub fn leader_of(&self, topic: &str, partition: i32) -> u32 {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("metadata client");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let leader = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .ok()
+                .and_then(|m| {
+                    m.topics().iter().find(|t| t.name() == topic).and_then(|t| {
+                        t.partitions()
+                            .iter()
+                            .find(|p| p.id() == partition)
+                            .map(|p| p.leader())
+                    })
+                })
+                .filter(|leader| *leader >= 0);
+            if let Some(leader) = leader {
+                return leader as u32;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader of {topic}/{partition} within 60 s:\n{}",
+                self.log_tails()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Every record of `topic` as Kafka's Java client reads it with `isolation`
     /// (`read_committed` or `read_uncommitted`), from the beginning to the end that
     /// level sees when the reader starts. `client_properties` are extra client

@@ -27,6 +27,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tokio::sync::mpsc::UnboundedSender;
 
+pub use crate::config::GroupProtocol;
+
 /// FNV-1a (64 bits) of the lowercased name: stable across processes, versions and
 /// platforms, as the slot mapping and the synthetic seeds need.
 pub fn name_hash(name: &str) -> u64 {
@@ -88,6 +90,8 @@ pub struct MemberSettings {
     /// Partitions of the control topic when this member creates it.
     pub slots: u32,
     pub session_timeout: Duration,
+    /// The group protocol (`fleet.group_protocol`).
+    pub protocol: GroupProtocol,
     /// How long a revocation waits for the databases to stop before the slots are
     /// released anyway (the drain time-out and a margin).
     pub release_timeout: Duration,
@@ -120,14 +124,24 @@ impl Member {
         let poll_interval_ms = (settings.release_timeout.as_millis() + 60_000)
             .max(300_000)
             .max(session_ms);
+        config.set("group.id", &settings.group_id);
+        match settings.protocol {
+            GroupProtocol::Classic => {
+                config
+                    .set("partition.assignment.strategy", "cooperative-sticky")
+                    .set("session.timeout.ms", session_ms.to_string())
+                    .set(
+                        "heartbeat.interval.ms",
+                        (session_ms / 3).max(100).to_string(),
+                    );
+            }
+            // The coordinator assigns (incrementally, as cooperative-sticky does) and
+            // owns the session time-out and heartbeat: librdkafka refuses both here.
+            GroupProtocol::Consumer => {
+                config.set("group.protocol", "consumer");
+            }
+        }
         config
-            .set("group.id", &settings.group_id)
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("session.timeout.ms", session_ms.to_string())
-            .set(
-                "heartbeat.interval.ms",
-                (session_ms / 3).max(100).to_string(),
-            )
             .set("max.poll.interval.ms", poll_interval_ms.to_string())
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -144,13 +158,21 @@ impl Member {
         consumer
             .subscribe(&[settings.topic.as_str()])
             .map_err(|e| FleetError::Consumer(e.to_string()))?;
-        tracing::info!(
-            group = %settings.group_id,
-            topic = %settings.topic,
-            slots,
-            session_timeout_ms = session_ms as u64,
-            "joining the fleet"
-        );
+        match settings.protocol {
+            GroupProtocol::Classic => tracing::info!(
+                group = %settings.group_id,
+                topic = %settings.topic,
+                slots,
+                session_timeout_ms = session_ms as u64,
+                "joining the fleet"
+            ),
+            GroupProtocol::Consumer => tracing::info!(
+                group = %settings.group_id,
+                topic = %settings.topic,
+                slots,
+                "joining the fleet with the consumer group protocol (the session time-out is the broker's group.consumer.session.timeout.ms)"
+            ),
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let watch = Watch {

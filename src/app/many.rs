@@ -137,6 +137,7 @@ async fn join_fleet(
         topic: config.fleet.control_topic(),
         slots: config.fleet.slots,
         session_timeout: config.fleet.session_timeout,
+        protocol: config.fleet.group_protocol,
         release_timeout: config.shutdown.drain_timeout + Duration::from_secs(30),
         timeout: Duration::from_secs(10),
     };

@@ -33,6 +33,24 @@ pub struct FleetSettings {
         default = "default_session_timeout_ms"
     )]
     pub session_timeout: Duration,
+    /// The consumer group protocol the members speak: `"classic"` (default: the
+    /// members assign slots among themselves, cooperative-sticky, with
+    /// `session_timeout_ms`) or `"consumer"` (Kafka 4's protocol: the group
+    /// coordinator assigns, and the session time-out is the broker's
+    /// `group.consumer.session.timeout.ms`, so `session_timeout_ms` is not used).
+    #[serde(default)]
+    pub group_protocol: GroupProtocol,
+}
+
+/// `fleet.group_protocol`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupProtocol {
+    /// The classic protocol: members assign among themselves.
+    #[default]
+    Classic,
+    /// Kafka 4's consumer group protocol: the group coordinator assigns.
+    Consumer,
 }
 
 impl Default for FleetSettings {
@@ -42,6 +60,7 @@ impl Default for FleetSettings {
             topic: None,
             slots: default_slots(),
             session_timeout: default_session_timeout_ms(),
+            group_protocol: GroupProtocol::default(),
         }
     }
 }
@@ -165,6 +184,15 @@ mod tests {
         assert_eq!(c.fleet.control_topic(), "mssql-ces-fleet.g");
         assert_eq!(c.fleet.slots, 60);
         assert_eq!(c.fleet.session_timeout, Duration::from_secs(10));
+        assert_eq!(c.fleet.group_protocol, GroupProtocol::Classic);
+        let c = load(
+            "group_id = \"g\"\ngroup_protocol = \"consumer\"",
+            KAFKA,
+            MANY,
+        )
+        .expect("valid");
+        assert_eq!(c.fleet.group_protocol, GroupProtocol::Consumer);
+        assert!(load("group_id = \"g\"\ngroup_protocol = \"eager\"", KAFKA, MANY).is_err());
         let c = load("group_id = \"g\"\ntopic = \"t\"", "store = \"table\"", MANY)
             .expect("table store");
         assert_eq!(c.fleet.control_topic(), "t");

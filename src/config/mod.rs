@@ -24,7 +24,7 @@ mod formats;
 mod overrides;
 mod sql;
 
-pub use fleet::FleetSettings;
+pub use fleet::{FleetSettings, GroupProtocol};
 
 use crate::event::settings::EventSettings;
 use crate::mssql::SqlServerConfig;

@@ -41,7 +41,7 @@ const SLOTS: i32 = 24;
 /// events than this.
 const BATCH: usize = 100;
 
-fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
+fn write_config(dir: &Path, bootstrap: &str, extra: &str) -> PathBuf {
     let path = dir.join("config.toml");
     let text = format!(
         r#"
@@ -79,6 +79,7 @@ drain_timeout_ms = 10000
 [fleet]
 group_id = "fleet-test"
 session_timeout_ms = 4000
+{extra}
 "#
     );
     std::fs::write(&path, text).expect("config");
@@ -270,10 +271,19 @@ fn check_delivery(
     (restarts_seen, repeated)
 }
 
-/// The brokers of a test: in-process, or a tansu process.
+/// The brokers of a test: in-process, a tansu process, or Apache Kafka.
 enum Brokers {
     Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
     Tansu(crate::exactly_once::Broker),
+    Apache(support::apache_kafka::Cluster),
+}
+
+/// Which brokers a test runs on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum On {
+    Mock,
+    Tansu,
+    Apache,
 }
 
 impl Brokers {
@@ -281,6 +291,7 @@ impl Brokers {
         match self {
             Brokers::Mock(cluster) => cluster.bootstrap_servers(),
             Brokers::Tansu(broker) => broker.bootstrap.clone(),
+            Brokers::Apache(cluster) => cluster.bootstrap(),
         }
     }
 
@@ -290,24 +301,42 @@ impl Brokers {
             Brokers::Tansu(broker) => {
                 crate::exactly_once::create_topic(&broker.bootstrap, topic, partitions);
             }
+            Brokers::Apache(cluster) => cluster.create_topic(topic, partitions, 1, &[]),
         }
     }
 }
 
 /// The brokers with the topics, the members' configuration, and every event the
 /// databases will produce.
-fn setup(name: &str, tansu: bool) -> (Brokers, Fleet, Expected) {
+fn setup(name: &str, on: On, extra: &str) -> (Brokers, Fleet, Expected) {
     let dir = temp_dir(name);
-    let brokers = if tansu {
-        Brokers::Tansu(crate::exactly_once::Broker::start(&dir))
-    } else {
-        Brokers::Mock(MockCluster::new(1).expect("mock cluster"))
+    let brokers = match on {
+        On::Tansu => Brokers::Tansu(crate::exactly_once::Broker::start(&dir)),
+        On::Mock => Brokers::Mock(MockCluster::new(1).expect("mock cluster")),
+        // A broker of the test's own (the topics and group have fixed names). Kafka's
+        // default least session time-outs (6 s classic, 45 s consumer) are lowered
+        // to what the test uses, and the consumer protocol's heartbeat with them.
+        On::Apache => Brokers::Apache(support::apache_kafka::Cluster::start(
+            name,
+            1,
+            support::apache_kafka::NodeOptions {
+                properties: vec![
+                    "group.min.session.timeout.ms=1000".into(),
+                    "group.consumer.min.session.timeout.ms=1000".into(),
+                    "group.consumer.session.timeout.ms=4000".into(),
+                    "group.consumer.min.heartbeat.interval.ms=500".into(),
+                    "group.consumer.heartbeat.interval.ms=1000".into(),
+                    "transaction.abort.timed.out.transaction.cleanup.interval.ms=2000".into(),
+                ],
+                ..Default::default()
+            },
+        )),
     };
     brokers.create_topic("ces", PARTITIONS);
     brokers.create_topic("mssql-ces-checkpoints", 1);
     brokers.create_topic("mssql-ces-fleet.fleet-test", SLOTS);
     let fleet = Fleet {
-        config: write_config(&dir, &brokers.bootstrap()),
+        config: write_config(&dir, &brokers.bootstrap(), extra),
         dir,
         members: Vec::new(),
         started: 0,
@@ -361,7 +390,7 @@ fn owned_slots(log: &str) -> u32 {
 /// partition; it rejoins and takes its share again, resuming from the checkpoints.
 #[test]
 fn a_paused_member_loses_its_databases_is_fenced_and_rejoins() {
-    let (brokers, mut fleet, expected) = setup("fleet-zombie", true);
+    let (brokers, mut fleet, expected) = setup("fleet-zombie", On::Tansu, "");
     let bootstrap = brokers.bootstrap();
     let dir = fleet.dir.clone();
     fleet.add();
@@ -451,7 +480,7 @@ fn a_paused_member_loses_its_databases_is_fenced_and_rejoins() {
 /// database and partition a kill; and every database's slot moved to a live member.
 #[test]
 fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
-    let (brokers, mut fleet, expected) = setup("fleet", false);
+    let (brokers, mut fleet, expected) = setup("fleet", On::Mock, "");
     let bootstrap = brokers.bootstrap();
     let dir = fleet.dir.clone();
     let seed = std::time::SystemTime::now()
@@ -522,4 +551,102 @@ fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
     if std::env::var_os("FLEET_KEEP").is_none() {
         std::fs::remove_dir_all(dir).ok();
     }
+}
+
+/// Every committed event of the fleet's topic, as Kafka's Java client reads it
+/// `read_committed`, once `expected` many have been committed (or 150 s passed).
+fn read_committed_all(
+    cluster: &support::apache_kafka::Cluster,
+    expected: &Expected,
+) -> Vec<support::kafka::Consumed> {
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        let committed = cluster.read("ces", "read_committed", &[]);
+        if committed.len() >= expected.len() || Instant::now() > deadline {
+            return committed;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// The fleet on Apache Kafka's group coordinator, with `protocol` (`fleet.group_protocol`):
+/// three members, one SIGKILLed, one paused (SIGSTOP) past its session time-out
+/// and resumed, one added. Kafka aborts what the killed and the fenced member
+/// left open, so a `read_committed` reader sees every event of every database
+/// exactly once, each database and partition in the source's order: no database
+/// was written by two members at once.
+fn fleet_on_apache_kafka(protocol: &str) {
+    let (brokers, mut fleet, expected) = setup(
+        &format!("fleet-apache-{protocol}"),
+        On::Apache,
+        &format!("group_protocol = \"{protocol}\""),
+    );
+    let Brokers::Apache(cluster) = &brokers else {
+        unreachable!("set up on Apache Kafka")
+    };
+    let dir = fleet.dir.clone();
+    for _ in 0..3 {
+        fleet.add();
+    }
+    let reading = |log: &str| log.contains("slots assigned");
+    for n in 0..3 {
+        assert!(
+            wait_log(&fleet, n, Duration::from_secs(60), reading),
+            "member {n} is assigned slots; logs in {}",
+            dir.display()
+        );
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, mut killed) = fleet.take(0);
+    signal(&killed, libc::SIGKILL);
+    killed.wait().expect("reap");
+    std::thread::sleep(Duration::from_secs(2));
+    let paused = fleet.members[0].0;
+    let paused_at = fleet.log(paused).len();
+    signal(&fleet.members[0].1, libc::SIGSTOP);
+    // Past the session time-out (4 s), and the other member takes the slots over.
+    std::thread::sleep(Duration::from_secs(9));
+    signal(&fleet.members[0].1, libc::SIGCONT);
+    fleet.add();
+    let after = |log: &str| log.get(paused_at..).unwrap_or_default().to_owned();
+    assert!(
+        wait_log(&fleet, paused, Duration::from_secs(60), |log| after(log)
+            .contains("slots revoked")),
+        "the resumed member stops its databases; logs in {}",
+        dir.display()
+    );
+    let committed = read_committed_all(cluster, &expected);
+    let (restarts, repeated) = check_delivery(&committed, &expected, 0, &dir);
+    assert_eq!(
+        (restarts, repeated),
+        (0, 0),
+        "exactly once: nothing repeated"
+    );
+    assert_eq!(
+        committed.len(),
+        expected.len(),
+        "each event once; logs in {}",
+        dir.display()
+    );
+    fleet.stop_every_member();
+    eprintln!(
+        "fleet on Apache Kafka ({protocol} protocol): {} events of {DATABASES} databases read committed once each through a kill and a pause",
+        expected.len()
+    );
+    fleet.members.clear();
+    if std::env::var_os("FLEET_KEEP").is_none() {
+        std::fs::remove_dir_all(dir).ok();
+    }
+}
+
+#[test]
+fn a_fleet_on_apache_kafka_s_classic_group_protocol_commits_each_event_once_through_a_kill_and_a_pause()
+ {
+    fleet_on_apache_kafka("classic");
+}
+
+#[test]
+fn a_fleet_on_apache_kafka_s_consumer_group_protocol_commits_each_event_once_through_a_kill_and_a_pause()
+ {
+    fleet_on_apache_kafka("consumer");
 }

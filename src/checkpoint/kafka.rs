@@ -33,6 +33,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use super::{CheckpointError, parse, render};
 use crate::position::Position;
 
+/// The consumer group the checkpoint is read in (nothing is committed to it).
+pub const READER_GROUP: &str = "mssql-ces-checkpoint-reader";
+
 /// The default `checkpoint.topic`.
 pub const DEFAULT_TOPIC: &str = "mssql-ces-checkpoints";
 
@@ -197,7 +200,9 @@ impl KafkaStore {
         };
         let mut config = self.client_config();
         config
-            .set("group.id", "mssql-ces-checkpoint-reader")
+            // Nothing is committed to it, but librdkafka reads assigned partitions only
+            // in a group, and looks its coordinator up: the login needs DESCRIBE on it.
+            .set("group.id", READER_GROUP)
             .set("enable.auto.commit", "false");
         let read = Read {
             topic: self.topic.clone(),

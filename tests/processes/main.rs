@@ -8,6 +8,7 @@
 use mssql_ces_testkit as support;
 
 mod apache_kafka;
+mod apache_kafka_secured;
 mod check;
 mod debezium_binary;
 mod event_hubs_amqp_released;

@@ -34,6 +34,55 @@ pub struct NodeOptions {
     pub format_args: Vec<String>,
 }
 
+/// The super user of a [`NodeOptions::secured`] cluster (SCRAM-SHA-512).
+pub const ADMIN: (&str, &str) = ("admin", "admin-secret");
+
+impl NodeOptions {
+    /// A cluster whose clients sign in with SCRAM (SHA-256 and SHA-512, over
+    /// SASL_PLAINTEXT) and whose `StandardAuthorizer` allows only what an ACL
+    /// grants. `users` are (mechanism, name, password), created at format time, as
+    /// is the super user [`ADMIN`] the brokers use among themselves.
+    pub fn secured(users: &[(&str, &str, &str)]) -> NodeOptions {
+        let jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required";
+        let mut format_args = vec![
+            "--add-scram".to_owned(),
+            format!("SCRAM-SHA-512=[name={},password={}]", ADMIN.0, ADMIN.1),
+        ];
+        for (mechanism, name, password) in users {
+            format_args.push("--add-scram".to_owned());
+            format_args.push(format!("{mechanism}=[name={name},password={password}]"));
+        }
+        NodeOptions {
+            properties: vec![
+                "listeners=SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}".into(),
+                "advertised.listeners=SASL_PLAINTEXT://127.0.0.1:{port}".into(),
+                "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT".into(),
+                "inter.broker.listener.name=SASL_PLAINTEXT".into(),
+                "sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512".into(),
+                "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512".into(),
+                format!(
+                    "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config={jaas} username=\"{}\" password=\"{}\";",
+                    ADMIN.0, ADMIN.1
+                ),
+                format!("listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config={jaas};"),
+                "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer".into(),
+                // The controller listener is plaintext inside the node: its anonymous
+                // principal is the node itself.
+                format!("super.users=User:{};User:ANONYMOUS", ADMIN.0),
+                "allow.everyone.if.no.acl.found=false".into(),
+            ],
+            format_args,
+        }
+    }
+
+    /// Whether clients must sign in.
+    fn is_secured(&self) -> bool {
+        self.properties
+            .iter()
+            .any(|p| p.starts_with("sasl.enabled.mechanisms="))
+    }
+}
+
 /// A node of a cluster: a JVM running `kafka.Kafka`, broker and controller at once.
 pub struct Node {
     pub id: u32,
@@ -131,6 +180,69 @@ impl Cluster {
         }
     }
 
+    /// The client properties of the super user (none for a plaintext cluster).
+    pub fn admin_properties(&self) -> Vec<(String, String)> {
+        if !self.options.is_secured() {
+            return Vec::new();
+        }
+        vec![
+            ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+            ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+            ("sasl.username".into(), ADMIN.0.into()),
+            ("sasl.password".into(), ADMIN.1.into()),
+        ]
+    }
+
+    /// The super user's properties as Kafka's Java client spells them.
+    fn java_admin_properties(&self) -> Vec<(String, String)> {
+        if !self.options.is_secured() {
+            return Vec::new();
+        }
+        vec![
+            ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+            ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+            (
+                "sasl.jaas.config".into(),
+                format!(
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required username=\"{}\" password=\"{}\";",
+                    ADMIN.0, ADMIN.1
+                ),
+            ),
+        ]
+    }
+
+    /// Grants the ACLs `(principal, resource type, name, operation)` (e.g.
+    /// `("User:w", "TOPIC", "ces", "WRITE")`), allowed from any host, in one client.
+    pub fn grant(&self, acls: &[(String, &str, String, &str)]) {
+        let props = self.nodes[0]
+            .dir
+            .join(format!("admin-{}.properties", uuid::Uuid::new_v4()));
+        let text: String = self
+            .java_admin_properties()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}\n"))
+            .collect();
+        std::fs::write(&props, text).expect("admin properties");
+        let input: String = acls
+            .iter()
+            .map(|(p, t, n, o)| format!("{p} {t} {n} {o}\n"))
+            .collect();
+        let mut command = java();
+        command.arg("Acls").arg(self.bootstrap()).arg(&props);
+        let output = tools::output_with_input_within(
+            &mut command,
+            input.as_bytes(),
+            Duration::from_secs(90),
+            "granting ACLs",
+        );
+        assert!(
+            output.status.success(),
+            "granting ACLs failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
     /// `bootstrap.servers` for a client.
     pub fn bootstrap(&self) -> String {
         self.nodes
@@ -177,11 +289,13 @@ impl Cluster {
         configs: &[(&str, &str)],
     ) {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let mut config = rdkafka::ClientConfig::new();
+        config.set("bootstrap.servers", self.bootstrap());
+        for (k, v) in self.admin_properties() {
+            config.set(k, v);
+        }
         let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-            rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", self.bootstrap())
-                .create()
-                .expect("admin client");
+            config.create().expect("admin client");
         let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replicas));
         for (k, v) in configs {
             new = new.set(k, v);
@@ -221,10 +335,12 @@ impl Cluster {
     /// The node that leads `partition` of `topic` now.
     pub fn leader_of(&self, topic: &str, partition: i32) -> u32 {
         use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .expect("metadata client");
+        let mut config = rdkafka::ClientConfig::new();
+        config.set("bootstrap.servers", self.bootstrap());
+        for (k, v) in self.admin_properties() {
+            config.set(k, v);
+        }
+        let consumer: BaseConsumer = config.create().expect("metadata client");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let leader = consumer
@@ -255,13 +371,20 @@ impl Cluster {
     /// (`read_committed` or `read_uncommitted`), from the beginning to the end that
     /// level sees when the reader starts. `client_properties` are extra client
     /// settings (security).
+    /// A secured cluster is read as its super user.
     pub fn read(
         &self,
         topic: &str,
         isolation: &str,
         client_properties: &[(&str, &str)],
     ) -> Vec<Consumed> {
-        read_with_java(&self.bootstrap(), topic, isolation, client_properties)
+        let admin = self.java_admin_properties();
+        let mut properties: Vec<(&str, &str)> = admin
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        properties.extend_from_slice(client_properties);
+        read_with_java(&self.bootstrap(), topic, isolation, &properties)
     }
 }
 

@@ -92,6 +92,35 @@ pub fn output_within(command: &mut Command, limit: Duration, what: &str) -> Outp
     }
 }
 
+/// As [`output_within`], with `input` on the child's standard input.
+pub fn output_with_input_within(
+    command: &mut Command,
+    input: &[u8],
+    limit: Duration,
+    what: &str,
+) -> Output {
+    use std::io::Write;
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: could not start {command:?}: {e}"));
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(input);
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let Ok(status) = wait_within(&mut child, limit) else {
+        panic!("{what}: still running after {limit:?}, killed");
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
 /// Runs `command` as it is set up (its output where it sends it) and returns how it
 /// ended, failing the test (after killing it) if it has not ended within `limit`.
 pub fn status_within(

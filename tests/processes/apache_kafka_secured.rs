@@ -1,0 +1,240 @@
+//! Sign-in and permissions as a secured Apache Kafka has them: SCRAM-SHA-256 and
+//! -512 users created when the cluster is formatted, and the `StandardAuthorizer`
+//! allowing only what an ACL grants. For each delivery mode the exact ACLs the book
+//! lists are granted and the run streams; then each one is left out in turn, and
+//! the run stops with a definite error that names what is missing.
+
+use crate::support;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use support::apache_kafka::{Cluster, NodeOptions};
+use support::temp_dir;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
+const PASSWORD: &str = "Right-Passw0rd";
+const TOPIC: &str = "ces-secured";
+const CHECKPOINTS: &str = "checkpoints-secured";
+
+/// A delivery mode and the ACLs it needs.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    AtLeastOnce,
+    KafkaStore,
+    ExactlyOnce,
+}
+
+const MODES: [Mode; 3] = [Mode::AtLeastOnce, Mode::KafkaStore, Mode::ExactlyOnce];
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::AtLeastOnce => "alo",
+            Mode::KafkaStore => "store",
+            Mode::ExactlyOnce => "eo",
+        }
+    }
+
+    /// The ACLs `user` needs in this mode: (resource type, name, operation), as the
+    /// book's table lists them.
+    fn acls(self, user: &str) -> Vec<(&'static str, String, &'static str)> {
+        let mut acls = vec![("TOPIC", TOPIC.to_owned(), "WRITE")];
+        if matches!(self, Mode::KafkaStore | Mode::ExactlyOnce) {
+            acls.push(("TOPIC", CHECKPOINTS.to_owned(), "READ"));
+            acls.push(("TOPIC", CHECKPOINTS.to_owned(), "WRITE"));
+            acls.push((
+                "GROUP",
+                mssql_ces::checkpoint::kafka::READER_GROUP.to_owned(),
+                "DESCRIBE",
+            ));
+        }
+        if matches!(self, Mode::ExactlyOnce) {
+            acls.push(("TRANSACTIONAL_ID", format!("tx-{user}"), "WRITE"));
+        }
+        acls
+    }
+
+    fn config(
+        self,
+        dir: &Path,
+        bootstrap: &str,
+        user: &str,
+        mechanism: &str,
+    ) -> std::path::PathBuf {
+        let checkpoint = match self {
+            Mode::AtLeastOnce => {
+                format!("path = \"{}\"", dir.join(format!("{user}.json")).display())
+            }
+            _ => format!("store = \"kafka\"\ntopic = \"{CHECKPOINTS}\"\nstream_name = \"{user}\""),
+        };
+        let exactly_once = matches!(self, Mode::ExactlyOnce);
+        let path = dir.join(format!("{user}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                r#"
+[source]
+kind = "synthetic"
+[source.synthetic]
+transactions = 20
+seed = 3
+[sink]
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topic = "{TOPIC}"
+security_protocol = "sasl_plaintext"
+sasl_mechanism = "{mechanism}"
+sasl_username = "{user}"
+delivery_timeout_ms = 10000
+exactly_once = {exactly_once}
+transactional_id = "tx-{user}"
+[checkpoint]
+{checkpoint}
+"#
+            ),
+        )
+        .expect("config");
+        path
+    }
+}
+
+/// The users of every case: `<mode>-all` with every ACL of its mode, `<mode>-no<i>`
+/// without the i-th, and two for the sign-in tests.
+fn users() -> Vec<(String, String)> {
+    let mut users = vec![
+        ("SCRAM-SHA-256".to_owned(), "w256".to_owned()),
+        ("SCRAM-SHA-512".to_owned(), "w512".to_owned()),
+    ];
+    for mode in MODES {
+        users.push(("SCRAM-SHA-512".into(), format!("{}-all", mode.name())));
+        for i in 0..mode.acls("").len() {
+            users.push(("SCRAM-SHA-256".into(), format!("{}-no{i}", mode.name())));
+        }
+    }
+    users
+}
+
+/// One secured broker for these tests, its topics created and the checkpoint topic
+/// holding a record (so that a read of it goes through the consumer group).
+fn secured() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let users = users();
+        let credentials: Vec<(&str, &str, &str)> = users
+            .iter()
+            .map(|(m, u)| (m.as_str(), u.as_str(), PASSWORD))
+            .collect();
+        let cluster = Cluster::start("secured", 1, NodeOptions::secured(&credentials));
+        cluster.create_topic(TOPIC, 2, 1, &[]);
+        cluster.create_topic(CHECKPOINTS, 1, 1, &[("cleanup.policy", "compact")]);
+        seed_checkpoint_topic(&cluster);
+        let mut acls = Vec::new();
+        for (_, user) in &users {
+            let Some((mode, which)) = MODES.iter().find_map(|m| {
+                let rest = user.strip_prefix(m.name())?.strip_prefix('-')?;
+                Some((
+                    *m,
+                    rest.strip_prefix("no")
+                        .and_then(|i| i.parse::<usize>().ok()),
+                ))
+            }) else {
+                // The sign-in users write at least once.
+                acls.extend(
+                    Mode::AtLeastOnce
+                        .acls(user)
+                        .into_iter()
+                        .map(|(t, n, o)| (format!("User:{user}"), t, n, o)),
+                );
+                continue;
+            };
+            for (i, (t, n, o)) in mode.acls(user).into_iter().enumerate() {
+                if Some(i) != which {
+                    acls.push((format!("User:{user}"), t, n, o));
+                }
+            }
+        }
+        cluster.grant(&acls);
+        cluster
+    })
+}
+
+fn seed_checkpoint_topic(cluster: &Cluster) {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", cluster.bootstrap());
+    for (k, v) in cluster.admin_properties() {
+        config.set(k, v);
+    }
+    let producer: FutureProducer = config.create().expect("producer");
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(
+            producer.send(
+                FutureRecord::to(CHECKPOINTS)
+                    .key("another-stream")
+                    .payload("{}"),
+                Duration::from_secs(30),
+            ),
+        )
+        .map_err(|(e, _)| e)
+        .expect("a record in the checkpoint topic");
+}
+
+/// Runs the binary to the end with `password`, bounded.
+fn run(config: &Path, password: &str) -> (std::process::Output, Duration) {
+    let started = Instant::now();
+    let output = support::tools::output_within(
+        Command::new(BINARY)
+            .args(["run", "--until-idle", "--config"])
+            .arg(config)
+            .env("MSSQL_CES__SINK__SASL_PASSWORD", password),
+        Duration::from_secs(120),
+        "a run on the secured cluster",
+    );
+    (output, started.elapsed())
+}
+
+/// Each mode with exactly its ACLs streams; without any one of them it stops at
+/// once with a definite error naming the operation and the resource.
+#[test]
+fn each_mode_needs_exactly_the_acls_the_book_lists_and_names_the_one_missing() {
+    let cluster = secured();
+    let dir = temp_dir("secured-acls");
+    let mut table = Vec::new();
+    for mode in MODES {
+        let user = format!("{}-all", mode.name());
+        let config = mode.config(&dir, &cluster.bootstrap(), &user, "SCRAM-SHA-512");
+        let (output, _) = run(&config, PASSWORD);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{mode:?} with its ACLs: {stderr}");
+        for (i, (kind, name, operation)) in mode.acls("").into_iter().enumerate() {
+            let user = format!("{}-no{i}", mode.name());
+            let name = if kind == "TRANSACTIONAL_ID" {
+                format!("tx-{user}")
+            } else {
+                name
+            };
+            let config = mode.config(&dir, &cluster.bootstrap(), &user, "SCRAM-SHA-256");
+            let (output, took) = run(&config, PASSWORD);
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            let last = stderr
+                .lines()
+                .filter(|l| l.starts_with("error:"))
+                .last()
+                .unwrap_or_default()
+                .to_owned();
+            table.push(format!(
+                "{mode:?} without {operation} on {kind} {name}: exit {:?} after {:.1} s: {last}",
+                output.status.code(),
+                took.as_secs_f64()
+            ));
+        }
+    }
+    for row in &table {
+        println!("{row}");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -99,3 +99,36 @@ pub async fn create_topic(
         Some(Err((_, code))) => Err(CreateTopicError::Refused(code)),
     }
 }
+
+/// The error code of a Kafka error, whichever kind reports it.
+pub fn error_code(error: &rdkafka::error::KafkaError) -> Option<rdkafka::types::RDKafkaErrorCode> {
+    use rdkafka::error::KafkaError as E;
+    match error {
+        E::MessageProduction(code) | E::MessageConsumption(code) | E::Global(code) => Some(*code),
+        E::Transaction(e) => Some(e.code()),
+        other => other.rdkafka_error_code(),
+    }
+}
+
+/// Kafka's name of an authorization refusal (`TOPIC_AUTHORIZATION_FAILED`, …);
+/// `None` for any other code.
+pub fn authorization_failure(code: rdkafka::types::RDKafkaErrorCode) -> Option<&'static str> {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    Some(match code {
+        C::TopicAuthorizationFailed => "TOPIC_AUTHORIZATION_FAILED",
+        C::GroupAuthorizationFailed => "GROUP_AUTHORIZATION_FAILED",
+        C::TransactionalIdAuthorizationFailed => "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+        C::ClusterAuthorizationFailed => "CLUSTER_AUTHORIZATION_FAILED",
+        _ => return None,
+    })
+}
+
+/// For an authorization refusal: what the login lacks, as the ACL to grant
+/// (`grant`, e.g. "WRITE on topic ces"), with Kafka's name of the error; `None` for
+/// any other error.
+pub fn refused_right(error: &rdkafka::error::KafkaError, grant: &str) -> Option<String> {
+    let name = authorization_failure(error_code(error)?)?;
+    Some(format!(
+        "Kafka refused the login a right ({name}): grant it {grant} (the book's ACL table lists what each mode needs)"
+    ))
+}

@@ -33,7 +33,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use super::{CheckpointError, parse, render};
 use crate::position::Position;
 
-/// The consumer group the checkpoint is read in (nothing is committed to it).
+/// The consumer group the checkpoint is read in: nothing is committed to it, and the
+/// login needs no right on it.
 pub const READER_GROUP: &str = "mssql-ces-checkpoint-reader";
 
 /// The default `checkpoint.topic`.
@@ -198,12 +199,7 @@ impl KafkaStore {
         let Some(partitions) = self.topic_partitions().await? else {
             return Ok(None);
         };
-        let mut config = self.client_config();
-        config
-            // Nothing is committed to it, but librdkafka reads assigned partitions only
-            // in a group, and looks its coordinator up: the login needs DESCRIBE on it.
-            .set("group.id", READER_GROUP)
-            .set("enable.auto.commit", "false");
+        let config = self.client_config();
         let read = Read {
             topic: self.topic.clone(),
             key: self.stream_name.clone(),
@@ -216,7 +212,14 @@ impl KafkaStore {
                 location: self.location(),
                 reason: format!("the read's thread failed: {e}"),
             })?;
-        match read.map_err(|e| self.transient(e))? {
+        let read = read.map_err(|failure| match failure {
+            ReadFailure::Transient(reason) => self.transient(reason),
+            ReadFailure::Refused(reason) => CheckpointError::Io {
+                location: self.location(),
+                reason,
+            },
+        })?;
+        match read {
             Some(text) => parse(&text, &self.stream_name, &self.location()).map(Some),
             None => Ok(None),
         }
@@ -247,11 +250,20 @@ impl KafkaStore {
         let record = FutureRecord::to(&self.topic)
             .key(self.stream_name.as_bytes())
             .payload(document.as_bytes());
+        let grant = format!("WRITE on topic {}", self.topic);
         producer
             .send(record, self.timeout)
             .await
             .map(|_| ())
-            .map_err(|(e, _)| self.transient(format!("the write was not acknowledged: {e}")))
+            .map_err(
+                |(e, _)| match crate::kafka_client::refused_right(&e, &grant) {
+                    Some(refused) => CheckpointError::Io {
+                        location: self.location(),
+                        reason: format!("{refused}; a restart repeats it ({e})"),
+                    },
+                    None => self.transient(format!("the write was not acknowledged: {e}")),
+                },
+            )
     }
 }
 
@@ -280,6 +292,44 @@ async fn warn_unless_compacted(config: ClientConfig, topic: String, timeout: Dur
     }
 }
 
+/// The group's coordinator refused the login (no DESCRIBE on the reader's group):
+/// the read does not use the group, so this is no failure of it.
+fn is_group_refusal(error: &rdkafka::error::KafkaError) -> bool {
+    crate::kafka_client::error_code(error)
+        == Some(rdkafka::types::RDKafkaErrorCode::GroupAuthorizationFailed)
+}
+
+/// The checkpoint reader's client context: librdkafka's errors as the default
+/// context logs them, but a refused coordinator lookup of the reader's group only
+/// at debug (the read needs no right on the group).
+struct ReaderContext;
+
+impl rdkafka::ClientContext for ReaderContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if is_group_refusal(&error) {
+            tracing::debug!(error = %error, reason, "the checkpoint reader's group is not authorised; the read does not need it");
+        } else {
+            tracing::warn!(error = %error, reason, "the checkpoint reader's Kafka client");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ReaderContext {}
+
+/// Why a read failed.
+enum ReadFailure {
+    /// It may pass (brokers down, a time-out).
+    Transient(String),
+    /// The login lacks a right: a restart repeats it.
+    Refused(String),
+}
+
+impl From<String> for ReadFailure {
+    fn from(reason: String) -> Self {
+        ReadFailure::Transient(reason)
+    }
+}
+
 /// One read of a stream's checkpoint: the last record under `key` in `topic`.
 struct Read {
     topic: String,
@@ -291,13 +341,24 @@ struct Read {
 }
 
 impl Read {
+    /// A consumer's error: a refused right names the ACL the login lacks.
+    fn failure(&self, error: &rdkafka::error::KafkaError) -> ReadFailure {
+        let grant = format!("READ on topic {}", self.topic);
+        match crate::kafka_client::refused_right(error, &grant) {
+            Some(refused) => {
+                ReadFailure::Refused(format!("{refused}; a restart repeats it ({error})"))
+            }
+            None => ReadFailure::Transient(error.to_string()),
+        }
+    }
+
     /// The last payload under the key in `partitions`, read `read_committed` up to
     /// each partition's high watermark as it stood when the read began.
     fn last_value(
         &self,
         mut config: ClientConfig,
         partitions: &[i32],
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, ReadFailure> {
         let topic = self.topic.as_str();
         // The ends: what was written, as a read_uncommitted client lists it (a
         // read_committed one lists the last stable offset, which an open transaction
@@ -324,9 +385,15 @@ impl Read {
         if ends.is_empty() {
             return Ok(None);
         }
-        let consumer: BaseConsumer = config
+        // librdkafka reads assigned partitions only in a group, and looks its
+        // coordinator up; nothing is committed to it, and fetching needs no right on
+        // it, so a login without DESCRIBE on the group reads all the same: its
+        // refusal is not an error of the read (see `ReaderContext`).
+        let consumer: BaseConsumer<ReaderContext> = config
+            .set("group.id", READER_GROUP)
+            .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
-            .create()
+            .create_with_context(ReaderContext)
             .map_err(|e| e.to_string())?;
         consumer.assign(&assignment).map_err(|e| e.to_string())?;
         let mut found: std::collections::BTreeMap<i32, (i64, Option<String>)> = Default::default();
@@ -336,10 +403,10 @@ impl Read {
             // Records that keep coming without the end in reach (the wait for an
             // open transaction is bounded below, where nothing comes).
             if started.elapsed() > 2 * self.timeout + self.open_transaction_wait {
-                return Err(format!(
+                return Err(ReadFailure::Transient(format!(
                     "the topic was not read to its end within {} ms",
                     started.elapsed().as_millis()
-                ));
+                )));
             }
             let Some(message) = consumer.poll(Duration::from_millis(100)) else {
                 // A partition whose last records are aborted or control records ends
@@ -364,18 +431,18 @@ impl Read {
                 }
                 let Some((partition, at, end)) = held else {
                     if waited > self.timeout + self.open_transaction_wait {
-                        return Err(format!(
+                        return Err(ReadFailure::Transient(format!(
                             "the topic was not read to its end within {} ms",
                             waited.as_millis()
-                        ));
+                        )));
                     }
                     continue;
                 };
                 if waited > self.timeout + self.open_transaction_wait {
-                    return Err(format!(
+                    return Err(ReadFailure::Transient(format!(
                         "partition {partition} holds a transaction that is neither committed nor aborted at offset {at}, below checkpoints written up to offset {end}; waited {} ms for it to end. It is another writer's on this topic: it ends when that writer commits or aborts it, or when Kafka aborts it at its transaction.timeout.ms",
                         waited.as_millis()
-                    ));
+                    )));
                 }
                 if !waiting_said {
                     waiting_said = true;
@@ -390,7 +457,11 @@ impl Read {
                 }
                 continue;
             };
-            let message = message.map_err(|e| e.to_string())?;
+            let message = match message {
+                Ok(message) => message,
+                Err(e) if is_group_refusal(&e) => continue,
+                Err(e) => return Err(self.failure(&e)),
+            };
             let partition = message.partition();
             if message.key() == Some(self.key.as_bytes()) {
                 let value = message

@@ -41,6 +41,19 @@ pub use crate::kafka_client::config_error;
 /// A Kafka error as a [`SinkError`]: definite where the broker refuses the message
 /// itself or the client's rights (resending cannot help), else transient.
 pub fn delivery_error(error: &KafkaError) -> SinkError {
+    delivery_error_to(error, None)
+}
+
+/// [`delivery_error`] of a message to `topic`: a refused right names the ACL the
+/// login lacks on it.
+pub fn delivery_error_to(error: &KafkaError, topic: Option<&str>) -> SinkError {
+    let grant = match topic {
+        Some(topic) => format!("WRITE on topic {topic}"),
+        None => "WRITE on the topic the event is routed to".to_owned(),
+    };
+    if let Some(refused) = crate::kafka_client::refused_right(error, &grant) {
+        return SinkError::Definite(format!("{refused} ({error})"));
+    }
     use RDKafkaErrorCode as C;
     let code = match error {
         KafkaError::MessageProduction(code) => Some(*code),
@@ -151,7 +164,10 @@ impl KafkaTicket {
                 ),
                 _,
             ))) if self.0.refused().is_some() => Err(self.0.refusal_error()),
-            Ok(Err((error, _))) => Err(delivery_error(&error)),
+            Ok(Err((error, message))) => {
+                use rdkafka::Message as _;
+                Err(delivery_error_to(&error, Some(message.topic())))
+            }
             Err(_) => Err(SinkError::Transient("the producer was closed".into())),
         }
     }
@@ -464,7 +480,7 @@ impl KafkaSink {
                     record = back;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err((e, _)) => return Err(delivery_error(&e)),
+                Err((e, record)) => return Err(delivery_error_to(&e, Some(record.topic))),
             }
         }
     }

@@ -149,10 +149,45 @@ impl Transactions {
     }
 
     fn classify(&self, error: &KafkaError) -> SinkError {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let code = crate::kafka_client::error_code(error);
+        let grant = match code {
+            Some(C::TransactionalIdAuthorizationFailed) => {
+                format!("WRITE on transactional id {}", self.settings.id)
+            }
+            _ => format!(
+                "WRITE on the sink's topic and on topic {} (the checkpoint topic)",
+                self.settings.checkpoint_topic
+            ),
+        };
+        if let Some(refused) = crate::kafka_client::refused_right(error, &grant) {
+            return SinkError::Definite(format!(
+                "transactional id {}: {refused} ({error})",
+                self.settings.id
+            ));
+        }
         match error {
+            // Fenced: a newer producer of the same transactional id exists.
+            KafkaError::Transaction(e)
+                if e.is_fatal()
+                    && matches!(
+                        e.code(),
+                        C::ProducerFenced | C::InvalidProducerEpoch | C::Fenced
+                    ) =>
+            {
+                SinkError::Definite(format!(
+                    "another process took over this stream (transactional id {}: {}); this one stops, and what it had not committed is aborted",
+                    self.settings.id,
+                    e.string()
+                ))
+            }
+            // Fatal for another reason (the coordinator aborted a transaction that
+            // outlived transaction.timeout.ms, a refused configuration): this
+            // producer cannot go on; a new one resumes from the checkpoint.
             KafkaError::Transaction(e) if e.is_fatal() => SinkError::Definite(format!(
-                "another process took over this stream (transactional id {}: {}); this one stops, and what it had not committed is aborted",
+                "the producer of transactional id {} failed for good ({:?}: {}); what it had not committed is aborted, and a restart resumes from the checkpoint",
                 self.settings.id,
+                e.code(),
                 e.string()
             )),
             other => SinkError::Transient(format!(
@@ -173,6 +208,7 @@ pub async fn fence(
     id: &str,
     timeout: Duration,
 ) -> Result<(), SinkError> {
+    let grant = format!("WRITE on transactional id {id}");
     let mut config = rdkafka::ClientConfig::new();
     for (key, value) in connection {
         config.set(key, value);
@@ -184,10 +220,13 @@ pub async fn fence(
     let owned = id.to_owned();
     blocking(move || producer.init_transactions(timeout))
         .await
-        .map_err(|e| {
-            SinkError::Transient(format!(
+        .map_err(|e| match crate::kafka_client::refused_right(&e, &grant) {
+            Some(refused) => SinkError::Definite(format!(
+                "cannot initialise transactions for transactional id {owned} (sink.exactly_once, sink.transactional_id): {refused} ({e})"
+            )),
+            None => SinkError::Transient(format!(
                 "cannot initialise transactions for transactional id {owned} (sink.exactly_once): {e}"
-            ))
+            )),
         })
 }
 

@@ -21,7 +21,9 @@
 //! `PIPELINE_BENCH_CASES=json-structured,avro-binary,…` to pick cases,
 //! `PIPELINE_BENCH_SIDES=c` to run some sides only, e.g. under a profiler;
 //! `PIPELINE_BENCH_EXACTLY_ONCE=1`: the pipeline's sides with `sink.exactly_once`,
-//! a transaction per batch with its position, to compare with the same run without).
+//! a transaction per batch with its position, to compare with the same run without;
+//! `PIPELINE_BENCH_BOOTSTRAP=127.0.0.1:9092`: brokers of your own instead of
+//! `MockCluster`, e.g. Apache Kafka from `bash tests/kafka/broker`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -116,15 +118,54 @@ fn router(case: Case) -> Router {
     )
 }
 
-/// A fresh in-process broker with the topic, and the sink's settings for it (the
-/// defaults, as a run has them).
-fn cluster() -> Option<(
-    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
-    KafkaSettings,
-)> {
-    let cluster = MockCluster::new(1).ok()?;
-    cluster.create_topic(TOPIC, 4, 1).ok()?;
-    cluster.create_topic("mssql-ces-checkpoints", 1, 1).ok()?;
+/// The brokers of a measurement: a fresh in-process one, or the brokers at
+/// `PIPELINE_BENCH_BOOTSTRAP` (e.g. Apache Kafka from `bash tests/kafka/broker`).
+enum Brokers {
+    Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
+    External(String),
+}
+
+/// Creates `topic` on brokers at `bootstrap` (nothing if it cannot).
+fn create_external_topic(bootstrap: &str, topic: &str, partitions: i32) -> Option<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .ok()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
+    let topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    runtime
+        .block_on(admin.create_topics([&topic], &options))
+        .ok()?;
+    Some(())
+}
+
+/// Brokers with the topic, and the sink's settings for them (the defaults, as a run
+/// has them).
+fn cluster() -> Option<(Brokers, KafkaSettings)> {
+    let brokers = match std::env::var("PIPELINE_BENCH_BOOTSTRAP") {
+        // The same topics every measurement (created once; what they already hold
+        // does not matter to a rate).
+        Ok(bootstrap) => {
+            create_external_topic(&bootstrap, TOPIC, 4)?;
+            create_external_topic(&bootstrap, "mssql-ces-checkpoints", 1)?;
+            Brokers::External(bootstrap)
+        }
+        Err(_) => {
+            let cluster = MockCluster::new(1).ok()?;
+            cluster.create_topic(TOPIC, 4, 1).ok()?;
+            cluster.create_topic("mssql-ces-checkpoints", 1, 1).ok()?;
+            Brokers::Mock(cluster)
+        }
+    };
+    let bootstrap = match &brokers {
+        Brokers::Mock(cluster) => cluster.bootstrap_servers(),
+        Brokers::External(bootstrap) => bootstrap.clone(),
+    };
     let exactly_once = std::env::var("PIPELINE_BENCH_EXACTLY_ONCE").is_ok_and(|v| v == "1");
     let settings = KafkaSettings::new(
         &KafkaSinkConfig {
@@ -133,14 +174,14 @@ fn cluster() -> Option<(
                 checkpoint_topic: "mssql-ces-checkpoints".into(),
                 stream_name: "bench".into(),
             }),
-            ..KafkaSinkConfig::new(&cluster.bootstrap_servers())
+            ..KafkaSinkConfig::new(&bootstrap)
         },
         KafkaFlavour::Kafka,
         MessageSizeLimit::default().bytes(),
         None,
     )
     .ok()?;
-    Some((cluster, settings))
+    Some((brokers, settings))
 }
 
 /// Pre-built batches of the synthetic workload, and its stream GUID.

@@ -178,14 +178,18 @@ fn seed_checkpoint_topic(cluster: &Cluster) {
         .expect("a record in the checkpoint topic");
 }
 
-/// Runs the binary to the end with `password`, bounded.
+/// Runs the binary to the end with `password` (none if empty), bounded.
 fn run(config: &Path, password: &str) -> (std::process::Output, Duration) {
     let started = Instant::now();
+    let mut command = Command::new(BINARY);
+    command
+        .args(["run", "--until-idle", "--config"])
+        .arg(config);
+    if !password.is_empty() {
+        command.env("MSSQL_CES__SINK__SASL_PASSWORD", password);
+    }
     let output = support::tools::output_within(
-        Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(config)
-            .env("MSSQL_CES__SINK__SASL_PASSWORD", password),
+        &mut command,
         Duration::from_secs(120),
         "a run on the secured cluster",
     );
@@ -306,5 +310,79 @@ fn scram_256_and_512_logins_stream_and_a_wrong_password_is_refused_at_once() {
     }
     let records = cluster.read(TOPIC, "read_uncommitted", &[]);
     assert!(!records.is_empty(), "the logins wrote");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// TLS with a test CA, and mutual TLS: the binary verifies the broker's certificate
+/// against `sink.ssl_ca_location` and streams; where the broker requires a client
+/// certificate, it streams with `sink.ssl_certificate_location` and
+/// `ssl_key_location`, and without them it stops with a definite error.
+#[test]
+fn tls_and_mutual_tls_stream_and_a_client_without_its_certificate_is_refused() {
+    use support::apache_kafka::TestCa;
+    let dir = temp_dir("secured-tls");
+    let ca = TestCa::new(&dir.join("ca"));
+    for mutual in [false, true] {
+        let name = if mutual { "mtls" } else { "tls" };
+        let cluster = Cluster::start(name, 1, NodeOptions::tls(&ca, mutual));
+        cluster.create_topic(TOPIC, 2, 1, &[]);
+        let write = |with_certificate: bool, round: &str| {
+            let client = if with_certificate {
+                format!(
+                    "ssl_certificate_location = \"{}\"\nssl_key_location = \"{}\"\n",
+                    ca.client_certificate.display(),
+                    ca.client_key.display()
+                )
+            } else {
+                String::new()
+            };
+            let path = dir.join(format!("{name}-{round}.toml"));
+            std::fs::write(
+                &path,
+                format!(
+                    "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 20\nseed = 3\n\
+                     [sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"{TOPIC}\"\n\
+                     delivery_timeout_ms = 10000\nsecurity_protocol = \"ssl\"\nssl_ca_location = \"{}\"\n{client}\
+                     [checkpoint]\npath = \"{}\"\n",
+                    cluster.bootstrap(),
+                    ca.ca.display(),
+                    dir.join(format!("{name}-{round}.json")).display()
+                ),
+            )
+            .expect("config");
+            path
+        };
+        let (output, _) = run(&write(mutual, "right"), "");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{name}: {stderr}");
+        if mutual {
+            let (output, took) = run(&write(false, "no-certificate"), "");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(1),
+                "{name} without a client certificate: {stderr}"
+            );
+            assert!(
+                took < Duration::from_secs(8),
+                "refused at once, not at the delivery time-out: {took:?}: {stderr}"
+            );
+            assert!(
+                stderr.contains("sink.ssl_certificate_location")
+                    && stderr.contains("a restart repeats it"),
+                "definite, naming the settings: {stderr}"
+            );
+            println!(
+                "mutual TLS without a client certificate: {}",
+                stderr
+                    .lines()
+                    .filter(|l| l.starts_with("error:"))
+                    .last()
+                    .unwrap_or_default()
+            );
+        }
+        let records = cluster.read(TOPIC, "read_uncommitted", &[]);
+        assert_eq!(records.len(), 72, "{name}: the run's events");
+    }
     std::fs::remove_dir_all(dir).ok();
 }

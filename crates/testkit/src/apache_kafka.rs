@@ -32,6 +32,10 @@ const STARTUP: Duration = Duration::from_secs(90);
 pub struct NodeOptions {
     pub properties: Vec<String>,
     pub format_args: Vec<String>,
+    /// How the kit's own clients (admin, the Java reader) connect: librdkafka's
+    /// properties, and the same as Kafka's Java client spells them.
+    pub client: Vec<(String, String)>,
+    pub java_client: Vec<(String, String)>,
 }
 
 /// The super user of a [`NodeOptions::secured`] cluster (SCRAM-SHA-512).
@@ -72,14 +76,128 @@ impl NodeOptions {
                 "allow.everyone.if.no.acl.found=false".into(),
             ],
             format_args,
+            client: vec![
+                ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+                ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+                ("sasl.username".into(), ADMIN.0.into()),
+                ("sasl.password".into(), ADMIN.1.into()),
+            ],
+            java_client: vec![
+                ("security.protocol".into(), "SASL_PLAINTEXT".into()),
+                ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+                (
+                    "sasl.jaas.config".into(),
+                    format!("{jaas} username=\"{}\" password=\"{}\";", ADMIN.0, ADMIN.1),
+                ),
+            ],
         }
     }
+}
 
-    /// Whether clients must sign in.
-    fn is_secured(&self) -> bool {
-        self.properties
-            .iter()
-            .any(|p| p.starts_with("sasl.enabled.mechanisms="))
+/// The files of a test certificate authority, a broker certificate it signed (for
+/// 127.0.0.1 and localhost) and a client certificate it signed, all PEM.
+#[derive(Debug, Clone)]
+pub struct TestCa {
+    /// The CA's certificate: what a client trusts.
+    pub ca: PathBuf,
+    /// The broker's key (PKCS#8) followed by its certificate: its PEM keystore.
+    pub broker_keystore: PathBuf,
+    /// A client's certificate and key, for mutual TLS.
+    pub client_certificate: PathBuf,
+    pub client_key: PathBuf,
+    /// The client's key followed by its certificate (a Java client's PEM keystore).
+    pub client_keystore: PathBuf,
+}
+
+impl TestCa {
+    /// Makes a new CA and its certificates in `dir`.
+    pub fn new(dir: &Path) -> TestCa {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        std::fs::create_dir_all(dir).expect("CA directory");
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "mssql-ces test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
+        let issuer = Issuer::new(ca_params, ca_key);
+        let signed = |names: Vec<String>, common_name: &str| {
+            let key = KeyPair::generate().expect("key");
+            let mut params = CertificateParams::new(names).expect("params");
+            params
+                .distinguished_name
+                .push(DnType::CommonName, common_name);
+            let cert = params.signed_by(&key, &issuer).expect("certificate");
+            (key.serialize_pem(), cert.pem())
+        };
+        let (broker_key, broker_cert) =
+            signed(vec!["127.0.0.1".into(), "localhost".into()], "broker");
+        let (client_key, client_cert) = signed(Vec::new(), "mssql-ces-client");
+        let ca = TestCa {
+            ca: dir.join("ca.pem"),
+            broker_keystore: dir.join("broker-keystore.pem"),
+            client_certificate: dir.join("client.pem"),
+            client_key: dir.join("client-key.pem"),
+            client_keystore: dir.join("client-keystore.pem"),
+        };
+        std::fs::write(&ca.ca, ca_cert.pem()).expect("ca.pem");
+        std::fs::write(&ca.broker_keystore, format!("{broker_key}{broker_cert}"))
+            .expect("keystore");
+        std::fs::write(&ca.client_keystore, format!("{client_key}{client_cert}"))
+            .expect("client keystore");
+        std::fs::write(&ca.client_certificate, client_cert).expect("client.pem");
+        std::fs::write(&ca.client_key, client_key).expect("client-key.pem");
+        ca
+    }
+}
+
+impl NodeOptions {
+    /// A cluster whose clients connect over TLS, the brokers' certificate signed by
+    /// `ca`; with `mutual`, clients must present a certificate `ca` signed.
+    pub fn tls(ca: &TestCa, mutual: bool) -> NodeOptions {
+        NodeOptions {
+            properties: vec![
+                "listeners=SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}".into(),
+                "advertised.listeners=SSL://localhost:{port}".into(),
+                "listener.security.protocol.map=SSL:SSL,CONTROLLER:PLAINTEXT".into(),
+                "inter.broker.listener.name=SSL".into(),
+                "ssl.keystore.type=PEM".into(),
+                format!("ssl.keystore.location={}", ca.broker_keystore.display()),
+                "ssl.truststore.type=PEM".into(),
+                format!("ssl.truststore.location={}", ca.ca.display()),
+                format!(
+                    "ssl.client.auth={}",
+                    if mutual { "required" } else { "none" }
+                ),
+            ],
+            format_args: Vec::new(),
+            client: vec![
+                ("security.protocol".into(), "ssl".into()),
+                ("ssl.ca.location".into(), ca.ca.display().to_string()),
+                (
+                    "ssl.certificate.location".into(),
+                    ca.client_certificate.display().to_string(),
+                ),
+                (
+                    "ssl.key.location".into(),
+                    ca.client_key.display().to_string(),
+                ),
+            ],
+            java_client: vec![
+                ("security.protocol".into(), "SSL".into()),
+                ("ssl.truststore.type".into(), "PEM".into()),
+                (
+                    "ssl.truststore.location".into(),
+                    ca.ca.display().to_string(),
+                ),
+                ("ssl.keystore.type".into(), "PEM".into()),
+                (
+                    "ssl.keystore.location".into(),
+                    ca.client_keystore.display().to_string(),
+                ),
+            ],
+        }
     }
 }
 
@@ -180,35 +298,14 @@ impl Cluster {
         }
     }
 
-    /// The client properties of the super user (none for a plaintext cluster).
+    /// How the kit's clients connect (the super user of a secured cluster; none for
+    /// a plaintext one).
     pub fn admin_properties(&self) -> Vec<(String, String)> {
-        if !self.options.is_secured() {
-            return Vec::new();
-        }
-        vec![
-            ("security.protocol".into(), "SASL_PLAINTEXT".into()),
-            ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
-            ("sasl.username".into(), ADMIN.0.into()),
-            ("sasl.password".into(), ADMIN.1.into()),
-        ]
+        self.options.client.clone()
     }
 
-    /// The super user's properties as Kafka's Java client spells them.
     fn java_admin_properties(&self) -> Vec<(String, String)> {
-        if !self.options.is_secured() {
-            return Vec::new();
-        }
-        vec![
-            ("security.protocol".into(), "SASL_PLAINTEXT".into()),
-            ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
-            (
-                "sasl.jaas.config".into(),
-                format!(
-                    "org.apache.kafka.common.security.scram.ScramLoginModule required username=\"{}\" password=\"{}\";",
-                    ADMIN.0, ADMIN.1
-                ),
-            ),
-        ]
+        self.options.java_client.clone()
     }
 
     /// Grants the ACLs `(principal, resource type, name, operation)` (e.g.

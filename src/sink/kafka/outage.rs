@@ -41,17 +41,37 @@ struct State {
 /// Whether an error means the brokers refuse this client, which retrying cannot
 /// change: a failed login, no rights to the cluster, or a fatal producer error
 /// (the idempotent producer's state is lost).
-fn is_refusal(error: &KafkaError) -> bool {
+fn is_refusal(error: &KafkaError, reason: &str) -> bool {
     use RDKafkaErrorCode as C;
-    matches!(
-        error.rdkafka_error_code(),
+    match error.rdkafka_error_code() {
         Some(
             C::Authentication
-                | C::SaslAuthenticationFailed
-                | C::ClusterAuthorizationFailed
-                | C::Fatal
-        )
-    )
+            | C::SaslAuthenticationFailed
+            | C::ClusterAuthorizationFailed
+            | C::Fatal,
+        ) => true,
+        // A TLS handshake that ends in a certificate the client does not trust, or in
+        // the broker's alert (a client certificate it requires, missing or not
+        // trusted): the same again next time. A handshake cut by the network is not.
+        // Under TLS 1.3 the broker's alert arrives after the handshake, as a failed
+        // receive ("sslv3 alert bad certificate").
+        Some(C::SSL | C::BrokerTransportFailure) => is_certificate_refusal(reason),
+        _ => false,
+    }
+}
+
+/// Whether a failure's reason is TLS's, about certificates (either side's).
+fn is_certificate_refusal(reason: &str) -> bool {
+    let reason = reason.to_ascii_lowercase();
+    reason.contains("ssl")
+        && [
+            "certificate",
+            "unknown ca",
+            "verify failed",
+            "handshake failure",
+        ]
+        .iter()
+        .any(|word| reason.contains(word))
 }
 
 /// Whether an error means the brokers cannot be reached (rather than that they
@@ -86,10 +106,17 @@ impl BrokerLog {
 
     /// The error of a client the brokers refused, naming the settings to check.
     pub fn refusal_error(&self) -> crate::sink::SinkError {
+        let refused = self.refused().unwrap_or_default();
+        let check = if refused.contains("SSL") || refused.contains("ssl") {
+            "check sink.ssl_ca_location (the CA that signed the brokers' certificates) and, where the brokers require a client certificate, sink.ssl_certificate_location and sink.ssl_key_location"
+        } else if refused.contains("ClusterAuthorizationFailed") {
+            "the login lacks a right on the cluster: grant it WRITE on the sink's topic (Kafka then allows the idempotent producer's IDEMPOTENT_WRITE), and check sink.sasl_username"
+        } else {
+            "check sink.sasl_mechanism, sink.sasl_username and sink.sasl_password, and the user's rights on the cluster"
+        };
         crate::sink::SinkError::Definite(format!(
-            "Kafka at {} refused this client ({}): check sink.sasl_mechanism, sink.sasl_username and sink.sasl_password, and the user's rights on the cluster",
+            "Kafka at {} refused this client ({refused}): {check}",
             self.brokers,
-            self.refused().unwrap_or_default()
         ))
     }
 
@@ -121,7 +148,7 @@ impl BrokerLog {
     }
 
     pub(super) fn error_at(&self, error: &KafkaError, reason: &str, now: Instant) {
-        if is_refusal(error) {
+        if is_refusal(error, reason) {
             if self.refused().is_none() {
                 tracing::error!(brokers = %self.brokers, error = %error, reason, "Kafka refused this client");
                 self.refusal
@@ -270,6 +297,46 @@ mod tests {
             .filter(|l| l["level"] == "WARN")
             .count();
         assert_eq!(warnings, 3);
+    }
+
+    /// A TLS certificate the broker or the client refuses is a refusal; a
+    /// connection refused, or a TLS error of another kind, is not.
+    #[test]
+    fn certificate_refusals_are_refusals_and_other_transport_errors_are_not() {
+        let ssl = KafkaError::Global(RDKafkaErrorCode::SSL);
+        let cases = [
+            (
+                &transport(),
+                "ssl://127.0.0.1:1/bootstrap: Receive failed: error:0A000412:SSL routines::sslv3 alert bad certificate: SSL alert number 42",
+                true,
+            ),
+            (
+                &ssl,
+                "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed",
+                true,
+            ),
+            (
+                &ssl,
+                "SSL handshake failed: ssl/record/rec_layer_s3.c:303: unexpected eof while reading",
+                false,
+            ),
+            (&transport(), "Connection refused", false),
+            (
+                &transport(),
+                "Receive failed: certificate-named host, plain connection reset",
+                false,
+            ),
+        ];
+        for (error, reason, refused) in cases {
+            assert_eq!(is_refusal(error, reason), refused, "{reason}");
+        }
+        let brokers = BrokerLog::new("b:9093");
+        brokers.error_at(&transport(), cases[0].1, Instant::now());
+        let message = brokers.refusal_error().to_string();
+        assert!(
+            message.contains("sink.ssl_certificate_location"),
+            "{message}"
+        );
     }
 
     #[test]

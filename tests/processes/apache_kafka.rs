@@ -121,7 +121,7 @@ fn exit_within(
     dir: &Path,
     what: &str,
 ) -> std::process::ExitStatus {
-    support::tools::wait_within(child, limit).unwrap_or_else(|()| {
+    support::tools::wait_within(child, limit).unwrap_or_else(|| {
         panic!(
             "{what} did not end within {limit:?} (killed); logs in {}",
             dir.display()

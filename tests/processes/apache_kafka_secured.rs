@@ -229,8 +229,7 @@ fn each_mode_needs_exactly_the_acls_the_book_lists_and_names_the_one_missing() {
             let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
             let last = stderr
                 .lines()
-                .filter(|l| l.starts_with("error:"))
-                .last()
+                .rfind(|l| l.starts_with("error:"))
                 .unwrap_or_default()
                 .to_owned();
             table.push(format!(
@@ -376,8 +375,7 @@ fn tls_and_mutual_tls_stream_and_a_client_without_its_certificate_is_refused() {
                 "mutual TLS without a client certificate: {}",
                 stderr
                     .lines()
-                    .filter(|l| l.starts_with("error:"))
-                    .last()
+                    .rfind(|l| l.starts_with("error:"))
                     .unwrap_or_default()
             );
         }

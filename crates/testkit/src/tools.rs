@@ -78,7 +78,7 @@ pub fn output_within(command: &mut Command, limit: Duration, what: &str) -> Outp
         .unwrap_or_else(|e| panic!("{what}: could not start {command:?}: {e}"));
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
-    let Ok(status) = wait_within(&mut child, limit) else {
+    let Some(status) = wait_within(&mut child, limit) else {
         let printed = stderr.join().unwrap_or_default();
         panic!(
             "{what}: still running after {limit:?}, killed; it printed: {}",
@@ -111,7 +111,7 @@ pub fn output_with_input_within(
     }
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
-    let Ok(status) = wait_within(&mut child, limit) else {
+    let Some(status) = wait_within(&mut child, limit) else {
         panic!("{what}: still running after {limit:?}, killed");
     };
     Output {
@@ -132,21 +132,21 @@ pub fn status_within(
         .spawn()
         .unwrap_or_else(|e| panic!("{what}: could not start {command:?}: {e}"));
     wait_within(&mut child, limit)
-        .unwrap_or_else(|()| panic!("{what}: still running after {limit:?}, killed"))
+        .unwrap_or_else(|| panic!("{what}: still running after {limit:?}, killed"))
 }
 
-/// Waits for `child` to end for at most `limit`; kills it (and reaps it) if it has
-/// not.
-pub fn wait_within(child: &mut Child, limit: Duration) -> Result<std::process::ExitStatus, ()> {
+/// Waits for `child` to end for at most `limit`: how it ended, or `None` once it
+/// was killed (and reaped) at the limit.
+pub fn wait_within(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {
         match child.try_wait() {
-            Ok(Some(status)) => return Ok(status),
+            Ok(Some(status)) => return Some(status),
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(());
+                return None;
             }
         }
     }

@@ -505,8 +505,12 @@ fn main() {
         return;
     };
     println!(
-        "each side {:.0} s, {rounds} rounds (medians); Kafka: MockCluster, one broker, 4 partitions; sink defaults",
-        seconds.as_secs_f64()
+        "each side {:.0} s, {rounds} rounds (medians); Kafka: {}, 4 partitions; sink defaults",
+        seconds.as_secs_f64(),
+        std::env::var("PIPELINE_BENCH_BOOTSTRAP").map_or_else(
+            |_| "MockCluster, one broker".to_owned(),
+            |b| format!("the brokers at {b}")
+        )
     );
     let source = if side('a') {
         runtime.block_on(source_alone(seconds))

@@ -91,6 +91,9 @@ pub enum ManyError {
         "fleet.topic now has {now} partitions, not the {was} this member joined with: restart every member (each reads the new count at start)"
     )]
     FleetResized { was: u32, now: u32 },
+    /// The brokers refuse this member for good: what to change.
+    #[error("{0}; every database was stopped, and a restart repeats it")]
+    FleetRefused(String),
 }
 
 /// Where a database's stream stands.
@@ -205,6 +208,8 @@ pub struct Supervisor<S, R: StreamRunner> {
     fleet: Option<Ownership>,
     /// The control topic's partition count changed: (joined with, now).
     resized: Option<(u32, u32)>,
+    /// The group refused this member (why).
+    refused: Option<String>,
     /// The fleet's membership ended while the server was being asked.
     lost: bool,
     /// The run's shutdown (set by `run`).
@@ -226,6 +231,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
             reported_missing: BTreeSet::new(),
             fleet: None,
             resized: None,
+            refused: None,
             lost: false,
             shutdown: CancellationToken::new(),
         }
@@ -311,6 +317,10 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
             if let Some((was, now)) = self.resized {
                 self.stop_all().await;
                 return Err(ManyError::FleetResized { was, now });
+            }
+            if let Some(reason) = self.refused.take() {
+                self.stop_all().await;
+                return Err(ManyError::FleetRefused(reason));
             }
             if self.lost {
                 self.stop_all().await;

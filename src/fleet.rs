@@ -59,6 +59,9 @@ pub enum FleetEvent {
     /// The control topic has `now` partitions, not the count this member joined
     /// with: members would put databases in different slots.
     Resized { now: u32 },
+    /// The brokers refuse this member for good (a right it lacks, a session
+    /// time-out they do not allow): the membership ends, saying what to change.
+    Refused(String),
 }
 
 /// Why the member could not join.
@@ -176,6 +179,7 @@ impl Member {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let watch = Watch {
+            group: settings.group_id.clone(),
             topic: settings.topic.clone(),
             slots,
             every: Duration::from_secs(60),
@@ -215,10 +219,30 @@ impl Drop for Member {
 
 /// How often, and where, a member looks at the control topic's partition count.
 struct Watch {
+    group: String,
     topic: String,
     slots: u32,
     every: Duration,
     timeout: Duration,
+}
+
+/// What the brokers' refusal of this member means, when retrying cannot change it:
+/// a right the login lacks on the group or the control topic, or a session
+/// time-out outside the brokers' bounds.
+fn refusal(error: &rdkafka::error::KafkaError, watch: &Watch) -> Option<String> {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let grant = match crate::kafka_client::error_code(error)? {
+        C::GroupAuthorizationFailed => format!("READ on group {}", watch.group),
+        C::TopicAuthorizationFailed => format!("READ on topic {}", watch.topic),
+        C::InvalidSessionTimeout => {
+            return Some(format!(
+                "the brokers refuse fleet.session_timeout_ms ({error}): set it within their group.min.session.timeout.ms and group.max.session.timeout.ms (6000 and 1800000 by default)"
+            ));
+        }
+        _ => return None,
+    };
+    crate::kafka_client::refused_right(error, &grant)
+        .map(|refused| format!("the fleet (fleet.group_id, fleet.topic): {refused} ({error})"))
 }
 
 /// Serves the group until told to stop, then leaves it. Says so when the group
@@ -232,6 +256,11 @@ fn serve(consumer: BaseConsumer<FleetContext>, stop: &AtomicBool, watch: &Watch)
             // Nobody writes to the control topic; a record there is not ours to read.
             Some(Ok(_)) | None => {}
             Some(Err(e)) => {
+                if let Some(reason) = refusal(&e, watch) {
+                    tracing::error!(error = %e, "{reason}");
+                    let _ = consumer.context().events.send(FleetEvent::Refused(reason));
+                    break;
+                }
                 let text = e.to_string();
                 if text != last_error {
                     tracing::warn!(error = %text, "the fleet's group consumer (fleet.group_id, fleet.session_timeout_ms: brokers refuse a session time-out outside their group.min/max.session.timeout.ms)");
@@ -304,6 +333,15 @@ async fn control_topic(settings: &MemberSettings) -> Result<u32, FleetError> {
             tracing::info!(topic = %settings.topic, slots = settings.slots, "created the fleet's control topic");
         }
         Ok(false) => {}
+        // A topic the login may not describe looks missing: it may well exist.
+        Err(crate::kafka_client::CreateTopicError::Refused(
+            code @ rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed,
+        )) => {
+            return Err(error(format!(
+                "Kafka refused the login a right (TOPIC_AUTHORIZATION_FAILED, {code}): it may not see the topic nor create it: grant it READ on topic {topic} (and CREATE, for a member to create it with fleet.slots partitions); a restart repeats it",
+                topic = settings.topic
+            )));
+        }
         Err(crate::kafka_client::CreateTopicError::Refused(code)) => {
             return Err(error(format!(
                 "the broker refused to create it ({code}): create it with fleet.slots partitions, or give the login the right to create topics"

@@ -113,6 +113,10 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
                 self.resized = Some((was, now));
                 false
             }
+            FleetEvent::Refused(reason) => {
+                self.refused = Some(reason);
+                false
+            }
             FleetEvent::Revoked { slots, released } => {
                 let stopped = self.release(&slots).await;
                 tracing::info!(

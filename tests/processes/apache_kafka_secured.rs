@@ -18,6 +18,8 @@ const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 const PASSWORD: &str = "Right-Passw0rd";
 const TOPIC: &str = "ces-secured";
 const CHECKPOINTS: &str = "checkpoints-secured";
+const FLEET_GROUP: &str = "fleet-secured";
+const FLEET_TOPIC: &str = "fleet-control-secured";
 
 /// A delivery mode and the ACLs it needs.
 #[derive(Clone, Copy, Debug)]
@@ -103,6 +105,9 @@ fn users() -> Vec<(String, String)> {
         ("SCRAM-SHA-256".to_owned(), "w256".to_owned()),
         ("SCRAM-SHA-512".to_owned(), "w512".to_owned()),
     ];
+    for user in ["fleet-all", "fleet-no-group", "fleet-no-topic"] {
+        users.push(("SCRAM-SHA-512".into(), user.to_owned()));
+    }
     for mode in MODES {
         users.push(("SCRAM-SHA-512".into(), format!("{}-all", mode.name())));
         for i in 0..mode.acls("").len() {
@@ -125,9 +130,26 @@ fn secured() -> &'static Cluster {
         let cluster = Cluster::start("secured", 1, NodeOptions::secured(&credentials));
         cluster.create_topic(TOPIC, 2, 1, &[]);
         cluster.create_topic(CHECKPOINTS, 1, 1, &[("cleanup.policy", "compact")]);
+        cluster.create_topic(FLEET_TOPIC, 4, 1, &[]);
         seed_checkpoint_topic(&cluster);
         let mut acls = Vec::new();
         for (_, user) in &users {
+            if let Some(fleet) = user.strip_prefix("fleet-") {
+                let principal = format!("User:{user}");
+                let mut grants = Mode::KafkaStore.acls(user);
+                if fleet != "no-group" {
+                    grants.push(("GROUP", FLEET_GROUP.to_owned(), "READ"));
+                }
+                if fleet != "no-topic" {
+                    grants.push(("TOPIC", FLEET_TOPIC.to_owned(), "READ"));
+                }
+                acls.extend(
+                    grants
+                        .into_iter()
+                        .map(|(t, n, o)| (principal.clone(), t, n, o)),
+                );
+                continue;
+            }
             let Some((mode, which)) = MODES.iter().find_map(|m| {
                 let rest = user.strip_prefix(m.name())?.strip_prefix('-')?;
                 Some((
@@ -381,6 +403,115 @@ fn tls_and_mutual_tls_stream_and_a_client_without_its_certificate_is_refused() {
         }
         let records = cluster.read(TOPIC, "read_uncommitted", &[]);
         assert_eq!(records.len(), 72, "{name}: the run's events");
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A fleet member needs READ on its group and on its control topic (with
+/// the Kafka store's rights): with them it is assigned slots and streams; without
+/// either it stops within seconds, naming the right, instead of retrying.
+#[test]
+fn a_fleet_member_needs_read_on_its_group_and_on_its_control_topic() {
+    let cluster = secured();
+    let dir = temp_dir("secured-fleet");
+    let config = |user: &str| {
+        let path = dir.join(format!("{user}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                r#"
+[source]
+kind = "synthetic"
+databases = ["tenant*"]
+poll_interval_ms = 50
+[source.synthetic]
+databases = 2
+transactions = 20
+seed = 5
+[sink]
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topic = "{TOPIC}"
+security_protocol = "sasl_plaintext"
+sasl_mechanism = "SCRAM-SHA-512"
+sasl_username = "{user}"
+delivery_timeout_ms = 10000
+[checkpoint]
+store = "kafka"
+topic = "{CHECKPOINTS}"
+stream_name = "{user}-{{db}}"
+[fleet]
+group_id = "{FLEET_GROUP}"
+topic = "{FLEET_TOPIC}"
+session_timeout_ms = 6000
+"#,
+                bootstrap = cluster.bootstrap()
+            ),
+        )
+        .expect("config");
+        path
+    };
+    let spawn = |user: &str| {
+        let log = std::fs::File::create(dir.join(format!("{user}.log"))).expect("log");
+        Command::new(BINARY)
+            .args(["run", "--config"])
+            .arg(config(user))
+            .env("MSSQL_CES__SINK__SASL_PASSWORD", PASSWORD)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn")
+    };
+    let log =
+        |user: &str| std::fs::read_to_string(dir.join(format!("{user}.log"))).unwrap_or_default();
+
+    let mut member = spawn("fleet-all");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log("fleet-all").contains("slots assigned") {
+        assert!(
+            Instant::now() < deadline,
+            "the member with its rights is assigned slots: {}",
+            log("fleet-all")
+        );
+        assert!(
+            member.try_wait().expect("try_wait").is_none(),
+            "it runs: {}",
+            log("fleet-all")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(member.id() as i32, libc::SIGTERM) };
+    let status = support::tools::wait_within(&mut member, Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "it leaves cleanly: {}",
+        log("fleet-all")
+    );
+
+    for (user, grant) in [
+        ("fleet-no-group", format!("READ on group {FLEET_GROUP}")),
+        ("fleet-no-topic", format!("READ on topic {FLEET_TOPIC}")),
+    ] {
+        let started = Instant::now();
+        let mut member = spawn(user);
+        let status = support::tools::wait_within(&mut member, Duration::from_secs(60));
+        let text = log(user);
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(1),
+            "{user} stops: {text}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{user} stopped only after {:?}",
+            started.elapsed()
+        );
+        assert!(
+            text.contains(&grant) && text.contains("AUTHORIZATION_FAILED"),
+            "{user}: names {grant}: {text}"
+        );
+        assert!(!text.contains(PASSWORD), "no secret in the log");
     }
     std::fs::remove_dir_all(dir).ok();
 }

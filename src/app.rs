@@ -427,7 +427,10 @@ async fn drive<S: ChangeSource + 'static>(
 }
 
 /// `sink.transactional_id`, or `mssql-ces.<stream name>`.
-fn transactional_id(k: &crate::sink::kafka::KafkaSinkConfig, stream_name: &str) -> String {
+pub(crate) fn transactional_id(
+    k: &crate::sink::kafka::KafkaSinkConfig,
+    stream_name: &str,
+) -> String {
     k.transactional_id
         .clone()
         .unwrap_or_else(|| format!("mssql-ces.{stream_name}"))

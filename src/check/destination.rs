@@ -27,12 +27,18 @@ pub(super) async fn check_destination(
             };
             let topics = written_topics(config, &template, state);
             match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
-                Ok(facts) => kafka_findings(
+            Ok(facts) => {
+                kafka_findings(
                     report,
                     &facts,
                     settings.largest_record_batch(largest),
                     settings.check_topic_limits,
-                ),
+                );
+                let id = c
+                    .exactly_once
+                    .then(|| crate::app::transactional_id(c, &config.checkpoint.stream_name));
+                kafka_rights_finding(report, &facts, id.as_deref());
+            }
                 Err(e @ crate::sink::SinkError::Definite(_)) => report.fail(
                     "Kafka: brokers",
                     e.reason(),
@@ -206,6 +212,35 @@ pub(super) fn topics(template: &str, state: Option<&SourceState>) -> Vec<String>
     topics
 }
 
+/// What `check` can and cannot tell of the login's rights on a Kafka destination:
+/// seeing a topic's metadata needs a right on it (WRITE implies DESCRIBE), but
+/// whether it may write, or use its transactional id, only a write would tell, and
+/// `check` writes nothing.
+pub(super) fn kafka_rights_finding(
+    report: &mut Report,
+    facts: &DestinationFacts,
+    transactional_id: Option<&str>,
+) {
+    let seen: Vec<&str> = facts
+        .topics
+        .iter()
+        .filter(|t| t.partitions.is_some())
+        .map(|t| t.name.as_str())
+        .collect();
+    let mut unverified = vec!["WRITE on the topics".to_owned()];
+    if let Some(id) = transactional_id {
+        unverified.push(format!("WRITE on transactional id {id}"));
+    }
+    report.skip(
+        "Kafka: rights",
+        format!(
+            "verified: the login sees {} (some right on each); not verified, since check writes nothing: {} (a run stops at once, naming a missing one)",
+            if seen.is_empty() { "no topic yet".to_owned() } else { format!("topic {}", seen.join(", ")) },
+            unverified.join(", ")
+        ),
+    );
+}
+
 /// The verdicts on a Kafka destination's facts.
 pub fn kafka_findings(
     report: &mut Report,
@@ -219,6 +254,14 @@ pub fn kafka_findings(
     );
     for topic in &facts.topics {
         let check = format!("topic {}", topic.name);
+        if topic.refused {
+            report.fail(
+                check,
+                "Kafka refused the login this topic's metadata (TOPIC_AUTHORIZATION_FAILED): it may exist, and the login has no right on it",
+                format!("grant the login WRITE on topic {} (the book's ACL table lists what each mode needs)", topic.name),
+            );
+            continue;
+        }
         let Some(partitions) = topic.partitions else {
             match &facts.auto_create {
                 Ok(true) => report.pass(

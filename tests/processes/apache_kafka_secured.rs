@@ -515,3 +515,44 @@ session_timeout_ms = 6000
     }
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// `check` on the secured cluster: a login with no right on the sink's topic is told
+/// so (not that the topic does not exist), and a login with its rights is told what
+/// check could verify and what only a run can.
+#[test]
+fn check_tells_a_topic_the_login_may_not_see_from_a_missing_one_and_says_what_it_verified() {
+    let cluster = secured();
+    let dir = temp_dir("secured-check");
+    let check = |user: &str, mechanism: &str| {
+        let config = Mode::ExactlyOnce.config(&dir, &cluster.bootstrap(), user, mechanism);
+        let output = support::tools::output_within(
+            Command::new(BINARY)
+                .args(["check", "--config"])
+                .arg(config)
+                .env("MSSQL_CES__SINK__SASL_PASSWORD", PASSWORD),
+            Duration::from_secs(120),
+            "check on the secured cluster",
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr)
+    };
+    let refused = check("alo-no0", "SCRAM-SHA-256");
+    assert!(
+        refused.contains("TOPIC_AUTHORIZATION_FAILED")
+            && refused.contains(&format!("WRITE on topic {TOPIC}")),
+        "{refused}"
+    );
+    assert!(
+        !refused.contains("does not exist"),
+        "not told it is missing: {refused}"
+    );
+    let granted = check("eo-all", "SCRAM-SHA-512");
+    assert!(granted.contains("Kafka: rights"), "{granted}");
+    assert!(
+        granted.contains(&format!("topic {TOPIC}"))
+            && granted.contains("WRITE on transactional id tx-eo-all"),
+        "what it verified and what it could not: {granted}"
+    );
+    println!("{granted}");
+    std::fs::remove_dir_all(dir).ok();
+}

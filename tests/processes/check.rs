@@ -697,16 +697,19 @@ fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() 
             TopicFacts {
                 name: "small".into(),
                 partitions: Some(6),
+                refused: false,
                 max_message_bytes: Ok(100_000),
             },
             TopicFacts {
                 name: "big".into(),
                 partitions: Some(6),
+                refused: false,
                 max_message_bytes: Ok(2_000_000),
             },
             TopicFacts {
                 name: "new".into(),
                 partitions: None,
+                refused: false,
                 max_message_bytes: Err("no such topic".into()),
             },
         ],

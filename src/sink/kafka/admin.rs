@@ -74,8 +74,11 @@ pub struct DestinationFacts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicFacts {
     pub name: String,
-    /// `None`: no such topic.
+    /// `None`: no such topic, or one the login may not see (`refused`).
     pub partitions: Option<usize>,
+    /// Kafka refused the login the topic's metadata (TOPIC_AUTHORIZATION_FAILED): it
+    /// may exist, and the login lacks every right on it.
+    pub refused: bool,
     /// Its `max.message.bytes` (or the broker's `message.max.bytes`), or why it could
     /// not be read.
     pub max_message_bytes: Result<usize, String>,
@@ -111,7 +114,23 @@ pub async fn describe_destination(
             .iter()
             .find(|t| t.name() == name && t.error().is_none())
             .map(|t| t.partitions().len());
-        missing |= partitions.is_none();
+        // A listing of every topic leaves out those the login may not describe; asked
+        // for by name, Kafka says so.
+        let refused = partitions.is_none() && {
+            let (fetcher, name) = (Arc::clone(&admin), name.clone());
+            tokio::task::spawn_blocking(move || {
+                fetcher.inner().fetch_metadata(Some(&name), timeout)
+            })
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .and_then(|m| m.topics().first().and_then(|t| t.error()))
+            .is_some_and(|e| {
+                rdkafka::types::RDKafkaErrorCode::from(e)
+                    == rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed
+            })
+        };
+        missing |= partitions.is_none() && !refused;
         let max_message_bytes = if partitions.is_some() {
             let resource = ResourceSpecifier::Topic(name);
             described_value(&admin, &resource, "max.message.bytes", &options)
@@ -126,6 +145,7 @@ pub async fn describe_destination(
         out.push(TopicFacts {
             name: name.clone(),
             partitions,
+            refused,
             max_message_bytes,
         });
     }

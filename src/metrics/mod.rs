@@ -6,8 +6,9 @@
 //! - `/healthz`: alive and making progress (a poll finished or a delivery was
 //!   acknowledged within `metrics.stalled_after_ms`), or waiting by choice (a hot
 //!   standby waiting for the lease).
-//! - `/readyz`: the source answered its last poll, the sink is connected, and the run
-//!   is not waiting for the lease.
+//! - `/readyz`: the source answered its last poll, the sink is connected and has
+//!   acknowledged a delivery within `sink::ACKNOWLEDGEMENT_WAIT` whenever messages
+//!   wait, and the run is not waiting for the lease.
 //!
 //! The pipeline updates the metrics once per poll and once per acknowledged batch,
 //! never per event: counts by table and operation are gathered per batch
@@ -628,8 +629,20 @@ impl Metrics {
         } else if !state.source_ok {
             problems.push("source: the last poll failed; retrying with backoff");
         }
+        let stalled;
         match &state.sink {
-            Some(sink) if sink.connected() => {}
+            Some(sink) if sink.connected() => {
+                if let Some((waiting, quiet)) = sink
+                    .waiting()
+                    .filter(|(_, quiet)| *quiet >= crate::sink::ACKNOWLEDGEMENT_WAIT)
+                {
+                    stalled = format!(
+                        "sink: {waiting} messages wait and none was acknowledged for {} s (the destination is connected but does not answer)",
+                        quiet.as_secs()
+                    );
+                    problems.push(&stalled);
+                }
+            }
             Some(_) => problems.push("sink: not connected to the destination"),
             None if !state.standby => problems.push("sink: not open yet"),
             None => {}

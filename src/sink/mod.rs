@@ -40,8 +40,14 @@ pub enum SinkConfig {
     File(stream::FileSinkConfig),
 }
 
+/// How long messages may wait with none acknowledged before the run is not ready
+/// (and the Kafka sink says so once).
+pub const ACKNOWLEDGEMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a sink reports for the metrics and the readiness probe: whether it has a
-/// working connection to the destination, and how often it sent something again.
+/// working connection to the destination, how often it sent something again, and
+/// whether messages wait without any being acknowledged (a destination that
+/// accepts connections but does not answer, such as a frozen broker).
 #[derive(Debug)]
 pub struct SinkHealth {
     /// Whether anyone reads this (the metrics are served): a Kafka producer then
@@ -49,6 +55,10 @@ pub struct SinkHealth {
     watched: bool,
     connected: std::sync::atomic::AtomicBool,
     retries: std::sync::atomic::AtomicU64,
+    /// Messages handed to the destination and not settled yet.
+    pending: std::sync::atomic::AtomicU64,
+    /// When a message last settled, or the first of those pending was handed over.
+    progress: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl SinkHealth {
@@ -88,6 +98,43 @@ impl SinkHealth {
     pub fn retries(&self) -> u64 {
         self.retries.load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    /// A message was handed to the destination.
+    pub fn sent(&self) {
+        if self
+            .pending
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            == 0
+        {
+            self.progressed();
+        }
+    }
+
+    /// A message settled (acknowledged, or failed for good).
+    pub fn settled(&self) {
+        let _ = self.pending.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |n| n.checked_sub(1),
+        );
+        self.progressed();
+    }
+
+    fn progressed(&self) {
+        if let Ok(mut at) = self.progress.lock() {
+            *at = Some(std::time::Instant::now());
+        }
+    }
+
+    /// Messages waiting, and for how long none has settled, when some wait.
+    pub fn waiting(&self) -> Option<(u64, std::time::Duration)> {
+        let pending = self.pending.load(std::sync::atomic::Ordering::Relaxed);
+        if pending == 0 {
+            return None;
+        }
+        let at = self.progress.lock().ok().and_then(|at| *at)?;
+        Some((pending, at.elapsed()))
+    }
 }
 
 impl Default for SinkHealth {
@@ -96,6 +143,8 @@ impl Default for SinkHealth {
             watched: false,
             connected: std::sync::atomic::AtomicBool::new(false),
             retries: std::sync::atomic::AtomicU64::new(0),
+            pending: std::sync::atomic::AtomicU64::new(0),
+            progress: std::sync::Mutex::new(None),
         }
     }
 }

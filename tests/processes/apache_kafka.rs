@@ -435,3 +435,107 @@ interval_ms = 20
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A broker frozen (SIGSTOP) under a running stream: its connection stays up, so
+/// readiness follows acknowledgements instead. Within seconds `/readyz` answers 503
+/// saying that messages wait unacknowledged, and the log says so once; thawed, the
+/// stream goes on, `/readyz` is ready again, and every event arrives once.
+#[test]
+fn a_frozen_broker_makes_the_run_not_ready_until_it_acknowledges_again() {
+    let mut kafka = Cluster::start("frozen", 1, apache_kafka::NodeOptions::default());
+    let dir = temp_dir("apache-frozen");
+    let stream = Stream::new();
+    kafka.create_topic(&stream.topic, 4, 1, &[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[source]
+kind = "synthetic"
+poll_interval_ms = 20
+batch_size = 100
+[source.synthetic]
+seed = 41
+transactions = 2500
+rate_per_second = 100
+[sink]
+kind = "kafka"
+bootstrap_servers = "{bootstrap}"
+topic = "{topic}"
+delivery_timeout_ms = 120000
+[checkpoint]
+path = "{checkpoint}"
+interval_ms = 20
+[metrics]
+listen = "{address}"
+"#,
+            bootstrap = kafka.bootstrap(),
+            topic = stream.topic,
+            checkpoint = dir.join("cp.json").display(),
+        ),
+    )
+    .expect("config");
+    let mut run = spawn(&config, &dir, "run", &["--until-idle"]);
+    let readyz = || {
+        std::net::TcpStream::connect(&address)
+            .ok()
+            .map(|_| crate::metrics_binary::get(&address, "/readyz"))
+    };
+    let wait_for = |what: &str, limit: Duration, ok: &dyn Fn(u16, &str) -> bool| {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some((status, body)) = readyz()
+                && ok(status, &body)
+            {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} within {limit:?}; logs in {}",
+                dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    wait_for("ready", Duration::from_secs(60), &|status, _| status == 200);
+    kafka.node(1).freeze();
+    let frozen_at = Instant::now();
+    let body = wait_for(
+        "not ready while the broker is frozen",
+        Duration::from_secs(30),
+        &|status, _| status == 503,
+    );
+    let took = frozen_at.elapsed();
+    assert!(body.contains("none was acknowledged"), "{body}");
+    // The log line comes with the producer's statistics, once a second or so.
+    std::thread::sleep(Duration::from_secs(6));
+    kafka.node(1).thaw();
+    wait_for(
+        "ready again once it acknowledges",
+        Duration::from_secs(60),
+        &|status, _| status == 200,
+    );
+    let status = exit_within(&mut run, Duration::from_secs(240), &dir, "the run");
+    assert!(status.success(), "logs in {}", dir.display());
+    let log = std::fs::read_to_string(dir.join("run.log")).expect("log");
+    assert_eq!(
+        log.matches("Kafka acknowledges nothing though connected")
+            .count(),
+        1,
+        "said once: {log}"
+    );
+    assert!(log.contains("Kafka acknowledges deliveries again"), "{log}");
+    let records = kafka.read(&stream.topic, "read_uncommitted", &[]);
+    assert_exactly_once(&expected(41, 2500), &records, &dir);
+    println!(
+        "a frozen broker: not ready {:.1} s after the freeze: {body}",
+        took.as_secs_f64()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -89,7 +89,7 @@ fn start(config: &Path) -> (Child, String, std::thread::JoinHandle<Vec<String>>)
 }
 
 /// `GET path` over HTTP/1.0: the status code and the body.
-fn get(address: &str, path: &str) -> (u16, String) {
+pub(crate) fn get(address: &str, path: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(address).expect("connect to the metrics server");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

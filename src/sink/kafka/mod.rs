@@ -102,6 +102,7 @@ impl rdkafka::ClientContext for HealthContext {
         if up {
             self.brokers.reachable();
         }
+        self.brokers.watch_acknowledgements(&self.health);
         self.health.raise_retries_to(
             statistics
                 .brokers
@@ -254,7 +255,7 @@ impl KafkaSink {
             .rev()
             .find(|(k, _)| k == "bootstrap.servers")
             .map_or_else(String::new, |(_, v)| v.clone());
-        let brokers = Arc::new(BrokerLog::new(bootstrap));
+        let brokers = Arc::new(BrokerLog::new(bootstrap).with_health(Arc::clone(&health)));
         let producer: FutureProducer<HealthContext> = config
             .create_with_context(HealthContext {
                 health,

@@ -24,6 +24,8 @@ pub struct BrokerLog {
     /// Set when the brokers refuse this client (bad credentials, no rights to the
     /// cluster, a fatal producer error): what waits for a delivery fails at once.
     refusal: tokio::sync::watch::Sender<Option<String>>,
+    /// The sink's health, which counts the same messages for readiness.
+    health: Option<std::sync::Arc<crate::sink::SinkHealth>>,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +38,8 @@ struct State {
     unsaid: u64,
     /// Other errors: the last one logged, and when.
     last_error: Option<(String, Instant)>,
+    /// Messages wait and none has been acknowledged for a while (said once).
+    unacknowledged: bool,
 }
 
 /// Whether an error means the brokers refuse this client, which retrying cannot
@@ -91,6 +95,7 @@ impl BrokerLog {
             waiting: AtomicU64::new(0),
             state: Mutex::new(State::default()),
             refusal: tokio::sync::watch::Sender::new(None),
+            health: None,
         }
     }
 
@@ -125,13 +130,48 @@ impl BrokerLog {
         &self.brokers
     }
 
+    /// Also counts sent and settled messages in `health` (readiness follows them).
+    pub fn with_health(mut self, health: std::sync::Arc<crate::sink::SinkHealth>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// Says once, while messages wait, that none has been acknowledged for
+    /// [`ACKNOWLEDGEMENT_WAIT`] though the brokers are connected (a broker frozen or
+    /// overloaded), and once when acknowledgements come again.
+    pub fn watch_acknowledgements(&self, health: &crate::sink::SinkHealth) {
+        let stalled = health
+            .waiting()
+            .filter(|(_, quiet)| *quiet >= crate::sink::ACKNOWLEDGEMENT_WAIT);
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        match (stalled, state.unacknowledged) {
+            (Some((waiting, quiet)), false) => {
+                state.unacknowledged = true;
+                tracing::warn!(brokers = %self.brokers, waiting_messages = waiting, quiet_seconds = quiet.as_secs(), "Kafka acknowledges nothing though connected (a broker frozen or overloaded): not ready until deliveries are acknowledged again; each message fails after sink.delivery_timeout_ms");
+            }
+            (None, true) => {
+                state.unacknowledged = false;
+                tracing::info!(brokers = %self.brokers, "Kafka acknowledges deliveries again");
+            }
+            _ => {}
+        }
+    }
+
     /// A message was handed to the producer.
     pub fn sent(&self) {
         self.waiting.fetch_add(1, Ordering::Relaxed);
+        if let Some(health) = &self.health {
+            health.sent();
+        }
     }
 
     /// A message was settled (delivered, or failed for good).
     pub fn settled(&self) {
+        if let Some(health) = &self.health {
+            health.settled();
+        }
         let _ = self
             .waiting
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));

@@ -150,18 +150,32 @@ impl KafkaStore {
         Ok(())
     }
 
-    /// The topic's partitions, `None` when it does not exist.
+    /// The topic's partitions, `None` when it does not exist. A topic of more than
+    /// one partition is refused: the store's writes and the sink's transactional
+    /// ones may be placed by different partitioners, and positions found in two
+    /// partitions cannot be told apart by age.
     async fn topic_partitions(&self) -> Result<Option<Vec<i32>>, CheckpointError> {
         use crate::kafka_client::LookupError;
-        crate::kafka_client::topic_partitions(self.client_config(), &self.topic, self.timeout)
-            .await
-            .map_err(|e| match e {
-                LookupError::Unreachable(_) => self.transient(e),
-                LookupError::Client(_) => CheckpointError::Io {
-                    location: self.location(),
-                    reason: e.to_string(),
-                },
-            })
+        let partitions =
+            crate::kafka_client::topic_partitions(self.client_config(), &self.topic, self.timeout)
+                .await
+                .map_err(|e| match e {
+                    LookupError::Unreachable(_) => self.transient(e),
+                    LookupError::Client(_) => CheckpointError::Io {
+                        location: self.location(),
+                        reason: e.to_string(),
+                    },
+                })?;
+        match &partitions {
+            Some(list) if list.len() > 1 => Err(CheckpointError::Io {
+                location: self.location(),
+                reason: format!(
+                    "checkpoint.topic has {} partitions; it must have one (every stream's checkpoints in one ordered log): create a topic with one partition and cleanup.policy=compact (kafka-topics.sh --create --topic <name> --partitions 1 --config cleanup.policy=compact) and set checkpoint.topic to it",
+                    list.len()
+                ),
+            }),
+            _ => Ok(partitions),
+        }
     }
 
     async fn create_topic(&self) -> Result<(), CheckpointError> {

@@ -36,6 +36,35 @@ fn at(sequence_number: u64) -> Position {
     }
 }
 
+/// A checkpoint topic of several partitions is refused by name, at the first read
+/// and before any write: positions in two partitions cannot be ordered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_topic_of_several_partitions_is_refused_by_name() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster
+        .create_topic("mssql-ces-checkpoints", 3, 1)
+        .expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let error = store(&bootstrap, "orders")
+        .load()
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        error.contains("checkpoint.topic has 3 partitions") && error.contains("--partitions 1"),
+        "{error}"
+    );
+    let error = store(&bootstrap, "orders")
+        .save(&at(1))
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        error.contains("checkpoint.topic has 3 partitions"),
+        "{error}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_stream_reads_back_its_own_last_write() {
     let cluster = MockCluster::new(1).expect("mock cluster");

@@ -83,8 +83,8 @@ impl FleetError {
     }
 }
 
-/// What a member needs to join.
-#[derive(Debug, Clone)]
+/// What a member needs to join (its `{:?}` hides the connection's secrets).
+#[derive(Clone)]
 pub struct MemberSettings {
     /// Where and how to connect: the sink's Kafka client properties.
     pub connection: Vec<(String, String)>,
@@ -100,6 +100,24 @@ pub struct MemberSettings {
     pub release_timeout: Duration,
     /// Bound on the topic's metadata and creation.
     pub timeout: Duration,
+}
+
+impl std::fmt::Debug for MemberSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemberSettings")
+            .field(
+                "connection",
+                &crate::kafka_client::Redacted(&self.connection),
+            )
+            .field("group_id", &self.group_id)
+            .field("topic", &self.topic)
+            .field("slots", &self.slots)
+            .field("session_timeout", &self.session_timeout)
+            .field("protocol", &self.protocol)
+            .field("release_timeout", &self.release_timeout)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// A member of the group: a thread that serves the group protocol.

@@ -132,3 +132,82 @@ pub fn refused_right(error: &rdkafka::error::KafkaError, grant: &str) -> Option<
         "Kafka refused the login a right ({name}): grant it {grant} (the book's ACL table lists what each mode needs)"
     ))
 }
+
+/// Whether a client property holds a secret (a password, a key, a token), whose
+/// value never reaches a log, an error or a `{:?}`.
+pub fn is_secret_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "jaas", "token", ".pem", "credentials"]
+        .iter()
+        .any(|part| key.contains(part))
+}
+
+/// A property list as `{:?}` shows it: every key, and the values of secrets as
+/// `<redacted>`. The one way a type holding client properties formats them.
+pub struct Redacted<'a>(pub &'a [(String, String)]);
+
+impl std::fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(key, value)| {
+                let shown = if is_secret_property(key) {
+                    "<redacted>"
+                } else {
+                    value.as_str()
+                };
+                (key.as_str(), shown)
+            }))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    const PLANTED: &str = "Planted-Secret-4711";
+
+    fn properties() -> Vec<(String, String)> {
+        vec![
+            ("bootstrap.servers".into(), "b:9092".into()),
+            ("sasl.username".into(), "writer".into()),
+            ("sasl.password".into(), PLANTED.into()),
+            ("ssl.key.password".into(), PLANTED.into()),
+            ("sasl.oauthbearer.client.secret".into(), PLANTED.into()),
+            ("sasl.jaas.config".into(), format!("password=\"{PLANTED}\"")),
+        ]
+    }
+
+    /// Every type that holds client properties formats with `{:?}` without the
+    /// secret, and with the rest.
+    #[test]
+    fn no_type_holding_client_properties_shows_a_secret_in_debug() {
+        let member = crate::fleet::MemberSettings {
+            connection: properties(),
+            group_id: "g".into(),
+            topic: "t".into(),
+            slots: 4,
+            session_timeout: std::time::Duration::from_secs(10),
+            protocol: crate::config::GroupProtocol::Classic,
+            release_timeout: std::time::Duration::from_secs(40),
+            timeout: std::time::Duration::from_secs(10),
+        };
+        let input = crate::read::KafkaInput {
+            bootstrap_servers: "b:9092".into(),
+            topic: "ces".into(),
+            partitions: None,
+            group: None,
+            follow: false,
+            idle: std::time::Duration::from_secs(1),
+            properties: properties(),
+            read_committed: false,
+        };
+        for shown in [format!("{member:?}"), format!("{input:?}")] {
+            assert!(!shown.contains(PLANTED), "{shown}");
+            assert!(
+                shown.contains("writer") && shown.contains("<redacted>"),
+                "{shown}"
+            );
+        }
+    }
+}

@@ -507,8 +507,8 @@ pub enum InputError {
     Kafka(String),
 }
 
-/// Where and how to read a topic.
-#[derive(Debug, Clone)]
+/// Where and how to read a topic (its `{:?}` hides the properties' secrets).
+#[derive(Clone)]
 pub struct KafkaInput {
     pub bootstrap_servers: String,
     pub topic: String,
@@ -525,6 +525,24 @@ pub struct KafkaInput {
     pub properties: Vec<(String, String)>,
     /// Only committed transactions' records (`isolation.level=read_committed`).
     pub read_committed: bool,
+}
+
+impl std::fmt::Debug for KafkaInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaInput")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topic", &self.topic)
+            .field("partitions", &self.partitions)
+            .field("group", &self.group)
+            .field("follow", &self.follow)
+            .field("idle", &self.idle)
+            .field(
+                "properties",
+                &crate::kafka_client::Redacted(&self.properties),
+            )
+            .field("read_committed", &self.read_committed)
+            .finish()
+    }
 }
 
 /// Reads a topic from the beginning, each partition as one ordered stream; a message

@@ -163,7 +163,6 @@ impl std::fmt::Debug for Redacted<'_> {
 
 #[cfg(test)]
 mod redaction_tests {
-    use super::*;
 
     const PLANTED: &str = "Planted-Secret-4711";
 

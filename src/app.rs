@@ -92,6 +92,13 @@ async fn run_stream(
     if !take_stream(&config, &mut store, &shutdown, metrics, lease_patience).await? {
         return Ok(None);
     }
+    let health = SinkHealth::new(config.metrics.listen.is_some());
+    metrics.watch_sink(std::sync::Arc::clone(&health));
+    let opened = match open_before_reading(&config, &mut store, &health, &shutdown).await? {
+        EarlySink::Stopped => return Ok(None),
+        EarlySink::Opened(built) => Some(built),
+        EarlySink::NotNeeded => None,
+    };
     let position = store.load().await?;
     log_start(&config, position.as_ref());
     let resumed_at = position.as_ref().and_then(|p| p.last_event);
@@ -100,7 +107,17 @@ async fn run_stream(
         SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
             let poller = Poller::new(bulk_source(&config), poller_config, position);
             drive(
-                &config, poller, store, shutdown, until_idle, resume, metrics,
+                &config,
+                poller,
+                Destination {
+                    store,
+                    opened,
+                    health,
+                },
+                shutdown,
+                until_idle,
+                resume,
+                metrics,
             )
             .await?
         }
@@ -111,7 +128,17 @@ async fn run_stream(
             }
             let poller = Poller::new(source, poller_config, position);
             drive(
-                &config, poller, store, shutdown, until_idle, resume, metrics,
+                &config,
+                poller,
+                Destination {
+                    store,
+                    opened,
+                    health,
+                },
+                shutdown,
+                until_idle,
+                resume,
+                metrics,
             )
             .await?
         }
@@ -127,7 +154,17 @@ async fn run_stream(
                 .with_first_row_timeout(config.snapshot.first_row_timeout);
             let poller = Poller::new(source, poller_config, position);
             drive(
-                &config, poller, store, shutdown, until_idle, resume, metrics,
+                &config,
+                poller,
+                Destination {
+                    store,
+                    opened,
+                    health,
+                },
+                shutdown,
+                until_idle,
+                resume,
+                metrics,
             )
             .await?
         }
@@ -168,15 +205,61 @@ async fn take_stream(
         return Ok(false);
     }
     metrics.set_standby(false);
+    Ok(true)
+}
+
+/// Where a stream's events and positions go: its checkpoint store, and with
+/// `sink.exactly_once` the sink [opened before the position was
+/// read](open_before_reading).
+struct Destination {
+    store: CheckpointStore,
+    opened: Option<crate::sink::BuiltSink>,
+    health: std::sync::Arc<SinkHealth>,
+}
+
+/// What [`open_before_reading`] did.
+enum EarlySink {
+    /// Not exactly-once: the sink is opened once the position is known.
+    NotNeeded,
+    /// The exactly-once sink, its transactional id taken.
+    Opened(crate::sink::BuiltSink),
+    /// Stopped while opening.
+    Stopped,
+}
+
+/// With `sink.exactly_once`: opens the sink before the stream's position is read.
+/// Its producer takes the transactional id, which fences every earlier producer of
+/// the stream (and aborts what it left open), and it is the one that commits from
+/// then on: a process that starts on the stream after this cannot commit before
+/// this one reads, and one that started before has been fenced. (A producer that
+/// only fenced, with another one committing, would leave a window between the two
+/// in which a successor's commit goes unseen; Kafka Connect fences and commits
+/// with one producer for the same reason.)
+async fn open_before_reading(
+    config: &Config,
+    store: &mut CheckpointStore,
+    health: &std::sync::Arc<SinkHealth>,
+    shutdown: &CancellationToken,
+) -> Result<EarlySink, RunError> {
+    if !exactly_once_on(config) {
+        return Ok(EarlySink::NotNeeded);
+    }
+    let sink_kind = exactly_once(config, store).await?;
+    // The Kafka sink ignores where a file would resume.
+    let build = sink_kind.build(
+        &config.sink.routing,
+        &config.event,
+        Resume::Fresh,
+        std::sync::Arc::clone(health),
+    );
     // A stop (a revoked slot, a quantum, a signal) does not wait for the fence.
     tokio::select! {
-        fenced = fence_before_reading(config) => fenced?,
+        built = build => Ok(EarlySink::Opened(built?)),
         () = shutdown.cancelled() => {
             tracing::info!("stopped while fencing the stream's earlier producers");
-            return Ok(false);
+            Ok(EarlySink::Stopped)
         }
     }
-    Ok(true)
 }
 
 /// Where the run starts, and what it reads.
@@ -331,28 +414,47 @@ pub fn bulk_source(config: &Config) -> crate::source::sim::bulk::BulkSource {
 async fn drive<S: ChangeSource + 'static>(
     config: &Config,
     mut poller: Poller<S>,
-    mut store: CheckpointStore,
+    destination: Destination,
     shutdown: CancellationToken,
     until_idle: bool,
     resume: Resume,
     metrics: &std::sync::Arc<Metrics>,
 ) -> Result<RunSummary, RunError> {
-    let health = SinkHealth::new(config.metrics.listen.is_some());
-    metrics.watch_sink(std::sync::Arc::clone(&health));
+    let Destination {
+        mut store,
+        opened,
+        health,
+    } = destination;
     let fresh = resume == Resume::Fresh;
-    let sink_kind = exactly_once(config, &mut store).await?;
-    // Opening may wait for an unreachable destination (up to the delivery timeout):
-    // a shutdown ends that wait.
-    let build = sink_kind.build(&config.sink.routing, &config.event, resume, health);
-    let built = tokio::select! {
-        built = build => built?,
-        () = shutdown.cancelled() => {
-            tracing::info!("stopped while opening the destination");
-            return Ok(RunSummary::default());
+    let mut built = match opened {
+        Some(built) => built,
+        None => {
+            // Opening may wait for an unreachable destination (up to the delivery
+            // timeout): a shutdown ends that wait.
+            let build = config
+                .sink
+                .kind
+                .build(&config.sink.routing, &config.event, resume, health);
+            tokio::select! {
+                built = build => built?,
+                () = shutdown.cancelled() => {
+                    tracing::info!("stopped while opening the destination");
+                    return Ok(RunSummary::default());
+                }
+            }
         }
     };
     log_destination(config, &built.topic);
-    if !save_first_position(config, &mut poller, &mut store, &shutdown, fresh).await? {
+    if !save_first_position(
+        config,
+        &mut poller,
+        &mut store,
+        &mut built.sink,
+        &shutdown,
+        fresh,
+    )
+    .await?
+    {
         return Ok(RunSummary::default());
     }
     if let (CheckpointStore::Kafka(s), true) = (&mut store, exactly_once_on(config)) {
@@ -436,26 +538,6 @@ pub(crate) fn transactional_id(
         .unwrap_or_else(|| format!("mssql-ces.{stream_name}"))
 }
 
-/// With `sink.exactly_once`: fences the stream's earlier producers before its
-/// position is read (see [`crate::sink::kafka::fence`]).
-async fn fence_before_reading(config: &Config) -> Result<(), RunError> {
-    let SinkConfig::Kafka(k) = &config.sink.kind else {
-        return Ok(());
-    };
-    if !k.exactly_once {
-        return Ok(());
-    }
-    let connection = match config.sink.kind.kafka_connection(&config.sink.routing) {
-        Some(Ok(connection)) => connection,
-        Some(Err(e)) => return Err(e.into()),
-        None => return Ok(()),
-    };
-    let id = transactional_id(k, &config.checkpoint.stream_name);
-    crate::sink::kafka::fence(&connection, &id, k.delivery_timeout).await?;
-    tracing::debug!(transactional_id = %id, "fenced the stream's earlier producers");
-    Ok(())
-}
-
 /// Whether `sink.exactly_once` is on.
 fn exactly_once_on(config: &Config) -> bool {
     matches!(&config.sink.kind, SinkConfig::Kafka(k) if k.exactly_once)
@@ -507,6 +589,7 @@ async fn save_first_position<S: ChangeSource>(
     config: &Config,
     poller: &mut Poller<S>,
     store: &mut CheckpointStore,
+    sink: &mut crate::sink::Sink,
     shutdown: &CancellationToken,
     fresh: bool,
 ) -> Result<bool, RunError> {
@@ -536,7 +619,13 @@ async fn save_first_position<S: ChangeSource>(
         if fresh_file {
             position.sink_length = Some(0);
         }
-        store.save(&position).await?;
+        if exactly_once_on(config) {
+            // Through the fenced producer, in a transaction of its own (with no
+            // events): a zombie's write outside a transaction could not be fenced.
+            sink.end_batch(&position).await?;
+        } else {
+            store.save(&position).await?;
+        }
     }
     Ok(true)
 }

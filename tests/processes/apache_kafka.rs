@@ -539,3 +539,53 @@ listen = "{address}"
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// With exactly-once every position the stream writes, the first one included
+/// (the initial load's plan, written before the first batch), is committed in a
+/// transaction by the fenced producer: on the checkpoint topic each of the stream's records is followed by a
+/// transaction marker, which takes an offset of its own.
+#[test]
+fn every_position_an_exactly_once_stream_writes_is_in_a_transaction_the_first_one_too() {
+    let kafka = shared_broker();
+    let dir = temp_dir("apache-first-position");
+    let stream = Stream::new();
+    kafka.create_topic(&stream.topic, 4, 1, &[]);
+    kafka.create_topic(
+        &stream.checkpoint_topic,
+        1,
+        1,
+        &[("cleanup.policy", "compact")],
+    );
+    let config = stream.config(&dir, &kafka.bootstrap(), true, 300, 0);
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config)
+            .expect("config")
+            .replace("rate_per_second = 0\n", "existing_rows = 50\n")
+            .replace(
+                "[checkpoint]\n",
+                "[snapshot]\nmode = \"initial\"\n\n[checkpoint]\n",
+            ),
+    )
+    .expect("config");
+    let mut run = spawn(&config, &dir, "run", &["--until-idle"]);
+    let status = exit_within(&mut run, Duration::from_secs(120), &dir, "the run");
+    assert!(status.success(), "logs in {}", dir.display());
+    let records = kafka.read(&stream.checkpoint_topic, "read_uncommitted", &[]);
+    let offsets: Vec<i64> = records.iter().map(|r| r.offset).collect();
+    assert!(
+        !offsets.is_empty(),
+        "positions were written; logs in {}",
+        dir.display()
+    );
+    assert_eq!(offsets[0], 0, "the first record is the load's plan");
+    for pair in offsets.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 2,
+            "a record without its transaction marker: offsets {offsets:?}"
+        );
+    }
+    let committed = kafka.read(&stream.checkpoint_topic, "read_committed", &[]);
+    assert_eq!(committed.len(), records.len(), "each of them committed");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -20,7 +20,7 @@ use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 
 mod admin;
 mod transactions;
-pub use transactions::{TransactionSettings, fence};
+pub use transactions::TransactionSettings;
 mod config;
 mod outage;
 

@@ -55,12 +55,16 @@ impl Transactions {
         let producer = producer.clone();
         let timeout = self.timeout;
         let id = self.settings.id.clone();
+        let grant = format!("WRITE on transactional id {id}");
         blocking(move || producer.init_transactions(timeout))
             .await
-            .map_err(|e| {
-                SinkError::Transient(format!(
+            .map_err(|e| match crate::kafka_client::refused_right(&e, &grant) {
+                Some(refused) => SinkError::Definite(format!(
+                    "cannot initialise transactions for transactional id {id} (sink.exactly_once, sink.transactional_id): {refused} ({e})"
+                )),
+                None => SinkError::Transient(format!(
                     "cannot initialise transactions for transactional id {id} (sink.exactly_once): {e}"
-                ))
+                )),
             })
     }
 
@@ -196,38 +200,6 @@ impl Transactions {
             )),
         }
     }
-}
-
-/// Fences every earlier producer of transactional id `id` (and aborts what it left
-/// open) before anything of the stream is read: a new owner must do this before it
-/// reads the position, or a zombie could still commit a batch after that read and
-/// the new owner would send its events again (KIP-618 fences before it reads the
-/// offsets for the same reason).
-pub async fn fence(
-    connection: &[(String, String)],
-    id: &str,
-    timeout: Duration,
-) -> Result<(), SinkError> {
-    let grant = format!("WRITE on transactional id {id}");
-    let mut config = rdkafka::ClientConfig::new();
-    for (key, value) in connection {
-        config.set(key, value);
-    }
-    config.set("transactional.id", id);
-    let producer: rdkafka::producer::BaseProducer = config
-        .create()
-        .map_err(|e| SinkError::Definite(crate::kafka_client::config_error(&e)))?;
-    let owned = id.to_owned();
-    blocking(move || producer.init_transactions(timeout))
-        .await
-        .map_err(|e| match crate::kafka_client::refused_right(&e, &grant) {
-            Some(refused) => SinkError::Definite(format!(
-                "cannot initialise transactions for transactional id {owned} (sink.exactly_once, sink.transactional_id): {refused} ({e})"
-            )),
-            None => SinkError::Transient(format!(
-                "cannot initialise transactions for transactional id {owned} (sink.exactly_once): {e}"
-            )),
-        })
 }
 
 /// Runs a blocking librdkafka call off the async workers.

@@ -96,7 +96,7 @@ async fn run_stream(
     metrics.watch_sink(std::sync::Arc::clone(&health));
     let opened = match open_before_reading(&config, &mut store, &health, &shutdown).await? {
         EarlySink::Stopped => return Ok(None),
-        EarlySink::Opened(built) => Some(built),
+        EarlySink::Opened(built) => Some(*built),
         EarlySink::NotNeeded => None,
     };
     let position = store.load().await?;
@@ -222,7 +222,7 @@ enum EarlySink {
     /// Not exactly-once: the sink is opened once the position is known.
     NotNeeded,
     /// The exactly-once sink, its transactional id taken.
-    Opened(crate::sink::BuiltSink),
+    Opened(Box<crate::sink::BuiltSink>),
     /// Stopped while opening.
     Stopped,
 }
@@ -254,7 +254,7 @@ async fn open_before_reading(
     );
     // A stop (a revoked slot, a quantum, a signal) does not wait for the fence.
     tokio::select! {
-        built = build => Ok(EarlySink::Opened(built?)),
+        built = build => Ok(EarlySink::Opened(Box::new(built?))),
         () = shutdown.cancelled() => {
             tracing::info!("stopped while fencing the stream's earlier producers");
             Ok(EarlySink::Stopped)

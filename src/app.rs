@@ -103,17 +103,18 @@ async fn run_stream(
     log_start(&config, position.as_ref());
     let resumed_at = position.as_ref().and_then(|p| p.last_event);
     let resume = Resume::from_checkpoint(position.as_ref());
+    let destination = Destination {
+        store,
+        opened,
+        health,
+    };
     let summary = match config.source.kind {
         SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
             let poller = Poller::new(bulk_source(&config), poller_config, position);
             drive(
                 &config,
                 poller,
-                Destination {
-                    store,
-                    opened,
-                    health,
-                },
+                destination,
                 shutdown,
                 until_idle,
                 resume,
@@ -130,11 +131,7 @@ async fn run_stream(
             drive(
                 &config,
                 poller,
-                Destination {
-                    store,
-                    opened,
-                    health,
-                },
+                destination,
                 shutdown,
                 until_idle,
                 resume,
@@ -156,11 +153,7 @@ async fn run_stream(
             drive(
                 &config,
                 poller,
-                Destination {
-                    store,
-                    opened,
-                    health,
-                },
+                destination,
                 shutdown,
                 until_idle,
                 resume,

@@ -66,17 +66,15 @@ impl Stream {
         }
     }
 
-    /// A configuration streaming `transactions` synthetic transactions (seed 41)
-    /// at `rate` into this stream's topic.
-    fn config(
-        &self,
-        dir: &Path,
-        bootstrap: &str,
-        exactly_once: bool,
-        transactions: u64,
-        rate: u32,
-    ) -> PathBuf {
+    /// A configuration streaming synthetic transactions (seed 41) into this
+    /// stream's topic as `settings` say.
+    fn config(&self, dir: &Path, bootstrap: &str, settings: &Settings) -> PathBuf {
         let path = dir.join("config.toml");
+        let checkpoint = if settings.file_checkpoint {
+            format!("path = \"{}\"", dir.join("cp.json").display())
+        } else {
+            format!("store = \"kafka\"\ntopic = \"{}\"", self.checkpoint_topic)
+        };
         std::fs::write(
             &path,
             format!(
@@ -95,22 +93,65 @@ rate_per_second = {rate}
 kind = "kafka"
 bootstrap_servers = "{bootstrap}"
 topic = "{topic}"
-delivery_timeout_ms = 20000
+delivery_timeout_ms = {delivery_timeout_ms}
 exactly_once = {exactly_once}
 transactional_id = "{transactional_id}"
 
 [checkpoint]
-store = "kafka"
-topic = "{checkpoint_topic}"
+{checkpoint}
 interval_ms = 20
+{extra}
 "#,
+                transactions = settings.transactions,
+                rate = settings.rate,
+                delivery_timeout_ms = settings.delivery_timeout_ms,
+                exactly_once = settings.exactly_once,
+                extra = settings.extra,
                 topic = self.topic,
-                checkpoint_topic = self.checkpoint_topic,
                 transactional_id = self.transactional_id,
             ),
         )
         .expect("config");
         path
+    }
+}
+
+/// How a test runs its stream, beyond the stream's names.
+struct Settings<'a> {
+    exactly_once: bool,
+    transactions: u64,
+    rate: u32,
+    delivery_timeout_ms: u64,
+    /// The checkpoint in a file of the test's directory, not in the Kafka store.
+    file_checkpoint: bool,
+    /// More TOML at the end (tables of their own: `[sink.kafka]`, `[metrics]`).
+    extra: &'a str,
+}
+
+impl<'a> Settings<'a> {
+    /// Exactly-once with the Kafka store: `transactions` at `rate` a second.
+    fn exactly_once(transactions: u64, rate: u32) -> Self {
+        Settings {
+            exactly_once: true,
+            transactions,
+            rate,
+            delivery_timeout_ms: 20_000,
+            file_checkpoint: false,
+            extra: "",
+        }
+    }
+
+    /// At least once, the checkpoint in a file, a delivery time-out long enough to
+    /// outlast the brokers' faults, and `extra`.
+    fn at_least_once(transactions: u64, rate: u32, extra: &'a str) -> Self {
+        Settings {
+            exactly_once: false,
+            transactions,
+            rate,
+            delivery_timeout_ms: 120_000,
+            file_checkpoint: true,
+            extra,
+        }
     }
 }
 
@@ -210,7 +251,7 @@ fn exactly_once_through_a_kill_a_freeze_and_a_takeover_read_committed_sees_each_
     let dir = temp_dir("apache-eo");
     let stream = Stream::new();
     kafka.create_topic(&stream.topic, 4, 1, &[]);
-    let config = stream.config(&dir, &kafka.bootstrap(), true, 2500, 700);
+    let config = stream.config(&dir, &kafka.bootstrap(), &Settings::exactly_once(2500, 700));
 
     let mut first = spawn(&config, &dir, "first", &[]);
     std::thread::sleep(Duration::from_millis(1500));
@@ -286,7 +327,7 @@ fn a_transaction_left_open_on_the_checkpoint_topic_does_not_make_a_restart_resum
         1,
         &[("cleanup.policy", "compact")],
     );
-    let config = stream.config(&dir, &kafka.bootstrap(), true, 2500, 800);
+    let config = stream.config(&dir, &kafka.bootstrap(), &Settings::exactly_once(2500, 800));
 
     let mut writer = spawn(&config, &dir, "first", &[]);
     std::thread::sleep(Duration::from_millis(1200));
@@ -363,40 +404,11 @@ fn three_brokers_through_a_dead_leader_a_frozen_broker_and_a_cluster_restart_los
     let dir = temp_dir("apache-three");
     let stream = Stream::new();
     kafka.create_topic(&stream.topic, 4, 3, &[("min.insync.replicas", "2")]);
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[source]
-kind = "synthetic"
-poll_interval_ms = 20
-batch_size = 100
-
-[source.synthetic]
-seed = 41
-transactions = 2500
-rate_per_second = 50
-
-[sink]
-kind = "kafka"
-bootstrap_servers = "{bootstrap}"
-topic = "{topic}"
-delivery_timeout_ms = 120000
-
-[sink.kafka]
-"request.timeout.ms" = "5000"
-
-[checkpoint]
-path = "{checkpoint}"
-interval_ms = 20
-"#,
-            bootstrap = kafka.bootstrap(),
-            topic = stream.topic,
-            checkpoint = dir.join("cp.json").display(),
-        ),
-    )
-    .expect("config");
+    let config = stream.config(
+        &dir,
+        &kafka.bootstrap(),
+        &Settings::at_least_once(2500, 50, "[sink.kafka]\n\"request.timeout.ms\" = \"5000\""),
+    );
     let mut run = spawn(&config, &dir, "run", &["--until-idle"]);
     let running = |run: &mut Child| {
         assert!(
@@ -451,36 +463,12 @@ fn a_frozen_broker_makes_the_run_not_ready_until_it_acknowledges_again() {
         .expect("a free port")
         .port();
     let address = format!("127.0.0.1:{port}");
-    let config = dir.join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[source]
-kind = "synthetic"
-poll_interval_ms = 20
-batch_size = 100
-[source.synthetic]
-seed = 41
-transactions = 2500
-rate_per_second = 100
-[sink]
-kind = "kafka"
-bootstrap_servers = "{bootstrap}"
-topic = "{topic}"
-delivery_timeout_ms = 120000
-[checkpoint]
-path = "{checkpoint}"
-interval_ms = 20
-[metrics]
-listen = "{address}"
-"#,
-            bootstrap = kafka.bootstrap(),
-            topic = stream.topic,
-            checkpoint = dir.join("cp.json").display(),
-        ),
-    )
-    .expect("config");
+    let metrics = format!("[metrics]\nlisten = \"{address}\"");
+    let config = stream.config(
+        &dir,
+        &kafka.bootstrap(),
+        &Settings::at_least_once(2500, 100, &metrics),
+    );
     let mut run = spawn(&config, &dir, "run", &["--until-idle"]);
     let readyz = || {
         std::net::TcpStream::connect(&address)
@@ -556,7 +544,7 @@ fn every_position_an_exactly_once_stream_writes_is_in_a_transaction_the_first_on
         1,
         &[("cleanup.policy", "compact")],
     );
-    let config = stream.config(&dir, &kafka.bootstrap(), true, 300, 0);
+    let config = stream.config(&dir, &kafka.bootstrap(), &Settings::exactly_once(300, 0));
     std::fs::write(
         &config,
         std::fs::read_to_string(&config)

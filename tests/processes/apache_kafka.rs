@@ -28,8 +28,9 @@ fn unique(what: &str) -> String {
     )
 }
 
-/// The events of the synthetic workload with `seed` and `transactions`.
-fn expected(seed: u64, transactions: u64) -> BTreeMap<String, Vec<u8>> {
+/// The events of the synthetic workload with `seed` and `transactions` (JSON,
+/// structured, the default message size), whatever its pace.
+pub(crate) fn expected(seed: u64, transactions: u64) -> BTreeMap<String, Vec<u8>> {
     tokio::runtime::Runtime::new()
         .expect("runtime")
         .block_on(support::expected::events(

@@ -15,8 +15,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::decode_json_message;
-use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-use mssql_ces::source::sim::synthetic::SyntheticConfig;
 use support::temp_dir;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
@@ -198,27 +196,8 @@ interval_ms = 20
     };
     assert!(finished.success(), "successor; logs in {}", dir.display());
 
-    let expected =
-        tokio::runtime::Runtime::new()
-            .expect("runtime")
-            .block_on(support::expected::events(
-                SyntheticConfig {
-                    seed: 41,
-                    transactions: Some(2500),
-                    // The pace decides when, not what: the events are the same.
-                    rate_per_second: None,
-                    large_value_every: 0,
-                    existing_rows: 0,
-                    oversized_value_every: 0,
-                },
-                |guid| EncoderOptions {
-                    stream_guid: guid,
-                    encoding: Encoding::Json,
-                    final_event: FinalEventMode::LastInTransaction,
-                    max_message_size: MessageSizeLimit::default(),
-                },
-                Encoding::Json,
-            ));
+    // The pace decides when, not what: the events are the same.
+    let expected = crate::apache_kafka::expected(41, 2500);
     let consumed = support::kafka::consume_quietly(
         &broker.bootstrap,
         "ces",

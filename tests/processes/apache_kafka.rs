@@ -1,6 +1,6 @@
 //! The delivery promises on Apache Kafka 4.4 itself (KRaft, started by the test kit
 //! from the jars `bash tests/setup` assembles), read back by Kafka's own Java client:
-//! what MockCluster and tansu cannot show — aborted records hidden from a
+//! what MockCluster cannot show — aborted records hidden from a
 //! `read_committed` reader, fencing of a second writer, a last stable offset pinned
 //! by a transaction left open, leaders that die.
 
@@ -18,7 +18,7 @@ use support::apache_kafka::{self, Cluster};
 use support::kafka::Consumed;
 use support::temp_dir;
 
-use crate::exactly_once::{signal, spawn};
+use crate::binary::{signal, spawn};
 
 /// Names of a test's own (topics, transactional id), so tests share one broker.
 fn unique(what: &str) -> String {

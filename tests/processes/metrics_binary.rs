@@ -1,6 +1,6 @@
-//! `[metrics] listen` through the real binary, against an in-process Kafka
-//! (`MockCluster`) and the synthetic source: the counters scraped from `/metrics`
-//! equal what the topic holds, and `/readyz` follows the brokers going down and up.
+//! `[metrics] listen` through the real binary, against Apache Kafka and the
+//! synthetic source: the counters scraped from `/metrics` equal what the topic
+//! holds, and `/readyz` follows the broker dying and coming back.
 
 use crate::support;
 
@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
-use rdkafka::mocking::MockCluster;
+use support::apache_kafka::{Cluster, NodeOptions};
 use support::kafka::{by_partition, consume_quietly};
 use support::temp_dir;
 
@@ -137,9 +137,12 @@ fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
 
 #[test]
 fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
-    let cluster = MockCluster::new(1).expect("mock cluster");
-    let bootstrap = cluster.bootstrap_servers();
-    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    // A real broker, killed and started again: a MockCluster broker set down keeps
+    // its connections open in any child another test spawns meanwhile (its accepted
+    // sockets are inherited), so the client could stay connected to it.
+    let mut kafka = Cluster::start("metrics", 1, NodeOptions::default());
+    let bootstrap = kafka.bootstrap();
+    kafka.create_topic("ces", PARTITIONS, 1, &[]);
     let dir = temp_dir("metrics");
     let config = write_config(&dir, &bootstrap);
     let (mut child, address, logs) = start(&config);
@@ -228,7 +231,7 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
         get(&address, "/readyz").0 == 200
     });
     assert_eq!(get(&address, "/healthz").0, 200);
-    cluster.broker_down(1).expect("broker down");
+    kafka.node(1).kill();
     let mut unready = String::new();
     wait_for(
         "unready with the broker down",
@@ -253,8 +256,8 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     assert_eq!(probe("/healthz").status.code(), Some(0));
     // Idle polls go on: alive.
     assert_eq!(get(&address, "/healthz").0, 200);
-    cluster.broker_up(1).expect("broker up");
-    wait_for("ready again", Duration::from_secs(30), || {
+    kafka.node(1).restart();
+    wait_for("ready again", Duration::from_secs(60), || {
         get(&address, "/readyz").0 == 200
     });
     let ready = probe("/readyz");

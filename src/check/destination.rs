@@ -26,11 +26,16 @@ pub(super) async fn check_destination(
                 }
             };
             let topics = written_topics(config, &template, state);
+            collision_findings(report, &data_template(config, &template), state);
             match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
             Ok(facts) => {
                 kafka_findings(
                     report,
                     &facts,
+                    match flavour {
+                        KafkaFlavour::Kafka => c.bootstrap_servers.as_deref(),
+                        KafkaFlavour::EventHubs => None,
+                    },
                     settings.largest_record_batch(largest),
                     settings.check_topic_limits,
                 );
@@ -169,12 +174,7 @@ fn written_topics(config: &Config, template: &str, state: Option<&SourceState>) 
     let routing = &config.sink.routing;
     let debezium = (config.event.format == crate::event::settings::EventFormat::Debezium)
         .then_some(&config.event.debezium);
-    // Debezium's names where sink.topic and sink.schema_topic leave them.
-    let template = match (debezium, &routing.topic) {
-        (Some(d), None) => d.topic_template(),
-        _ => template.to_owned(),
-    };
-    let mut all = topics(&template, state);
+    let mut all = topics(&data_template(config, template), state);
     if routing.schema_changes == crate::sink::settings::SchemaChangePlacement::Topic {
         let schema_topic = match (debezium, &routing.schema_topic) {
             (Some(d), None) => d.topic_prefix.clone(),
@@ -188,12 +188,47 @@ fn written_topics(config: &Config, template: &str, state: Option<&SourceState>) 
         }
         all = all
             .iter()
-            .map(|t| crate::event::debezium::sanitize_topic(t))
+            .map(|t| crate::event::sanitize_topic(t))
             .collect();
     }
     all.sort();
     all.dedup();
     all
+}
+
+/// The template data events' topics come from: Debezium's names where `sink.topic`
+/// leaves them.
+fn data_template(config: &Config, template: &str) -> String {
+    match (config.event.format, &config.sink.routing.topic) {
+        (crate::event::settings::EventFormat::Debezium, None) => {
+            config.event.debezium.topic_template()
+        }
+        _ => template.to_owned(),
+    }
+}
+
+/// Included tables whose events meet in one topic only because their names were
+/// made safe for Kafka (`order details` and `order_details` both give
+/// `order_details`): a warning naming them.
+fn collision_findings(report: &mut Report, template: &str, state: Option<&SourceState>) {
+    let Some(state) = state else { return };
+    let tables = state.included.iter().map(|i| {
+        (
+            state.catalog.database.as_str(),
+            i.schema.as_str(),
+            i.table.as_str(),
+        )
+    });
+    for (topic, names) in crate::event::topic_collisions(template, tables) {
+        report.warn(
+            format!("topic {topic}"),
+            format!(
+                "tables meet in this topic once their names are made safe for Kafka (only A-Z, a-z, 0-9, '.', '_' and '-'): {}",
+                names.join(", ")
+            ),
+            "a consumer tells them apart by the event's table (data.eventsource); to keep them apart by topic, exclude one with source.exclude or rename a table",
+        );
+    }
 }
 
 /// The topics the stream writes to: the template for each included table.
@@ -241,13 +276,22 @@ pub(super) fn kafka_rights_finding(
     );
 }
 
-/// The verdicts on a Kafka destination's facts.
+/// The verdicts on a Kafka destination's facts. `bootstrap`: the brokers a
+/// command that creates a missing topic should name (none on Event Hubs, where the
+/// event hub is created instead).
 pub fn kafka_findings(
     report: &mut Report,
     facts: &DestinationFacts,
+    bootstrap: Option<&str>,
     largest: usize,
     check_limits: bool,
 ) {
+    let create = |topic: &str| match bootstrap {
+        Some(brokers) => format!(
+            "create it, with as many partitions as consumers should share it: kafka-topics.sh --bootstrap-server '{brokers}' --create --topic '{topic}' --partitions 6"
+        ),
+        None => format!("create an event hub named {topic}"),
+    };
     report.pass(
         "Kafka: brokers",
         format!("{} reachable; credentials accepted", facts.brokers),
@@ -271,12 +315,12 @@ pub fn kafka_findings(
                 Ok(false) => report.fail(
                     check,
                     "does not exist, and the broker does not create topics (auto.create.topics.enable = false)",
-                    format!("create it: kafka-topics.sh --create --topic {} --partitions <n>", topic.name),
+                    create(&topic.name),
                 ),
                 Err(why) => report.fail(
                     check,
                     format!("does not exist (whether the broker would create it: {why})"),
-                    format!("create it (kafka-topics.sh --create --topic {} --partitions <n>; on Event Hubs, an event hub of that name)", topic.name),
+                    create(&topic.name),
                 ),
             }
             continue;

@@ -51,6 +51,8 @@ pub enum Status {
     Fail,
     /// Could not be checked (a permission, an earlier failure): says why.
     Skip,
+    /// Works, but likely not as meant: says what to do about it.
+    Warn,
 }
 
 /// One line of the report.
@@ -59,7 +61,7 @@ pub struct Finding {
     pub check: String,
     pub status: Status,
     pub detail: String,
-    /// For a failure: what to do.
+    /// For a failure or a warning: what to do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
 }
@@ -94,9 +96,28 @@ impl Report {
         detail: impl Into<String>,
         fix: impl Into<String>,
     ) {
+        self.advise(check, Status::Fail, detail, fix);
+    }
+
+    fn warn(
+        &mut self,
+        check: impl Into<String>,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) {
+        self.advise(check, Status::Warn, detail, fix);
+    }
+
+    fn advise(
+        &mut self,
+        check: impl Into<String>,
+        status: Status,
+        detail: impl Into<String>,
+        fix: impl Into<String>,
+    ) {
         self.findings.push(Finding {
             check: check.into(),
-            status: Status::Fail,
+            status,
             detail: detail.into(),
             fix: Some(fix.into()),
         });
@@ -124,14 +145,20 @@ impl Report {
                 Status::Pass => '✔',
                 Status::Fail => '✘',
                 Status::Skip => '–',
+                Status::Warn => '!',
             };
             out.push_str(&format!("{mark} {}: {}\n", f.check, f.detail));
             if let Some(fix) = &f.fix {
                 out.push_str(&format!("    fix: {fix}\n"));
             }
         }
+        let warned = match self.count(Status::Warn) {
+            0 => String::new(),
+            1 => ", 1 warning".to_owned(),
+            n => format!(", {n} warnings"),
+        };
         out.push_str(&format!(
-            "{} passed, {} failed, {} not checked\n",
+            "{} passed, {} failed, {} not checked{warned}\n",
             self.count(Status::Pass),
             self.count(Status::Fail),
             self.count(Status::Skip)
@@ -139,13 +166,14 @@ impl Report {
         out
     }
 
-    /// `{"ok": bool, "passed": n, "failed": n, "skipped": n, "checks": [...]}`.
+    /// `{"ok": bool, "passed": n, "failed": n, "skipped": n, "warnings": n, "checks": [...]}`.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "ok": self.passed(),
             "passed": self.count(Status::Pass),
             "failed": self.count(Status::Fail),
             "skipped": self.count(Status::Skip),
+            "warnings": self.count(Status::Warn),
             "checks": self.findings,
         })
     }

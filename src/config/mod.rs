@@ -760,6 +760,31 @@ bootstrap_servers = "localhost:9092"
         Config::from_parts(text, &[], &[])
     }
 
+    #[test]
+    fn a_topic_template_s_own_text_must_be_a_topic_name() {
+        assert!(
+            load(&format!(
+                "{KAFKA}topic = \"ces.{{db}}.{{schema}}.{{tbl}}\"\n"
+            ))
+            .is_ok()
+        );
+        let spaced = load(&format!("{KAFKA}topic = \"sales orders\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            spaced.contains("sink.topic") && spaced.contains("' '"),
+            "{spaced}"
+        );
+        let schema = load(&format!(
+            "{KAFKA}schema_changes = \"topic\"\nschema_topic = \"ddl/{{tbl}}\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(schema.contains("sink.schema_topic"), "{schema}");
+        // Lines on stdout carry no topic name.
+        assert!(load(&format!("{MINIMAL}topic = \"any name\"\n")).is_ok());
+    }
+
     fn kafka(c: &Config) -> &KafkaSinkConfig {
         match &c.sink.kind {
             SinkConfig::Kafka(k) | SinkConfig::EventHubsKafka(k) => k,

@@ -21,6 +21,7 @@ pub mod readback;
 pub mod schema;
 pub mod segment;
 pub mod settings;
+mod topic_name;
 pub mod value;
 
 use std::sync::Arc;
@@ -31,6 +32,10 @@ use uuid::Uuid;
 use crate::lsn::Lsn;
 pub use per_table::PerTable;
 pub use segment::MessageSizeLimit;
+pub use topic_name::{
+    MAX_TOPIC_LENGTH, collisions as topic_collisions, expand_names, legal_topic_char,
+    sanitize_topic, template_problem as topic_template_problem,
+};
 pub use value::{Length, SqlType, Value};
 
 /// `specversion`.
@@ -626,18 +631,6 @@ fn load_message_id(id_seed: Uuid, segment: u32) -> Uuid {
     name[..16].copy_from_slice(id_seed.as_bytes());
     name[16..].copy_from_slice(&segment.to_be_bytes());
     Uuid::new_v5(&MESSAGE_ID_NAMESPACE, &name)
-}
-
-/// A topic template with `{db}`, `{schema}` and `{tbl}` replaced.
-pub fn expand_names(template: &str, database: &str, schema: &str, table: &str) -> String {
-    if !template.contains('{') {
-        // A fixed topic (the common case): no search per event.
-        return template.to_owned();
-    }
-    template
-        .replace("{db}", database)
-        .replace("{schema}", schema)
-        .replace("{tbl}", table)
 }
 
 /// The message id of segment `segment` of a change: a CDC event's from its

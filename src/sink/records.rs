@@ -61,7 +61,7 @@ impl Router {
             .map(|record| OutgoingMessage {
                 topic: record
                     .topic
-                    .unwrap_or_else(|| crate::event::debezium::sanitize_topic(&self.schema_topic)),
+                    .unwrap_or_else(|| crate::event::sanitize_topic(&self.schema_topic)),
                 key: record.key,
                 partition_hint: None,
                 headers: record.headers,
@@ -75,7 +75,7 @@ impl Router {
     /// A table's topic as Debezium names it: the template expanded, characters
     /// Kafka does not allow replaced by `_`.
     pub fn debezium_topic(&self, table: &crate::event::TableDescription) -> String {
-        crate::event::debezium::sanitize_topic(&self.topic(table))
+        crate::event::sanitize_topic(&self.topic(table))
     }
 
     /// The messages of a change's Debezium records: `table_topic`

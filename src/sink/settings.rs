@@ -247,6 +247,7 @@ impl SinkSettings {
             ));
         }
         self.validate_schema_changes()?;
+        self.validate_topic_names()?;
         if self.routing.mode == CloudEventsMode::Binary
             && matches!(self.kind, SinkConfig::Stdout(_) | SinkConfig::File(_))
         {
@@ -256,6 +257,26 @@ impl SinkSettings {
             ));
         }
         self.kind.validate(&self.routing, event)
+    }
+
+    /// `sink.topic` and `sink.schema_topic`, where a destination takes them as
+    /// names, must be topic names once their placeholders are filled in.
+    fn validate_topic_names(&self) -> Result<(), ConfigError> {
+        if matches!(self.kind, SinkConfig::Stdout(_) | SinkConfig::File(_)) {
+            return Ok(());
+        }
+        for (setting, template) in [
+            ("sink.topic", &self.routing.topic),
+            ("sink.schema_topic", &self.routing.schema_topic),
+        ] {
+            if let Some(problem) = template
+                .as_deref()
+                .and_then(crate::event::topic_template_problem)
+            {
+                return Err(invalid(setting, problem));
+            }
+        }
+        Ok(())
     }
 
     /// `inline` needs each table in one partition; `topic` needs a sink that can

@@ -578,3 +578,57 @@ fn every_position_an_exactly_once_stream_writes_is_in_a_transaction_the_first_on
     assert_eq!(committed.len(), records.len(), "each of them committed");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A topic template over the synthetic workload's tables, one of them
+/// `sales.order details`: Apache Kafka refuses a topic name with a space, so the
+/// names put in have `_` in its place and the run delivers every table's events.
+#[test]
+fn a_table_name_with_a_space_goes_to_a_topic_kafka_accepts() {
+    let kafka = apache_kafka::shared();
+    let prefix = unique("names");
+    let dir = temp_dir("apache-topic-names");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\nkind = \"synthetic\"\npoll_interval_ms = 20\n[source.synthetic]\nseed = 41\ntransactions = 40\n[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\ntopic = \"{prefix}.{{db}}.{{schema}}.{{tbl}}\"\n[checkpoint]\npath = \"{}\"\n",
+            kafka.bootstrap(),
+            dir.join("cp.json").display()
+        ),
+    )
+    .expect("config");
+    let output = support::tools::output_within(
+        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
+            .args(["run", "--until-idle", "--config"])
+            .arg(&config),
+        Duration::from_secs(120),
+        "a run into per-table topics",
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let details = kafka.read(
+        &format!("{prefix}.synthetic.sales.order_details"),
+        "read_uncommitted",
+        &[],
+    );
+    assert!(!details.is_empty(), "{stderr}");
+    for message in &details {
+        let event = decode_json_message(&message.payload).expect("a CES message");
+        assert!(
+            String::from_utf8_lossy(&event.data).contains(r#""tbl":"order details""#),
+            "{}",
+            String::from_utf8_lossy(&event.data)
+        );
+    }
+    // The other tables' topics hold theirs.
+    assert!(
+        !kafka
+            .read(
+                &format!("{prefix}.synthetic.dbo.orders"),
+                "read_uncommitted",
+                &[]
+            )
+            .is_empty()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -675,6 +675,52 @@ async fn kafka_topics_are_checked_per_table_and_a_missing_one_fails() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// Table names Kafka does not allow in a topic (the docker sample's `sales.order
+/// details`) give topics with `_` in their place; tables that meet in one topic
+/// that way are a warning naming them, not a failure.
+#[tokio::test]
+async fn topics_of_names_kafka_refuses_are_made_safe_and_tables_that_meet_are_named() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster
+        .create_topic("Shop.sales.order_details", 1, 1)
+        .expect("topic");
+    let sim = CdcSimulator::new("Shop", Uuid::from_u128(9), 0);
+    for table in ["order details", "order_details"] {
+        sim.create_table(
+            "sales",
+            table,
+            vec![SimColumn::new("Id", SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table(&format!("sales.{table}"), None)
+            .expect("enable");
+    }
+    let dir = temp_dir("check-topic-names");
+    let config = config(&dir, &kafka_sink(&bootstrap, "{db}.{schema}.{tbl}"), "");
+    let report = run(&config, &sim).await;
+    let text = report.to_text();
+    assert!(
+        !text.contains("order details\n") && !text.contains("topic Shop.sales.order details"),
+        "{text}"
+    );
+    let shared = report
+        .findings
+        .iter()
+        .find(|f| f.check == "topic Shop.sales.order_details" && f.status == Status::Warn)
+        .unwrap_or_else(|| panic!("a warning on the shared topic:\n{text}"));
+    assert!(
+        shared
+            .detail
+            .contains("Shop.sales.order details, Shop.sales.order_details"),
+        "{shared:?}"
+    );
+    assert!(shared.fix.is_some(), "{shared:?}");
+    assert!(report.passed(), "a warning fails nothing:\n{text}");
+    assert!(text.ends_with(", 1 warning\n"), "{text}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[tokio::test]
 async fn brokers_that_do_not_answer_fail_the_destination() {
     // A port nothing listens on.
@@ -717,7 +763,13 @@ fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() 
     };
     let mut report = Report::default();
     // The producer's largest record batch: a 1 MiB segment with its headers.
-    kafka_findings(&mut report, &facts, 1024 * 1024 + 1024, true);
+    kafka_findings(
+        &mut report,
+        &facts,
+        Some("b:9092"),
+        1024 * 1024 + 1024,
+        true,
+    );
     let small = expect(&report, "topic small", Status::Fail);
     assert!(
         small.detail.contains("100000") && small.detail.contains("event.max_message_size_kb"),
@@ -738,8 +790,15 @@ fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() 
         ..facts
     };
     let mut report = Report::default();
-    kafka_findings(&mut report, &refused, 1024 * 1024, true);
-    expect(&report, "topic new", Status::Fail);
+    kafka_findings(&mut report, &refused, Some("b:9092"), 1024 * 1024, true);
+    let missing = expect(&report, "topic new", Status::Fail);
+    // A command to paste as it is: no placeholder a shell would take for a redirection.
+    assert!(
+        missing.fix.as_deref().is_some_and(|f| f.ends_with(
+            "kafka-topics.sh --bootstrap-server 'b:9092' --create --topic 'new' --partitions 6"
+        )),
+        "{missing:?}"
+    );
 }
 
 /// Event Hubs over AMQP, against the local AMQP peer: the hub's partitions are read,
@@ -827,7 +886,7 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
     assert!(
         missing["fix"]
             .as_str()
-            .is_some_and(|f| f.contains("--topic missing"))
+            .is_some_and(|f| f.contains("--topic 'missing'"))
     );
 
     // A configuration that does not load is a failed check too, not a crash.

@@ -173,21 +173,6 @@ pub struct AvroSchemas {
 /// The source's version in `source.version`.
 pub const SOURCE_VERSION: &str = concat!("mssql-ces-", env!("CARGO_PKG_VERSION"));
 
-/// A topic name as Debezium's topic naming strategies leave it
-/// (`AbstractTopicNamingStrategy`): every character outside `A-Z a-z 0-9 . _ -`
-/// replaced by `_` (Kafka allows no others). Record schema names take the same.
-pub fn sanitize_topic(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 /// Debezium's LSN text: lower-case hex, `xxxxxxxx:xxxxxxxx:xxxx`.
 pub fn lsn_text(lsn: Lsn) -> String {
     lsn.to_colon_string().to_ascii_lowercase()
@@ -699,11 +684,6 @@ mod more_tests {
 
     #[test]
     fn names_kafka_does_not_allow_become_underscores_as_debezium_writes_them() {
-        assert_eq!(
-            sanitize_topic("srv.Shop.sales.order details"),
-            "srv.Shop.sales.order_details"
-        );
-        assert_eq!(sanitize_topic("a-b_c.D9é"), "a-b_c.D9_");
         let table = Arc::new(
             TableDescription::new(
                 "Shop",

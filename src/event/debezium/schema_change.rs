@@ -242,7 +242,7 @@ impl super::DebeziumEncoder {
             0,
         );
         Ok(Record {
-            topic: Some(super::sanitize_topic(&crate::event::expand_names(
+            topic: Some(crate::event::sanitize_topic(&crate::event::expand_names(
                 &self.schema_topic,
                 &change.database,
                 &change.schema,

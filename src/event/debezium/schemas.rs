@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use super::DebeziumSettings;
 use super::connect::{Schema, Type};
-use super::{sanitize_topic, types};
+use super::types;
 use crate::event::TableDescription;
+use crate::event::sanitize_topic;
 
 /// A Connect schema with its two written forms, made once.
 #[derive(Debug)]

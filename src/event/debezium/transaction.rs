@@ -7,8 +7,9 @@ use super::connect::write_string;
 use super::encoder::DebeziumEncoder;
 use super::payload::{TimeField, push_times};
 use super::schemas::Shape;
-use super::{AvroSchemas, OpenTransaction, Record, lsn_text, sanitize_topic};
+use super::{AvroSchemas, OpenTransaction, Record, lsn_text};
 use crate::event::Change;
+use crate::event::sanitize_topic;
 
 impl DebeziumEncoder {
     /// Opens the change's transaction when it is a new one; `BEGIN` when the

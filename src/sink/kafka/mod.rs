@@ -77,10 +77,14 @@ pub fn delivery_error_to(error: &KafkaError, topic: Option<&str>) -> SinkError {
                 | C::UnsupportedForMessageFormat
         )
     );
+    let said = match topic {
+        Some(topic) => format!("topic {topic}: {error}"),
+        None => error.to_string(),
+    };
     if definite {
-        SinkError::Definite(error.to_string())
+        SinkError::Definite(said)
     } else {
-        SinkError::Transient(error.to_string())
+        SinkError::Transient(said)
     }
 }
 
@@ -739,5 +743,16 @@ mod tests {
             let e = delivery_error(&KafkaError::MessageProduction(code));
             assert!(e.is_transient(), "{code:?}: {e:?}");
         }
+        // A message's error names its topic.
+        let invalid = delivery_error_to(
+            &KafkaError::MessageProduction(C::InvalidTopic),
+            Some("ces.CesDemo.sales.order details"),
+        );
+        assert!(
+            invalid
+                .to_string()
+                .contains("topic ces.CesDemo.sales.order details: "),
+            "{invalid}"
+        );
     }
 }

@@ -49,6 +49,16 @@ pub enum RunError {
 }
 
 impl RunError {
+    /// True when a setting is at fault (the error names it): the run exits with
+    /// code 2, as for an invalid configuration file.
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            RunError::Config(_) => true,
+            RunError::Pipeline(PipelineError::Source(e)) => e.is_configuration(),
+            _ => false,
+        }
+    }
+
     /// The sink's error, when the run stopped on one (to say whether a restart can
     /// help).
     pub fn sink_error(&self) -> Option<&SinkError> {

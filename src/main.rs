@@ -201,12 +201,14 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let mut configuration = false;
     let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         install_signals(shutdown.clone())?;
         mssql_ces::app::run(config, args.until_idle, shutdown)
             .await
             .map_err(|e| {
+                configuration = e.is_configuration();
                 let hint = match e.sink_error() {
                     Some(s) if s.is_transient() => {
                         " (transient: a restart resumes from the checkpoint)"
@@ -230,7 +232,7 @@ fn main() -> ExitCode {
                 }
                 LogFormat::Text => eprintln!("error: {e:#}"),
             }
-            ExitCode::from(1)
+            ExitCode::from(if configuration { 2 } else { 1 })
         }
     }
 }

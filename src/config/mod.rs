@@ -705,6 +705,8 @@ impl Config {
             capture_instances: s.capture_instances,
             enable_cdc: s.enable_cdc,
             columns: std::sync::Arc::new(self.event.column_rules()?),
+            allow_unmatched_column_rules: self.event.allow_unmatched_column_rules
+                || self.many_databases(),
         })
     }
 }

@@ -36,6 +36,12 @@ pub struct EventSettings {
     /// The secret key of `mask = "hash"` rules.
     #[serde(default)]
     pub hash_key: SecretRef,
+    /// Whether a run may start with `[[event.columns]]` rules that match no column
+    /// of an included table (default false: it refuses, naming them, since a
+    /// misspelt rule would let a column out as it is). With `source.databases`,
+    /// a rule may belong to another database's tables: it is then said, not refused.
+    #[serde(default)]
+    pub allow_unmatched_column_rules: bool,
 }
 
 /// `event.format`: which envelope events have.
@@ -67,6 +73,7 @@ impl Default for EventSettings {
             debezium: DebeziumSettings::default(),
             columns: Vec::new(),
             hash_key: SecretRef::default(),
+            allow_unmatched_column_rules: false,
         }
     }
 }

@@ -362,6 +362,12 @@ pub enum SourceError {
         "no captured table matches source.include/source.exclude in `{database}`: enable CDC on a table with `EXEC sys.sp_cdc_enable_table @source_schema = N'dbo', @source_name = N'<table>', @role_name = NULL`"
     )]
     NoCapturedTables { database: String },
+    /// `[[event.columns]]` rules that match no column of an included table: a
+    /// misspelt pattern would let the column out as it is.
+    #[error(
+        "event.columns: {rules} match no column of any included table (patterns are schema.table.column, case-insensitive; * and ?): correct or remove them, or set event.allow_unmatched_column_rules = true"
+    )]
+    UnmatchedColumnRules { rules: String },
     #[error(
         "permission denied: {message}. Grant the poller's user what `sql/03_least_privilege_login.sql` grants"
     )]
@@ -431,6 +437,9 @@ pub enum SourceError {
     OtherDatabase { checkpoint: String, now: String },
     #[error("database error: {message}")]
     Definite { message: String },
+    /// A `[[event.columns]]` rule a table cannot take (a key column left out).
+    #[error(transparent)]
+    ColumnRule(#[from] crate::event::columns::ColumnRuleError),
     #[error(transparent)]
     UnknownServerZone(#[from] crate::source::timezone::UnknownServerZone),
     #[error(
@@ -474,6 +483,15 @@ impl From<crate::mssql::SqlError> for SourceError {
 }
 
 impl SourceError {
+    /// True when the configuration is at fault: a restart repeats the error until
+    /// the setting it names is changed.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            SourceError::UnmatchedColumnRules { .. } | SourceError::ColumnRule(_)
+        )
+    }
+
     /// True when retrying the same request can succeed.
     pub fn is_transient(&self) -> bool {
         matches!(

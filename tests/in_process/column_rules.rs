@@ -218,11 +218,58 @@ async fn excluding_a_key_column_stops_the_run_before_anything_is_read() {
     };
     let mut poller = Poller::new(sim.clone(), config, None);
     let err = poller.poll().await.unwrap_err();
-    let SourceError::Definite { message } = &err else {
+    let SourceError::ColumnRule(_) = &err else {
         panic!("{err:?}");
     };
+    assert!(err.is_configuration(), "{err}");
+    let message = err.to_string();
     assert!(
         message.contains("event.columns[0]") && message.contains("key column id"),
         "{message}"
     );
+}
+
+/// A rule that matches no column of any included table (a misspelt pattern) stops
+/// the run before anything is read, naming it; allowed, the run goes on.
+#[tokio::test]
+async fn a_rule_that_matches_no_column_stops_the_run_unless_allowed() {
+    let sim = shop();
+    sim.enable_table("dbo.customers", None).unwrap();
+    sim.transaction()
+        .insert("dbo.customers", customer("a@example.com", "Ann"))
+        .commit()
+        .unwrap();
+    let misspelt = || {
+        rules(vec![
+            ColumnRuleSetting {
+                exclude: true,
+                ..rule("dbo.customers.ssn")
+            },
+            ColumnRuleSetting {
+                exclude: true,
+                ..rule("dbo.customers.nots")
+            },
+        ])
+    };
+    let config = PollerConfig {
+        columns: misspelt(),
+        ..PollerConfig::default()
+    };
+    let mut poller = Poller::new(sim.clone(), config, None);
+    let err = poller.poll().await.unwrap_err();
+    assert!(err.is_configuration(), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("dbo.customers.nots")
+            && !message.contains("dbo.customers.ssn")
+            && message.contains("event.allow_unmatched_column_rules"),
+        "{message}"
+    );
+    let allowed = PollerConfig {
+        columns: misspelt(),
+        allow_unmatched_column_rules: true,
+        ..PollerConfig::default()
+    };
+    let changes = drain(&mut Poller::new(sim, allowed, None)).await.unwrap();
+    assert_eq!(changes.len(), 1);
 }

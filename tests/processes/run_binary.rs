@@ -316,6 +316,47 @@ fn run_config(text: &str, env: &[(&str, &str)]) -> (Option<i32>, String, Duratio
     )
 }
 
+/// A column rule that matches no column (a misspelt privacy rule) refuses the run
+/// with exit code 2 before any event is written, naming the rule; the setting that
+/// allows it lets the run go on with a warning.
+#[test]
+fn a_column_rule_that_matches_nothing_refuses_the_run_by_name() {
+    let dir = temp_dir("unmatched-rule");
+    let path = dir.join("config.toml");
+    let write = |allow: bool| {
+        std::fs::write(
+            &path,
+            format!(
+                "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 5\n[event]\nallow_unmatched_column_rules = {allow}\n[[event.columns]]\ncolumn = \"dbo.customers.emial\"\nmask = \"redact\"\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
+                dir.join(format!("cp-{allow}.json")).display()
+            ),
+        )
+        .expect("config");
+        support::tools::output_within(
+            Command::new(BINARY)
+                .args(["run", "--until-idle", "--config"])
+                .arg(&path),
+            Duration::from_secs(60),
+            "a run with a misspelt column rule",
+        )
+    };
+    let refused = write(false);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("dbo.customers.emial")
+            && stderr.contains("event.allow_unmatched_column_rules"),
+        "{stderr}"
+    );
+    assert!(refused.stdout.is_empty(), "nothing was written");
+    let allowed = write(true);
+    let stderr = String::from_utf8_lossy(&allowed.stderr);
+    assert_eq!(allowed.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("matches no column"), "{stderr}");
+    assert!(!allowed.stdout.is_empty());
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[test]
 fn bad_configuration_fails_before_connecting_and_names_the_setting() {
     // Kafka at a port where nothing listens: a connection attempt would hang or

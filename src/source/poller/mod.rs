@@ -137,6 +137,10 @@ pub struct PollerConfig {
     pub enable_cdc: bool,
     /// `[[event.columns]]`: applied to every change and loaded row of a batch.
     pub columns: Arc<ColumnRules>,
+    /// Whether rules that match no column of an included table are only said
+    /// (`event.allow_unmatched_column_rules`, or one of many databases), rather
+    /// than refused at start.
+    pub allow_unmatched_column_rules: bool,
 }
 
 impl Default for PollerConfig {
@@ -157,6 +161,7 @@ impl Default for PollerConfig {
             capture_instances: CaptureInstanceMode::Manual,
             enable_cdc: false,
             columns: Arc::default(),
+            allow_unmatched_column_rules: false,
         }
     }
 }

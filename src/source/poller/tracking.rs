@@ -49,10 +49,7 @@ impl<S: ChangeSource> Poller<S> {
             let context = Arc::new(InstanceContext::new(instance, &catalog.database)?);
             // A rule the table cannot take stops the run here, before anything is read.
             self.column_plans
-                .plan(&self.config.columns, &context.table)
-                .map_err(|e| SourceError::Definite {
-                    message: e.to_string(),
-                })?;
+                .plan(&self.config.columns, &context.table)?;
             tracked.push(Tracked {
                 instance: (*instance).clone(),
                 context,
@@ -60,7 +57,7 @@ impl<S: ChangeSource> Poller<S> {
             });
         }
         if self.catalog.is_none() {
-            self.say_column_rules(&tracked);
+            self.say_column_rules(&tracked)?;
         }
         self.retire_vanished(&catalog);
         self.note_new_instances(&tracked).await?;
@@ -87,20 +84,31 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     /// At start: what `[[event.columns]]` does to each table, and the rules that
-    /// match no column of any included table (a misspelt pattern leaks data).
-    fn say_column_rules(&self, tracked: &[Tracked]) {
+    /// match no column of any included table, refused unless allowed (a misspelt
+    /// pattern leaks data).
+    fn say_column_rules(&self, tracked: &[Tracked]) -> Result<(), SourceError> {
         let rules = &self.config.columns;
         if rules.is_empty() {
-            return;
+            return Ok(());
         }
         for t in tracked {
             if let Some(columns) = rules.summary(&t.context.table) {
                 tracing::info!(table = %t.context.table.qualified_name(), %columns, "column rules");
             }
         }
-        for rule in rules.unmatched(&self.column_plans.matched) {
+        let unmatched = rules.unmatched(&self.column_plans.matched);
+        if unmatched.is_empty() {
+            return Ok(());
+        }
+        if !self.config.allow_unmatched_column_rules {
+            return Err(SourceError::UnmatchedColumnRules {
+                rules: unmatched.join(", "),
+            });
+        }
+        for rule in unmatched {
             tracing::warn!(%rule, "event.columns: this rule matches no column of any included table (patterns are schema.table.column, case-insensitive)");
         }
+        Ok(())
     }
 
     /// The stream GUID (`event.stream_guid`, else the database's), and the identity

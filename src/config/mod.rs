@@ -735,7 +735,7 @@ mod tests {
     use crate::event::Encoding;
     use crate::sink::SinkConfig;
     use crate::sink::event_hubs_amqp::config::{EntraCredentialKind, EventHubsAmqpSinkConfig};
-    use crate::sink::kafka::{KafkaSinkConfig, Partitioner};
+    use crate::sink::kafka::{Compression, KafkaSinkConfig, Partitioner};
     use crate::sink::settings::PartitionKeyScheme;
     use crate::sink::stream::{FileSinkConfig, StdoutSinkConfig};
 
@@ -1038,6 +1038,28 @@ topic = "hub"
             .unwrap_err()
             .to_string();
         assert!(!err.contains("set by"), "{err}");
+    }
+
+    /// librdkafka's enumerations in any case, as librdkafka takes them and Kafka's
+    /// guides write them; a value that is none of them lists those that are.
+    #[test]
+    fn kafka_s_own_spellings_of_its_enumerations_are_taken() {
+        let spelled = "security_protocol = \"SASL_SSL\"\nsasl_mechanism = \"scram-sha-256\"\nsasl_username = \"u\"\nsasl_password = { env = \"P\" }\ncompression = \"ZSTD\"\npartitioner = \"Murmur2\"\n";
+        let c = load(&format!("{KAFKA}{spelled}")).unwrap();
+        let k = kafka(&c);
+        assert_eq!(k.security_protocol.as_str(), "sasl_ssl");
+        assert_eq!(k.sasl_mechanism.map(|m| m.as_str()), Some("SCRAM-SHA-256"));
+        assert_eq!(k.compression.map(Compression::as_str), Some("zstd"));
+        assert_eq!(k.partitioner.as_str(), "murmur2");
+        let err = load(&format!("{KAFKA}security_protocol = \"SASL_TLS\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("security_protocol")
+                && err.contains("`sasl_ssl`")
+                && err.contains("SASL_TLS"),
+            "{err}"
+        );
     }
 
     /// Kafka's login and TLS settings: typed, checked together, each error naming

@@ -110,9 +110,43 @@ fn yes() -> bool {
     true
 }
 
+/// A value of one of librdkafka's enumerations, in any case, as librdkafka takes it
+/// (`SASL_SSL` as every Kafka guide writes it, or `sasl_ssl`).
+fn any_case<'de, D, T>(
+    deserializer: D,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Copy,
+{
+    let text = String::deserialize(deserializer)?;
+    all.iter()
+        .copied()
+        .find(|value| name(*value).eq_ignore_ascii_case(&text))
+        .ok_or_else(|| {
+            let names: Vec<String> = all.iter().map(|v| format!("`{}`", name(*v))).collect();
+            serde::de::Error::custom(format!(
+                "unknown variant `{text}`, expected one of {} (in any case)",
+                names.join(", ")
+            ))
+        })
+}
+
+/// Deserializes a librdkafka enumeration by [`any_case`] over its variants.
+macro_rules! any_case_deserialize {
+    ($type:ident: $($variant:ident),+) => {
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                any_case(deserializer, &[$($type::$variant),+], $type::as_str)
+            }
+        }
+    };
+}
+
 /// librdkafka's `security.protocol`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SecurityProtocol {
     #[default]
     Plaintext,
@@ -120,6 +154,8 @@ pub enum SecurityProtocol {
     SaslPlaintext,
     SaslSsl,
 }
+
+any_case_deserialize!(SecurityProtocol: Plaintext, Ssl, SaslPlaintext, SaslSsl);
 
 impl SecurityProtocol {
     pub fn as_str(self) -> &'static str {
@@ -144,18 +180,16 @@ impl SecurityProtocol {
 }
 
 /// librdkafka's `sasl.mechanism`, as far as this build supports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SaslMechanism {
-    #[serde(rename = "PLAIN")]
     Plain,
-    #[serde(rename = "SCRAM-SHA-256")]
     ScramSha256,
-    #[serde(rename = "SCRAM-SHA-512")]
     ScramSha512,
     /// Refused: this build of librdkafka has no OIDC (it needs libcurl).
-    #[serde(rename = "OAUTHBEARER")]
     OAuthBearer,
 }
+
+any_case_deserialize!(SaslMechanism: Plain, ScramSha256, ScramSha512, OAuthBearer);
 
 impl SaslMechanism {
     pub fn as_str(self) -> &'static str {
@@ -182,8 +216,8 @@ pub fn default_delivery_timeout() -> Duration {
     Duration::from_secs(300)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// librdkafka's `compression.codec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compression {
     None,
     Gzip,
@@ -192,6 +226,8 @@ pub enum Compression {
     Zstd,
     Snappy,
 }
+
+any_case_deserialize!(Compression: None, Gzip, Lz4, Zstd, Snappy);
 
 impl Compression {
     pub fn as_str(self) -> &'static str {
@@ -206,8 +242,7 @@ impl Compression {
 }
 
 /// librdkafka's `partitioner` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Partitioner {
     /// murmur2 of the key, as the Java client (keyless messages: random).
     #[default]
@@ -225,6 +260,16 @@ pub enum Partitioner {
     /// Random, whatever the key.
     Random,
 }
+
+any_case_deserialize!(
+    Partitioner: Murmur2Random,
+    Murmur2,
+    ConsistentRandom,
+    Consistent,
+    Fnv1aRandom,
+    Fnv1a,
+    Random
+);
 
 impl Partitioner {
     pub fn as_str(self) -> &'static str {

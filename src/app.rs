@@ -274,6 +274,18 @@ fn log_start(config: &Config, position: Option<&Position>) {
         ),
         None => tracing::info!(start_position = %config.source.start_position, "no checkpoint"),
     }
+    let mode = config.snapshot.mode;
+    match position {
+        Some(p) if mode.loads() && !p.is_start() && p.loads.is_empty() => tracing::warn!(
+            snapshot_mode = %mode,
+            "no initial load: the checkpoint shows this stream past its start, and a load runs only when a stream starts; to load the tables again, start a new stream with its own checkpoint (checkpoint.path, or checkpoint.stream_name)"
+        ),
+        Some(p) if mode.loads() && !p.loads.is_empty() => tracing::info!(
+            tables = p.loads.len(),
+            "resuming the initial load where the checkpoint left it"
+        ),
+        _ => {}
+    }
     let s = &config.source.synthetic;
     match config.source.kind {
         SourceKind::Synthetic if s.transaction_rows > 0 => tracing::info!(
@@ -570,8 +582,12 @@ async fn exactly_once(
     Ok(kind)
 }
 
-/// Where events go, as the configuration spells it.
+/// Where events go, as the configuration spells it, and in which format.
 fn log_destination(config: &Config, topic: &str) {
+    let what = match config.event.format {
+        crate::event::settings::EventFormat::Ces => "writing CES events",
+        crate::event::settings::EventFormat::Debezium => "writing Debezium records",
+    };
     tracing::info!(
         destination = %config.sink.kind.describe(),
         // A topic only where there are topics.
@@ -580,7 +596,7 @@ fn log_destination(config: &Config, topic: &str) {
         partition_key = %config.sink.routing.partition_key,
         mode = %config.sink.routing.mode,
         encoding = %config.event.encoding,
-        "writing CES events"
+        "{what}"
     );
 }
 

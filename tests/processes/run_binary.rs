@@ -357,6 +357,46 @@ fn a_column_rule_that_matches_nothing_refuses_the_run_by_name() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// The start says what the run writes (CES events or Debezium records), and a
+/// start whose checkpoint is past the stream's start says the configured initial
+/// load does not run, and how to run one.
+#[test]
+fn a_run_says_what_it_writes_and_why_a_configured_load_does_not_run() {
+    let dir = temp_dir("start-lines");
+    let path = dir.join("config.toml");
+    let run = |format: &str| {
+        std::fs::write(
+            &path,
+            format!(
+                "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 5\nexisting_rows = 3\n[snapshot]\nmode = \"initial\"\n[event]\nformat = \"{format}\"\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
+                dir.join(format!("cp-{format}.json")).display()
+            ),
+        )
+        .expect("config");
+        let output = support::tools::output_within(
+            Command::new(BINARY)
+                .args(["run", "--until-idle", "--config"])
+                .arg(&path),
+            Duration::from_secs(60),
+            "a run to stdout",
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        stderr
+    };
+    let first = run("ces");
+    assert!(first.contains("writing CES events"), "{first}");
+    assert!(!first.contains("no initial load"), "{first}");
+    let again = run("ces");
+    assert!(
+        again.contains("no initial load") && again.contains("checkpoint.path"),
+        "{again}"
+    );
+    let debezium = run("debezium");
+    assert!(debezium.contains("writing Debezium records"), "{debezium}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[test]
 fn bad_configuration_fails_before_connecting_and_names_the_setting() {
     // Kafka at a port where nothing listens: a connection attempt would hang or

@@ -182,11 +182,11 @@ fn main() -> ExitCode {
         Command::Check(args) => return check(&args),
         Command::Probe(args) => return probe(&args),
     };
-    let config = match load_config(&args.settings).and_then(|config| {
+    let (config, notices) = match load_config(&args.settings).and_then(|(config, notices)| {
         config.check_secrets()?;
-        Ok(config)
+        Ok((config, notices))
     }) {
-        Ok(config) => config,
+        Ok(loaded) => loaded,
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::from(2);
@@ -194,6 +194,9 @@ fn main() -> ExitCode {
     };
     let log_format = args.log_format.unwrap_or(config.log.format);
     init_logging(log_format);
+    for notice in notices {
+        tracing::warn!("{notice}");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -409,7 +412,9 @@ fn init_logging(format: LogFormat) {
         .init();
 }
 
-fn load_config(args: &ConfigArgs) -> anyhow::Result<Config> {
+/// The configuration, and the environment variables to warn of (named like
+/// settings, read by nothing).
+fn load_config(args: &ConfigArgs) -> anyhow::Result<(Config, Vec<String>)> {
     let mut overrides = Vec::new();
     if let Some(topic) = &args.topic {
         overrides.push(Override::text("sink.topic", topic));
@@ -429,14 +434,14 @@ fn load_config(args: &ConfigArgs) -> anyhow::Result<Config> {
             .with_context(|| format!("--set {item}: expected KEY=VALUE"))?;
         overrides.push(Override::parse(key.trim(), value));
     }
-    Ok(Config::load(&args.config, &overrides)?)
+    Ok(Config::load_noting(&args.config, &overrides)?)
 }
 
 /// `mssql-ces check`: the report to stdout; exit 1 when a check failed.
 fn check(args: &CheckArgs) -> ExitCode {
     use mssql_ces::check::Report;
-    let config = match load_config(&args.settings) {
-        Ok(config) => config,
+    let (config, notices) = match load_config(&args.settings) {
+        Ok(loaded) => loaded,
         Err(e) => {
             let mut report = Report::default();
             report.findings.push(mssql_ces::check::Finding {
@@ -451,7 +456,7 @@ fn check(args: &CheckArgs) -> ExitCode {
     };
     // Warnings of the clients checked (librdkafka, the AMQP client) go to stderr.
     init_logging(LogFormat::Text);
-    let report = match tokio::runtime::Runtime::new() {
+    let mut report = match tokio::runtime::Runtime::new() {
         Ok(runtime) => {
             let report = runtime.block_on(mssql_ces::check::check(&config));
             runtime.shutdown_timeout(Duration::from_millis(500));
@@ -462,6 +467,13 @@ fn check(args: &CheckArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let environment = notices.into_iter().map(|notice| mssql_ces::check::Finding {
+        check: "environment".into(),
+        status: mssql_ces::check::Status::Warn,
+        detail: notice,
+        fix: Some("rename the variable, or remove it".into()),
+    });
+    report.findings.splice(0..0, environment);
     print_report(&report, args.format);
     if report.passed() {
         ExitCode::SUCCESS

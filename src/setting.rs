@@ -24,6 +24,18 @@ pub enum ConfigError {
     MissingSecret { setting: String, reason: String },
 }
 
+/// Prefix of the environment variables that set settings.
+pub const ENV_PREFIX: &str = "MSSQL_CES__";
+
+/// The environment variable that sets `setting` (`source.connection_string` →
+/// `MSSQL_CES__SOURCE__CONNECTION_STRING`); for a secret, it holds the secret.
+pub fn setting_variable(setting: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        setting.to_ascii_uppercase().replace('.', "__")
+    )
+}
+
 pub(crate) fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         setting: setting.to_owned(),
@@ -138,9 +150,10 @@ impl SecretRef {
                 .map(|s| s.trim().to_owned())
                 .map_err(|e| missing(format!("cannot read {}: {e}", path.display()))),
             (Some(_), Some(_)) => Err(invalid(setting, "give either `env` or `file`, not both")),
-            (None, None) => Err(missing(
-                "set `env` (an environment variable name) or `file` (a path)".into(),
-            )),
+            (None, None) => Err(missing(format!(
+                "set the environment variable {} to it, or in the file {setting} = {{ env = \"NAME\" }} or {{ file = \"/path\" }}",
+                setting_variable(setting)
+            ))),
         }
     }
 }

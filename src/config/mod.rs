@@ -38,8 +38,7 @@ use errors::{syntax_error, with_origin};
 pub use overrides::Override;
 use overrides::{deserialize_with_text_fallback, override_path, parse_override_value, set_path};
 
-/// Prefix of environment overrides.
-pub const ENV_PREFIX: &str = "MSSQL_CES__";
+pub use crate::setting::ENV_PREFIX;
 
 /// The settings that hold secrets, as override paths.
 pub const SECRET_SETTINGS: &[&str] = &[
@@ -498,16 +497,72 @@ fn default_drain_timeout_ms() -> Duration {
     Duration::from_millis(10_000)
 }
 
+/// `name` without the settings' prefix, which is matched in any case
+/// (`MSSQL_CES__SINK__TOPIC`, `mssql_ces__sink__topic`).
+fn strip_env_prefix(name: &str) -> Option<&str> {
+    let head = name.get(..ENV_PREFIX.len())?;
+    head.eq_ignore_ascii_case(ENV_PREFIX)
+        .then(|| &name[ENV_PREFIX.len()..])
+}
+
+/// Variables whose names look like this program's (`MSSQL_CES_…` in any case) that
+/// no setting reads: neither a setting (`MSSQL_CES__<SECTION>__<KEY>`, two
+/// underscores) nor a secret the file names (`{ env = "…" }`). Each said by name,
+/// never with its value.
+fn stray_environment(table: &toml::Table, env: &[(String, String)]) -> Vec<String> {
+    fn referenced(value: &toml::Value, names: &mut Vec<String>) {
+        match value {
+            toml::Value::Table(t) => {
+                if let Some(toml::Value::String(name)) = t.get("env") {
+                    names.push(name.clone());
+                }
+                t.values().for_each(|v| referenced(v, names));
+            }
+            toml::Value::Array(items) => items.iter().for_each(|v| referenced(v, names)),
+            _ => {}
+        }
+    }
+    let mut names = Vec::new();
+    table.values().for_each(|v| referenced(v, &mut names));
+    let single = &ENV_PREFIX[..ENV_PREFIX.len() - 1];
+    let mut stray: Vec<String> = env
+        .iter()
+        .map(|(name, _)| name)
+        .filter(|name| {
+            name.get(..single.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(single))
+                && strip_env_prefix(name).is_none()
+                && !names.contains(name)
+        })
+        .map(|name| {
+            format!(
+                "the environment variable {name} is not read: a setting's variable is {ENV_PREFIX}<SECTION>__<KEY> (two underscores after MSSQL_CES and between parts), and no {{ env = \"{name}\" }} in the configuration names it"
+            )
+        })
+        .collect();
+    stray.sort();
+    stray
+}
+
 impl Config {
     /// Reads `path`, applies the environment's `MSSQL_CES__…` overrides and then
     /// `overrides` (from flags, as `section.key = value`), and validates.
     pub fn load(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
+        Self::load_noting(path, overrides).map(|(config, _)| config)
+    }
+
+    /// [`load`](Self::load), with what the run should warn of: environment
+    /// variables that look like settings but that nothing reads.
+    pub fn load_noting(
+        path: &Path,
+        overrides: &[Override],
+    ) -> Result<(Self, Vec<String>), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
         let env: Vec<(String, String)> = std::env::vars().collect();
-        Self::from_parts(&text, &env, overrides)
+        Self::from_parts_noting(&text, &env, overrides)
     }
 
     /// [`load`](Self::load) from text and an explicit environment (for tests).
@@ -516,13 +571,23 @@ impl Config {
         env: &[(String, String)],
         overrides: &[Override],
     ) -> Result<Self, ConfigError> {
+        Self::from_parts_noting(text, env, overrides).map(|(config, _)| config)
+    }
+
+    /// [`load_noting`](Self::load_noting) from text and an explicit environment.
+    pub fn from_parts_noting(
+        text: &str,
+        env: &[(String, String)],
+        overrides: &[Override],
+    ) -> Result<(Self, Vec<String>), ConfigError> {
         let mut table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
+        let notices = stray_environment(&table, env);
         // (path, the value as given when it was text, the value as read)
         let mut applied: Vec<(Vec<String>, Option<String>, toml::Value)> = Vec::new();
         // Which environment variable or flag set each path, for the error.
         let mut origins: Vec<(Vec<String>, String)> = Vec::new();
         for (name, value) in env {
-            let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+            let Some(rest) = strip_env_prefix(name) else {
                 continue;
             };
             let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
@@ -566,7 +631,7 @@ impl Config {
         let config = deserialize_with_text_fallback(table, &mut applied)
             .map_err(|e| with_origin(e, &origins))?;
         config.validate()?;
-        Ok(config)
+        Ok((config, notices))
     }
 
     /// Checks what can be checked before connecting.
@@ -600,9 +665,10 @@ impl Config {
             if c.env.is_none() && c.file.is_none() {
                 return Err(ConfigError::MissingSecret {
                     setting: "source.connection_string".into(),
-                    reason:
-                        "set source.connection_string.env (an environment variable name) or .file"
-                            .into(),
+                    reason: format!(
+                        "set the environment variable {} to it, or in the file source.connection_string = {{ env = \"NAME\" }} or {{ file = \"/path\" }}",
+                        crate::setting::setting_variable("source.connection_string")
+                    ),
                 });
             }
         }
@@ -1038,6 +1104,40 @@ topic = "hub"
             .unwrap_err()
             .to_string();
         assert!(!err.contains("set by"), "{err}");
+    }
+
+    /// Variables named like this program's that nothing reads are said by name
+    /// (never their values); the settings' prefix is read in any case.
+    #[test]
+    fn environment_variables_that_name_no_setting_are_said() {
+        let text = "[source]\nkind = \"sqlserver\"\nconnection_string = { env = \"MSSQL_CES_CONNECTION_STRING\" }\n[sink]\nkind = \"kafka\"\nbootstrap_servers = \"localhost:9092\"\n";
+        let env: Vec<(String, String)> = [
+            ("MSSQL_CES_SINK__TOPIC", "one-underscore-value"),
+            ("MSSQL_CES_CONNECTION_STRING", "Server=x"),
+            ("mssql_ces__sink__topic", "orders"),
+            ("MSSQL_CESSPOOL", "x"),
+            ("PATH", "/bin"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        let (config, notices) = Config::from_parts_noting(text, &env, &[]).unwrap();
+        assert_eq!(config.sink.routing.topic.as_deref(), Some("orders"));
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(
+            notices[0].contains("MSSQL_CES_SINK__TOPIC")
+                && notices[0].contains("MSSQL_CES__<SECTION>__<KEY>"),
+            "{notices:?}"
+        );
+        assert!(!notices[0].contains("one-underscore-value"), "{notices:?}");
+        // A missing secret names the variable that would hold it.
+        let err = load("[source]\nkind = \"sqlserver\"\n[sink]\nkind = \"stdout\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("MSSQL_CES__SOURCE__CONNECTION_STRING"),
+            "{err}"
+        );
     }
 
     /// librdkafka's enumerations in any case, as librdkafka takes them and Kafka's

@@ -357,9 +357,10 @@ fn a_column_rule_that_matches_nothing_refuses_the_run_by_name() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// The start says what the run writes (CES events or Debezium records), and a
-/// start whose checkpoint is past the stream's start says the configured initial
-/// load does not run, and how to run one.
+/// The start says what the run writes (CES events or Debezium records), which
+/// variables named like settings it does not read, and, when its checkpoint is past
+/// the stream's start, that the configured initial load does not run and how to run
+/// one.
 #[test]
 fn a_run_says_what_it_writes_and_why_a_configured_load_does_not_run() {
     let dir = temp_dir("start-lines");
@@ -376,7 +377,8 @@ fn a_run_says_what_it_writes_and_why_a_configured_load_does_not_run() {
         let output = support::tools::output_within(
             Command::new(BINARY)
                 .args(["run", "--until-idle", "--config"])
-                .arg(&path),
+                .arg(&path)
+                .env("MSSQL_CES_SINK_TOPIC", "a-value-never-said"),
             Duration::from_secs(60),
             "a run to stdout",
         );
@@ -386,6 +388,12 @@ fn a_run_says_what_it_writes_and_why_a_configured_load_does_not_run() {
     };
     let first = run("ces");
     assert!(first.contains("writing CES events"), "{first}");
+    // A variable named like a setting that nothing reads is said, by name only.
+    assert!(
+        first.contains("MSSQL_CES_SINK_TOPIC is not read"),
+        "{first}"
+    );
+    assert!(!first.contains("a-value-never-said"), "{first}");
     assert!(!first.contains("no initial load"), "{first}");
     let again = run("ces");
     assert!(

@@ -417,16 +417,24 @@ fn init_logging(format: LogFormat) {
 fn load_config(args: &ConfigArgs) -> anyhow::Result<(Config, Vec<String>)> {
     let mut overrides = Vec::new();
     if let Some(topic) = &args.topic {
-        overrides.push(Override::text("sink.topic", topic));
+        overrides.push(Override::flag("--topic", "sink.topic", topic));
     }
     if let Some(servers) = &args.bootstrap_servers {
-        overrides.push(Override::text("sink.bootstrap_servers", servers));
+        overrides.push(Override::flag(
+            "--bootstrap-servers",
+            "sink.bootstrap_servers",
+            servers,
+        ));
     }
     if let Some(path) = &args.checkpoint_path {
-        overrides.push(Override::text("checkpoint.path", &path.to_string_lossy()));
+        overrides.push(Override::flag(
+            "--checkpoint-path",
+            "checkpoint.path",
+            &path.to_string_lossy(),
+        ));
     }
     if let Some(encoding) = &args.encoding {
-        overrides.push(Override::text("event.encoding", encoding));
+        overrides.push(Override::flag("--encoding", "event.encoding", encoding));
     }
     for item in &args.set {
         let (key, value) = item
@@ -447,7 +455,10 @@ fn check(args: &CheckArgs) -> ExitCode {
             report.findings.push(mssql_ces::check::Finding {
                 check: "configuration".into(),
                 status: mssql_ces::check::Status::Fail,
-                detail: format!("{e:#}"),
+                // The check is named "configuration" already.
+                detail: format!("{e:#}")
+                    .trim_start_matches("configuration: ")
+                    .to_owned(),
                 fix: Some("correct the setting the message names".into()),
             });
             print_report(&report, args.format);

@@ -88,10 +88,10 @@ impl FileStore {
         }
     }
 
-    fn io(&self, reason: impl ToString) -> CheckpointError {
+    fn io(&self, error: std::io::Error) -> CheckpointError {
         CheckpointError::Io {
             location: self.path.display().to_string(),
-            reason: reason.to_string(),
+            reason: crate::setting::file_error_advice("checkpoint.path", &self.path, &error),
         }
     }
 

@@ -39,6 +39,29 @@ pub(super) fn with_origin(error: ConfigError, origins: &[(Vec<String>, String)])
     ConfigError::Parse(text)
 }
 
+/// serde's "invalid value: integer `-5`, expected u64" as "`-5` must not be
+/// negative".
+fn negative_said(text: String) -> String {
+    const NEGATIVE: &str = "invalid value: integer `-";
+    let Some(at) = text.find(NEGATIVE) else {
+        return text;
+    };
+    let number_at = at + NEGATIVE.len() - 2;
+    let Some(expected) = text[at..].find(", expected u").map(|e| at + e) else {
+        return text;
+    };
+    let type_at = expected + ", expected ".len();
+    let type_end = text[type_at..]
+        .find(|c: char| c.is_whitespace())
+        .map_or(text.len(), |e| type_at + e);
+    format!(
+        "{}{} must not be negative (a whole number, 0 or more){}",
+        &text[..at],
+        &text[number_at..expected],
+        &text[type_end..]
+    )
+}
+
 /// serde's words for Rust types as a configuration's: `expected struct
 /// SourceSettings` is a section, `u64` a whole number.
 fn plain_types(text: &str) -> String {
@@ -54,6 +77,8 @@ fn plain_types(text: &str) -> String {
         rest = &after[end..];
     }
     out.push_str(rest);
+    let out = negative_said(out);
+    let mut out = out;
     for (rust, plain) in [
         ("expected u64", "expected a whole number"),
         ("expected u32", "expected a whole number"),

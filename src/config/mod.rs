@@ -605,7 +605,10 @@ impl Config {
             applied.retain(|(p, _, _)| *p != path);
             applied.push((path, Some(value.clone()), parsed));
         }
-        for Override { key, value, typed } in overrides {
+        for applied_override in overrides {
+            let Override {
+                key, value, typed, ..
+            } = applied_override;
             let path = override_path(key)?;
             if SECRET_SETTINGS.contains(&path.join(".").as_str()) {
                 let variable = format!(
@@ -623,7 +626,7 @@ impl Config {
                 ));
             }
             set_path(&mut table, &path, value.clone(), key)?;
-            origins.push((path.clone(), format!("--set {key}")));
+            origins.push((path.clone(), applied_override.origin()));
             // A later override of the same setting wins, also in the text fallback.
             applied.retain(|(p, _, _)| *p != path);
             applied.push((path, typed.clone(), value.clone()));
@@ -1005,7 +1008,7 @@ connection_string = { env = "EH" }
             ),
             ("UNRELATED".to_string(), "x".to_string()),
         ];
-        let flags = vec![Override::text("event.encoding", "avro")];
+        let flags = vec![Override::flag("--encoding", "event.encoding", "avro")];
         let c = Config::from_parts(MINIMAL, &env, &flags).unwrap();
         assert_eq!(
             c.sink.kind,
@@ -1038,7 +1041,7 @@ topic = "hub"
         let err = load(&text).unwrap_err().to_string();
         assert!(!err.contains("SUPERSECRET"), "{err}");
         assert!(err.contains("env"), "says what to write instead: {err}");
-        let flags = vec![Override::text("sink.connection_string", SECRET)];
+        let flags = vec![Override::parse("sink.connection_string", SECRET)];
         let err = Config::from_parts(EVENT_HUBS, &[], &flags)
             .unwrap_err()
             .to_string();
@@ -1104,6 +1107,28 @@ topic = "hub"
             .unwrap_err()
             .to_string();
         assert!(!err.contains("set by"), "{err}");
+    }
+
+    /// A bad value names the flag the user typed, and a negative number is said as
+    /// such, not in serde's words.
+    #[test]
+    fn value_errors_name_the_flag_and_say_negative_numbers_plainly() {
+        let flags = vec![Override::flag("--encoding", "event.encoding", "protobuf")];
+        let err = Config::from_parts(MINIMAL, &[], &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(set by --encoding)"), "{err}");
+        let set = vec![Override::parse("source.poll_interval_ms", "-5")];
+        let err = Config::from_parts(MINIMAL, &[], &set)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "`-5` must not be negative (a whole number, 0 or more) in `source.poll_interval_ms`"
+            ) && err.contains("(set by --set source.poll_interval_ms)")
+                && !err.contains("u64"),
+            "{err}"
+        );
     }
 
     /// Variables named like this program's that nothing reads are said by name

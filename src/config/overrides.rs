@@ -12,15 +12,20 @@ pub struct Override {
     pub key: String,
     pub value: toml::Value,
     pub typed: Option<String>,
+    /// The flag the user typed, when the setting has its own (`--encoding`); an
+    /// error about the value names it.
+    pub flag: Option<&'static str>,
 }
 
 impl Override {
-    /// A text setting given by its own flag (`--topic`): taken as text.
-    pub fn text(key: &str, value: &str) -> Self {
+    /// A text setting given by its own flag (`--topic` for `sink.topic`): taken as
+    /// text.
+    pub fn flag(flag: &'static str, key: &str, value: &str) -> Self {
         Override {
             key: key.to_owned(),
             value: toml::Value::String(value.to_owned()),
             typed: None,
+            flag: Some(flag),
         }
     }
 
@@ -30,6 +35,15 @@ impl Override {
             key: key.to_owned(),
             value: parse_override_value(raw),
             typed: Some(raw.to_owned()),
+            flag: None,
+        }
+    }
+
+    /// Where the value came from, as an error says it.
+    pub(super) fn origin(&self) -> String {
+        match self.flag {
+            Some(flag) => flag.to_owned(),
+            None => format!("--set {}", self.key),
         }
     }
 }

@@ -139,7 +139,7 @@ pub fn verify_file(path: &std::path::Path, length: u64, file: &SinkFile) -> Resu
     };
     let io = |e: std::io::Error| SinkError::Io {
         path: path.display().to_string(),
-        reason: e.to_string(),
+        reason: crate::setting::file_error_advice("sink.path", path, &e),
     };
     let line = last_line(path, length).map_err(io)?.unwrap_or_default();
     let id_text = id.hyphenated().to_string();
@@ -344,7 +344,7 @@ impl StreamSink {
     pub fn file(path: PathBuf, encoding: Encoding, resume: Resume) -> Result<Self, SinkError> {
         let io = |e: std::io::Error| SinkError::Io {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            reason: crate::setting::file_error_advice("sink.path", &path, &e),
         };
         if is_stream_path(&path) {
             let stream_in_file = is_regular(&path);
@@ -436,13 +436,15 @@ impl StreamSink {
     }
 
     fn io(&self, e: std::io::Error) -> SinkError {
-        let path = match &self.output {
-            Output::Stdout(_) => "stdout".to_owned(),
-            Output::File(_, p) => p.display().to_string(),
-        };
-        SinkError::Io {
-            path,
-            reason: e.to_string(),
+        match &self.output {
+            Output::Stdout(_) => SinkError::Io {
+                path: "stdout".to_owned(),
+                reason: e.to_string(),
+            },
+            Output::File(_, p) => SinkError::Io {
+                path: p.display().to_string(),
+                reason: crate::setting::file_error_advice("sink.path", p, &e),
+            },
         }
     }
 

@@ -405,6 +405,64 @@ fn a_run_says_what_it_writes_and_why_a_configured_load_does_not_run() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// A checkpoint or output file that cannot be written fails the run naming the
+/// setting, what to do and whether a restart helps.
+#[test]
+fn unwritable_files_name_the_setting_the_fix_and_whether_a_restart_helps() {
+    let dir = temp_dir("unwritable");
+    let missing = dir.join("no-such-directory");
+    let cases = [
+        (
+            format!(
+                "[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
+                missing.join("cp.json").display()
+            ),
+            vec![
+                "checkpoint.path",
+                "does not exist",
+                "a restart repeats this",
+            ],
+        ),
+        (
+            format!(
+                "[sink]\nkind = \"file\"\npath = \"{}\"\n[checkpoint]\npath = \"{}\"\n",
+                missing.join("out.jsonl").display(),
+                dir.join("cp-sink.json").display()
+            ),
+            vec!["sink.path", "does not exist", "a restart repeats this"],
+        ),
+        // A device that is always full, as a full disk answers.
+        (
+            format!(
+                "[sink]\nkind = \"file\"\npath = \"/dev/full\"\n[checkpoint]\npath = \"{}\"\n",
+                dir.join("cp-full.json").display()
+            ),
+            vec!["is full", "a restart resumes from the last checkpoint"],
+        ),
+    ];
+    for (sink, needles) in cases {
+        let path = dir.join("config.toml");
+        std::fs::write(
+            &path,
+            format!("[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 5\n{sink}"),
+        )
+        .expect("config");
+        let output = support::tools::output_within(
+            Command::new(BINARY)
+                .args(["run", "--until-idle", "--config"])
+                .arg(&path),
+            Duration::from_secs(60),
+            "a run with a file it cannot write",
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{sink}\n{stderr}");
+        for needle in needles {
+            assert!(stderr.contains(needle), "{needle}: {stderr}");
+        }
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[test]
 fn bad_configuration_fails_before_connecting_and_names_the_setting() {
     // Kafka at a port where nothing listens: a connection attempt would hang or

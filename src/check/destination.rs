@@ -294,7 +294,13 @@ pub fn kafka_findings(
     };
     report.pass(
         "Kafka: brokers",
-        format!("{} reachable; credentials accepted", facts.brokers),
+        match &facts.login {
+            Some(login) => format!("{} reachable; credentials accepted ({login})", facts.brokers),
+            None => format!(
+                "{} reachable; no login configured (sink.security_protocol without SASL or a client certificate)",
+                facts.brokers
+            ),
+        },
     );
     for topic in &facts.topics {
         let check = format!("topic {}", topic.name);

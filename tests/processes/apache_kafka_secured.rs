@@ -549,6 +549,10 @@ fn check_tells_a_topic_the_login_may_not_see_from_a_missing_one_and_says_what_it
     let granted = check("eo-all", "SCRAM-SHA-512");
     assert!(granted.contains("Kafka: rights"), "{granted}");
     assert!(
+        granted.contains("credentials accepted (SASL SCRAM-SHA-512)"),
+        "{granted}"
+    );
+    assert!(
         granted.contains(&format!("topic {TOPIC}"))
             && granted.contains("WRITE on transactional id tx-eo-all"),
         "what it verified and what it could not: {granted}"

@@ -68,6 +68,9 @@ pub struct DestinationFacts {
     pub topics: Vec<TopicFacts>,
     /// The broker's `auto.create.topics.enable`, or why it could not be read.
     pub auto_create: Result<bool, String>,
+    /// How the client proved who it is (`SASL SCRAM-SHA-512`, `a TLS client
+    /// certificate`), or `None` when it gives no login (plaintext or server-only TLS).
+    pub login: Option<String>,
 }
 
 /// One topic the stream writes to.
@@ -162,7 +165,29 @@ pub async fn describe_destination(
         brokers: metadata.brokers().len(),
         topics: out,
         auto_create,
+        login: login_of(&settings.properties),
     })
+}
+
+/// How a client with these properties proves who it is, if it does.
+fn login_of(properties: &[(String, String)]) -> Option<String> {
+    let get = |key: &str| {
+        properties
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let protocol = get("security.protocol").unwrap_or("plaintext");
+    if protocol.to_ascii_lowercase().starts_with("sasl") {
+        Some(format!(
+            "SASL {}",
+            get("sasl.mechanism").unwrap_or("GSSAPI")
+        ))
+    } else if get("ssl.certificate.location").is_some() || get("ssl.certificate.pem").is_some() {
+        Some("a TLS client certificate".to_owned())
+    } else {
+        None
+    }
 }
 
 /// Why a configuration value could not be read.

@@ -12,6 +12,7 @@ mod apache_kafka_secured;
 mod binary;
 mod check;
 mod debezium_binary;
+mod docs;
 mod event_hubs_amqp_released;
 mod fleet;
 mod managed_binary;

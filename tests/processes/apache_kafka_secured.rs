@@ -517,8 +517,9 @@ session_timeout_ms = 6000
 }
 
 /// `check` on the secured cluster: a login with no right on the sink's topic is told
-/// so (not that the topic does not exist), and a login with its rights is told what
-/// check could verify and what only a run can.
+/// so (not that the topic does not exist), a login with its rights is told what
+/// check could verify and what only a run can, and a SASL mechanism the brokers do
+/// not offer is a refusal.
 #[test]
 fn check_tells_a_topic_the_login_may_not_see_from_a_missing_one_and_says_what_it_verified() {
     let cluster = secured();
@@ -558,5 +559,19 @@ fn check_tells_a_topic_the_login_may_not_see_from_a_missing_one_and_says_what_it
         "what it verified and what it could not: {granted}"
     );
     println!("{granted}");
+    // A mechanism the brokers do not offer is a refusal naming the setting, not "no
+    // answer".
+    let plain = check("eo-all", "PLAIN");
+    let brokers = plain
+        .lines()
+        .find(|l| l.starts_with("✘ Kafka: brokers"))
+        .unwrap_or_else(|| panic!("{plain}"));
+    assert!(
+        brokers.contains("refused this client")
+            && brokers.contains("Unsupported SASL mechanism")
+            && brokers.contains("sink.sasl_mechanism")
+            && !brokers.contains("no answer"),
+        "{plain}"
+    );
     std::fs::remove_dir_all(dir).ok();
 }

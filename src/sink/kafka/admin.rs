@@ -94,20 +94,42 @@ pub async fn describe_destination(
     topics: &[String],
     timeout: Duration,
 ) -> Result<DestinationFacts, SinkError> {
+    let brokers = Arc::new(super::outage::BrokerLog::new(
+        settings
+            .properties
+            .iter()
+            .find(|(k, _)| k == "bootstrap.servers")
+            .map_or("", |(_, v)| v.as_str()),
+    ));
+    let created = |e: rdkafka::error::KafkaError| {
+        SinkError::Definite(format!(
+            "cannot create a Kafka client: {}",
+            super::config_error(&e)
+        ))
+    };
     let admin: AdminClient<DefaultClientContext> =
-        admin_config(settings).create().map_err(|e| {
-            SinkError::Definite(format!(
-                "cannot create a Kafka admin client: {}",
-                super::config_error(&e)
-            ))
-        })?;
+        admin_config(settings).create().map_err(created)?;
     let admin = Arc::new(admin);
-    let fetcher = Arc::clone(&admin);
-    let metadata =
-        tokio::task::spawn_blocking(move || fetcher.inner().fetch_metadata(None, timeout))
-            .await
+    // The first request goes through a client whose error callback is served (an
+    // admin client's is not), so that a refusal is seen as one.
+    let asker: rdkafka::producer::ThreadedProducer<RefusalContext> = admin_config(settings)
+        .create_with_context(RefusalContext(Arc::clone(&brokers)))
+        .map_err(created)?;
+    let fetched = tokio::task::spawn_blocking(move || {
+        rdkafka::producer::Producer::client(&asker).fetch_metadata(None, timeout)
+    });
+    // A refusal (a mechanism the brokers do not offer, a wrong password, a
+    // certificate) is said as soon as it comes, not as a time-out.
+    let mut refusals = brokers.refusals();
+    let metadata = tokio::select! {
+        fetched = fetched => fetched
             .map_err(|e| SinkError::Transient(format!("metadata request: {e}")))?
-            .map_err(|e| delivery_error(&e))?;
+            .map_err(|e| match brokers.refused() {
+                Some(_) => brokers.refusal_error(),
+                None => delivery_error(&e),
+            })?,
+        _ = refusals.wait_for(Option::is_some) => return Err(brokers.refusal_error()),
+    };
     let options = AdminOptions::new().request_timeout(Some(timeout));
     let mut out = Vec::new();
     let mut missing = false;
@@ -190,6 +212,33 @@ fn login_of(properties: &[(String, String)]) -> Option<String> {
     }
 }
 
+/// The admin client's context for `check`: a refusal goes to a [`BrokerLog`]; the
+/// rest (an unreachable broker) is for the time-out to say.
+///
+/// [`BrokerLog`]: super::outage::BrokerLog
+struct RefusalContext(Arc<super::outage::BrokerLog>);
+
+impl rdkafka::ClientContext for RefusalContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if super::outage::is_refusal(&error, reason) {
+            self.0.error(&error, reason);
+        } else {
+            tracing::debug!(%error, reason, "Kafka");
+        }
+    }
+
+    fn log(&self, _: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        tracing::debug!(facility = fac, "librdkafka: {message}");
+    }
+}
+
+impl rdkafka::producer::ProducerContext for RefusalContext {
+    type DeliveryOpaque = ();
+
+    /// It sends nothing.
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
 /// Why a configuration value could not be read.
 fn unreadable(e: &dyn std::fmt::Display) -> String {
     format!("not readable ({e}): the endpoint may not answer DescribeConfigs")
@@ -197,8 +246,8 @@ fn unreadable(e: &dyn std::fmt::Display) -> String {
 
 /// One configuration value of `resource` from DescribeConfigs, or why it could not
 /// be read.
-async fn described_value(
-    admin: &AdminClient<DefaultClientContext>,
+async fn described_value<C: rdkafka::ClientContext + 'static>(
+    admin: &AdminClient<C>,
     resource: &ResourceSpecifier<'_>,
     key: &str,
     options: &AdminOptions,

@@ -45,7 +45,7 @@ struct State {
 /// Whether an error means the brokers refuse this client, which retrying cannot
 /// change: a failed login, no rights to the cluster, or a fatal producer error
 /// (the idempotent producer's state is lost).
-fn is_refusal(error: &KafkaError, reason: &str) -> bool {
+pub(super) fn is_refusal(error: &KafkaError, reason: &str) -> bool {
     use RDKafkaErrorCode as C;
     match error.rdkafka_error_code() {
         Some(

@@ -3,11 +3,12 @@
 
 use super::*;
 
-/// `resume`: what the checkpoint says of the output file, when it could be read.
+/// `states`: each readable database's, for the topics its tables map to; `resume`:
+/// what the checkpoint says of the output file, when it could be read.
 pub(super) async fn check_destination(
     report: &mut Report,
     config: &Config,
-    state: Option<&SourceState>,
+    states: &[SourceState],
     resume: Option<Resume>,
 ) {
     let routing = &config.sink.routing;
@@ -25,8 +26,8 @@ pub(super) async fn check_destination(
                     return;
                 }
             };
-            let topics = written_topics(config, &template, state);
-            collision_findings(report, &data_template(config, &template), state);
+            let topics = written_topics(config, &template, states);
+            collision_findings(report, &data_template(config, &template), states);
             match kafka::describe_destination(&settings, &topics, config.check.timeout).await {
             Ok(facts) => {
                 kafka_findings(
@@ -170,17 +171,17 @@ async fn check_event_hubs(
 
 /// The topics the stream writes: data events' (`template`) and, with
 /// `sink.schema_changes = "topic"`, schema-change events'.
-fn written_topics(config: &Config, template: &str, state: Option<&SourceState>) -> Vec<String> {
+fn written_topics(config: &Config, template: &str, states: &[SourceState]) -> Vec<String> {
     let routing = &config.sink.routing;
     let debezium = (config.event.format == crate::event::settings::EventFormat::Debezium)
         .then_some(&config.event.debezium);
-    let mut all = topics(&data_template(config, template), state);
+    let mut all = topics(&data_template(config, template), states);
     if routing.schema_changes == crate::sink::settings::SchemaChangePlacement::Topic {
         let schema_topic = match (debezium, &routing.schema_topic) {
             (Some(d), None) => d.topic_prefix.clone(),
             _ => routing.schema_topic(),
         };
-        all.extend(topics(&schema_topic, state));
+        all.extend(topics(&schema_topic, states));
     }
     if let Some(d) = debezium {
         if d.provide_transaction_metadata {
@@ -210,14 +211,15 @@ fn data_template(config: &Config, template: &str) -> String {
 /// Included tables whose events meet in one topic only because their names were
 /// made safe for Kafka (`order details` and `order_details` both give
 /// `order_details`): a warning naming them.
-fn collision_findings(report: &mut Report, template: &str, state: Option<&SourceState>) {
-    let Some(state) = state else { return };
-    let tables = state.included.iter().map(|i| {
-        (
-            state.catalog.database.as_str(),
-            i.schema.as_str(),
-            i.table.as_str(),
-        )
+fn collision_findings(report: &mut Report, template: &str, states: &[SourceState]) {
+    let tables = states.iter().flat_map(|state| {
+        state.included.iter().map(move |i| {
+            (
+                state.catalog.database.as_str(),
+                i.schema.as_str(),
+                i.table.as_str(),
+            )
+        })
     });
     for (topic, names) in crate::event::topic_collisions(template, tables) {
         report.warn(
@@ -231,16 +233,25 @@ fn collision_findings(report: &mut Report, template: &str, state: Option<&Source
     }
 }
 
-/// The topics the stream writes to: the template for each included table.
-pub(super) fn topics(template: &str, state: Option<&SourceState>) -> Vec<String> {
-    let mut topics: Vec<String> = match state {
-        Some(state) => state
-            .included
+/// The topics the stream writes to: the template for each included table of every
+/// database read.
+pub(super) fn topics(template: &str, states: &[SourceState]) -> Vec<String> {
+    let mut topics: Vec<String> = if states.is_empty() {
+        if template.contains('{') {
+            Vec::new()
+        } else {
+            vec![template.to_owned()]
+        }
+    } else {
+        states
             .iter()
-            .map(|i| expand_topic(template, &state.catalog.database, &i.schema, &i.table))
-            .collect(),
-        None if !template.contains('{') => vec![template.to_owned()],
-        None => Vec::new(),
+            .flat_map(|state| {
+                state
+                    .included
+                    .iter()
+                    .map(|i| expand_topic(template, &state.catalog.database, &i.schema, &i.table))
+            })
+            .collect()
     };
     topics.sort();
     topics.dedup();

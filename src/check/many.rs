@@ -69,12 +69,8 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
             "check the connection and the login's access to the databases' cdc schema",
         ),
     }
-    let first = check_each(&mut report, config, &matched, &mut source_for).await;
-    let (state, resume) = match first {
-        Some((state, resume)) => (Some(state), resume),
-        None => (None, None),
-    };
-    check_delivery(&mut report, config, state.as_ref(), resume).await;
+    let (states, resume) = check_each(&mut report, config, &matched, &mut source_for).await;
+    check_delivery(&mut report, config, &states, resume).await;
     check_fleet(&mut report, config, matched.len()).await;
     report
 }
@@ -124,15 +120,22 @@ async fn check_fleet(report: &mut Report, config: &Config, databases: usize) {
     }
 }
 
-/// Each database's own source and checkpoint findings, named `<db>: …`; the first
-/// readable database's state, for the destination's checks.
+/// More databases than this: one whose every check passes is one line.
+const DATABASES_IN_FULL: usize = 3;
+
+/// Each database's own source and checkpoint findings, named `<db>: …` (with more
+/// than [`DATABASES_IN_FULL`] databases, a database that passes every check is one
+/// line); every readable database's state, for the topics the destination's checks
+/// look at, and the first one's checkpoint.
 async fn check_each<S: ChangeSource>(
     report: &mut Report,
     config: &Config,
     matched: &[String],
     source_for: &mut impl FnMut(&Config) -> Result<S, crate::setting::ConfigError>,
-) -> Option<(SourceState, Option<Resume>)> {
-    let mut first: Option<(SourceState, Option<Resume>)> = None;
+) -> (Vec<SourceState>, Option<Resume>) {
+    let mut states = Vec::new();
+    let mut first_resume = None;
+    let summarise = matched.len() > DATABASES_IN_FULL;
     for name in matched {
         let own = config.for_database(name);
         let mut database = Report::default();
@@ -149,17 +152,29 @@ async fn check_each<S: ChangeSource>(
         };
         let state = check_source(&mut database, &own, &mut source, "").await;
         let resume = check_checkpoint(&mut database, &own, &mut source, state.as_ref()).await;
-        for mut finding in database.findings {
-            finding.check = format!("{name}: {}", finding.check);
-            report.findings.push(finding);
+        if summarise && database.findings.iter().all(|f| f.status == Status::Pass) {
+            let tables = state.as_ref().map_or(0, |s| s.included.len());
+            report.pass(
+                name.clone(),
+                format!(
+                    "all {} checks passed; {tables} tables streamed",
+                    database.findings.len()
+                ),
+            );
+        } else {
+            for mut finding in database.findings {
+                finding.check = format!("{name}: {}", finding.check);
+                report.findings.push(finding);
+            }
         }
-        if first.is_none()
-            && let Some(state) = state
-        {
-            first = Some((state, resume));
+        if let Some(state) = state {
+            if states.is_empty() {
+                first_resume = resume;
+            }
+            states.push(state);
         }
     }
-    first
+    (states, first_resume)
 }
 
 /// Up to ten names, and how many more.

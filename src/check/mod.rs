@@ -243,7 +243,7 @@ pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server
     secrets(&mut report, config);
     let catalog = check_source(&mut report, config, source, server).await;
     let checkpoint = check_checkpoint(&mut report, config, source, catalog.as_ref()).await;
-    check_delivery(&mut report, config, catalog.as_ref(), checkpoint).await;
+    check_delivery(&mut report, config, catalog.as_slice(), checkpoint).await;
     report
 }
 
@@ -252,10 +252,10 @@ pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server
 async fn check_delivery(
     report: &mut Report,
     config: &Config,
-    state: Option<&SourceState>,
+    states: &[SourceState],
     resume: Option<Resume>,
 ) {
-    check_destination(report, config, state, resume).await;
+    check_destination(report, config, states, resume).await;
     if let Some(registry) = &config.sink.routing.schema_registry {
         destination::check_registry(report, registry).await;
     }

@@ -25,7 +25,12 @@ use uuid::Uuid;
 const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 
 fn database() -> CdcSimulator {
-    let sim = CdcSimulator::new("Shop", Uuid::from_u128(7), 0);
+    database_named("Shop")
+}
+
+/// `dbo.Customers` and `dbo.Orders`, CDC-enabled, in a database named `name`.
+fn database_named(name: &str) -> CdcSimulator {
+    let sim = CdcSimulator::new(name, Uuid::from_u128(7), 0);
     sim.create_table(
         "dbo",
         "Customers",
@@ -1016,5 +1021,64 @@ async fn a_fleet_s_control_topic_is_checked_on_the_sink_s_brokers() {
         fleet.detail.contains("has 7 slots for 3 databases"),
         "{fleet:?}"
     );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// Many databases into per-database topics: every database's topics are checked,
+/// not the first one's alone, and a database whose every check passes is one line.
+#[tokio::test]
+async fn many_databases_have_every_topic_checked_and_passing_ones_summarised() {
+    use mssql_ces::source::sim::server::SimServer;
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    for n in 1..=4 {
+        for table in ["Customers", "Orders"] {
+            cluster
+                .create_topic(&format!("Shop{n}.dbo.{table}"), 1, 1)
+                .expect("topic");
+        }
+    }
+    let dir = temp_dir("check-many-topics");
+    let secret = dir.join("cs");
+    std::fs::write(
+        &secret,
+        "Server=tcp:sql,1433;Database=Shop1;User Id=u;Password=p",
+    )
+    .expect("secret");
+    let text = format!(
+        "[source]\nkind = \"sqlserver\"\ndatabases = [\"Shop*\"]\nconnection_string = {{ file = \"{secret}\" }}\n[sink]\n{}\n[checkpoint]\npath = \"{cp}\"\n",
+        kafka_sink(&bootstrap, "{db}.{schema}.{tbl}"),
+        secret = secret.display(),
+        cp = dir.join("cp-{db}.json").display()
+    );
+    let config = load(&dir, "config.toml", &text);
+    let server = SimServer::default();
+    for n in 1..=5 {
+        server.add(&format!("Shop{n}"), database_named(&format!("Shop{n}")));
+    }
+    let report = mssql_ces::check::check_many(&config, &mut server.clone(), |own| {
+        let name = own.source.database.clone().expect("one database");
+        Ok(server.database(&name).expect("a simulated database"))
+    })
+    .await;
+    let text = report.to_text();
+    // Shop5's topics were not created: found, though Shop1 is the first database.
+    expect(&report, "topic Shop5.dbo.Orders", Status::Fail);
+    expect(&report, "topic Shop5.dbo.Customers", Status::Fail);
+    expect(&report, "topic Shop3.dbo.Orders", Status::Skip);
+    // Five databases whose own checks pass: a line each.
+    for n in 1..=5 {
+        let line = expect(&report, &format!("Shop{n}"), Status::Pass);
+        assert!(
+            line.detail.starts_with("all ")
+                && line.detail.ends_with("checks passed; 2 tables streamed"),
+            "{line:?}"
+        );
+        assert!(
+            report.get(&format!("Shop{n}: table dbo.Orders")).is_none(),
+            "{text}"
+        );
+    }
+    assert!(text.lines().count() < 30, "{text}");
     std::fs::remove_dir_all(dir).ok();
 }

@@ -95,6 +95,61 @@ impl ConnectionString {
     }
 
     /// The value of `key` (case-insensitive, any of its synonyms), if present.
+    /// Its keywords, lower case, in order: `key=value` parts split at `;` outside a
+    /// value quoted with `{…}`, `"…"` or `'…'` (where a password may hold `;`).
+    fn keywords(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        let mut rest = self.0.as_str();
+        while !rest.is_empty() {
+            let Some(eq) = rest.find('=') else {
+                if !rest.trim().trim_matches(';').trim().is_empty() {
+                    keys.push(rest.trim().to_ascii_lowercase());
+                }
+                break;
+            };
+            // Parts before the key with no `=` of their own are keywords too (and
+            // unknown ones).
+            for key in rest[..eq].split(';') {
+                let key = key.trim();
+                if !key.is_empty() {
+                    keys.push(key.to_ascii_lowercase());
+                }
+            }
+            let value = rest[eq + 1..].trim_start();
+            let close = match value.chars().next() {
+                Some('{') => Some('}'),
+                Some(q @ ('"' | '\'')) => Some(q),
+                _ => None,
+            };
+            let end = match close {
+                Some(close) => value[1..].find(close).map_or(value.len(), |at| 1 + at + 1),
+                None => 0,
+            };
+            rest = match value[end..].find(';') {
+                Some(at) => &value[end + at + 1..],
+                None => "",
+            };
+        }
+        keys
+    }
+
+    /// The first keyword SqlClient does not know, if any (the keyword alone: its
+    /// value may be a secret), and whether a server is named.
+    pub fn check_keywords(&self) -> Result<(), String> {
+        let keys = self.keywords();
+        if let Some(unknown) = keys.iter().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+            return Err(format!(
+                "source.connection_string has the keyword `{unknown}`, which SQL Server's clients do not know: correct it (Server, Database, User Id, Password, Encrypt, TrustServerCertificate, ApplicationIntent, …)"
+            ));
+        }
+        if !keys.iter().any(|k| SERVER_KEYS.contains(&k.as_str())) {
+            return Err(
+                "source.connection_string names no server: add Server=tcp:host,1433".to_owned(),
+            );
+        }
+        Ok(())
+    }
+
     fn setting(&self, keys: &[&str]) -> Option<String> {
         self.0.split(';').find_map(|pair| {
             let (key, value) = pair.split_once('=')?;
@@ -107,6 +162,84 @@ impl ConnectionString {
 
 /// The keys that name the database.
 const DATABASE_KEYS: &[&str] = &["database", "initial catalog"];
+
+/// Every keyword Microsoft.Data.SqlClient's connection strings take, with their
+/// synonyms (`SqlConnectionStringBuilder`), lower case; and `TrustServerCertificateCA`,
+/// which the driver takes besides. Any other keyword is a mistake, never ignored: a
+/// misspelt `Server` would connect to `localhost`, a misspelt `Password` log in
+/// without one.
+const KNOWN_KEYS: &[&str] = &[
+    "server",
+    "data source",
+    "address",
+    "addr",
+    "network address",
+    "database",
+    "initial catalog",
+    "user id",
+    "uid",
+    "user",
+    "password",
+    "pwd",
+    "integrated security",
+    "trusted_connection",
+    "authentication",
+    "encrypt",
+    "trustservercertificate",
+    "trust server certificate",
+    "trustservercertificateca",
+    "hostnameincertificate",
+    "host name in certificate",
+    "servercertificate",
+    "server certificate",
+    "applicationintent",
+    "application intent",
+    "application name",
+    "app",
+    "multisubnetfailover",
+    "multi subnet failover",
+    "failover partner",
+    "connect timeout",
+    "connection timeout",
+    "timeout",
+    "command timeout",
+    "connectretrycount",
+    "connect retry count",
+    "connectretryinterval",
+    "connect retry interval",
+    "packet size",
+    "workstation id",
+    "wsid",
+    "current language",
+    "language",
+    "persist security info",
+    "persistsecurityinfo",
+    "pooling",
+    "max pool size",
+    "min pool size",
+    "load balance timeout",
+    "connection lifetime",
+    "poolblockingperiod",
+    "pool blocking period",
+    "enlist",
+    "multipleactiveresultsets",
+    "multiple active result sets",
+    "replication",
+    "transaction binding",
+    "type system version",
+    "user instance",
+    "attachdbfilename",
+    "extended properties",
+    "initial file name",
+    "column encryption setting",
+    "attestation protocol",
+    "enclave attestation url",
+    "ipaddresspreference",
+    "ip address preference",
+    "network library",
+    "network",
+    "net",
+];
 
 impl fmt::Debug for ConnectionString {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -293,6 +426,7 @@ pub fn validate(settings: &SqlServerConfig) -> Result<(), String> {
 /// The driver's configuration, refusing what would make it panic or hang.
 fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
     let cs = &settings.connection_string;
+    cs.check_keywords().map_err(definite)?;
     let server = cs.setting(SERVER_KEYS);
     if let Some(server) = &server {
         let server = server.trim_start_matches("tcp:");
@@ -639,6 +773,34 @@ mod tests {
             .unwrap_or_default();
         assert!(err.contains("source.connection_string"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    /// A misspelt keyword or no server is refused, naming the keyword, never its
+    /// value; a quoted password may hold `;` and `=`.
+    #[test]
+    fn keywords_sql_server_s_clients_do_not_know_are_refused_by_name() {
+        let err = validate(&settings("Srvr=tcp:db,1433;User Id=u;Passwort=hunter2"))
+            .expect_err("a misspelt keyword");
+        assert!(err.contains("`srvr`") && !err.contains("hunter2"), "{err}");
+        let err = validate(&settings("Server=tcp:db,1433;User Id=u;Passwort=hunter2"))
+            .expect_err("a misspelt keyword");
+        assert!(
+            err.contains("`passwort`") && !err.contains("hunter2"),
+            "{err}"
+        );
+        let err =
+            validate(&settings("Database=x;User Id=u;Password=hunter2")).expect_err("no server");
+        assert!(
+            err.contains("names no server") && !err.contains("hunter2"),
+            "{err}"
+        );
+        for fine in [
+            "Server=tcp:db,1433;Initial Catalog=x;uid=u;pwd={a;b=c};Encrypt=strict;",
+            "Data Source=db,1433; User ID = u ; Password=\"x;y\";Application Name=z;MultiSubnetFailover=True",
+            "server=db,1433;database=x;Integrated Security=false;user=u;password='p;q';Connect Timeout=5",
+        ] {
+            assert_eq!(validate(&settings(fine)), Ok(()), "{fine}");
+        }
     }
 
     #[test]

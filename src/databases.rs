@@ -125,6 +125,11 @@ struct Stream {
     starting: Option<MaxLsn>,
     phase: Phase,
     backoff: Backoff,
+    /// While the probe cannot read it: when to ask again, and how long to wait
+    /// after that (1 s doubling to 5 min), so that a database that stays unreadable
+    /// does not cost a query of its own at every poll.
+    probe_again_at: Option<Instant>,
+    probe_backoff: Backoff,
     /// Gone from the server: dropped once its activation ended.
     gone: bool,
 }
@@ -137,8 +142,16 @@ impl Stream {
             starting: None,
             phase: Phase::Waiting,
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
+            probe_again_at: None,
+            probe_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
             gone: false,
         }
+    }
+
+    /// Whether the probe asks about it this round: not while an unreadable
+    /// database's backoff runs.
+    fn probed_now(&self, now: Instant) -> bool {
+        self.probe_again_at.is_none_or(|at| now >= at)
     }
 
     /// Has changes (or a catalog change) not yet read.
@@ -436,21 +449,40 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
         }
     }
 
-    /// One probe round over every database.
+    /// One probe round over every database (but those the probe could not read,
+    /// while their backoff runs).
     async fn probe(&mut self) {
-        let names: Vec<String> = self
-            .streams
-            .keys()
-            .filter(|name| self.owns(name))
-            .cloned()
-            .collect();
-        if names.is_empty() {
+        let now = Instant::now();
+        // Those the probe could not read are asked alone when their backoff ends,
+        // so that one that is still unreadable costs its own query only, not a
+        // failed chunk narrowed down database by database.
+        let (mut retried, mut names) = (Vec::new(), Vec::new());
+        for (name, stream) in &self.streams {
+            if self.owns(name) && stream.probed_now(now) {
+                match stream.probe_again_at {
+                    Some(_) => retried.push(name.clone()),
+                    None => names.push(name.clone()),
+                }
+            }
+        }
+        if names.is_empty() && retried.is_empty() {
             return;
         }
         self.summary.probes += 1;
         let probed = self
             .on_server(|mut server| async move {
-                let answers = server.probe(&names).await;
+                let mut answers = if names.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    server.probe(&names).await
+                };
+                for name in &retried {
+                    let Ok(found) = &mut answers else { break };
+                    match server.probe(std::slice::from_ref(name)).await {
+                        Ok(alone) => found.extend(alone),
+                        Err(e) => answers = Err(e),
+                    }
+                }
                 (server, answers)
             })
             .await;
@@ -462,11 +494,17 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
                     };
                     if let Err(e) = &answer.state {
                         let was_readable = !matches!(stream.probed, Some(Err(_)));
+                        let wait = stream.probe_backoff.next_wait();
+                        stream.probe_again_at = Some(Instant::now() + wait);
                         if was_readable {
-                            tracing::warn!(database = %answer.database, error = %e, "the probe cannot read this database; the others go on");
+                            tracing::warn!(database = %answer.database, error = %e, "the probe cannot read this database; the others go on, and it is asked again with backoff");
                         }
-                    } else if matches!(stream.probed, Some(Err(_))) {
-                        tracing::info!(database = %answer.database, "the probe reads this database again");
+                    } else {
+                        if matches!(stream.probed, Some(Err(_))) {
+                            tracing::info!(database = %answer.database, "the probe reads this database again");
+                        }
+                        stream.probe_again_at = None;
+                        stream.probe_backoff.reset();
                     }
                     stream.probed = Some(answer.state);
                 }

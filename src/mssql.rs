@@ -351,6 +351,15 @@ pub struct SqlError {
     pub error: SqlErrorKind,
 }
 
+/// The error a server answer with this number and text is: what [`classify`]
+/// makes of a server's error token (for test doubles that answer as SQL Server).
+pub fn server_error(code: u32, message: &str) -> SqlError {
+    SqlError {
+        code: Some(code),
+        error: classify_server_error(code, message),
+    }
+}
+
 /// Maps a driver error to a [`SqlErrorKind`].
 pub fn classify(error: &tiberius::error::Error) -> SqlError {
     use tiberius::error::Error as E;

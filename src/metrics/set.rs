@@ -86,7 +86,7 @@ impl MetricsSet {
             ),
             gauge(
                 "databases_unreadable",
-                "Databases the probe cannot read (offline, no access)",
+                "Databases the probe cannot read (offline, no access, an availability group secondary here)",
                 s.unreadable,
             ),
             counter(

@@ -437,6 +437,12 @@ pub enum SourceError {
     OtherDatabase { checkpoint: String, now: String },
     #[error("database error: {message}")]
     Definite { message: String },
+    /// A database this server's replica cannot read (an availability group
+    /// secondary), found by the probe of many databases.
+    #[error(
+        "{message} (this replica cannot read it; it is asked again with backoff, and streamed once it can be read: connect to the primary through the listener, or allow reads on the secondary)"
+    )]
+    NotReadableHere { message: String },
     /// A `[[event.columns]]` rule a table cannot take (a key column left out).
     #[error(transparent)]
     ColumnRule(#[from] crate::event::columns::ColumnRuleError),

@@ -54,6 +54,25 @@ pub fn probe_sql(databases: &[String]) -> String {
     parts.join(" UNION ALL ") + ";"
 }
 
+/// The errors of a database that this server's replica cannot read: 976 (an
+/// availability group secondary that allows no connections), 978 (one that allows
+/// only read-intent sessions) and 983 (a replica resolving its role). They are
+/// transient for one database's own connection, which a failover may route
+/// elsewhere, but in a probe they are the named database's alone.
+pub const NOT_READABLE_HERE: &[u32] = &[976, 978, 983];
+
+/// A probe query's failure as the probe takes it: a database this replica cannot
+/// read fails its chunk as one database does, to be found and answered alone, not
+/// as a connection fault that fails every database's probe.
+pub fn probe_error(error: crate::mssql::SqlError) -> SourceError {
+    match error.code {
+        Some(code) if NOT_READABLE_HERE.contains(&code) => SourceError::NotReadableHere {
+            message: error.error.to_string(),
+        },
+        _ => error.into(),
+    }
+}
+
 /// What one database answered to the probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatabaseProbe {
@@ -138,7 +157,7 @@ impl DatabaseServer for SqlServerDatabases {
         let sql = probe_sql(chunk);
         let params: Vec<&dyn tiberius::ToSql> =
             chunk.iter().map(|n| n as &dyn tiberius::ToSql).collect();
-        let rows = self.conn.query(&sql, &params).await?;
+        let rows = self.conn.query(&sql, &params).await.map_err(probe_error)?;
         rows.into_iter()
             .map(|row| {
                 let mut row = NamedRow::new(row);
@@ -247,6 +266,25 @@ mod tests {
                 "{list:?}: {result:?}"
             );
         }
+    }
+
+    /// An availability group secondary's refusal is the database's own, not a
+    /// connection fault: the probe narrows it down instead of failing every database.
+    #[test]
+    fn a_replica_that_cannot_read_a_database_is_that_database_s_failure() {
+        for code in NOT_READABLE_HERE {
+            let e = probe_error(crate::mssql::server_error(*code, "not accessible"));
+            assert!(
+                matches!(e, SourceError::NotReadableHere { .. }) && !e.is_transient(),
+                "{code}: {e:?}"
+            );
+            assert!(e.to_string().contains("this replica cannot read it"), "{e}");
+        }
+        assert!(probe_error(crate::mssql::server_error(1205, "deadlock")).is_transient());
+        assert!(matches!(
+            probe_error(crate::mssql::server_error(942, "offline")),
+            SourceError::Definite { .. }
+        ));
     }
 
     #[test]

@@ -336,6 +336,77 @@ async fn a_busy_database_and_two_failing_ones_do_not_hold_up_the_others() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// Two databases whose replica here is an availability group secondary (one that
+/// allows no reads, error 976; one that allows read-intent sessions only, 978)
+/// beside healthy ones: the healthy ones stream, the two are reported as
+/// unreadable, and they are not asked again at every poll (a backoff of their own),
+/// so a poll costs about one query however long they stay unreadable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn availability_group_secondaries_stop_nothing_and_are_asked_with_backoff() {
+    use mssql_ces::source::sim::server::Replica;
+    let server = SimServer::default();
+    let names: Vec<String> = (0..6).map(|i| format!("Shop{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        insert(&sim, name, 1);
+        server.add(name, sim);
+    }
+    server.set_replica("Shop2", Replica::NotReadable);
+    server.set_replica("Shop4", Replica::ReadIntentOnly);
+    let dir = temp_dir("secondaries");
+    let supervisor = supervisor(
+        &server,
+        &dir,
+        ManySettings {
+            discovery_interval: Duration::from_secs(3600),
+            ..settings(&["Shop*"])
+        },
+    );
+    let mut status = supervisor.status();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(shutdown.clone()));
+    let readable = ["Shop0", "Shop1", "Shop3", "Shop5"];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !readable.iter().all(|n| delivered(&dir, n) == vec![1]) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the readable databases' rows: {:?}",
+            *status.borrow()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for(&mut status, "the two reported", |s| s.unreadable == 2).await;
+    assert!(delivered(&dir, "Shop2").is_empty() && delivered(&dir, "Shop4").is_empty());
+    // Steady state: 50 polls cost about one query each, not one for the whole
+    // chunk and one per database after it.
+    let (queries_before, probes_before) = (server.round_trips(), status.borrow().probes);
+    wait_for(&mut status, "50 probe rounds", |s| {
+        s.probes >= probes_before + 50
+    })
+    .await;
+    let rounds = (status.borrow().probes - probes_before) as usize;
+    let queries = server.round_trips() - queries_before;
+    assert!(
+        queries <= rounds + rounds / 5,
+        "{queries} queries in {rounds} polls with two unreadable databases"
+    );
+    // A change in a readable database still streams; the primary back, Shop2 too.
+    insert(&server.database("Shop3").expect("db"), "Shop3", 2);
+    server.set_replica("Shop2", Replica::Primary);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while delivered(&dir, "Shop3") != vec![1, 2] || delivered(&dir, "Shop2") != vec![1] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after the change: {:?}",
+            *status.borrow()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    run.await.expect("join").expect("a clean stop");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// Discovery: a database created (and CDC-enabled) while running is streamed
 /// without a restart; a dropped one stops; one no pattern matches is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -608,7 +608,10 @@ async fn check_fails_what_run_would_refuse() {
         ),
         ("Server=;User Id=u;Password=HUNTER2", "empty Server"),
         // A misspelt keyword: it would have connected to localhost for ever.
-        ("Srvr=tcp:db,1433;User Id=u;Passwort=HUNTER2", "the keyword `srvr`"),
+        (
+            "Srvr=tcp:db,1433;User Id=u;Passwort=HUNTER2",
+            "the keyword `srvr`",
+        ),
         ("Database=x;User Id=u;Password=HUNTER2", "names no server"),
     ] {
         std::fs::write(

@@ -6,13 +6,24 @@
 //! query with a three-part name into a database that is offline or gone fails as a
 //! whole (error 942 "Database … cannot be opened because it is offline", 911 "does
 //! not exist"), so one such database fails the probe of its chunk.
+//!
+//! A database whose replica on this server is an availability group secondary that
+//! allows no connections is still `ONLINE` in `sys.databases` (its `state` is the
+//! local replica's, and `HAS_DBACCESS` is 1), but any query naming it fails with
+//! error 976 ("The target database, '…', is participating in an availability group
+//! and is currently not accessible for queries"); on a secondary that allows only
+//! read-intent connections, 978 for a session without `ApplicationIntent=ReadOnly`
+//! (Learn: "Configure read-only access to a secondary replica of an Always On
+//! availability group"; the error numbers are SqlClient's and EF Core's
+//! availability-group retry list). The probe gets the error as the real probe
+//! does, through [`probe_error`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::CdcSimulator;
 use crate::source::SourceError;
-use crate::source::server::{DatabaseProbe, DatabaseServer};
+use crate::source::server::{DatabaseProbe, DatabaseServer, probe_error};
 
 /// A handle to the simulated server (`Clone`: tests change it while it is read).
 #[derive(Debug, Clone, Default)]
@@ -30,6 +41,19 @@ struct ServerState {
 struct SimDatabase {
     sim: CdcSimulator,
     online: bool,
+    replica: Replica,
+}
+
+/// What this server's replica of a database allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replica {
+    /// The primary, or no availability group: readable.
+    Primary,
+    /// A secondary with `ALLOW_CONNECTIONS = NO`: error 976.
+    NotReadable,
+    /// A secondary with `ALLOW_CONNECTIONS = READ_ONLY`, to a session without a
+    /// read-only intent: error 978.
+    ReadIntentOnly,
 }
 
 impl SimServer {
@@ -39,9 +63,21 @@ impl SimServer {
 
     /// Adds (or replaces) a database, online.
     pub fn add(&self, name: &str, sim: CdcSimulator) {
-        self.lock()
-            .databases
-            .insert(name.to_owned(), SimDatabase { sim, online: true });
+        self.lock().databases.insert(
+            name.to_owned(),
+            SimDatabase {
+                sim,
+                online: true,
+                replica: Replica::Primary,
+            },
+        );
+    }
+
+    /// Makes this server's replica of a database a secondary, or the primary again.
+    pub fn set_replica(&self, name: &str, replica: Replica) {
+        if let Some(db) = self.lock().databases.get_mut(name) {
+            db.replica = replica;
+        }
     }
 
     /// Drops a database.
@@ -85,6 +121,22 @@ impl DatabaseServer for SimServer {
         let mut answers = Vec::with_capacity(chunk.len());
         for name in chunk {
             let db = match state.databases.get(name) {
+                Some(db) if db.online && db.replica == Replica::NotReadable => {
+                    return Err(probe_error(crate::mssql::server_error(
+                        976,
+                        &format!(
+                            "The target database, '{name}', is participating in an availability group and is currently not accessible for queries. Either data movement is suspended or the availability replica is not enabled for read access."
+                        ),
+                    )));
+                }
+                Some(db) if db.online && db.replica == Replica::ReadIntentOnly => {
+                    return Err(probe_error(crate::mssql::server_error(
+                        978,
+                        &format!(
+                            "The target database ('{name}') is in an availability group and is currently accessible for connections when the application intent is set to read only."
+                        ),
+                    )));
+                }
                 Some(db) if db.online => db,
                 Some(_) => {
                     return Err(SourceError::Definite {

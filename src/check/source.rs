@@ -363,6 +363,23 @@ pub(super) async fn check_tables<S: ChangeSource>(
             );
         }
     }
+    if let Some(own) = catalog
+        .instances
+        .iter()
+        .find(|i| crate::source::filter::is_checkpoint_table(&i.schema, &i.table))
+    {
+        report.warn(
+            format!("table {}.{}", own.schema, own.table),
+            format!(
+                "CDC is enabled on the checkpoint table (capture instance {}): it is never streamed, but the capture job records every checkpoint written",
+                own.name
+            ),
+            format!(
+                "EXEC sys.sp_cdc_disable_table @source_schema = N'{}', @source_name = N'{}', @capture_instance = N'{}'",
+                own.schema, own.table, own.name
+            ),
+        );
+    }
     let included: Vec<CaptureInstance> = catalog
         .instances
         .iter()

@@ -277,6 +277,17 @@ mod tests {
     use super::*;
     use crate::source::queries::assert_parses;
 
+    /// The table the statements write is the one the source never streams.
+    #[test]
+    fn the_statements_name_the_table_the_source_leaves_out() {
+        let (schema, table) = crate::source::filter::CHECKPOINT_TABLE;
+        let name = format!("{schema}.{table}");
+        for sql in [CHECKPOINT_READ, CHECKPOINT_WRITE] {
+            assert!(sql.contains(&name), "{sql}");
+        }
+        assert_eq!(LOCATION, format!("table {name}"));
+    }
+
     #[test]
     fn stream_names_that_differ_in_case_take_one_lease() {
         let settings = || crate::mssql::SqlServerConfig {

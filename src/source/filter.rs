@@ -3,7 +3,12 @@
 //! A pattern is matched case-insensitively (SQL Server's default collations are) against
 //! `schema.table`; `*` matches any run of characters and `?` one character. A table is
 //! streamed when it matches some include pattern (or none are given) and no exclude
-//! pattern.
+//! pattern, and it is not the checkpoint table.
+
+/// The table the table checkpoint store writes (`checkpoint.store = "table"`), in
+/// the source database: never streamed, enabled or loaded, whatever the patterns,
+/// since each checkpoint written would be a change whose delivery writes another.
+pub const CHECKPOINT_TABLE: (&str, &str) = ("dbo", "mssql_ces_checkpoint");
 
 /// Include and exclude patterns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,7 +39,11 @@ impl TableFilter {
             .map(String::as_str)
     }
 
+    /// Whether the patterns select `schema.table` (never the checkpoint table).
     pub fn allows(&self, schema: &str, table: &str) -> bool {
+        if is_checkpoint_table(schema, table) {
+            return false;
+        }
         let name = format!("{schema}.{table}").to_lowercase();
         let name: Vec<char> = name.chars().collect();
         let matches = |pattern: &String| {
@@ -44,6 +53,13 @@ impl TableFilter {
         (self.include.is_empty() || self.include.iter().any(matches))
             && !self.exclude.iter().any(matches)
     }
+}
+
+/// Whether `schema.table` is [`CHECKPOINT_TABLE`] (names compared as SQL Server's
+/// default collation does, without case).
+pub fn is_checkpoint_table(schema: &str, table: &str) -> bool {
+    schema.eq_ignore_ascii_case(CHECKPOINT_TABLE.0)
+        && table.eq_ignore_ascii_case(CHECKPOINT_TABLE.1)
 }
 
 pub(crate) use crate::setting::glob_match;
@@ -58,8 +74,17 @@ mod tests {
     }
 
     #[test]
-    fn empty_filter_allows_everything() {
+    fn empty_filter_allows_everything_but_the_checkpoint_table() {
         assert!(filter(&[], &[]).allows("dbo", "Orders"));
+        for f in [
+            filter(&[], &[]),
+            filter(&["dbo.*"], &[]),
+            filter(&["dbo.mssql_ces_checkpoint"], &[]),
+        ] {
+            assert!(!f.allows("dbo", "mssql_ces_checkpoint"));
+            assert!(!f.allows("DBO", "MSSQL_CES_CHECKPOINT"));
+        }
+        assert!(filter(&[], &[]).allows("sales", "mssql_ces_checkpoint"));
     }
 
     #[test]

@@ -354,6 +354,56 @@ async fn enable_cdc_enables_included_tables_that_lack_it_and_streams_them() {
     assert_eq!(ids(&drain(&mut poller).await.expect("poll")), [5]);
 }
 
+/// The table checkpoint store's own table is never enabled or streamed, whatever
+/// the patterns: each checkpoint would be a change whose delivery writes another.
+#[tokio::test]
+async fn the_checkpoint_table_is_never_enabled_or_streamed() {
+    let sim = database();
+    sim.create_table(
+        "dbo",
+        "mssql_ces_checkpoint",
+        vec![
+            SimColumn::new("stream_name", SqlType::NVarChar(Length::Bounded(200))),
+            SimColumn::new("position", SqlType::NVarChar(Length::Max)),
+        ],
+        &["stream_name"],
+    );
+    let mut poller = Poller::new(
+        sim.clone(),
+        PollerConfig {
+            capture_instances: CaptureInstanceMode::Manual,
+            enable_cdc: true,
+            filter: mssql_ces::source::filter::TableFilter::new(vec!["dbo.*".into()], Vec::new()),
+            ..config()
+        },
+        None,
+    );
+    drain(&mut poller).await.expect("poll");
+    assert_eq!(
+        instance_names(&sim),
+        ["dbo_T"],
+        "not enabled on the checkpoint table"
+    );
+    // Enabled by a DBA: still not streamed.
+    sim.enable_table("dbo.mssql_ces_checkpoint", None)
+        .expect("enable");
+    sim.transaction()
+        .insert(
+            "dbo.mssql_ces_checkpoint",
+            vec![Value::Text("s".into()), Value::Text("{}".into())],
+        )
+        .insert("dbo.T", vec![Value::Int(7), text("b")])
+        .commit()
+        .expect("commit");
+    let changes = drain(&mut poller).await.expect("poll");
+    assert_eq!(ids(&changes), [7]);
+    let streamed = changes
+        .iter()
+        .filter(|i| matches!(i, Item::Change(_)))
+        .count();
+    assert_eq!(streamed, 1, "only dbo.T's row");
+}
+
 /// A small deterministic generator (xorshift64*): the test needs no dependency.
 struct Random(u64);
 

@@ -1088,3 +1088,33 @@ async fn many_databases_have_every_topic_checked_and_passing_ones_summarised() {
     assert!(text.lines().count() < 30, "{text}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// CDC enabled on the table checkpoint store's own table: a warning with the
+/// statement that disables it; the table is not among those streamed.
+#[tokio::test]
+async fn cdc_on_the_checkpoint_table_is_a_warning_with_the_fix() {
+    let sim = database();
+    sim.create_table(
+        "dbo",
+        "mssql_ces_checkpoint",
+        vec![SimColumn::new(
+            "stream_name",
+            SqlType::NVarChar(Length::Bounded(200)),
+        )],
+        &["stream_name"],
+    );
+    sim.enable_table("dbo.mssql_ces_checkpoint", None)
+        .expect("enable");
+    let dir = temp_dir("check-own-table");
+    let report = run(&stdout_config(&dir), &sim).await;
+    let own = expect(&report, "table dbo.mssql_ces_checkpoint", Status::Warn);
+    assert!(
+        own.fix
+            .as_deref()
+            .is_some_and(|f| f.contains("sys.sp_cdc_disable_table")),
+        "{own:?}"
+    );
+    assert!(report.passed(), "{}", report.to_text());
+    expect(&report, "table dbo.Orders", Status::Pass);
+    std::fs::remove_dir_all(dir).ok();
+}

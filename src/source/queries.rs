@@ -495,6 +495,13 @@ pub const PROBE_CHUNK: usize = 500;
 ///
 /// Parameters: `@P1` the upper LSN `to`; then for instance `i` (0-based),
 /// `@P{2i+2}` its name and `@P{2i+3}` its `after` LSN.
+///
+/// The change tables are read `WITH (NOLOCK)`, as [`read_changes`] reads them and
+/// for its reasons: every row at or below `to` is committed and written once, and
+/// the cleanup job's deletes (5,000 rows a statement, which can escalate to a table
+/// lock) would otherwise hold the probe, and with it every table's poll, until
+/// they end. A row the cleanup is deleting can only make `next_change` early; the
+/// read that follows checks the low end again.
 pub fn probe(capture_instances: &[&str]) -> String {
     let parts: Vec<String> = capture_instances
         .iter()
@@ -504,7 +511,7 @@ pub fn probe(capture_instances: &[&str]) -> String {
             format!(
                 "SELECT @P{name_param} AS capture_instance, \
 sys.fn_cdc_get_min_lsn(@P{name_param}) AS min_lsn, \
-(SELECT MIN(ct.__$start_lsn) FROM {table} AS ct \
+(SELECT MIN(ct.__$start_lsn) FROM {table} AS ct WITH (NOLOCK) \
 WHERE ct.__$start_lsn > @P{after_param} AND ct.__$start_lsn <= @P1) AS next_change",
                 table = change_table(name),
             )
@@ -857,6 +864,11 @@ ct.[Name] COLLATE Latin1_General_BIN2, DATALENGTH(ct.[Name]);"
         );
         let probe = probe(&["a", "b"]);
         assert!(probe.contains("@P4 AS capture_instance"), "{probe}");
+        assert_eq!(
+            probe.matches("AS ct WITH (NOLOCK)").count(),
+            2,
+            "each change table read without shared locks: {probe}"
+        );
         assert!(
             probe.contains("> @P5 AND ct.__$start_lsn <= @P1"),
             "{probe}"

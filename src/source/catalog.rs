@@ -499,7 +499,8 @@ async fn read_key_columns(
 fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
     let name = row.string("column_name")?;
     let ordinal = row.int("column_ordinal")?;
-    // Only named in messages about a type CES leaves out.
+    // Named in messages about a type CES leaves out, and the type a `rowversion`
+    // column is left out by (its change table column is `binary(8)`).
     let declared = row.opt_string("column_type")?;
     let base = row.opt_string("type_name")?;
     let user_defined = row.opt_int("is_user_defined")? == Some(1);
@@ -523,6 +524,18 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
         });
     }
     let sql_type = match (base, max_length, precision, scale) {
+        // CDC defines a `rowversion` (`timestamp`) column as `binary(8)` in the
+        // change table (Learn, cdc.<capture_instance>_CT, Remarks: data types of
+        // captured columns), so its type there names nothing CES leaves out; the
+        // declared type does, and CES leaves it out.
+        _ if declared.as_deref().is_some_and(|d| {
+            d.eq_ignore_ascii_case("timestamp") || d.eq_ignore_ascii_case("rowversion")
+        }) =>
+        {
+            Err(TypeError::Excluded {
+                type_name: declared.clone().unwrap_or_default(),
+            })
+        }
         _ if user_defined => Err(TypeError::UserDefined {
             type_name: declared.unwrap_or_else(|| "(a type the catalog does not name)".into()),
         }),
@@ -670,11 +683,20 @@ mod tests {
         type_name: Option<&'static str>,
         change_column_id: Option<i32>,
     ) -> NamedRow {
+        declared_row("int", source_column_id, type_name, change_column_id)
+    }
+
+    fn declared_row(
+        declared: &'static str,
+        source_column_id: Option<i32>,
+        type_name: Option<&'static str>,
+        change_column_id: Option<i32>,
+    ) -> NamedRow {
         let text = |s: &'static str| ColumnData::String(Some(Cow::Borrowed(s)));
         NamedRow::from_pairs(vec![
             ("column_name", text("Qty")),
             ("column_ordinal", ColumnData::I32(Some(3))),
-            ("column_type", text("int")),
+            ("column_type", text(declared)),
             ("is_computed", ColumnData::I32(Some(0))),
             (
                 "type_name",
@@ -699,6 +721,36 @@ mod tests {
         assert_eq!(column.table_index, Some(2));
         assert_eq!(column.sql_type, Ok(SqlType::BigInt));
         assert_eq!(column.nullable, Some(false));
+    }
+
+    /// A `rowversion` column is `binary(8)` in the change table: left out by its
+    /// declared type, as CES leaves it out.
+    #[test]
+    fn a_rowversion_column_is_left_out_by_its_declared_type() {
+        for declared in ["timestamp", "rowversion"] {
+            let column = captured_column(&mut declared_row(
+                declared,
+                Some(3),
+                Some("binary"),
+                Some(4),
+            ))
+            .unwrap();
+            assert_eq!(
+                column.sql_type,
+                Err(TypeError::Excluded {
+                    type_name: declared.into()
+                }),
+                "{declared}"
+            );
+        }
+        let binary = captured_column(&mut declared_row(
+            "binary",
+            Some(3),
+            Some("binary"),
+            Some(4),
+        ))
+        .unwrap();
+        assert!(binary.sql_type.is_ok(), "{binary:?}");
     }
 
     #[test]

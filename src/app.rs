@@ -54,7 +54,8 @@ impl RunError {
     pub fn is_configuration(&self) -> bool {
         match self {
             RunError::Config(_) => true,
-            RunError::Pipeline(PipelineError::Source(e)) => e.is_configuration(),
+            RunError::Pipeline(PipelineError::Source(e))
+            | RunError::Many(crate::databases::ManyError::Discovery(e)) => e.is_configuration(),
             _ => false,
         }
     }

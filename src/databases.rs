@@ -225,6 +225,8 @@ pub struct Supervisor<S, R: StreamRunner> {
     refused: Option<String>,
     /// The fleet's membership ended while the server was being asked.
     lost: bool,
+    /// Whether the server's edition was found to allow cross-database queries.
+    edition_checked: bool,
     /// The run's shutdown (set by `run`).
     shutdown: CancellationToken,
 }
@@ -246,6 +248,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
             resized: None,
             refused: None,
             lost: false,
+            edition_checked: false,
             shutdown: CancellationToken::new(),
         }
     }
@@ -385,6 +388,20 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
     /// Matches the server's databases against the patterns: new ones become streams,
     /// gone ones stop.
     async fn discover(&mut self) -> Result<(), SourceError> {
+        if !self.edition_checked {
+            // The probe reads every database with three-part names; a server
+            // without cross-database queries fails each of them for ever.
+            let edition = self
+                .on_server(|mut server| async move {
+                    let edition = server.engine_edition().await;
+                    (server, edition)
+                })
+                .await?;
+            if edition == crate::source::AZURE_SQL_DATABASE_EDITION {
+                return Err(SourceError::NoCrossDatabaseQueries);
+            }
+            self.edition_checked = true;
+        }
         let found = self
             .on_server(|mut server| async move {
                 let found = server.cdc_databases().await;

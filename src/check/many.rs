@@ -15,6 +15,14 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
     let mut report = Report::default();
     secrets(&mut report, config);
     let patterns = &config.source.databases;
+    if let Ok(crate::source::AZURE_SQL_DATABASE_EDITION) = server.engine_edition().await {
+        report.fail(
+            "databases",
+            SourceError::NoCrossDatabaseQueries.to_string(),
+            "give each database a configuration of its own, without source.databases",
+        );
+        return report;
+    }
     let found = match server.cdc_databases().await {
         Ok(found) => found,
         Err(e) => {

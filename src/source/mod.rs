@@ -437,6 +437,11 @@ pub enum SourceError {
     OtherDatabase { checkpoint: String, now: String },
     #[error("database error: {message}")]
     Definite { message: String },
+    /// `source.databases` on a server without cross-database queries.
+    #[error(
+        "source.databases needs cross-database queries (three-part names), which Azure SQL Database does not have: stream each database with a configuration of its own (source.connection_string with Database=<name>, and its own checkpoint.stream_name), or use a SQL Server or an Azure SQL Managed Instance"
+    )]
+    NoCrossDatabaseQueries,
     /// A database this server's replica cannot read (an availability group
     /// secondary), found by the probe of many databases.
     #[error(
@@ -494,7 +499,9 @@ impl SourceError {
     pub fn is_configuration(&self) -> bool {
         matches!(
             self,
-            SourceError::UnmatchedColumnRules { .. } | SourceError::ColumnRule(_)
+            SourceError::UnmatchedColumnRules { .. }
+                | SourceError::ColumnRule(_)
+                | SourceError::NoCrossDatabaseQueries
         )
     }
 

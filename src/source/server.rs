@@ -21,6 +21,13 @@ use crate::source::{MaxLsn, SourceError};
 pub const CDC_DATABASES: &str = "SELECT name FROM sys.databases \
 WHERE is_cdc_enabled = 1 AND state = 0 AND HAS_DBACCESS(name) = 1 ORDER BY name;";
 
+/// The server's engine edition: 5 is Azure SQL Database, which has no
+/// cross-database queries (a three-part name fails with error 40515), so the probe
+/// of many databases cannot run there.
+/// <https://learn.microsoft.com/sql/t-sql/functions/serverproperty-transact-sql>
+pub const ENGINE_EDITION: &str =
+    "SELECT CAST(SERVERPROPERTY('EngineEdition') AS int) AS engine_edition;";
+
 /// One database's part of the probe: the catalog fingerprint of `MAX_LSN`, with
 /// `{db}` the bracketed database name and `@P{n}` its name as text.
 pub const PROBE_DATABASE: &str = "SELECT @P{n} AS database_name, \
@@ -83,6 +90,9 @@ pub struct DatabaseProbe {
 
 /// A server of many CDC-enabled databases.
 pub trait DatabaseServer: Send {
+    /// `SERVERPROPERTY('EngineEdition')`.
+    fn engine_edition(&mut self) -> impl Future<Output = Result<i64, SourceError>> + Send;
+
     /// The databases that can be streamed now, by name.
     fn cdc_databases(&mut self) -> impl Future<Output = Result<Vec<String>, SourceError>> + Send;
 
@@ -146,6 +156,19 @@ impl SqlServerDatabases {
 }
 
 impl DatabaseServer for SqlServerDatabases {
+    async fn engine_edition(&mut self) -> Result<i64, SourceError> {
+        let rows = self.conn.query(ENGINE_EDITION, &[]).await?;
+        let row = rows
+            .into_iter()
+            .next()
+            .ok_or_else(|| SourceError::Definite {
+                message: "SERVERPROPERTY('EngineEdition') returned no row".into(),
+            })?;
+        NamedRow::new(row)
+            .int("engine_edition")
+            .map_err(catalog_error)
+    }
+
     async fn cdc_databases(&mut self) -> Result<Vec<String>, SourceError> {
         let rows = self.conn.query(CDC_DATABASES, &[]).await?;
         rows.into_iter()
@@ -188,6 +211,10 @@ mod tests {
     }
 
     impl DatabaseServer for Fake {
+        async fn engine_edition(&mut self) -> Result<i64, SourceError> {
+            Ok(3)
+        }
+
         async fn cdc_databases(&mut self) -> Result<Vec<String>, SourceError> {
             Ok(Vec::new())
         }
@@ -308,7 +335,11 @@ mod tests {
         use sqlparser::dialect::MsSqlDialect;
         use sqlparser::parser::Parser;
         let names: Vec<String> = (0..PROBE_CHUNK).map(|i| format!("Tenant{i}")).collect();
-        for sql in [CDC_DATABASES.to_owned(), probe_sql(&names)] {
+        for sql in [
+            CDC_DATABASES.to_owned(),
+            ENGINE_EDITION.to_owned(),
+            probe_sql(&names),
+        ] {
             Parser::parse_sql(&MsSqlDialect {}, &sql)
                 .unwrap_or_else(|e| panic!("{e}: {}", &sql[..sql.len().min(200)]));
         }

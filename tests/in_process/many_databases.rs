@@ -407,6 +407,43 @@ async fn availability_group_secondaries_stop_nothing_and_are_asked_with_backoff(
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// Azure SQL Database has no cross-database queries: many databases from one
+/// connection cannot be probed there, and the run says so, naming the setting and
+/// what to do instead, rather than reporting every database unreadable for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn source_databases_on_azure_sql_database_is_refused_with_what_to_do() {
+    let server = SimServer::default();
+    for (i, name) in ["Tenant1", "Tenant2"].iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        insert(&sim, name, 1);
+        server.add(name, sim);
+    }
+    server.set_engine_edition(5);
+    let dir = temp_dir("azure-sql-database");
+    let supervisor = supervisor(
+        &server,
+        &dir,
+        ManySettings {
+            until_idle: true,
+            ..settings(&["Tenant*"])
+        },
+    );
+    let result = tokio::time::timeout(
+        Duration::from_secs(20),
+        supervisor.run(CancellationToken::new()),
+    )
+    .await
+    .expect("it stops at once");
+    let err = result.expect_err("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("source.databases") && text.contains("Azure SQL Database"),
+        "{text}"
+    );
+    assert!(delivered(&dir, "Tenant1").is_empty());
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// Discovery: a database created (and CDC-enabled) while running is streamed
 /// without a restart; a dropped one stops; one no pattern matches is left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -716,6 +753,10 @@ struct SlowServer {
 }
 
 impl mssql_ces::source::server::DatabaseServer for SlowServer {
+    async fn engine_edition(&mut self) -> Result<i64, mssql_ces::source::SourceError> {
+        self.inner.engine_edition().await
+    }
+
     async fn cdc_databases(&mut self) -> Result<Vec<String>, mssql_ces::source::SourceError> {
         self.inner.cdc_databases().await
     }

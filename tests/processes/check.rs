@@ -953,6 +953,22 @@ async fn many_databases_are_checked_each_by_name() {
     .await;
     let databases = expect(&report, "databases", Status::Pass);
     assert_eq!(databases.detail, "2 matched: Shop1, Shop2");
+    // On Azure SQL Database, which has no cross-database queries: refused, with
+    // what to do instead.
+    let azure = server.clone();
+    azure.set_engine_edition(5);
+    let refused = mssql_ces::check::check_many(&config, &mut azure.clone(), |own| {
+        let name = own.source.database.clone().expect("one database");
+        Ok(azure.database(&name).expect("a simulated database"))
+    })
+    .await;
+    let databases = expect(&refused, "databases", Status::Fail);
+    assert!(
+        databases.detail.contains("Azure SQL Database")
+            && databases.detail.contains("source.databases"),
+        "{databases:?}"
+    );
+    server.set_engine_edition(0);
     let missing = expect(&report, "database Billing", Status::Fail);
     assert!(
         missing.detail.contains("not CDC-enabled"),

@@ -35,6 +35,8 @@ pub struct SimServer {
 struct ServerState {
     databases: BTreeMap<String, SimDatabase>,
     round_trips: usize,
+    /// `SERVERPROPERTY('EngineEdition')`; 0 answers 3 (Enterprise, as Developer).
+    engine_edition: i64,
 }
 
 #[derive(Debug)]
@@ -97,6 +99,13 @@ impl SimServer {
         self.lock().databases.get(name).map(|db| db.sim.clone())
     }
 
+    /// Makes the server another edition: 5 is Azure SQL Database, where a query with
+    /// a three-part name fails with error 40515 ("Reference to database and/or
+    /// server name in '…' is not supported in this version of SQL Server").
+    pub fn set_engine_edition(&self, edition: i64) {
+        self.lock().engine_edition = edition;
+    }
+
     /// Server-level queries answered so far (discovery and probes).
     pub fn round_trips(&self) -> usize {
         self.lock().round_trips
@@ -104,6 +113,15 @@ impl SimServer {
 }
 
 impl DatabaseServer for SimServer {
+    async fn engine_edition(&mut self) -> Result<i64, SourceError> {
+        let mut state = self.lock();
+        state.round_trips += 1;
+        Ok(match state.engine_edition {
+            0 => 3,
+            edition => edition,
+        })
+    }
+
     async fn cdc_databases(&mut self) -> Result<Vec<String>, SourceError> {
         let mut state = self.lock();
         state.round_trips += 1;
@@ -118,6 +136,16 @@ impl DatabaseServer for SimServer {
     async fn probe_chunk(&mut self, chunk: &[String]) -> Result<Vec<DatabaseProbe>, SourceError> {
         let mut state = self.lock();
         state.round_trips += 1;
+        if state.engine_edition == crate::source::AZURE_SQL_DATABASE_EDITION
+            && let Some(name) = chunk.first()
+        {
+            return Err(probe_error(crate::mssql::server_error(
+                40515,
+                &format!(
+                    "Reference to database and/or server name in '{name}.sys.fn_cdc_get_max_lsn' is not supported in this version of SQL Server."
+                ),
+            )));
+        }
         let mut answers = Vec::with_capacity(chunk.len());
         for name in chunk {
             let db = match state.databases.get(name) {

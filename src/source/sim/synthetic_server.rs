@@ -44,6 +44,12 @@ impl SyntheticServer {
 }
 
 impl DatabaseServer for SyntheticServer {
+    /// A simulated SQL Server (Developer Edition answers 3, as Enterprise).
+    async fn engine_edition(&mut self) -> Result<i64, SourceError> {
+        self.round_trips += 1;
+        Ok(3)
+    }
+
     async fn cdc_databases(&mut self) -> Result<Vec<String>, SourceError> {
         self.round_trips += 1;
         Ok(self.names.clone())

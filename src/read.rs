@@ -114,12 +114,15 @@ pub struct EventReader<W: Write> {
     summary: ReadSummary,
     /// Where in its stream the message being read is (`line 12`, `offset 345`).
     place: Option<String>,
+    /// Messages that could not be decoded.
+    undecodable: u64,
 }
 
 impl<W: Write> EventReader<W> {
     pub fn new(out: W, options: ReadOptions) -> Self {
         EventReader {
             out,
+            undecodable: 0,
             options,
             streams: HashMap::new(),
             seen: HashSet::new(),
@@ -156,13 +159,18 @@ impl<W: Write> EventReader<W> {
             .is_some_and(|s| s.reassembler.is_open())
     }
 
-    /// A message of `stream` that could not be decoded.
+    /// A message of `stream` that could not be decoded. After
+    /// [`UNDECODABLE_LISTED`] of them, the rest are counted in one problem rather
+    /// than listed one by one.
     pub fn undecodable(&mut self, stream: &str, error: impl std::fmt::Display) {
         self.summary.messages += 1;
-        let at = self.located(stream);
-        self.summary
-            .problems
-            .push(format!("{at}: undecodable message: {error}"));
+        self.undecodable += 1;
+        if self.undecodable <= UNDECODABLE_LISTED {
+            let at = self.located(stream);
+            self.summary
+                .problems
+                .push(format!("{at}: undecodable message: {error}"));
+        }
     }
 
     /// The next message of `stream`, in that stream's order.
@@ -206,7 +214,13 @@ impl<W: Write> EventReader<W> {
             self.summary.duplicates += 1;
             return Ok(());
         }
-        let encoding = self.options.encoding;
+        // The event says how its data is encoded (`datacontenttype`), whatever
+        // `--encoding` said of the messages.
+        let encoding = match event.event.datacontenttype.as_str() {
+            crate::event::AVRO_CONTENT_TYPE => Encoding::Avro,
+            crate::event::JSON_CONTENT_TYPE => Encoding::Json,
+            _ => self.options.encoding,
+        };
         let schema_change = event.event.event_type == SCHEMA_CHANGE_TYPE;
         let data = match decode_data_of(&event.event.event_type, &event.event.data, encoding) {
             Ok(data) => data,
@@ -306,6 +320,12 @@ impl<W: Write> EventReader<W> {
     /// is a problem when the streams were read to their end; not when the read was
     /// `cut_short` (`max_events`, an interrupt), which stopped it mid-event.
     pub fn finish(mut self, cut_short: bool) -> std::io::Result<ReadSummary> {
+        if self.undecodable > UNDECODABLE_LISTED {
+            self.summary.problems.push(format!(
+                "{} more undecodable messages, not listed",
+                self.undecodable - UNDECODABLE_LISTED
+            ));
+        }
         self.out.flush()?;
         let cut_short = cut_short || self.done();
         let mut streams: Vec<(String, Stream)> = self.streams.drain().collect();
@@ -376,6 +396,30 @@ fn whole_event(
         "segmentindex": 0,
         "finalsegment": true,
         "data": data_text,
+    })
+}
+
+/// Undecodable messages listed one by one; more are counted.
+pub const UNDECODABLE_LISTED: u64 = 5;
+
+/// The encoding other than `encoding`.
+fn other(encoding: Encoding) -> Encoding {
+    match encoding {
+        Encoding::Json => Encoding::Avro,
+        Encoding::Avro => Encoding::Json,
+    }
+}
+
+/// A line's decoding error, saying when the line decodes with the other encoding
+/// (a file written with `event.encoding = "avro"` read without `--encoding avro`).
+fn decode_line_or_say(line: &str, encoding: Encoding) -> Result<CloudEvent, String> {
+    decode_line(line, encoding).map_err(|e| match decode_line(line, other(encoding)) {
+        Ok(_) => format!(
+            "{e}; it decodes as {}: read with --encoding {}",
+            other(encoding),
+            other(encoding)
+        ),
+        Err(_) => e.to_string(),
     })
 }
 
@@ -459,7 +503,7 @@ fn read_line<W: Write>(
     if text.trim().is_empty() {
         return Ok(());
     }
-    match decode_line(text, reader.options.encoding) {
+    match decode_line_or_say(text, reader.options.encoding) {
         Ok(message) => reader.push(stream, message),
         Err(e) => {
             reader.undecodable(stream, e);
@@ -705,7 +749,20 @@ fn decode_kafka_message(
     if headers.iter().any(|(k, _)| k == "ce_id") {
         from_binary_mode(&headers, value)
     } else {
-        decode_message(value, encoding)
+        // A structured message says its encoding in `content-type`.
+        let said = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            .and_then(|(_, v)| match v.as_slice() {
+                v if v == crate::sink::STRUCTURED_AVRO_CONTENT_TYPE.as_bytes() => {
+                    Some(Encoding::Avro)
+                }
+                v if v == crate::sink::STRUCTURED_JSON_CONTENT_TYPE.as_bytes() => {
+                    Some(Encoding::Json)
+                }
+                _ => None,
+            });
+        decode_message(value, said.unwrap_or(encoding))
     }
 }
 
@@ -1084,6 +1141,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Avro lines read as JSON (the default): each problem says they decode as
+    /// Avro and names the flag; past five, the rest are counted in one problem.
+    #[test]
+    fn lines_in_the_other_encoding_name_the_flag_and_many_are_counted() {
+        use crate::event::schema::tests::added_email;
+        let encoder =
+            crate::event::Encoder::new(crate::event::test_support::options(Encoding::Avro));
+        let avro_line = |version: u64| {
+            let event = crate::event::schema::SchemaChange {
+                version,
+                ..added_email()
+            };
+            base64::engine::general_purpose::STANDARD
+                .encode(&encoder.encode_schema_change(&event).unwrap().messages[0].bytes)
+        };
+        let lines: Vec<String> = (2..10).map(avro_line).collect();
+        let (_, summary) = read(&lines, false);
+        assert_eq!(summary.messages, 8);
+        assert_eq!(summary.problems.len(), 6, "{:?}", summary.problems);
+        assert!(
+            summary.problems[..5]
+                .iter()
+                .all(|p| p.contains("it decodes as avro: read with --encoding avro")),
+            "{:?}",
+            summary.problems
+        );
+        assert_eq!(
+            summary.problems[5],
+            "3 more undecodable messages, not listed"
+        );
+        // A line neither decodes: the error alone.
+        let (_, summary) = read(&["not an event".to_owned()], false);
+        assert!(
+            !summary.problems[0].contains("decodes as"),
+            "{:?}",
+            summary.problems
+        );
     }
 
     #[test]

@@ -205,3 +205,30 @@ fn the_readme_is_short_its_configuration_loads_and_its_test_command_is_ci_s() {
         "the README shows the test command alone"
     );
 }
+
+/// The workflow a fork's CI runs parses as YAML, runs the README's test command,
+/// and runs the SQL Server suite with the README's own commands.
+#[test]
+fn the_ci_workflow_parses_and_runs_the_readme_s_commands() {
+    let text = read(&root().join(".github/workflows/ci.yml"));
+    let workflow: serde_yaml::Value = serde_yaml::from_str(&text).expect("valid YAML");
+    let runs = |job: &str| -> Vec<String> {
+        workflow["jobs"][job]["steps"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("job {job} has steps"))
+            .iter()
+            .filter_map(|step| step["run"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(runs("test"), ["bash tests/run"]);
+    let sqlserver = runs("sqlserver");
+    let readme = read(&root().join("README.md"));
+    for command in [
+        "docker compose up -d --wait",
+        "cargo test --test sqlserver -- --ignored",
+    ] {
+        assert!(sqlserver.iter().any(|r| r == command), "{sqlserver:?}");
+        assert!(readme.contains(command), "the README gives {command}");
+    }
+    assert!(sqlserver.iter().any(|r| r.starts_with("docker build")));
+}

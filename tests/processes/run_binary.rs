@@ -1023,6 +1023,36 @@ fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// A structured Avro topic says its encoding in `content-type`: `read` decodes it
+/// without `--encoding avro`.
+#[test]
+fn read_takes_a_structured_message_s_encoding_from_its_content_type() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    let dir = temp_dir("read-avro");
+    let config = config(&dir, &bootstrap, "seed = 9\ntransactions = 30");
+    let mut child = spawn(
+        &config,
+        &dir,
+        &["--until-idle", "--set", "event.encoding=\"avro\""],
+        0,
+    );
+    assert_eq!(wait(&mut child, Duration::from_secs(60)).code(), Some(0));
+    let output = support::tools::output_within(
+        Command::new(BINARY)
+            .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
+            .args(["--idle-ms", "1500"]),
+        Duration::from_secs(60),
+        "read of an Avro topic",
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("0 problems"), "{stderr}");
+    assert!(!output.stdout.is_empty());
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// `mssql-ces read` on a topic the binary wrote in binary mode, killed once midway:
 /// every event back once, segments joined, duplicates from the restart dropped.
 #[test]

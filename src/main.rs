@@ -311,6 +311,12 @@ fn read(args: &ReadArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Whoever read the events stopped (`| head`): done, as any command-line tool.
+    if let Err(mssql_ces::read::InputError::Io(e)) = &read
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        return ExitCode::SUCCESS;
+    }
     let summary = reader.finish(stop.load(std::sync::atomic::Ordering::Relaxed));
     if let Err(e) = read {
         eprintln!("error: {e}");

@@ -1023,6 +1023,51 @@ fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// `read … | head`: the reader of the output stops early, and `read` ends quietly
+/// with exit code 0, as a command-line tool does.
+#[test]
+fn read_into_a_pipe_closed_early_ends_quietly() {
+    let dir = temp_dir("read-pipe");
+    let path = dir.join("config.toml");
+    let events = dir.join("events.ndjson");
+    std::fs::write(
+        &path,
+        format!(
+            "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 2000\n[sink]\nkind = \"file\"\npath = \"{}\"\n[checkpoint]\npath = \"{}\"\n",
+            events.display(),
+            dir.join("cp.json").display()
+        ),
+    )
+    .expect("config");
+    let written = support::tools::output_within(
+        Command::new(BINARY)
+            .args(["run", "--until-idle", "--config"])
+            .arg(&path),
+        Duration::from_secs(60),
+        "a run into a file",
+    );
+    assert!(written.status.success());
+    let mut child = Command::new(BINARY)
+        .args(["read", "--file"])
+        .arg(&events)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn read");
+    let mut first = [0u8; 100];
+    std::io::Read::read_exact(child.stdout.as_mut().expect("stdout"), &mut first)
+        .expect("some output");
+    drop(child.stdout.take());
+    let status = support::tools::wait_within(&mut child, Duration::from_secs(30))
+        .expect("read ends once its reader stopped");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// A structured Avro topic says its encoding in `content-type`: `read` decodes it
 /// without `--encoding avro`.
 #[test]

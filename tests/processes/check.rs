@@ -919,13 +919,10 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-/// `check` with `source.databases`: which databases match, a named one that is
-/// missing, each matched database's own findings (named `<db>: …`), and the
-/// destination once.
-#[tokio::test]
-async fn many_databases_are_checked_each_by_name() {
-    use mssql_ces::source::sim::server::SimServer;
-    let dir = temp_dir("check-many");
+/// `source.databases = [patterns]` on a server whose connection string is in a
+/// file of `dir`, into `sink` (TOML lines of `[sink]`), a file checkpoint per
+/// database.
+fn many_databases_config(dir: &Path, patterns: &str, sink: &str) -> Config {
     let secret = dir.join("cs");
     std::fs::write(
         &secret,
@@ -933,16 +930,19 @@ async fn many_databases_are_checked_each_by_name() {
     )
     .expect("secret");
     let text = format!(
-        "[source]\nkind = \"sqlserver\"\ndatabases = [\"Shop*\", \"Billing\"]\nconnection_string = {{ file = \"{secret}\" }}\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{cp}\"\n",
+        "[source]\nkind = \"sqlserver\"\ndatabases = [{patterns}]\nconnection_string = {{ file = \"{secret}\" }}\n[sink]\n{sink}\n[checkpoint]\npath = \"{cp}\"\n",
         secret = secret.display(),
-        cp = dir.join("cp.json").display()
+        cp = dir.join("cp-{db}.json").display()
     );
-    let config = load(&dir, "config.toml", &text);
-    let server = SimServer::default();
-    server.add("Shop1", database());
-    server.add("Shop2", database());
-    server.add("Other", database());
-    let report = mssql_ces::check::check_many(&config, &mut server.clone(), |own| {
+    load(dir, "config.toml", &text)
+}
+
+/// `check` of many databases on the simulated `server`, each database its simulator.
+async fn check_server(
+    config: &Config,
+    server: &mssql_ces::source::sim::server::SimServer,
+) -> Report {
+    mssql_ces::check::check_many(config, &mut server.clone(), |own| {
         let name = own
             .source
             .database
@@ -950,18 +950,28 @@ async fn many_databases_are_checked_each_by_name() {
             .expect("one database's configuration");
         Ok(server.database(&name).expect("a simulated database"))
     })
-    .await;
+    .await
+}
+
+/// `check` with `source.databases`: which databases match, a named one that is
+/// missing, each matched database's own findings (named `<db>: …`), and the
+/// destination once.
+#[tokio::test]
+async fn many_databases_are_checked_each_by_name() {
+    use mssql_ces::source::sim::server::SimServer;
+    let dir = temp_dir("check-many");
+    let config = many_databases_config(&dir, "\"Shop*\", \"Billing\"", "kind = \"stdout\"");
+    let server = SimServer::default();
+    server.add("Shop1", database());
+    server.add("Shop2", database());
+    server.add("Other", database());
+    let report = check_server(&config, &server).await;
     let databases = expect(&report, "databases", Status::Pass);
     assert_eq!(databases.detail, "2 matched: Shop1, Shop2");
     // On Azure SQL Database, which has no cross-database queries: refused, with
     // what to do instead.
-    let azure = server.clone();
-    azure.set_engine_edition(5);
-    let refused = mssql_ces::check::check_many(&config, &mut azure.clone(), |own| {
-        let name = own.source.database.clone().expect("one database");
-        Ok(azure.database(&name).expect("a simulated database"))
-    })
-    .await;
+    server.set_engine_edition(5);
+    let refused = check_server(&config, &server).await;
     let databases = expect(&refused, "databases", Status::Fail);
     assert!(
         databases.detail.contains("Azure SQL Database")
@@ -1061,28 +1071,16 @@ async fn many_databases_have_every_topic_checked_and_passing_ones_summarised() {
         }
     }
     let dir = temp_dir("check-many-topics");
-    let secret = dir.join("cs");
-    std::fs::write(
-        &secret,
-        "Server=tcp:sql,1433;Database=Shop1;User Id=u;Password=p",
-    )
-    .expect("secret");
-    let text = format!(
-        "[source]\nkind = \"sqlserver\"\ndatabases = [\"Shop*\"]\nconnection_string = {{ file = \"{secret}\" }}\n[sink]\n{}\n[checkpoint]\npath = \"{cp}\"\n",
-        kafka_sink(&bootstrap, "{db}.{schema}.{tbl}"),
-        secret = secret.display(),
-        cp = dir.join("cp-{db}.json").display()
+    let config = many_databases_config(
+        &dir,
+        "\"Shop*\"",
+        &kafka_sink(&bootstrap, "{db}.{schema}.{tbl}"),
     );
-    let config = load(&dir, "config.toml", &text);
     let server = SimServer::default();
     for n in 1..=5 {
         server.add(&format!("Shop{n}"), database_named(&format!("Shop{n}")));
     }
-    let report = mssql_ces::check::check_many(&config, &mut server.clone(), |own| {
-        let name = own.source.database.clone().expect("one database");
-        Ok(server.database(&name).expect("a simulated database"))
-    })
-    .await;
+    let report = check_server(&config, &server).await;
     let text = report.to_text();
     // Shop5's topics were not created: found, though Shop1 is the first database.
     expect(&report, "topic Shop5.dbo.Orders", Status::Fail);

@@ -316,6 +316,19 @@ fn run_config(text: &str, env: &[(&str, &str)]) -> (Option<i32>, String, Duratio
     )
 }
 
+/// `mssql-ces run --until-idle --config <config>` with `env`, to its end (at most a
+/// minute, else the test fails naming `what`).
+fn run_until_idle(config: &Path, env: &[(&str, &str)], what: &str) -> std::process::Output {
+    support::tools::output_within(
+        Command::new(BINARY)
+            .args(["run", "--until-idle", "--config"])
+            .arg(config)
+            .envs(env.iter().copied()),
+        Duration::from_secs(60),
+        what,
+    )
+}
+
 /// A column rule that matches no column (a misspelt privacy rule) refuses the run
 /// with exit code 2 before any event is written, naming the rule; the setting that
 /// allows it lets the run go on with a warning.
@@ -332,13 +345,7 @@ fn a_column_rule_that_matches_nothing_refuses_the_run_by_name() {
             ),
         )
         .expect("config");
-        support::tools::output_within(
-            Command::new(BINARY)
-                .args(["run", "--until-idle", "--config"])
-                .arg(&path),
-            Duration::from_secs(60),
-            "a run with a misspelt column rule",
-        )
+        run_until_idle(&path, &[], "a run with a misspelt column rule")
     };
     let refused = write(false);
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -374,12 +381,9 @@ fn a_run_says_what_it_writes_and_why_a_configured_load_does_not_run() {
             ),
         )
         .expect("config");
-        let output = support::tools::output_within(
-            Command::new(BINARY)
-                .args(["run", "--until-idle", "--config"])
-                .arg(&path)
-                .env("MSSQL_CES_SINK_TOPIC", "a-value-never-said"),
-            Duration::from_secs(60),
+        let output = run_until_idle(
+            &path,
+            &[("MSSQL_CES_SINK_TOPIC", "a-value-never-said")],
             "a run to stdout",
         );
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -447,13 +451,7 @@ fn unwritable_files_name_the_setting_the_fix_and_whether_a_restart_helps() {
             format!("[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 5\n{sink}"),
         )
         .expect("config");
-        let output = support::tools::output_within(
-            Command::new(BINARY)
-                .args(["run", "--until-idle", "--config"])
-                .arg(&path),
-            Duration::from_secs(60),
-            "a run with a file it cannot write",
-        );
+        let output = run_until_idle(&path, &[], "a run with a file it cannot write");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{sink}\n{stderr}");
         for needle in needles {
@@ -1039,13 +1037,7 @@ fn read_into_a_pipe_closed_early_ends_quietly() {
         ),
     )
     .expect("config");
-    let written = support::tools::output_within(
-        Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(&path),
-        Duration::from_secs(60),
-        "a run into a file",
-    );
+    let written = run_until_idle(&path, &[], "a run into a file");
     assert!(written.status.success());
     let mut child = Command::new(BINARY)
         .args(["read", "--file"])

@@ -640,6 +640,55 @@ async fn a_fatal_producer_error_fails_deliveries_at_once_by_name() {
     );
 }
 
+/// Gap-less or nothing: a message the broker refuses for good (too large) is not
+/// followed by later messages of its partition, as the idempotent producer would
+/// otherwise do once it renumbers them: the producer stops, and every later send
+/// fails too, so the topic holds a prefix of what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_refused_for_good_is_not_followed_by_later_ones() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 1, 1).expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let mut sink = kafka_sink_with(&bootstrap, None);
+    let deadline = || Some(tokio::time::Instant::now() + Duration::from_secs(60));
+    // A first message delivered: the producer has its id.
+    sink.send(small_message())
+        .await
+        .expect("send")
+        .wait_until(deadline())
+        .await
+        .expect("delivered");
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let refused = sink
+        .send(small_message())
+        .await
+        .expect("send")
+        .wait_until(deadline())
+        .await
+        .expect_err("refused");
+    assert!(!refused.is_transient(), "{refused:?}");
+    let later = match sink.send(small_message()).await {
+        Ok(delivery) => delivery.wait_until(deadline()).await.err(),
+        Err(e) => Some(e),
+    };
+    // The producer stopped (a restart resumes from the checkpoint, before the
+    // refused message, and stops on it again).
+    assert!(
+        later
+            .as_ref()
+            .is_some_and(|e| e.to_string().contains("Fatal")),
+        "a later message of the partition must not be delivered: {later:?}"
+    );
+    let consumed = consume(&bootstrap, "ces", 1, Duration::from_secs(5), |m| {
+        m.len() > 1
+    });
+    assert_eq!(consumed.len(), 1, "only the message before the refused one");
+}
+
 /// Keyless events to a topic that is being created wait for its partitions within
 /// the delivery timeout instead of failing at once; a topic the user may not write
 /// fails at once, definite and named.

@@ -293,6 +293,10 @@ const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
         "enable.idempotence",
         "always true: needed for ordered, duplicate-free retries",
     ),
+    (
+        "enable.gapless.guarantee",
+        "always true: a message refused for good is never followed by later ones",
+    ),
     ("acks", "always all: needed for at-least-once delivery"),
     ("compression.type", "sink.compression"),
     ("compression.codec", "sink.compression"),
@@ -719,6 +723,12 @@ impl KafkaSettings {
         let mut properties = vec![
             ("client.id".to_owned(), "mssql-ces".to_owned()),
             ("enable.idempotence".to_owned(), "true".to_owned()),
+            // A message the broker refuses for good (too large, an invalid record)
+            // stops the producer rather than letting the idempotent producer
+            // renumber and send the messages after it: a topic holds a prefix of
+            // what was sent, never a gap (librdkafka's CONFIGURATION.md). A
+            // transactional producer aborts the transaction instead.
+            ("enable.gapless.guarantee".to_owned(), "true".to_owned()),
             ("acks".to_owned(), "all".to_owned()),
             ("message.max.bytes".to_owned(), request_limit.to_string()),
             // Infinite: librdkafka never gives up on one message while it sends the

@@ -561,6 +561,7 @@ mod tests {
     fn kafka_defaults_are_idempotent_lz4_and_sized() {
         let s = KafkaSettings::new(&sink(), Kafka, 256 * 1024, None).unwrap();
         assert_eq!(get(&s, "enable.idempotence"), Some("true"));
+        assert_eq!(get(&s, "enable.gapless.guarantee"), Some("true"));
         assert_eq!(get(&s, "acks"), Some("all"));
         assert_eq!(get(&s, "compression.type"), Some("lz4"));
         assert_eq!(get(&s, "message.max.bytes"), Some("327680"));

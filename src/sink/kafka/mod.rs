@@ -88,6 +88,10 @@ pub fn delivery_error_to(error: &KafkaError, topic: Option<&str>) -> SinkError {
     }
 }
 
+/// The property that keeps a partition free of gaps when a message is refused for
+/// good (librdkafka calls it experimental, and warns of it at start).
+const GAPLESS_PROPERTY: &str = "enable.gapless.guarantee";
+
 /// The producer's context: turns librdkafka's statistics (every second, when the
 /// health is watched) into the sink's health: connected while a broker is up, and
 /// the brokers' re-send count.
@@ -130,6 +134,11 @@ impl rdkafka::ClientContext for HealthContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
         use rdkafka::config::RDKafkaLogLevel as L;
         match level {
+            // The one experimental property set on purpose (`enable.gapless.guarantee`,
+            // see the sink's properties): not a warning the operator can act on.
+            _ if fac == "CONFWARN" && log_message.contains(GAPLESS_PROPERTY) => {
+                tracing::debug!(facility = fac, "librdkafka: {log_message}")
+            }
             L::Emerg | L::Alert | L::Critical | L::Error | L::Warning if fac == "CONFWARN" => {
                 tracing::warn!(facility = fac, "librdkafka: {log_message}")
             }

@@ -508,10 +508,11 @@ async fn drive<S: ChangeSource + 'static>(
             .unwrap_or(std::time::Duration::from_secs(120)),
     );
     let router = if debezium {
-        router.with_debezium(
-            std::sync::Arc::new(config.event.debezium.clone()),
-            poller.position().open_transaction.clone(),
-        )
+        router.with_debezium(crate::sink::DebeziumRouting {
+            settings: std::sync::Arc::new(config.event.debezium.clone()),
+            open: poller.position().open_transaction.clone(),
+            bound: config.sink.kind.record_bound(),
+        })
     } else {
         router
     };

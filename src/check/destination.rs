@@ -12,14 +12,14 @@ pub(super) async fn check_destination(
     resume: Option<Resume>,
 ) {
     let routing = &config.sink.routing;
-    let largest = config.event.max_message_size_kb.bytes();
+    let largest = config.sink.kind.largest_message(&config.event);
     match &config.sink.kind {
         SinkConfig::Kafka(c) | SinkConfig::EventHubsKafka(c) => {
             let flavour = match &config.sink.kind {
                 SinkConfig::Kafka(_) => KafkaFlavour::Kafka,
                 _ => KafkaFlavour::EventHubs,
             };
-            let (settings, template) = match c.settings(flavour, routing, largest) {
+            let (settings, template) = match c.settings(flavour, routing, largest.bytes) {
                 Ok(found) => found,
                 Err(e) => {
                     report.fail("destination", e.to_string(), "see the setting it names");
@@ -37,7 +37,10 @@ pub(super) async fn check_destination(
                         KafkaFlavour::Kafka => c.bootstrap_servers.as_deref(),
                         KafkaFlavour::EventHubs => None,
                     },
-                    settings.largest_record_batch(largest),
+                    crate::sink::LargestMessage {
+                        bytes: settings.largest_record_batch(largest.bytes),
+                        setting: largest.setting,
+                    },
                     settings.check_topic_limits,
                 );
                 let id = c
@@ -294,9 +297,13 @@ pub fn kafka_findings(
     report: &mut Report,
     facts: &DestinationFacts,
     bootstrap: Option<&str>,
-    largest: usize,
+    largest: crate::sink::LargestMessage,
     check_limits: bool,
 ) {
+    let crate::sink::LargestMessage {
+        bytes: largest,
+        setting: sized_by,
+    } = largest;
     let create = |topic: &str| match bootstrap {
         Some(brokers) => format!(
             "create it, with as many partitions as consumers should share it: kafka-topics.sh --bootstrap-server '{brokers}' --create --topic '{topic}' --partitions 6"
@@ -347,7 +354,7 @@ pub fn kafka_findings(
             continue;
         }
         match &topic.max_message_bytes {
-            Ok(limit) => match kafka::check_topic_limit(&topic.name, *limit, largest) {
+            Ok(limit) => match kafka::check_topic_limit(&topic.name, *limit, largest, sized_by) {
                 Ok(()) => report.pass(
                     check,
                     format!("{partitions} partitions; max.message.bytes {limit} takes this producer's record batches (up to {largest} bytes)"),
@@ -356,14 +363,14 @@ pub fn kafka_findings(
                     check,
                     format!("{partitions} partitions; {e}"),
                     format!(
-                        "kafka-configs.sh --alter --entity-type topics --entity-name {} --add-config max.message.bytes={}, or lower event.max_message_size_kb",
+                        "kafka-configs.sh --alter --entity-type topics --entity-name {} --add-config max.message.bytes={}, or lower {sized_by}",
                         topic.name, largest
                     ),
                 ),
             },
             Err(why) => report.skip(
                 check,
-                format!("{partitions} partitions; max.message.bytes {why}: make sure it exceeds event.max_message_size_kb"),
+                format!("{partitions} partitions; max.message.bytes {why}: make sure it takes the largest message ({sized_by})"),
             ),
         }
     }

@@ -68,6 +68,18 @@ impl Config {
                 "\"binary\" is a CloudEvents mode; Debezium records have none: remove it with event.format = \"debezium\"",
             ));
         }
+        if self.event.max_message_size_kb != crate::event::MessageSizeLimit::default() {
+            let bound = match self.sink.kind.record_bound().raised_by {
+                Some(setting) => format!("set by {setting}"),
+                None => "the destination's largest".to_owned(),
+            };
+            return Err(invalid(
+                "event.max_message_size_kb",
+                format!(
+                    "is CES's segment size; a Debezium record has no segments and is bounded by what the destination takes ({bound}): remove it with event.format = \"debezium\""
+                ),
+            ));
+        }
         if matches!(self.sink.kind, crate::sink::SinkConfig::EventHubsAmqp(_))
             && d.tombstones_on_delete
         {

@@ -832,6 +832,40 @@ bootstrap_servers = "localhost:9092"
     }
 
     #[test]
+    fn a_debezium_record_s_bound_is_the_producer_s_not_ces_s_segment_size() {
+        let debezium = |extra: &str| {
+            load(&format!(
+                "{KAFKA}{extra}\n[event]\nformat = \"debezium\"\n"
+            ))
+        };
+        // Kafka's own default, less room for the key and headers.
+        let c = debezium("").unwrap();
+        assert_eq!(c.sink.kind.record_bound().bytes, 1_048_588 - 1024);
+        let c = debezium("kafka = { \"message.max.bytes\" = \"5000000\" }").unwrap();
+        assert_eq!(c.sink.kind.record_bound().bytes, 5_000_000 - 1024);
+        assert_eq!(c.sink.kind.largest_message(&c.event).bytes, 5_000_000 - 1024);
+        let err = debezium("kafka = { \"message.max.bytes\" = \"lots\" }").unwrap_err();
+        assert!(err.to_string().contains("message.max.bytes"), "{err}");
+        // With CES, segments are event.max_message_size_kb and the property is owned.
+        let err = load(&format!("{KAFKA}kafka = {{ \"message.max.bytes\" = \"5000000\" }}\n"))
+            .unwrap_err();
+        assert!(err.to_string().contains("event.max_message_size_kb"), "{err}");
+        // CES's segment size does not bound a record: set, it is refused by name.
+        let err = load(&format!(
+            "{KAFKA}\n[event]\nformat = \"debezium\"\nmax_message_size_kb = 512\n"
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("event.max_message_size_kb")
+                && err.to_string().contains("sink.kafka.\"message.max.bytes\""),
+            "{err}"
+        );
+        // A file or stdout takes a record of any size.
+        let c = load(&format!("{MINIMAL}\n[event]\nformat = \"debezium\"\n")).unwrap();
+        assert_eq!(c.sink.kind.record_bound().bytes, usize::MAX);
+    }
+
+    #[test]
     fn a_topic_template_s_own_text_must_be_a_topic_name() {
         assert!(
             load(&format!(

@@ -89,8 +89,7 @@ pub(super) fn encode_batches(
         {
             let options = factory(database_guid);
             format = Some(
-                match router.debezium_encoder(options.stream_guid, options.max_message_size.bytes())
-                {
+                match router.debezium_encoder(options.stream_guid) {
                     Some(debezium) => Format::Debezium(Box::new(debezium)),
                     None => Format::Ces(Encoder::new(options).data_only(router.binary())),
                 },

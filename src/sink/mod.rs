@@ -13,6 +13,7 @@
 pub mod event_hubs_amqp;
 pub mod kafka;
 mod records;
+pub use records::DebeziumRouting;
 pub mod registry;
 pub mod settings;
 pub mod stream;
@@ -38,6 +39,14 @@ pub enum SinkConfig {
     EventHubsAmqp(event_hubs_amqp::config::EventHubsAmqpSinkConfig),
     Stdout(stream::StdoutSinkConfig),
     File(stream::FileSinkConfig),
+}
+
+/// The largest message a run writes, and the setting that sets it (named where a
+/// topic's limit is too small for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LargestMessage {
+    pub bytes: usize,
+    pub setting: &'static str,
 }
 
 /// How long messages may wait with none acknowledged before the run is not ready
@@ -161,6 +170,52 @@ pub struct BuiltSink {
 const CONNECTION_ONLY_MAX_BYTES: usize = 64 * 1024;
 
 impl SinkConfig {
+    /// The largest Debezium record this destination takes, and what sets it (a
+    /// record has no segments, so CES's `event.max_message_size_kb` does not bound
+    /// it).
+    pub fn record_bound(&self) -> crate::event::debezium::RecordBound {
+        use crate::event::debezium::RecordBound;
+        match self {
+            SinkConfig::Kafka(c) => RecordBound {
+                bytes: c.debezium_message_max_bytes() - kafka::RECORD_OVERHEAD_BYTES,
+                what: "the producer's message.max.bytes, less room for the key and headers",
+                raised_by: Some(
+                    "sink.kafka.\"message.max.bytes\" (with each topic's max.message.bytes)",
+                ),
+            },
+            SinkConfig::EventHubsKafka(_) => RecordBound {
+                bytes: kafka::EVENT_HUBS_MAX_MESSAGE_KB * 1024,
+                what: "Event Hubs' largest request through its Kafka endpoint",
+                raised_by: None,
+            },
+            SinkConfig::EventHubsAmqp(_) => RecordBound {
+                bytes: event_hubs_amqp::LARGEST_EVENT_BYTES,
+                what: "Event Hubs' largest event (Standard and Premium tiers)",
+                raised_by: None,
+            },
+            SinkConfig::Stdout(_) | SinkConfig::File(_) => RecordBound::NONE,
+        }
+    }
+
+    /// The largest message the encoder writes: a CES segment
+    /// (`event.max_message_size_kb`), or a whole Debezium record
+    /// ([`record_bound`](Self::record_bound)).
+    pub fn largest_message(&self, event: &EventSettings) -> LargestMessage {
+        match event.format {
+            crate::event::settings::EventFormat::Ces => LargestMessage {
+                bytes: event.max_message_size_kb.bytes(),
+                setting: "event.max_message_size_kb",
+            },
+            crate::event::settings::EventFormat::Debezium => {
+                let bound = self.record_bound();
+                LargestMessage {
+                    bytes: bound.bytes,
+                    setting: bound.raised_by.unwrap_or(bound.what),
+                }
+            }
+        }
+    }
+
     /// The Kafka client properties that say where and how to connect (secrets read
     /// now: never log them), for a store that writes to the same brokers; `None`
     /// for a destination that is not reached over the Kafka protocol.
@@ -281,7 +336,7 @@ impl SinkConfig {
         resume: stream::Resume,
         health: std::sync::Arc<SinkHealth>,
     ) -> Result<BuiltSink, SinkError> {
-        let max_bytes = event.max_message_size_kb.bytes();
+        let largest = self.largest_message(event);
         let default_topic = || routing.topic.clone().unwrap_or_else(|| "ces".into());
         let records = event.format == crate::event::settings::EventFormat::Debezium;
         if matches!(self, SinkConfig::Stdout(_) | SinkConfig::File(_)) {
@@ -290,14 +345,14 @@ impl SinkConfig {
         }
         match self {
             SinkConfig::Kafka(c) => {
-                let mut built = c.build(kafka::KafkaFlavour::Kafka, routing, max_bytes, health)?;
+                let mut built = c.build(kafka::KafkaFlavour::Kafka, routing, largest, health)?;
                 if let Sink::Kafka(k) = &mut built.sink {
                     k.init_transactions().await?;
                 }
                 Ok(built)
             }
             SinkConfig::EventHubsKafka(c) => {
-                c.build(kafka::KafkaFlavour::EventHubs, routing, max_bytes, health)
+                c.build(kafka::KafkaFlavour::EventHubs, routing, largest, health)
             }
             SinkConfig::EventHubsAmqp(c) => c.build(routing, health).await,
             SinkConfig::Stdout(_) => Ok(BuiltSink {
@@ -446,12 +501,8 @@ pub struct Router {
     /// With [`SchemaChangePlacement::Topic`]: the schema-change events' topic
     /// (template).
     schema_topic: String,
-    /// `event.format = "debezium"`: its settings and the transaction the
-    /// checkpoint says is open.
-    debezium: Option<(
-        std::sync::Arc<crate::event::debezium::DebeziumSettings>,
-        Option<crate::position::OpenTransaction>,
-    )>,
+    /// `event.format = "debezium"`: what its encoder is made of.
+    debezium: Option<records::DebeziumRouting>,
     /// `[sink.schema_registry]`, and how long to wait for it when it is down.
     registry: Option<(registry::SchemaRegistrySettings, std::time::Duration)>,
 }

@@ -4,6 +4,16 @@
 
 use super::{Change, Encoding, OutgoingMessage, Router, fnv1a, registry};
 
+/// What a stream's Debezium encoder is made of.
+#[derive(Debug, Clone)]
+pub struct DebeziumRouting {
+    pub settings: std::sync::Arc<crate::event::debezium::DebeziumSettings>,
+    /// The transaction the checkpoint says is open.
+    pub open: Option<crate::position::OpenTransaction>,
+    /// The largest record the destination takes ([`SinkConfig::record_bound`](super::SinkConfig::record_bound)).
+    pub bound: crate::event::debezium::RecordBound,
+}
+
 impl Router {
     /// Avro in the Confluent wire format, ids from the registry of `settings`
     /// (waited for up to `patience` when it is down).
@@ -21,14 +31,9 @@ impl Router {
         self.registry.as_ref()
     }
 
-    /// Events in Debezium's envelope, with `settings`; `open` is the transaction
-    /// the checkpoint says is open.
-    pub fn with_debezium(
-        mut self,
-        settings: std::sync::Arc<crate::event::debezium::DebeziumSettings>,
-        open: Option<crate::position::OpenTransaction>,
-    ) -> Self {
-        self.debezium = Some((settings, open));
+    /// Events in Debezium's envelope.
+    pub fn with_debezium(mut self, debezium: DebeziumRouting) -> Self {
+        self.debezium = Some(debezium);
         self
     }
 
@@ -36,15 +41,14 @@ impl Router {
     pub fn debezium_encoder(
         &self,
         stream_guid: uuid::Uuid,
-        max_message_size: usize,
     ) -> Option<crate::event::debezium::DebeziumEncoder> {
-        let (settings, open) = self.debezium.as_ref()?;
+        let debezium = self.debezium.as_ref()?;
         Some(
             crate::event::debezium::DebeziumEncoder::new(
-                std::sync::Arc::clone(settings),
+                std::sync::Arc::clone(&debezium.settings),
                 stream_guid,
-                max_message_size,
-                open.clone(),
+                debezium.bound,
+                debezium.open.clone(),
             )
             .with_avro(self.encoding == Encoding::Avro)
             .with_schema_topic(self.schema_topic.clone()),

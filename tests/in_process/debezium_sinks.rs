@@ -42,7 +42,11 @@ fn router(settings: DebeziumSettings) -> Router {
         Encoding::Json,
         "g",
     )
-    .with_debezium(Arc::new(settings), None)
+    .with_debezium(mssql_ces::sink::DebeziumRouting {
+        settings: Arc::new(settings),
+        open: None,
+        bound: mssql_ces::event::debezium::RecordBound::NONE,
+    })
 }
 
 async fn run(router: Router, sink: Sink) -> RunSummary {

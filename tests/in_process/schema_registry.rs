@@ -274,7 +274,11 @@ async fn debezium_avro_keys_and_values_decode_with_the_registered_schemas() {
         Some(registry_settings(&registry.url)),
         Duration::from_secs(60),
     )
-    .with_debezium(std::sync::Arc::new(settings), None);
+    .with_debezium(mssql_ces::sink::DebeziumRouting {
+        settings: std::sync::Arc::new(settings),
+        open: None,
+        bound: mssql_ces::event::debezium::RecordBound::NONE,
+    });
     let summary = run(&bootstrap, router, 60).await.expect("run");
     assert!(summary.delivered_messages > 0);
     let subjects = registry.subjects();

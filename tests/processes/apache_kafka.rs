@@ -632,3 +632,83 @@ fn a_table_name_with_a_space_goes_to_a_topic_kafka_accepts() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// The column rules an oversized record's error suggests, as TOML's inline tables
+/// (`{ column = "…", truncate = N }, …`).
+fn suggested_rules(stderr: &str) -> Vec<String> {
+    stderr
+        .split("{ column = ")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(" }").map(|(rule, _)| format!("{{ column = {rule} }}")))
+        .collect()
+}
+
+#[test]
+fn a_debezium_record_is_bounded_by_the_destination_and_an_oversized_one_names_the_rules_that_fit()
+{
+    let kafka = apache_kafka::shared();
+    let prefix = unique("dbz");
+    let dir = temp_dir("apache-debezium-bound");
+    let config = dir.join("config.toml");
+    // Every fourth transaction carries a 300 KB value (over CES's default 256 KiB
+    // segment, which once bounded Debezium records too); every tenth inserts an
+    // attachment of two values CES cuts to 1 MiB each: a record of about 2 MiB,
+    // over Kafka's default 1 MiB.
+    let write = |rules: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[source]\nkind = \"synthetic\"\npoll_interval_ms = 20\n[source.synthetic]\nseed = 41\ntransactions = 30\nlarge_value_every = 4\noversized_value_every = 10\n[event]\nformat = \"debezium\"\ncolumns = [{rules}]\n[event.debezium]\ntopic_prefix = \"{prefix}\"\n[sink]\nkind = \"kafka\"\nbootstrap_servers = \"{}\"\n[checkpoint]\npath = \"{}\"\n",
+                kafka.bootstrap(),
+                dir.join("cp.json").display()
+            ),
+        )
+        .expect("config");
+    };
+    let run = |what: &str| {
+        support::tools::output_within(
+            std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
+                .args(["run", "--until-idle", "--config"])
+                .arg(&config),
+            Duration::from_secs(120),
+            what,
+        )
+    };
+    write("");
+    let refused = run("a Debezium run meeting an oversized record");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("dbo.attachments")
+            && stderr.contains("1047564 bytes")
+            && stderr.contains(r#"sink.kafka."message.max.bytes""#),
+        "{stderr}"
+    );
+    let rules = suggested_rules(&stderr);
+    assert!(
+        !rules.is_empty() && rules.iter().all(|r| r.contains("dbo.attachments.")),
+        "{stderr}"
+    );
+    // With the rules it names, the run goes on from its checkpoint and ends.
+    write(&rules.join(", "));
+    let fitted = run("the Debezium run with the suggested column rules");
+    let stderr = String::from_utf8_lossy(&fitted.stderr);
+    assert!(fitted.status.success(), "{stderr}");
+    let largest = |table: &str| {
+        kafka
+            .read(&format!("{prefix}.synthetic.dbo.{table}"), "read_uncommitted", &[])
+            .iter()
+            .map(|m| m.payload.len())
+            .max()
+            .unwrap_or(0)
+    };
+    // A 300 KB value went as one record, past CES's 256 KiB segments.
+    let order = largest("orders");
+    assert!(order > 300_000, "{order}");
+    let attachment = largest("attachments");
+    assert!(
+        attachment > 1_000_000 && attachment <= 1_047_564,
+        "{attachment}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -14,6 +14,7 @@ use mssql_ces::config::Config;
 use mssql_ces::event::Value;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::position::Position;
+use mssql_ces::sink::LargestMessage;
 use mssql_ces::sink::kafka::{DestinationFacts, TopicFacts};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
@@ -784,7 +785,10 @@ fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() 
         &mut report,
         &facts,
         Some("b:9092"),
-        1024 * 1024 + 1024,
+        LargestMessage {
+            bytes: 1024 * 1024 + 1024,
+            setting: "event.max_message_size_kb",
+        },
         true,
     );
     let small = expect(&report, "topic small", Status::Fail);
@@ -807,7 +811,16 @@ fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() 
         ..facts
     };
     let mut report = Report::default();
-    kafka_findings(&mut report, &refused, Some("b:9092"), 1024 * 1024, true);
+    kafka_findings(
+        &mut report,
+        &refused,
+        Some("b:9092"),
+        LargestMessage {
+            bytes: 1024 * 1024,
+            setting: "event.max_message_size_kb",
+        },
+        true,
+    );
     let missing = expect(&report, "topic new", Status::Fail);
     // A command to paste as it is: no placeholder a shell would take for a redirection.
     assert!(

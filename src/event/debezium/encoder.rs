@@ -9,10 +9,10 @@ use super::connect::write_string;
 use super::payload::{TimeField, key_payload, push_times, row_payload};
 use super::schemas::{Shape, TableSchemas, build_schemas, source_schema, transaction_shapes};
 use super::{
-    AvroSchemas, DebeziumError, DebeziumSettings, OpenTransaction, Record, SOURCE_VERSION,
-    lsn_text, schema_change,
+    AvroSchemas, DebeziumError, DebeziumSettings, OpenTransaction, Record, RecordBound,
+    SOURCE_VERSION, lsn_text, schema_change,
 };
-use crate::event::{Change, Operation, Origin, Row, TableDescription, segment};
+use crate::event::{Change, Operation, Origin, Row, TableDescription, Value, segment};
 use crate::lsn::Lsn;
 
 /// Turns changes into Debezium records. Holds the state that numbering needs
@@ -21,7 +21,8 @@ use crate::lsn::Lsn;
 pub struct DebeziumEncoder {
     pub(super) settings: Arc<DebeziumSettings>,
     pub(super) stream_guid: Uuid,
-    pub(super) max_message_size: usize,
+    /// The largest record the destination takes.
+    pub(super) bound: RecordBound,
     pub(super) tables: crate::event::PerTable<Arc<TableSchemas>>,
     pub(super) last_change: Option<(Lsn, Lsn)>,
     pub(super) serial: i64,
@@ -42,13 +43,13 @@ impl DebeziumEncoder {
     pub fn new(
         settings: Arc<DebeziumSettings>,
         stream_guid: Uuid,
-        max_message_size: usize,
+        bound: RecordBound,
         open: Option<OpenTransaction>,
     ) -> Self {
         DebeziumEncoder {
             settings,
             stream_guid,
-            max_message_size,
+            bound,
             tables: Default::default(),
             last_change: None,
             serial: 0,
@@ -196,12 +197,19 @@ impl DebeziumEncoder {
             one.serial,
             transaction,
         )?;
-        if value.len() > self.max_message_size {
+        if value.len() > self.bound.bytes {
+            let fits = |images: (Option<&Row>, Option<&Row>)| {
+                self.envelope(change, &one.schemas, emit.op, images, one.serial, transaction)
+                    .is_ok_and(|v| v.len() + FIT_MARGIN <= self.bound.bytes)
+            };
+            let rules = fitting_rules(&change.table, emit.images, fits);
             return Err(DebeziumError::TooLarge {
                 table: change.table.qualified_name(),
                 key: emit.key.clone().unwrap_or_else(|| "(none)".into()),
                 size: value.len(),
-                limit: self.max_message_size,
+                limit: self.bound.bytes,
+                bound: self.bound.what.to_owned(),
+                fix: fix_text(&change.table, &rules, self.bound.raised_by),
             });
         }
         let key = match (emit.key, &one.schemas.key) {
@@ -363,6 +371,135 @@ struct Emit<'a> {
     key: &'a Option<String>,
     segment: u32,
     header: Option<(&'static str, Vec<u8>)>,
+}
+
+/// Room left below the bound when column rules are suggested, for what a rule
+/// changes besides the value (a column's type parameters in the schema).
+const FIT_MARGIN: usize = 256;
+
+/// A column rule that makes an oversized record smaller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FittingRule {
+    /// `truncate = N`.
+    Truncate { column: usize, to: usize },
+    /// `exclude = true`.
+    Exclude { column: usize },
+}
+
+/// The column rules that make a record fit, largest columns first: the largest
+/// character or binary column truncated as little as needed, or, where even an
+/// empty value would not do, left out and the next one tried. Whether a record
+/// fits is `fits`' answer for the images with the rules applied. Key columns take
+/// no rule. Empty when no rule is enough (the key and the other columns alone are
+/// too large).
+fn fitting_rules(
+    table: &TableDescription,
+    (before, after): (Option<&Row>, Option<&Row>),
+    fits: impl Fn((Option<&Row>, Option<&Row>)) -> bool,
+) -> Vec<FittingRule> {
+    // A value's length as a rule counts it (characters, bytes), and roughly what
+    // it takes in the record (UTF-8; base64 for bytes), which orders the columns.
+    let measure = |value: &Value| match value {
+        Value::Text(text) => Some((text.chars().count(), text.len())),
+        Value::Binary(bytes) => Some((bytes.len(), bytes.len() / 3 * 4)),
+        _ => None,
+    };
+    let largest = |column: usize| {
+        [before, after]
+            .into_iter()
+            .flatten()
+            .filter_map(|row| row.get(column).and_then(measure))
+            .max()
+    };
+    let mut columns: Vec<(usize, (usize, usize))> = (0..table.columns().len())
+        .filter(|c| !table.key().contains(c))
+        .filter_map(|c| largest(c).map(|size| (c, size)))
+        .filter(|(_, (len, _))| *len > 0)
+        .collect();
+    columns.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(&b.0)));
+    let (mut before, mut after) = (before.cloned(), after.cloned());
+    let mut rules = Vec::new();
+    for (column, (len, _)) in columns {
+        let cut = |to: Option<usize>, before: &Option<Row>, after: &Option<Row>| {
+            let apply = |row: &Option<Row>| {
+                row.clone().map(|mut row| {
+                    if let Some(value) = row.get_mut(column) {
+                        *value = match (to, std::mem::replace(value, Value::Null)) {
+                            (None, _) => Value::Null,
+                            (Some(n), Value::Text(text)) => Value::Text(text.chars().take(n).collect()),
+                            (Some(n), Value::Binary(mut bytes)) => {
+                                bytes.truncate(n);
+                                Value::Binary(bytes)
+                            }
+                            (Some(_), other) => other,
+                        };
+                    }
+                    row
+                })
+            };
+            (apply(before), apply(after))
+        };
+        let fits_cut = |to: usize| {
+            let (b, a) = cut(Some(to), &before, &after);
+            fits((b.as_ref(), a.as_ref()))
+        };
+        if fits_cut(0) {
+            // The longest prefix that fits: fits_cut(low) holds, fits_cut(high) not.
+            let (mut low, mut high) = (0, len);
+            while high - low > 1 {
+                let middle = low + (high - low) / 2;
+                if fits_cut(middle) {
+                    low = middle;
+                } else {
+                    high = middle;
+                }
+            }
+            rules.push(FittingRule::Truncate { column, to: low });
+            return rules;
+        }
+        (before, after) = cut(None, &before, &after);
+        rules.push(FittingRule::Exclude { column });
+        if fits((before.as_ref(), after.as_ref())) {
+            return rules;
+        }
+    }
+    Vec::new()
+}
+
+/// What to do about an oversized record: the column rules that make it fit, and
+/// the setting that raises the limit where there is one.
+fn fix_text(table: &TableDescription, rules: &[FittingRule], raised_by: Option<&str>) -> String {
+    let name = |column: usize| {
+        format!(
+            "{}.{}.{}",
+            table.schema(),
+            table.table(),
+            table.columns()[column].name
+        )
+    };
+    let rules: Vec<String> = rules
+        .iter()
+        .map(|rule| match rule {
+            FittingRule::Truncate { column, to } => {
+                format!("{{ column = \"{}\", truncate = {to} }}", name(*column))
+            }
+            FittingRule::Exclude { column } => {
+                format!("{{ column = \"{}\", exclude = true }}", name(*column))
+            }
+        })
+        .collect();
+    let rules = if rules.is_empty() {
+        "no column rule makes it fit (its key and other columns alone are too large)".to_owned()
+    } else {
+        format!(
+            "these column rules make it fit, as [[event.columns]] tables: {}",
+            rules.join(", ")
+        )
+    };
+    match raised_by {
+        Some(setting) => format!("{rules}; or raise {setting}"),
+        None => format!("{rules} (the limit is the destination's largest)"),
+    }
 }
 
 /// The change with values over 1 MiB truncated as CES truncates them; `None` when

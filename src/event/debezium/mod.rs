@@ -38,8 +38,11 @@
 //!   read, so `END` follows the transaction's last event at once.
 //!
 //! There is no segmentation (Debezium has none): values are truncated to 1 MiB as
-//! for CES, and a message still larger than `event.max_message_size_kb` is a
-//! definite error naming the table, the key and the size.
+//! for CES, and a record is bounded by what the destination takes
+//! ([`RecordBound`]), not by CES's segment size. A record over it is a definite
+//! error naming the table, the key and the size, and the column rules
+//! (`truncate = N`, `exclude = true`) that would make it fit, found by encoding the
+//! record again with them.
 
 pub mod connect;
 mod encoder;
@@ -129,17 +132,45 @@ pub enum DebeziumError {
     )]
     OutOfRange { column: String, value: String },
     #[error(
-        "a Debezium message of {table} with key {key} is {size} bytes, over event.max_message_size_kb ({limit} bytes); Debezium's envelope has no segments: raise the limit (and the destination's), or leave large columns out with [[event.columns]]"
+        "a Debezium record of {table} with key {key} is {size} bytes, over the {limit} bytes the destination takes ({bound}); Debezium's envelope has no segments: {fix}"
     )]
     TooLarge {
         table: String,
         key: String,
         size: usize,
         limit: usize,
+        /// What sets the limit.
+        bound: String,
+        /// The column rules that make the record fit, and the setting that raises
+        /// the limit where it can be raised.
+        fix: String,
     },
     /// A defect: our own JSON did not fit our own schema.
     #[error("writing a Debezium record as Avro: {0}")]
     Avro(String),
+}
+
+/// The largest Debezium record (its value, in bytes) a destination takes, and
+/// what sets it. Debezium's envelope has no segments, so a record is bounded by
+/// the destination, not by CES's `event.max_message_size_kb`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordBound {
+    pub bytes: usize,
+    /// What the bound is, as the operator knows it (`"the producer's
+    /// message.max.bytes"`).
+    pub what: &'static str,
+    /// The setting that raises the bound; `None` where it is the destination's
+    /// own maximum.
+    pub raised_by: Option<&'static str>,
+}
+
+impl RecordBound {
+    /// No bound: a file or stdout takes a record of any size.
+    pub const NONE: RecordBound = RecordBound {
+        bytes: usize::MAX,
+        what: "no limit",
+        raised_by: None,
+    };
 }
 
 /// One Kafka record.
@@ -178,6 +209,16 @@ pub fn lsn_text(lsn: Lsn) -> String {
     lsn.to_colon_string().to_ascii_lowercase()
 }
 
+/// A bound of `bytes` that a setting raises, for tests.
+#[cfg(test)]
+pub(crate) fn bound(bytes: usize) -> RecordBound {
+    RecordBound {
+        bytes,
+        what: "the test's limit",
+        raised_by: Some("the test's setting"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,7 +255,7 @@ mod tests {
     }
 
     fn encoder(settings: DebeziumSettings) -> DebeziumEncoder {
-        DebeziumEncoder::new(Arc::new(settings), Uuid::nil(), 1 << 20, None).with_clock(
+        DebeziumEncoder::new(Arc::new(settings), Uuid::nil(), bound(1 << 20), None).with_clock(
             chrono::Utc
                 .timestamp_opt(1_559_729_471, 739_876_149)
                 .unwrap(),
@@ -385,7 +426,7 @@ mod tests {
                 ..server1()
             }),
             Uuid::nil(),
-            1 << 20,
+            bound(1 << 20),
             Some(open),
         );
         let records = encoder.encode(&change).unwrap();
@@ -407,7 +448,7 @@ mod tests {
                 ..server1()
             }),
             Uuid::nil(),
-            1 << 20,
+            bound(1 << 20),
             None,
         );
         fresh.encode(&middle).unwrap();
@@ -633,19 +674,45 @@ mod more_tests {
     use crate::event::TableDescription;
     use crate::event::columns::ColumnMask;
     use crate::event::test_support::{column, employee_row, employees, insert};
-    use crate::event::{ColumnDescription, SqlType, Value};
+    use crate::event::{Change, ColumnDescription, Operation, SqlType, Value};
 
     fn encoder(max: usize) -> DebeziumEncoder {
         DebeziumEncoder::new(
             Arc::new(DebeziumSettings::default()),
             Uuid::nil(),
-            max,
+            bound(max),
             None,
         )
     }
 
+    /// The `truncate = N` the error of `change` suggests for `column`, if any.
+    fn suggested_truncate(err: &DebeziumError, column: &str) -> Option<usize> {
+        let text = err.to_string();
+        let rule = format!("{{ column = \"dbo.Employees.{column}\", truncate = ");
+        let at = text.find(&rule)? + rule.len();
+        text[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// `change` with `column`'s values (both images) cut to `n` characters.
+    fn cut(change: &Change, column: usize, n: Option<usize>) -> Change {
+        let mut copy = change.clone();
+        for row in [copy.old.as_mut(), copy.current.as_mut()].into_iter().flatten() {
+            row[column] = match (&row[column], n) {
+                (Value::Text(t), Some(n)) => Value::Text(t.chars().take(n).collect()),
+                (_, None) => Value::Null,
+                (other, _) => other.clone(),
+            };
+        }
+        copy
+    }
+
     #[test]
-    fn a_message_over_the_limit_is_a_definite_error_naming_table_key_and_size() {
+    fn a_message_over_the_limit_is_a_definite_error_naming_table_key_size_and_the_rule_that_fits()
+    {
         let mut change = insert(employees(), employee_row(7, "Ada", "Lovelace"));
         if let Some(row) = change.current.as_mut() {
             row[1] = Value::Text("x".repeat(200 * 1024));
@@ -655,11 +722,72 @@ mod more_tests {
         assert!(
             text.contains("dbo.Employees")
                 && text.contains(r#"{"Id":7}"#)
-                && text.contains("131072"),
+                && text.contains("131072")
+                && text.contains("raise the test's setting"),
             "{text}"
+        );
+        // The suggested rule makes the record fit, and it is the largest that does
+        // but for the margin the rule's own changes may take.
+        let n = suggested_truncate(&err, "FirstName").expect("a truncate rule");
+        assert!(n > 120 * 1024 && n < 128 * 1024, "{n}");
+        assert!(encoder(128 * 1024).encode(&cut(&change, 1, Some(n))).is_ok());
+        assert!(
+            encoder(128 * 1024)
+                .encode(&cut(&change, 1, Some(n + 300)))
+                .is_err()
         );
         // Under a larger limit it goes; a value over 1 MiB is cut to 1 MiB as in CES.
         assert!(encoder(1024 * 1024).encode(&change).is_ok());
+    }
+
+    #[test]
+    fn an_update_too_large_in_both_images_leaves_out_the_largest_column_then_truncates_the_next()
+    {
+        let mut row = employee_row(7, "Ada", "Lovelace");
+        row[1] = Value::Text("f".repeat(100 * 1024));
+        row[2] = Value::Text("l".repeat(70 * 1024));
+        let mut change = insert(employees(), row.clone());
+        change.operation = Operation::Update;
+        change.old = Some(row);
+        let limit = 128 * 1024;
+        let err = encoder(limit).encode(&change).unwrap_err();
+        let text = err.to_string();
+        // FirstName alone, in two images, is over the limit: leaving it out is the
+        // least rule, and LastName is then cut.
+        assert!(
+            text.contains(r#"{ column = "dbo.Employees.FirstName", exclude = true }"#),
+            "{text}"
+        );
+        let n = suggested_truncate(&err, "LastName").expect("a truncate rule");
+        assert!(n < 64 * 1024, "{n}");
+        let fitted = cut(&cut(&change, 1, None), 2, Some(n));
+        assert!(encoder(limit).encode(&fitted).is_ok());
+    }
+
+    #[test]
+    fn a_record_whose_key_alone_is_too_large_says_no_rule_fits_and_a_fixed_limit_is_not_raised() {
+        let table = Arc::new(
+            TableDescription::new(
+                "Db",
+                "dbo",
+                "Keys",
+                vec![column("K", SqlType::NVarChar(crate::event::Length::Max), 0)],
+                vec![0],
+            )
+            .unwrap(),
+        );
+        let change = insert(table, vec![Value::Text("k".repeat(4096))]);
+        let fixed = RecordBound {
+            bytes: 2048,
+            what: "Event Hubs' largest event",
+            raised_by: None,
+        };
+        let err = DebeziumEncoder::new(Arc::new(DebeziumSettings::default()), Uuid::nil(), fixed, None)
+            .encode(&change)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no column rule makes it fit"), "{err}");
+        assert!(err.contains("destination's largest") && !err.contains("raise"), "{err}");
     }
 
     #[test]

@@ -341,7 +341,7 @@ mod encoder_tests {
                 ..DebeziumSettings::default()
             }),
             uuid::Uuid::nil(),
-            1 << 20,
+            crate::event::debezium::bound(1 << 20),
             None,
         )
         .with_schema_topic("server1".into());

@@ -54,6 +54,10 @@ pub enum EventHubsCredential {
 /// when messages carry application properties).
 pub const BATCH_CAP_BYTES: u64 = 900 * 1024;
 
+/// The largest event a Debezium record may make: Event Hubs' 1 MiB event limit
+/// (Standard and Premium tiers), less 1 KiB for the message's properties.
+pub const LARGEST_EVENT_BYTES: usize = 1024 * 1024 - 1024;
+
 /// How many partitions are sent to at once. Each has at most one batch in flight, so
 /// per-key order holds; more partitions than this wait their turn.
 pub const PARTITIONS_IN_FLIGHT: usize = 8;

@@ -22,14 +22,16 @@ pub const RECORD_OVERHEAD_BYTES: usize = 1024;
 /// ([`KafkaSettings::largest_record_batch`]): the topic's limit applies to batches,
 /// and librdkafka fills them up to `min(batch.size, message.max.bytes)`, so a limit
 /// that takes the largest segment alone may still refuse a batch of smaller ones.
+/// `sized_by` is the setting that sets the largest message.
 pub fn check_topic_limit(
     topic: &str,
     topic_limit: usize,
     largest_batch: usize,
+    sized_by: &str,
 ) -> Result<(), SinkError> {
     if largest_batch > topic_limit {
         return Err(SinkError::Definite(format!(
-            "topic {topic} accepts record batches up to {topic_limit} bytes (its max.message.bytes, or the broker's message.max.bytes), but this producer sends batches of up to {largest_batch} bytes (the largest segment, event.max_message_size_kb, with its headers, or librdkafka's batching, min(batch.size, message.max.bytes)): raise the topic's max.message.bytes to {largest_batch}, or lower event.max_message_size_kb (and \"batch.size\" in [sink.kafka])"
+            "topic {topic} accepts record batches up to {topic_limit} bytes (its max.message.bytes, or the broker's message.max.bytes), but this producer sends batches of up to {largest_batch} bytes (the largest message, {sized_by}, with its headers, or librdkafka's batching, min(batch.size, message.max.bytes)): raise the topic's max.message.bytes to {largest_batch}, or lower {sized_by} (and \"batch.size\" in [sink.kafka])"
         )));
     }
     Ok(())
@@ -271,9 +273,13 @@ async fn described_value<C: rdkafka::ClientContext + 'static>(
 pub(super) async fn check_topic_in_background(
     admin: Arc<AdminClient<DefaultClientContext>>,
     topic: String,
-    largest: usize,
+    largest: crate::sink::LargestMessage,
     verdict: Arc<Mutex<Option<SinkError>>>,
 ) {
+    let crate::sink::LargestMessage {
+        bytes: largest,
+        setting: sized_by,
+    } = largest;
     let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
     let resource = ResourceSpecifier::Topic(&topic);
     let described = tokio::time::timeout(
@@ -286,7 +292,7 @@ pub(super) async fn check_topic_in_background(
         Ok(Err(_)) | Err(_) => None,
     };
     match limit {
-        Some(limit) => match check_topic_limit(&topic, limit, largest) {
+        Some(limit) => match check_topic_limit(&topic, limit, largest, sized_by) {
             Ok(()) => tracing::debug!(
                 topic,
                 max_message_bytes = limit,
@@ -301,7 +307,7 @@ pub(super) async fn check_topic_in_background(
         None => tracing::warn!(
             topic,
             largest_message = largest,
-            "cannot read the topic's max.message.bytes (no such topic yet, or the endpoint does not answer DescribeConfigs): make sure it, or the broker's message.max.bytes, exceeds event.max_message_size_kb"
+            "cannot read the topic's max.message.bytes (no such topic yet, or the endpoint does not answer DescribeConfigs): make sure it, or the broker's message.max.bytes, takes the largest message ({sized_by})"
         ),
     }
 }

@@ -110,6 +110,25 @@ fn yes() -> bool {
     true
 }
 
+/// Kafka's own default `message.max.bytes` (the largest record batch a broker
+/// takes, and each topic's `max.message.bytes` unless set): what a Debezium record
+/// is bounded by unless `sink.kafka."message.max.bytes"` says otherwise.
+const KAFKA_MESSAGE_MAX_BYTES: usize = 1_048_588;
+
+/// The range librdkafka takes for `message.max.bytes`.
+const MESSAGE_MAX_BYTES_RANGE: std::ops::RangeInclusive<usize> = 1000..=1_000_000_000;
+
+impl KafkaSinkConfig {
+    /// With `event.format = "debezium"`: the producer's `message.max.bytes`, which
+    /// bounds a record (`sink.kafka."message.max.bytes"`, default Kafka's own).
+    pub fn debezium_message_max_bytes(&self) -> usize {
+        self.kafka
+            .get("message.max.bytes")
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(KAFKA_MESSAGE_MAX_BYTES)
+    }
+}
+
 /// A value of one of librdkafka's enumerations, in any case, as librdkafka takes it
 /// (`SASL_SSL` as every Kafka guide writes it, or `sasl_ssl`).
 fn any_case<'de, D, T>(
@@ -300,7 +319,10 @@ const OWNED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
     ("acks", "always all: needed for at-least-once delivery"),
     ("compression.type", "sink.compression"),
     ("compression.codec", "sink.compression"),
-    ("message.max.bytes", "event.max_message_size_kb"),
+    (
+        "message.max.bytes",
+        "event.max_message_size_kb; with event.format = \"debezium\" it is taken here, as a record's bound",
+    ),
     ("message.timeout.ms", "sink.delivery_timeout_ms"),
     ("delivery.timeout.ms", "sink.delivery_timeout_ms"),
     (
@@ -487,7 +509,26 @@ impl KafkaSinkConfig {
                 "must be more than 0 (librdkafka reads 0 as waiting forever)",
             ));
         }
-        for key in self.kafka.keys() {
+        let debezium = event.format == crate::event::settings::EventFormat::Debezium;
+        for (key, value) in &self.kafka {
+            // A Debezium record has no segments: its bound is the producer's.
+            if debezium && key == "message.max.bytes" {
+                if !value
+                    .trim()
+                    .parse()
+                    .is_ok_and(|n: usize| MESSAGE_MAX_BYTES_RANGE.contains(&n))
+                {
+                    return Err(invalid(
+                        "sink.kafka.\"message.max.bytes\"",
+                        format!(
+                            "{value:?} is not a number of bytes from {} to {}",
+                            MESSAGE_MAX_BYTES_RANGE.start(),
+                            MESSAGE_MAX_BYTES_RANGE.end()
+                        ),
+                    ));
+                }
+                continue;
+            }
             if let Some((_, owner)) = OWNED_KAFKA_PROPERTIES.iter().find(|(p, _)| p == key) {
                 return Err(invalid(
                     &format!("sink.kafka.\"{key}\""),
@@ -571,14 +612,15 @@ impl KafkaSinkConfig {
         &self,
         flavour: KafkaFlavour,
         routing: &RoutingSettings,
-        max_message_bytes: usize,
+        largest: crate::sink::LargestMessage,
         health: Arc<SinkHealth>,
     ) -> Result<crate::sink::BuiltSink, SinkError> {
-        let (settings, topic) = self.settings(flavour, routing, max_message_bytes)?;
+        let (mut settings, topic) = self.settings(flavour, routing, largest.bytes)?;
+        settings.sized_by = largest.setting;
         Ok(crate::sink::BuiltSink {
             sink: crate::sink::Sink::Kafka(KafkaSink::with_health(
                 &settings,
-                max_message_bytes,
+                largest.bytes,
                 health,
             )?),
             topic,
@@ -627,6 +669,9 @@ pub struct KafkaSettings {
     pub check_topic_limits: bool,
     /// `sink.exactly_once`: what the transactions are tied to.
     pub transaction: Option<super::TransactionSettings>,
+    /// The setting that sets the largest message, named where a topic's limit is
+    /// too small for it (default `event.max_message_size_kb`).
+    pub sized_by: &'static str,
 }
 
 /// `Endpoint=sb://<namespace>.servicebus.windows.net/;…;EntityPath=<hub>` →
@@ -794,6 +839,7 @@ impl KafkaSettings {
             delivery_timeout: sink.delivery_timeout,
             check_topic_limits: flavour == KafkaFlavour::Kafka,
             transaction: sink.transaction.clone(),
+            sized_by: "event.max_message_size_kb",
         })
     }
 }

@@ -236,6 +236,8 @@ pub struct KafkaSink {
     /// The largest record batch this producer sends (the largest segment, or a
     /// batch of smaller ones), checked against each topic's limit.
     largest_message: usize,
+    /// The setting that sets the largest message.
+    sized_by: &'static str,
     checked_topics: std::collections::HashSet<String>,
     topic_error: Arc<Mutex<Option<SinkError>>>,
     /// `sink.exactly_once`: each batch in a transaction with its position.
@@ -299,6 +301,7 @@ impl KafkaSink {
             partitions: HashMap::new(),
             admin,
             largest_message: settings.largest_record_batch(largest_message),
+            sized_by: settings.sized_by,
             checked_topics: std::collections::HashSet::new(),
             topic_error: Arc::new(Mutex::new(None)),
             transactions: settings
@@ -327,7 +330,13 @@ impl KafkaSink {
             Arc::clone(&self.topic_error),
         );
         tokio::spawn(admin::check_topic_in_background(
-            admin, topic, largest, verdict,
+            admin,
+            topic,
+            crate::sink::LargestMessage {
+                bytes: largest,
+                setting: self.sized_by,
+            },
+            verdict,
         ));
     }
 
@@ -591,6 +600,7 @@ mod tests {
     /// `min(batch.size, message.max.bytes)`, whichever is more.
     #[test]
     fn a_topic_limit_below_the_largest_record_batch_names_the_settings() {
+        const SIZED_BY: &str = "event.max_message_size_kb";
         let bound = |kb: usize, batch_size: Option<&str>| {
             let mut config = sink();
             if let Some(size) = batch_size {
@@ -603,8 +613,8 @@ mod tests {
         // 256 KiB segments: librdkafka batches up to message.max.bytes (320 KiB).
         assert_eq!(bound(256, None), 256 * 1024 + 64 * 1024);
         // A limit that takes one segment but not a batch of them is refused.
-        assert!(check_topic_limit("ces", 300_000, bound(256, None)).is_err());
-        assert!(check_topic_limit("ces", 327_680, bound(256, None)).is_ok());
+        assert!(check_topic_limit("ces", 300_000, bound(256, None), SIZED_BY).is_err());
+        assert!(check_topic_limit("ces", 327_680, bound(256, None), SIZED_BY).is_ok());
         // A smaller batch.size lowers the bound to the segment with its headers.
         assert_eq!(
             bound(256, Some("100000")),
@@ -612,8 +622,8 @@ mod tests {
         );
         // 1000 KiB: batch.size (1,000,000) is less than one segment.
         assert_eq!(bound(1000, None), 1000 * 1024 + RECORD_OVERHEAD_BYTES);
-        assert!(check_topic_limit("ces", 1_048_588, bound(1000, None)).is_ok());
-        let err = check_topic_limit("ces", 1_048_588, bound(1024, None))
+        assert!(check_topic_limit("ces", 1_048_588, bound(1000, None), SIZED_BY).is_ok());
+        let err = check_topic_limit("ces", 1_048_588, bound(1024, None), SIZED_BY)
             .unwrap_err()
             .to_string();
         assert!(err.contains("max.message.bytes"), "{err}");

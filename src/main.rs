@@ -45,6 +45,10 @@ enum Command {
     /// check order and completeness, print one JSON line per event, and a summary on
     /// stderr. Exit 1 when something could not be read.
     Read(ReadArgs),
+    /// Print the configuration's JSON Schema (every setting, its default, bounds and
+    /// documentation), for editors that check TOML against one (Taplo, VS Code's
+    /// Even Better TOML: `#:schema ./mssql-ces.schema.json` at the file's top).
+    Schema,
 }
 
 #[derive(Debug, clap::Args)]
@@ -181,6 +185,7 @@ fn main() -> ExitCode {
         Command::Read(args) => return read(&args),
         Command::Check(args) => return check(&args),
         Command::Probe(args) => return probe(&args),
+        Command::Schema => return schema(),
     };
     let (config, notices) = match load_config(&args.settings).and_then(|(config, notices)| {
         config.check_secrets()?;
@@ -500,6 +505,20 @@ fn check(args: &CheckArgs) -> ExitCode {
 }
 
 /// `mssql-ces probe`: one HTTP/1.0 GET; the body to stdout.
+fn schema() -> ExitCode {
+    let schema = mssql_ces::config::Config::json_schema();
+    match serde_json::to_string_pretty(&schema) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: writing the schema: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn probe(args: &ProbeArgs) -> ExitCode {
     use std::io::{Read as _, Write as _};
     let timeout = Duration::from_secs(5);

@@ -80,6 +80,25 @@ pub struct SecretRef {
     pub file: Option<PathBuf>,
 }
 
+impl schemars::JsonSchema for SecretRef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "SecretRef".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A secret, never written in the configuration itself: `{ env = \"VARIABLE\" }` names an environment variable that holds it, `{ file = \"/path\" }` a file whose content (trimmed) is it.",
+            "type": "object",
+            "properties": {
+                "env": { "type": "string" },
+                "file": { "type": "string" }
+            },
+            "additionalProperties": false,
+            "x-secret": true
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for SecretRef {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visitor;
@@ -189,6 +208,11 @@ pub mod millis {
 
     pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_millis)
+    }
+
+    /// The same form back (the settings' JSON Schema shows defaults with it).
+    pub fn serialize<S: serde::Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(value.as_millis()).unwrap_or(u64::MAX))
     }
 }
 

@@ -26,6 +26,12 @@ impl Config {
     }
 
     pub(super) fn validate_databases(&self) -> Result<(), ConfigError> {
+        if self.source.discovery_interval.is_zero() {
+            return Err(invalid(
+                "source.discovery_interval_ms",
+                "must be more than 0 (the default is 60000)",
+            ));
+        }
         if !self.many_databases() {
             return Ok(());
         }
@@ -55,12 +61,6 @@ impl Config {
             return Err(invalid(
                 "source.max_connections",
                 "must be at least 2 with source.databases: one for the probe of every database, one or more to read them",
-            ));
-        }
-        if self.source.discovery_interval.is_zero() {
-            return Err(invalid(
-                "source.discovery_interval_ms",
-                "must be more than 0 (the default is 60000)",
             ));
         }
         if self.event.stream_guid.is_some() {

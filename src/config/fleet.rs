@@ -9,47 +9,57 @@ use super::{CheckpointStoreKind, Config};
 use crate::setting::{ConfigError, invalid, millis};
 use crate::sink::SinkConfig;
 
-/// `[fleet]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// A fleet: several processes with the same configuration share `source.databases`
+/// through Kafka's consumer group protocol. See [A fleet of
+/// processes](scaling-out.md#a-fleet-of-processes).
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FleetSettings {
-    /// The consumer group the members join; unset (default): no fleet, this process
-    /// streams every database it matches.
+    /// The consumer group the members join; unset: no fleet. Needs `source.databases`,
+    /// `checkpoint.store = "kafka"` or `"table"`, and a sink reached over Kafka
+    /// (`kafka`, `event_hubs_kafka`) or `event_hubs_amqp` with a connection string (the
+    /// group then goes through the namespace's Kafka endpoint).
     #[serde(default)]
     pub group_id: Option<String>,
-    /// The control topic whose partitions are the assignment slots (default
-    /// `mssql-ces-fleet.<group_id>`); created with `slots` partitions when missing.
+    /// The control topic, whose partitions are the assignment slots; unset:
+    /// `mssql-ces-fleet.<group_id>`. Created with `slots` partitions when missing.
+    /// Nothing is written to it.
     #[serde(default)]
     pub topic: Option<String>,
-    /// Assignment slots (the control topic's partitions) when the topic is created
-    /// (default 60). An existing topic's partition count is used as it is.
+    /// Partitions of the control topic when a member creates it; an existing topic's
+    /// partition count is used as it is.
     #[serde(default = "default_slots")]
+    #[schemars(range(min = 1, max = MAX_SLOTS))]
     pub slots: u32,
-    /// How long a member that stopped answering keeps its databases, in ms
-    /// (librdkafka's `session.timeout.ms`, default 10000).
+    /// How long a member that stopped answering keeps its databases, in milliseconds
+    /// (librdkafka's `session.timeout.ms`; at least 1000, and Kafka's brokers refuse
+    /// less than their `group.min.session.timeout.ms`, 6000 by default). Not used with
+    /// `group_protocol = "consumer"`.
     #[serde(
         rename = "session_timeout_ms",
         with = "millis",
         default = "default_session_timeout_ms"
     )]
+    #[schemars(with = "u64", range(min = 1000))]
     pub session_timeout: Duration,
-    /// The consumer group protocol the members speak: `"classic"` (default: the
-    /// members assign slots among themselves, cooperative-sticky, with
-    /// `session_timeout_ms`) or `"consumer"` (Kafka 4's protocol: the group
-    /// coordinator assigns, and the session time-out is the broker's
-    /// `group.consumer.session.timeout.ms`, so `session_timeout_ms` is not used).
+    /// How slots are assigned. Both protocols are tested on Apache Kafka 4.4.
     #[serde(default)]
     pub group_protocol: GroupProtocol,
 }
 
-/// `fleet.group_protocol`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+/// The consumer group protocol a fleet's members speak.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum GroupProtocol {
-    /// The classic protocol: members assign among themselves.
+    /// The members assign slots among themselves (cooperative-sticky), with
+    /// `session_timeout_ms`.
     #[default]
     Classic,
-    /// Kafka 4's consumer group protocol: the group coordinator assigns.
+    /// Kafka 4's consumer group protocol (KIP-848): the group coordinator assigns, and
+    /// the session time-out is the broker's `group.consumer.session.timeout.ms` (45 s
+    /// by default).
     Consumer,
 }
 
@@ -94,6 +104,18 @@ impl FleetSettings {
 
 impl Config {
     pub(super) fn validate_fleet(&self) -> Result<(), ConfigError> {
+        if !(1..=MAX_SLOTS).contains(&self.fleet.slots) {
+            return Err(invalid(
+                "fleet.slots",
+                format!("must be from 1 to {MAX_SLOTS} (the default is 60)"),
+            ));
+        }
+        if self.fleet.session_timeout < Duration::from_secs(1) {
+            return Err(invalid(
+                "fleet.session_timeout_ms",
+                "must be at least 1000 (the default is 10000)",
+            ));
+        }
         let Some(group) = &self.fleet.group_id else {
             return Ok(());
         };
@@ -131,12 +153,6 @@ impl Config {
                 "must be \"kafka\" (or \"table\") with fleet.group_id: a database moves between members, and its next owner must read the checkpoint its last owner wrote",
             ));
         }
-        if !(1..=MAX_SLOTS).contains(&self.fleet.slots) {
-            return Err(invalid(
-                "fleet.slots",
-                format!("must be from 1 to {MAX_SLOTS} (the default is 60)"),
-            ));
-        }
         if self
             .fleet
             .topic
@@ -146,12 +162,6 @@ impl Config {
             return Err(invalid(
                 "fleet.topic",
                 "must name a topic, or be left unset for mssql-ces-fleet.<group_id>",
-            ));
-        }
-        if self.fleet.session_timeout < Duration::from_secs(1) {
-            return Err(invalid(
-                "fleet.session_timeout_ms",
-                "must be at least 1000 (the default is 10000)",
             ));
         }
         Ok(())

@@ -49,151 +49,185 @@ pub const SECRET_SETTINGS: &[&str] = &[
     "checkpoint.connection_string",
 ];
 
-/// `[source]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Where changes come from: a SQL Server database with CDC (or several, with
+/// `databases`), or the synthetic workload.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSettings {
-    /// `"sqlserver"` or `"synthetic"` (a deterministic generated workload, no database).
+    /// What is read.
     #[serde(default = "default_source_kind")]
     pub kind: SourceKind,
-    /// The ADO.NET connection string (`Server=tcp:host,1433;Database=…;User Id=…;Password=…`).
+    /// The ADO.NET connection string, `Server=tcp:host,1433;Database=db;User
+    /// Id=u;Password=p`. A string the driver cannot parse, a keyword SQL Server's
+    /// clients do not know (named, its value never shown), or no `Server=` is a
+    /// configuration error before anything is contacted. Also
+    /// `MSSQL_CES__SOURCE__CONNECTION_STRING` may hold the secret itself.
     #[serde(default)]
     pub connection_string: SecretRef,
-    /// Accept the server certificate without validation (self-signed test servers only).
+    /// Accept any server certificate, self-signed included (only on a network you
+    /// trust). To trust a private CA instead, put `TrustServerCertificateCA=<path to
+    /// its .pem or .crt>` in the connection string; a rejected certificate's error
+    /// names both.
     #[serde(default)]
     pub trust_server_certificate: bool,
-    /// Require TLS (default true).
+    /// Require TLS. A server that offers none stops the run, naming this setting.
     #[serde(default = "default_true")]
     pub encrypt: bool,
-    /// `schema.table` patterns to stream (`*`, `?`); empty streams every captured table.
+    /// `schema.table` patterns to stream (`*`, `?`, case-insensitive); empty: every
+    /// captured table.
     #[serde(default)]
     pub include: Vec<String>,
     /// `schema.table` patterns to leave out.
     #[serde(default)]
     pub exclude: Vec<String>,
-    /// How commit times become UTC: `"server"`, an IANA zone, `"+02:00"`, or `"ces"`.
+    /// How commit times become UTC: `"server"` (SQL Server 2022 and later, and Azure;
+    /// refused on 2016–2019, which cannot name their zone), an IANA zone such as
+    /// `"Europe/Berlin"`, an offset such as `"+02:00"`, or `"ces"`. See [Commit
+    /// times](sql-server.md#commit-times).
     #[serde(default = "default_time_zone")]
     pub time_zone: String,
-    /// `"fail"` (default) or `"skip"` when changes were purged before delivery.
+    /// What to do when the cleanup job purged changes before they were delivered.
     #[serde(default)]
     pub on_gap: GapPolicy,
-    /// Where to start without a checkpoint: `"earliest"` (default) or `"latest"`.
+    /// Where to start when there is no checkpoint. `"latest"` is settled and saved
+    /// before the first poll, so a restart before the first delivery starts at the same
+    /// place and skips nothing.
     #[serde(default)]
     pub start_position: StartPosition,
-    /// Pause between polls when there is nothing new, in milliseconds (default 1000).
+    /// Pause between polls when nothing is new, in milliseconds.
     #[serde(
         rename = "poll_interval_ms",
         with = "millis",
         default = "default_poll_interval_ms"
     )]
+    #[schemars(with = "u64")]
     pub poll_interval: Duration,
-    /// Change rows per query page (default 1000).
+    /// Change rows per query.
     #[serde(default = "default_page_size")]
+    #[schemars(range(min = 1))]
     pub page_size: usize,
-    /// Events per batch handed to the sink (default 1000).
+    /// Events per batch: the unit of acknowledgement.
     #[serde(default = "default_batch_size")]
+    #[schemars(range(min = 1))]
     pub batch_size: usize,
-    /// How often the CDC catalog is re-read even when its fingerprint (checked every
-    /// poll) did not change, in seconds (default 30).
+    /// How often the CDC catalog is re-read even when its fingerprint, checked every
+    /// poll, did not change, in seconds.
     #[serde(default = "default_catalog_refresh_s")]
     pub catalog_refresh_s: u64,
-    /// Bound on TCP connect plus TLS and login, in milliseconds (default 15000).
+    /// Bound on TCP connect plus TLS and login, in milliseconds.
     #[serde(
         rename = "connect_timeout_ms",
         with = "millis",
         default = "default_connect_timeout_ms"
     )]
+    #[schemars(with = "u64")]
     pub connect_timeout: Duration,
-    /// Bound on every query, in milliseconds (default 60000); a query cut off is
-    /// retried on a new connection.
+    /// Bound on every query, in milliseconds; a query cut off is retried on a new
+    /// connection.
     #[serde(
         rename = "query_timeout_ms",
         with = "millis",
         default = "default_query_timeout_ms"
     )]
+    #[schemars(with = "u64")]
     pub query_timeout: Duration,
-    /// How long an included table may be unreadable (`sys.fn_cdc_get_min_lsn` 0x00: a
-    /// missing SELECT grant, or just enabled) before the run stops naming it, in
-    /// milliseconds (default 60000). Nothing is read meanwhile.
+    /// How long an included table may answer `min_lsn` 0x00 (no SELECT grant, or CDC
+    /// just enabled) before the run stops naming it, in milliseconds. Nothing is read
+    /// meanwhile.
     #[serde(
         rename = "unreadable_grace_ms",
         with = "millis",
         default = "default_unreadable_grace_ms"
     )]
+    #[schemars(with = "u64")]
     pub unreadable_grace: Duration,
-    /// `"manual"` (default): capture instances are a DBA's; `"managed"`: the poller
-    /// creates one when a table's columns change and retires the old one once
-    /// drained (needs `db_owner`).
+    /// Who creates capture instances when a table's columns change. See [Schema
+    /// changes](schema-changes.md).
     #[serde(default)]
     pub capture_instances: CaptureInstanceMode,
-    /// Enable CDC on included tables that lack it (needs `db_owner` and
-    /// `source.include`).
+    /// Enable CDC on the tables `include` names that lack it (needs `db_owner` and a
+    /// non-empty `include`).
     #[serde(default)]
     pub enable_cdc: bool,
-    /// Databases to stream, by name or `*`/`?` pattern over the server's
-    /// CDC-enabled databases; empty: the connection string's database alone.
+    /// Databases to stream, by name or `*`/`?` pattern (case-insensitive) over the
+    /// server's CDC-enabled, online databases the login can open; empty: the connection
+    /// string's database alone. See [Scaling out](scaling-out.md).
     #[serde(default)]
     pub databases: Vec<String>,
-    /// How often `databases` is matched against the server again, in milliseconds
-    /// (default 60000).
+    /// With `databases`: how often the server's databases are matched again, in
+    /// milliseconds (a new one starts streaming, a gone one stops).
     #[serde(
         rename = "discovery_interval_ms",
         with = "millis",
         default = "databases::default_discovery_interval_ms"
     )]
+    #[schemars(with = "u64", range(min = 1))]
     pub discovery_interval: Duration,
-    /// Connections to the source at most, the probe's included (default 9: eight
-    /// databases read at once).
+    /// With `databases`: connections to the source at most, one of them the probe's, so
+    /// `max_connections` − 1 databases are read at once (at least 2).
     #[serde(default = "databases::default_max_connections")]
     pub max_connections: usize,
     /// Set by [`Config::for_database`]: the database of many this configuration
     /// reads (the connection string's `Database=` replaced).
     #[serde(skip)]
     pub database: Option<String>,
-    /// `[source.synthetic]`: the generated workload.
+    /// The synthetic workload.
     #[serde(default)]
     pub synthetic: SyntheticSettings,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// What `[source]` reads.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
+    /// SQL Server's CDC.
     Sqlserver,
+    /// Generated changes, no database (`[source.synthetic]`).
     Synthetic,
 }
 
-/// `[source.synthetic]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// The synthetic workload of `kind = "synthetic"`: generated changes of a small shop's
+/// tables, deterministic for a seed, with no database. For trying the program, the
+/// formats and the sinks.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SyntheticSettings {
-    /// The same seed gives the same change history (default 1).
+    /// The same seed gives the same change history.
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// Transactions in all; 0 for endless (default 10000).
+    /// Transactions in all; 0 for endless. With `rate_per_second` set, `--until-idle`
+    /// waits for every transaction to be generated (an endless paced workload never
+    /// idles), and a restarted run goes on from its checkpoint's point in the schedule.
     #[serde(default = "default_transactions")]
     pub transactions: u64,
-    /// Transactions per second; 0 for as fast as possible (default 0).
+    /// Transactions per second; 0 for as fast as possible.
     #[serde(default)]
     pub rate_per_second: f64,
-    /// One transaction in this many carries a 300 KB value (segmentation); 0 never.
+    /// One transaction in this many carries a 300 KB value, which exercises
+    /// segmentation; 0 for never.
     #[serde(default)]
     pub large_value_every: u64,
-    /// When set, the workload is `transactions` transactions of this many inserts each
-    /// into one table, generated as they are read (large transactions in bounded
-    /// memory); 0 (default) for the mixed three-table workload.
+    /// 0: the mixed workload. N: `transactions` transactions of N inserts each into
+    /// `dbo.bulk`, generated as they are read, for large transactions in bounded
+    /// memory.
     #[serde(default)]
     pub transaction_rows: u64,
-    /// Rows of `dbo.products`, a table that held them before CDC was enabled and that
-    /// the workload never changes, for trying `[snapshot]`; 0 (default) for none.
+    /// 0: none. N: a table `dbo.products` of N rows that were there before CDC was
+    /// enabled and that the workload never changes, generated as they are read, for
+    /// trying [the initial load](initial-load.md).
     #[serde(default)]
     pub existing_rows: u64,
     /// One transaction in this many also inserts into `dbo.attachments` a row whose
-    /// text and binary values are over 1 MiB (truncation); 0 (default) never.
+    /// text and binary values are over the 1 MiB CES keeps, to see
+    /// [truncation](event-format.md#truncation-and-segmentation); 0 for never. The
+    /// other tables get the same rows either way.
     #[serde(default)]
     pub oversized_value_every: u64,
-    /// With `source.databases`: a server of this many databases, `tenant001`, …, each
-    /// its own workload (its seed derived from `seed` and its name); 0 (default):
-    /// one database.
+    /// 0: one database. N, with `source.databases`: a server of N databases
+    /// `tenant001`, …, each its own workload with its seed derived from `seed` and its
+    /// name, for trying [Scaling out](scaling-out.md) without SQL Server.
     #[serde(default)]
     pub databases: u32,
 }
@@ -214,45 +248,57 @@ impl Default for SyntheticSettings {
 }
 
 /// Where checkpoints are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CheckpointStoreKind {
-    /// A local JSON file (default).
+    /// A local JSON file (`path`).
     #[default]
     File,
-    /// `dbo.mssql_ces_checkpoint` in the source database (`sql/04_checkpoint_table.sql`).
+    /// `dbo.mssql_ces_checkpoint` in the source database
+    /// (`sql/04_checkpoint_table.sql`). That table is never streamed, enabled for CDC
+    /// or loaded, whatever `source.include` says, and `check` warns when CDC is enabled
+    /// on it.
     Table,
-    /// A compacted topic on the sink's Kafka brokers (`checkpoint.topic`).
+    /// A compacted topic on the sink's Kafka brokers (`topic`); needs a Kafka or Event
+    /// Hubs Kafka-endpoint sink.
     Kafka,
 }
 
-/// `[checkpoint]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Where the stream's position is kept. A position moves only when the destination
+/// acknowledged every event before it.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSettings {
+    /// Where the checkpoint is kept.
     #[serde(default)]
     pub store: CheckpointStoreKind,
-    /// File store: the checkpoint file (default `mssql-ces.checkpoint.json`).
+    /// File store: the checkpoint file.
     #[serde(default = "default_checkpoint_path")]
     pub path: PathBuf,
-    /// Names this stream's checkpoint, so several pollers can share one store.
+    /// Names this stream's checkpoint, so several streams can share one store.
     #[serde(default = "default_stream_name")]
     pub stream_name: String,
-    /// Table store: where `dbo.mssql_ces_checkpoint` is written, when not through
-    /// the source's connection (a source on a readable secondary, whose database
-    /// is read-only there). Unset: the source's connection string, read-write.
+    /// Table store: where `dbo.mssql_ces_checkpoint` is written, when not through the
+    /// source's connection (a source on a readable secondary, whose database is
+    /// read-only there). Unset: the source's connection string, without
+    /// `ApplicationIntent=ReadOnly`. Also `MSSQL_CES__CHECKPOINT__CONNECTION_STRING`.
     #[serde(default)]
     pub connection_string: SecretRef,
-    /// Kafka store: the compacted topic (default `mssql-ces-checkpoints`).
+    /// Kafka store: the topic. Created compacted with one partition when missing; an
+    /// existing one that is not compacted is warned of, one of several partitions is
+    /// refused. The login needs `READ` and `WRITE` on it.
     #[serde(default = "checkpoint::default_checkpoint_topic")]
     pub topic: String,
-    /// Least time between checkpoint writes, in ms (default 1000); the final
-    /// checkpoint at shutdown is always written.
+    /// Least time between checkpoint writes, in milliseconds; the final one at a stop
+    /// is always written.
     #[serde(
         rename = "interval_ms",
         with = "millis",
         default = "default_checkpoint_interval_ms"
     )]
+    #[schemars(with = "u64")]
     pub interval: Duration,
 }
 
@@ -269,16 +315,18 @@ impl Default for CheckpointSettings {
     }
 }
 
-/// `[shutdown]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// What a signalled stop waits for.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShutdownSettings {
-    /// How long to wait for outstanding deliveries after a signal, in ms (default 10000).
+    /// How long a signalled stop waits for outstanding deliveries, in milliseconds (a
+    /// stop because the source is idle waits up to `sink.delivery_timeout_ms` instead).
     #[serde(
         rename = "drain_timeout_ms",
         with = "millis",
         default = "default_drain_timeout_ms"
     )]
+    #[schemars(with = "u64")]
     pub drain_timeout: Duration,
 }
 
@@ -290,18 +338,19 @@ impl Default for ShutdownSettings {
     }
 }
 
-/// `[check]`: `mssql-ces check`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// `mssql-ces check`.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckSettings {
-    /// How long each network check (brokers, topics, the checkpoint store) may wait
-    /// for an answer, in ms (default 10000); an Event Hubs connection may take three
-    /// times as long.
+    /// How long each network check of `mssql-ces check` (brokers, topics, the
+    /// checkpoint store) waits for an answer, in milliseconds; an Event Hubs connection
+    /// may take three times as long.
     #[serde(
         rename = "timeout_ms",
         with = "millis",
         default = "default_check_timeout_ms"
     )]
+    #[schemars(with = "u64")]
     pub timeout: Duration,
 }
 
@@ -318,47 +367,61 @@ fn default_check_timeout_ms() -> Duration {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// Where changes come from.
     pub source: SourceSettings,
-    #[serde(default)]
-    pub event: EventSettings,
-    pub sink: SinkSettings,
-    #[serde(default)]
-    pub checkpoint: CheckpointSettings,
-    #[serde(default)]
-    pub shutdown: ShutdownSettings,
-    #[serde(default)]
-    pub log: LogSettings,
-    #[serde(default)]
-    pub metrics: MetricsSettings,
+    /// The initial load.
     #[serde(default)]
     pub snapshot: SnapshotSettings,
+    /// How changes are encoded.
     #[serde(default)]
-    pub check: CheckSettings,
+    pub event: EventSettings,
+    /// Where events go.
+    pub sink: SinkSettings,
+    /// Where the position is kept.
+    #[serde(default)]
+    pub checkpoint: CheckpointSettings,
+    /// A fleet of processes.
     #[serde(default)]
     pub fleet: FleetSettings,
+
+    /// Metrics and health probes.
+    #[serde(default)]
+    pub metrics: MetricsSettings,
+    /// The log.
+    #[serde(default)]
+    pub log: LogSettings,
+    /// A signalled stop.
+    #[serde(default)]
+    pub shutdown: ShutdownSettings,
+    /// `mssql-ces check`.
+    #[serde(default)]
+    pub check: CheckSettings,
 }
 
-/// `[snapshot]`: the initial load of the rows tables already hold.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// The initial load of the rows tables already hold. See [Initial
+/// load](initial-load.md).
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotSettings {
-    /// `"never"` (default), `"initial"`, `"initial_only"` or `"when_needed"`.
+    /// Whether the rows tables already hold are loaded before changes are streamed.
     #[serde(default)]
     pub mode: SnapshotMode,
-    /// Rows per chunk: one statement and one batch (default 1000, 1 to 100000).
+    /// Rows per statement and per batch.
     #[serde(default = "default_chunk_size")]
+    #[schemars(range(min = 1, max = MAX_LOAD_CHUNK))]
     pub chunk_size: usize,
-    /// A table without a key: how long its one pass may wait for the first row,
-    /// which SQL Server sends only once it has sorted the whole table (default one
-    /// hour; the query time-out bounds every later row).
+    /// A table without a key: how long its one pass may wait for its first row, which
+    /// the server sends only once it has sorted the whole table, in milliseconds (later
+    /// rows: `source.query_timeout_ms`).
     #[serde(
         rename = "first_row_timeout_ms",
         with = "millis",
         default = "default_first_row_timeout_ms"
     )]
+    #[schemars(with = "u64")]
     pub first_row_timeout: Duration,
 }
 
@@ -379,21 +442,23 @@ impl Default for SnapshotSettings {
 /// Largest `snapshot.chunk_size`: a chunk is held in memory and sent as one batch.
 pub const MAX_LOAD_CHUNK: usize = 100_000;
 
-/// `[metrics]`: Prometheus metrics and health probes over HTTP.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Prometheus metrics and health probes over HTTP.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSettings {
-    /// Address to serve `/metrics`, `/healthz` and `/readyz` on (e.g.
-    /// `"127.0.0.1:9187"`); off when unset.
+    /// Address and port to serve `/metrics`, `/healthz` and `/readyz` on, e.g.
+    /// `"127.0.0.1:9187"` (`"0.0.0.0:9187"` in a container); unset: off. A busy port
+    /// stops the start with an error naming this setting.
     #[serde(default)]
     pub listen: Option<String>,
-    /// `/healthz` fails when the run has made no progress (no poll finished, no
-    /// delivery acknowledged) for this long, in ms (default 300000).
+    /// `/healthz` fails when no poll finished and no delivery was acknowledged for this
+    /// long, in milliseconds.
     #[serde(
         rename = "stalled_after_ms",
         with = "millis",
         default = "default_stalled_after_ms"
     )]
+    #[schemars(with = "u64", range(min = 1))]
     pub stalled_after: Duration,
 }
 
@@ -425,22 +490,35 @@ impl MetricsSettings {
     }
 }
 
-/// `[log]`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+/// The log.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
-    /// `"text"` (default, for people) or `"json"` (one object a line, for log
-    /// shippers); `--log-format` overrides it.
+    /// How log lines are written; `--log-format` overrides it.
     #[serde(default)]
     pub format: LogFormat,
 }
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Deserialize,
+    serde::Serialize,
+    clap::ValueEnum,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
+    /// For people.
     #[default]
     Text,
+    /// For log shippers: one object a line, with `timestamp`, `level`, `message`,
+    /// `target` and the line's fields.
     Json,
 }
 
@@ -545,6 +623,15 @@ fn stray_environment(table: &toml::Table, env: &[(String, String)]) -> Vec<Strin
 }
 
 impl Config {
+    /// The configuration's JSON Schema: every setting with its documentation,
+    /// default and bounds (the book's settings reference is generated from it).
+    pub fn json_schema() -> serde_json::Value {
+        schemars::generate::SchemaSettings::draft2020_12()
+            .into_generator()
+            .into_root_schema_for::<Config>()
+            .to_value()
+    }
+
     /// Reads `path`, applies the environment's `MSSQL_CES__…` overrides and then
     /// `overrides` (from flags, as `section.key = value`), and validates.
     pub fn load(path: &Path, overrides: &[Override]) -> Result<Self, ConfigError> {
@@ -833,23 +920,28 @@ bootstrap_servers = "localhost:9092"
 
     #[test]
     fn a_debezium_record_s_bound_is_the_producer_s_not_ces_s_segment_size() {
-        let debezium = |extra: &str| {
-            load(&format!(
-                "{KAFKA}{extra}\n[event]\nformat = \"debezium\"\n"
-            ))
-        };
+        let debezium =
+            |extra: &str| load(&format!("{KAFKA}{extra}\n[event]\nformat = \"debezium\"\n"));
         // Kafka's own default, less room for the key and headers.
         let c = debezium("").unwrap();
         assert_eq!(c.sink.kind.record_bound().bytes, 1_048_588 - 1024);
         let c = debezium("kafka = { \"message.max.bytes\" = \"5000000\" }").unwrap();
         assert_eq!(c.sink.kind.record_bound().bytes, 5_000_000 - 1024);
-        assert_eq!(c.sink.kind.largest_message(&c.event).bytes, 5_000_000 - 1024);
+        assert_eq!(
+            c.sink.kind.largest_message(&c.event).bytes,
+            5_000_000 - 1024
+        );
         let err = debezium("kafka = { \"message.max.bytes\" = \"lots\" }").unwrap_err();
         assert!(err.to_string().contains("message.max.bytes"), "{err}");
         // With CES, segments are event.max_message_size_kb and the property is owned.
-        let err = load(&format!("{KAFKA}kafka = {{ \"message.max.bytes\" = \"5000000\" }}\n"))
-            .unwrap_err();
-        assert!(err.to_string().contains("event.max_message_size_kb"), "{err}");
+        let err = load(&format!(
+            "{KAFKA}kafka = {{ \"message.max.bytes\" = \"5000000\" }}\n"
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("event.max_message_size_kb"),
+            "{err}"
+        );
         // CES's segment size does not bound a record: set, it is refused by name.
         let err = load(&format!(
             "{KAFKA}\n[event]\nformat = \"debezium\"\nmax_message_size_kb = 512\n"

@@ -34,28 +34,39 @@ use crate::setting::{ConfigError, SecretRef, invalid};
 /// What `redact` writes when no `replacement` is given.
 pub const DEFAULT_REPLACEMENT: &str = "****";
 
-/// One `[[event.columns]]` table as written.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A column rule: `column` and one of `exclude`, `mask` or `truncate`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnRuleSetting {
-    /// `schema.table.column`, with `*` and `?`.
+    /// A `schema.table.column` pattern, with `*` (any run of characters) and `?` (one),
+    /// case-insensitive.
     pub column: String,
+    /// Leave the column out of `cols`, `old` and `current`.
     #[serde(default)]
     pub exclude: bool,
+    /// Replace each value.
     #[serde(default)]
     pub mask: Option<MaskSetting>,
-    /// With `mask = "redact"`: the text that replaces each value.
+    /// With `mask = "redact"`: the text that replaces each value; unset: `"****"`.
     #[serde(default)]
     pub replacement: Option<String>,
+    /// A character value keeps its first N characters, a binary value its first N
+    /// bytes. A key column cannot be truncated.
     #[serde(default)]
     pub truncate: Option<u32>,
 }
 
-/// `mask = …`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// What `mask` does to a value (NULL stays NULL).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum MaskSetting {
+    /// A fixed text (`replacement`).
     Redact,
+    /// The lowercase hex HMAC-SHA-256 of its CES text form under `event.hash_key`:
+    /// equal values stay equal, and joinable, across tables and runs. A key column may
+    /// be hashed.
     Hash,
 }
 

@@ -334,11 +334,24 @@ impl Change {
     }
 }
 
-/// How `data` is serialized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+/// How events are serialized.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Encoding {
+    /// JSON.
     Json,
+    /// Avro: CES's schemas (`schemas/`), or Confluent's wire format with
+    /// `[sink.schema_registry]`.
     Avro,
 }
 
@@ -362,10 +375,20 @@ impl Encoding {
 }
 
 /// What `finalevent` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum FinalEventMode {
-    /// True on the last event of each transaction (our default).
+    /// True on the last event of each transaction.
     #[default]
     LastInTransaction,
     /// Always false, as CES writes it.

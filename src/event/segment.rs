@@ -63,6 +63,26 @@ impl Default for MessageSizeLimit {
     }
 }
 
+impl serde::Serialize for MessageSizeLimit {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u32(self.0)
+    }
+}
+
+impl schemars::JsonSchema for MessageSizeLimit {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "MessageSizeLimit".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "integer",
+            "minimum": MESSAGE_SIZE_KB_RANGE.start(),
+            "maximum": MESSAGE_SIZE_KB_RANGE.end()
+        })
+    }
+}
+
 impl<'de> serde::Deserialize<'de> for MessageSizeLimit {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let kb = u32::deserialize(deserializer)?;

@@ -8,50 +8,59 @@ use super::debezium::DebeziumSettings;
 use super::{Encoding, FinalEventMode, MessageSizeLimit};
 use crate::setting::{ConfigError, SecretRef};
 
-/// `[event]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// How changes are encoded: the envelope, its encoding, and which column values leave
+/// the database.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventSettings {
-    /// `"json"` (default) or `"avro"`.
+    /// How events are serialized.
     #[serde(default = "default_encoding")]
     pub encoding: Encoding,
-    /// `"last_in_transaction"` (default) or `"always_false"` (CES's behaviour).
+    /// What `finalevent` says.
     #[serde(default)]
     pub final_event: FinalEventMode,
-    /// Largest message in KiB, 128–1024 (default 256, as CES).
+    /// The largest message in KiB, the whole message, envelope included: a larger event
+    /// is split into segments, as CES splits it. CES only: a Debezium record is bounded
+    /// by the destination ([Formats](formats.md#debeziums-envelope)).
     #[serde(default)]
     pub max_message_size_kb: MessageSizeLimit,
-    /// Stream GUID in `logicalid` and ids; default: the database GUID.
+    /// The GUID in `logicalid` and in message ids; unset: the database's GUID.
     #[serde(default)]
+    #[schemars(with = "Option<String>")]
     pub stream_guid: Option<Uuid>,
-    /// `"ces"` (default) or `"debezium"`.
+    /// Which envelope events have.
     #[serde(default)]
     pub format: EventFormat,
-    /// `[event.debezium]`: the Debezium envelope's settings.
+    /// Debezium's envelope.
     #[serde(default)]
     pub debezium: DebeziumSettings,
-    /// `[[event.columns]]`: which columns leave the database, and how.
+    /// [Column rules](formats.md#which-columns-leave-the-database): which columns leave
+    /// the database, and in what form. The first rule that matches a column decides.
     #[serde(default)]
     pub columns: Vec<ColumnRuleSetting>,
-    /// The secret key of `mask = "hash"` rules.
+    /// The secret key of `mask = "hash"` column rules, at least 16 bytes. Keep it:
+    /// another key gives other hashes.
     #[serde(default)]
     pub hash_key: SecretRef,
-    /// Whether a run may start with `[[event.columns]]` rules that match no column
-    /// of an included table (default false: it refuses, naming them, since a
-    /// misspelt rule would let a column out as it is). With `source.databases`,
-    /// a rule may belong to another database's tables: it is then said, not refused.
+    /// Whether a run may start with a column rule that matches no column of an included
+    /// table. By default it refuses, naming the rule (exit 2): a misspelt rule would
+    /// let the column out as it is. With `source.databases` such a rule is only warned
+    /// of, since it may belong to another database's tables.
     #[serde(default)]
     pub allow_unmatched_column_rules: bool,
 }
 
 /// `event.format`: which envelope events have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum EventFormat {
-    /// CES's CloudEvents (the default, byte-exact).
+    /// CES's CloudEvents, byte-exact.
     #[default]
     Ces,
-    /// Debezium's SQL Server connector's envelope ([`crate::event::debezium`]).
+    /// [Debezium's envelope](formats.md#debeziums-envelope) of its SQL Server
+    /// connector.
     Debezium,
 }
 

@@ -88,12 +88,10 @@ pub(super) fn encode_batches(
             && let Some(factory) = factory.take()
         {
             let options = factory(database_guid);
-            format = Some(
-                match router.debezium_encoder(options.stream_guid) {
-                    Some(debezium) => Format::Debezium(Box::new(debezium)),
-                    None => Format::Ces(Encoder::new(options).data_only(router.binary())),
-                },
-            );
+            format = Some(match router.debezium_encoder(options.stream_guid) {
+                Some(debezium) => Format::Debezium(Box::new(debezium)),
+                None => Format::Ces(Encoder::new(options).data_only(router.binary())),
+            });
         }
         let Some(format) = format.as_mut() else {
             continue;

@@ -19,8 +19,9 @@ use serde::Deserialize;
 
 use crate::setting::{ConfigError, SecretRef, invalid};
 
-/// `[sink.schema_registry]` as written.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A Confluent-compatible schema registry: Avro messages in Confluent's wire format (a
+/// magic byte and the schema's id before the datum).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SchemaRegistrySettings {
     /// `http://host:8081` or `https://…`.
@@ -34,11 +35,12 @@ pub struct SchemaRegistrySettings {
     /// A PEM file of certificate authorities to trust beside the system's.
     #[serde(default)]
     pub ca_location: Option<std::path::PathBuf>,
-    /// `"topic"` (default) or `"record"`.
+    /// How subjects are named.
     #[serde(default)]
     pub subject_name_strategy: SubjectNameStrategy,
-    /// How long one request may take (default 10 000 ms).
+    /// How long one request may take, in milliseconds.
     #[serde(default = "default_timeout_ms")]
+    #[schemars(range(min = 1))]
     pub request_timeout_ms: u64,
 }
 
@@ -47,13 +49,15 @@ fn default_timeout_ms() -> u64 {
 }
 
 /// How a subject is named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SubjectNameStrategy {
-    /// `<topic>-key` / `<topic>-value`.
+    /// `<topic>-key` and `<topic>-value` (Confluent's `TopicNameStrategy`).
     #[default]
     Topic,
-    /// The record's full name.
+    /// The record's full name (Confluent's `RecordNameStrategy`).
     Record,
 }
 

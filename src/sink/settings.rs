@@ -8,20 +8,25 @@ use crate::setting::{ConfigError, invalid};
 use crate::sink::SinkConfig;
 use crate::sink::kafka::KafkaSinkConfig;
 
-/// CES's `partition_key_scheme`, plus `primary_key`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// What a message is keyed by: CES's `partition_key_scheme`, plus `primary_key`. One
+/// key's events stay in order in one partition.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PartitionKeyScheme {
-    /// No key; an event's segments are still pinned to one partition.
+    /// No key; each event's segments are still pinned to one partition (chosen from its
+    /// `logicalid`).
     None,
     /// One constant key for the whole stream.
     StreamGroup,
-    /// `schema.table` (default).
+    /// `schema.table`.
     #[default]
     Table,
-    /// The value of `sink.partition_key_column`.
+    /// The value of `partition_key_column`. A NULL or empty value goes to one fixed
+    /// partition per table, since partitioners scatter NULL and empty keys.
     Column,
-    /// `schema.table` plus the primary-key values.
+    /// `schema.table` plus the key values: per-row order, with parallelism.
     PrimaryKey,
 }
 
@@ -38,14 +43,17 @@ impl std::fmt::Display for PartitionKeyScheme {
     }
 }
 
-/// Kafka message layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// The CloudEvents binding a Kafka or Event Hubs message has.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CloudEventsMode {
-    /// The whole CloudEvent is the message value (default).
+    /// The whole CloudEvent is the message value.
     #[default]
     Structured,
-    /// `ce_*` headers, `data` as the value.
+    /// `ce_*` headers, `data` as the value; Kafka and Event Hubs sinks only (a file or
+    /// stdout has no headers).
     Binary,
 }
 
@@ -59,17 +67,21 @@ impl std::fmt::Display for CloudEventsMode {
     }
 }
 
-/// `sink.schema_changes`: whether schema-change events are sent, and where.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// Whether [schema-change events](schema-changes.md) are sent, and where.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SchemaChangePlacement {
-    /// None are sent (default): the stream is CES's alone.
+    /// None are sent: the stream is CES's alone.
     #[default]
     Off,
-    /// To their own topic, `sink.schema_topic`, keyed by `schema.table`.
+    /// To their own topic, `schema_topic`, keyed by `schema.table`; refused for
+    /// `event_hubs_amqp`, which sends to one hub.
     Topic,
-    /// Into each table's own topic and partition, just before the first event of
-    /// the shape they describe.
+    /// Into each table's own partition, just before the first event of the shape they
+    /// describe; needs `partition_key = "table"` or `"stream_group"`. A file or stdout
+    /// has no topics: both placements write them into the stream, in order.
     Inline,
 }
 
@@ -92,30 +104,39 @@ pub struct SinkSettings {
     pub kind: SinkConfig,
 }
 
-/// The settings of `[sink]` that every kind shares: where and how messages are keyed.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+/// The keys of `[sink]` every kind takes: where and how messages are keyed.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RoutingSettings {
-    /// Topic name, or a template over `{db}`, `{schema}`, `{tbl}` (default `"ces"`).
-    /// For Event Hubs: the event hub (default: `EntityPath` of the connection string).
+    /// A topic, or a template over `{db}`, `{schema}`, `{tbl}`; unset: `"ces"`
+    /// (Debezium: `<topic_prefix>.{db}.{schema}.{tbl}`). Event Hubs: the hub (unset:
+    /// the connection string's `EntityPath`); `event_hubs_amqp` takes one hub, a
+    /// template is refused. A topic name holds only `A-Z a-z 0-9 . _ -`: the template's
+    /// own text is checked when the configuration is read, and in the names put in
+    /// every other character becomes `_` (`sales.order details` →
+    /// `sales.order_details`, as Debezium's topics; `check` warns of tables that meet
+    /// in one topic that way).
     #[serde(default)]
     pub topic: Option<String>,
+    /// What messages are keyed by; it decides what stays in order.
     #[serde(default)]
     pub partition_key: PartitionKeyScheme,
-    /// The column whose value is the key when `partition_key = "column"`.
+    /// The column whose value is the key, with `partition_key = "column"`.
     #[serde(default)]
     pub partition_key_column: Option<String>,
+    /// The CloudEvents binding.
     #[serde(default)]
     pub mode: CloudEventsMode,
-    /// Whether schema-change events are sent, and where (default `off`).
+    /// Whether schema-change events are sent, and where.
     #[serde(default)]
     pub schema_changes: SchemaChangePlacement,
-    /// With `schema_changes = "topic"`: their topic, or a template like `topic`
-    /// (default: `topic` with `.schema` appended, `"ces.schema"` when `topic` is
-    /// unset).
+    /// With `schema_changes = "topic"`: their topic, or a template like `topic`'s;
+    /// unset: `topic` with `.schema` appended (`"ces.schema"`; Debezium: the topic
+    /// prefix). Refused with the other placements.
     #[serde(default)]
     pub schema_topic: Option<String>,
-    /// `[sink.schema_registry]`: Avro in the Confluent wire format.
+    /// Avro in the Confluent wire format, schemas in a registry: see [Avro with a
+    /// schema registry](formats.md#avro-with-a-schema-registry).
     #[serde(default)]
     pub schema_registry: Option<crate::sink::registry::SchemaRegistrySettings>,
 }
@@ -140,6 +161,59 @@ const ROUTING_KEYS: &[&str] = &[
     "schema_topic",
     "schema_registry",
 ];
+
+impl schemars::JsonSchema for SinkSettings {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "SinkSettings".into()
+    }
+
+    /// One object per `kind`: the routing keys every kind shares, `kind` itself,
+    /// and that kind's own keys.
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        use crate::sink::{event_hubs_amqp, kafka, stream};
+        let routing = RoutingSettings::json_schema(generator);
+        let variant = |kinds: &[&str], own: schemars::Schema| {
+            let mut properties = serde_json::Map::new();
+            properties.insert(
+                "kind".into(),
+                serde_json::json!({ "description": "Which sink this is.", "enum": kinds }),
+            );
+            for schema in [&routing, &own] {
+                if let Some(more) = schema.get("properties").and_then(|p| p.as_object()) {
+                    properties.extend(more.clone());
+                }
+            }
+            let title: Vec<String> = kinds.iter().map(|k| format!("kind = \"{k}\"")).collect();
+            serde_json::json!({
+                "title": title.join(" or "),
+                "description": own.get("description").cloned().unwrap_or_default(),
+                "type": "object",
+                "properties": properties,
+                "required": ["kind"],
+                "additionalProperties": false
+            })
+        };
+        let variants = vec![
+            variant(
+                &["kafka", "event_hubs_kafka"],
+                kafka::KafkaSinkConfig::json_schema(generator),
+            ),
+            variant(
+                &["event_hubs_amqp"],
+                event_hubs_amqp::config::EventHubsAmqpSinkConfig::json_schema(generator),
+            ),
+            variant(&["file"], stream::FileSinkConfig::json_schema(generator)),
+            variant(
+                &["stdout"],
+                stream::StdoutSinkConfig::json_schema(generator),
+            ),
+        ];
+        schemars::json_schema!({
+            "description": "Where events go: `kind` picks the sink, and the keys it takes are the routing keys every sink shares plus that kind's own; a key of another kind is refused by name.",
+            "oneOf": variants
+        })
+    }
+}
 
 impl<'de> Deserialize<'de> for SinkSettings {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

@@ -23,16 +23,20 @@ use super::{Delivery, OutgoingMessage, SinkError};
 use crate::event::Encoding;
 use crate::position::SinkFile;
 
-/// `[sink]` with `kind = "stdout"`: no settings of its own.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+/// Standard output, one event per line (Avro: base64). No settings of its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StdoutSinkConfig {}
 
-/// `[sink]` with `kind = "file"`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+/// A file, one event per line (Avro: base64), appended exactly once: it is fsynced
+/// before any checkpoint that covers it, and cut back to the checkpoint's length at a
+/// start. See [Delivery guarantees](delivery.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileSinkConfig {
-    /// The newline-delimited output (`sink.path`).
+    /// The output file. The checkpoint's own files are refused. The run holds an
+    /// exclusive lock (`flock`) on it, taken before anything in it is cut: a second
+    /// stream pointed at the same file is refused by name.
     pub path: PathBuf,
 }
 

@@ -35,19 +35,21 @@ use uuid::Uuid;
 use crate::event::MESSAGE_ID_NAMESPACE;
 use crate::lsn::Lsn;
 
-/// `[snapshot] mode`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// `snapshot.mode`: whether the rows tables already hold are loaded.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SnapshotMode {
-    /// No load: changes only, as CES.
+    /// Changes only, as CES.
     #[default]
     Never,
     /// With no checkpoint, load every included table, then stream changes.
     Initial,
-    /// Load every included table and exit (a one-off export).
+    /// Load every included table and exit: a one-off export.
     InitialOnly,
-    /// As `Initial`, and re-load a table whose changes were purged before delivery
-    /// instead of failing or skipping.
+    /// As `initial`, and re-load a table whose changes the cleanup job purged before
+    /// delivery, instead of `source.on_gap`.
     WhenNeeded,
 }
 

@@ -639,13 +639,15 @@ fn suggested_rules(stderr: &str) -> Vec<String> {
     stderr
         .split("{ column = ")
         .skip(1)
-        .filter_map(|rest| rest.split_once(" }").map(|(rule, _)| format!("{{ column = {rule} }}")))
+        .filter_map(|rest| {
+            rest.split_once(" }")
+                .map(|(rule, _)| format!("{{ column = {rule} }}"))
+        })
         .collect()
 }
 
 #[test]
-fn a_debezium_record_is_bounded_by_the_destination_and_an_oversized_one_names_the_rules_that_fit()
-{
+fn a_debezium_record_is_bounded_by_the_destination_and_an_oversized_one_names_the_rules_that_fit() {
     let kafka = apache_kafka::shared();
     let prefix = unique("dbz");
     let dir = temp_dir("apache-debezium-bound");
@@ -696,7 +698,11 @@ fn a_debezium_record_is_bounded_by_the_destination_and_an_oversized_one_names_th
     assert!(fitted.status.success(), "{stderr}");
     let largest = |table: &str| {
         kafka
-            .read(&format!("{prefix}.synthetic.dbo.{table}"), "read_uncommitted", &[])
+            .read(
+                &format!("{prefix}.synthetic.dbo.{table}"),
+                "read_uncommitted",
+                &[],
+            )
             .iter()
             .map(|m| m.payload.len())
             .max()

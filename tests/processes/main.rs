@@ -17,5 +17,6 @@ mod event_hubs_amqp_released;
 mod fleet;
 mod managed_binary;
 mod metrics_binary;
+mod reference;
 mod run_binary;
 mod standin_binary;

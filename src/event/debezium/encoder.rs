@@ -199,8 +199,15 @@ impl DebeziumEncoder {
         )?;
         if value.len() > self.bound.bytes {
             let fits = |images: (Option<&Row>, Option<&Row>)| {
-                self.envelope(change, &one.schemas, emit.op, images, one.serial, transaction)
-                    .is_ok_and(|v| v.len() + FIT_MARGIN <= self.bound.bytes)
+                self.envelope(
+                    change,
+                    &one.schemas,
+                    emit.op,
+                    images,
+                    one.serial,
+                    transaction,
+                )
+                .is_ok_and(|v| v.len() + FIT_MARGIN <= self.bound.bytes)
             };
             let rules = fitting_rules(&change.table, emit.images, fits);
             return Err(DebeziumError::TooLarge {
@@ -426,7 +433,9 @@ fn fitting_rules(
                     if let Some(value) = row.get_mut(column) {
                         *value = match (to, std::mem::replace(value, Value::Null)) {
                             (None, _) => Value::Null,
-                            (Some(n), Value::Text(text)) => Value::Text(text.chars().take(n).collect()),
+                            (Some(n), Value::Text(text)) => {
+                                Value::Text(text.chars().take(n).collect())
+                            }
                             (Some(n), Value::Binary(mut bytes)) => {
                                 bytes.truncate(n);
                                 Value::Binary(bytes)

@@ -62,28 +62,37 @@ use uuid::Uuid;
 use crate::lsn::Lsn;
 pub use types::{BinaryMode, DecimalMode, TimePrecisionMode};
 
-/// `[event.debezium]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Debezium's envelope, with `event.format = "debezium"`: Debezium's own setting names,
+/// with `_` for `.`.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DebeziumSettings {
-    /// Debezium's `topic.prefix`: the topics' first part and `source.name`.
+    /// Debezium's `topic.prefix`: topics are `<prefix>.<db>.<schema>.<table>` (unless
+    /// `sink.topic` is set), and it is `source.name`.
     #[serde(default = "default_prefix")]
     pub topic_prefix: String,
-    /// JsonConverter's `schemas.enable`: `{"schema":…,"payload":…}` (true, its
-    /// default) or the payload alone.
+    /// JSON as Kafka Connect's `JsonConverter` writes it with `schemas.enable`:
+    /// `{"schema":…,"payload":…}`; `false`: the payload alone.
     #[serde(default = "yes")]
     pub schemas_enable: bool,
+    /// A tombstone (the same key, a null value) after each delete; refused for
+    /// `event_hubs_amqp`, whose messages cannot be null.
     #[serde(default = "yes")]
     pub tombstones_on_delete: bool,
+    /// Debezium's `decimal.handling.mode`.
     #[serde(default)]
     pub decimal_handling_mode: DecimalMode,
+    /// Debezium's `time.precision.mode`.
     #[serde(default)]
     pub time_precision_mode: TimePrecisionMode,
+    /// Debezium's `binary.handling.mode`.
     #[serde(default)]
     pub binary_handling_mode: BinaryMode,
+    /// `BEGIN` and `END` events on the transaction topic, and a `transaction` block in
+    /// each event.
     #[serde(default)]
     pub provide_transaction_metadata: bool,
-    /// Default `<topic_prefix>.transaction`.
+    /// The transaction topic; unset: `<topic_prefix>.transaction`.
     #[serde(default)]
     pub transaction_topic: Option<String>,
 }
@@ -700,7 +709,10 @@ mod more_tests {
     /// `change` with `column`'s values (both images) cut to `n` characters.
     fn cut(change: &Change, column: usize, n: Option<usize>) -> Change {
         let mut copy = change.clone();
-        for row in [copy.old.as_mut(), copy.current.as_mut()].into_iter().flatten() {
+        for row in [copy.old.as_mut(), copy.current.as_mut()]
+            .into_iter()
+            .flatten()
+        {
             row[column] = match (&row[column], n) {
                 (Value::Text(t), Some(n)) => Value::Text(t.chars().take(n).collect()),
                 (_, None) => Value::Null,
@@ -711,8 +723,7 @@ mod more_tests {
     }
 
     #[test]
-    fn a_message_over_the_limit_is_a_definite_error_naming_table_key_size_and_the_rule_that_fits()
-    {
+    fn a_message_over_the_limit_is_a_definite_error_naming_table_key_size_and_the_rule_that_fits() {
         let mut change = insert(employees(), employee_row(7, "Ada", "Lovelace"));
         if let Some(row) = change.current.as_mut() {
             row[1] = Value::Text("x".repeat(200 * 1024));
@@ -730,7 +741,11 @@ mod more_tests {
         // but for the margin the rule's own changes may take.
         let n = suggested_truncate(&err, "FirstName").expect("a truncate rule");
         assert!(n > 120 * 1024 && n < 128 * 1024, "{n}");
-        assert!(encoder(128 * 1024).encode(&cut(&change, 1, Some(n))).is_ok());
+        assert!(
+            encoder(128 * 1024)
+                .encode(&cut(&change, 1, Some(n)))
+                .is_ok()
+        );
         assert!(
             encoder(128 * 1024)
                 .encode(&cut(&change, 1, Some(n + 300)))
@@ -741,8 +756,7 @@ mod more_tests {
     }
 
     #[test]
-    fn an_update_too_large_in_both_images_leaves_out_the_largest_column_then_truncates_the_next()
-    {
+    fn an_update_too_large_in_both_images_leaves_out_the_largest_column_then_truncates_the_next() {
         let mut row = employee_row(7, "Ada", "Lovelace");
         row[1] = Value::Text("f".repeat(100 * 1024));
         row[2] = Value::Text("l".repeat(70 * 1024));
@@ -782,12 +796,20 @@ mod more_tests {
             what: "Event Hubs' largest event",
             raised_by: None,
         };
-        let err = DebeziumEncoder::new(Arc::new(DebeziumSettings::default()), Uuid::nil(), fixed, None)
-            .encode(&change)
-            .unwrap_err()
-            .to_string();
+        let err = DebeziumEncoder::new(
+            Arc::new(DebeziumSettings::default()),
+            Uuid::nil(),
+            fixed,
+            None,
+        )
+        .encode(&change)
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("no column rule makes it fit"), "{err}");
-        assert!(err.contains("destination's largest") && !err.contains("raise"), "{err}");
+        assert!(
+            err.contains("destination's largest") && !err.contains("raise"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -13,38 +13,50 @@ use super::{DebeziumError, DebeziumSettings};
 use crate::event::columns::ColumnMask;
 use crate::event::{ColumnDescription, SqlType, Value};
 
-/// `decimal.handling.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// `decimal.handling.mode`: how `decimal`, `numeric` and `money` are written.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum DecimalMode {
-    /// Connect `Decimal` (bytes: the unscaled value, two's complement, big-endian).
+    /// Connect's `Decimal`: bytes, the unscaled value in two's complement, big-endian.
     #[default]
     Precise,
+    /// A `double`.
     Double,
+    /// The exact text.
     String,
 }
 
 /// `time.precision.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum TimePrecisionMode {
     /// Milli-, micro- or nanoseconds by the column's scale (0–3, 4–6, 7).
     #[default]
     Adaptive,
-    /// Kafka Connect's `Date`, `Time` and `Timestamp` (milliseconds).
+    /// Kafka Connect's `Date`, `Time` and `Timestamp`, in milliseconds.
     Connect,
 }
 
-/// `binary.handling.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// `binary.handling.mode`: how binary values are written.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 pub enum BinaryMode {
+    /// Connect's `bytes` (JSON: base64).
     #[default]
     #[serde(rename = "bytes")]
     Bytes,
+    /// A base64 string.
     #[serde(rename = "base64")]
     Base64,
+    /// A URL-safe base64 string.
     #[serde(rename = "base64-url-safe")]
     Base64UrlSafe,
+    /// A hex string.
     #[serde(rename = "hex")]
     Hex,
 }

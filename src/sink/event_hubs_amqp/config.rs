@@ -11,8 +11,10 @@ use crate::sink::kafka::{default_delivery_timeout, parse_event_hubs_connection_s
 use crate::sink::settings::RoutingSettings;
 use crate::sink::{BuiltSink, Sink, SinkError};
 
-/// Which Microsoft Entra ID credential an AMQP Event Hubs sink uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// Which Microsoft Entra ID credential an Event Hubs sink over AMQP uses.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EntraCredentialKind {
     /// The managed identity of the Azure host (system-assigned).
@@ -23,39 +25,43 @@ pub enum EntraCredentialKind {
     DeveloperTools,
 }
 
-/// `[sink]` of an Event Hubs sink over AMQP.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Azure Event Hubs over AMQP (`azure_messaging_eventhubs`). See [Event Hubs over
+/// AMQP](configuration.md#event-hubs-over-amqp).
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventHubsAmqpSinkConfig {
-    /// Event Hubs connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
+    /// The Event Hubs connection string
+    /// (`Endpoint=sb://…;SharedAccessKeyName=…;SharedAccessKey=…;EntityPath=…`); also
+    /// `MSSQL_CES__SINK__CONNECTION_STRING`.
     #[serde(default)]
     pub connection_string: SecretRef,
-    /// With Microsoft Entra ID: the namespace (`<name>.servicebus.windows.net`).
+    /// With Microsoft Entra ID: the namespace, `<name>.servicebus.windows.net`.
     #[serde(default)]
     pub namespace: Option<String>,
-    /// Microsoft Entra ID instead of a connection string: `"managed_identity"`,
-    /// `"workload_identity"` or `"developer_tools"`.
+    /// Microsoft Entra ID instead of a connection string.
     #[serde(default)]
     pub entra_credential: Option<EntraCredentialKind>,
-    /// Connect here instead of the namespace (a proxy or a local test peer), e.g.
+    /// Connect here instead of the namespace (a proxy, or a local peer), e.g.
     /// `amqp://127.0.0.1:5672`.
     #[serde(default)]
     pub custom_endpoint: Option<String>,
-    /// A batch not acknowledged within this time is resent on a new connection
-    /// (`amqp_resend_after_ms`, default 30000), until `delivery_timeout_ms` has passed.
+    /// Resend a batch on a new connection when it is not acknowledged within this time,
+    /// in milliseconds (up to `delivery_timeout_ms`).
     #[serde(
         rename = "amqp_resend_after_ms",
         with = "crate::setting::millis",
         default = "default_resend_after"
     )]
+    #[schemars(with = "u64", range(min = 1))]
     pub resend_after: Duration,
-    /// How long a batch may wait for delivery before the run fails
-    /// (`delivery_timeout_ms`, default 300000).
+    /// How long a batch may wait for the service before the run fails, in milliseconds;
+    /// also how long an unreachable service is retried when the run starts.
     #[serde(
         rename = "delivery_timeout_ms",
         with = "crate::setting::millis",
         default = "default_delivery_timeout"
     )]
+    #[schemars(with = "u64", range(min = 1))]
     pub delivery_timeout: Duration,
 }
 

@@ -31,74 +31,90 @@ pub const EVENT_HUBS_RECORD_OVERHEAD: usize = 2 * 1024;
 pub const EVENT_HUBS_MAX_MESSAGE_KB: usize =
     (EVENT_HUBS_REQUEST_LIMIT - 1 - EVENT_HUBS_RECORD_OVERHEAD) / 1024;
 
-/// `[sink]` with `kind = "kafka"` or `kind = "event_hubs_kafka"` (Event Hubs through
-/// its Kafka endpoint): the settings of the Kafka producer.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// Apache Kafka (`kafka`), or Azure Event Hubs through its Kafka endpoint
+/// (`event_hubs_kafka`, which derives the brokers and the login from its connection
+/// string). Every message is sent by an idempotent producer with `acks=all`.
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
-    /// Kafka bootstrap servers (`host:port,…`); Event Hubs: from the connection string.
+    /// `kafka`: the brokers, `host:port,…` (required). `event_hubs_kafka` takes them
+    /// from the connection string.
     #[serde(default)]
     pub bootstrap_servers: Option<String>,
-    /// Event Hubs connection string (`Endpoint=sb://…;SharedAccessKeyName=…;…`).
+    /// `event_hubs_kafka`: the Event Hubs connection string; also
+    /// `MSSQL_CES__SINK__CONNECTION_STRING`.
     #[serde(default)]
     pub connection_string: SecretRef,
-    /// `"lz4"` (default), `"zstd"`, `"gzip"`, `"snappy"` or `"none"`; Event Hubs: none
-    /// (default) or gzip.
+    /// How record batches are compressed; unset: `"lz4"` for Kafka, `"none"` for Event
+    /// Hubs, which takes only `"none"` or `"gzip"`.
     #[serde(default)]
     pub compression: Option<Compression>,
-    /// How keys map to partitions (librdkafka's `partitioner`); default
-    /// `"murmur2_random"`, the placement of Java clients, so Kafka Streams and Flink
-    /// can co-partition with these topics.
+    /// How keys map to partitions. The default is the Java client's placement, so Kafka
+    /// Streams and Flink joins co-partition with these topics; `"random"` is refused,
+    /// since it ignores keys.
     #[serde(default)]
     pub partitioner: Partitioner,
-    /// How long a message may wait for delivery before the run fails
-    /// (`delivery_timeout_ms`, default 300000).
+    /// How long a message may wait for the brokers before the run fails, in
+    /// milliseconds (more than 0). Counted by the run on the oldest outstanding
+    /// message: librdkafka's own `message.timeout.ms` is infinite, so it never drops
+    /// one message while it writes the ones after it.
     #[serde(
         rename = "delivery_timeout_ms",
         with = "crate::setting::millis",
         default = "default_delivery_timeout"
     )]
+    #[schemars(with = "u64", range(min = 1))]
     pub delivery_timeout: Duration,
-    /// `"plaintext"` (default), `"ssl"`, `"sasl_plaintext"` or `"sasl_ssl"`
-    /// (librdkafka's `security.protocol`). Kafka only: Event Hubs' comes from its
-    /// connection string.
+    /// `kafka`: how the brokers are reached. Event Hubs' comes from its connection
+    /// string.
     #[serde(default)]
     pub security_protocol: SecurityProtocol,
-    /// With a `sasl_*` protocol: `"PLAIN"`, `"SCRAM-SHA-256"` or `"SCRAM-SHA-512"`.
+    /// With a `sasl_*` protocol (required). `"OAUTHBEARER"` is refused: this build's
+    /// librdkafka has no OIDC (it needs libcurl).
     #[serde(default)]
     pub sasl_mechanism: Option<SaslMechanism>,
-    /// With a `sasl_*` protocol: the user.
+    /// With a `sasl_*` protocol: the user (required).
     #[serde(default)]
     pub sasl_username: Option<String>,
-    /// With a `sasl_*` protocol: the password, `{ env = … }` or `{ file = … }`, or the
-    /// secret itself in `MSSQL_CES__SINK__SASL_PASSWORD`.
+    /// With a `sasl_*` protocol: the password (required; never logged); also
+    /// `MSSQL_CES__SINK__SASL_PASSWORD`.
     #[serde(default)]
     pub sasl_password: SecretRef,
-    /// With an `ssl` protocol: the CA certificates (PEM) to verify the brokers with;
-    /// default the system's.
+    /// With `ssl` or `sasl_ssl`: the CA certificates (PEM) that signed the brokers';
+    /// unset: the system's.
     #[serde(default)]
     pub ssl_ca_location: Option<std::path::PathBuf>,
-    /// With an `ssl` protocol, for mutual TLS: this client's certificate (PEM)…
+    /// With `ssl` or `sasl_ssl`, for mutual TLS: this client's certificate (PEM); needs
+    /// `ssl_key_location`.
     #[serde(default)]
     pub ssl_certificate_location: Option<std::path::PathBuf>,
-    /// …and its private key (PEM).
+    /// With `ssl` or `sasl_ssl`, for mutual TLS: this client's private key (PEM); needs
+    /// `ssl_certificate_location`.
     #[serde(default)]
     pub ssl_key_location: Option<std::path::PathBuf>,
-    /// The private key's password, if it has one (`{ env = … }` or `{ file = … }`).
+    /// The private key's password, if it has one; also
+    /// `MSSQL_CES__SINK__SSL_KEY_PASSWORD`.
     #[serde(default)]
     pub ssl_key_password: SecretRef,
-    /// Whether the brokers' certificates must name the host connected to (default
-    /// true; false only for brokers whose certificates do not).
+    /// Whether a broker's certificate must name the host connected to; `false` only for
+    /// brokers whose certificates do not.
     #[serde(default = "yes")]
     pub ssl_endpoint_identification: bool,
-    /// Pass-through librdkafka properties (`"linger.ms" = "5"`).
+    /// Pass-through librdkafka properties, e.g. `"linger.ms" = "5"`. Properties a typed
+    /// setting owns (`acks`, `enable.idempotence`, `compression.type`,
+    /// `message.max.bytes`, `bootstrap.servers`, `security.protocol`, `sasl.*`,
+    /// `ssl.ca.location`, `ssl.key.*`, …) are refused by name. With `event.format =
+    /// "debezium"`, `message.max.bytes` is taken here: it bounds a record.
     #[serde(default)]
     pub kafka: BTreeMap<String, String>,
-    /// Each batch and the stream's position in one Kafka transaction (needs
-    /// `checkpoint.store = "kafka"`).
+    /// `kafka`: each batch and the stream's position committed in one Kafka transaction
+    /// (needs `checkpoint.store = "kafka"`; see [Delivery guarantees](delivery.md)).
+    /// Refused for `event_hubs_kafka`.
     #[serde(default)]
     pub exactly_once: bool,
-    /// The transactional id (default `mssql-ces.<checkpoint.stream_name>`).
+    /// With `exactly_once`: the stream's transactional id; unset:
+    /// `mssql-ces.<checkpoint.stream_name>`. A new process with the same id fences the
+    /// old one. With `source.databases` it must contain `{db}` (the default does).
     #[serde(default)]
     pub transactional_id: Option<String>,
     /// Set by the run from `[checkpoint]` when `exactly_once` is on.
@@ -153,12 +169,34 @@ where
         })
 }
 
-/// Deserializes a librdkafka enumeration by [`any_case`] over its variants.
+/// Deserializes a librdkafka enumeration by [`any_case`] over its variants, and
+/// describes it (its JSON Schema; its value as written, for defaults).
 macro_rules! any_case_deserialize {
     ($type:ident: $($variant:ident),+) => {
         impl<'de> Deserialize<'de> for $type {
             fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 any_case(deserializer, &[$($type::$variant),+], $type::as_str)
+            }
+        }
+
+        impl serde::Serialize for $type {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+
+        impl schemars::JsonSchema for $type {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($type).into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                let values: Vec<&str> = [$($type::$variant),+].into_iter().map($type::as_str).collect();
+                schemars::json_schema!({
+                    "type": "string",
+                    "enum": values,
+                    "x-any-case": true
+                })
             }
         }
     };
@@ -198,7 +236,7 @@ impl SecurityProtocol {
     }
 }
 
-/// librdkafka's `sasl.mechanism`, as far as this build supports it.
+/// librdkafka's `sasl.mechanism`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SaslMechanism {
     Plain,
@@ -260,7 +298,7 @@ impl Compression {
     }
 }
 
-/// librdkafka's `partitioner` values.
+/// librdkafka's `partitioner`: which partition a key goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Partitioner {
     /// murmur2 of the key, as the Java client (keyless messages: random).
@@ -276,7 +314,7 @@ pub enum Partitioner {
     Fnv1aRandom,
     /// FNV-1a of the key (keyless: one partition).
     Fnv1a,
-    /// Random, whatever the key.
+    /// Random, whatever the key: refused.
     Random,
 }
 

@@ -29,13 +29,16 @@ use crate::source::{EnableCapture, SourceError};
 
 /// `source.capture_instances`: who creates capture instances when a table's
 /// columns change.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CaptureInstanceMode {
-    /// A DBA (today's CDC practice); the stream follows what they create.
+    /// Capture instances are a DBA's; the stream follows what they create.
     #[default]
     Manual,
-    /// The poller, when the login may: see the module's comment.
+    /// A table whose columns change gets a new capture instance, and the old one is
+    /// disabled once drained (needs `db_owner`).
     Managed,
 }
 

@@ -65,13 +65,15 @@ use load::LoadRun;
 /// What to do when changes were purged before they were delivered.
 ///
 /// Shown as the configuration spells it (`fail`, `skip`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum GapPolicy {
     /// Stop with an error naming the capture instance and the lost LSN range.
     #[default]
     Fail,
-    /// Log the loss loudly and continue from the oldest change still held.
+    /// Say the loss loudly in the log and go on from the oldest change still held.
     Skip,
 }
 
@@ -85,13 +87,16 @@ impl std::fmt::Display for GapPolicy {
 }
 
 /// Where to start when there is no checkpoint.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum StartPosition {
-    /// The oldest change CDC still holds.
+    /// The oldest change CDC holds.
     #[default]
     Earliest,
-    /// Only changes committed after the first poll.
+    /// After the newest change when the run starts (before everything when CDC has
+    /// recorded nothing yet).
     Latest,
 }
 

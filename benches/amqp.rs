@@ -113,7 +113,7 @@ async fn through_sink(endpoint: &str, messages: &[OutgoingMessage], run: Duratio
         EventHubsCredential::ConnectionString(CONNECTION_STRING.into()),
         "orders",
         Some(endpoint.to_owned()),
-        // The client stalls now and then against this peer (see the README); the
+        // The client stalls now and then against this peer (see `docs/src/configuration.md`, *Event Hubs over AMQP*); the
         // sink resends after this. Short here, so a stall costs a second, not 30.
         Duration::from_secs(1),
         Duration::from_secs(120),

@@ -12,7 +12,7 @@
 //! ```
 //!
 //! The modules, in the order of the data flow; each imports only modules below it
-//! in this list (the README's *Code layout* has the table):
+//! in this list (`docs/src/dev/architecture.md` has the table):
 //!
 //! - [`app`]: the composition root: one run of the daemon, from a [`config::Config`]
 //!   to a stopped pipeline (the embedding API: [`app::run`] and [`app::RunError`]).

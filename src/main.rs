@@ -15,7 +15,7 @@ use mssql_ces::sink::event_hubs_amqp::outcome::OutcomeLayer;
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc: per-thread heaps without glibc's arena locks, and freed memory reused
-/// rather than kept per arena (measured in the README's performance section).
+/// rather than kept per arena (measured in `docs/src/dev/benchmarks.md`, *Memory*).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -2,7 +2,7 @@
 //!
 //! A [`Change`] is one paired row change (an insert, a delete, or an update made of
 //! CDC's op 3 and op 4) with everything the event needs. [`Encoder::encode`] turns it
-//! into the exact messages that go on the wire, in this order (SPEC §3):
+//! into the exact messages that go on the wire, in this order (`docs/src/event-format.md` says it for a reader):
 //!
 //! 1. truncate every value whose text form exceeds 1 MiB ([`segment::truncate_row`]);
 //! 2. serialize `data` as JSON text or an Avro datum ([`json`], [`avro`]);
@@ -804,7 +804,7 @@ mod tests {
 
     #[test]
     fn message_id_matches_the_documented_derivation() {
-        // Computed outside this code base (Python's hashlib) from the README's recipe:
+        // Computed outside this code base (Python's hashlib) from the recipe in `docs/src/event-format.md`:
         // SHA-1 over namespace ‖ GUID ‖ LSN ‖ u64 BE sequence ‖ u32 BE segment.
         let guid = Uuid::parse_str("1bf2756a-c15f-4d2e-a2d5-7d3f9dbf85b0").unwrap();
         assert_eq!(

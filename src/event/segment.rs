@@ -1,4 +1,4 @@
-//! Truncation of large values and segmentation of large events (SPEC §3).
+//! Truncation of large values and segmentation of large events (`docs/src/event-format.md`, *Truncation and segmentation*).
 //!
 //! Order matters and matches CES: first every value whose text form exceeds 1 MiB is
 //! cut to at most 1 MiB ([`truncate_row`]), then `data` is serialized, then the message

@@ -1,7 +1,7 @@
 //! SQL Server column types and values, and the text forms CES gives them.
 //!
 //! Every non-NULL value in a CES event is a JSON string holding SQL Server's canonical
-//! text form of the value (SPEC §3); NULL is JSON `null`. [`Value`] carries what the
+//! text form of the value (`docs/src/event-format.md`, *Values*); NULL is JSON `null`. [`Value`] carries what the
 //! text needs, including the column's fractional-second scale, so that formatting
 //! needs no other context. [`SqlType`] is built from the catalog facts that
 //! `cdc.captured_columns`/`sys.columns` give (type name, `max_length`, precision,

@@ -7,7 +7,7 @@
 //! [`sim::synthetic`] workload. Neither the poll loop nor the merge knows which is behind
 //! the seam.
 //!
-//! CDC facts honoured here (SPEC §2): rows of a capture instance are read from its
+//! CDC facts honoured here (`docs/src/sql-server.md` states them): rows of a capture instance are read from its
 //! change table `cdc.<ci>_CT` in (`__$start_lsn`, `__$command_id`, `__$seqval`,
 //! `__$operation`) order ([`RowKey`]); `__$start_lsn` is the commit LSN, shared by every
 //! row of a transaction; op 3 (before image) is immediately followed by its op 4.

@@ -1,4 +1,4 @@
-//! The poll loop against the in-memory CDC simulator: every CDC behaviour of SPEC §2,
+//! The poll loop against the in-memory CDC simulator: every CDC behaviour `docs/src/sql-server.md` states,
 //! each test written so that it fails if the poller ignores that behaviour.
 
 use std::time::Duration;

@@ -43,7 +43,7 @@ use uuid::Uuid;
 
 /// The rounds of a soak loop (kills, restarts): `quick` on a plain `cargo test`, as CI
 /// runs it, and `full` with `MSSQL_CES_SOAK=full` (the sizes the guarantees were first
-/// proven with; the README's test section says how to run them).
+/// proven with; `docs/src/dev/testing.md` says how to run them).
 pub fn soak_rounds(quick: usize, full: usize) -> usize {
     match std::env::var("MSSQL_CES_SOAK").as_deref() {
         Ok("full") => full,

@@ -25,7 +25,7 @@ impl DebeziumEncoder {
         self.transaction = Some(OpenTransaction {
             commit_lsn: change.commit_lsn,
             // Resumed inside a transaction without its counts: number on from the
-            // sequence number (per-table orders start over; said in the README).
+            // sequence number (per-table orders start over; said in `docs/src/formats.md`).
             total: change.sequence_number.saturating_sub(1),
             tables: Vec::new(),
         });

@@ -1,6 +1,6 @@
 //! An in-memory **simulator** of a CDC-enabled SQL Server database.
 //!
-//! It models the behaviour that SQL Server documents for CDC (SPEC §2), so that the
+//! It models the behaviour that SQL Server documents for CDC (the book's *SQL Server* chapter, `docs/src/sql-server.md`, says what the poller relies on), so that the
 //! poll loop can be tested without a server. It is a model, not SQL Server: where the
 //! real server could differ, the integration tests in `tests/sqlserver_integration.rs`
 //! decide. What it models, with the page each behaviour comes from:

@@ -70,9 +70,11 @@ struct ReadArgs {
     /// first time) and commit what was read, at the end.
     #[arg(long, requires = "topic")]
     group: Option<String>,
-    /// `json` (default) or `avro`: how the events were encoded (`event.encoding`).
-    #[arg(long, default_value = "json")]
-    encoding: String,
+    /// `json` or `avro`: how the events were encoded (`event.encoding`). Unset: a
+    /// file's first record says (JSON, or base64 Avro), a Kafka message's
+    /// `content-type` says (JSON where it says nothing).
+    #[arg(long)]
+    encoding: Option<String>,
     /// Print the decoded Data object, `old` and `current` as objects, instead of the
     /// whole event.
     #[arg(long)]
@@ -250,10 +252,11 @@ fn read(args: &ReadArgs) -> ExitCode {
     use mssql_ces::read::{
         EventReader, KafkaInput, ReadOptions, follow_lines, read_kafka, read_lines,
     };
-    let encoding = match args.encoding.as_str() {
-        "json" => mssql_ces::event::Encoding::Json,
-        "avro" => mssql_ces::event::Encoding::Avro,
-        other => {
+    let encoding = match args.encoding.as_deref() {
+        None => None,
+        Some("json") => Some(mssql_ces::event::Encoding::Json),
+        Some("avro") => Some(mssql_ces::event::Encoding::Avro),
+        Some(other) => {
             eprintln!("error: --encoding {other}: expected json or avro");
             return ExitCode::from(2);
         }

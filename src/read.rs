@@ -23,7 +23,9 @@ use crate::event::schema::SCHEMA_CHANGE_TYPE;
 /// How events are printed.
 #[derive(Debug, Clone)]
 pub struct ReadOptions {
-    pub encoding: Encoding,
+    /// How the events were encoded (`--encoding`); `None`: a file's from its first
+    /// record, a Kafka message's from what it says (JSON where it says nothing).
+    pub encoding: Option<Encoding>,
     /// Print the decoded Data object instead of the whole event.
     pub data_only: bool,
     /// Stop after this many logical events.
@@ -219,7 +221,7 @@ impl<W: Write> EventReader<W> {
         let encoding = match event.event.datacontenttype.as_str() {
             crate::event::AVRO_CONTENT_TYPE => Encoding::Avro,
             crate::event::JSON_CONTENT_TYPE => Encoding::Json,
-            _ => self.options.encoding,
+            _ => self.options.encoding.unwrap_or(Encoding::Json),
         };
         let schema_change = event.event.event_type == SCHEMA_CHANGE_TYPE;
         let data = match decode_data_of(&event.event.event_type, &event.event.data, encoding) {
@@ -503,7 +505,22 @@ fn read_line<W: Write>(
     if text.trim().is_empty() {
         return Ok(());
     }
-    match decode_line_or_say(text, reader.options.encoding) {
+    let encoding = match reader.options.encoding {
+        Some(encoding) => encoding,
+        None => {
+            // Not said: the first record says it, and the rest are read alike.
+            let found = if decode_line(text, Encoding::Json).is_err()
+                && decode_line(text, Encoding::Avro).is_ok()
+            {
+                Encoding::Avro
+            } else {
+                Encoding::Json
+            };
+            reader.options.encoding = Some(found);
+            found
+        }
+    };
+    match decode_line_or_say(text, encoding) {
         Ok(message) => reader.push(stream, message),
         Err(e) => {
             reader.undecodable(stream, e);
@@ -599,7 +616,7 @@ pub fn read_kafka<W: Write>(
 ) -> Result<(), InputError> {
     use rdkafka::message::Message;
     let consumer = assigned_consumer(input)?;
-    let encoding = reader.options.encoding;
+    let encoding = reader.options.encoding.unwrap_or(Encoding::Json);
     let mut next_offsets: BTreeMap<i32, i64> = BTreeMap::new();
     let mut quiet_since = std::time::Instant::now();
     // Before the first message, fetching may take longer than `idle` (a remote
@@ -808,7 +825,7 @@ mod tests {
         let mut reader = EventReader::new(
             &mut out,
             ReadOptions {
-                encoding: Encoding::Json,
+                encoding: Some(Encoding::Json),
                 data_only,
                 max_events: None,
                 resumed: false,
@@ -920,7 +937,7 @@ mod tests {
         let mut reader = EventReader::new(
             &mut out,
             ReadOptions {
-                encoding: Encoding::Json,
+                encoding: Some(Encoding::Json),
                 data_only: false,
                 max_events: None,
                 resumed: false,
@@ -1026,7 +1043,7 @@ mod tests {
 
     fn options(encoding: Encoding, data_only: bool, max_events: Option<u64>) -> ReadOptions {
         ReadOptions {
-            encoding,
+            encoding: Some(encoding),
             data_only,
             max_events,
             resumed: false,
@@ -1207,7 +1224,7 @@ mod tests {
                 let mut reader = EventReader::new(
                     &mut out,
                     ReadOptions {
-                        encoding,
+                        encoding: Some(encoding),
                         data_only,
                         max_events: None,
                         resumed: false,
@@ -1253,7 +1270,7 @@ mod tests {
             let mut reader = EventReader::new(
                 &mut out,
                 ReadOptions {
-                    encoding,
+                    encoding: Some(encoding),
                     data_only: true,
                     max_events: None,
                     resumed: false,

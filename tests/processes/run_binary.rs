@@ -1680,3 +1680,50 @@ fn an_exactly_once_stream_reads_back_without_duplicates() {
     assert!(stderr.contains(&format!("{events} events")), "{stderr}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A file written as Avro (base64 lines) is read without `--encoding`: its first
+/// record says how it was written. Said wrongly, each line names the flag that reads
+/// it, and past a few the rest are counted.
+#[test]
+fn read_takes_a_file_s_encoding_from_its_first_record() {
+    let dir = temp_dir("read-file-avro");
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\nkind = \"synthetic\"\n[source.synthetic]\nseed = 5\ntransactions = 20\n[event]\nencoding = \"avro\"\n[sink]\nkind = \"file\"\npath = \"{}\"\n[checkpoint]\npath = \"{}\"\n",
+            dir.join("events.ndjson").display(),
+            dir.join("cp.json").display()
+        ),
+    )
+    .expect("config");
+    let run = support::tools::output_within(
+        Command::new(BINARY)
+            .args(["run", "--until-idle", "--config"])
+            .arg(&config),
+        Duration::from_secs(60),
+        "an Avro run into a file",
+    );
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let read = |extra: &[&str]| {
+        support::tools::output_within(
+            Command::new(BINARY)
+                .args(["read", "--file"])
+                .arg(dir.join("events.ndjson"))
+                .args(extra),
+            Duration::from_secs(60),
+            "read of an Avro file",
+        )
+    };
+    let detected = read(&[]);
+    let stderr = String::from_utf8_lossy(&detected.stderr);
+    assert_eq!(detected.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("0 problems"), "{stderr}");
+    let events = String::from_utf8_lossy(&detected.stdout).lines().count();
+    assert!(events > 20, "{events} events");
+    let wrong = read(&["--encoding", "json"]);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("read with --encoding avro"), "{stderr}");
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -215,6 +215,11 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         install_signals(shutdown.clone())?;
+        if !args.until_idle {
+            tracing::info!(
+                "running until stopped: Ctrl-C or SIGTERM finishes the batch being sent, writes the checkpoint and exits (--until-idle stops by itself once everything is delivered)"
+            );
+        }
         mssql_ces::app::run(config, args.until_idle, shutdown)
             .await
             .map_err(|e| {

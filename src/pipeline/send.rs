@@ -224,7 +224,7 @@ impl Sender {
 
 /// The progress line a busy run logs every [`PROGRESS_EVERY`].
 pub(super) struct Progress {
-    last_report: Instant,
+    last_report: tokio::time::Instant,
     /// (events, messages) at the last progress line.
     reported: (u64, u64),
     last_commit: Option<chrono::DateTime<chrono::Utc>>,
@@ -234,7 +234,7 @@ pub(super) struct Progress {
 impl Progress {
     fn new() -> Self {
         Progress {
-            last_report: Instant::now(),
+            last_report: tokio::time::Instant::now(),
             reported: (0, 0),
             last_commit: None,
             last_sent: None,
@@ -259,7 +259,7 @@ impl Progress {
             position = %self.last_sent.map_or_else(|| "none".to_owned(), |p| p.to_string()),
             "progress"
         );
-        self.last_report = Instant::now();
+        self.last_report = tokio::time::Instant::now();
         self.reported = (summary.events, summary.messages);
     }
 }
@@ -309,5 +309,44 @@ impl Cut {
     /// When the shutdown's drain bound ends, if the watcher has seen it.
     pub(super) fn deadline(&self) -> Option<tokio::time::Instant> {
         self.signalled_at.get().map(|at| *at + self.bound)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_run_says_its_progress_every_ten_seconds_with_its_rates() {
+        let log = crate::test_log::capture();
+        let mut progress = Progress::new();
+        let mut summary = RunSummary::default();
+        let at = Lsn::from_parts(0x2A, 0x10, 3);
+        progress.last_sent = Some(crate::position::EventPosition {
+            commit_lsn: at,
+            sequence_number: 6,
+        });
+        for _ in 0..25 {
+            summary.events += 400;
+            summary.messages += 500;
+            progress.report(&summary);
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        let lines: Vec<serde_json::Value> = log
+            .lines()
+            .into_iter()
+            .filter(|l| l["message"] == "progress")
+            .collect();
+        // At 10 s and 20 s, not at every batch.
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines[0]["events"], 4400);
+        assert_eq!(lines[0]["events_per_second"], 440);
+        assert_eq!(lines[1]["messages_per_second"], 500);
+        assert_eq!(lines[1]["position"], "0000002A:00000010:0003 #6");
+        assert!(
+            lines[0]
+                .get("lag_seconds")
+                .is_none_or(serde_json::Value::is_null)
+        );
     }
 }

@@ -262,6 +262,12 @@ fn sigterm_drains_checkpoints_the_last_delivered_event_and_exits_zero() {
         "graceful exit; logs in {}",
         dir.display()
     );
+    // The start said how such a run stops.
+    let log = std::fs::read_to_string(dir.join("run-0.log")).expect("log");
+    assert!(
+        log.contains("running until stopped: Ctrl-C or SIGTERM") && log.contains("--until-idle"),
+        "{log}"
+    );
 
     let checkpoint: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("cp.json")).expect("checkpoint written"),
@@ -1704,7 +1710,11 @@ fn read_takes_a_file_s_encoding_from_its_first_record() {
         Duration::from_secs(60),
         "an Avro run into a file",
     );
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let read = |extra: &[&str]| {
         support::tools::output_within(
             Command::new(BINARY)

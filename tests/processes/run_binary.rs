@@ -367,6 +367,20 @@ fn a_column_rule_that_matches_nothing_refuses_the_run_by_name() {
     assert_eq!(allowed.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("matches no column"), "{stderr}");
     assert!(!allowed.stdout.is_empty());
+    // A rule a key column cannot take is the configuration's fault too: exit 2.
+    std::fs::write(
+        &path,
+        format!(
+            "[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 5\n[[event.columns]]\ncolumn = \"dbo.customers.id\"\nexclude = true\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
+            dir.join("cp-key.json").display()
+        ),
+    )
+    .expect("config");
+    let key = run_until_idle(&path, &[], "a run excluding a key column");
+    let stderr = String::from_utf8_lossy(&key.stderr);
+    assert_eq!(key.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("dbo.customers.id"), "{stderr}");
+    assert!(key.stdout.is_empty(), "nothing was written");
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -488,6 +502,16 @@ fn bad_configuration_fails_before_connecting_and_names_the_setting() {
         (
             format!("[source]\nkind = \"sqlserver\"\nconnection_string = {{ env = \"MSSQL_CES_TEST_UNSET_VARIABLE\" }}\n{kafka}"),
             vec!["source.connection_string", "MSSQL_CES_TEST_UNSET_VARIABLE"],
+        ),
+        // A negative number is said as such, not as serde's "invalid value".
+        (
+            format!("[source]\nkind = \"synthetic\"\npage_size = -5\n{kafka}"),
+            vec!["source.page_size", "must not be negative"],
+        ),
+        // Kafka's own spellings are taken (any case), so only the later error is said.
+        (
+            format!("[source]\nkind = \"synthetic\"\npage_size = 0\n{kafka}security_protocol = \"PLAINTEXT\"\ncompression = \"LZ4\"\npartitioner = \"MURMUR2_RANDOM\"\n"),
+            vec!["source.page_size", "at least 1"],
         ),
     ];
     for (text, needles) in cases {

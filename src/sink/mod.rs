@@ -465,7 +465,7 @@ impl Delivery {
                     // also is: a delivered message is never called failed.
                     biased;
                     report = future => ticket.outcome(report),
-                    () = timeout => Err(ticket.timed_out()),
+                    () = timeout => Err(ticket.timed_out_why().await),
                     // A refused login or a fatal producer error: at once, not after
                     // the delivery timeout.
                     refused = ticket.refused() => Err(refused),

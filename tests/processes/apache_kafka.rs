@@ -388,6 +388,61 @@ fn a_transaction_left_open_on_the_checkpoint_topic_does_not_make_a_restart_resum
 /// time-out, and the whole cluster restarted with messages waiting. The stream goes
 /// on, and the reader finds every event once (no loss, and no duplicate, since the
 /// process never restarted) and each partition in the source's order.
+/// A free port on loopback, for a run's metrics server.
+fn metrics_address() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// `/readyz` of a run, asked every 250 ms on a thread of its own until the run's
+/// server stops answering: (when, status, body) of each answer.
+struct ReadinessWatch {
+    samples: std::sync::Arc<std::sync::Mutex<Vec<(Instant, u16, String)>>>,
+}
+
+impl ReadinessWatch {
+    fn start(address: &str) -> ReadinessWatch {
+        let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (address, into) = (address.to_owned(), std::sync::Arc::clone(&samples));
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut answered = false;
+            // Until the server goes away after answering (the run ended), or 10 min.
+            while started.elapsed() < Duration::from_secs(600) {
+                match std::net::TcpStream::connect(&address) {
+                    Ok(_) => {
+                        let (status, body) = crate::metrics_binary::get(&address, "/readyz");
+                        answered = true;
+                        if let Ok(mut samples) = into.lock() {
+                            samples.push((Instant::now(), status, body));
+                        }
+                    }
+                    Err(_) if answered => return,
+                    Err(_) => {}
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        ReadinessWatch { samples }
+    }
+
+    /// The answers between `from` and `to`.
+    fn between(&self, from: Instant, to: Instant) -> Vec<(u16, String)> {
+        self.samples
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .filter(|(at, _, _)| *at >= from && *at <= to)
+                    .map(|(_, status, body)| (*status, body.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
 #[test]
 fn three_brokers_through_a_dead_leader_a_frozen_broker_and_a_cluster_restart_lose_and_repeat_nothing()
  {
@@ -405,12 +460,20 @@ fn three_brokers_through_a_dead_leader_a_frozen_broker_and_a_cluster_restart_los
     let dir = temp_dir("apache-three");
     let stream = Stream::new();
     kafka.create_topic(&stream.topic, 4, 3, &[("min.insync.replicas", "2")]);
+    let address = metrics_address();
     let config = stream.config(
         &dir,
         &kafka.bootstrap(),
-        &Settings::at_least_once(2500, 50, "[sink.kafka]\n\"request.timeout.ms\" = \"5000\""),
+        &Settings::at_least_once(
+            2500,
+            50,
+            &format!(
+                "[metrics]\nlisten = \"{address}\"\n[sink.kafka]\n\"request.timeout.ms\" = \"5000\""
+            ),
+        ),
     );
     let mut run = spawn(&config, &dir, "run", &["--until-idle"]);
+    let readiness = ReadinessWatch::start(&address);
     let running = |run: &mut Child| {
         assert!(
             run.try_wait().expect("try_wait").is_none(),
@@ -420,6 +483,7 @@ fn three_brokers_through_a_dead_leader_a_frozen_broker_and_a_cluster_restart_los
     };
 
     std::thread::sleep(Duration::from_secs(3));
+    let started = Instant::now();
     let leader = kafka.leader_of(&stream.topic, 0);
     kafka.node(leader).kill();
     std::thread::sleep(Duration::from_secs(3));
@@ -434,18 +498,82 @@ fn three_brokers_through_a_dead_leader_a_frozen_broker_and_a_cluster_restart_los
     kafka.node(frozen).thaw();
 
     std::thread::sleep(Duration::from_secs(2));
-    kafka.restart_all(Duration::from_secs(2));
+    let all_down = Instant::now();
+    kafka.restart_all(Duration::from_secs(4));
+    let all_up = Instant::now();
     running(&mut run);
+    std::thread::sleep(Duration::from_secs(3));
+    let after = Instant::now();
 
     let status = exit_within(&mut run, Duration::from_secs(240), &dir, "the run");
     assert!(status.success(), "the run ends; logs in {}", dir.display());
     let expected = expected(41, 2500);
     let records = kafka.read(&stream.topic, "read_uncommitted", &[]);
     assert_exactly_once(&expected, &records, &dir);
-    println!(
-        "three brokers: {} events once each through a dead leader (node {leader}), a frozen broker (node {frozen}) and a cluster restart",
-        expected.len()
+    // Readiness said what happened while it happened: ready before the faults,
+    // not ready (naming the sink) while every broker was down, ready again after.
+    let before = readiness.between(Instant::now() - Duration::from_secs(3600), started);
+    assert!(before.iter().any(|(s, _)| *s == 200), "{before:?}");
+    let down = readiness.between(all_down, all_up + Duration::from_secs(2));
+    assert!(
+        down.iter()
+            .any(|(s, body)| *s == 503 && body.contains("sink:")),
+        "not ready while the cluster restarted: {down:?}; logs in {}",
+        dir.display()
     );
+    let again = readiness.between(all_up, after + Duration::from_secs(60));
+    assert!(
+        again.iter().any(|(s, _)| *s == 200),
+        "ready again: {again:?}"
+    );
+    let log = std::fs::read_to_string(dir.join("run.log")).expect("log");
+    assert!(
+        log.contains("Kafka unreachable") && log.contains("Kafka reachable again"),
+        "the log says the outage: {log}"
+    );
+    println!(
+        "three brokers: {} events once each through a dead leader (node {leader}), a frozen broker (node {frozen}) and a cluster restart; /readyz during the restart: {} answers 503, {} answers 200",
+        expected.len(),
+        down.iter().filter(|(s, _)| *s == 503).count(),
+        down.iter().filter(|(s, _)| *s == 200).count(),
+    );
+
+    // A topic with fewer in-sync replicas than its min.insync.replicas: Kafka refuses
+    // each write with NOT_ENOUGH_REPLICAS, which it calls retriable. The run retries
+    // up to sink.delivery_timeout_ms, then stops naming the refusal, the topic and
+    // the setting, exit 1.
+    let short = Stream::new();
+    kafka.create_topic(&short.topic, 1, 3, &[("min.insync.replicas", "3")]);
+    let follower = (1..=3)
+        .find(|n| *n != kafka.leader_of(&short.topic, 0))
+        .expect("a follower");
+    kafka.node(follower).kill();
+    // The leader drops it from the in-sync replicas after replica.lag.time.max.ms.
+    std::thread::sleep(Duration::from_secs(8));
+    let short_dir = temp_dir("apache-not-enough-replicas");
+    let settings = Settings {
+        delivery_timeout_ms: 6000,
+        ..Settings::at_least_once(50, 0, "")
+    };
+    let config = short.config(&short_dir, &kafka.bootstrap(), &settings);
+    let started = Instant::now();
+    let mut run = spawn(&config, &short_dir, "run", &["--until-idle"]);
+    let status = exit_within(&mut run, Duration::from_secs(60), &short_dir, "the run");
+    let took = started.elapsed();
+    let log = std::fs::read_to_string(short_dir.join("run.log")).expect("log");
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        took >= Duration::from_secs(6),
+        "at the delivery timeout: {took:?}"
+    );
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("NOT_ENOUGH_REPLICAS")
+            && last.contains(&short.topic)
+            && last.contains("min.insync.replicas"),
+        "the last line names the refusal, the topic and the setting: {last}"
+    );
+    std::fs::remove_dir_all(short_dir).ok();
     std::fs::remove_dir_all(dir).ok();
 }
 

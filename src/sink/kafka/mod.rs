@@ -23,6 +23,7 @@ mod transactions;
 pub use transactions::TransactionSettings;
 mod config;
 mod outage;
+mod stall;
 
 pub use outage::BrokerLog;
 
@@ -149,12 +150,19 @@ impl rdkafka::ClientContext for HealthContext {
 
 /// A message in the producer's hands: counted as waiting until it is settled or
 /// dropped.
-pub struct KafkaTicket(Arc<BrokerLog>);
+pub struct KafkaTicket {
+    brokers: Arc<BrokerLog>,
+    /// Its topic, asked why it takes no writes when the message stalls.
+    topic: Arc<stall::TopicProbe>,
+}
 
 impl KafkaTicket {
-    fn new(brokers: &Arc<BrokerLog>) -> Self {
+    fn new(brokers: &Arc<BrokerLog>, topic: &Arc<stall::TopicProbe>) -> Self {
         brokers.sent();
-        KafkaTicket(Arc::clone(brokers))
+        KafkaTicket {
+            brokers: Arc::clone(brokers),
+            topic: Arc::clone(topic),
+        }
     }
 
     /// The message's delivery report, said as the run reports it: a time-out names
@@ -165,7 +173,7 @@ impl KafkaTicket {
     ) -> Result<(), SinkError> {
         match report {
             Ok(Ok(_)) => {
-                self.0.reachable();
+                self.brokers.reachable();
                 Ok(())
             }
             Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut), _))) => {
@@ -177,7 +185,7 @@ impl KafkaTicket {
                     RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight,
                 ),
                 _,
-            ))) if self.0.refused().is_some() => Err(self.0.refusal_error()),
+            ))) if self.brokers.refused().is_some() => Err(self.brokers.refusal_error()),
             Ok(Err((error, message))) => {
                 use rdkafka::Message as _;
                 Err(delivery_error_to(&error, Some(message.topic())))
@@ -190,7 +198,7 @@ impl KafkaTicket {
 impl KafkaTicket {
     /// Settles when the brokers refuse this client, with the error saying so.
     pub async fn refused(&self) -> SinkError {
-        let mut refusals = self.0.refusals();
+        let mut refusals = self.brokers.refusals();
         let reason = refusals
             .wait_for(Option::is_some)
             .await
@@ -200,26 +208,41 @@ impl KafkaTicket {
             // The log is gone with the producer: never refused.
             return std::future::pending().await;
         }
-        self.0.refusal_error()
+        self.brokers.refusal_error()
     }
 
     /// The error of a message not delivered within `sink.delivery_timeout_ms`.
     pub fn timed_out(&self) -> SinkError {
         SinkError::Transient(format!(
-            "a message was not delivered to Kafka at {} within sink.delivery_timeout_ms{}",
-            self.0.brokers(),
-            if self.0.is_down() {
+            "a message to topic {} was not delivered to Kafka at {} within sink.delivery_timeout_ms{}",
+            self.topic.topic(),
+            self.brokers.brokers(),
+            if self.brokers.is_down() {
                 " (no broker could be reached)"
             } else {
                 ""
             }
         ))
     }
+
+    /// As [`timed_out`](Self::timed_out), saying why where the brokers answer but
+    /// the topic takes no writes (its partitions as the cluster describes them).
+    pub async fn timed_out_why(&self) -> SinkError {
+        if !self.brokers.is_down()
+            && let Some(why) = self.topic.why_stalled().await
+        {
+            return SinkError::Transient(format!(
+                "a message to topic {} was not delivered within sink.delivery_timeout_ms though the brokers answer: {why}",
+                self.topic.topic()
+            ));
+        }
+        self.timed_out()
+    }
 }
 
 impl Drop for KafkaTicket {
     fn drop(&mut self) {
-        self.0.settled();
+        self.brokers.settled();
     }
 }
 
@@ -239,6 +262,8 @@ pub struct KafkaSink {
     /// The setting that sets the largest message.
     sized_by: &'static str,
     checked_topics: std::collections::HashSet<String>,
+    /// Each topic written to, for a stalled message's diagnosis.
+    probes: HashMap<String, Arc<stall::TopicProbe>>,
     topic_error: Arc<Mutex<Option<SinkError>>>,
     /// `sink.exactly_once`: each batch in a transaction with its position.
     transactions: Option<transactions::Transactions>,
@@ -303,6 +328,7 @@ impl KafkaSink {
             largest_message: settings.largest_record_batch(largest_message),
             sized_by: settings.sized_by,
             checked_topics: std::collections::HashSet::new(),
+            probes: HashMap::new(),
             topic_error: Arc::new(Mutex::new(None)),
             transactions: settings
                 .transaction
@@ -481,7 +507,23 @@ impl KafkaSink {
         loop {
             match self.producer.send_result(record) {
                 Ok(future) => {
-                    return Ok(Delivery::Kafka(future, KafkaTicket::new(&self.brokers)));
+                    let probe = match self.probes.get(&message.topic) {
+                        Some(probe) => Arc::clone(probe),
+                        None => {
+                            let probe = Arc::new(stall::TopicProbe::new(
+                                &message.topic,
+                                self.producer.clone(),
+                                self.admin.clone(),
+                            ));
+                            self.probes
+                                .insert(message.topic.clone(), Arc::clone(&probe));
+                            probe
+                        }
+                    };
+                    return Ok(Delivery::Kafka(
+                        future,
+                        KafkaTicket::new(&self.brokers, &probe),
+                    ));
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     if self.brokers.refused().is_some() {

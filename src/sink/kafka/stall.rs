@@ -18,7 +18,7 @@ use super::HealthContext;
 const DESCRIBE_WITHIN: Duration = Duration::from_secs(5);
 
 /// What a topic's messages are asked about when they stall.
-pub struct TopicProbe {
+pub(super) struct TopicProbe {
     topic: String,
     producer: FutureProducer<HealthContext>,
     admin: Option<Arc<AdminClient<DefaultClientContext>>>,
@@ -46,13 +46,13 @@ impl TopicProbe {
         }
     }
 
-    pub fn topic(&self) -> &str {
+    pub(super) fn topic(&self) -> &str {
         &self.topic
     }
 
     /// Why the topic takes no writes, as the cluster describes it; `None` when
     /// its description shows nothing wrong (or cannot be had).
-    pub async fn why_stalled(&self) -> Option<String> {
+    pub(super) async fn why_stalled(&self) -> Option<String> {
         let (producer, topic) = (self.producer.clone(), self.topic.clone());
         let partitions = tokio::task::spawn_blocking(move || {
             let metadata = producer

@@ -65,6 +65,27 @@ impl Sender {
 
     /// What ends a wait of the loop: the shutdown between batches; within a batch
     /// begun, the drain timeout after it.
+    /// Why a batch whose end failed (a Kafka transaction not committed) failed, as
+    /// its own messages' delivery reports say: the commit says only that some
+    /// failed (librdkafka's "N message(s) failed delivery"), each report says why
+    /// (a topic the login may not write, say). Its messages have settled by then
+    /// (a commit flushes them), so this waits briefly at most.
+    async fn refusal_in_batch(&mut self) -> Option<SinkError> {
+        let deliveries = std::mem::take(&mut self.deliveries);
+        let reports = async {
+            for delivery in deliveries {
+                if let Err(e) = delivery.wait().await {
+                    return Some(e);
+                }
+            }
+            None
+        };
+        tokio::time::timeout(Duration::from_secs(2), reports)
+            .await
+            .ok()
+            .flatten()
+    }
+
     fn stop(&self) -> CancellationToken {
         if self.batch_started.is_some() {
             self.cut.token.clone()
@@ -181,11 +202,14 @@ impl Sender {
         let Some(end) = chunk.end else {
             return Ok(true);
         };
-        tokio::select! {
+        let ended = tokio::select! {
             biased;
-            ended = self.sink.end_batch(&end.position) => ended.map_err(counted)?,
+            ended = self.sink.end_batch(&end.position) => ended,
             () = stop.cancelled() => return Ok(false),
             () = self.failed.cancelled() => return Ok(false),
+        };
+        if let Err(e) = ended {
+            return Err(counted(self.refusal_in_batch().await.unwrap_or(e)).into());
         }
         self.progress.last_commit = end.last_commit.or(self.progress.last_commit);
         let mut position = end.position;

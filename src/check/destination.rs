@@ -43,10 +43,7 @@ pub(super) async fn check_destination(
                     },
                     settings.check_topic_limits,
                 );
-                let id = c
-                    .exactly_once
-                    .then(|| crate::app::transactional_id(c, &config.checkpoint.stream_name));
-                kafka_rights_finding(report, &facts, id.as_deref());
+                kafka_rights_finding(report, &facts, config);
             }
                 Err(e @ crate::sink::SinkError::Definite(_)) => report.fail(
                     "Kafka: brokers",
@@ -265,26 +262,54 @@ pub(super) fn topics(template: &str, states: &[SourceState]) -> Vec<String> {
 /// seeing a topic's metadata needs a right on it (WRITE implies DESCRIBE), but
 /// whether it may write, or use its transactional id, only a write would tell, and
 /// `check` writes nothing.
-pub(super) fn kafka_rights_finding(
-    report: &mut Report,
-    facts: &DestinationFacts,
-    transactional_id: Option<&str>,
-) {
+/// What `check` verified of the rights the book's ACL table lists for this
+/// configuration, and what only a run shows (check writes nothing and joins no
+/// group).
+pub(super) fn kafka_rights_finding(report: &mut Report, facts: &DestinationFacts, config: &Config) {
     let seen: Vec<&str> = facts
         .topics
         .iter()
         .filter(|t| t.partitions.is_some())
         .map(|t| t.name.as_str())
         .collect();
+    let mut verified = vec![if seen.is_empty() {
+        "the login sees no topic yet".to_owned()
+    } else {
+        format!(
+            "the login sees topic {} (some right on each)",
+            seen.join(", ")
+        )
+    }];
     let mut unverified = vec!["WRITE on the topics".to_owned()];
-    if let Some(id) = transactional_id {
+    if config.checkpoint.store == crate::config::CheckpointStoreKind::Kafka {
+        let topic = &config.checkpoint.topic;
+        let read = report
+            .findings
+            .iter()
+            .any(|f| f.check == "checkpoint: readable" && f.status == Status::Pass);
+        if read {
+            verified.push(format!("READ on topic {topic} (the checkpoint was read)"));
+        } else {
+            unverified.push(format!("READ on topic {topic}"));
+        }
+        unverified.push(format!("WRITE on topic {topic}"));
+    }
+    if let SinkConfig::Kafka(c) = &config.sink.kind
+        && c.exactly_once
+    {
+        let id = crate::app::transactional_id(c, &config.checkpoint.stream_name);
         unverified.push(format!("WRITE on transactional id {id}"));
+    }
+    if let Some(group) = &config.fleet.group_id {
+        unverified.push(format!(
+            "READ on group {group} and on the fleet's control topic"
+        ));
     }
     report.skip(
         "Kafka: rights",
         format!(
-            "verified: the login sees {} (some right on each); not verified, since check writes nothing: {} (a run stops at once, naming a missing one)",
-            if seen.is_empty() { "no topic yet".to_owned() } else { format!("topic {}", seen.join(", ")) },
+            "verified: {}; not verified, since check writes nothing and joins no group: {} (a run stops at once, naming a missing one)",
+            verified.join("; "),
             unverified.join(", ")
         ),
     );

@@ -548,8 +548,21 @@ fn check_tells_a_topic_the_login_may_not_see_from_a_missing_one_and_says_what_it
     );
     assert!(
         granted.contains(&format!("topic {TOPIC}"))
+            && granted.contains(&format!(
+                "READ on topic {CHECKPOINTS} (the checkpoint was read)"
+            ))
+            && granted.contains(&format!("WRITE on topic {CHECKPOINTS}"))
             && granted.contains("WRITE on transactional id tx-eo-all"),
         "what it verified and what it could not: {granted}"
+    );
+    // The checkpoint topic's WRITE is not claimed on a lookup alone.
+    let writable = granted
+        .lines()
+        .find(|l| l.contains("checkpoint: writable"))
+        .unwrap_or_default();
+    assert!(
+        !writable.starts_with('✔') && writable.contains("not verified"),
+        "{writable}"
     );
     println!("{granted}");
     // A mechanism the brokers do not offer is a refusal naming the setting, not "no

@@ -503,6 +503,18 @@ fn fleet_on_apache_kafka(protocol: &str) {
         "the resumed member stops its databases; logs in {}",
         dir.display()
     );
+    // And rejoins the group: slots are assigned to it again.
+    let rejoined = |log: &str| {
+        let resumed = after(log);
+        resumed
+            .find("slots revoked")
+            .is_some_and(|at| resumed[at..].contains("slots assigned"))
+    };
+    assert!(
+        wait_log(&fleet, paused, Duration::from_secs(90), rejoined),
+        "the resumed member rejoins and is assigned slots; logs in {}",
+        dir.display()
+    );
     let committed = read_committed_all(cluster, &expected);
     let (restarts, repeated) = check_delivery(&committed, &expected, 0, &dir);
     assert_eq!(

@@ -173,6 +173,18 @@ fn cluster() -> Option<(Brokers, KafkaSettings)> {
                 id: "mssql-ces.bench".into(),
                 checkpoint_topic: "mssql-ces-checkpoints".into(),
                 stream_name: "bench".into(),
+                // PIPELINE_BENCH_TRANSACTION_MS: the transaction bound (default the
+                // setting's default; 0 commits each batch on its own).
+                bound: mssql_ces::sink::kafka::TransactionBound {
+                    max_open: std::env::var("PIPELINE_BENCH_TRANSACTION_MS")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .map_or_else(
+                            mssql_ces::sink::kafka::default_transaction_max,
+                            Duration::from_millis,
+                        ),
+                    max_bytes: 64 * 1024 * 1024,
+                },
             }),
             ..KafkaSinkConfig::new(&bootstrap)
         },

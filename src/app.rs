@@ -579,6 +579,10 @@ async fn exactly_once(
             id,
             checkpoint_topic: config.checkpoint.topic.clone(),
             stream_name,
+            bound: crate::sink::kafka::TransactionBound {
+                max_open: k.transaction_max,
+                max_bytes: k.transaction_max_bytes,
+            },
         });
     }
     Ok(kind)

@@ -59,17 +59,20 @@ pub(super) fn encode_batches(
     factory: EncoderFactory,
     router: Router,
     out: mpsc::Sender<Result<Encoded, PipelineError>>,
+    stop: CancellationToken,
 ) {
     let mut factory = Some(factory);
     let mut format: Option<Format> = None;
     let mut registrar = match router.registry() {
-        Some((settings, patience)) => match super::registry::Registrar::new(settings, *patience) {
-            Ok(registrar) => Some(registrar),
-            Err(e) => {
-                let _ = out.blocking_send(Err(e));
-                return;
+        Some((settings, patience)) => {
+            match super::registry::Registrar::new(settings, *patience, stop) {
+                Ok(registrar) => Some(registrar),
+                Err(e) => {
+                    let _ = out.blocking_send(Err(e));
+                    return;
+                }
             }
-        },
+        }
         None => None,
     };
     while let Some(item) = batches.blocking_recv() {

@@ -223,6 +223,7 @@ pub async fn run<B: BatchSource>(
         Arc::clone(&metrics),
     );
     let signalled = shutdown.clone();
+    let transactions = sink.transaction_bound();
     let mut sender = Sender::new(
         sink,
         tx,
@@ -230,7 +231,8 @@ pub async fn run<B: BatchSource>(
         (shutdown, failed),
         lease,
         settings.drain_timeout,
-    );
+    )
+    .with_transactions(transactions);
     let outcome = sender.run(&mut upstream.encoded).await;
     let Sender {
         sink,
@@ -323,8 +325,9 @@ fn spawn_source_and_encoder<B: BatchSource>(
     ));
     let (encoded_tx, encoded_rx) =
         mpsc::channel::<Result<Encoded, PipelineError>>(ENCODED_CHUNKS_AHEAD);
+    let stop_encoder = stop_source.clone();
     let encode = tokio::task::spawn_blocking(move || {
-        encode_batches(batch_rx, encoder_options, router, encoded_tx);
+        encode_batches(batch_rx, encoder_options, router, encoded_tx, stop_encoder);
     });
     Upstream {
         source,

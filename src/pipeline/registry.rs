@@ -17,6 +17,8 @@ pub(super) struct Registrar {
     registry: SchemaRegistry,
     handle: tokio::runtime::Handle,
     patience: Duration,
+    /// Cancelled when the pipeline stops: a wait for the registry ends at once.
+    stop: tokio_util::sync::CancellationToken,
 }
 
 impl Registrar {
@@ -24,6 +26,7 @@ impl Registrar {
     pub(super) fn new(
         settings: &SchemaRegistrySettings,
         patience: Duration,
+        stop: tokio_util::sync::CancellationToken,
     ) -> Result<Self, PipelineError> {
         let handle = tokio::runtime::Handle::try_current().map_err(|e| {
             PipelineError::Registry(crate::sink::registry::RegistryError::Setting(e.to_string()))
@@ -32,23 +35,49 @@ impl Registrar {
             registry: SchemaRegistry::new(settings)?,
             handle,
             patience,
+            stop,
         })
     }
 
-    /// The id of `schema` under `subject`, waiting out a registry that is down.
+    /// The id of `schema` under `subject`, waiting out a registry that is down. A
+    /// stop of the pipeline ends the wait (a request or a pause) at once.
     fn id(&mut self, subject: &str, schema: &str) -> Result<u32, PipelineError> {
         let started = Instant::now();
         let mut backoff =
             crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        let url = self.registry.settings.url.clone();
+        let stopped = || {
+            PipelineError::Registry(crate::sink::registry::RegistryError::Transient {
+                url: url.clone(),
+                reason: "the run stopped while waiting for it".into(),
+            })
+        };
         loop {
-            match self.handle.block_on(self.registry.id(subject, schema)) {
-                Ok(id) => return Ok(id),
-                Err(e) if e.is_transient() && started.elapsed() < self.patience => {
+            let (registry, stop) = (&mut self.registry, &self.stop);
+            let asked = self.handle.block_on(async {
+                tokio::select! {
+                    asked = registry.id(subject, schema) => Some(asked),
+                    () = stop.cancelled() => None,
+                }
+            });
+            match asked {
+                None => return Err(stopped()),
+                Some(Ok(id)) => return Ok(id),
+                Some(Err(e)) if e.is_transient() && started.elapsed() < self.patience => {
                     let wait = backoff.next_wait();
                     tracing::warn!(error = %e, %subject, retry_in_ms = wait.as_millis() as u64, "schema registry unavailable; retrying");
-                    std::thread::sleep(wait);
+                    let stop = &self.stop;
+                    let slept = self.handle.block_on(async {
+                        tokio::select! {
+                            () = tokio::time::sleep(wait) => true,
+                            () = stop.cancelled() => false,
+                        }
+                    });
+                    if !slept {
+                        return Err(stopped());
+                    }
                 }
-                Err(e) => return Err(e.into()),
+                Some(Err(e)) => return Err(e.into()),
             }
         }
     }

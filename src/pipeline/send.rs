@@ -35,6 +35,22 @@ pub(super) struct Sender {
     pub(super) progress: Progress,
     /// What the acker last confirmed of the stream's lease.
     pub(super) lease: tokio::sync::watch::Receiver<LeaseView>,
+    /// With Kafka transactions: when the transaction batches share is committed.
+    transaction_bound: Option<crate::sink::kafka::TransactionBound>,
+    /// The batches of the transaction not committed yet, handed to the acker once it
+    /// is.
+    open: Option<OpenTransaction>,
+    /// Payload bytes of the batch being sent.
+    batch_bytes: u64,
+}
+
+/// Batches sent in a Kafka transaction that is not committed yet.
+struct OpenTransaction {
+    /// The transaction's first send.
+    since: tokio::time::Instant,
+    bytes: u64,
+    /// Each batch, and the largest LSN the source had when it was read.
+    batches: Vec<(Pending, Lsn)>,
 }
 
 impl Sender {
@@ -60,18 +76,35 @@ impl Sender {
             batch_started: None,
             progress: Progress::new(),
             lease,
+            transaction_bound: None,
+            open: None,
+            batch_bytes: 0,
         }
     }
 
-    /// What ends a wait of the loop: the shutdown between batches; within a batch
-    /// begun, the drain timeout after it.
+    /// Batches share a transaction up to `bound` (Kafka with `sink.exactly_once`).
+    pub(super) fn with_transactions(
+        mut self,
+        bound: Option<crate::sink::kafka::TransactionBound>,
+    ) -> Self {
+        self.transaction_bound = bound;
+        self
+    }
+
     /// Why a batch whose end failed (a Kafka transaction not committed) failed, as
     /// its own messages' delivery reports say: the commit says only that some
     /// failed (librdkafka's "N message(s) failed delivery"), each report says why
     /// (a topic the login may not write, say). Its messages have settled by then
     /// (a commit flushes them), so this waits briefly at most.
     async fn refusal_in_batch(&mut self) -> Option<SinkError> {
-        let deliveries = std::mem::take(&mut self.deliveries);
+        let mut deliveries: Vec<Delivery> = self
+            .open
+            .take()
+            .into_iter()
+            .flat_map(|open| open.batches)
+            .flat_map(|(pending, _)| pending.deliveries)
+            .collect();
+        deliveries.append(&mut self.deliveries);
         let reports = async {
             for delivery in deliveries {
                 if let Err(e) = delivery.wait().await {
@@ -86,8 +119,10 @@ impl Sender {
             .flatten()
     }
 
+    /// What ends a wait of the loop: the shutdown between batches; within a batch
+    /// begun, the drain timeout after it.
     fn stop(&self) -> CancellationToken {
-        if self.batch_started.is_some() {
+        if self.batch_started.is_some() || self.open.is_some() {
             self.cut.token.clone()
         } else {
             self.shutdown.clone()
@@ -141,14 +176,50 @@ impl Sender {
     ) -> Result<(), PipelineError> {
         loop {
             let stop = self.stop();
+            // A transaction of whole batches is committed when it is due, also
+            // while nothing more comes, and at a shutdown between batches.
+            let due = self
+                .open
+                .as_ref()
+                .zip(self.transaction_bound)
+                .filter(|_| self.batch_started.is_none())
+                .map(|(open, bound)| open.since + bound.max_open);
+            // An open transaction must commit before the coordinator aborts it
+            // (its time-out is the delivery timeout and 5 s): a batch whose next
+            // messages do not come in time (an encoder waiting on the schema
+            // registry) fails the run, saying so, rather than the commit later.
+            let expires = self
+                .transaction_bound
+                .and(self.transaction_since())
+                .zip(self.sink.delivery_timeout())
+                .map(|(since, timeout)| since + timeout);
             let item = tokio::select! {
                 item = encoded.recv() => item,
+                () = sleep_until_some(expires) => {
+                    let e = SinkError::Transient(format!(
+                        "the open Kafka transaction would outlive sink.delivery_timeout_ms ({} s) waiting for its batch's next messages (is the schema registry answering?); it is aborted, and a restart resumes from the checkpoint",
+                        self.sink.delivery_timeout().unwrap_or_default().as_secs()
+                    ));
+                    self.metrics.delivery_failed(&e);
+                    return Err(e.into());
+                }
+                () = sleep_until_some(due) => {
+                    if !self.commit_open().await? {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                () = self.shutdown.cancelled(), if due.is_some() => {
+                    self.commit_open().await?;
+                    return Ok(());
+                }
                 () = stop.cancelled() => return Ok(()),
                 () = self.failed.cancelled() => return Ok(()),
             };
             let chunk = match item {
                 Some(Ok(Encoded::Idle)) => {
                     self.idle = true;
+                    self.commit_open().await?;
                     return Ok(());
                 }
                 None => {
@@ -162,6 +233,68 @@ impl Sender {
                 return Ok(());
             }
         }
+    }
+
+    /// When the open transaction (or the batch that will open one) first sent.
+    fn transaction_since(&self) -> Option<tokio::time::Instant> {
+        self.open
+            .as_ref()
+            .map(|open| open.since)
+            .or(self.batch_started)
+    }
+
+    /// Commits the open transaction and hands its batches to the acker. `false`
+    /// when the run is to stop.
+    async fn commit_open(&mut self) -> Result<bool, PipelineError> {
+        let Some(open) = self.open.take() else {
+            return Ok(true);
+        };
+        let Some(position) = open
+            .batches
+            .last()
+            .map(|(pending, _)| pending.position.clone())
+        else {
+            return Ok(true);
+        };
+        self.open = Some(open);
+        let stop = self.stop();
+        let ended = tokio::select! {
+            biased;
+            ended = self.sink.end_batch(&position) => ended,
+            () = stop.cancelled() => return Ok(false),
+            () = self.failed.cancelled() => return Ok(false),
+        };
+        if let Err(e) = ended {
+            let e = self.refusal_in_batch().await.unwrap_or(e);
+            self.metrics.delivery_failed(&e);
+            return Err(e.into());
+        }
+        let Some(open) = self.open.take() else {
+            return Ok(true);
+        };
+        for (pending, max_lsn) in open.batches {
+            if !self.hand_over(pending, max_lsn).await {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Hands a batch whose end is done to the acker. `false` when the run is to stop.
+    async fn hand_over(&mut self, pending: Pending, max_lsn: Lsn) -> bool {
+        // Counted before the acker can see it, so that it never counts down first.
+        self.metrics.batch_sent(max_lsn);
+        let stop = self.stop();
+        let sent = tokio::select! {
+            biased;
+            sent = self.tx.send(pending) => sent,
+            () = stop.cancelled() => return false,
+            // The acker failed: it may be retrying its last checkpoint, and the
+            // drain deadline that bounds that starts only once this loop ends.
+            () = self.failed.cancelled() => return false,
+        };
+        // An error: the acker stopped, and its error is reported after the loop.
+        sent.is_ok()
     }
 
     /// Sends a chunk's messages and, after its batch's last, hands the batch to the
@@ -179,6 +312,7 @@ impl Sender {
         self.summary.truncated_values += chunk.truncated_values;
         self.summary.messages += chunk.messages.len() as u64;
         self.summary.bytes += chunk.bytes;
+        self.batch_bytes += chunk.bytes;
         if self.batch_started.is_none() {
             self.batch_started = Some(tokio::time::Instant::now());
         }
@@ -202,14 +336,16 @@ impl Sender {
         let Some(end) = chunk.end else {
             return Ok(true);
         };
-        let ended = tokio::select! {
-            biased;
-            ended = self.sink.end_batch(&end.position) => ended,
-            () = stop.cancelled() => return Ok(false),
-            () = self.failed.cancelled() => return Ok(false),
-        };
-        if let Err(e) = ended {
-            return Err(counted(self.refusal_in_batch().await.unwrap_or(e)).into());
+        if self.transaction_bound.is_none() {
+            let ended = tokio::select! {
+                biased;
+                ended = self.sink.end_batch(&end.position) => ended,
+                () = stop.cancelled() => return Ok(false),
+                () = self.failed.cancelled() => return Ok(false),
+            };
+            if let Err(e) = ended {
+                return Err(counted(self.refusal_in_batch().await.unwrap_or(e)).into());
+            }
         }
         self.progress.last_commit = end.last_commit.or(self.progress.last_commit);
         let mut position = end.position;
@@ -217,10 +353,11 @@ impl Sender {
         position.sink_file = self.sink.durable_file();
         self.progress.last_sent = position.last_event.or(self.progress.last_sent);
         // The delivery timeout counts from the batch's first send.
+        let started = self.batch_started.take();
         let deadline = self
             .sink
             .delivery_timeout()
-            .zip(self.batch_started.take())
+            .zip(started)
             .map(|(timeout, started)| started + timeout);
         let pending = Pending {
             deliveries: std::mem::take(&mut self.deliveries),
@@ -228,21 +365,35 @@ impl Sender {
             counts: end.counts,
             deadline,
         };
-        // Counted before the acker can see it, so that it never counts down first.
-        self.metrics.batch_sent(end.max_lsn);
-        let sent = tokio::select! {
-            biased;
-            sent = self.tx.send(pending) => sent,
-            () = stop.cancelled() => return Ok(false),
-            // The acker failed: it may be retrying its last checkpoint, and the
-            // drain deadline that bounds that starts only once this loop ends.
-            () = self.failed.cancelled() => return Ok(false),
+        let batch_bytes = std::mem::take(&mut self.batch_bytes);
+        let Some(bound) = self.transaction_bound else {
+            let handed = self.hand_over(pending, end.max_lsn).await;
+            self.progress.report(&self.summary);
+            return Ok(handed);
         };
-        if sent.is_err() {
-            return Ok(false); // the acker stopped: its error is reported after the loop
+        // In a transaction: the batch waits for its commit, which comes once the
+        // transaction is due (or the stream pauses or stops: see `run`).
+        let open = self.open.get_or_insert_with(|| OpenTransaction {
+            since: started.unwrap_or_else(tokio::time::Instant::now),
+            bytes: 0,
+            batches: Vec::new(),
+        });
+        open.bytes += batch_bytes;
+        open.batches.push((pending, end.max_lsn));
+        let due = open.since.elapsed() >= bound.max_open || open.bytes >= bound.max_bytes;
+        if due && !self.commit_open().await? {
+            return Ok(false);
         }
         self.progress.report(&self.summary);
         Ok(true)
+    }
+}
+
+/// Sleeps until `at`; for ever without one.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

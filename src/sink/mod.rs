@@ -822,6 +822,15 @@ impl Sink {
         }
     }
 
+    /// With Kafka transactions (`sink.exactly_once`): when the transaction that
+    /// several batches share is committed. `None`: each batch ends on its own.
+    pub fn transaction_bound(&self) -> Option<kafka::TransactionBound> {
+        match self {
+            Sink::Kafka(s) => s.transaction_bound(),
+            Sink::EventHubsAmqp(_) | Sink::Stream(_) => None,
+        }
+    }
+
     /// What a file sink has made durable, for the checkpoint; `None` for the rest.
     pub fn durable_length(&self) -> Option<u64> {
         match self {

@@ -84,6 +84,26 @@ pub async fn run_synthetic(
     router: mssql_ces::sink::Router,
     sink: mssql_ces::sink::Sink,
 ) -> Result<mssql_ces::pipeline::RunSummary, mssql_ces::pipeline::PipelineError> {
+    run_synthetic_with(
+        synthetic,
+        encoding,
+        router,
+        sink,
+        crate::kafka_pipeline::until_idle(),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+}
+
+/// As [`run_synthetic`], with `settings` and a `shutdown` the test triggers.
+pub async fn run_synthetic_with(
+    synthetic: mssql_ces::source::sim::synthetic::SyntheticConfig,
+    encoding: mssql_ces::event::Encoding,
+    router: mssql_ces::sink::Router,
+    sink: mssql_ces::sink::Sink,
+    settings: mssql_ces::pipeline::PipelineSettings,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<mssql_ces::pipeline::RunSummary, mssql_ces::pipeline::PipelineError> {
     use mssql_ces::checkpoint::{CheckpointStore, file::FileStore};
     use mssql_ces::event::{EncoderOptions, FinalEventMode, MessageSizeLimit};
     use mssql_ces::source::poller::PollerConfig;
@@ -107,8 +127,8 @@ pub async fn run_synthetic(
         router,
         sink,
         CheckpointStore::File(FileStore::new(dir.join("cp.json"), "test")),
-        crate::kafka_pipeline::until_idle(),
-        tokio_util::sync::CancellationToken::new(),
+        settings,
+        shutdown,
     )
     .await;
     std::fs::remove_dir_all(dir).ok();

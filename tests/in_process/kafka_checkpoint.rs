@@ -175,10 +175,28 @@ async fn exactly_once_run(
     stream: &str,
     position: Option<Position>,
 ) -> Result<mssql_ces::pipeline::RunSummary, mssql_ces::pipeline::PipelineError> {
+    exactly_once_run_with(
+        bootstrap,
+        stream,
+        position,
+        mssql_ces::sink::kafka::TransactionBound::EACH_BATCH,
+        None,
+    )
+    .await
+}
+
+/// As [`exactly_once_run`], with batches sharing transactions up to `bound`.
+async fn exactly_once_run_with(
+    bootstrap: &str,
+    stream: &str,
+    position: Option<Position>,
+    bound: mssql_ces::sink::kafka::TransactionBound,
+    paced: Option<(u64, f64)>,
+) -> Result<mssql_ces::pipeline::RunSummary, mssql_ces::pipeline::PipelineError> {
     let mut source = SyntheticSource::new(SyntheticConfig {
         seed: 9,
-        transactions: Some(300),
-        rate_per_second: None,
+        transactions: Some(paced.map_or(300, |(transactions, _)| transactions)),
+        rate_per_second: paced.map(|(_, rate)| rate),
         large_value_every: 0,
         existing_rows: 0,
         oversized_value_every: 0,
@@ -192,6 +210,7 @@ async fn exactly_once_run(
             id: format!("mssql-ces.{stream}"),
             checkpoint_topic: "mssql-ces-checkpoints".into(),
             stream_name: stream.into(),
+            bound,
         }),
         ..mssql_ces::sink::kafka::KafkaSinkConfig::new(bootstrap)
     };
@@ -287,4 +306,151 @@ async fn exactly_once_commits_each_batch_with_its_position_and_a_fence_stops_the
     ));
     // (Whether the fenced transaction's records stay hidden is the broker's part:
     // MockCluster shows aborted records, so that is not asserted here.)
+}
+
+/// The records of `stream` on the checkpoint topic: one a committed transaction.
+fn positions_written(bootstrap: &str, stream: &str) -> usize {
+    crate::support::kafka::consume_quietly(
+        bootstrap,
+        "mssql-ces-checkpoints",
+        1,
+        Duration::from_secs(10),
+        Duration::from_secs(1),
+        |m| !m.is_empty(),
+    )
+    .iter()
+    .filter(|m| m.key.as_deref() == Some(stream.as_bytes()))
+    .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_share_a_transaction_until_it_is_due_or_the_stream_pauses() {
+    use mssql_ces::sink::kafka::TransactionBound;
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic("ces", 4, 1).expect("topic");
+    cluster
+        .create_topic("mssql-ces-checkpoints", 1, 1)
+        .expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    // Each batch its own transaction: a position record a batch.
+    let each = exactly_once_run(&bootstrap, "each", None)
+        .await
+        .expect("run");
+    let batches = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || positions_written(&bootstrap, "each")
+    })
+    .await
+    .expect("count");
+    assert!(
+        batches >= 4,
+        "{batches} transactions for {} events",
+        each.events
+    );
+    // Long and large bounds: every batch in one transaction, committed when the
+    // stream has nothing more to send.
+    let long = TransactionBound {
+        max_open: Duration::from_secs(60),
+        max_bytes: u64::MAX,
+    };
+    let shared = exactly_once_run_with(&bootstrap, "shared", None, long, None)
+        .await
+        .expect("run");
+    assert_eq!(shared.events, each.events);
+    let written = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || positions_written(&bootstrap, "shared")
+    })
+    .await
+    .expect("count");
+    assert_eq!(written, 1, "one transaction for {batches} batches");
+    let stored = store(&bootstrap, "shared").load().await.expect("read");
+    assert_eq!(stored, shared.checkpoint, "the last batch's position");
+    // A byte bound below one batch: a transaction a batch again.
+    let small = TransactionBound {
+        max_open: Duration::from_secs(60),
+        max_bytes: 1,
+    };
+    exactly_once_run_with(&bootstrap, "small", None, small, None)
+        .await
+        .expect("run");
+    let written = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || positions_written(&bootstrap, "small")
+    })
+    .await
+    .expect("count");
+    assert_eq!(written, batches, "each batch committed at its end");
+    // Every message of the shared transaction was delivered once.
+    let messages = (each.messages + shared.messages + each.messages) as usize;
+    let consumed = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || {
+            crate::support::kafka::consume_quietly(
+                &bootstrap,
+                "ces",
+                4,
+                Duration::from_secs(30),
+                Duration::from_secs(2),
+                move |m| m.len() >= messages,
+            )
+        }
+    })
+    .await
+    .expect("consumer");
+    assert_eq!(consumed.len(), messages);
+    // A stream that pauses between batches (two transactions a second, each its
+    // own batch) commits each when the bound comes due, without waiting for the
+    // next batch to end the transaction: one commit a batch.
+    let due = TransactionBound {
+        max_open: Duration::from_millis(100),
+        max_bytes: u64::MAX,
+    };
+    let paced = exactly_once_run_with(&bootstrap, "paced", None, due, Some((6, 2.0)))
+        .await
+        .expect("run");
+    let written = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || positions_written(&bootstrap, "paced")
+    })
+    .await
+    .expect("count");
+    assert!(
+        written >= 5,
+        "{written} commits for 6 paced transactions ({} events)",
+        paced.events
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_time_out_the_brokers_refuse_is_definite_and_names_the_setting() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster
+        .create_topic("mssql-ces-checkpoints", 1, 1)
+        .expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.request_errors(
+        rdkafka::types::RDKafkaApiKey::InitProducerId,
+        &[rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TRANSACTION_TIMEOUT],
+    );
+    let config = mssql_ces::sink::kafka::KafkaSinkConfig {
+        delivery_timeout: Duration::from_secs(20),
+        transaction: Some(mssql_ces::sink::kafka::TransactionSettings {
+            id: "mssql-ces.timeout".into(),
+            checkpoint_topic: "mssql-ces-checkpoints".into(),
+            stream_name: "timeout".into(),
+            bound: mssql_ces::sink::kafka::TransactionBound::EACH_BATCH,
+        }),
+        ..mssql_ces::sink::kafka::KafkaSinkConfig::new(&bootstrap)
+    };
+    let mut sink = kafka_sink_with(&bootstrap, Some(config));
+    let error = sink.init_transactions().await.expect_err("refused");
+    let text = error.to_string();
+    assert!(
+        matches!(error, mssql_ces::sink::SinkError::Definite(_))
+            && text.contains("INVALID_TRANSACTION_TIMEOUT")
+            && text.contains("25000 ms")
+            && text.contains("sink.delivery_timeout_ms"),
+        "{text}"
+    );
 }

@@ -376,3 +376,61 @@ async fn basic_authentication_and_the_check_probe() {
         .expect_err("no registry");
     assert!(err.is_transient(), "{err}");
 }
+
+/// A shutdown while the registry is down ends the run within the drain timeout: the
+/// encoder's wait for the registry (a request, or the pause between two) ends with
+/// it, though the registry is waited for up to the delivery timeout otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_during_a_registry_outage_keeps_its_bound() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces-down", 2, 1).expect("topic");
+    let registry = RegistryDouble::start().await;
+    registry.set_down(true);
+    let router = Router::new(
+        "ces-down",
+        PartitionKeyScheme::Table,
+        None,
+        CloudEventsMode::Structured,
+        Encoding::Avro,
+        "g",
+    )
+    .with_registry(
+        Some(registry_settings(&registry.url)),
+        Duration::from_secs(120),
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let settings = mssql_ces::pipeline::PipelineSettings {
+        drain_timeout: Duration::from_secs(2),
+        until_idle: false,
+        ..crate::kafka_pipeline::until_idle()
+    };
+    let run = crate::common::run_synthetic_with(
+        synthetic(40),
+        Encoding::Avro,
+        router,
+        Sink::Kafka(kafka_sink_with(&bootstrap, None)),
+        settings,
+        shutdown.clone(),
+    );
+    let stopped = async {
+        // Long enough for the backoff to reach pauses of seconds.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        shutdown.cancel();
+        std::time::Instant::now()
+    };
+    let (result, signalled) = tokio::join!(run, stopped);
+    let took = signalled.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "stopped {took:?} after the shutdown, with a 2 s drain timeout"
+    );
+    assert!(
+        registry.posts() > 1,
+        "the registry was asked again while down"
+    );
+    // Nothing was delivered: the run's error, if any, is the registry's.
+    if let Ok(summary) = result {
+        assert_eq!(summary.delivered_events, 0, "{summary:?}");
+    }
+}

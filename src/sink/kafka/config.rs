@@ -112,6 +112,23 @@ pub struct KafkaSinkConfig {
     /// Refused for `event_hubs_kafka`.
     #[serde(default)]
     pub exactly_once: bool,
+    /// With `exactly_once`: the longest a transaction stays open, in milliseconds. A
+    /// transaction holds the batches sent since it began and is committed at the
+    /// end of the batch that reaches this or `transaction_max_bytes`, or as soon
+    /// as nothing more is to be sent; a `read_committed` consumer sees an event at
+    /// its transaction's commit, so this bounds how late. Less than
+    /// `delivery_timeout_ms`; 0 commits each batch on its own.
+    #[serde(
+        rename = "transaction_max_ms",
+        with = "crate::setting::millis",
+        default = "default_transaction_max"
+    )]
+    #[schemars(with = "u64")]
+    pub transaction_max: Duration,
+    /// With `exactly_once`: the most payload bytes one transaction holds before it
+    /// is committed at its batch's end (what an abort sends again).
+    #[serde(default = "default_transaction_max_bytes")]
+    pub transaction_max_bytes: u64,
     /// With `exactly_once`: the stream's transactional id; unset:
     /// `mssql-ces.<checkpoint.stream_name>`. A new process with the same id fences the
     /// old one. With `source.databases` it must contain `{db}` (the default does).
@@ -273,6 +290,17 @@ pub fn default_delivery_timeout() -> Duration {
     Duration::from_secs(300)
 }
 
+/// The default of `sink.transaction_max_ms`: a commit a second costs a few per cent
+/// of throughput (one round trip to the coordinator and the partitions' markers),
+/// where a commit a batch cost most of it.
+pub fn default_transaction_max() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_transaction_max_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+
 /// librdkafka's `compression.codec`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compression {
@@ -410,6 +438,8 @@ impl KafkaSinkConfig {
             ssl_endpoint_identification: true,
             kafka: BTreeMap::new(),
             exactly_once: false,
+            transaction_max: default_transaction_max(),
+            transaction_max_bytes: default_transaction_max_bytes(),
             transactional_id: None,
             transaction: None,
         }
@@ -545,6 +575,15 @@ impl KafkaSinkConfig {
             return Err(invalid(
                 "sink.delivery_timeout_ms",
                 "must be more than 0 (librdkafka reads 0 as waiting forever)",
+            ));
+        }
+        if self.transaction_max >= self.delivery_timeout {
+            return Err(invalid(
+                "sink.transaction_max_ms",
+                format!(
+                    "must be less than sink.delivery_timeout_ms ({} ms): a transaction open longer is aborted by the coordinator",
+                    self.delivery_timeout.as_millis()
+                ),
             ));
         }
         let debezium = event.format == crate::event::settings::EventFormat::Debezium;

@@ -20,7 +20,7 @@ use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 
 mod admin;
 mod transactions;
-pub use transactions::TransactionSettings;
+pub use transactions::{TransactionBound, TransactionSettings};
 mod config;
 mod outage;
 mod stall;
@@ -34,7 +34,7 @@ pub use admin::{
 pub use config::{
     Compression, EVENT_HUBS_MAX_MESSAGE_KB, EVENT_HUBS_RECORD_OVERHEAD, EVENT_HUBS_REQUEST_LIMIT,
     KafkaFlavour, KafkaSettings, KafkaSinkConfig, Partitioner, default_delivery_timeout,
-    parse_event_hubs_connection_string,
+    default_transaction_max, parse_event_hubs_connection_string,
 };
 
 pub use crate::kafka_client::config_error;
@@ -179,6 +179,19 @@ impl KafkaTicket {
             Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut), _))) => {
                 Err(self.timed_out())
             }
+            // Refused as an older epoch of the transactional id: a newer producer
+            // took the stream over (librdkafka reports the same as fatal `Fenced`).
+            Ok(Err((
+                KafkaError::MessageProduction(
+                    RDKafkaErrorCode::InvalidProducerEpoch
+                    | RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::Fenced,
+                ),
+                _,
+            ))) => Err(transactions::fenced(
+                "its transactional id, sink.transactional_id",
+                "a message was refused as one of an older producer epoch",
+            )),
             // Purged because the producer hit a fatal error: the refusal says why.
             Ok(Err((
                 KafkaError::MessageProduction(
@@ -228,9 +241,9 @@ impl KafkaTicket {
     /// As [`timed_out`](Self::timed_out), saying why where the brokers answer but
     /// the topic takes no writes (its partitions as the cluster describes them).
     pub async fn timed_out_why(&self) -> SinkError {
-        if !self.brokers.is_down()
-            && let Some(why) = self.topic.why_stalled().await
-        {
+        // Asked even while a broker is down (one of several, say): a cluster that
+        // cannot be reached answers nothing, and the plain error stands.
+        if let Some(why) = self.topic.why_stalled().await {
             return SinkError::Transient(format!(
                 "a message to topic {} was not delivered within sink.delivery_timeout_ms though the brokers answer: {why}",
                 self.topic.topic()
@@ -429,6 +442,11 @@ impl KafkaSink {
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(Duration::from_secs(2));
         }
+    }
+
+    /// With `sink.exactly_once`: when the open transaction is committed.
+    pub fn transaction_bound(&self) -> Option<TransactionBound> {
+        self.transactions.as_ref().map(|t| t.settings.bound)
     }
 
     /// How long a message may stay undelivered before the run fails.

@@ -52,7 +52,10 @@ pub(super) fn is_refusal(error: &KafkaError, reason: &str) -> bool {
             C::Authentication
             | C::SaslAuthenticationFailed
             | C::ClusterAuthorizationFailed
-            | C::Fatal,
+            | C::Fatal
+            // A transactional producer fenced by a newer one of its id: fatal.
+            | C::Fenced
+            | C::ProducerFenced,
         ) => true,
         // A TLS handshake that ends in a certificate the client does not trust, or in
         // the broker's alert (a client certificate it requires, missing or not
@@ -62,6 +65,11 @@ pub(super) fn is_refusal(error: &KafkaError, reason: &str) -> bool {
         Some(C::SSL | C::BrokerTransportFailure) => is_certificate_refusal(reason),
         _ => false,
     }
+}
+
+/// Whether a refusal is a transactional producer's fencing.
+fn is_fencing(refusal: &str) -> bool {
+    refusal.contains("Fenced") || refusal.contains("fenced")
 }
 
 /// Whether a failure's reason is TLS's, about certificates (either side's).
@@ -112,6 +120,12 @@ impl BrokerLog {
     /// The error of a client the brokers refused, naming the settings to check.
     pub fn refusal_error(&self) -> crate::sink::SinkError {
         let refused = self.refused().unwrap_or_default();
+        if is_fencing(&refused) {
+            return super::transactions::fenced(
+                "its transactional id, sink.transactional_id",
+                &refused,
+            );
+        }
         let check = if refused.contains("SSL") || refused.contains("ssl") {
             "check sink.ssl_ca_location (the CA that signed the brokers' certificates) and, where the brokers require a client certificate, sink.ssl_certificate_location and sink.ssl_key_location"
         } else if refused.contains("ClusterAuthorizationFailed") {
@@ -190,7 +204,11 @@ impl BrokerLog {
     pub(super) fn error_at(&self, error: &KafkaError, reason: &str, now: Instant) {
         if is_refusal(error, reason) {
             if self.refused().is_none() {
-                tracing::error!(brokers = %self.brokers, error = %error, reason, "Kafka refused this client");
+                if is_fencing(&error.to_string()) {
+                    tracing::warn!(brokers = %self.brokers, error = %error, reason, "another process with this stream's transactional id took over: this one stops");
+                } else {
+                    tracing::error!(brokers = %self.brokers, error = %error, reason, "Kafka refused this client");
+                }
                 self.refusal
                     .send_replace(Some(format!("{error}: {reason}")));
             }

@@ -26,22 +26,51 @@ pub struct TransactionSettings {
     /// Where the position goes, and under which key.
     pub checkpoint_topic: String,
     pub stream_name: String,
+    /// When a transaction of several batches is committed.
+    pub bound: TransactionBound,
+}
+
+/// When the open transaction is committed: once it has been open this long
+/// (`sink.transaction_max_ms`) or holds this many payload bytes
+/// (`sink.transaction_max_bytes`), at a batch's end; and whenever the stream pauses
+/// (nothing more to send) or stops. A `read_committed` consumer sees a batch at
+/// its transaction's commit, so `max_open` bounds how late it sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransactionBound {
+    pub max_open: Duration,
+    pub max_bytes: u64,
+}
+
+impl TransactionBound {
+    /// One batch a transaction.
+    pub const EACH_BATCH: TransactionBound = TransactionBound {
+        max_open: Duration::ZERO,
+        max_bytes: 0,
+    };
 }
 
 /// The producer's transaction state.
 #[derive(Debug)]
 pub(super) struct Transactions {
     pub(super) settings: TransactionSettings,
-    /// A transaction is open (begun at a batch's first send).
-    open: bool,
+    /// A transaction is open (begun at a batch's first send), since then.
+    open_since: Option<std::time::Instant>,
     timeout: Duration,
+}
+
+/// What a producer fenced by a newer one of its transactional id is told.
+/// `id`: the transactional id, or where it is set.
+pub(super) fn fenced(id: &str, detail: &str) -> SinkError {
+    SinkError::Definite(format!(
+        "another process took over this stream ({id}: {detail}); this one stops, and what it had not committed is aborted"
+    ))
 }
 
 impl Transactions {
     pub(super) fn new(settings: TransactionSettings, timeout: Duration) -> Self {
         Transactions {
             settings,
-            open: false,
+            open_since: None,
             timeout,
         }
     }
@@ -56,12 +85,22 @@ impl Transactions {
         let timeout = self.timeout;
         let id = self.settings.id.clone();
         let grant = format!("WRITE on transactional id {id}");
+        let coordinator_timeout = self.coordinator_timeout();
         blocking(move || producer.init_transactions(timeout))
             .await
             .map_err(|e| match crate::kafka_client::refused_right(&e, &grant) {
                 Some(refused) => SinkError::Definite(format!(
                     "cannot initialise transactions for transactional id {id} (sink.exactly_once, sink.transactional_id): {refused} ({e})"
                 )),
+                // A time-out the brokers do not allow is the same at every try.
+                None if crate::kafka_client::error_code(&e)
+                    == Some(rdkafka::types::RDKafkaErrorCode::InvalidTransactionTimeout) =>
+                {
+                    SinkError::Definite(format!(
+                        "cannot initialise transactions for transactional id {id}: the brokers refuse a transaction.timeout.ms of {} ms (INVALID_TRANSACTION_TIMEOUT: more than their transaction.max.timeout.ms, 900000 by default); it is sink.delivery_timeout_ms and 5 s: lower sink.delivery_timeout_ms, or raise the brokers' transaction.max.timeout.ms ({e})",
+                        coordinator_timeout.as_millis()
+                    ))
+                }
                 None => SinkError::Transient(format!(
                     "cannot initialise transactions for transactional id {id} (sink.exactly_once): {e}"
                 )),
@@ -73,11 +112,11 @@ impl Transactions {
         &mut self,
         producer: &FutureProducer<C>,
     ) -> Result<(), SinkError> {
-        if !self.open {
+        if self.open_since.is_none() {
             producer
                 .begin_transaction()
                 .map_err(|e| self.classify(&e))?;
-            self.open = true;
+            self.open_since = Some(std::time::Instant::now());
         }
         Ok(())
     }
@@ -104,7 +143,7 @@ impl Transactions {
             Ok(_delivery) => self.commit_retrying(producer).await,
             Err(e) => Err(e),
         };
-        self.open = false;
+        self.open_since = None;
         if let Err(e) = &committed
             && !matches!(e, SinkError::Definite(_))
         {
@@ -145,11 +184,16 @@ impl Transactions {
         if let Err(e) = blocking(move || producer.abort_transaction(timeout)).await {
             tracing::debug!(error = %e, "aborting the transaction");
         }
-        self.open = false;
+        self.open_since = None;
     }
 
     pub(super) fn is_open(&self) -> bool {
-        self.open
+        self.open_since.is_some()
+    }
+
+    /// librdkafka's `transaction.timeout.ms` (the delivery timeout and 5 s).
+    fn coordinator_timeout(&self) -> Duration {
+        self.timeout + Duration::from_secs(5)
     }
 
     fn classify(&self, error: &KafkaError) -> SinkError {
@@ -171,7 +215,11 @@ impl Transactions {
             ));
         }
         match error {
-            // Fenced: a newer producer of the same transactional id exists.
+            // Fenced (librdkafka says so of PRODUCER_FENCED and
+            // INVALID_PRODUCER_EPOCH alike): a newer producer of the same
+            // transactional id exists — or the coordinator aborted a transaction
+            // that stayed open past transaction.timeout.ms, bumping the epoch the
+            // same way. Only the second outlives that time-out.
             KafkaError::Transaction(e)
                 if e.is_fatal()
                     && matches!(
@@ -179,11 +227,12 @@ impl Transactions {
                         C::ProducerFenced | C::InvalidProducerEpoch | C::Fenced
                     ) =>
             {
-                SinkError::Definite(format!(
-                    "another process took over this stream (transactional id {}: {}); this one stops, and what it had not committed is aborted",
-                    self.settings.id,
-                    e.string()
-                ))
+                fenced_or_timed_out(
+                    &self.settings.id,
+                    self.open_since.map(|since| since.elapsed()),
+                    self.coordinator_timeout(),
+                    &e.string(),
+                )
             }
             // Fatal for another reason (the coordinator aborted a transaction that
             // outlived transaction.timeout.ms, a refused configuration): this
@@ -202,6 +251,25 @@ impl Transactions {
     }
 }
 
+/// A fenced producer's error: taken over by a newer producer of the id, unless its
+/// transaction was open longer than the coordinator's time-out (`open_for`), which
+/// then aborted it and bumped the epoch as a takeover does.
+fn fenced_or_timed_out(
+    id: &str,
+    open_for: Option<Duration>,
+    coordinator_timeout: Duration,
+    detail: &str,
+) -> SinkError {
+    match open_for.filter(|open| *open >= coordinator_timeout) {
+        Some(open) => SinkError::Definite(format!(
+            "Kafka's transaction coordinator aborted the transaction of transactional id {id}, open for {} s, longer than transaction.timeout.ms ({} s: sink.delivery_timeout_ms and 5 s; was the process paused?): what it had not committed is aborted, and a restart resumes from the checkpoint ({detail})",
+            open.as_secs(),
+            coordinator_timeout.as_secs(),
+        )),
+        None => fenced(&format!("transactional id {id}"), detail),
+    }
+}
+
 /// Runs a blocking librdkafka call off the async workers.
 async fn blocking<T: Send + 'static>(
     call: impl FnOnce() -> Result<T, KafkaError> + Send + 'static,
@@ -212,5 +280,29 @@ async fn blocking<T: Send + 'static>(
             tracing::debug!(error = %e, "a blocking Kafka call's thread failed");
             Err(KafkaError::Canceled)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transaction_open_past_the_coordinator_s_time_out_is_not_called_a_takeover() {
+        let timeout = Duration::from_secs(25);
+        let taken =
+            fenced_or_timed_out("t", Some(Duration::from_secs(3)), timeout, "Fenced").to_string();
+        assert!(taken.contains("another process took over"), "{taken}");
+        let unknown = fenced_or_timed_out("t", None, timeout, "Fenced").to_string();
+        assert!(unknown.contains("another process took over"), "{unknown}");
+        let aborted =
+            fenced_or_timed_out("t", Some(Duration::from_secs(40)), timeout, "Fenced").to_string();
+        assert!(
+            aborted.contains("coordinator aborted")
+                && aborted.contains("open for 40 s")
+                && aborted.contains("transaction.timeout.ms (25 s")
+                && !aborted.contains("took over"),
+            "{aborted}"
+        );
     }
 }

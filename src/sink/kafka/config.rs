@@ -577,7 +577,7 @@ impl KafkaSinkConfig {
                 "must be more than 0 (librdkafka reads 0 as waiting forever)",
             ));
         }
-        if self.transaction_max >= self.delivery_timeout {
+        if self.exactly_once && self.transaction_max >= self.delivery_timeout {
             return Err(invalid(
                 "sink.transaction_max_ms",
                 format!(

@@ -919,6 +919,25 @@ bootstrap_servers = "localhost:9092"
     }
 
     #[test]
+    fn a_transaction_may_not_stay_open_as_long_as_a_delivery_may_wait() {
+        let eo = "exactly_once = true\ndelivery_timeout_ms = 5000\n[checkpoint]\nstore = \"kafka\"\n";
+        let with = |max: &str| load(&format!("{KAFKA}transaction_max_ms = {max}\n{eo}"));
+        assert!(with("4999").is_ok());
+        let err = with("5000").unwrap_err().to_string();
+        assert!(
+            err.contains("sink.transaction_max_ms") && err.contains("5000 ms"),
+            "{err}"
+        );
+        // Without exactly_once it is not used, and not held to anything.
+        assert!(
+            load(&format!(
+                "{KAFKA}transaction_max_ms = 9999999\ndelivery_timeout_ms = 5000\n"
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
     fn a_debezium_record_s_bound_is_the_producer_s_not_ces_s_segment_size() {
         let debezium =
             |extra: &str| load(&format!("{KAFKA}{extra}\n[event]\nformat = \"debezium\"\n"));

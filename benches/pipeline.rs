@@ -6,6 +6,8 @@
 //!   Kafka;
 //! - (d) end to end: the synthetic source → the pipeline → Kafka;
 //! - (e) raw librdkafka producing the very same message bytes, same settings;
+//! - (f) as (c), with `sink.exactly_once`: batches committed in Kafka transactions
+//!   with their position (`PIPELINE_BENCH_TRANSACTION_MS`, default the setting's);
 //!
 //! each for JSON and Avro, structured and binary CloudEvents mode. Kafka is rdkafka's
 //! in-process `MockCluster` (one broker), a fresh one per measurement. Each side runs
@@ -20,8 +22,6 @@
 //! Run: `cargo bench --bench pipeline` (`PIPELINE_BENCH_SECONDS`, `PIPELINE_BENCH_ROUNDS`,
 //! `PIPELINE_BENCH_CASES=json-structured,avro-binary,…` to pick cases,
 //! `PIPELINE_BENCH_SIDES=c` to run some sides only, e.g. under a profiler;
-//! `PIPELINE_BENCH_EXACTLY_ONCE=1`: the pipeline's sides with `sink.exactly_once`,
-//! a transaction per batch with its position, to compare with the same run without;
 //! `PIPELINE_BENCH_BOOTSTRAP=127.0.0.1:9092`: brokers of your own instead of
 //! `MockCluster`, e.g. Apache Kafka from `bash tests/kafka/broker`).
 
@@ -146,7 +146,7 @@ fn create_external_topic(bootstrap: &str, topic: &str, partitions: i32) -> Optio
 
 /// Brokers with the topic, and the sink's settings for them (the defaults, as a run
 /// has them).
-fn cluster() -> Option<(Brokers, KafkaSettings)> {
+fn cluster(exactly_once: bool) -> Option<(Brokers, KafkaSettings)> {
     let brokers = match std::env::var("PIPELINE_BENCH_BOOTSTRAP") {
         // The same topics every measurement (created once; what they already hold
         // does not matter to a rate).
@@ -166,7 +166,6 @@ fn cluster() -> Option<(Brokers, KafkaSettings)> {
         Brokers::Mock(cluster) => cluster.bootstrap_servers(),
         Brokers::External(bootstrap) => bootstrap.clone(),
     };
-    let exactly_once = std::env::var("PIPELINE_BENCH_EXACTLY_ONCE").is_ok_and(|v| v == "1");
     let settings = KafkaSettings::new(
         &KafkaSinkConfig {
             transaction: exactly_once.then(|| mssql_ces::sink::kafka::TransactionSettings {
@@ -484,8 +483,8 @@ fn median(mut rates: Vec<Rate>) -> Rate {
 }
 
 /// Runs `what` against a fresh in-process broker, measuring its rate and CPU time.
-fn measure(what: impl FnOnce(KafkaSettings) -> Rate) -> Rate {
-    match cluster() {
+fn measure(exactly_once: bool, what: impl FnOnce(KafkaSettings) -> Rate) -> Rate {
+    match cluster(exactly_once) {
         Some((cluster, settings)) => {
             let rate = Rate::measured(|| what(settings));
             drop(cluster);
@@ -503,7 +502,7 @@ fn main() {
             .unwrap_or(5.0),
     );
     let wanted = std::env::var("PIPELINE_BENCH_CASES").ok();
-    let sides = std::env::var("PIPELINE_BENCH_SIDES").unwrap_or_else(|_| "abcde".into());
+    let sides = std::env::var("PIPELINE_BENCH_SIDES").unwrap_or_else(|_| "abcdef".into());
     let side = |s: char| sides.contains(s);
     let skipped = || Rate::new(0, 0, Duration::from_secs(1));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
@@ -572,7 +571,7 @@ fn main() {
             .collect();
         // The sides take turns, round after round, so that a slow spell of this
         // shared machine falls on all of them; the median of each is reported.
-        let mut sides: [Vec<Rate>; 4] = Default::default();
+        let mut sides: [Vec<Rate>; 5] = Default::default();
         for round in 1..=rounds {
             let encoded = if side('b') {
                 Rate::measured(|| encode_route(case, &changes, guid, seconds))
@@ -580,15 +579,15 @@ fn main() {
                 skipped()
             };
             let raw = if side('e') {
-                measure(|s| runtime.block_on(raw(&messages, &s, seconds)))
+                measure(false, |s| runtime.block_on(raw(&messages, &s, seconds)))
             } else {
                 skipped()
             };
-            let replay = if side('c') {
+            let replay_with = |exactly_once: bool| {
                 // Copies for a rate well above what (c) reaches here; more are
                 // cloned on the fly should they run out.
                 let ready = copies(&batches, seconds, REPLAY_COPIES_PER_SECOND);
-                let rate = measure(|s| {
+                let rate = measure(exactly_once, |s| {
                     runtime.block_on(pipeline_replay(
                         case,
                         Arc::clone(&batches),
@@ -600,29 +599,42 @@ fn main() {
                 });
                 drop(ready);
                 rate
+            };
+            let replay = if side('c') {
+                replay_with(false)
+            } else {
+                skipped()
+            };
+            let transactional = if side('f') {
+                replay_with(true)
             } else {
                 skipped()
             };
             let e2e = if side('d') {
-                measure(|s| runtime.block_on(end_to_end(case, &s, seconds)))
+                measure(false, |s| runtime.block_on(end_to_end(case, &s, seconds)))
             } else {
                 skipped()
             };
             println!(
-                "  {} round {round}: (b) {:.0}/s (c) {:.0}/s (d) {:.0}/s (e) {:.0}/s  c/e {:.2} d/e {:.2}",
+                "  {} round {round}: (b) {:.0}/s (c) {:.0}/s (d) {:.0}/s (e) {:.0}/s (f) {:.0}/s  c/e {:.2} d/e {:.2} f/c {:.2}",
                 case.name,
                 encoded.per_second,
                 replay.per_second,
                 e2e.per_second,
                 raw.per_second,
+                transactional.per_second,
                 replay.per_second / raw.per_second,
-                e2e.per_second / raw.per_second
+                e2e.per_second / raw.per_second,
+                transactional.per_second / replay.per_second
             );
-            for (all, rate) in sides.iter_mut().zip([encoded, replay, e2e, raw]) {
+            for (all, rate) in sides
+                .iter_mut()
+                .zip([encoded, replay, e2e, raw, transactional])
+            {
                 all.push(rate);
             }
         }
-        let [encoded, replay, e2e, raw] = sides.map(median);
+        let [encoded, replay, e2e, raw, transactional] = sides.map(median);
         let cell = |r: &Rate| format!("{:.0}/s {:.0} MiB/s", r.per_second, r.mib_per_second);
         println!(
             "{:<16} {:>22} {:>22} {:>22} {:>22} {:>6.2} {:>6.2}",
@@ -633,6 +645,14 @@ fn main() {
             cell(&raw),
             replay.per_second / raw.per_second,
             e2e.per_second / raw.per_second
+        );
+        println!(
+            "{:<16} (f) exactly-once {} ({:.2} µs on {:.2} cores a message) = {:.2} × (c)",
+            "",
+            cell(&transactional),
+            transactional.cpu_micros,
+            transactional.cores,
+            transactional.per_second / replay.per_second
         );
         let cpu = |r: &Rate| format!("{:.2} µs on {:.2} cores", r.cpu_micros, r.cores);
         println!(

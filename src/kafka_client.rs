@@ -209,4 +209,65 @@ mod redaction_tests {
             );
         }
     }
+
+    /// The configuration (a secret in a pass-through property), the producer's
+    /// settings and the schema registry's client (each with its secret read) format
+    /// with `{:?}` without the secret.
+    #[test]
+    fn no_configuration_or_client_type_shows_a_secret_in_debug() {
+        let dir = std::env::temp_dir().join(format!("mssql-ces-redact-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let secret = dir.join("secret");
+        std::fs::write(&secret, PLANTED).expect("secret");
+        let file = secret.display();
+        let config = crate::config::Config::from_parts(
+            &format!(
+                "[source]\nkind = \"synthetic\"\n[event]\nencoding = \"avro\"\n\
+                 [sink]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\n\
+                 security_protocol = \"sasl_ssl\"\nsasl_mechanism = \"PLAIN\"\nsasl_username = \"writer\"\n\
+                 sasl_password = {{ file = \"{file}\" }}\n\
+                 kafka = {{ \"sasl.oauthbearer.client.secret\" = \"{PLANTED}\", \"linger.ms\" = \"5\" }}\n\
+                 [sink.schema_registry]\nurl = \"http://r:8081\"\nusername = \"writer\"\n\
+                 password = {{ file = \"{file}\" }}\n"
+            ),
+            &[],
+            &[],
+        )
+        .expect("config");
+        let crate::sink::SinkConfig::Kafka(kafka) = &config.sink.kind else {
+            panic!("a Kafka sink");
+        };
+        let settings = crate::sink::kafka::KafkaSettings::new(
+            kafka,
+            crate::sink::kafka::KafkaFlavour::Kafka,
+            256 * 1024,
+            None,
+        )
+        .expect("settings");
+        assert!(
+            settings
+                .properties
+                .iter()
+                .any(|(k, v)| k == "sasl.password" && v == PLANTED),
+            "the secret was read"
+        );
+        let registry = crate::sink::registry::SchemaRegistry::new(
+            config
+                .sink
+                .routing
+                .schema_registry
+                .as_ref()
+                .expect("a registry"),
+        )
+        .expect("registry client");
+        for shown in [
+            format!("{config:?}"),
+            format!("{settings:?}"),
+            format!("{registry:?}"),
+        ] {
+            assert!(!shown.contains(PLANTED), "{shown}");
+            assert!(shown.contains("writer"), "{shown}");
+        }
+        std::fs::remove_dir_all(dir).ok();
+    }
 }

@@ -201,7 +201,7 @@ fn main() -> ExitCode {
     };
     let log_format = args.log_format.unwrap_or(config.log.format);
     init_logging(log_format);
-    for notice in notices {
+    for notice in notices.iter().chain(&config.fleet_advisories()) {
         tracing::warn!("{notice}");
     }
     let runtime = match tokio::runtime::Runtime::new() {

@@ -67,6 +67,28 @@ pub(crate) fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// A secret's value once read: its `{:?}` never shows it, and it is had only by
+/// asking for it ([`expose`](Self::expose)).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Sensitive(String);
+
+impl Sensitive {
+    pub fn new(value: impl Into<String>) -> Self {
+        Sensitive(value.into())
+    }
+
+    /// The secret itself: for the client that sends it, never for a message.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Sensitive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// Where a secret comes from: an environment variable or a file, never the config.
 ///
 /// Its deserializer never echoes what it was given: a secret written where

@@ -135,7 +135,7 @@ async fn join_fleet(
         connection,
         group_id: config.fleet.group_id.clone().unwrap_or_default(),
         topic: config.fleet.control_topic(),
-        slots: config.fleet.slots,
+        slots: config.fleet.slots(config.fleet_on_event_hubs()),
         session_timeout: config.fleet.session_timeout,
         protocol: config.fleet.group_protocol,
         release_timeout: config.shutdown.drain_timeout + Duration::from_secs(30),

@@ -105,6 +105,13 @@ async fn check_fleet(report: &mut Report, config: &Config, databases: usize) {
     for (key, value) in &connection {
         client.set(key, value);
     }
+    for advisory in config.fleet_advisories() {
+        report.warn(
+            "fleet",
+            advisory,
+            "see the book's Scaling out: a fleet on Event Hubs",
+        );
+    }
     match crate::kafka_client::topic_partitions(client, &topic, config.check.timeout).await {
         Ok(Some(partitions)) => report.pass(
             "fleet",
@@ -113,11 +120,19 @@ async fn check_fleet(report: &mut Report, config: &Config, databases: usize) {
                 partitions.len()
             ),
         ),
+        Ok(None) if config.fleet_on_event_hubs() => report.fail(
+            "fleet",
+            format!("group {group}: the event hub {topic} does not exist, and Event Hubs' Kafka endpoint does not create event hubs"),
+            format!(
+                "create the event hub {topic} with {} partitions (fleet.slots) before the first member starts",
+                config.fleet.slots(true)
+            ),
+        ),
         Ok(None) => report.pass(
             "fleet",
             format!(
                 "group {group}: control topic {topic} does not exist yet; the first member creates it with {} slots (fleet.slots), which needs the right to create topics",
-                config.fleet.slots
+                config.fleet.slots(false)
             ),
         ),
         Err(e) => report.fail(

@@ -16,9 +16,10 @@ use crate::sink::SinkConfig;
 #[serde(deny_unknown_fields)]
 pub struct FleetSettings {
     /// The consumer group the members join; unset: no fleet. Needs `source.databases`,
-    /// `checkpoint.store = "kafka"` or `"table"`, and a sink reached over Kafka
-    /// (`kafka`, `event_hubs_kafka`) or `event_hubs_amqp` with a connection string (the
-    /// group then goes through the namespace's Kafka endpoint).
+    /// a sink reached over Kafka (`kafka`, `event_hubs_kafka`) or `event_hubs_amqp`
+    /// with a connection string (the group then goes through the namespace's Kafka
+    /// endpoint), and a checkpoint store that fences a member that lost its databases:
+    /// `"kafka"` with `sink.exactly_once`, or `"table"` (its lease).
     #[serde(default)]
     pub group_id: Option<String>,
     /// The control topic, whose partitions are the assignment slots; unset:
@@ -26,15 +27,16 @@ pub struct FleetSettings {
     /// Nothing is written to it.
     #[serde(default)]
     pub topic: Option<String>,
-    /// Partitions of the control topic when a member creates it; an existing topic's
-    /// partition count is used as it is.
-    #[serde(default = "default_slots")]
+    /// Partitions of the control topic when a member creates it; unset: 60, or 32 when
+    /// the fleet goes through Event Hubs (the most partitions an event hub of the Basic
+    /// and Standard tiers has). An existing topic's partition count is used as it is.
+    #[serde(default)]
     #[schemars(range(min = 1, max = MAX_SLOTS))]
-    pub slots: u32,
+    pub slots: Option<u32>,
     /// How long a member that stopped answering keeps its databases, in milliseconds
     /// (librdkafka's `session.timeout.ms`; at least 1000, and Kafka's brokers refuse
-    /// less than their `group.min.session.timeout.ms`, 6000 by default). Not used with
-    /// `group_protocol = "consumer"`.
+    /// less than their `group.min.session.timeout.ms`, 6000 by default; 6000 to 300000
+    /// on Event Hubs). Not used with `group_protocol = "consumer"`.
     #[serde(
         rename = "session_timeout_ms",
         with = "millis",
@@ -68,16 +70,22 @@ impl Default for FleetSettings {
         FleetSettings {
             group_id: None,
             topic: None,
-            slots: default_slots(),
+            slots: None,
             session_timeout: default_session_timeout_ms(),
             group_protocol: GroupProtocol::default(),
         }
     }
 }
 
-fn default_slots() -> u32 {
-    60
-}
+/// Slots when `fleet.slots` is unset: 60 (many ways to share, few partitions to
+/// keep), and 32 on Event Hubs, the most partitions an event hub of the Basic and
+/// Standard tiers has.
+const DEFAULT_SLOTS: u32 = 60;
+const EVENT_HUBS_SLOTS: u32 = 32;
+
+/// What Event Hubs takes as a consumer group's session time-out.
+const EVENT_HUBS_SESSION: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(6)..=Duration::from_secs(300);
 
 fn default_session_timeout_ms() -> Duration {
     Duration::from_secs(10)
@@ -87,6 +95,17 @@ fn default_session_timeout_ms() -> Duration {
 const MAX_SLOTS: u32 = 10_000;
 
 impl FleetSettings {
+    /// The slots a member creates the control topic with: `fleet.slots`, or the
+    /// default for where the fleet coordinates (`event_hubs`: Event Hubs' Kafka
+    /// endpoint).
+    pub fn slots(&self, event_hubs: bool) -> u32 {
+        self.slots.unwrap_or(if event_hubs {
+            EVENT_HUBS_SLOTS
+        } else {
+            DEFAULT_SLOTS
+        })
+    }
+
     /// Whether a group is configured.
     pub fn enabled(&self) -> bool {
         self.group_id.is_some()
@@ -103,11 +122,44 @@ impl FleetSettings {
 }
 
 impl Config {
+    /// Whether the fleet coordinates through Event Hubs' Kafka endpoint.
+    pub fn fleet_on_event_hubs(&self) -> bool {
+        matches!(
+            self.sink.kind,
+            SinkConfig::EventHubsKafka(_) | SinkConfig::EventHubsAmqp(_)
+        )
+    }
+
+    /// What a fleet on Event Hubs should know before it starts: an event hub of
+    /// more than 32 partitions needs the Premium or Dedicated tier, and the control
+    /// hub is one more of a namespace's (10 on Standard). Said at start and by
+    /// `check`.
+    pub fn fleet_advisories(&self) -> Vec<String> {
+        if !self.fleet.enabled() || !self.fleet_on_event_hubs() {
+            return Vec::new();
+        }
+        let slots = self.fleet.slots(true);
+        let topic = self.fleet.control_topic();
+        let mut said = vec![format!(
+            "fleet on Event Hubs: its control topic is the event hub {topic} with {slots} partitions (fleet.slots); the Kafka endpoint does not create event hubs, so create it before the first member starts (a Standard namespace holds 10 event hubs)"
+        )];
+        if slots > EVENT_HUBS_SLOTS {
+            said.push(format!(
+                "fleet.slots = {slots}: an event hub of the Basic and Standard tiers has at most {EVENT_HUBS_SLOTS} partitions; this needs Premium or Dedicated, or set fleet.slots to {EVENT_HUBS_SLOTS} or fewer"
+            ));
+        }
+        said
+    }
+
     pub(super) fn validate_fleet(&self) -> Result<(), ConfigError> {
-        if !(1..=MAX_SLOTS).contains(&self.fleet.slots) {
+        if self
+            .fleet
+            .slots
+            .is_some_and(|n| !(1..=MAX_SLOTS).contains(&n))
+        {
             return Err(invalid(
                 "fleet.slots",
-                format!("must be from 1 to {MAX_SLOTS} (the default is 60)"),
+                format!("must be from 1 to {MAX_SLOTS} (unset: 60, 32 on Event Hubs)"),
             ));
         }
         if self.fleet.session_timeout < Duration::from_secs(1) {
@@ -153,6 +205,23 @@ impl Config {
                 "must be \"kafka\" (or \"table\") with fleet.group_id: a database moves between members, and its next owner must read the checkpoint its last owner wrote",
             ));
         }
+        // The consumer group's membership does not exclude in time: a member paused
+        // past its session time-out still writes what it had read once resumed. Its
+        // writes must be fenced: by the transactions (exactly-once), or by the table
+        // store's lease.
+        let exactly_once = matches!(&self.sink.kind, SinkConfig::Kafka(k) if k.exactly_once);
+        if self.checkpoint.store == CheckpointStoreKind::Kafka && !exactly_once {
+            return Err(invalid(
+                "checkpoint.store",
+                "\"kafka\" with fleet.group_id needs sink.exactly_once = true: a member paused past its session time-out could otherwise write a database's checkpoint after the database moved on, moving it back; with exactly-once the newer owner fences it. Or use \"table\", whose lease fences it",
+            ));
+        }
+        if self.fleet_on_event_hubs() && !EVENT_HUBS_SESSION.contains(&self.fleet.session_timeout) {
+            return Err(invalid(
+                "fleet.session_timeout_ms",
+                "must be from 6000 to 300000 on Event Hubs, which refuses a consumer group's session time-out outside that range",
+            ));
+        }
         if self
             .fleet
             .topic
@@ -173,10 +242,12 @@ mod tests {
     use super::*;
 
     fn load(fleet: &str, checkpoint: &str, databases: &str) -> Result<Config, ConfigError> {
+        // Exactly-once goes with the Kafka store (and only with it).
+        let exactly_once = checkpoint.contains("kafka");
         Config::from_parts(
             &format!(
                 "[source]\nkind = \"synthetic\"\n{databases}\n[source.synthetic]\ndatabases = 3\n\
-                 [sink]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\n\
+                 [sink]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\nexactly_once = {exactly_once}\n\
                  [checkpoint]\n{checkpoint}\n[fleet]\n{fleet}\n"
             ),
             &[],
@@ -192,7 +263,8 @@ mod tests {
         let c = load("group_id = \"g\"", KAFKA, MANY).expect("valid");
         assert!(c.fleet.enabled());
         assert_eq!(c.fleet.control_topic(), "mssql-ces-fleet.g");
-        assert_eq!(c.fleet.slots, 60);
+        assert_eq!(c.fleet.slots(false), 60);
+        assert_eq!(c.fleet.slots(true), 32);
         assert_eq!(c.fleet.session_timeout, Duration::from_secs(10));
         assert_eq!(c.fleet.group_protocol, GroupProtocol::Classic);
         let c = load(
@@ -232,6 +304,20 @@ mod tests {
                 .to_string();
             assert!(error.contains(setting), "{fleet}: {error}");
         }
+        // The Kafka store without exactly-once has nothing to fence a paused member's
+        // writes: refused, naming the way out.
+        let unfenced = Config::from_parts(
+            "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 2\n\
+             [sink]\nkind = \"kafka\"\nbootstrap_servers = \"b:9092\"\n[checkpoint]\nstore = \"kafka\"\n[fleet]\ngroup_id = \"g\"\n",
+            &[],
+            &[],
+        )
+        .expect_err("unfenced")
+        .to_string();
+        assert!(
+            unfenced.contains("sink.exactly_once") && unfenced.contains("\"table\""),
+            "{unfenced}"
+        );
         let stdout = Config::from_parts(
             "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 2\n\
              [sink]\nkind = \"stdout\"\n[checkpoint]\nstore = \"table\"\n[fleet]\ngroup_id = \"g\"\n",
@@ -321,5 +407,50 @@ mod tests {
             "{entra}"
         );
         std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_fleet_on_event_hubs_fits_event_hubs() {
+        let on_event_hubs = |fleet: &str| {
+            Config::from_parts(
+                &format!(
+                    "[source]\nkind = \"sqlserver\"\nconnection_string = {{ env = \"CS\" }}\ndatabases = [\"tenant*\"]\n\
+                     [sink]\nkind = \"event_hubs_kafka\"\nconnection_string = {{ env = \"EH\" }}\n\
+                     [checkpoint]\nstore = \"table\"\n[fleet]\ngroup_id = \"g\"\n{fleet}\n"
+                ),
+                &[],
+                &[],
+            )
+        };
+        let c = on_event_hubs("").expect("valid");
+        assert_eq!(
+            c.fleet.slots(c.fleet_on_event_hubs()),
+            32,
+            "Standard's most"
+        );
+        let said = c.fleet_advisories();
+        assert!(
+            said.len() == 1 && said[0].contains("create it before the first member starts"),
+            "{said:?}"
+        );
+        let c = on_event_hubs("slots = 40").expect("valid: Premium has more");
+        let said = c.fleet_advisories();
+        assert!(
+            said.iter().any(|s| s.contains("Premium or Dedicated")),
+            "{said:?}"
+        );
+        for timeout in ["5999", "300001"] {
+            let error = on_event_hubs(&format!("session_timeout_ms = {timeout}"))
+                .expect_err(timeout)
+                .to_string();
+            assert!(
+                error.contains("fleet.session_timeout_ms") && error.contains("6000 to 300000"),
+                "{error}"
+            );
+        }
+        // On Kafka, nothing of this is said.
+        let kafka = load("group_id = \"g\"", KAFKA, MANY).expect("valid");
+        assert!(kafka.fleet_advisories().is_empty());
+        assert!(load("group_id = \"g\"\nsession_timeout_ms = 5000", KAFKA, MANY).is_ok());
     }
 }

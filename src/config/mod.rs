@@ -920,7 +920,8 @@ bootstrap_servers = "localhost:9092"
 
     #[test]
     fn a_transaction_may_not_stay_open_as_long_as_a_delivery_may_wait() {
-        let eo = "exactly_once = true\ndelivery_timeout_ms = 5000\n[checkpoint]\nstore = \"kafka\"\n";
+        let eo =
+            "exactly_once = true\ndelivery_timeout_ms = 5000\n[checkpoint]\nstore = \"kafka\"\n";
         let with = |max: &str| load(&format!("{KAFKA}transaction_max_ms = {max}\n{eo}"));
         assert!(with("4999").is_ok());
         let err = with("5000").unwrap_err().to_string();

@@ -140,7 +140,7 @@ pub struct SchemaRegistry {
     client: reqwest::Client,
     url: String,
     username: Option<String>,
-    password: Option<String>,
+    password: Option<crate::setting::Sensitive>,
     pub settings: SchemaRegistrySettings,
     /// `(subject, schema)` → id.
     ids: HashMap<(String, String), u32>,
@@ -159,6 +159,7 @@ impl SchemaRegistry {
                 settings
                     .password
                     .resolve("sink.schema_registry.password")
+                    .map(crate::setting::Sensitive::new)
                     .map_err(|e| RegistryError::Setting(e.to_string()))?,
             )
         } else {
@@ -301,7 +302,7 @@ impl SchemaRegistry {
             "application/vnd.schemaregistry.v1+json, application/json",
         );
         if let Some(user) = &self.username {
-            request = request.basic_auth(user, self.password.as_deref());
+            request = request.basic_auth(user, self.password.as_ref().map(|p| p.expose()));
         }
         let transient = |what: &str, e: reqwest::Error| RegistryError::Transient {
             url: self.url.clone(),

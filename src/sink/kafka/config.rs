@@ -102,11 +102,13 @@ pub struct KafkaSinkConfig {
     pub ssl_endpoint_identification: bool,
     /// Pass-through librdkafka properties, e.g. `"linger.ms" = "5"`. Properties a typed
     /// setting owns (`acks`, `enable.idempotence`, `compression.type`,
-    /// `message.max.bytes`, `bootstrap.servers`, `security.protocol`, `sasl.*`,
-    /// `ssl.ca.location`, `ssl.key.*`, …) are refused by name. With `event.format =
-    /// "debezium"`, `message.max.bytes` is taken here: it bounds a record.
+    /// `message.max.bytes`, `bootstrap.servers`, `security.protocol`, `sasl.mechanism`,
+    /// `sasl.username`, `sasl.password`, `ssl.ca.location`, `ssl.key.*`, …) are refused
+    /// by name. With `event.format = "debezium"`, `message.max.bytes` is taken here: it
+    /// bounds a record. The values of secret properties (a password, a token, a JAAS
+    /// line) never reach the log or an error.
     #[serde(default)]
-    pub kafka: BTreeMap<String, String>,
+    pub kafka: PassThrough,
     /// `kafka`: each batch and the stream's position committed in one Kafka transaction
     /// (needs `checkpoint.store = "kafka"`; see [Delivery guarantees](delivery.md)).
     /// Refused for `event_hubs_kafka`.
@@ -141,6 +143,34 @@ pub struct KafkaSinkConfig {
 
 fn yes() -> bool {
     true
+}
+
+/// `[sink.kafka]`: librdkafka properties passed through as written. Its `{:?}`
+/// shows the values of secret properties (a password, a token, a JAAS line) as
+/// `<redacted>`, as every property list does ([`crate::kafka_client::Redacted`]).
+#[derive(Clone, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(transparent)]
+pub struct PassThrough(pub BTreeMap<String, String>);
+
+impl std::ops::Deref for PassThrough {
+    type Target = BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PassThrough {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl std::fmt::Debug for PassThrough {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let listed: Vec<(String, String)> =
+            self.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        crate::kafka_client::Redacted(&listed).fmt(f)
+    }
 }
 
 /// Kafka's own default `message.max.bytes` (the largest record batch a broker
@@ -436,7 +466,7 @@ impl KafkaSinkConfig {
             ssl_key_location: None,
             ssl_key_password: SecretRef::default(),
             ssl_endpoint_identification: true,
-            kafka: BTreeMap::new(),
+            kafka: PassThrough::default(),
             exactly_once: false,
             transaction_max: default_transaction_max(),
             transaction_max_bytes: default_transaction_max_bytes(),
@@ -587,7 +617,7 @@ impl KafkaSinkConfig {
             ));
         }
         let debezium = event.format == crate::event::settings::EventFormat::Debezium;
-        for (key, value) in &self.kafka {
+        for (key, value) in self.kafka.iter() {
             // A Debezium record has no segments: its bound is the producer's.
             if debezium && key == "message.max.bytes" {
                 if !value
@@ -733,7 +763,7 @@ impl KafkaSinkConfig {
     }
 }
 
-/// What the Kafka producer is given (secrets included: never log this).
+/// What the Kafka producer is given, secrets included: its `{:?}` redacts them.
 pub struct KafkaSettings {
     pub properties: Vec<(String, String)>,
     /// How long a message may stay undelivered (`sink.delivery_timeout_ms`), counted
@@ -814,6 +844,21 @@ const PRODUCER_QUEUE_KB: usize = 64 * 1024;
 
 /// librdkafka's default `batch.size`.
 const LIBRDKAFKA_BATCH_SIZE: usize = 1_000_000;
+
+impl std::fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSettings")
+            .field(
+                "properties",
+                &crate::kafka_client::Redacted(&self.properties),
+            )
+            .field("delivery_timeout", &self.delivery_timeout)
+            .field("check_topic_limits", &self.check_topic_limits)
+            .field("transaction", &self.transaction)
+            .field("sized_by", &self.sized_by)
+            .finish()
+    }
+}
 
 impl KafkaSettings {
     /// The largest record batch this producer sends, which each topic's

@@ -600,7 +600,7 @@ mod tests {
 
     fn sink() -> KafkaSinkConfig {
         KafkaSinkConfig {
-            kafka: [("linger.ms".to_string(), "5".to_string())].into(),
+            kafka: config::PassThrough([("linger.ms".to_string(), "5".to_string())].into()),
             ..KafkaSinkConfig::new("localhost:9092")
         }
     }

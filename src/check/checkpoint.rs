@@ -64,6 +64,9 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
         Ok(()) => report.pass("checkpoint: writable", where_.clone()),
         Err(e) => report.fail("checkpoint: writable", e.to_string(), writable_fix(config)),
     }
+    if let CheckpointStore::Kafka(kafka) = &store {
+        retention_of_topic(report, kafka, &config.checkpoint.topic).await;
+    }
     let resume = position
         .as_ref()
         .ok()
@@ -314,5 +317,37 @@ fn writable_fix(config: &Config) -> &'static str {
         crate::config::CheckpointStoreKind::Kafka => {
             "check the sink's brokers and the login's right to read and write checkpoint.topic"
         }
+    }
+}
+
+/// What the Kafka store's topic does to a quiet stream's record.
+async fn retention_of_topic(
+    report: &mut Report,
+    store: &crate::checkpoint::kafka::KafkaStore,
+    topic: &str,
+) {
+    use crate::checkpoint::kafka::Retention;
+    const CHECK: &str = "checkpoint: kept";
+    match store.retention().await {
+        Retention::Kept => report.pass(
+            CHECK,
+            format!("topic {topic} is compacted: each stream's last position stays"),
+        ),
+        Retention::Deleted { policy, retention } => report.fail(
+            CHECK,
+            format!(
+                "topic {topic} has cleanup.policy={policy} (retention.ms {retention}): a stream quiet longer than that loses its checkpoint and starts again from source.start_position; a run refuses it"
+            ),
+            format!(
+                "kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact"
+            ),
+        ),
+        Retention::Unknown(why) => report.warn(
+            CHECK,
+            format!(
+                "cannot read topic {topic}'s cleanup.policy ({why}): if it deletes records (Event Hubs keeps events only for its retention period), a quiet stream's checkpoint would expire; a run writes its last position again every 30 minutes"
+            ),
+            "make sure the topic is compacted, or that its retention is longer than 30 minutes",
+        ),
     }
 }

@@ -17,8 +17,14 @@
 //!   checkpoint, and fails naming it if it does not end in time. Compaction keeps
 //!   the read short; the result is the same without it.
 //! - The topic is created compacted (`cleanup.policy=compact`, one partition) when
-//!   it does not exist; an existing topic that is not compacted is named in a
-//!   warning (it grows without bound).
+//!   it does not exist. An existing topic whose policy deletes records (`delete`,
+//!   or `compact,delete`) is refused, naming the command that fixes it: a stream
+//!   quiet for longer than the topic's retention would lose its only record and
+//!   start again from `source.start_position`. Where the policy cannot be read
+//!   (Event Hubs' Kafka endpoint has no DescribeConfigs; a login without
+//!   `DESCRIBE_CONFIGS`), that is said, and the last position is written again
+//!   every [`REWRITE_EVERY`], so a quiet stream's record outlives any retention of
+//!   an hour or more.
 //! - No lease: the store cannot tell two processes on one stream apart. Run one
 //!   process per stream (a Kubernetes Deployment of one replica, or
 //!   `source.databases`, where each database is read by one process at a time).
@@ -40,6 +46,21 @@ pub const READER_GROUP: &str = "mssql-ces-checkpoint-reader";
 /// The default `checkpoint.topic`.
 pub const DEFAULT_TOPIC: &str = "mssql-ces-checkpoints";
 
+/// How often the last position is written again where the topic's policy could not
+/// be read (Event Hubs keeps events for at least an hour).
+pub const REWRITE_EVERY: Duration = Duration::from_secs(30 * 60);
+
+/// What the topic's `cleanup.policy` does to a quiet stream's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Retention {
+    /// Compacted: the last record of each stream stays.
+    Kept,
+    /// The policy deletes records after `retention.ms`.
+    Deleted { policy: String, retention: String },
+    /// The policy could not be read, and why.
+    Unknown(String),
+}
+
 /// A stream's checkpoint in a compacted topic.
 pub struct KafkaStore {
     topic: String,
@@ -57,6 +78,12 @@ pub struct KafkaStore {
     /// The sink writes the positions, each in its batch's transaction
     /// (`sink.exactly_once`): the store's own writes end once the run starts.
     sink_writes: bool,
+    /// What the topic keeps, as read at the first write.
+    retention: Option<Retention>,
+    /// The last document written, and when: written again every `rewrite_every`
+    /// where the topic's retention is unknown.
+    last_written: Option<(String, std::time::Instant)>,
+    rewrite_every: Duration,
 }
 
 impl KafkaStore {
@@ -76,7 +103,17 @@ impl KafkaStore {
             open_transaction_wait: timeout,
             prepared: false,
             sink_writes: false,
+            retention: None,
+            last_written: None,
+            rewrite_every: REWRITE_EVERY,
         }
+    }
+
+    /// Writes the last position again this often where the topic's retention is
+    /// unknown (default [`REWRITE_EVERY`]).
+    pub fn with_rewrite_every(mut self, every: Duration) -> Self {
+        self.rewrite_every = every;
+        self
     }
 
     /// Waits up to `wait` (beyond the read's own time-out) for a transaction left
@@ -137,16 +174,87 @@ impl KafkaStore {
         let exists = self.topic_partitions().await?.is_some();
         if !exists {
             self.create_topic().await?;
+            self.retention = Some(Retention::Kept);
         } else {
-            // Only a warning: not waited for (a broker without DescribeConfigs
-            // would hold the first write for the whole time-out).
-            tokio::spawn(warn_unless_compacted(
-                self.client_config(),
-                self.topic.clone(),
-                self.timeout,
-            ));
+            let retention = self.retention().await;
+            match &retention {
+                Retention::Kept => {}
+                Retention::Deleted { policy, retention } => {
+                    return Err(CheckpointError::Io {
+                        location: self.location(),
+                        reason: format!(
+                            "checkpoint.topic {} has cleanup.policy={policy} (retention.ms {retention}): a stream quiet longer than that would lose its only record and start again from source.start_position; make it compacted: kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name {} --add-config cleanup.policy=compact",
+                            self.topic, self.topic
+                        ),
+                    });
+                }
+                Retention::Unknown(why) => tracing::warn!(
+                    topic = %self.topic,
+                    reason = %why,
+                    "cannot read the checkpoint topic's cleanup.policy: if it deletes records (Event Hubs keeps events only for its retention period), a quiet stream's checkpoint would expire; the last position is written again every 30 minutes so that it stays"
+                ),
+            }
+            self.retention = Some(retention);
         }
         self.prepared = true;
+        Ok(())
+    }
+
+    /// What the topic's `cleanup.policy` does to a quiet stream's record (the
+    /// admin API's DescribeConfigs, bounded by the store's time-out).
+    pub async fn retention(&self) -> Retention {
+        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+        let admin = match self
+            .client_config()
+            .create::<AdminClient<rdkafka::client::DefaultClientContext>>()
+        {
+            Ok(admin) => admin,
+            Err(e) => return Retention::Unknown(crate::kafka_client::config_error(&e)),
+        };
+        let options = AdminOptions::new().request_timeout(Some(self.timeout));
+        let described = tokio::time::timeout(
+            self.timeout + Duration::from_secs(1),
+            admin.describe_configs([&ResourceSpecifier::Topic(&self.topic)], &options),
+        )
+        .await;
+        let config = match described {
+            Ok(Ok(results)) => match results.into_iter().next() {
+                Some(Ok(config)) => config,
+                Some(Err(code)) => return Retention::Unknown(format!("{code:?}")),
+                None => return Retention::Unknown("no answer for the topic".into()),
+            },
+            Ok(Err(e)) => return Retention::Unknown(e.to_string()),
+            Err(_) => {
+                return Retention::Unknown(format!(
+                    "no answer within {} s",
+                    self.timeout.as_secs()
+                ));
+            }
+        };
+        let value = |key: &str| config.get(key).and_then(|e| e.value.clone());
+        match value("cleanup.policy") {
+            Some(policy) if policy.contains("delete") => Retention::Deleted {
+                policy,
+                retention: value("retention.ms").unwrap_or_else(|| "unknown".into()),
+            },
+            Some(_) => Retention::Kept,
+            None => Retention::Unknown("no cleanup.policy in the answer".into()),
+        }
+    }
+
+    /// Writes the last position again where the topic's retention is unknown and
+    /// it is [`REWRITE_EVERY`] old, so that a quiet stream's record stays. Called
+    /// between batches (with the lease checks of the other stores).
+    pub async fn keep_alive(&mut self) -> Result<(), CheckpointError> {
+        let unknown = matches!(self.retention, Some(Retention::Unknown(_)));
+        let Some((document, at)) = self.last_written.clone() else {
+            return Ok(());
+        };
+        if !unknown || self.sink_writes || at.elapsed() < self.rewrite_every {
+            return Ok(());
+        }
+        self.send(document).await?;
+        tracing::debug!(topic = %self.topic, "wrote the last position again (the topic's retention is unknown)");
         Ok(())
     }
 
@@ -260,12 +368,17 @@ impl KafkaStore {
         }
         self.prepare().await?;
         let document = render(&self.stream_name, position, &self.location())?;
+        self.send(document).await
+    }
+
+    /// Sends one document as the stream's record, returning once acknowledged.
+    async fn send(&mut self, document: String) -> Result<(), CheckpointError> {
         let producer = self.producer()?;
         let record = FutureRecord::to(&self.topic)
             .key(self.stream_name.as_bytes())
             .payload(document.as_bytes());
         let grant = format!("WRITE on topic {}", self.topic);
-        producer
+        let sent = producer
             .send(record, self.timeout)
             .await
             .map(|_| ())
@@ -277,32 +390,11 @@ impl KafkaStore {
                     },
                     None => self.transient(format!("the write was not acknowledged: {e}")),
                 },
-            )
-    }
-}
-
-/// Warns when `topic` is not compacted (it then keeps every write).
-async fn warn_unless_compacted(config: ClientConfig, topic: String, timeout: Duration) {
-    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-    let Ok(admin) = config.create::<AdminClient<rdkafka::client::DefaultClientContext>>() else {
-        return;
-    };
-    let options = AdminOptions::new().request_timeout(Some(timeout));
-    let Ok(described) = admin
-        .describe_configs([&ResourceSpecifier::Topic(&topic)], &options)
-        .await
-    else {
-        return;
-    };
-    let policy = described
-        .into_iter()
-        .flatten()
-        .next()
-        .and_then(|r| r.get("cleanup.policy").and_then(|e| e.value.clone()));
-    if let Some(policy) = policy
-        && !policy.contains("compact")
-    {
-        tracing::warn!(topic = %topic, cleanup_policy = %policy, "the checkpoint topic is not compacted: it keeps every write; set cleanup.policy=compact on it");
+            );
+        if sent.is_ok() {
+            self.last_written = Some((document, std::time::Instant::now()));
+        }
+        sent
     }
 }
 

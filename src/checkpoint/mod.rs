@@ -196,7 +196,10 @@ impl CheckpointStore {
                 }
             }
             CheckpointStore::Table(s) => s.verify_lease().await,
-            CheckpointStore::Kafka(_) | CheckpointStore::Memory(_) => Ok(()),
+            // No lease; where its topic's retention is unknown, its last position
+            // is written again now and then.
+            CheckpointStore::Kafka(s) => s.keep_alive().await,
+            CheckpointStore::Memory(_) => Ok(()),
         }
     }
 

@@ -454,3 +454,34 @@ async fn a_transaction_time_out_the_brokers_refuse_is_definite_and_names_the_set
         "{text}"
     );
 }
+
+/// Where the topic's cleanup policy cannot be read (MockCluster answers no
+/// DescribeConfigs, as Event Hubs' endpoint), the store writes the last position
+/// again once it is old, so that retention never removes a quiet stream's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_of_unknown_retention_has_the_last_position_written_again() {
+    use mssql_ces::checkpoint::kafka::Retention;
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster
+        .create_topic("mssql-ces-checkpoints", 1, 1)
+        .expect("topic");
+    let bootstrap = cluster.bootstrap_servers();
+    let mut store = store(&bootstrap, "quiet").with_rewrite_every(Duration::from_millis(300));
+    assert!(
+        matches!(store.retention().await, Retention::Unknown(_)),
+        "MockCluster does not describe topic configs"
+    );
+    store.save(&at(3)).await.expect("save");
+    // Not yet due: nothing more.
+    store.keep_alive().await.expect("keep alive");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    store.keep_alive().await.expect("keep alive");
+    let written = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || positions_written(&bootstrap, "quiet")
+    })
+    .await
+    .expect("count");
+    assert_eq!(written, 2, "the position, and the same again once due");
+    assert_eq!(store.load().await.expect("read"), Some(at(3)));
+}

@@ -846,3 +846,54 @@ fn a_debezium_record_is_bounded_by_the_destination_and_an_oversized_one_names_th
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A checkpoint topic whose policy deletes records would lose a quiet stream's only
+/// checkpoint after its retention: the run refuses it, and `check` fails on it,
+/// each naming the command that makes it compacted.
+#[test]
+fn a_checkpoint_topic_that_deletes_records_is_refused_with_the_fix() {
+    let kafka = shared_broker();
+    let dir = temp_dir("apache-delete-policy");
+    let stream = Stream::new();
+    kafka.create_topic(&stream.topic, 1, 1, &[]);
+    kafka.create_topic(
+        &stream.checkpoint_topic,
+        1,
+        1,
+        &[("cleanup.policy", "delete"), ("retention.ms", "3600000")],
+    );
+    let config = stream.config(&dir, &kafka.bootstrap(), &Settings::exactly_once(20, 0));
+    let run = support::tools::output_within(
+        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
+            .args(["run", "--until-idle", "--config"])
+            .arg(&config),
+        Duration::from_secs(60),
+        "a run on a deleting checkpoint topic",
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("cleanup.policy=delete")
+            && last.contains("retention.ms 3600000")
+            && last.contains("--add-config cleanup.policy=compact"),
+        "{last}"
+    );
+    let check = support::tools::output_within(
+        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
+            .args(["check", "--config"])
+            .arg(&config),
+        Duration::from_secs(60),
+        "check on a deleting checkpoint topic",
+    );
+    let said = String::from_utf8_lossy(&check.stdout);
+    let kept = said
+        .lines()
+        .find(|l| l.contains("checkpoint: kept"))
+        .unwrap_or_default();
+    assert!(
+        kept.starts_with('✘') && kept.contains("cleanup.policy=delete"),
+        "{said}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -50,6 +50,10 @@ pub const DEFAULT_TOPIC: &str = "mssql-ces-checkpoints";
 /// be read (Event Hubs keeps events for at least an hour).
 pub const REWRITE_EVERY: Duration = Duration::from_secs(30 * 60);
 
+/// How long a start waits for the topic's `cleanup.policy` before going on without
+/// it: a broker that answers DescribeConfigs does so in milliseconds.
+const RETENTION_WAIT_AT_START: Duration = Duration::from_millis(300);
+
 /// What the topic's `cleanup.policy` does to a quiet stream's record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Retention {
@@ -78,8 +82,10 @@ pub struct KafkaStore {
     /// The sink writes the positions, each in its batch's transaction
     /// (`sink.exactly_once`): the store's own writes end once the run starts.
     sink_writes: bool,
-    /// What the topic keeps, as read at the first write.
+    /// What the topic keeps, once known.
     retention: Option<Retention>,
+    /// The question of what the topic keeps, while it is unanswered.
+    retention_asked: Option<tokio::task::JoinHandle<Retention>>,
     /// The last document written, and when: written again every `rewrite_every`
     /// where the topic's retention is unknown.
     last_written: Option<(String, std::time::Instant)>,
@@ -104,6 +110,7 @@ impl KafkaStore {
             prepared: false,
             sink_writes: false,
             retention: None,
+            retention_asked: None,
             last_written: None,
             rewrite_every: REWRITE_EVERY,
         }
@@ -164,9 +171,10 @@ impl KafkaStore {
         Ok(producer)
     }
 
-    /// Creates the topic compacted when it does not exist; warns when it exists
-    /// without compaction. Once per store, before its first write (a read of a
-    /// topic that does not exist finds no checkpoint, and creates nothing).
+    /// Creates the topic compacted when it does not exist; on an existing topic,
+    /// asks what its `cleanup.policy` does (see [`KafkaStore::settle_retention`]).
+    /// Once per store, before its first write (a read of a topic that does not
+    /// exist finds no checkpoint, and creates nothing).
     pub async fn prepare(&mut self) -> Result<(), CheckpointError> {
         if self.prepared {
             return Ok(());
@@ -176,76 +184,81 @@ impl KafkaStore {
             self.create_topic().await?;
             self.retention = Some(Retention::Kept);
         } else {
-            let retention = self.retention().await;
-            match &retention {
-                Retention::Kept => {}
-                Retention::Deleted { policy, retention } => {
-                    return Err(CheckpointError::Io {
-                        location: self.location(),
-                        reason: format!(
-                            "checkpoint.topic {} has cleanup.policy={policy} (retention.ms {retention}): a stream quiet longer than that would lose its only record and start again from source.start_position; make it compacted: kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name {} --add-config cleanup.policy=compact",
-                            self.topic, self.topic
-                        ),
-                    });
+            let mut asked = tokio::spawn(describe_retention(
+                self.client_config(),
+                self.topic.clone(),
+                self.timeout,
+            ));
+            // A broker that answers DescribeConfigs does so at once: its verdict
+            // comes before the first write.
+            match tokio::time::timeout(RETENTION_WAIT_AT_START, &mut asked).await {
+                Ok(answered) => {
+                    self.settle(answered.unwrap_or_else(|e| Retention::Unknown(e.to_string())))?;
                 }
-                Retention::Unknown(why) => tracing::warn!(
-                    topic = %self.topic,
-                    reason = %why,
-                    "cannot read the checkpoint topic's cleanup.policy: if it deletes records (Event Hubs keeps events only for its retention period), a quiet stream's checkpoint would expire; the last position is written again every 30 minutes so that it stays"
-                ),
+                Err(_) => self.retention_asked = Some(asked),
             }
-            self.retention = Some(retention);
         }
         self.prepared = true;
+        Ok(())
+    }
+
+    /// Acts on the topic's `cleanup.policy` once its answer is in (asked in the
+    /// background, so that brokers that never answer, as the test double, hold no
+    /// start): a policy that deletes records fails the run with the command that
+    /// fixes it; one that could not be read is said, and the last position is then
+    /// written again every [`REWRITE_EVERY`]. Called before each write and between
+    /// batches.
+    async fn settle_retention(&mut self) -> Result<(), CheckpointError> {
+        if !self
+            .retention_asked
+            .as_ref()
+            .is_some_and(tokio::task::JoinHandle::is_finished)
+        {
+            return Ok(());
+        }
+        let Some(asked) = self.retention_asked.take() else {
+            return Ok(());
+        };
+        // Finished: the join returns at once.
+        let answered = asked
+            .await
+            .unwrap_or_else(|e| Retention::Unknown(e.to_string()));
+        self.settle(answered)
+    }
+
+    fn settle(&mut self, retention: Retention) -> Result<(), CheckpointError> {
+        match &retention {
+            Retention::Kept => {}
+            Retention::Deleted { policy, retention } => {
+                return Err(CheckpointError::Io {
+                    location: self.location(),
+                    reason: format!(
+                        "checkpoint.topic {} has cleanup.policy={policy} (retention.ms {retention}): a stream quiet longer than that would lose its only record and start again from source.start_position; make it compacted: kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name {} --add-config cleanup.policy=compact",
+                        self.topic, self.topic
+                    ),
+                });
+            }
+            Retention::Unknown(why) => tracing::warn!(
+                topic = %self.topic,
+                reason = %why,
+                "cannot read the checkpoint topic's cleanup.policy: if it deletes records (Event Hubs keeps events only for its retention period), a quiet stream's checkpoint would expire; the last position is written again every 30 minutes so that it stays"
+            ),
+        }
+        self.retention = Some(retention);
         Ok(())
     }
 
     /// What the topic's `cleanup.policy` does to a quiet stream's record (the
     /// admin API's DescribeConfigs, bounded by the store's time-out).
     pub async fn retention(&self) -> Retention {
-        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-        let admin = match self
-            .client_config()
-            .create::<AdminClient<rdkafka::client::DefaultClientContext>>()
-        {
-            Ok(admin) => admin,
-            Err(e) => return Retention::Unknown(crate::kafka_client::config_error(&e)),
-        };
-        let options = AdminOptions::new().request_timeout(Some(self.timeout));
-        let described = tokio::time::timeout(
-            self.timeout + Duration::from_secs(1),
-            admin.describe_configs([&ResourceSpecifier::Topic(&self.topic)], &options),
-        )
-        .await;
-        let config = match described {
-            Ok(Ok(results)) => match results.into_iter().next() {
-                Some(Ok(config)) => config,
-                Some(Err(code)) => return Retention::Unknown(format!("{code:?}")),
-                None => return Retention::Unknown("no answer for the topic".into()),
-            },
-            Ok(Err(e)) => return Retention::Unknown(e.to_string()),
-            Err(_) => {
-                return Retention::Unknown(format!(
-                    "no answer within {} s",
-                    self.timeout.as_secs()
-                ));
-            }
-        };
-        let value = |key: &str| config.get(key).and_then(|e| e.value.clone());
-        match value("cleanup.policy") {
-            Some(policy) if policy.contains("delete") => Retention::Deleted {
-                policy,
-                retention: value("retention.ms").unwrap_or_else(|| "unknown".into()),
-            },
-            Some(_) => Retention::Kept,
-            None => Retention::Unknown("no cleanup.policy in the answer".into()),
-        }
+        describe_retention(self.client_config(), self.topic.clone(), self.timeout).await
     }
 
     /// Writes the last position again where the topic's retention is unknown and
     /// it is [`REWRITE_EVERY`] old, so that a quiet stream's record stays. Called
     /// between batches (with the lease checks of the other stores).
     pub async fn keep_alive(&mut self) -> Result<(), CheckpointError> {
+        self.settle_retention().await?;
         let unknown = matches!(self.retention, Some(Retention::Unknown(_)));
         let Some((document, at)) = self.last_written.clone() else {
             return Ok(());
@@ -367,6 +380,7 @@ impl KafkaStore {
             return Ok(());
         }
         self.prepare().await?;
+        self.settle_retention().await?;
         let document = render(&self.stream_name, position, &self.location())?;
         self.send(document).await
     }
@@ -587,5 +601,41 @@ impl Read {
             .into_values()
             .max_by_key(|(offset, _)| *offset)
             .and_then(|(_, value)| value))
+    }
+}
+
+/// What `topic`'s `cleanup.policy` does to a quiet stream's record: DescribeConfigs,
+/// bounded by `wait`.
+async fn describe_retention(config: ClientConfig, topic: String, wait: Duration) -> Retention {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    let admin = match config.create::<AdminClient<rdkafka::client::DefaultClientContext>>() {
+        Ok(admin) => admin,
+        Err(e) => return Retention::Unknown(crate::kafka_client::config_error(&e)),
+    };
+    let options = AdminOptions::new().request_timeout(Some(wait));
+    let described = tokio::time::timeout(
+        wait + Duration::from_secs(1),
+        admin.describe_configs([&ResourceSpecifier::Topic(&topic)], &options),
+    )
+    .await;
+    let config = match described {
+        Ok(Ok(results)) => match results.into_iter().next() {
+            Some(Ok(config)) => config,
+            Some(Err(code)) => return Retention::Unknown(format!("{code:?}")),
+            None => return Retention::Unknown("no answer for the topic".into()),
+        },
+        Ok(Err(e)) => return Retention::Unknown(e.to_string()),
+        Err(_) => {
+            return Retention::Unknown(format!("no answer within {} ms", wait.as_millis()));
+        }
+    };
+    let value = |key: &str| config.get(key).and_then(|e| e.value.clone());
+    match value("cleanup.policy") {
+        Some(policy) if policy.contains("delete") => Retention::Deleted {
+            policy,
+            retention: value("retention.ms").unwrap_or_else(|| "unknown".into()),
+        },
+        Some(_) => Retention::Kept,
+        None => Retention::Unknown("no cleanup.policy in the answer".into()),
     }
 }

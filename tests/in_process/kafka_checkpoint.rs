@@ -456,8 +456,9 @@ async fn a_transaction_time_out_the_brokers_refuse_is_definite_and_names_the_set
 }
 
 /// Where the topic's cleanup policy cannot be read (MockCluster answers no
-/// DescribeConfigs, as Event Hubs' endpoint), the store writes the last position
-/// again once it is old, so that retention never removes a quiet stream's record.
+/// DescribeConfigs), the store goes on without waiting for the answer, and once the
+/// question has timed out writes the last position again whenever it is old, so
+/// that retention never removes a quiet stream's record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_of_unknown_retention_has_the_last_position_written_again() {
     use mssql_ces::checkpoint::kafka::Retention;
@@ -466,15 +467,29 @@ async fn a_topic_of_unknown_retention_has_the_last_position_written_again() {
         .create_topic("mssql-ces-checkpoints", 1, 1)
         .expect("topic");
     let bootstrap = cluster.bootstrap_servers();
-    let mut store = store(&bootstrap, "quiet").with_rewrite_every(Duration::from_millis(300));
+    let timeout = Duration::from_secs(1);
+    let mut store = KafkaStore::new(
+        vec![("bootstrap.servers".into(), bootstrap.clone())],
+        "mssql-ces-checkpoints",
+        "quiet",
+        timeout,
+    )
+    .with_rewrite_every(Duration::from_secs(2));
     assert!(
         matches!(store.retention().await, Retention::Unknown(_)),
         "MockCluster does not describe topic configs"
     );
+    let started = std::time::Instant::now();
     store.save(&at(3)).await.expect("save");
-    // Not yet due: nothing more.
+    assert!(
+        started.elapsed() < timeout,
+        "the first write waited for the unanswered question: {:?}",
+        started.elapsed()
+    );
+    // The question times out; the position is not yet due.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     store.keep_alive().await.expect("keep alive");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
     store.keep_alive().await.expect("keep alive");
     let written = tokio::task::spawn_blocking({
         let bootstrap = bootstrap.clone();

@@ -1036,7 +1036,7 @@ async fn a_fleet_s_control_topic_is_checked_on_the_sink_s_brokers() {
     let text = |bootstrap: &str| {
         format!(
             "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 3\n\
-             [sink]\n{}\n[checkpoint]\nstore = \"kafka\"\n[fleet]\ngroup_id = \"g\"\nslots = 12\n",
+             [sink]\n{}\nexactly_once = true\n[checkpoint]\nstore = \"kafka\"\n[fleet]\ngroup_id = \"g\"\nslots = 12\n",
             kafka_sink(bootstrap, "ces")
         )
     };

@@ -286,6 +286,16 @@ impl Brokers {
         }
     }
 
+    /// The checkpoint topic, compacted as the Kafka store requires.
+    fn create_checkpoint_topic(&self, topic: &str) {
+        match self {
+            Brokers::Mock(cluster) => cluster.create_topic(topic, 1, 1).expect("topic"),
+            Brokers::Apache(cluster) => {
+                cluster.create_topic(topic, 1, 1, &[("cleanup.policy", "compact")]);
+            }
+        }
+    }
+
     fn create_topic(&self, topic: &str, partitions: i32) {
         match self {
             Brokers::Mock(cluster) => cluster.create_topic(topic, partitions, 1).expect("topic"),
@@ -320,7 +330,7 @@ fn setup(name: &str, on: On, extra: &str) -> (Brokers, Fleet, Expected) {
         )),
     };
     brokers.create_topic("ces", PARTITIONS);
-    brokers.create_topic("mssql-ces-checkpoints", 1);
+    brokers.create_checkpoint_topic("mssql-ces-checkpoints");
     brokers.create_topic("mssql-ces-fleet.fleet-test", SLOTS);
     let fleet = Fleet {
         config: write_config(&dir, &brokers.bootstrap(), extra),

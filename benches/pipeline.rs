@@ -182,7 +182,10 @@ fn cluster(exactly_once: bool) -> Option<(Brokers, KafkaSettings)> {
                             mssql_ces::sink::kafka::default_transaction_max,
                             Duration::from_millis,
                         ),
-                    max_bytes: 64 * 1024 * 1024,
+                    max_bytes: std::env::var("PIPELINE_BENCH_TRANSACTION_BYTES")
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(mssql_ces::sink::kafka::DEFAULT_TRANSACTION_MAX_BYTES),
                 },
             }),
             ..KafkaSinkConfig::new(&bootstrap)

@@ -15,6 +15,45 @@ pub(super) struct Pending {
     /// When the batch's deliveries must have settled (its first send plus the
     /// sink's delivery timeout), where the run counts it.
     pub(super) deadline: Option<Instant>,
+    /// In a Kafka transaction: the batch counts only once it is committed.
+    pub(super) commit: Option<CommitTicket>,
+}
+
+/// Which transaction a batch is in, and the number of the last one committed.
+pub(super) struct CommitTicket {
+    pub(super) number: u64,
+    pub(super) committed: tokio::sync::watch::Receiver<u64>,
+}
+
+impl CommitTicket {
+    /// Whether the batch's transaction is committed.
+    fn is_committed(&self) -> bool {
+        *self.committed.borrow() >= self.number
+    }
+
+    /// Until the batch's transaction is committed; for ever when it never will be
+    /// (the sender is gone: the acker's input ends then).
+    async fn committed(&mut self) {
+        let number = self.number;
+        if self
+            .committed
+            .wait_for(|last| *last >= number)
+            .await
+            .is_err()
+        {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The batches of a Kafka transaction whose deliveries are acknowledged and that
+/// waits for its commit to count: they count together (the checkpoint can only
+/// move to a committed transaction's position). Only their counts and the last
+/// position are kept, so the acker goes on taking batches meanwhile.
+struct Uncommitted {
+    ticket: CommitTicket,
+    position: Position,
+    counts: Vec<BatchCounts>,
 }
 
 /// Awaits deliveries in send order; writes the checkpoint of what is delivered at
@@ -169,6 +208,25 @@ impl Checkpointed {
         self.delivered != self.written
     }
 
+    /// Writes what is delivered when a write is due (`interval` since the last), or
+    /// confirms the lease when that is due: a busy acker never idles into the
+    /// timers of its loop.
+    async fn write_if_due(
+        &mut self,
+        interval: Duration,
+        store: &mut CheckpointStore,
+        lease: &mut LeaseKeeper,
+        metrics: &Metrics,
+        abandon: &CancellationToken,
+    ) -> Result<(), CheckpointError> {
+        if self.last_write.elapsed() >= interval && self.behind() {
+            self.write(store, lease, metrics, abandon).await?;
+        } else if lease.due() && !abandon.is_cancelled() {
+            lease.check(store).await?;
+        }
+        Ok(())
+    }
+
     /// Writes what is delivered if the checkpoint is behind it (which also confirms
     /// the lease).
     async fn write(
@@ -204,6 +262,7 @@ pub(super) async fn acknowledge_into(
         last_write: Instant::now(),
         durable,
     };
+    let mut uncommitted: Option<Uncommitted> = None;
     let result: Result<(), PipelineError> = async {
         loop {
             // Wake up at the next moment a write is due, even with nothing new.
@@ -214,6 +273,13 @@ pub(super) async fn acknowledge_into(
                 biased;
                 next = rx.recv() => next,
                 () = abandon.cancelled() => None,
+                () = commit_of(&mut uncommitted) => {
+                    if let Some(batches) = uncommitted.take() {
+                        count(batches.position, &batches.counts, &mut state, tally, metrics);
+                        state.write_if_due(interval, store, lease, metrics, abandon).await?;
+                    }
+                    continue;
+                }
                 () = tokio::time::sleep_until(due), if state.behind() => {
                     state.write(store, lease, metrics, abandon).await?;
                     continue;
@@ -226,6 +292,10 @@ pub(super) async fn acknowledge_into(
                 }
             };
             let Some(mut pending) = next else {
+                // The last transaction may have committed as the sender stopped.
+                if let Some(batches) = uncommitted.take_if(|u| u.ticket.is_committed()) {
+                    count(batches.position, &batches.counts, &mut state, tally, metrics);
+                }
                 break;
             };
             let deliveries = std::mem::take(&mut pending.deliveries);
@@ -236,17 +306,34 @@ pub(super) async fn acknowledge_into(
                 );
                 return Ok(());
             }
-            metrics.batch_delivered(&pending.counts);
-            let (events, messages) = pending.counts.totals();
-            tally.events += events;
-            tally.messages += messages;
-            state.delivered = Some(pending.position);
-            if state.last_write.elapsed() >= interval && state.behind() {
-                state.write(store, lease, metrics, abandon).await?;
-            } else if lease.due() && !abandon.is_cancelled() {
-                // A busy acker never idles into the timer above.
-                lease.check(store).await?;
+            match pending.commit.take() {
+                None => count(pending.position, &[pending.counts], &mut state, tally, metrics),
+                // In a Kafka transaction: it counts once committed. A transaction
+                // that never commits counts for nothing: its batches are aborted,
+                // and sent again from the last committed position.
+                Some(ticket) => {
+                    // The transaction before this one has committed by now (the
+                    // sender commits one before it begins the next).
+                    if let Some(earlier) = uncommitted.take_if(|u| u.ticket.number != ticket.number)
+                        && earlier.ticket.is_committed()
+                    {
+                        count(earlier.position, &earlier.counts, &mut state, tally, metrics);
+                    }
+                    let batches = uncommitted.get_or_insert_with(|| Uncommitted {
+                        ticket,
+                        position: pending.position.clone(),
+                        counts: Vec::new(),
+                    });
+                    batches.position = pending.position;
+                    batches.counts.push(pending.counts);
+                    if batches.ticket.is_committed()
+                        && let Some(batches) = uncommitted.take()
+                    {
+                        count(batches.position, &batches.counts, &mut state, tally, metrics);
+                    }
+                }
             }
+            state.write_if_due(interval, store, lease, metrics, abandon).await?;
         }
         Ok(())
     }
@@ -258,6 +345,33 @@ pub(super) async fn acknowledge_into(
     state.write(store, lease, metrics, abandon).await?;
     result?;
     Ok(state.written)
+}
+
+/// Counts batches whose deliveries are acknowledged (and, in a transaction,
+/// committed): the checkpoint may move to `position`.
+fn count(
+    position: Position,
+    counts: &[BatchCounts],
+    state: &mut Checkpointed,
+    tally: &mut Delivered,
+    metrics: &Metrics,
+) {
+    for batch in counts {
+        metrics.batch_delivered(batch);
+        let (events, messages) = batch.totals();
+        tally.events += events;
+        tally.messages += messages;
+    }
+    state.delivered = Some(position);
+}
+
+/// Until the transaction of the batches waiting for it commits; for ever without
+/// one.
+async fn commit_of(uncommitted: &mut Option<Uncommitted>) {
+    match uncommitted {
+        Some(batches) => batches.ticket.committed().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Awaits a batch's deliveries in order, confirming the lease meanwhile (a delivery
@@ -393,6 +507,7 @@ mod tests {
             position: position(sequence_number),
             counts: BatchCounts::default(),
             deadline: None,
+            commit: None,
         }
     }
 
@@ -446,6 +561,71 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(memory.writes(), 0, "nothing past an unsettled delivery");
         first_done.send(Ok(())).unwrap();
+        drop(tx);
+        let written = task.await.unwrap().checkpoint;
+        assert_eq!(written.expect("checkpointed"), Some(position(2)));
+        assert_eq!(memory.position(), Some(position(2)));
+    }
+
+    /// A batch of transaction `number`, delivered, whose commit `commits` tells.
+    fn in_transaction(
+        sequence_number: u64,
+        number: u64,
+        commits: &tokio::sync::watch::Sender<u64>,
+    ) -> Pending {
+        Pending {
+            commit: Some(CommitTicket {
+                number,
+                committed: commits.subscribe(),
+            }),
+            ..pending(sequence_number, vec![Delivery::Settled(Ok(()))])
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_of_a_transaction_count_at_its_commit_and_the_acker_takes_more_meanwhile() {
+        let (tx, memory, task) = acker(Duration::from_millis(10));
+        let commits = tokio::sync::watch::Sender::new(0);
+        // More batches of one transaction than the channel holds: the acker takes
+        // them all (awaiting their deliveries) while the commit has not come.
+        for n in 1..=(IN_FLIGHT_BATCHES as u64 + 4) {
+            tokio::time::timeout(
+                Duration::from_secs(1),
+                tx.send(in_transaction(n, 1, &commits)),
+            )
+            .await
+            .expect("the acker takes batches while their transaction is open")
+            .unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(memory.writes(), 0, "nothing counts before the commit");
+        // The commit comes while nothing more is sent: the last batch counts.
+        commits.send_replace(1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            memory.position(),
+            Some(position(IN_FLIGHT_BATCHES as u64 + 4))
+        );
+        // A second transaction, never committed (the sender stops): nothing of it.
+        tx.send(in_transaction(100, 2, &commits)).await.unwrap();
+        drop(commits);
+        drop(tx);
+        let result = task.await.unwrap();
+        assert_eq!(
+            result.checkpoint.expect("checkpointed"),
+            Some(position(IN_FLIGHT_BATCHES as u64 + 4)),
+            "an uncommitted transaction counts for nothing"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transaction_committed_as_the_sender_stops_still_counts() {
+        let (tx, memory, task) = acker(Duration::from_secs(60));
+        let commits = tokio::sync::watch::Sender::new(0);
+        tx.send(in_transaction(1, 1, &commits)).await.unwrap();
+        tx.send(in_transaction(2, 1, &commits)).await.unwrap();
+        commits.send_replace(1);
+        drop(commits);
         drop(tx);
         let written = task.await.unwrap().checkpoint;
         assert_eq!(written.expect("checkpointed"), Some(position(2)));

@@ -53,7 +53,7 @@ mod registry;
 mod send;
 mod source;
 
-use acker::{AckerResult, LeaseKeeper, LeaseView, Pending, acknowledge};
+use acker::{AckerResult, CommitTicket, LeaseKeeper, LeaseView, Pending, acknowledge};
 use encode::{Chunk, ENCODED_CHUNKS_AHEAD, Encoded, encode_batches};
 use send::Sender;
 use source::poll_source;
@@ -281,6 +281,16 @@ pub async fn run<B: BatchSource>(
     let mut summary = summary;
     summary.delivered_events = delivered.events;
     summary.delivered_messages = delivered.messages;
+    // A message abandoned because of the send loop's failure (a transaction that
+    // could not commit) is not the cause: the send loop's error is.
+    let abandoned = matches!(
+        &checkpoint,
+        Err(PipelineError::Sink(SinkError::Abandoned(_)))
+    );
+    let outcome = match outcome {
+        Err(e) if abandoned => return Err(e),
+        other => other,
+    };
     summary.checkpoint = checkpoint?;
     outcome?;
     if let Some(cause) = source_failure {

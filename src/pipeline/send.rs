@@ -37,20 +37,27 @@ pub(super) struct Sender {
     pub(super) lease: tokio::sync::watch::Receiver<LeaseView>,
     /// With Kafka transactions: when the transaction batches share is committed.
     transaction_bound: Option<crate::sink::kafka::TransactionBound>,
-    /// The batches of the transaction not committed yet, handed to the acker once it
-    /// is.
+    /// The Kafka transaction not committed yet.
     open: Option<OpenTransaction>,
+    /// The number of the last transaction committed, which the acker waits for
+    /// before a batch of it counts.
+    commits: tokio::sync::watch::Sender<u64>,
+    /// Transactions begun.
+    transactions: u64,
     /// Payload bytes of the batch being sent.
     batch_bytes: u64,
 }
 
-/// Batches sent in a Kafka transaction that is not committed yet.
+/// A Kafka transaction whose batches are sent (and handed to the acker, which
+/// awaits their deliveries) but not committed yet.
 struct OpenTransaction {
+    /// Its number (the first is 1).
+    number: u64,
     /// The transaction's first send.
     since: tokio::time::Instant,
     bytes: u64,
-    /// Each batch, and the largest LSN the source had when it was read.
-    batches: Vec<(Pending, Lsn)>,
+    /// The position after its last batch, which the commit writes.
+    position: Position,
 }
 
 impl Sender {
@@ -78,6 +85,8 @@ impl Sender {
             lease,
             transaction_bound: None,
             open: None,
+            commits: tokio::sync::watch::Sender::new(0),
+            transactions: 0,
             batch_bytes: 0,
         }
     }
@@ -97,14 +106,7 @@ impl Sender {
     /// (a topic the login may not write, say). Its messages have settled by then
     /// (a commit flushes them), so this waits briefly at most.
     async fn refusal_in_batch(&mut self) -> Option<SinkError> {
-        let mut deliveries: Vec<Delivery> = self
-            .open
-            .take()
-            .into_iter()
-            .flat_map(|open| open.batches)
-            .flat_map(|(pending, _)| pending.deliveries)
-            .collect();
-        deliveries.append(&mut self.deliveries);
+        let deliveries = std::mem::take(&mut self.deliveries);
         let reports = async {
             for delivery in deliveries {
                 if let Err(e) = delivery.wait().await {
@@ -243,40 +245,29 @@ impl Sender {
             .or(self.batch_started)
     }
 
-    /// Commits the open transaction and hands its batches to the acker. `false`
-    /// when the run is to stop.
+    /// Commits the open transaction, which lets the acker count its batches.
+    /// `false` when the run is to stop. A commit that fails because messages were
+    /// refused leaves their refusals to the acker, which awaits every delivery
+    /// and reports the first (the commit says only that some failed).
     async fn commit_open(&mut self) -> Result<bool, PipelineError> {
-        let Some(open) = self.open.take() else {
+        let Some(open) = self.open.as_ref() else {
             return Ok(true);
         };
-        let Some(position) = open
-            .batches
-            .last()
-            .map(|(pending, _)| pending.position.clone())
-        else {
-            return Ok(true);
-        };
-        self.open = Some(open);
+        let (number, position) = (open.number, open.position.clone());
         let stop = self.stop();
+        // Not cut short by the acker's failure: a message it found purged by an
+        // aborted transaction is a consequence, and the commit's error the cause.
         let ended = tokio::select! {
             biased;
             ended = self.sink.end_batch(&position) => ended,
             () = stop.cancelled() => return Ok(false),
-            () = self.failed.cancelled() => return Ok(false),
         };
+        self.open = None;
         if let Err(e) = ended {
-            let e = self.refusal_in_batch().await.unwrap_or(e);
             self.metrics.delivery_failed(&e);
             return Err(e.into());
         }
-        let Some(open) = self.open.take() else {
-            return Ok(true);
-        };
-        for (pending, max_lsn) in open.batches {
-            if !self.hand_over(pending, max_lsn).await {
-                return Ok(false);
-            }
-        }
+        self.commits.send_replace(number);
         Ok(true)
     }
 
@@ -359,30 +350,48 @@ impl Sender {
             .delivery_timeout()
             .zip(started)
             .map(|(timeout, started)| started + timeout);
+        let batch_bytes = std::mem::take(&mut self.batch_bytes);
+        // In a transaction, the batch counts once the transaction commits, which
+        // comes once it is due (or the stream pauses or stops: see `run`); the
+        // acker meanwhile awaits its deliveries.
+        let commit = self.transaction_bound.map(|_| {
+            let number = match &mut self.open {
+                Some(open) => {
+                    open.bytes += batch_bytes;
+                    open.position = position.clone();
+                    open.number
+                }
+                None => {
+                    self.transactions += 1;
+                    self.open = Some(OpenTransaction {
+                        number: self.transactions,
+                        since: started.unwrap_or_else(tokio::time::Instant::now),
+                        bytes: batch_bytes,
+                        position: position.clone(),
+                    });
+                    self.transactions
+                }
+            };
+            CommitTicket {
+                number,
+                committed: self.commits.subscribe(),
+            }
+        });
         let pending = Pending {
             deliveries: std::mem::take(&mut self.deliveries),
             position,
             counts: end.counts,
             deadline,
+            commit,
         };
-        let batch_bytes = std::mem::take(&mut self.batch_bytes);
-        let Some(bound) = self.transaction_bound else {
-            let handed = self.hand_over(pending, end.max_lsn).await;
-            self.progress.report(&self.summary);
-            return Ok(handed);
-        };
-        // In a transaction: the batch waits for its commit, which comes once the
-        // transaction is due (or the stream pauses or stops: see `run`).
-        let open = self.open.get_or_insert_with(|| OpenTransaction {
-            since: started.unwrap_or_else(tokio::time::Instant::now),
-            bytes: 0,
-            batches: Vec::new(),
-        });
-        open.bytes += batch_bytes;
-        open.batches.push((pending, end.max_lsn));
-        let due = open.since.elapsed() >= bound.max_open || open.bytes >= bound.max_bytes;
-        if due && !self.commit_open().await? {
+        if !self.hand_over(pending, end.max_lsn).await {
             return Ok(false);
+        }
+        if let (Some(bound), Some(open)) = (self.transaction_bound, &self.open) {
+            let due = open.since.elapsed() >= bound.max_open || open.bytes >= bound.max_bytes;
+            if due && !self.commit_open().await? {
+                return Ok(false);
+            }
         }
         self.progress.report(&self.summary);
         Ok(true)

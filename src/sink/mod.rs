@@ -419,6 +419,11 @@ pub enum SinkError {
     /// The output file or stream failed (disk full, closed pipe).
     #[error("writing {path}: {reason}")]
     Io { path: String, reason: String },
+    /// Dropped unsent because of another failure (a Kafka transaction aborted, a
+    /// producer stopped by a fatal error): that failure is the one to report. Sent
+    /// again from the checkpoint on the next start.
+    #[error("not sent: {0}")]
+    Abandoned(String),
 }
 
 impl SinkError {
@@ -433,7 +438,7 @@ impl SinkError {
 
     /// Whether sending again, unchanged, may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, SinkError::Transient(_))
+        matches!(self, SinkError::Transient(_) | SinkError::Abandoned(_))
     }
 }
 

@@ -137,6 +137,15 @@ fn secured() -> &'static Cluster {
             if let Some(fleet) = user.strip_prefix("fleet-") {
                 let principal = format!("User:{user}");
                 let mut grants = Mode::KafkaStore.acls(user);
+                // A fleet on the Kafka store is exactly-once: each database's
+                // transactional id (the default, from its stream name).
+                for database in ["tenant001", "tenant002"] {
+                    grants.push((
+                        "TRANSACTIONAL_ID",
+                        format!("mssql-ces.{user}-{database}"),
+                        "WRITE",
+                    ));
+                }
                 if fleet != "no-group" {
                     grants.push(("GROUP", FLEET_GROUP.to_owned(), "READ"));
                 }
@@ -429,6 +438,7 @@ security_protocol = "sasl_plaintext"
 sasl_mechanism = "SCRAM-SHA-512"
 sasl_username = "{user}"
 delivery_timeout_ms = 10000
+exactly_once = true
 [checkpoint]
 store = "kafka"
 topic = "{CHECKPOINTS}"

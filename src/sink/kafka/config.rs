@@ -327,8 +327,14 @@ pub fn default_transaction_max() -> Duration {
     Duration::from_secs(1)
 }
 
+/// The default of `sink.transaction_max_bytes`: a bound above what a second takes
+/// at the rates measured here (about 300 MiB/s), so that the time bound decides;
+/// a smaller one made a commit (and its flush, which stalls sending) several times
+/// a second.
+pub const DEFAULT_TRANSACTION_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
 fn default_transaction_max_bytes() -> u64 {
-    64 * 1024 * 1024
+    DEFAULT_TRANSACTION_MAX_BYTES
 }
 
 /// librdkafka's `compression.codec`.

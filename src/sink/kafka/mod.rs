@@ -32,9 +32,10 @@ pub use admin::{
     describe_destination,
 };
 pub use config::{
-    Compression, EVENT_HUBS_MAX_MESSAGE_KB, EVENT_HUBS_RECORD_OVERHEAD, EVENT_HUBS_REQUEST_LIMIT,
-    KafkaFlavour, KafkaSettings, KafkaSinkConfig, Partitioner, default_delivery_timeout,
-    default_transaction_max, parse_event_hubs_connection_string,
+    Compression, DEFAULT_TRANSACTION_MAX_BYTES, EVENT_HUBS_MAX_MESSAGE_KB,
+    EVENT_HUBS_RECORD_OVERHEAD, EVENT_HUBS_REQUEST_LIMIT, KafkaFlavour, KafkaSettings,
+    KafkaSinkConfig, Partitioner, default_delivery_timeout, default_transaction_max,
+    parse_event_hubs_connection_string,
 };
 
 pub use crate::kafka_client::config_error;
@@ -199,6 +200,16 @@ impl KafkaTicket {
                 ),
                 _,
             ))) if self.brokers.refused().is_some() => Err(self.brokers.refusal_error()),
+            // Purged for another reason: its transaction was aborted (the commit's
+            // failure says why).
+            Ok(Err((
+                KafkaError::MessageProduction(
+                    RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight,
+                ),
+                _,
+            ))) => Err(SinkError::Abandoned(
+                "purged from the producer when its transaction was aborted".into(),
+            )),
             Ok(Err((error, message))) => {
                 use rdkafka::Message as _;
                 Err(delivery_error_to(&error, Some(message.topic())))

@@ -14,8 +14,9 @@ use rdkafka::producer::{FutureProducer, Producer as _};
 
 use super::HealthContext;
 
-/// How long the description may take: it is asked once, when the run is failing.
-const DESCRIBE_WITHIN: Duration = Duration::from_secs(5);
+/// How long the description may take: it is asked once, when the run is failing,
+/// within the drain that follows.
+const DESCRIBE_WITHIN: Duration = Duration::from_secs(2);
 
 /// What a topic's messages are asked about when they stall.
 pub(super) struct TopicProbe {
@@ -54,7 +55,7 @@ impl TopicProbe {
     /// its description shows nothing wrong (or cannot be had).
     pub(super) async fn why_stalled(&self) -> Option<String> {
         let (producer, topic) = (self.producer.clone(), self.topic.clone());
-        let partitions = tokio::task::spawn_blocking(move || {
+        let described = tokio::task::spawn_blocking(move || {
             let metadata = producer
                 .client()
                 .fetch_metadata(Some(&topic), DESCRIBE_WITHIN)
@@ -71,13 +72,16 @@ impl TopicProbe {
                     })
                     .collect::<Vec<_>>(),
             )
-        })
-        .await
-        .ok()??;
-        let min_in_sync = match &self.admin {
-            Some(admin) => min_insync_replicas(admin, &self.topic).await,
-            None => None,
+        });
+        let configured = async {
+            match &self.admin {
+                Some(admin) => min_insync_replicas(admin, &self.topic).await,
+                None => None,
+            }
         };
+        // Both at once: the whole answer within `DESCRIBE_WITHIN` and a second.
+        let (partitions, min_in_sync) = tokio::join!(described, configured);
+        let partitions = partitions.ok()??;
         diagnosis(&self.topic, &partitions, min_in_sync)
     }
 }

@@ -86,7 +86,55 @@ pub async fn run(
     }
     let metrics = std::sync::Arc::new(Metrics::new(config.metrics.stalled_after));
     serve_metrics(&config, metrics.clone(), stop_serving).await?;
-    run_stream(config, until_idle, shutdown, &metrics, None).await
+    let mut rebuilds = Rebuilds::default();
+    loop {
+        let ran = run_stream(config.clone(), until_idle, shutdown.clone(), &metrics, None).await;
+        match ran {
+            Err(e)
+                if matches!(e.sink_error(), Some(SinkError::ProducerLost(_)))
+                    && rebuilds.allowed() =>
+            {
+                tracing::warn!(
+                    error = %e,
+                    rebuilds = rebuilds.recent.len(),
+                    "the Kafka producer lost its state: a new one resumes from the checkpoint"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(REBUILD_PAUSE) => {}
+                    () = shutdown.cancelled() => return Ok(None),
+                }
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How many times within [`REBUILD_WINDOW`] a producer that lost its state is
+/// replaced before the run fails: a cause that returns at once (a broker that keeps
+/// forgetting producer ids) is reported rather than hidden.
+const MAX_REBUILDS: usize = 3;
+const REBUILD_WINDOW: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+/// The pause before a new producer, so that the broker's state can settle.
+const REBUILD_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The recent replacements of a producer that lost its state.
+#[derive(Default)]
+struct Rebuilds {
+    recent: Vec<tokio::time::Instant>,
+}
+
+impl Rebuilds {
+    /// Whether one more is allowed now (and counts it).
+    fn allowed(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        self.recent
+            .retain(|at| now.duration_since(*at) < REBUILD_WINDOW);
+        if self.recent.len() >= MAX_REBUILDS {
+            return false;
+        }
+        self.recent.push(now);
+        true
+    }
 }
 
 /// Runs one stream with these metrics. With `lease_patience`, a lease another

@@ -543,7 +543,9 @@ impl Metrics {
     /// A send or delivery failed with `error`.
     pub fn delivery_failed(&self, error: &SinkError) {
         let kind = match error {
-            SinkError::Transient(_) | SinkError::Abandoned(_) => DELIVERY_ERROR_KINDS[0],
+            SinkError::Transient(_) | SinkError::Abandoned(_) | SinkError::ProducerLost(_) => {
+                DELIVERY_ERROR_KINDS[0]
+            }
             SinkError::Definite(_) => DELIVERY_ERROR_KINDS[1],
             SinkError::Io { .. } => DELIVERY_ERROR_KINDS[2],
         };

@@ -424,6 +424,12 @@ pub enum SinkError {
     /// again from the checkpoint on the next start.
     #[error("not sent: {0}")]
     Abandoned(String),
+    /// The Kafka producer lost its idempotence state (its sequence numbers and the
+    /// broker's no longer agree, or the broker forgot its producer id): it cannot
+    /// go on without risking a gap or a reordering, but a new producer, resuming
+    /// from the checkpoint, can.
+    #[error("the Kafka producer lost its state ({0}); a new one resumes from the checkpoint")]
+    ProducerLost(String),
 }
 
 impl SinkError {
@@ -438,7 +444,10 @@ impl SinkError {
 
     /// Whether sending again, unchanged, may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, SinkError::Transient(_) | SinkError::Abandoned(_))
+        matches!(
+            self,
+            SinkError::Transient(_) | SinkError::Abandoned(_) | SinkError::ProducerLost(_)
+        )
     }
 }
 

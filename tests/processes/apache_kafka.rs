@@ -897,3 +897,43 @@ fn a_checkpoint_topic_that_deletes_records_is_refused_with_the_fix() {
     );
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A topic whose `max.message.bytes` is below the largest message the run may
+/// write is found out before the first message reaches it: the run stops naming
+/// both settings, and the topic holds nothing, so no later oversized message can
+/// leave a gap behind records already written.
+#[test]
+fn a_topic_limit_below_the_largest_message_stops_the_run_before_its_first_message() {
+    let kafka = shared_broker();
+    let dir = temp_dir("apache-topic-limit");
+    let stream = Stream::new();
+    kafka.create_topic(&stream.topic, 1, 1, &[("max.message.bytes", "65536")]);
+    let config = stream.config(
+        &dir,
+        &kafka.bootstrap(),
+        &Settings::at_least_once(20, 0, "[event]\nmax_message_size_kb = 256\n"),
+    );
+    let run = support::tools::output_within(
+        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
+            .args(["run", "--until-idle", "--config"])
+            .arg(&config),
+        Duration::from_secs(60),
+        "a run into a topic of a small limit",
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(&stream.topic)
+            && last.contains("max.message.bytes")
+            && last.contains("event.max_message_size_kb"),
+        "{last}"
+    );
+    let written = kafka.read(&stream.topic, "read_uncommitted", &[]);
+    assert!(
+        written.is_empty(),
+        "{} messages reached the topic before its limit was checked",
+        written.len()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}

@@ -1612,11 +1612,16 @@ fn kafka_store_setup(
 /// checkpoint topic ends at the last event.
 #[test]
 fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
-    let (_cluster, bootstrap, dir, config) =
-        kafka_store_setup("kafka-store", "seed = 31\ntransactions = 1500", "");
+    // At 300 transactions a second a run takes 5 s: each is killed while it
+    // publishes, some way into it, however slow the machine is to start it.
+    let (_cluster, bootstrap, dir, config) = kafka_store_setup(
+        "kafka-store",
+        "seed = 31\ntransactions = 1500\nrate_per_second = 300",
+        "",
+    );
     for run in 0..3 {
         let mut child = spawn(&config, &dir, &[], run);
-        std::thread::sleep(Duration::from_millis(900 + 150 * run as u64));
+        std::thread::sleep(Duration::from_millis(1500 + 200 * run as u64));
         assert!(
             child.try_wait().expect("try_wait").is_none(),
             "run {run} still publishing; logs in {}",
@@ -1759,5 +1764,66 @@ fn read_takes_a_file_s_encoding_from_its_first_record() {
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert_eq!(wrong.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("read with --encoding avro"), "{stderr}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// A producer that loses its idempotence state (the broker answers a produce with
+/// OUT_OF_ORDER_SEQUENCE_NUMBER: librdkafka's fatal "sequence desynchronization")
+/// cannot go on, but a new one can: the run replaces it, resumes from the
+/// checkpoint, says so, and ends with every event delivered and its exit code 0.
+#[test]
+fn a_producer_that_lost_its_state_is_replaced_and_the_run_delivers_everything() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    let bootstrap = cluster.bootstrap_servers();
+    cluster.create_topic("ces", PARTITIONS, 1).expect("topic");
+    let dir = temp_dir("producer-lost");
+    let config = config(
+        &dir,
+        &bootstrap,
+        "seed = 37\ntransactions = 400\nrate_per_second = 200",
+    );
+    let mut child = spawn(&config, &dir, &["--until-idle"], 0);
+    std::thread::sleep(Duration::from_millis(800));
+    cluster.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
+    );
+    let status = wait(&mut child, Duration::from_secs(90));
+    let log = std::fs::read_to_string(dir.join("run-0.log")).expect("log");
+    assert!(status.success(), "{status}: {log}");
+    assert!(
+        log.contains("the Kafka producer lost its state")
+            && log.contains("sequence desynchronization"),
+        "{log}"
+    );
+    let expected = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(expected_events(SyntheticConfig {
+            seed: 37,
+            transactions: Some(400),
+            rate_per_second: None,
+            large_value_every: 0,
+            existing_rows: 0,
+            oversized_value_every: 0,
+        }));
+    let consumed = consume_quietly(
+        &bootstrap,
+        "ces",
+        PARTITIONS,
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+        |m| m.len() >= expected.len(),
+    );
+    let arrived: HashSet<String> = consumed
+        .iter()
+        .map(|m| {
+            decode_json_message(&m.payload)
+                .expect("message decodes")
+                .logicalid
+        })
+        .collect();
+    let missing = expected.keys().filter(|id| !arrived.contains(*id)).count();
+    assert_eq!(missing, 0, "events missing; logs in {}", dir.display());
     std::fs::remove_dir_all(dir).ok();
 }

@@ -83,6 +83,14 @@ pub fn delivery_error_to(error: &KafkaError, topic: Option<&str>) -> SinkError {
         Some(topic) => format!("topic {topic}: {error}"),
         None => error.to_string(),
     };
+    // The idempotent producer's sequence and the broker's no longer agree, or the
+    // broker forgot its producer id: librdkafka stops the producer (a fatal error).
+    if matches!(
+        code,
+        Some(C::OutOfOrderSequenceNumber | C::UnknownProducerId | C::InvalidProducerIdMapping)
+    ) {
+        return SinkError::ProducerLost(said);
+    }
     if definite {
         SinkError::Definite(said)
     } else {
@@ -193,6 +201,14 @@ impl KafkaTicket {
                 "its transactional id, sink.transactional_id",
                 "a message was refused as one of an older producer epoch",
             )),
+            // Failed because the producer hit a fatal error: said by its cause, which
+            // the error callback may not have reported yet.
+            Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::Fatal), _))) => {
+                if let Some((code, reason)) = self.topic.fatal_error() {
+                    self.brokers.fatal(&KafkaError::Global(code), &reason);
+                }
+                Err(self.brokers.refusal_error())
+            }
             // Purged because the producer hit a fatal error: the refusal says why.
             Ok(Err((
                 KafkaError::MessageProduction(
@@ -293,6 +309,9 @@ pub struct KafkaSink {
     transactions: Option<transactions::Transactions>,
 }
 
+/// How long the first message to a topic waits for the topic's limit to be read.
+const TOPIC_CHECK_WAIT: Duration = Duration::from_millis(500);
+
 impl KafkaSink {
     /// A producer; `largest_message` (the encoder's `max_message_size_kb` in bytes) is
     /// checked against each topic's `max.message.bytes` before the first message to it.
@@ -363,31 +382,37 @@ impl KafkaSink {
 
     /// Reads `topic`'s `max.message.bytes` (the admin API's DescribeConfigs, which
     /// reports the broker's `message.max.bytes` where the topic does not override it)
-    /// in the background, so that a broker slow to answer never holds deliveries; a
-    /// limit below the largest segment fails the next send, naming both settings.
-    /// Where the limit cannot be read (no such topic yet, an endpoint without the
-    /// API), says so and goes on.
-    fn check_topic(&mut self, topic: &str) {
+    /// before the first message to it: a limit below the largest segment fails the
+    /// send, naming both settings, before anything reaches the topic. The answer is
+    /// awaited [`TOPIC_CHECK_WAIT`] at most (a broker answers in milliseconds), then
+    /// taken in the background, so that one slow to answer never holds deliveries;
+    /// where the limit cannot be read (no such topic yet, an endpoint without the
+    /// API), that is said and the run goes on.
+    async fn check_topic(&mut self, topic: &str) {
         if !self.checked_topics.insert(topic.to_owned()) {
             return;
         }
         let Some(admin) = self.admin.clone() else {
             return;
         };
-        let (topic, largest, verdict) = (
-            topic.to_owned(),
-            self.largest_message,
-            Arc::clone(&self.topic_error),
-        );
-        tokio::spawn(admin::check_topic_in_background(
+        let mut checked = tokio::spawn(admin::check_topic_in_background(
             admin,
-            topic,
+            topic.to_owned(),
             crate::sink::LargestMessage {
-                bytes: largest,
+                bytes: self.largest_message,
                 setting: self.sized_by,
             },
-            verdict,
+            Arc::clone(&self.topic_error),
         ));
+        if tokio::time::timeout(TOPIC_CHECK_WAIT, &mut checked)
+            .await
+            .is_err()
+        {
+            tracing::debug!(
+                topic,
+                "the topic's max.message.bytes is not known yet; checked in the background"
+            );
+        }
     }
 
     /// A topic limit found too small, if any.
@@ -507,7 +532,10 @@ impl KafkaSink {
             return Err(self.brokers.refusal_error());
         }
         if !self.checked_topics.contains(&message.topic) {
-            self.check_topic(&message.topic);
+            self.check_topic(&message.topic).await;
+            if let Some(e) = self.topic_error() {
+                return Err(e);
+            }
         }
         let partition = match message.partition_hint {
             Some(hint) => {
@@ -574,9 +602,22 @@ impl KafkaSink {
                     record = back;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
+                // The producer stopped on a fatal error: said by its cause, which
+                // the error callback may not have reported yet.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::Fatal), _)) => {
+                    return Err(self.fatal_error());
+                }
                 Err((e, record)) => return Err(delivery_error_to(&e, Some(record.topic))),
             }
         }
+    }
+
+    /// The producer's fatal error, as a refusal of this client.
+    fn fatal_error(&self) -> SinkError {
+        if let Some((code, reason)) = self.producer.client().fatal_error() {
+            self.brokers.fatal(&KafkaError::Global(code), &reason);
+        }
+        self.brokers.refusal_error()
     }
 
     pub async fn flush(&mut self, timeout: Duration) -> Result<(), SinkError> {
@@ -832,7 +873,16 @@ mod tests {
             C::AllBrokersDown,
         ] {
             let e = delivery_error(&KafkaError::MessageProduction(code));
-            assert!(e.is_transient(), "{code:?}: {e:?}");
+            assert!(matches!(e, SinkError::Transient(_)), "{code:?}: {e:?}");
+        }
+        // The idempotent producer's lost state: a new producer resumes.
+        for code in [
+            C::OutOfOrderSequenceNumber,
+            C::UnknownProducerId,
+            C::InvalidProducerIdMapping,
+        ] {
+            let e = delivery_error(&KafkaError::MessageProduction(code));
+            assert!(matches!(e, SinkError::ProducerLost(_)), "{code:?}: {e:?}");
         }
         // A message's error names its topic.
         let invalid = delivery_error_to(

@@ -53,6 +53,10 @@ pub(super) fn is_refusal(error: &KafkaError, reason: &str) -> bool {
             | C::SaslAuthenticationFailed
             | C::ClusterAuthorizationFailed
             | C::Fatal
+            // The idempotent producer's state lost: fatal (reported with its cause).
+            | C::OutOfOrderSequenceNumber
+            | C::UnknownProducerId
+            | C::InvalidProducerIdMapping
             // A transactional producer fenced by a newer one of its id: fatal.
             | C::Fenced
             | C::ProducerFenced,
@@ -70,6 +74,23 @@ pub(super) fn is_refusal(error: &KafkaError, reason: &str) -> bool {
 /// Whether a refusal is a transactional producer's fencing.
 fn is_fencing(refusal: &str) -> bool {
     refusal.contains("Fenced") || refusal.contains("fenced")
+}
+
+/// Whether a fatal error means the idempotent producer lost its state, which a new
+/// producer does not inherit: librdkafka's reasons for a sequence that no longer
+/// agrees with the broker's, or a producer id the broker forgot. (A message refused
+/// for good, "unable to satisfy gap-less guarantee", would be refused again.)
+fn is_lost_state(refusal: &str) -> bool {
+    [
+        "OutOfOrderSequenceNumber",
+        "UnknownProducerId",
+        "InvalidProducerIdMapping",
+        "sequence desynchronization",
+        "rewound sequence number",
+        "unknown producer id",
+    ]
+    .iter()
+    .any(|reason| refusal.contains(reason))
 }
 
 /// Whether a failure's reason is TLS's, about certificates (either side's).
@@ -125,6 +146,15 @@ impl BrokerLog {
                 "its transactional id, sink.transactional_id",
                 &refused,
             );
+        }
+        if is_lost_state(&refused) {
+            return crate::sink::SinkError::ProducerLost(refused);
+        }
+        if refused.contains("gap-less guarantee") {
+            return crate::sink::SinkError::Definite(format!(
+                "Kafka at {} refused a message for good ({refused}): the producer stopped, so that no later message of its partition is written after the gap; a restart stops on the same message: change what the refusal names",
+                self.brokers
+            ));
         }
         let check = if refused.contains("SSL") || refused.contains("ssl") {
             "check sink.ssl_ca_location (the CA that signed the brokers' certificates) and, where the brokers require a client certificate, sink.ssl_certificate_location and sink.ssl_key_location"
@@ -196,6 +226,18 @@ impl BrokerLog {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// The producer's fatal error, as it gives it: a refusal, whatever its cause
+    /// (unless one was already said).
+    pub fn fatal(&self, error: &KafkaError, reason: &str) {
+        if self.refused().is_none() {
+            self.error_at(error, reason, Instant::now());
+        }
+        if self.refused().is_none() {
+            self.refusal
+                .send_replace(Some(format!("{error}: {reason}")));
+        }
+    }
+
     /// librdkafka's error callback.
     pub fn error(&self, error: &KafkaError, reason: &str) {
         self.error_at(error, reason, Instant::now());
@@ -206,6 +248,8 @@ impl BrokerLog {
             if self.refused().is_none() {
                 if is_fencing(&error.to_string()) {
                     tracing::warn!(brokers = %self.brokers, error = %error, reason, "another process with this stream's transactional id took over: this one stops");
+                } else if is_lost_state(&format!("{error}: {reason}")) {
+                    tracing::warn!(brokers = %self.brokers, error = %error, reason, "the Kafka producer lost its idempotence state and stops");
                 } else {
                     tracing::error!(brokers = %self.brokers, error = %error, reason, "Kafka refused this client");
                 }
@@ -394,6 +438,39 @@ mod tests {
         assert!(
             message.contains("sink.ssl_certificate_location"),
             "{message}"
+        );
+    }
+
+    /// The idempotent producer's lost state (librdkafka's fatal error, reported
+    /// with its cause) stops the producer and is said as such, a new producer's
+    /// to resume; a message refused for good under the gap-less guarantee is not.
+    #[test]
+    fn a_lost_producer_state_is_a_refusal_a_new_producer_resumes_from() {
+        let lost = KafkaError::Global(RDKafkaErrorCode::OutOfOrderSequenceNumber);
+        let reason = "ProduceRequest for ces [3] with 8 message(s) failed due to sequence desynchronization with broker 1";
+        assert!(is_refusal(&lost, reason));
+        let brokers = BrokerLog::new("b:9092");
+        brokers.error_at(&lost, reason, Instant::now());
+        assert!(
+            matches!(
+                brokers.refusal_error(),
+                crate::sink::SinkError::ProducerLost(_)
+            ),
+            "{:?}",
+            brokers.refusal_error()
+        );
+        let gapless = KafkaError::Global(RDKafkaErrorCode::Fatal);
+        let brokers = BrokerLog::new("b:9092");
+        brokers.error_at(
+            &gapless,
+            "ProduceRequest for ces [0] with 1 message(s) failed: Broker: Message size too large (broker 1 PID{Id:1,Epoch:0}, base seq 0): unable to satisfy gap-less guarantee",
+            Instant::now(),
+        );
+        let said = brokers.refusal_error();
+        assert!(
+            matches!(&said, crate::sink::SinkError::Definite(text)
+                if text.contains("refused a message for good") && !text.contains("sasl")),
+            "{said:?}"
         );
     }
 

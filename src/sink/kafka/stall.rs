@@ -16,7 +16,7 @@ use super::HealthContext;
 
 /// How long the description may take: it is asked once, when the run is failing,
 /// within the drain that follows.
-const DESCRIBE_WITHIN: Duration = Duration::from_secs(2);
+const DESCRIBE_WITHIN: Duration = Duration::from_secs(5);
 
 /// What a topic's messages are asked about when they stall.
 pub(super) struct TopicProbe {
@@ -49,6 +49,11 @@ impl TopicProbe {
 
     pub(super) fn topic(&self) -> &str {
         &self.topic
+    }
+
+    /// The producer's fatal error, once it has one: its cause and librdkafka's reason.
+    pub(super) fn fatal_error(&self) -> Option<(rdkafka::types::RDKafkaErrorCode, String)> {
+        self.producer.client().fatal_error()
     }
 
     /// Why the topic takes no writes, as the cluster describes it; `None` when

@@ -63,6 +63,38 @@ fn spawn(config: &Path, dir: &Path, extra: &[&str], run: usize) -> Child {
         .expect("spawn mssql-ces")
 }
 
+/// The events of `transactions` synthetic transactions of `seed`, with no large
+/// values and no rows before them.
+fn plain_events(seed: u64, transactions: u64) -> BTreeMap<String, Vec<u8>> {
+    tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(expected_events(SyntheticConfig {
+            seed,
+            transactions: Some(transactions),
+            rate_per_second: None,
+            large_value_every: 0,
+            existing_rows: 0,
+            oversized_value_every: 0,
+        }))
+}
+
+/// What topic `ces` holds once `expected` may have arrived (waiting `limit` at
+/// most), and 2 s of quiet after, for duplicates.
+fn consume_expected(
+    bootstrap: &str,
+    expected: &BTreeMap<String, Vec<u8>>,
+    limit: Duration,
+) -> Vec<support::kafka::Consumed> {
+    consume_quietly(
+        bootstrap,
+        "ces",
+        PARTITIONS,
+        limit,
+        Duration::from_secs(2),
+        |m| m.len() >= expected.len(),
+    )
+}
+
 fn wait(child: &mut Child, timeout: Duration) -> ExitStatus {
     let deadline = Instant::now() + timeout;
     loop {
@@ -158,14 +190,7 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
             existing_rows: 0,
             oversized_value_every: 0,
         }));
-    let consumed = consume_quietly(
-        &bootstrap,
-        "ces",
-        PARTITIONS,
-        Duration::from_secs(120),
-        Duration::from_secs(2),
-        |m| m.len() >= expected.len(),
-    );
+    let consumed = consume_expected(&bootstrap, &expected, Duration::from_secs(120));
 
     let mut first_copy: HashMap<String, Vec<u8>> = HashMap::new();
     let mut arrived: HashMap<String, Vec<u8>> = HashMap::new();
@@ -910,24 +935,8 @@ fn a_standby_on_the_same_stream_waits_then_takes_over_and_nothing_is_lost() {
     assert!(log.contains("took over"), "{log}");
     assert!(killed_at.elapsed() < Duration::from_secs(120));
 
-    let expected = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(expected_events(SyntheticConfig {
-            seed: 13,
-            transactions: Some(3000),
-            rate_per_second: None,
-            large_value_every: 0,
-            existing_rows: 0,
-            oversized_value_every: 0,
-        }));
-    let consumed = consume_quietly(
-        &bootstrap,
-        "ces",
-        PARTITIONS,
-        Duration::from_secs(60),
-        Duration::from_secs(2),
-        |m| m.len() >= expected.len(),
-    );
+    let expected = plain_events(13, 3000);
+    let consumed = consume_expected(&bootstrap, &expected, Duration::from_secs(60));
     let mut arrived = BTreeMap::new();
     for (_, list) in by_partition(&consumed) {
         let mut reassembler = Reassembler::new();
@@ -1643,24 +1652,8 @@ fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
     );
     let log = std::fs::read_to_string(dir.join("run-3.log")).expect("log");
     assert!(log.contains("resuming from the checkpoint"), "{log}");
-    let expected = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(expected_events(SyntheticConfig {
-            seed: 31,
-            transactions: Some(1500),
-            rate_per_second: None,
-            large_value_every: 0,
-            existing_rows: 0,
-            oversized_value_every: 0,
-        }));
-    let consumed = consume_quietly(
-        &bootstrap,
-        "ces",
-        PARTITIONS,
-        Duration::from_secs(60),
-        Duration::from_secs(2),
-        |m| m.len() >= expected.len(),
-    );
+    let expected = plain_events(31, 1500);
+    let consumed = consume_expected(&bootstrap, &expected, Duration::from_secs(60));
     let mut arrived: HashMap<String, Vec<u8>> = HashMap::new();
     for m in &consumed {
         let event = decode_json_message(&m.payload).expect("message decodes");
@@ -1797,24 +1790,8 @@ fn a_producer_that_lost_its_state_is_replaced_and_the_run_delivers_everything() 
             && log.contains("sequence desynchronization"),
         "{log}"
     );
-    let expected = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(expected_events(SyntheticConfig {
-            seed: 37,
-            transactions: Some(400),
-            rate_per_second: None,
-            large_value_every: 0,
-            existing_rows: 0,
-            oversized_value_every: 0,
-        }));
-    let consumed = consume_quietly(
-        &bootstrap,
-        "ces",
-        PARTITIONS,
-        Duration::from_secs(60),
-        Duration::from_secs(2),
-        |m| m.len() >= expected.len(),
-    );
+    let expected = plain_events(37, 400);
+    let consumed = consume_expected(&bootstrap, &expected, Duration::from_secs(60));
     let arrived: HashSet<String> = consumed
         .iter()
         .map(|m| {

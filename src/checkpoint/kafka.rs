@@ -209,14 +209,7 @@ impl KafkaStore {
     /// written again every [`REWRITE_EVERY`]. Called before each write and between
     /// batches.
     async fn settle_retention(&mut self) -> Result<(), CheckpointError> {
-        if !self
-            .retention_asked
-            .as_ref()
-            .is_some_and(tokio::task::JoinHandle::is_finished)
-        {
-            return Ok(());
-        }
-        let Some(asked) = self.retention_asked.take() else {
+        let Some(asked) = self.retention_asked.take_if(|asked| asked.is_finished()) else {
             return Ok(());
         };
         // Finished: the join returns at once.

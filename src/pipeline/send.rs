@@ -60,6 +60,18 @@ struct OpenTransaction {
     position: Position,
 }
 
+impl OpenTransaction {
+    /// When `bound`'s time makes it due.
+    fn due_at(&self, bound: crate::sink::kafka::TransactionBound) -> tokio::time::Instant {
+        self.since + bound.max_open
+    }
+
+    /// Whether `bound`'s time or bytes make it due.
+    fn is_due(&self, bound: crate::sink::kafka::TransactionBound) -> bool {
+        tokio::time::Instant::now() >= self.due_at(bound) || self.bytes >= bound.max_bytes
+    }
+}
+
 impl Sender {
     pub(super) fn new(
         sink: Sink,
@@ -185,7 +197,7 @@ impl Sender {
                 .as_ref()
                 .zip(self.transaction_bound)
                 .filter(|_| self.batch_started.is_none())
-                .map(|(open, bound)| open.since + bound.max_open);
+                .map(|(open, bound)| open.due_at(bound));
             // An open transaction must commit before the coordinator aborts it
             // (its time-out is the delivery timeout and 5 s): a batch whose next
             // messages do not come in time (an encoder waiting on the schema
@@ -387,11 +399,13 @@ impl Sender {
         if !self.hand_over(pending, end.max_lsn).await {
             return Ok(false);
         }
-        if let (Some(bound), Some(open)) = (self.transaction_bound, &self.open) {
-            let due = open.since.elapsed() >= bound.max_open || open.bytes >= bound.max_bytes;
-            if due && !self.commit_open().await? {
-                return Ok(false);
-            }
+        let due = self
+            .open
+            .as_ref()
+            .zip(self.transaction_bound)
+            .is_some_and(|(open, bound)| open.is_due(bound));
+        if due && !self.commit_open().await? {
+            return Ok(false);
         }
         self.progress.report(&self.summary);
         Ok(true)

@@ -18,11 +18,17 @@ use crate::kafka_pipeline::kafka_sink_with;
 use crate::pipeline_faults::factory;
 
 fn store(bootstrap: &str, stream: &str) -> KafkaStore {
+    store_within(bootstrap, stream, Duration::from_secs(10))
+}
+
+/// A store of `stream` on the default topic whose reads and writes take `timeout`
+/// at most.
+fn store_within(bootstrap: &str, stream: &str, timeout: Duration) -> KafkaStore {
     KafkaStore::new(
         vec![("bootstrap.servers".into(), bootstrap.into())],
         "mssql-ces-checkpoints",
         stream,
-        Duration::from_secs(10),
+        timeout,
     )
 }
 
@@ -96,12 +102,7 @@ async fn each_stream_reads_back_its_own_last_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_reach_its_brokers_says_so_as_a_fault_that_can_pass() {
-    let mut unreachable = KafkaStore::new(
-        vec![("bootstrap.servers".into(), "127.0.0.1:1".into())],
-        "mssql-ces-checkpoints",
-        "orders",
-        Duration::from_millis(500),
-    );
+    let mut unreachable = store_within("127.0.0.1:1", "orders", Duration::from_millis(500));
     let error = unreachable.load().await.expect_err("no broker");
     assert!(error.is_transient(), "{error}");
     assert!(
@@ -468,13 +469,8 @@ async fn a_topic_of_unknown_retention_has_the_last_position_written_again() {
         .expect("topic");
     let bootstrap = cluster.bootstrap_servers();
     let timeout = Duration::from_secs(1);
-    let mut store = KafkaStore::new(
-        vec![("bootstrap.servers".into(), bootstrap.clone())],
-        "mssql-ces-checkpoints",
-        "quiet",
-        timeout,
-    )
-    .with_rewrite_every(Duration::from_secs(2));
+    let mut store =
+        store_within(&bootstrap, "quiet", timeout).with_rewrite_every(Duration::from_secs(2));
     assert!(
         matches!(store.retention().await, Retention::Unknown(_)),
         "MockCluster does not describe topic configs"

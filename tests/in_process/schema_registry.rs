@@ -80,6 +80,20 @@ fn field<'a>(record: &'a Avro, name: &str) -> &'a Avro {
     }
 }
 
+/// CES events in Avro to `topic`, keyed by table, their schemas registered at
+/// `registry` (waited for up to `wait`).
+fn ces_avro_router(topic: &str, registry: &str, wait: Duration) -> Router {
+    Router::new(
+        topic,
+        PartitionKeyScheme::Table,
+        None,
+        CloudEventsMode::Structured,
+        Encoding::Avro,
+        "g",
+    )
+    .with_registry(Some(registry_settings(registry)), wait)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ces_avro_goes_out_in_the_wire_format_once_the_registry_is_back() {
     let cluster = MockCluster::new(1).expect("mock cluster");
@@ -87,18 +101,7 @@ async fn ces_avro_goes_out_in_the_wire_format_once_the_registry_is_back() {
     cluster.create_topic("ces-reg", 2, 1).expect("topic");
     let registry = RegistryDouble::start().await;
     registry.set_down(true);
-    let router = Router::new(
-        "ces-reg",
-        PartitionKeyScheme::Table,
-        None,
-        CloudEventsMode::Structured,
-        Encoding::Avro,
-        "g",
-    )
-    .with_registry(
-        Some(registry_settings(&registry.url)),
-        Duration::from_secs(60),
-    );
+    let router = ces_avro_router("ces-reg", &registry.url, Duration::from_secs(60));
     // Down for a while: waited for, then everything goes.
     let (summary, ()) = tokio::join!(run(&bootstrap, router, 40), async {
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -143,18 +146,7 @@ async fn a_schema_the_registry_refuses_stops_the_run_naming_the_subject() {
     let registry = RegistryDouble::start().await;
     registry.preload("ces-refused-value", r#"{"type":"string"}"#);
     registry.set_incompatible("ces-refused-value");
-    let router = Router::new(
-        "ces-refused",
-        PartitionKeyScheme::Table,
-        None,
-        CloudEventsMode::Structured,
-        Encoding::Avro,
-        "g",
-    )
-    .with_registry(
-        Some(registry_settings(&registry.url)),
-        Duration::from_secs(60),
-    );
+    let router = ces_avro_router("ces-refused", &registry.url, Duration::from_secs(60));
     let err = run(&bootstrap, router, 5).await.expect_err("refused");
     let text = err.to_string();
     assert!(
@@ -387,18 +379,7 @@ async fn a_shutdown_during_a_registry_outage_keeps_its_bound() {
     cluster.create_topic("ces-down", 2, 1).expect("topic");
     let registry = RegistryDouble::start().await;
     registry.set_down(true);
-    let router = Router::new(
-        "ces-down",
-        PartitionKeyScheme::Table,
-        None,
-        CloudEventsMode::Structured,
-        Encoding::Avro,
-        "g",
-    )
-    .with_registry(
-        Some(registry_settings(&registry.url)),
-        Duration::from_secs(120),
-    );
+    let router = ces_avro_router("ces-down", &registry.url, Duration::from_secs(120));
     let shutdown = tokio_util::sync::CancellationToken::new();
     let settings = mssql_ces::pipeline::PipelineSettings {
         drain_timeout: Duration::from_secs(2),

@@ -156,6 +156,18 @@ impl<'a> Settings<'a> {
     }
 }
 
+/// `mssql-ces run --until-idle` on `config`, its output once it ends (within
+/// `limit`, else the test fails naming `what`).
+fn run_until_idle(config: &Path, limit: Duration, what: &str) -> std::process::Output {
+    support::tools::output_within(
+        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
+            .args(["run", "--until-idle", "--config"])
+            .arg(config),
+        limit,
+        what,
+    )
+}
+
 /// Waits for `child` to end within `limit`, failing the test with its log if not.
 fn exit_within(
     child: &mut Child,
@@ -725,10 +737,8 @@ fn a_table_name_with_a_space_goes_to_a_topic_kafka_accepts() {
         ),
     )
     .expect("config");
-    let output = support::tools::output_within(
-        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
-            .args(["run", "--until-idle", "--config"])
-            .arg(&config),
+    let output = run_until_idle(
+        &config,
         Duration::from_secs(120),
         "a run into per-table topics",
     );
@@ -795,15 +805,7 @@ fn a_debezium_record_is_bounded_by_the_destination_and_an_oversized_one_names_th
         )
         .expect("config");
     };
-    let run = |what: &str| {
-        support::tools::output_within(
-            std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
-                .args(["run", "--until-idle", "--config"])
-                .arg(&config),
-            Duration::from_secs(120),
-            what,
-        )
-    };
+    let run = |what: &str| run_until_idle(&config, Duration::from_secs(120), what);
     write("");
     let refused = run("a Debezium run meeting an oversized record");
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -863,10 +865,8 @@ fn a_checkpoint_topic_that_deletes_records_is_refused_with_the_fix() {
         &[("cleanup.policy", "delete"), ("retention.ms", "3600000")],
     );
     let config = stream.config(&dir, &kafka.bootstrap(), &Settings::exactly_once(20, 0));
-    let run = support::tools::output_within(
-        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
-            .args(["run", "--until-idle", "--config"])
-            .arg(&config),
+    let run = run_until_idle(
+        &config,
         Duration::from_secs(60),
         "a run on a deleting checkpoint topic",
     );
@@ -913,10 +913,8 @@ fn a_topic_limit_below_the_largest_message_stops_the_run_before_its_first_messag
         &kafka.bootstrap(),
         &Settings::at_least_once(20, 0, "[event]\nmax_message_size_kb = 256\n"),
     );
-    let run = support::tools::output_within(
-        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
-            .args(["run", "--until-idle", "--config"])
-            .arg(&config),
+    let run = run_until_idle(
+        &config,
         Duration::from_secs(60),
         "a run into a topic of a small limit",
     );

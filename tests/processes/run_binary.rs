@@ -71,10 +71,7 @@ fn plain_events(seed: u64, transactions: u64) -> BTreeMap<String, Vec<u8>> {
         .block_on(expected_events(SyntheticConfig {
             seed,
             transactions: Some(transactions),
-            rate_per_second: None,
-            large_value_every: 0,
-            existing_rows: 0,
-            oversized_value_every: 0,
+            ..SyntheticConfig::default()
         }))
 }
 

@@ -246,19 +246,27 @@ fn unreadable(e: &dyn std::fmt::Display) -> String {
     format!("not readable ({e}): the endpoint may not answer DescribeConfigs")
 }
 
+/// The configuration of `resource` from DescribeConfigs; `None` where the answer
+/// has none for it.
+async fn described<C: rdkafka::ClientContext + 'static>(
+    admin: &AdminClient<C>,
+    resource: &ResourceSpecifier<'_>,
+    options: &AdminOptions,
+) -> Result<Option<rdkafka::admin::ConfigResource>, rdkafka::error::KafkaError> {
+    let results = admin.describe_configs([resource], options).await?;
+    Ok(results.into_iter().next().and_then(Result::ok))
+}
+
 /// One configuration value of `resource` from DescribeConfigs, or why it could not
 /// be read.
-async fn described_value<C: rdkafka::ClientContext + 'static>(
+pub(super) async fn described_value<C: rdkafka::ClientContext + 'static>(
     admin: &AdminClient<C>,
     resource: &ResourceSpecifier<'_>,
     key: &str,
     options: &AdminOptions,
 ) -> Result<String, String> {
-    match admin.describe_configs([resource], options).await {
-        Ok(results) => results
-            .into_iter()
-            .next()
-            .and_then(|r| r.ok())
+    match described(admin, resource, options).await {
+        Ok(config) => config
             .and_then(|c| c.get(key).and_then(|e| e.value.clone()))
             .ok_or_else(|| unreadable(&format!("no {key} in the answer"))),
         Err(e) => Err(unreadable(&e)),
@@ -269,10 +277,13 @@ async fn described_value<C: rdkafka::ClientContext + 'static>(
 /// reports the broker's `message.max.bytes` where the topic does not override it);
 /// a limit below the largest segment goes to `verdict`, which fails the next send.
 /// Where the limit cannot be read (no such topic yet, an endpoint without the API),
-/// says so and goes on.
+/// says so and goes on. The same answer's `min.insync.replicas` goes to `probe`,
+/// for a stall's diagnosis: asked now, while the cluster is well, rather than then
+/// (Kafka answers DescribeConfigs from its controller, which may be the broker
+/// that is down).
 pub(super) async fn check_topic_in_background(
     admin: Arc<AdminClient<DefaultClientContext>>,
-    topic: String,
+    probe: Arc<super::stall::TopicProbe>,
     largest: crate::sink::LargestMessage,
     verdict: Arc<Mutex<Option<SinkError>>>,
 ) {
@@ -280,19 +291,29 @@ pub(super) async fn check_topic_in_background(
         bytes: largest,
         setting: sized_by,
     } = largest;
+    let topic = probe.topic();
     let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
-    let resource = ResourceSpecifier::Topic(&topic);
     let described = tokio::time::timeout(
         Duration::from_secs(35),
-        described_value(&admin, &resource, "max.message.bytes", &options),
+        described(&admin, &ResourceSpecifier::Topic(topic), &options),
     )
     .await;
-    let limit = match described {
-        Ok(Ok(value)) => value.parse::<usize>().ok(),
+    let config = match described {
+        Ok(Ok(config)) => config,
         Ok(Err(_)) | Err(_) => None,
     };
-    match limit {
-        Some(limit) => match check_topic_limit(&topic, limit, largest, sized_by) {
+    let value = |key: &str| {
+        config
+            .as_ref()
+            .and_then(|c| c.get(key))
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    if let Some(min_in_sync) = value("min.insync.replicas") {
+        probe.knows_min_in_sync(min_in_sync);
+    }
+    match value("max.message.bytes") {
+        Some(limit) => match check_topic_limit(topic, limit, largest, sized_by) {
             Ok(()) => tracing::debug!(
                 topic,
                 max_message_bytes = limit,

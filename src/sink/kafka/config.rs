@@ -980,13 +980,19 @@ fn transaction_properties(sink: &KafkaSinkConfig) -> Vec<(String, String)> {
     let Some(t) = &sink.transaction else {
         return Vec::new();
     };
-    let timeout = sink.delivery_timeout.as_millis().max(1000);
     vec![
         ("transactional.id".to_owned(), t.id.clone()),
-        ("message.timeout.ms".to_owned(), timeout.to_string()),
+        (
+            "message.timeout.ms".to_owned(),
+            super::transactions::message_timeout(sink.delivery_timeout)
+                .as_millis()
+                .to_string(),
+        ),
         (
             "transaction.timeout.ms".to_owned(),
-            (timeout + 5000).to_string(),
+            super::transactions::coordinator_timeout(sink.delivery_timeout)
+                .as_millis()
+                .to_string(),
         ),
     ]
 }

@@ -24,6 +24,7 @@ pub use transactions::{TransactionBound, TransactionSettings};
 mod config;
 mod outage;
 mod stall;
+pub use stall::DIAGNOSIS_WITHIN;
 
 pub use outage::BrokerLog;
 
@@ -204,10 +205,7 @@ impl KafkaTicket {
             // Failed because the producer hit a fatal error: said by its cause, which
             // the error callback may not have reported yet.
             Ok(Err((KafkaError::MessageProduction(RDKafkaErrorCode::Fatal), _))) => {
-                if let Some((code, reason)) = self.topic.fatal_error() {
-                    self.brokers.fatal(&KafkaError::Global(code), &reason);
-                }
-                Err(self.brokers.refusal_error())
+                Err(self.brokers.fatal(self.topic.fatal_error()))
             }
             // Purged because the producer hit a fatal error: the refusal says why.
             Ok(Err((
@@ -301,8 +299,8 @@ pub struct KafkaSink {
     largest_message: usize,
     /// The setting that sets the largest message.
     sized_by: &'static str,
-    checked_topics: std::collections::HashSet<String>,
-    /// Each topic written to, for a stalled message's diagnosis.
+    /// Each topic met (its limit checked at its first message), for a stalled
+    /// message's diagnosis.
     probes: HashMap<String, Arc<stall::TopicProbe>>,
     topic_error: Arc<Mutex<Option<SinkError>>>,
     /// `sink.exactly_once`: each batch in a transaction with its position.
@@ -370,7 +368,6 @@ impl KafkaSink {
             admin,
             largest_message: settings.largest_record_batch(largest_message),
             sized_by: settings.sized_by,
-            checked_topics: std::collections::HashSet::new(),
             probes: HashMap::new(),
             topic_error: Arc::new(Mutex::new(None)),
             transactions: settings
@@ -388,16 +385,13 @@ impl KafkaSink {
     /// taken in the background, so that one slow to answer never holds deliveries;
     /// where the limit cannot be read (no such topic yet, an endpoint without the
     /// API), that is said and the run goes on.
-    async fn check_topic(&mut self, topic: &str) {
-        if !self.checked_topics.insert(topic.to_owned()) {
-            return;
-        }
+    async fn check_topic(&self, probe: &Arc<stall::TopicProbe>) {
         let Some(admin) = self.admin.clone() else {
             return;
         };
         let mut checked = tokio::spawn(admin::check_topic_in_background(
             admin,
-            topic.to_owned(),
+            Arc::clone(probe),
             crate::sink::LargestMessage {
                 bytes: self.largest_message,
                 setting: self.sized_by,
@@ -409,7 +403,7 @@ impl KafkaSink {
             .is_err()
         {
             tracing::debug!(
-                topic,
+                topic = probe.topic(),
                 "the topic's max.message.bytes is not known yet; checked in the background"
             );
         }
@@ -531,12 +525,23 @@ impl KafkaSink {
         if self.brokers.refused().is_some() {
             return Err(self.brokers.refusal_error());
         }
-        if !self.checked_topics.contains(&message.topic) {
-            self.check_topic(&message.topic).await;
-            if let Some(e) = self.topic_error() {
-                return Err(e);
+        let probe = match self.probes.get(&message.topic) {
+            Some(probe) => Arc::clone(probe),
+            None => {
+                let probe = Arc::new(stall::TopicProbe::new(
+                    &message.topic,
+                    self.producer.clone(),
+                    self.admin.clone(),
+                ));
+                self.probes
+                    .insert(message.topic.clone(), Arc::clone(&probe));
+                self.check_topic(&probe).await;
+                if let Some(e) = self.topic_error() {
+                    return Err(e);
+                }
+                probe
             }
-        }
+        };
         let partition = match message.partition_hint {
             Some(hint) => {
                 let count = self.partition_count(&message.topic).await?;
@@ -564,19 +569,6 @@ impl KafkaSink {
         loop {
             match self.producer.send_result(record) {
                 Ok(future) => {
-                    let probe = match self.probes.get(&message.topic) {
-                        Some(probe) => Arc::clone(probe),
-                        None => {
-                            let probe = Arc::new(stall::TopicProbe::new(
-                                &message.topic,
-                                self.producer.clone(),
-                                self.admin.clone(),
-                            ));
-                            self.probes
-                                .insert(message.topic.clone(), Arc::clone(&probe));
-                            probe
-                        }
-                    };
                     return Ok(Delivery::Kafka(
                         future,
                         KafkaTicket::new(&self.brokers, &probe),
@@ -605,19 +597,11 @@ impl KafkaSink {
                 // The producer stopped on a fatal error: said by its cause, which
                 // the error callback may not have reported yet.
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::Fatal), _)) => {
-                    return Err(self.fatal_error());
+                    return Err(self.brokers.fatal(self.producer.client().fatal_error()));
                 }
                 Err((e, record)) => return Err(delivery_error_to(&e, Some(record.topic))),
             }
         }
-    }
-
-    /// The producer's fatal error, as a refusal of this client.
-    fn fatal_error(&self) -> SinkError {
-        if let Some((code, reason)) = self.producer.client().fatal_error() {
-            self.brokers.fatal(&KafkaError::Global(code), &reason);
-        }
-        self.brokers.refusal_error()
     }
 
     pub async fn flush(&mut self, timeout: Duration) -> Result<(), SinkError> {

@@ -133,6 +133,22 @@ impl BrokerLog {
         self.refusal.subscribe()
     }
 
+    /// Records the first refusal, and says it.
+    fn refuse(&self, error: &KafkaError, reason: &str) {
+        if self.refused().is_some() {
+            return;
+        }
+        if is_fencing(&error.to_string()) {
+            tracing::warn!(brokers = %self.brokers, error = %error, reason, "another process with this stream's transactional id took over: this one stops");
+        } else if is_lost_state(&format!("{error}: {reason}")) {
+            tracing::warn!(brokers = %self.brokers, error = %error, reason, "the Kafka producer lost its idempotence state and stops");
+        } else {
+            tracing::error!(brokers = %self.brokers, error = %error, reason, "Kafka refused this client");
+        }
+        self.refusal
+            .send_replace(Some(format!("{error}: {reason}")));
+    }
+
     /// Why the brokers refused this client, if they did.
     pub fn refused(&self) -> Option<String> {
         self.refusal.borrow().clone()
@@ -226,16 +242,14 @@ impl BrokerLog {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// The producer's fatal error, as it gives it: a refusal, whatever its cause
-    /// (unless one was already said).
-    pub fn fatal(&self, error: &KafkaError, reason: &str) {
-        if self.refused().is_none() {
-            self.error_at(error, reason, Instant::now());
+    /// The error of a producer stopped by a fatal error: `fatal` is its cause as
+    /// librdkafka gives it (`rd_kafka_fatal_error`), which the error callback may not
+    /// have reported yet. A fatal error is a refusal, whatever its cause.
+    pub fn fatal(&self, fatal: Option<(RDKafkaErrorCode, String)>) -> crate::sink::SinkError {
+        if let Some((code, reason)) = fatal {
+            self.refuse(&KafkaError::Global(code), &reason);
         }
-        if self.refused().is_none() {
-            self.refusal
-                .send_replace(Some(format!("{error}: {reason}")));
-        }
+        self.refusal_error()
     }
 
     /// librdkafka's error callback.
@@ -245,17 +259,7 @@ impl BrokerLog {
 
     pub(super) fn error_at(&self, error: &KafkaError, reason: &str, now: Instant) {
         if is_refusal(error, reason) {
-            if self.refused().is_none() {
-                if is_fencing(&error.to_string()) {
-                    tracing::warn!(brokers = %self.brokers, error = %error, reason, "another process with this stream's transactional id took over: this one stops");
-                } else if is_lost_state(&format!("{error}: {reason}")) {
-                    tracing::warn!(brokers = %self.brokers, error = %error, reason, "the Kafka producer lost its idempotence state and stops");
-                } else {
-                    tracing::error!(brokers = %self.brokers, error = %error, reason, "Kafka refused this client");
-                }
-                self.refusal
-                    .send_replace(Some(format!("{error}: {reason}")));
-            }
+            self.refuse(error, reason);
             return;
         }
         let Ok(mut state) = self.state.lock() else {

@@ -14,15 +14,22 @@ use rdkafka::producer::{FutureProducer, Producer as _};
 
 use super::HealthContext;
 
-/// How long the description may take: it is asked once, when the run is failing,
-/// within the drain that follows.
+/// How long the description may take: it is asked once, when the run is failing.
 const DESCRIBE_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long a stalled message's diagnosis takes at most: a run that stops because
+/// its source is idle waits this much longer than the delivery timeout, so that
+/// the diagnosis is not cut short.
+pub const DIAGNOSIS_WITHIN: Duration = DESCRIBE_WITHIN.saturating_add(Duration::from_secs(1));
 
 /// What a topic's messages are asked about when they stall.
 pub(super) struct TopicProbe {
     topic: String,
     producer: FutureProducer<HealthContext>,
     admin: Option<Arc<AdminClient<DefaultClientContext>>>,
+    /// The topic's `min.insync.replicas`, as read with its limit at its first
+    /// message.
+    min_in_sync: std::sync::OnceLock<usize>,
 }
 
 /// One partition as the cluster describes it.
@@ -44,7 +51,13 @@ impl TopicProbe {
             topic: topic.to_owned(),
             producer,
             admin,
+            min_in_sync: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The topic's `min.insync.replicas`, read with its limit.
+    pub(super) fn knows_min_in_sync(&self, min_in_sync: usize) {
+        let _ = self.min_in_sync.set(min_in_sync);
     }
 
     pub(super) fn topic(&self) -> &str {
@@ -78,10 +91,12 @@ impl TopicProbe {
                     .collect::<Vec<_>>(),
             )
         });
+        // Read at the first message, as a rule; asked now only where it was not.
         let configured = async {
-            match &self.admin {
-                Some(admin) => min_insync_replicas(admin, &self.topic).await,
-                None => None,
+            match (self.min_in_sync.get(), &self.admin) {
+                (Some(known), _) => Some(*known),
+                (None, Some(admin)) => min_insync_replicas(Arc::clone(admin), &self.topic).await,
+                (None, None) => None,
             }
         };
         // Both at once: the whole answer within `DESCRIBE_WITHIN` and a second.
@@ -92,27 +107,33 @@ impl TopicProbe {
 }
 
 /// The topic's `min.insync.replicas` (DescribeConfigs), where it can be read.
+/// Kafka answers DescribeConfigs from the controller the client's metadata names,
+/// which may be the broker that went down: the metadata is asked afresh first.
 async fn min_insync_replicas(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: Arc<AdminClient<DefaultClientContext>>,
     topic: &str,
 ) -> Option<usize> {
-    let options = AdminOptions::new().request_timeout(Some(DESCRIBE_WITHIN));
-    let described = tokio::time::timeout(
-        DESCRIBE_WITHIN + Duration::from_secs(1),
-        admin.describe_configs([&ResourceSpecifier::Topic(topic)], &options),
+    const REFRESH_WITHIN: Duration = Duration::from_secs(2);
+    let refreshed = Arc::clone(&admin);
+    let _ =
+        tokio::task::spawn_blocking(move || refreshed.inner().fetch_metadata(None, REFRESH_WITHIN))
+            .await;
+    let left = DESCRIBE_WITHIN.saturating_sub(REFRESH_WITHIN);
+    let options = AdminOptions::new().request_timeout(Some(left));
+    tokio::time::timeout(
+        left + Duration::from_secs(1),
+        super::admin::described_value(
+            &admin,
+            &ResourceSpecifier::Topic(topic),
+            "min.insync.replicas",
+            &options,
+        ),
     )
     .await
     .ok()?
-    .ok()?;
-    described
-        .into_iter()
-        .next()?
-        .ok()?
-        .get("min.insync.replicas")?
-        .value
-        .as_deref()?
-        .parse()
-        .ok()
+    .ok()?
+    .parse()
+    .ok()
 }
 
 /// What the partitions' states say, naming the first partitions at fault.

@@ -58,6 +58,18 @@ pub(super) struct Transactions {
     timeout: Duration,
 }
 
+/// A transactional producer's `message.timeout.ms`: the delivery time-out (a
+/// second at least).
+pub(super) fn message_timeout(delivery_timeout: Duration) -> Duration {
+    delivery_timeout.max(Duration::from_secs(1))
+}
+
+/// A transactional producer's `transaction.timeout.ms`, after which the
+/// coordinator aborts a transaction still open: its messages' time-out and 5 s.
+pub(super) fn coordinator_timeout(delivery_timeout: Duration) -> Duration {
+    message_timeout(delivery_timeout) + Duration::from_secs(5)
+}
+
 /// What a producer fenced by a newer one of its transactional id is told.
 /// `id`: the transactional id, or where it is set.
 pub(super) fn fenced(id: &str, detail: &str) -> SinkError {
@@ -191,9 +203,9 @@ impl Transactions {
         self.open_since.is_some()
     }
 
-    /// librdkafka's `transaction.timeout.ms` (the delivery timeout and 5 s).
+    /// librdkafka's `transaction.timeout.ms`.
     fn coordinator_timeout(&self) -> Duration {
-        self.timeout + Duration::from_secs(5)
+        coordinator_timeout(self.timeout)
     }
 
     fn classify(&self, error: &KafkaError) -> SinkError {

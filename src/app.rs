@@ -578,11 +578,15 @@ async fn drive<S: ChangeSource + 'static>(
         poll_interval: config.source.poll_interval,
         checkpoint_interval: config.checkpoint.interval,
         drain_timeout: config.shutdown.drain_timeout,
+        // The delivery timeout, and the time a Kafka message's failure takes to say
+        // why it stalled.
         idle_drain_timeout: config
             .sink
             .kind
             .delivery_timeout()
-            .unwrap_or(config.shutdown.drain_timeout),
+            .map_or(config.shutdown.drain_timeout, |timeout| {
+                timeout + crate::sink::kafka::DIAGNOSIS_WITHIN
+            }),
         // initial_only: the run ends once the load is delivered.
         until_idle: until_idle || config.snapshot.mode == SnapshotMode::InitialOnly,
         metrics: std::sync::Arc::clone(metrics),

@@ -23,6 +23,7 @@ fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
         index,
         mask: None,
         nullable: true,
+        default: None,
     }
 }
 

@@ -98,6 +98,9 @@ pub struct ColumnDescription {
     /// Whether the column allows NULL (true where the catalog does not say):
     /// Debezium's `optional`. Not part of the CES event.
     pub nullable: bool,
+    /// The column's default as the catalog keeps its text (`((0))`): Debezium's
+    /// schemas carry it. Not part of the CES event.
+    pub default: Option<String>,
 }
 
 impl ColumnDescription {
@@ -718,6 +721,7 @@ pub(crate) mod test_support {
             index,
             mask: None,
             nullable: true,
+            default: None,
         }
     }
 

@@ -110,8 +110,12 @@ ORDER BY ct.create_date, ct.capture_instance;";
 /// `cdc.captured_columns` in the database's, which differ on an Azure SQL Database
 /// created with another collation (its `CATALOG_COLLATION` defaults to
 /// `SQL_Latin1_General_CP1_CI_AS`), where comparing them fails with a collation
-/// conflict; the two spellings of a name are the same characters.
+/// conflict; the two spellings of a name are the same characters. The source
+/// column's default constraint (`sys.columns.default_object_id`, 0 without one)
+/// gives its text as the catalog keeps it (`sys.default_constraints.definition`,
+/// NULL where the login may not see it).
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/cdc-captured-columns-transact-sql>
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-default-constraints-transact-sql>
 pub const CAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, cc.column_name, \
 cc.column_ordinal, cc.column_type, CAST(cc.is_computed AS int) AS is_computed, \
 CASE WHEN ty.is_assembly_type = 1 THEN ty.name ELSE TYPE_NAME(chg.system_type_id) END \
@@ -119,7 +123,8 @@ AS type_name, ty.is_user_defined, chg.column_id AS change_column_id, \
 chg.max_length, chg.precision, chg.scale, \
 (SELECT COUNT(*) FROM sys.columns AS prior \
 WHERE prior.object_id = src.object_id AND prior.column_id < src.column_id) AS table_index, \
-src.column_id AS source_column_id, CAST(src.is_nullable AS int) AS is_nullable \
+src.column_id AS source_column_id, CAST(src.is_nullable AS int) AS is_nullable, \
+dc.definition AS default_definition \
 FROM cdc.change_tables AS ct \
 JOIN cdc.captured_columns AS cc ON cc.object_id = ct.object_id \
 LEFT JOIN sys.columns AS chg ON chg.object_id = ct.object_id \
@@ -127,6 +132,7 @@ AND chg.name COLLATE Latin1_General_BIN2 = cc.column_name COLLATE Latin1_General
 LEFT JOIN sys.types AS ty ON ty.user_type_id = chg.user_type_id \
 LEFT JOIN sys.columns AS src ON src.object_id = ct.source_object_id \
 AND src.column_id = cc.column_id \
+LEFT JOIN sys.default_constraints AS dc ON dc.object_id = src.default_object_id \
 ORDER BY ct.capture_instance, cc.column_ordinal;";
 
 /// Key columns in key order, as CDC identifies rows: the index given as
@@ -509,12 +515,13 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
     let max_length = row.opt_int("max_length")?;
     let precision = row.opt_int("precision")?;
     let scale = row.opt_int("scale")?;
-    let (table_index, nullable) = match row.opt_int("source_column_id")? {
+    let (table_index, nullable, default) = match row.opt_int("source_column_id")? {
         Some(_) => (
             row.opt_int("table_index")?,
             row.opt_int("is_nullable")?.map(|n| n == 1),
+            row.opt_string("default_definition")?,
         ),
-        None => (None, None),
+        None => (None, None, None),
     };
     if !in_change_table {
         // The change table has no such column: the catalog cannot be trusted.
@@ -565,6 +572,7 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
         name,
         computed,
         nullable,
+        default,
     })
 }
 
@@ -710,6 +718,10 @@ mod tests {
             ("table_index", ColumnData::I32(Some(2))),
             ("source_column_id", ColumnData::I32(source_column_id)),
             ("is_nullable", ColumnData::I32(Some(0))),
+            (
+                "default_definition",
+                ColumnData::String(Some(Cow::Borrowed("((0))"))),
+            ),
         ])
     }
 
@@ -721,6 +733,7 @@ mod tests {
         assert_eq!(column.table_index, Some(2));
         assert_eq!(column.sql_type, Ok(SqlType::BigInt));
         assert_eq!(column.nullable, Some(false));
+        assert_eq!(column.default.as_deref(), Some("((0))"));
     }
 
     /// A `rowversion` column is `binary(8)` in the change table: left out by its
@@ -758,6 +771,7 @@ mod tests {
         let column = captured_column(&mut column_row(None, Some("int"))).unwrap();
         assert_eq!(column.table_index, None);
         assert_eq!(column.nullable, None, "sys.columns has no row for it");
+        assert_eq!(column.default, None, "nor a default");
         assert_eq!(column.sql_type, Ok(SqlType::Int));
     }
 

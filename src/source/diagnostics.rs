@@ -159,6 +159,7 @@ mod tests {
             sql_type,
             computed: false,
             nullable: Some(true),
+            default: None,
         };
         let instance = instance(
             "dbo",

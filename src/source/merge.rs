@@ -49,6 +49,7 @@ impl InstanceContext {
                 index: e.table_index,
                 mask: None,
                 nullable: e.column.nullable.unwrap_or(true),
+                default: e.column.default.clone(),
             })
             .collect();
         let key = instance
@@ -290,6 +291,7 @@ mod tests {
             sql_type: Ok(sql_type),
             computed: false,
             nullable: Some(true),
+            default: None,
         };
         let ci = CaptureInstance {
             name: name.into(),

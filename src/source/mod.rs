@@ -153,6 +153,11 @@ pub struct CapturedColumn {
     /// `None` once the column was dropped from the table, or where the catalog
     /// cannot tell. Only schema-change events say it.
     pub nullable: Option<bool>,
+    /// The source column's default as the catalog keeps its text
+    /// (`sys.default_constraints.definition`: `((0))`, `(N'new')`, `(getdate())`);
+    /// `None` without one, once the column was dropped, or where the login may not
+    /// see definitions. Only Debezium's schemas say it.
+    pub default: Option<String>,
 }
 
 /// A CDC capture instance and its source table.

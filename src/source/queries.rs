@@ -619,6 +619,7 @@ mod tests {
             sql_type,
             computed: false,
             nullable: Some(true),
+            default: None,
         };
         CaptureInstance {
             name: name.into(),

@@ -298,6 +298,7 @@ mod tests {
                 index: u32::try_from(i).unwrap(),
                 mask: None,
                 nullable: true,
+                default: None,
             })
             .collect();
         Arc::new(

@@ -776,6 +776,7 @@ mod tests {
                     sql_type: Ok(*t),
                     computed: false,
                     nullable: Some(true),
+                    default: None,
                 })
                 .collect(),
             key_columns: vec!["Id".into()],

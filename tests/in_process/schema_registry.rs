@@ -415,3 +415,109 @@ async fn a_shutdown_during_a_registry_outage_keeps_its_bound() {
         assert_eq!(summary.delivered_events, 0, "{summary:?}");
     }
 }
+
+/// `ALTER TABLE dbo.T ADD Qty int NOT NULL DEFAULT …` while the table streams in
+/// Debezium's Avro (managed capture instances, so the new instance carries `Qty`):
+/// the value schemas of the events before and after, registered in order under
+/// the table's subject as the pipeline registers them; the registry's answer to
+/// the last.
+async fn register_across_an_added_column(
+    definition: &str,
+) -> (
+    Result<u32, mssql_ces::sink::registry::RegistryError>,
+    String,
+) {
+    use mssql_ces::event::Value;
+    use mssql_ces::event::debezium::DebeziumEncoder;
+    use mssql_ces::event::value::SqlType;
+    use mssql_ces::source::poller::{CaptureInstanceMode, Poller, PollerConfig};
+    use mssql_ces::source::sim::SimColumn;
+
+    let sim = crate::common::shop_with_t(0);
+    sim.enable_table("dbo.T", None).expect("enable");
+    let config = PollerConfig {
+        catalog_refresh: Duration::ZERO,
+        unreadable_grace: Duration::ZERO,
+        capture_instances: CaptureInstanceMode::Managed,
+        ..PollerConfig::default()
+    };
+    let mut poller = Poller::new(sim.clone(), config, None);
+    let settings = DebeziumSettings {
+        topic_prefix: "srv".into(),
+        ..DebeziumSettings::default()
+    };
+    let mut encoder = DebeziumEncoder::new(
+        std::sync::Arc::new(settings),
+        uuid::Uuid::nil(),
+        mssql_ces::event::debezium::RecordBound::NONE,
+        None,
+    )
+    .with_avro(true);
+    let registry = RegistryDouble::start().await;
+    let mut client =
+        mssql_ces::sink::registry::SchemaRegistry::new(&registry_settings(&registry.url))
+            .expect("client");
+    let subject = "srv.Shop.dbo.T-value";
+    let mut last = None;
+    let mut value_schema = String::new();
+    let write = |rows: Vec<Value>| {
+        sim.transaction()
+            .insert("dbo.T", rows)
+            .commit()
+            .expect("commit");
+    };
+    write(vec![Value::Int(1), Value::Text("a".into())]);
+    let mut round = 0;
+    loop {
+        for item in crate::common::drain_items(&mut poller).await.expect("poll") {
+            let crate::common::Item::Change(change) = item else {
+                continue;
+            };
+            for record in encoder.encode(&change).expect("encode") {
+                let Some((schema, _)) = record.avro.and_then(|a| a.value) else {
+                    continue;
+                };
+                value_schema = schema.to_string();
+                last = Some(client.id(subject, &schema).await);
+            }
+        }
+        round += 1;
+        match round {
+            1 => {
+                sim.add_column(
+                    "dbo.T",
+                    SimColumn::not_null("Qty", SqlType::Int).with_default(definition),
+                    Value::Int(0),
+                )
+                .expect("add column");
+                write(vec![Value::Int(2), Value::Text("b".into()), Value::Int(5)]);
+            }
+            2 => write(vec![Value::Int(3), Value::Text("c".into()), Value::Int(6)]),
+            _ => break,
+        }
+    }
+    assert!(
+        value_schema.contains("\"Qty\""),
+        "the last event has the new column: {value_schema}"
+    );
+    (last.expect("registered"), value_schema)
+}
+
+#[tokio::test]
+async fn an_added_not_null_column_with_a_constant_default_passes_a_backward_registry() {
+    let (answer, schema) = register_across_an_added_column("((0))").await;
+    answer.expect("BACKWARD-compatible: the new field has a default");
+    assert!(
+        schema.contains(r#"{"name":"Qty","type":{"type":"int","connect.default":0},"default":0}"#),
+        "{schema}"
+    );
+    // Without a constant (an expression Debezium does not evaluate), the field has
+    // no default and the registry refuses the schema, as Confluent's does.
+    let (answer, schema) = register_across_an_added_column("((1)+(1))").await;
+    assert!(!schema.contains("\"default\":0"), "{schema}");
+    let refusal = answer.expect_err("refused").to_string();
+    assert!(
+        refusal.contains("409") || refusal.contains("incompatible"),
+        "{refusal}"
+    );
+}

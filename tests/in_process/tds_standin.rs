@@ -539,6 +539,35 @@ mod through_the_wire {
         sim
     }
 
+    /// A column's default constraint text (`sys.default_constraints.definition`)
+    /// crosses the wire as the simulator holds it; none where there is none.
+    #[tokio::test]
+    async fn column_defaults_read_the_same_through_the_wire() {
+        let sim = CdcSimulator::new("CesDemo", GUID, 0);
+        sim.create_table(
+            "dbo",
+            "T",
+            vec![
+                SimColumn::new("id", SqlType::Int),
+                SimColumn::not_null("qty", SqlType::Int).with_default("((0))"),
+                SimColumn::new("note", SqlType::NVarChar(Length::Bounded(20)))
+                    .with_default("(N'it''s')"),
+            ],
+            &["id"],
+        );
+        sim.enable_table("dbo.T", None).unwrap();
+        let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
+            .await
+            .unwrap();
+        let mut wire = source(&standin, PASSWORD, Duration::from_secs(10));
+        let mut direct = sim.clone();
+        let over_wire = wire.catalog().await.unwrap().instances[0].columns.clone();
+        let from_sim = direct.catalog().await.unwrap().instances[0].columns.clone();
+        assert_eq!(over_wire, from_sim);
+        let defaults: Vec<Option<&str>> = over_wire.iter().map(|c| c.default.as_deref()).collect();
+        assert_eq!(defaults, [None, Some("((0))"), Some("(N'it''s')")]);
+    }
+
     /// The options a capture instance was enabled with cross the wire as the
     /// simulator holds them (`cdc.change_tables.role_name` and the rest).
     #[tokio::test]

@@ -126,6 +126,7 @@ pub fn column(name: &str, sql_type: SqlType, index: u32) -> ColumnDescription {
         index,
         mask: None,
         nullable: true,
+        default: None,
     }
 }
 

@@ -3,9 +3,13 @@
 //!
 //! - `POST /subjects/{subject}/versions` with `{"schema": "…"}`: the schema's id,
 //!   one id per distinct schema text across subjects, as the registry gives them;
-//!   422 (`error_code` 42201) for a schema that is not JSON; 409 (`error_code` 409)
-//!   for a new schema under a subject marked incompatible; 401 when basic
-//!   authentication is required and missing or wrong.
+//!   422 (`error_code` 42201) for a schema that is not Avro; 409 (`error_code` 409)
+//!   for a new schema under a subject marked incompatible, or — the registry's
+//!   default compatibility, `BACKWARD` — for a new Avro schema that cannot read
+//!   what the subject's latest version wrote (Avro's schema resolution: a field the
+//!   latest lacks needs a default), no id given; 401 when basic authentication is
+//!   required and missing or wrong. `set_compatibility_none` turns the check off
+//!   for a subject, as `PUT /config/{subject}` with `NONE` does.
 //! - `GET /schemas/ids/{id}` (query parameters ignored, as clients from 2.8 add
 //!   `?subject=`): `{"schema": "…"}`; 404 (`error_code` 40403) for an unknown id.
 //! - Anything else: 404 (`error_code` 404), which is what the Python client's newer
@@ -28,6 +32,8 @@ struct Registry {
     /// Subject → ids registered under it, in order.
     subjects: BTreeMap<String, Vec<u32>>,
     incompatible: BTreeSet<String>,
+    /// Subjects whose compatibility is `NONE` (every other one is `BACKWARD`).
+    unchecked: BTreeSet<String>,
     down: bool,
     /// `Authorization` header required, when set.
     auth: Option<String>,
@@ -110,29 +116,70 @@ async fn register(
             "Either the input schema or one of its references is invalid",
         );
     };
-    if serde_json::from_str::<serde_json::Value>(schema).is_err() {
-        return error(StatusCode::UNPROCESSABLE_ENTITY, 42201, "Invalid schema");
+    // Avro (the registry's default schema type) parsed as the registry parses it:
+    // names are checked too (a `-` in a namespace is refused).
+    if let Err(e) = apache_avro::Schema::parse_str(schema) {
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            42201,
+            &format!("Invalid schema: {e}"),
+        );
     }
-    let existing = registry.schemas.iter().position(|s| s == schema);
-    let id = match existing {
-        Some(i) => i as u32 + 1,
+    let under = registry.subjects.get(&subject).cloned().unwrap_or_default();
+    let known = registry
+        .schemas
+        .iter()
+        .position(|s| s == schema)
+        .map(|i| i as u32 + 1);
+    if known.is_none_or(|id| !under.contains(&id)) && !under.is_empty() {
+        let latest = under
+            .last()
+            .and_then(|id| registry.schemas.get(*id as usize - 1));
+        let refusal = if registry.incompatible.contains(&subject) {
+            Some(
+                "Schema being registered is incompatible with an earlier schema for subject"
+                    .to_owned(),
+            )
+        } else if registry.unchecked.contains(&subject) {
+            None
+        } else {
+            latest.and_then(|latest| backward_refusal(latest, schema))
+        };
+        if let Some(message) = refusal {
+            return error(StatusCode::CONFLICT, 409, &message);
+        }
+    }
+    let id = match known {
+        Some(id) => id,
         None => {
             registry.schemas.push(schema.to_owned());
             registry.schemas.len() as u32
         }
     };
-    let under = registry.subjects.get(&subject).cloned().unwrap_or_default();
     if !under.contains(&id) {
-        if registry.incompatible.contains(&subject) && !under.is_empty() {
-            return error(
-                StatusCode::CONFLICT,
-                409,
-                "Schema being registered is incompatible with an earlier schema for subject",
-            );
-        }
         registry.subjects.entry(subject).or_default().push(id);
     }
     ok(serde_json::json!({ "id": id }))
+}
+
+/// Why `new` cannot read data written with `latest` (`BACKWARD`), if it cannot.
+fn backward_refusal(latest: &str, new: &str) -> Option<String> {
+    let latest = apache_avro::Schema::parse_str(latest).ok()?;
+    let new = apache_avro::Schema::parse_str(new).ok()?;
+    // Avro's Java `SchemaCompatibility`, which the registry uses, wants every
+    // branch of a union the writer wrote readable; the Rust crate calls a union
+    // with one unreadable branch "partial".
+    use apache_avro::schema_compatibility::{Compatibility, SchemaCompatibility};
+    let why = match SchemaCompatibility::can_read(&latest, &new) {
+        Ok(Compatibility::Full) => return None,
+        Ok(Compatibility::Partial) => {
+            "a branch of a union the latest version wrote cannot be read".to_owned()
+        }
+        Err(e) => e.to_string(),
+    };
+    Some(format!(
+        "Schema being registered is incompatible with an earlier schema for subject: {why}"
+    ))
 }
 
 async fn schema_by_id(
@@ -188,6 +235,11 @@ impl RegistryDouble {
     /// Every request answers 503 while `down`.
     pub fn set_down(&self, down: bool) {
         lock(&self.state).down = down;
+    }
+
+    /// `subject`'s compatibility is `NONE`: any new schema is accepted.
+    pub fn set_compatibility_none(&self, subject: &str) {
+        lock(&self.state).unchecked.insert(subject.to_owned());
     }
 
     /// A second, different schema under `subject` is refused as incompatible.

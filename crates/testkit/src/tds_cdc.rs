@@ -700,6 +700,7 @@ fn captured_columns(catalog: &Catalog) -> Reply {
                 c.table_index
                     .map_or(Cell::Null, |t| Cell::Int(i64::from(t) + 1)),
                 c.nullable.map_or(Cell::Null, |n| Cell::Int(i64::from(n))),
+                c.default.as_deref().map_or(Cell::Null, text),
             ]);
         }
     }
@@ -719,6 +720,7 @@ fn captured_columns(catalog: &Catalog) -> Reply {
             col("table_index", ColumnType::Int(4)),
             col("source_column_id", ColumnType::Int(4)),
             col("is_nullable", ColumnType::Int(4)),
+            col("default_definition", ColumnType::NVarChar(None)),
         ],
         rows,
     )

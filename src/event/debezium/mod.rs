@@ -45,6 +45,7 @@
 //! record again with them.
 
 pub mod connect;
+pub mod defaults;
 mod encoder;
 mod payload;
 pub mod schema_change;
@@ -832,6 +833,75 @@ mod more_tests {
         assert_eq!(out, r#""ab""#);
     }
 
+    #[test]
+    fn a_constant_default_is_the_fields_default_in_both_schemas() {
+        let field = |c: &ColumnDescription, settings: &DebeziumSettings| {
+            let schema = types::column_schema(c, settings);
+            let mut json = String::new();
+            schema.write(&mut json, Some(&c.name));
+            let record =
+                connect::Schema::of(connect::Type::Struct(vec![(c.name.clone(), schema)]), false)
+                    .named("srv.db.dbo.t.Value", None);
+            (json, record.avro_json())
+        };
+        let qty = ColumnDescription {
+            default: Some("((0))".into()),
+            nullable: false,
+            ..column("Qty", SqlType::Int, 1)
+        };
+        let (json, avro) = field(&qty, &DebeziumSettings::default());
+        assert_eq!(
+            json,
+            r#"{"type":"int32","optional":false,"default":0,"field":"Qty"}"#
+        );
+        assert!(
+            avro.contains(
+                r#"{"name":"Qty","type":{"type":"int","connect.default":0},"default":0}"#
+            ),
+            "{avro}"
+        );
+        // A decimal's default is written as its values are: the unscaled bytes at
+        // the column's scale, base64 (AvroData writes the same text).
+        let price = ColumnDescription {
+            default: Some("((1.5))".into()),
+            ..column(
+                "Price",
+                SqlType::Decimal {
+                    precision: 10,
+                    scale: 2,
+                },
+                2,
+            )
+        };
+        let (json, avro) = field(&price, &DebeziumSettings::default());
+        assert!(
+            json.contains(r#""default":"AJY=""#),
+            "150 is 0x0096: {json}"
+        );
+        assert!(avro.contains(r#""default":"AJY=""#), "{avro}");
+        assert!(avro.contains(r#""type":[{"type":"bytes""#), "{avro}");
+        apache_avro::Schema::parse_str(&avro).expect("a valid Avro schema");
+        // No default for an expression, or where a column rule changes the values.
+        let stamped = ColumnDescription {
+            default: Some("(getdate())".into()),
+            nullable: false,
+            ..column("At", SqlType::DateTime, 3)
+        };
+        assert!(
+            !field(&stamped, &DebeziumSettings::default())
+                .0
+                .contains("default")
+        );
+        let hashed = ColumnDescription {
+            mask: Some(ColumnMask::Hashed),
+            ..qty.clone()
+        };
+        assert!(
+            !field(&hashed, &DebeziumSettings::default())
+                .0
+                .contains("default")
+        );
+    }
     #[test]
     fn names_kafka_does_not_allow_become_underscores_as_debezium_writes_them() {
         let table = Arc::new(

@@ -74,8 +74,28 @@ fn decimal_facts(sql_type: SqlType) -> Option<(u8, u8)> {
     }
 }
 
-/// The Connect schema of a column.
+/// The Connect schema of a column, with the column's default where it is a
+/// constant of the column's type ([`defaults`](super::defaults)).
 pub fn column_schema(column: &ColumnDescription, settings: &DebeziumSettings) -> Schema {
+    let mut schema = type_schema(column, settings);
+    schema.default = default_json(column, settings);
+    schema
+}
+
+/// The column's default as JSON text, written as its values are; `None` without
+/// a constant default, or when a column rule changes the values.
+fn default_json(column: &ColumnDescription, settings: &DebeziumSettings) -> Option<String> {
+    if column.mask.is_some() {
+        return None;
+    }
+    let value = super::defaults::parse(column.default.as_deref()?, column.sql_type)?;
+    let mut out = String::new();
+    write_value(&mut out, column, &value, settings).ok()?;
+    Some(out)
+}
+
+/// The Connect schema of a column's type.
+fn type_schema(column: &ColumnDescription, settings: &DebeziumSettings) -> Schema {
     let optional = column.nullable;
     let plain = |ty| Schema::of(ty, optional);
     // Hashed and redacted values are text whatever the column's type.

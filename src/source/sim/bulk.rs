@@ -74,6 +74,7 @@ impl BulkSource {
             sql_type: Ok(sql_type),
             computed: false,
             nullable: Some(true),
+            default: None,
         };
         CaptureInstance {
             name: INSTANCE.into(),

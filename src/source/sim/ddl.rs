@@ -156,6 +156,7 @@ impl CdcSimulator {
                 sql_type: c.sql_type.clone(),
                 computed: c.computed,
                 nullable: Some(c.nullable && !t.key.contains(&c.name)),
+                default: c.default.clone(),
             })
             .collect();
         let create_date = datetime(state.now);

@@ -94,6 +94,10 @@ pub struct SimColumn {
     /// Whether the column allows NULL (`sys.columns.is_nullable`); a key column
     /// never does, whatever this says.
     pub nullable: bool,
+    /// The default constraint's text as `sys.default_constraints.definition`
+    /// keeps it (SQL Server wraps the expression in parentheses: `DEFAULT 0` is
+    /// `((0))`, `DEFAULT N'x'` is `(N'x')`).
+    pub default: Option<String>,
 }
 
 impl SimColumn {
@@ -103,7 +107,14 @@ impl SimColumn {
             sql_type: Ok(sql_type),
             computed: false,
             nullable: true,
+            default: None,
         }
+    }
+
+    /// The column with a default constraint, its text as the catalog keeps it.
+    pub fn with_default(mut self, definition: &str) -> Self {
+        self.default = Some(definition.into());
+        self
     }
 
     /// A column declared `NOT NULL`.
@@ -134,6 +145,7 @@ impl SimColumn {
             }),
             computed: false,
             nullable: true,
+            default: None,
         }
     }
 }

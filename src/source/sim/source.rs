@@ -46,6 +46,9 @@ impl ChangeSource for CdcSimulator {
                 c.nullable = table
                     .zip(at)
                     .map(|(t, p)| t.columns[p].nullable && !t.key.iter().any(|k| k == &c.name));
+                c.default = table
+                    .zip(at)
+                    .and_then(|(t, p)| t.columns[p].default.clone());
             }
             instances.push(info);
         }

@@ -854,6 +854,7 @@ impl Config {
             catalog_refresh: Duration::from_secs(s.catalog_refresh_s),
             stream_guid: self.event.stream_guid,
             unreadable_grace: s.unreadable_grace,
+            capture_ddl_retry: PollerConfig::default().capture_ddl_retry,
             snapshot: self.snapshot.mode,
             load_chunk: self.snapshot.chunk_size,
             schema_changes: self.sink.routing.schema_changes

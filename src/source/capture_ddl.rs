@@ -45,8 +45,25 @@ pub(crate) async fn enable(
             &switch,
         ],
     )
-    .await?;
+    .await
+    .map_err(|e| lock_timeout(e, &request.schema, &request.table))?;
     Ok(())
+}
+
+/// A lock wait that ran out is [`SourceError::LockTimeout`]: 1222 itself, or the
+/// procedures' own error that wraps it (they catch what fails inside and raise an
+/// error of their own whose text names the original number). Anything else is
+/// what the connection made of it.
+fn lock_timeout(e: crate::mssql::SqlError, schema: &str, table: &str) -> SourceError {
+    let message = e.error.to_string();
+    if e.code == Some(1222) || message.contains("1222") {
+        return SourceError::LockTimeout {
+            table: format!("{schema}.{table}"),
+            waited_ms: queries::CAPTURE_DDL_LOCK_TIMEOUT_MS,
+            message,
+        };
+    }
+    e.into()
 }
 
 /// `sys.sp_cdc_disable_table` for one capture instance.
@@ -58,7 +75,8 @@ pub(crate) async fn disable(
         queries::DISABLE_TABLE,
         &[&instance.schema, &instance.table, &instance.name],
     )
-    .await?;
+    .await
+    .map_err(|e| lock_timeout(e, &instance.schema, &instance.table))?;
     Ok(())
 }
 

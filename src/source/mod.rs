@@ -357,6 +357,17 @@ pub enum SourceError {
     /// Connection loss, time-out, deadlock victim: retry with backoff.
     #[error("transient database error: {message}")]
     Transient { message: String },
+    /// `sys.sp_cdc_enable_table` or `sys.sp_cdc_disable_table` gave up waiting
+    /// for a lock on the table (1222 after `SET LOCK_TIMEOUT`): a transaction that
+    /// wrote it is open. Nothing changed; the step is tried again later.
+    #[error(
+        "waited {waited_ms} ms for a lock on {table} (an open transaction holds it) and gave up, so application writers do not queue behind CDC's DDL: {message}"
+    )]
+    LockTimeout {
+        table: String,
+        waited_ms: u64,
+        message: String,
+    },
     #[error(
         "login failed for the configured user: check source.connection_string (user and password)"
     )]
@@ -515,6 +526,7 @@ impl SourceError {
         matches!(
             self,
             SourceError::Transient { .. }
+                | SourceError::LockTimeout { .. }
                 | SourceError::CatalogChanged { .. }
                 | SourceError::CleanupRaced { .. }
         )

@@ -529,17 +529,34 @@ pub const IS_DB_OWNER: &str = "SELECT CAST(CASE WHEN IS_ROLEMEMBER(N'db_owner') 
 OR IS_SRVROLEMEMBER(N'sysadmin') = 1 OR USER_NAME() = N'dbo' THEN 1 ELSE 0 END AS int) \
 AS is_db_owner;";
 
+/// How long `sys.sp_cdc_enable_table` and `sys.sp_cdc_disable_table` wait for a
+/// lock on the table (`SET LOCK_TIMEOUT`, in the same batch) before failing with
+/// 1222. Both take a schema-modification lock on the source table, which waits
+/// behind any open transaction that wrote it, and every writer that comes after
+/// queues behind that wait: unbounded, application writes would stall for as long
+/// as the query timeout. A parameterized batch runs through `sp_executesql`, and a
+/// `SET` option set in dynamic SQL is restored when the batch returns (Learn: SET
+/// statements, "Considerations when you use the SET statements"), so the session's
+/// other queries keep the default (wait for ever, bounded by the query timeout).
+/// <https://learn.microsoft.com/sql/t-sql/statements/set-lock-timeout-transact-sql>
+/// <https://learn.microsoft.com/sql/t-sql/statements/set-statements-transact-sql>
+pub const CAPTURE_DDL_LOCK_TIMEOUT_MS: u64 = 5_000;
+
 /// A new capture instance, with the options of the one it replaces. `@P8` is the
-/// column list (`QUOTENAME`d names, comma-separated), NULL for every column.
+/// column list (`QUOTENAME`d names, comma-separated), NULL for every column. The
+/// lock wait is bounded ([`CAPTURE_DDL_LOCK_TIMEOUT_MS`]).
 /// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-enable-table-transact-sql>
-pub const ENABLE_TABLE: &str = "EXEC sys.sp_cdc_enable_table @source_schema = @P1, \
+pub const ENABLE_TABLE: &str = "SET LOCK_TIMEOUT 5000; \
+EXEC sys.sp_cdc_enable_table @source_schema = @P1, \
 @source_name = @P2, @capture_instance = @P3, @role_name = @P4, @index_name = @P5, \
 @filegroup_name = @P6, @supports_net_changes = @P7, @captured_column_list = @P8, \
 @allow_partition_switch = @P9;";
 
-/// One capture instance of a table disabled (its change table dropped).
+/// One capture instance of a table disabled (its change table dropped), the lock
+/// wait bounded ([`CAPTURE_DDL_LOCK_TIMEOUT_MS`]).
 /// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-disable-table-transact-sql>
-pub const DISABLE_TABLE: &str = "EXEC sys.sp_cdc_disable_table @source_schema = @P1, \
+pub const DISABLE_TABLE: &str = "SET LOCK_TIMEOUT 5000; \
+EXEC sys.sp_cdc_disable_table @source_schema = @P1, \
 @source_name = @P2, @capture_instance = @P3;";
 
 /// Per capture instance, its source table's columns it does not capture (matched by
@@ -907,5 +924,13 @@ ct.[Name] COLLATE Latin1_General_BIN2, DATALENGTH(ct.[Name]);"
         assert!(MAX_LSN.contains("sys.fn_cdc_get_max_lsn() AS max_lsn"));
         assert!(MAX_LSN.contains("AS tables_checksum"));
         assert!(MAX_LSN.contains("COUNT_BIG(*) FROM cdc.ddl_history"));
+    }
+
+    #[test]
+    fn cdcs_procedures_run_with_the_bounded_lock_wait_in_their_own_batch() {
+        let set = format!("SET LOCK_TIMEOUT {CAPTURE_DDL_LOCK_TIMEOUT_MS}; EXEC ");
+        for sql in [ENABLE_TABLE, DISABLE_TABLE] {
+            assert!(sql.starts_with(&set), "{sql}");
+        }
     }
 }

@@ -795,3 +795,80 @@ async fn a_table_enable_cdc_cannot_enable_is_left_out_and_the_stream_goes_on() {
     assert_eq!(instance_names(&sim), ["dbo_U"]);
     assert_eq!(poller.capture_actions().tables_enabled, 0);
 }
+
+/// `dbo.T` with a row streamed, then a column added while an application
+/// transaction holds the table's locks, and a row written: the poller, and what it
+/// delivered of that row.
+async fn added_while_locked(retry: Duration) -> (CdcSimulator, Poller<CdcSimulator>, Vec<Item>) {
+    let sim = database();
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(1), text("a")])
+        .commit()
+        .expect("commit");
+    let config = PollerConfig {
+        capture_ddl_retry: retry,
+        ..config()
+    };
+    let mut poller = Poller::new(sim.clone(), config, None);
+    assert_eq!(ids(&drain(&mut poller).await.expect("poll")), [1]);
+    sim.hold_write_lock("dbo.T", true);
+    add_column(&sim, "Email");
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(2), text("b"), text("b@example.com")],
+        )
+        .commit()
+        .expect("commit");
+    let items = drain(&mut poller)
+        .await
+        .expect("a procedure that gave up on a lock does not stop the stream");
+    (sim, poller, items)
+}
+
+/// `sys.sp_cdc_enable_table` runs with a short lock timeout: on a table an open
+/// transaction holds it gives up (1222) instead of holding every later writer in
+/// its queue; the stream goes on with the old instance, and no procedure runs
+/// again until the backoff has passed.
+#[tokio::test]
+async fn a_table_locked_by_a_writer_defers_the_new_instance_and_the_stream_goes_on() {
+    let (sim, mut poller, items) = added_while_locked(Duration::from_secs(3600)).await;
+    assert_eq!(ids(&items), [2], "streamed by the old instance");
+    assert_eq!(instance_names(&sim), ["dbo_T"], "nothing created");
+    assert_eq!(sim.capture_ddl_calls(), 1);
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(3), text("c"), text("c@example.com")],
+        )
+        .commit()
+        .expect("commit");
+    assert_eq!(ids(&drain(&mut poller).await.expect("poll")), [3]);
+    assert_eq!(
+        sim.capture_ddl_calls(),
+        1,
+        "not called again within the backoff"
+    );
+    assert_eq!(poller.capture_actions().created, 0);
+}
+
+/// Once the backoff has passed and the transaction has ended, the step is
+/// decided again from the catalog and the new instance is created.
+#[tokio::test]
+async fn a_deferred_instance_is_created_once_the_lock_is_released() {
+    let (sim, mut poller, items) = added_while_locked(Duration::ZERO).await;
+    assert_eq!(ids(&items), [2]);
+    assert_eq!(instance_names(&sim), ["dbo_T"]);
+    sim.hold_write_lock("dbo.T", false);
+    // The transaction that held the lock commits its row.
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(3), text("c"), text("c@example.com")],
+        )
+        .commit()
+        .expect("commit");
+    assert_eq!(ids(&drain(&mut poller).await.expect("poll")), [3]);
+    assert_eq!(instance_names(&sim), ["dbo_T", "dbo_T_v2"]);
+    assert_eq!(poller.capture_actions().created, 1);
+}

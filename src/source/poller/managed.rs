@@ -23,9 +23,61 @@
 //! still there; after it, the table has two instances and the stream switches; after
 //! the disable, one again. Nothing is attempted without `db_owner` (the run stops
 //! first, naming the grant).
+//!
+//! Both procedures wait for a lock on the table behind any open transaction that
+//! wrote it, and application writers queue behind that wait; so they run with a
+//! short lock timeout ([`queries::CAPTURE_DDL_LOCK_TIMEOUT_MS`]). One that gives up
+//! changed nothing: no procedure runs again until a backoff has passed
+//! ([`LockRetry`]), the stream goes on meanwhile, and the step is decided afresh
+//! from the catalog then (a call whose answer was lost but that completed on the
+//! server is seen there as done).
+//!
+//! [`queries::CAPTURE_DDL_LOCK_TIMEOUT_MS`]: crate::source::queries::CAPTURE_DDL_LOCK_TIMEOUT_MS
 
 use super::*;
 use crate::source::{EnableCapture, SourceError};
+
+/// The longest wait between attempts after CDC's procedures gave up on a lock.
+const LOCK_RETRY_MOST: Duration = Duration::from_secs(300);
+
+/// When CDC's procedures may run again after one gave up waiting for a lock.
+#[derive(Debug)]
+pub(super) struct LockRetry {
+    backoff: crate::backoff::Backoff,
+    not_before: Option<Instant>,
+}
+
+impl LockRetry {
+    /// Waits from `first` (`PollerConfig::capture_ddl_retry`), doubling.
+    pub(super) fn new(first: Duration) -> Self {
+        LockRetry {
+            backoff: crate::backoff::Backoff::new(first, LOCK_RETRY_MOST),
+            not_before: None,
+        }
+    }
+
+    /// Whether a procedure gave up recently enough that none runs yet.
+    fn waiting(&self) -> bool {
+        self.not_before.is_some_and(|at| Instant::now() < at)
+    }
+
+    /// A procedure gave up: how long until the next may run.
+    fn gave_up(&mut self) -> Duration {
+        let wait = self.backoff.next_wait();
+        self.not_before = Some(Instant::now() + wait);
+        wait
+    }
+
+    /// Whether a procedure gave up and none has succeeded since.
+    fn owed(&self) -> bool {
+        self.not_before.is_some()
+    }
+
+    fn succeeded(&mut self) {
+        self.backoff.reset();
+        self.not_before = None;
+    }
+}
 
 /// `source.capture_instances`: who creates capture instances when a table's
 /// columns change.
@@ -242,7 +294,7 @@ impl<S: ChangeSource> Poller<S> {
     /// (`@role_name = NULL`, every column, SQL Server's default instance name
     /// `schema_table`); true when it enabled one.
     pub(super) async fn enable_missing_tables(&mut self) -> Result<bool, SourceError> {
-        if !self.config.enable_cdc {
+        if !self.config.enable_cdc || self.lock_retry.waiting() {
             return Ok(false);
         }
         self.may_manage().await?;
@@ -282,7 +334,9 @@ impl<S: ChangeSource> Poller<S> {
     /// Managed mode, after each catalog read: per included table, a new capture
     /// instance when its columns changed, or the older of two disabled once drained.
     pub(super) async fn manage_capture_instances(&mut self) -> Result<(), SourceError> {
-        if self.config.capture_instances != CaptureInstanceMode::Managed {
+        if self.config.capture_instances != CaptureInstanceMode::Managed
+            || self.lock_retry.waiting()
+        {
             return Ok(());
         }
         self.may_manage().await?;
@@ -328,7 +382,9 @@ impl<S: ChangeSource> Poller<S> {
                 _ => {}
             }
         }
-        self.managed_version = Some(version);
+        // A step that gave up on a lock is decided afresh from the catalog when
+        // its wait is over, changed or not.
+        self.managed_version = (!self.lock_retry.owed()).then_some(version);
         Ok(())
     }
 
@@ -470,7 +526,20 @@ impl<S: ChangeSource> Poller<S> {
         warn: impl FnOnce(&SourceError),
     ) -> Result<bool, SourceError> {
         match result {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                self.lock_retry.succeeded();
+                Ok(true)
+            }
+            Err(e @ SourceError::LockTimeout { .. }) => {
+                let wait = self.lock_retry.gave_up();
+                tracing::warn!(
+                    %step,
+                    error = %e,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "a CDC procedure gave up waiting for a lock on its table; it is tried again later, and the stream goes on meanwhile"
+                );
+                Ok(false)
+            }
             Err(e @ SourceError::PermissionDenied { .. }) => Err(e),
             Err(e) if e.is_transient() => Err(e),
             Err(e) => {

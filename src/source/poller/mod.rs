@@ -127,6 +127,9 @@ pub struct PollerConfig {
     /// How long an included capture instance may answer `min_lsn` 0x00 (no
     /// permission, or just enabled) before that is an error; nothing is read meanwhile.
     pub unreadable_grace: Duration,
+    /// The first wait before CDC's procedures run again after one gave up waiting
+    /// for a lock on its table (doubling to 5 minutes).
+    pub capture_ddl_retry: Duration,
     /// `[snapshot] mode`: whether the rows tables already hold are loaded first.
     pub snapshot: SnapshotMode,
     /// Rows per load chunk (one statement, one batch).
@@ -160,6 +163,7 @@ impl Default for PollerConfig {
             catalog_refresh: Duration::from_secs(30),
             stream_guid: None,
             unreadable_grace: Duration::from_secs(60),
+            capture_ddl_retry: Duration::from_secs(5),
             snapshot: SnapshotMode::Never,
             load_chunk: 1000,
             schema_changes: false,
@@ -312,6 +316,8 @@ pub struct Poller<S> {
     may_manage: bool,
     /// The catalog version whose columns managed mode last compared.
     managed_version: Option<crate::source::CatalogVersion>,
+    /// When CDC's procedures may run again after one gave up on a lock.
+    lock_retry: managed::LockRetry,
     /// What `[[event.columns]]` does to each table seen.
     column_plans: PlanCache,
 }
@@ -339,6 +345,7 @@ impl<S: ChangeSource> Poller<S> {
     /// A poller starting at `position` (from a checkpoint), or at
     /// `config.start_position` when there is none.
     pub fn new(source: S, config: PollerConfig, position: Option<Position>) -> Self {
+        let lock_retry = managed::LockRetry::new(config.capture_ddl_retry);
         let started_from = position.clone();
         let resume_after = position.as_ref().and_then(|p| p.last_event);
         let needs_plan =
@@ -373,6 +380,7 @@ impl<S: ChangeSource> Poller<S> {
             capture_actions: CaptureActions::default(),
             may_manage: false,
             managed_version: None,
+            lock_retry,
             column_plans: PlanCache::default(),
         }
     }

@@ -150,6 +150,26 @@ impl CdcSimulator {
     }
 
     /// Makes the login a member of `role`, or not.
+    /// An application transaction that wrote `table` (`schema.table`) is open
+    /// (`true`) or ended. While it is, `sys.sp_cdc_enable_table` and
+    /// `sys.sp_cdc_disable_table` on the table wait for a schema-modification lock
+    /// behind it (both take one on the source table); the source runs them with
+    /// `SET LOCK_TIMEOUT`, so each gives up with 1222 after that time, changing
+    /// nothing (Learn: SET LOCK_TIMEOUT).
+    pub fn hold_write_lock(&self, table: &str, held: bool) {
+        let mut state = self.lock();
+        if held {
+            state.write_locked.insert(table.to_owned());
+        } else {
+            state.write_locked.remove(table);
+        }
+    }
+
+    /// How many times CDC's enable or disable procedure was called.
+    pub fn capture_ddl_calls(&self) -> u64 {
+        self.lock().capture_ddl_calls
+    }
+
     pub fn set_role_member(&self, role: &str, member: bool) {
         let mut state = self.lock();
         if member {

@@ -291,6 +291,11 @@ struct SimState {
     db_owner: bool,
     /// Database roles the login is a member of (gating roles).
     roles: BTreeSet<String>,
+    /// Tables (`schema.table`) an open transaction has written: CDC's procedures
+    /// on them wait for its locks.
+    write_locked: BTreeSet<String>,
+    /// `sys.sp_cdc_enable_table` / `sp_cdc_disable_table` calls, answered or not.
+    capture_ddl_calls: u64,
     /// Tables the login cannot see at all.
     invisible: BTreeSet<String>,
     /// A cleanup that has raised the low end but not yet deleted every row below it.
@@ -635,6 +640,8 @@ impl CdcSimulator {
                 denied: BTreeSet::new(),
                 db_owner: true,
                 roles: BTreeSet::new(),
+                write_locked: BTreeSet::new(),
+                capture_ddl_calls: 0,
                 invisible: BTreeSet::new(),
                 cleanup_pending: None,
                 on_next_read: Vec::new(),

@@ -5,6 +5,22 @@
 use super::*;
 
 impl CdcSimulator {
+    /// One call of CDC's enable or disable procedure on `schema.table`: counted,
+    /// and given up with 1222 while a transaction holds the table's locks.
+    fn capture_ddl_call(&self, schema: &str, table: &str) -> Result<(), SourceError> {
+        let mut state = self.call()?;
+        state.capture_ddl_calls += 1;
+        let name = format!("{schema}.{table}");
+        if state.write_locked.contains(&name) {
+            return Err(SourceError::LockTimeout {
+                table: name,
+                waited_ms: crate::source::queries::CAPTURE_DDL_LOCK_TIMEOUT_MS,
+                message: "Lock request time out period exceeded.".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn call(&self) -> Result<MutexGuard<'_, SimState>, SourceError> {
         let mut state = self.lock();
         state.round_trips += 1;
@@ -276,7 +292,7 @@ impl ChangeSource for CdcSimulator {
     }
 
     async fn enable_capture(&mut self, request: &EnableCapture) -> Result<(), SourceError> {
-        drop(self.call()?);
+        self.capture_ddl_call(&request.schema, &request.table)?;
         self.enable_table_with(
             &format!("{}.{}", request.schema, request.table),
             Some(&request.capture_instance),
@@ -288,7 +304,7 @@ impl ChangeSource for CdcSimulator {
     }
 
     async fn disable_capture(&mut self, instance: &CaptureInstance) -> Result<(), SourceError> {
-        drop(self.call()?);
+        self.capture_ddl_call(&instance.schema, &instance.table)?;
         self.try_disable_instance(&instance.name)
             .map_err(SimDdlError::into_source_error)
     }

@@ -11,7 +11,6 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use mssql_ces::config::{Config, LogFormat, Override};
 use mssql_ces::sink::SinkError;
-use mssql_ces::sink::event_hubs_amqp::outcome::OutcomeLayer;
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc: per-thread heaps without glibc's arena locks, and freed memory reused
@@ -391,8 +390,7 @@ fn report_summary<E: std::fmt::Display>(
 }
 
 /// Log lines to stderr, as text for people or one JSON object a line for shippers
-/// (`RUST_LOG` filters, default `info`), plus the layer that reads Event Hubs' send
-/// outcomes whatever the level.
+/// (`RUST_LOG` filters, default `info`).
 fn init_logging(format: LogFormat) {
     use std::io::IsTerminal as _;
     use tracing_subscriber::prelude::*;
@@ -420,15 +418,7 @@ fn init_logging(format: LogFormat) {
             .with_filter(filter())
             .boxed(),
     };
-    tracing_subscriber::registry()
-        .with(lines)
-        .with(
-            OutcomeLayer::new().with_filter(
-                tracing_subscriber::filter::filter_fn(OutcomeLayer::wants)
-                    .with_max_level_hint(tracing::level_filters::LevelFilter::WARN),
-            ),
-        )
-        .init();
+    tracing_subscriber::registry().with(lines).init();
 }
 
 /// The configuration, and the environment variables to warn of (named like

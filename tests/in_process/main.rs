@@ -19,6 +19,7 @@ mod event_hubs_amqp_binary;
 mod event_hubs_amqp_large;
 mod event_hubs_amqp_partitions;
 mod event_hubs_amqp_rejected;
+mod event_hubs_amqp_released;
 mod initial_load;
 mod kafka_checkpoint;
 mod kafka_pipeline;

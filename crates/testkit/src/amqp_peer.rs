@@ -34,6 +34,9 @@ pub struct ArrivedEvent {
 pub struct Arrivals {
     pub events: Arc<Mutex<Vec<ArrivedEvent>>>,
     pub tokens: Arc<Mutex<Vec<String>>>,
+    /// Each `$cbs` put-token as it came: the address it authorizes (`name`), the
+    /// token's `type`, and the token itself.
+    pub token_puts: Arc<Mutex<Vec<TokenPut>>>,
     /// The event transfer with this 1-based number is never settled (a stalled
     /// send); 0 for none.
     pub hold_transfer: Arc<std::sync::atomic::AtomicUsize>,
@@ -41,6 +44,8 @@ pub struct Arrivals {
     pub transfers: Arc<std::sync::atomic::AtomicUsize>,
     /// The next this many event transfers are answered `Released` (not stored).
     pub release_next: Arc<std::sync::atomic::AtomicUsize>,
+    /// The next this many event transfers are answered `Modified` (not stored).
+    pub modify_next: Arc<std::sync::atomic::AtomicUsize>,
     /// Partition ids the `$management` READ reports; with none, that request is
     /// answered 404 (a hub whose partitions the client cannot read).
     pub partition_ids: Arc<Mutex<Vec<String>>>,
@@ -55,6 +60,14 @@ pub struct Arrivals {
     /// Event transfers received and not yet settled, and the most there ever were.
     pub in_flight: Arc<std::sync::atomic::AtomicUsize>,
     pub max_in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One put-token request on the `$cbs` node.
+#[derive(Debug, Clone)]
+pub struct TokenPut {
+    pub name: String,
+    pub token_type: String,
+    pub token: String,
 }
 
 /// Takes one from a fault counter, if any is left.
@@ -378,6 +391,21 @@ async fn serve_receiver(mut receiver: Receiver, reply: Replies, arrivals: Arriva
             }
             continue;
         }
+        if !control && take_one(&arrivals.modify_next) {
+            arrivals
+                .in_flight
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            let modified = fe2o3_amqp::types::messaging::Modified {
+                delivery_failed: Some(true),
+                undeliverable_here: None,
+                message_annotations: None,
+            };
+            if let Err(e) = receiver.modify(&delivery, modified).await {
+                eprintln!("amqp peer: modify on {address} failed: {e:?}");
+                return;
+            }
+            continue;
+        }
         if !control && take_one(&arrivals.release_next) {
             arrivals
                 .in_flight
@@ -403,13 +431,28 @@ async fn serve_receiver(mut receiver: Receiver, reply: Replies, arrivals: Arriva
         }
         let message = delivery.into_message();
         if address == "$cbs" {
-            if let Some(name) = message
-                .application_properties
-                .as_ref()
-                .and_then(|p| p.0.get("name"))
-                && let Ok(mut tokens) = arrivals.tokens.lock()
-            {
-                tokens.push(text(name));
+            let property = |key: &str| {
+                message
+                    .application_properties
+                    .as_ref()
+                    .and_then(|p| p.0.get(key))
+                    .map(text)
+            };
+            if let Some(name) = property("name") {
+                if let Ok(mut tokens) = arrivals.tokens.lock() {
+                    tokens.push(name.clone());
+                }
+                let token = match &message.body {
+                    Body::Value(AmqpValue(Value::String(token))) => token.clone(),
+                    other => format!("{other:?}"),
+                };
+                if let Ok(mut puts) = arrivals.token_puts.lock() {
+                    puts.push(TokenPut {
+                        name,
+                        token_type: property("type").unwrap_or_default(),
+                        token,
+                    });
+                }
             }
             let answer = status_reply(202, "Accepted", Default::default(), Value::Null);
             reply_on(&reply, "$cbs", answer).await;

@@ -19,10 +19,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use azure_messaging_eventhubs::ProducerClient;
 use azure_messaging_eventhubs::models::{AmqpMessage, EventData};
-use azure_messaging_eventhubs::{
-    EventDataBatch, EventDataBatchOptions, ProducerClient, SendMessageOptions,
-};
 use futures_util::StreamExt as _;
 use tokio::sync::{RwLock, oneshot};
 
@@ -30,10 +28,11 @@ use super::{Delivery, OutgoingMessage, SinkError, SinkHealth};
 
 pub mod config;
 mod errors;
-pub mod outcome;
+mod link;
 pub mod partitions;
 
 use errors::{delivery_error, is_definite, plain};
+use link::{Batch, Links, Outcome};
 use partitions::{PartitionMap, fixed_length_key};
 
 /// How the producer authenticates.
@@ -89,8 +88,8 @@ struct Target {
 enum Sent {
     /// Stored: this many messages.
     Accepted(usize),
-    /// Released or modified by the service: not stored.
-    NotAccepted,
+    /// Released or modified by the service (which of the two): not stored.
+    NotAccepted(&'static str),
 }
 
 /// Where a run of messages is sent.
@@ -102,10 +101,19 @@ enum Destination {
     Key(String),
 }
 
-/// The producer in use, and which connection it is (a resend reopens it once, however
+/// What the sink holds open to Event Hubs: the client library's producer, which
+/// reads the hub's partitions, and the sink's own links, which send and read each
+/// send's outcome ([`link`]).
+struct Opened {
+    producer: ProducerClient,
+    links: Links,
+}
+
+/// The connection in use, and which one it is (a resend reopens it once, however
 /// many partitions saw the stall).
 struct Connection {
     producer: Arc<ProducerClient>,
+    links: Arc<Links>,
     generation: u64,
 }
 
@@ -156,16 +164,12 @@ impl EventHubsAmqpSink {
             event_hub: event_hub.to_owned(),
             custom_endpoint,
         };
-        let producer = Self::open(&target, send_timeout).await?;
-        if !outcome::installed() {
-            tracing::warn!(
-                "the tracing layer that reads Event Hubs' send outcomes is not installed: a Released or Modified outcome counts as delivered"
-            );
-        }
+        let Opened { producer, links } = Self::open(&target, send_timeout).await?;
         let partitions = Self::read_partitions(&producer, event_hub).await;
         Ok(EventHubsAmqpSink {
             connection: RwLock::new(Connection {
                 producer: Arc::new(producer),
+                links: Arc::new(links),
                 generation: 0,
             }),
             target,
@@ -296,7 +300,7 @@ impl EventHubsAmqpSink {
     /// resolving yet) with backoff until `timeout` (`sink.delivery_timeout_ms`), as
     /// the Kafka sinks wait out an unreachable broker; what cannot pass (not
     /// authorized, no such hub) fails at once.
-    async fn open(target: &Target, timeout: Duration) -> Result<ProducerClient, SinkError> {
+    async fn open(target: &Target, timeout: Duration) -> Result<Opened, SinkError> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut backoff = crate::backoff::Backoff::new(OPEN_RETRY_FIRST, OPEN_RETRY_MOST);
         let mut last: Option<SinkError> = None;
@@ -321,11 +325,11 @@ impl EventHubsAmqpSink {
                 })
             });
             let error = match opened {
-                Ok(Ok(producer)) => {
+                Ok(Ok(opened)) => {
                     if last.is_some() {
                         tracing::info!(event_hub = %target.event_hub, "Event Hubs reachable again");
                     }
-                    return Ok(producer);
+                    return Ok(opened);
                 }
                 Ok(Err(e)) if !e.is_transient() => return Err(e),
                 Ok(Err(e)) => e,
@@ -357,7 +361,13 @@ impl EventHubsAmqpSink {
         }
     }
 
-    async fn open_unbounded(target: &Target) -> Result<ProducerClient, SinkError> {
+    async fn open_unbounded(target: &Target) -> Result<Opened, SinkError> {
+        let producer = Self::open_producer(target).await?;
+        let links = Links::open(target).await?;
+        Ok(Opened { producer, links })
+    }
+
+    async fn open_producer(target: &Target) -> Result<ProducerClient, SinkError> {
         let mut builder = ProducerClient::builder().with_application_id("mssql-ces".into());
         if let Some(endpoint) = &target.custom_endpoint {
             builder = builder.with_custom_endpoint(endpoint.clone());
@@ -400,13 +410,19 @@ impl EventHubsAmqpSink {
     /// Closes the AMQP connection, waiting at most [`CLOSE_TIMEOUT`] (the client's
     /// close was seen to hang; everything sent is settled by then).
     pub async fn close(self) -> Result<(), SinkError> {
-        let producer = self.connection.into_inner().producer;
-        let Ok(producer) = Arc::try_unwrap(producer) else {
-            // Still shared: nothing is sending any more, dropping it closes it.
-            return Ok(());
+        let Connection {
+            producer, links, ..
+        } = self.connection.into_inner();
+        let close = async {
+            links.close().await?;
+            match Arc::try_unwrap(producer) {
+                Ok(producer) => producer.close().await.map_err(delivery_error),
+                // Still shared: nothing is sending any more, dropping it closes it.
+                Err(_) => Ok(()),
+            }
         };
-        match tokio::time::timeout(CLOSE_TIMEOUT, producer.close()).await {
-            Ok(result) => result.map_err(delivery_error),
+        match tokio::time::timeout(CLOSE_TIMEOUT, close).await {
+            Ok(result) => result,
             Err(_) => {
                 tracing::warn!(
                     timeout_ms = CLOSE_TIMEOUT.as_millis() as u64,
@@ -541,27 +557,28 @@ impl EventHubsAmqpSink {
     ) -> Result<usize, SinkError> {
         let deadline = tokio::time::Instant::now() + self.send_timeout;
         loop {
-            let (producer, generation) = {
+            let (links, generation) = {
                 let connection = self.connection.read().await;
-                (Arc::clone(&connection.producer), connection.generation)
+                (Arc::clone(&connection.links), connection.generation)
             };
             let attempt = self
                 .resend_after
                 .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-            let send = Self::send_chunk(&producer, destination, messages);
+            let send = Self::send_chunk(&links, destination, messages);
             match tokio::time::timeout(attempt, send).await {
                 Ok(Ok(Sent::Accepted(count))) => {
                     self.health.set_connected(true);
                     return Ok(count);
                 }
-                Ok(Ok(Sent::NotAccepted)) if tokio::time::Instant::now() < deadline => {
+                Ok(Ok(Sent::NotAccepted(outcome))) if tokio::time::Instant::now() < deadline => {
                     self.health.add_retries(1);
                     tracing::warn!(
-                        "Event Hubs released the batch without storing it; sending it again"
+                        outcome,
+                        "Event Hubs settled a batch without storing it (released or modified); sending it again"
                     );
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Ok(Ok(Sent::NotAccepted)) => {
+                Ok(Ok(Sent::NotAccepted(_))) => {
                     return Err(SinkError::Transient(format!(
                         "Event Hubs did not store a batch (released or modified) within sink.delivery_timeout_ms ({} ms)",
                         self.send_timeout.as_millis()
@@ -572,7 +589,7 @@ impl EventHubsAmqpSink {
                 Ok(Err(e)) if e.is_transient() && tokio::time::Instant::now() < deadline => {
                     tracing::warn!(error = %e, "sending a batch to Event Hubs failed; sending it again on a new connection");
                     self.count_resend();
-                    drop(producer);
+                    drop(links);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     self.reopen_until(generation, deadline).await?;
                 }
@@ -583,7 +600,7 @@ impl EventHubsAmqpSink {
                         "Event Hubs did not acknowledge a batch in time; resending it on a new connection"
                     );
                     self.count_resend();
-                    drop(producer);
+                    drop(links);
                     self.reopen_until(generation, deadline).await?;
                 }
                 Err(_) => {
@@ -622,11 +639,13 @@ impl EventHubsAmqpSink {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match Self::open(&self.target, left).await {
                 Ok(fresh) => {
-                    let old = std::mem::replace(&mut connection.producer, Arc::new(fresh));
+                    let old_producer =
+                        std::mem::replace(&mut connection.producer, Arc::new(fresh.producer));
+                    let old_links = std::mem::replace(&mut connection.links, Arc::new(fresh.links));
                     connection.generation += 1;
                     // The old one is closed in the background once no send holds it:
                     // its close may stall as its send did.
-                    tokio::spawn(close_when_free(old));
+                    tokio::spawn(close_when_free(old_producer, old_links));
                     return Ok(());
                 }
                 Err(e) if tokio::time::Instant::now() + wait < deadline => {
@@ -638,132 +657,58 @@ impl EventHubsAmqpSink {
         }
     }
 
-    /// A new batch for `destination`, capped at [`BATCH_CAP_BYTES`] (or the link's
-    /// limit where that is lower).
-    async fn new_batch<'p>(
-        producer: &'p ProducerClient,
-        destination: &Destination,
-    ) -> Result<EventDataBatch<'p>, SinkError> {
-        let options = |cap| {
-            let (partition_id, partition_key) = match destination {
-                Destination::Partition(id) => (Some(id.clone()), None),
-                Destination::Key(key) => (None, (!key.is_empty()).then(|| key.clone())),
-            };
-            EventDataBatchOptions {
-                partition_id,
-                partition_key,
-                max_size_in_bytes: cap,
-            }
-        };
-        match producer
-            .create_batch(Some(options(Some(BATCH_CAP_BYTES))))
-            .await
-        {
-            Ok(batch) => Ok(batch),
-            // The link allows less than the cap: use the link's own limit.
-            Err(_) => producer
-                .create_batch(Some(options(None)))
-                .await
-                .map_err(delivery_error),
-        }
-    }
-
-    /// Sends one batch of the first messages that fit it, or the first message
-    /// alone when it fits no batch; says how many were stored, or that the service
-    /// released them (see [`outcome`]).
+    /// Sends one batch of the first messages that fit it (at most
+    /// [`BATCH_CAP_BYTES`], or the link's limit where that is lower), or the first
+    /// message alone, held to the link's own limit, when it is larger; says how many
+    /// were stored, or that the service settled the batch without storing it.
     async fn send_chunk(
-        producer: &ProducerClient,
+        links: &Links,
         destination: &Destination,
         messages: &[OutgoingMessage],
     ) -> Result<Sent, SinkError> {
-        use tracing::Instrument as _;
-        let attempt = outcome::new_attempt();
-        let span = tracing::warn_span!(target: "mssql_ces::amqp", "mssql_ces_amqp_send", attempt);
-        // Boxed: the instrumented future would otherwise deepen every caller's type.
-        let count = Box::pin(Self::send_chunk_once(producer, destination, messages))
-            .instrument(span)
-            .await?;
-        if outcome::take_not_accepted(attempt) {
-            return Ok(Sent::NotAccepted);
-        }
-        Ok(Sent::Accepted(count))
-    }
-
-    async fn send_chunk_once(
-        producer: &ProducerClient,
-        destination: &Destination,
-        messages: &[OutgoingMessage],
-    ) -> Result<usize, SinkError> {
-        let batch = Self::new_batch(producer, destination).await?;
-        let mut count = 0;
+        let address = links.address(match destination {
+            Destination::Partition(id) => Some(id),
+            Destination::Key(_) => None,
+        });
+        let link_max = links.max_message_size(&address).await?;
+        // Each message carries its key; the batch carries its first message's,
+        // which is what the gateway places it by.
+        let amqp = |message: &OutgoingMessage| {
+            Self::amqp_message(message, Some(&Self::partition_key(message)))
+        };
+        let mut batch = Batch::new(BATCH_CAP_BYTES.min(link_max));
         for message in messages {
-            let key = match destination {
-                Destination::Partition(_) => Some(Self::partition_key(message)),
-                // The batch writes its key on each message.
-                Destination::Key(_) => None,
-            };
-            if !batch
-                .try_add_amqp_message(Self::amqp_message(message, key.as_deref()), None)
-                .map_err(delivery_error)?
-            {
+            if !batch.try_add(&amqp(message))? {
                 break;
             }
-            count += 1;
         }
-        if count == 0 {
-            // Too large for any batch: the client counts a batch's first message
-            // twice toward its size, so nothing above about half the limit fits.
-            // Sent alone, in its place in the order, it is held only to the link's
-            // own limit. (An empty batch is never sent: the client panics.)
+        if batch.len() == 0 {
             let Some(first) = messages.first() else {
-                return Ok(0);
+                return Ok(Sent::Accepted(0));
             };
-            Self::send_alone(producer, destination, first).await?;
-            return Ok(1);
+            batch = Batch::new(link_max);
+            if !batch.try_add(&amqp(first))? {
+                return Err(SinkError::Definite(format!(
+                    "a {}-byte message is more than the event hub's link takes ({link_max} bytes): lower event.max_message_size_kb",
+                    first.payload.len()
+                )));
+            }
         }
-        producer
-            .send_batch(batch, None)
-            .await
-            .map_err(delivery_error)?;
-        Ok(count)
-    }
-
-    /// Sends one message outside a batch: to its partition, or with the partition
-    /// key as the service reads it (`x-opt-partition-key`), so it lands where the
-    /// key's batches do.
-    async fn send_alone(
-        producer: &ProducerClient,
-        destination: &Destination,
-        message: &OutgoingMessage,
-    ) -> Result<(), SinkError> {
-        let key = Self::partition_key(message);
-        let amqp = Self::amqp_message(message, Some(&key));
-        let options = match destination {
-            Destination::Partition(id) => Some(SendMessageOptions {
-                partition_id: Some(id.clone()),
-            }),
-            Destination::Key(_) => None,
+        let count = batch.len();
+        let Some(message) = batch.into_message() else {
+            return Ok(Sent::Accepted(0));
         };
-        producer
-            .send_message(amqp, options)
-            .await
-            .map_err(|e| {
-                let text = format!(
-                    "a {}-byte message could not be sent on its own ({e}); if the event hub's tier allows less, lower event.max_message_size_kb",
-                    message.payload.len()
-                );
-                if is_definite(&e) {
-                    SinkError::Definite(text)
-                } else {
-                    SinkError::Transient(text)
-                }
-            })
+        Ok(match links.send(&address, message).await? {
+            Outcome::Accepted => Sent::Accepted(count),
+            Outcome::NotAccepted(outcome) => Sent::NotAccepted(outcome),
+        })
     }
 }
 
-/// Closes a replaced producer once no send holds it any more (bounded: a stalled
+/// Closes a replaced connection once no send holds it any more (bounded: a stalled
 /// connection is dropped instead).
-async fn close_when_free(producer: Arc<ProducerClient>) {
+async fn close_when_free(producer: Arc<ProducerClient>, links: Arc<Links>) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), links.close()).await;
     let mut producer = producer;
     for _ in 0..50 {
         match Arc::try_unwrap(producer) {

@@ -118,7 +118,7 @@ enum Phase {
 #[derive(Debug)]
 struct Stream {
     /// The probe's latest answer, or why the probe could not read it.
-    probed: Option<Result<MaxLsn, String>>,
+    probed: Option<Result<MaxLsn, SourceError>>,
     /// The probe answer its last complete activation started at.
     served: Option<MaxLsn>,
     /// The answer the current activation started at.

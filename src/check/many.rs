@@ -59,15 +59,27 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
             );
         }
     }
+    let mut readable = matched.clone();
     match server.probe(&matched).await {
         Ok(answers) => {
             for answer in answers {
-                if let Err(e) = answer.state {
-                    report.fail(
+                match answer.state {
+                    Ok(_) => {}
+                    // `run` skips such a database and asks again with backoff: a
+                    // warning here, and no checks of what cannot be read.
+                    Err(SourceError::NotReadableHere { message }) => {
+                        readable.retain(|name| *name != answer.database);
+                        report.warn(
+                            format!("{}: probe", answer.database),
+                            format!("skipped: this replica cannot read it ({message}); run streams the other databases and asks this one again with backoff"),
+                            "connect to the availability group's primary (its listener), or allow reads on this secondary (SECONDARY_ROLE (ALLOW_CONNECTIONS = ALL))",
+                        );
+                    }
+                    Err(e) => report.fail(
                         format!("{}: probe", answer.database),
-                        e,
+                        e.to_string(),
                         "grant the login SELECT on the database's cdc schema (db_datareader or the capture instances' gating role)",
-                    );
+                    ),
                 }
             }
         }
@@ -77,7 +89,7 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
             "check the connection and the login's access to the databases' cdc schema",
         ),
     }
-    let (states, resume) = check_each(&mut report, config, &matched, &mut source_for).await;
+    let (states, resume) = check_each(&mut report, config, &readable, &mut source_for).await;
     check_delivery(&mut report, config, &states, resume).await;
     check_fleet(&mut report, config, matched.len()).await;
     report

@@ -85,7 +85,7 @@ pub fn probe_error(error: crate::mssql::SqlError) -> SourceError {
 pub struct DatabaseProbe {
     pub database: String,
     /// Its max LSN and catalog fingerprint, or why it could not be read.
-    pub state: Result<MaxLsn, String>,
+    pub state: Result<MaxLsn, SourceError>,
 }
 
 /// A server of many CDC-enabled databases.
@@ -123,7 +123,7 @@ pub trait DatabaseServer: Send {
                     Err(e) if e.is_transient() => return Err(e),
                     Err(e) if chunk.len() == 1 => answers.push(DatabaseProbe {
                         database: chunk[0].clone(),
-                        state: Err(e.to_string()),
+                        state: Err(e),
                     }),
                     Err(_) => {
                         for name in chunk {
@@ -132,7 +132,7 @@ pub trait DatabaseServer: Send {
                                 Err(e) if e.is_transient() => return Err(e),
                                 Err(e) => answers.push(DatabaseProbe {
                                     database: name.clone(),
-                                    state: Err(e.to_string()),
+                                    state: Err(e),
                                 }),
                             }
                         }
@@ -265,7 +265,12 @@ mod tests {
             .map(|a| (a.database.as_str(), a.state.is_ok()))
             .collect();
         assert_eq!(states, vec![("a", true), ("bad", false), ("c", true)]);
-        assert!(answers[1].state.as_ref().is_err_and(|e| e.contains("942")));
+        assert!(
+            answers[1]
+                .state
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("942"))
+        );
         // Alone in its chunk: answered as unreadable at once.
         let mut server = Fake { queries: 0 };
         let answers = server.probe(&names(&["bad"])).await.expect("probe");

@@ -1024,6 +1024,54 @@ async fn many_databases_are_checked_each_by_name() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// A database this server's replica cannot read (an availability group secondary
+/// that allows no connections, or only read-intent ones) is what `run` skips and
+/// asks again with backoff: `check` says it is skipped, with the fix, as a warning
+/// (not a failure), and checks nothing more of it; the other databases are checked
+/// as usual.
+#[tokio::test]
+async fn a_database_this_replica_cannot_read_is_reported_skipped_not_failed() {
+    use mssql_ces::source::sim::server::{Replica, SimServer};
+    let dir = temp_dir("check-secondary");
+    let config = many_databases_config(&dir, "\"Shop*\"", "kind = \"stdout\"");
+    let server = SimServer::default();
+    server.add("Shop1", database());
+    server.add("Shop2", database());
+    server.add("Shop3", database());
+    server.set_replica("Shop2", Replica::NotReadable);
+    server.set_replica("Shop3", Replica::ReadIntentOnly);
+    let report = check_server(&config, &server).await;
+    for name in ["Shop2", "Shop3"] {
+        let skipped = expect(&report, &format!("{name}: probe"), Status::Warn);
+        assert!(
+            skipped
+                .detail
+                .starts_with("skipped: this replica cannot read it"),
+            "{}",
+            skipped.detail
+        );
+        assert!(
+            skipped
+                .fix
+                .as_deref()
+                .is_some_and(|f| f.contains("ALLOW_CONNECTIONS")),
+            "{skipped:?}"
+        );
+        assert!(
+            report.get(&format!("{name}: table dbo.Orders")).is_none(),
+            "nothing more is checked of it: {}",
+            report.to_text()
+        );
+    }
+    expect(&report, "Shop1: table dbo.Orders", Status::Pass);
+    assert!(
+        report.findings.iter().all(|f| f.status != Status::Fail),
+        "{}",
+        report.to_text()
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// `fleet.group_id`: `check` looks the control topic up on the sink's brokers and
 /// says how many slots the members share (or that the first member creates it).
 /// The synthetic server's databases are checked each by name.

@@ -65,7 +65,9 @@ impl DatabaseServer for SyntheticServer {
                 state: if self.names.contains(name) {
                     Ok(self.answer)
                 } else {
-                    Err(format!("no synthetic database {name}"))
+                    Err(SourceError::Definite {
+                        message: format!("no synthetic database {name}"),
+                    })
                 },
             })
             .collect())

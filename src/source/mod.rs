@@ -347,7 +347,12 @@ pub struct UncapturedTable {
 pub struct DdlEvent {
     pub capture_instance: String,
     pub ddl_lsn: Lsn,
+    /// Server-local, as `cdc.ddl_history` keeps it.
     pub ddl_time: NaiveDateTime,
+    /// The offsets the server's zone gives `ddl_time`, where the server names its
+    /// zone (computed on the server, as a commit time's are): a DDL's time is then
+    /// read in the offset in force when it ran, not the one at startup.
+    pub offsets: Option<ServerOffsets>,
     pub ddl_command: String,
 }
 

@@ -44,6 +44,18 @@ JOIN cdc.change_tables AS ct ON ct.object_id = dh.object_id \
 WHERE ct.capture_instance = @P1 \
 ORDER BY dh.ddl_lsn;";
 
+/// [`DDL_HISTORY`] with the offsets the server's zone (`@P2`, `CURRENT_TIMEZONE_ID()`)
+/// gives each `ddl_time` and an hour later, as [`LSN_TIME_ZONED`] computes a commit
+/// time's: a DDL after a daylight-saving change reads in the offset then in force.
+pub const DDL_HISTORY_ZONED: &str = "SELECT ct.capture_instance, dh.ddl_lsn, dh.ddl_time, \
+DATEPART(TZOFFSET, dh.ddl_time AT TIME ZONE @P2) AS at_offset, \
+DATEPART(TZOFFSET, DATEADD(minute, 60, dh.ddl_time) AT TIME ZONE @P2) AS hour_later_offset, \
+dh.ddl_command \
+FROM cdc.ddl_history AS dh \
+JOIN cdc.change_tables AS ct ON ct.object_id = dh.object_id \
+WHERE ct.capture_instance = @P1 \
+ORDER BY dh.ddl_lsn;";
+
 /// Whether the SQL Server Agent (which runs the CDC capture job) is running.
 /// Requires VIEW SERVER STATE; `check` reports when it cannot tell.
 /// <https://learn.microsoft.com/sql/relational-databases/system-dynamic-management-views/sys-dm-server-services-transact-sql>
@@ -595,6 +607,7 @@ pub const ALL_CONSTANTS: &[(&str, &str)] = &[
     ("MAX_LSN", MAX_LSN),
     ("MIN_LSN", MIN_LSN),
     ("DDL_HISTORY", DDL_HISTORY),
+    ("DDL_HISTORY_ZONED", DDL_HISTORY_ZONED),
     ("AGENT_STATUS", AGENT_STATUS),
     ("SERVER_FACTS", SERVER_FACTS),
     ("CDC_JOBS", CDC_JOBS),

@@ -731,7 +731,15 @@ impl ChangeSource for SqlServerSource {
 
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
         let name = capture_instance.to_owned();
-        let rows = self.conn.query(queries::DDL_HISTORY, &[&name]).await?;
+        let rows = match self.server_zone.as_deref() {
+            Some(zone) => {
+                self.conn
+                    .query(queries::DDL_HISTORY_ZONED, &[&name, &zone])
+                    .await?
+            }
+            None => self.conn.query(queries::DDL_HISTORY, &[&name]).await?,
+        };
+        let zoned = self.server_zone.is_some();
         let mut out = Vec::new();
         for row in rows {
             let mut row = NamedRow::new(row);
@@ -742,6 +750,12 @@ impl ChangeSource for SqlServerSource {
                     .map_err(catalog_error)?
                     .ok_or_else(|| catalog_error(null("ddl_lsn")))?,
                 ddl_time: row.datetime("ddl_time").map_err(catalog_error)?,
+                offsets: match zoned {
+                    true => row
+                        .opt_offsets("at_offset", "hour_later_offset")
+                        .map_err(catalog_error)?,
+                    false => None,
+                },
                 ddl_command: row.string("ddl_command").map_err(catalog_error)?,
             });
         }

@@ -214,3 +214,62 @@ async fn loaded_rows_carry_the_offset_of_the_load_commit_not_the_startup_one() {
         loaded[0].commit_time.timestamp_nanos_opt()
     );
 }
+
+/// A DDL's time in a schema-change event is read in the offset in force when it
+/// ran, as the server computes it, not the one the server reported at startup: a
+/// column added after the clocks went back is an hour later in UTC than the
+/// startup offset would make it, and the event's DDL time is the same after a
+/// restart on the other side of the change.
+#[tokio::test]
+async fn ddl_times_follow_the_servers_zone_across_daylight_saving() {
+    use mssql_ces::event::value::{Length, SqlType};
+    use mssql_ces::source::sim::SimColumn;
+    let sim = berlin(120);
+    // Summer time (+02:00); the server reports +120 at startup.
+    sim.set_local_time(local(2026, 10, 24, 12, 0));
+    insert(&sim, 1);
+    let config = PollerConfig {
+        schema_changes: true,
+        catalog_refresh: Duration::ZERO,
+        ..config()
+    };
+    let mut poller = Poller::new(sim.clone(), config.clone(), None);
+    crate::common::drain_items(&mut poller).await.unwrap();
+    // Winter time (+01:00): 12:00 local is 11:00 UTC.
+    sim.set_local_time(local(2026, 10, 26, 12, 0));
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Email", SqlType::NVarChar(Length::Bounded(80))),
+        Value::Null,
+    )
+    .unwrap();
+    sim.enable_table("dbo.T", Some("dbo_T_v2")).unwrap();
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![
+                Value::Int(2),
+                Value::Text("r2".into()),
+                Value::Text("e".into()),
+            ],
+        )
+        .commit()
+        .unwrap();
+    let ddl_time = |items: &[crate::common::Item]| {
+        items
+            .iter()
+            .find_map(|i| match i {
+                crate::common::Item::Schema(s) if !s.ddl.is_empty() => Some(s.ddl[0].time),
+                _ => None,
+            })
+            .expect("the added column's schema-change event, with its DDL")
+    };
+    let items = crate::common::drain_items(&mut poller).await.unwrap();
+    let expected = Utc.with_ymd_and_hms(2026, 10, 26, 11, 0, 0).unwrap();
+    assert_eq!(ddl_time(&items), expected, "the offset in force at the DDL");
+    // A new run started in winter reads the same DDL the same way.
+    let fresh = Poller::new(sim.clone(), config, None);
+    let mut fresh = fresh;
+    let again = crate::common::drain_items(&mut fresh).await.unwrap();
+    assert_eq!(ddl_time(&again), expected);
+}

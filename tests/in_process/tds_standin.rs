@@ -539,6 +539,28 @@ mod through_the_wire {
         sim
     }
 
+    /// On a server that names its zone, `cdc.ddl_history` is read with the offsets
+    /// the zone gives each DDL's time (the zoned query), and they cross the wire as
+    /// the simulator computes them.
+    #[tokio::test]
+    async fn ddl_history_carries_the_zones_offsets_through_the_wire() {
+        let sim = int_table(60);
+        sim.set_time_zone(chrono_tz::Europe::Berlin);
+        sim.add_column("dbo.T", SimColumn::new("n", SqlType::Int), Value::Null)
+            .unwrap();
+        let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim.clone()))
+            .await
+            .unwrap();
+        let mut wire = source(&standin, PASSWORD, Duration::from_secs(10));
+        let mut direct = sim.clone();
+        wire.catalog().await.unwrap();
+        let over_wire = wire.ddl_history("dbo_T").await.unwrap();
+        let from_sim = direct.ddl_history("dbo_T").await.unwrap();
+        assert_eq!(over_wire.len(), 1);
+        assert!(over_wire[0].offsets.is_some(), "{over_wire:?}");
+        assert_eq!(over_wire, from_sim);
+    }
+
     /// A column's default constraint text (`sys.default_constraints.definition`)
     /// crosses the wire as the simulator holds it; none where there is none.
     #[tokio::test]

@@ -326,28 +326,38 @@ fn answer<S: ChangeSource>(source: &mut S, request: &Request) -> Result<Reply, S
             ]],
         ));
     }
-    if sql == queries::DDL_HISTORY {
+    if sql == queries::DDL_HISTORY || sql == queries::DDL_HISTORY_ZONED {
+        // Zoned, `@P2` names the zone the source's offsets were computed in.
+        let zoned = sql == queries::DDL_HISTORY_ZONED;
         let name = param_text(request, 0).unwrap_or_default().to_owned();
+        let offset = |o: Option<i16>| o.map_or(Cell::Null, |o| Cell::Int(i64::from(o)));
         let rows = now(source.ddl_history(&name))?
             .into_iter()
             .map(|d| {
-                vec![
+                let mut row = vec![
                     text(&d.capture_instance),
                     lsn_cell(Some(d.ddl_lsn)),
                     datetime_cell(d.ddl_time),
-                    text(&d.ddl_command),
-                ]
+                ];
+                if zoned {
+                    row.push(offset(d.offsets.map(|o| o.at)));
+                    row.push(offset(d.offsets.map(|o| o.hour_later)));
+                }
+                row.push(text(&d.ddl_command));
+                row
             })
             .collect();
-        return Ok(one(
-            vec![
-                col("capture_instance", ColumnType::NVarChar(Some(128))),
-                col("ddl_lsn", ColumnType::Binary(10)),
-                col("ddl_time", ColumnType::DateTime),
-                col("ddl_command", ColumnType::NVarChar(None)),
-            ],
-            rows,
-        ));
+        let mut columns = vec![
+            col("capture_instance", ColumnType::NVarChar(Some(128))),
+            col("ddl_lsn", ColumnType::Binary(10)),
+            col("ddl_time", ColumnType::DateTime),
+        ];
+        if zoned {
+            columns.push(col("at_offset", ColumnType::Int(4)));
+            columns.push(col("hour_later_offset", ColumnType::Int(4)));
+        }
+        columns.push(col("ddl_command", ColumnType::NVarChar(None)));
+        return Ok(one(columns, rows));
     }
     if let Some(reply) = facts(source, sql, request.encrypted)? {
         return Ok(reply);

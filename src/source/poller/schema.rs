@@ -111,7 +111,7 @@ impl<S: ChangeSource> Poller<S> {
             p.event.ddl = ddl
                 .into_iter()
                 .map(|d| DdlRecord {
-                    time: self.server_time_in_utc(d.ddl_time),
+                    time: self.server_time_in_utc(d.ddl_time, d.offsets),
                     command: d.ddl_command,
                     lsn: d.ddl_lsn,
                 })
@@ -121,10 +121,15 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     /// A server-local time (`cdc.ddl_history.ddl_time`) in UTC, by the zone commit
-    /// times are read in (its first reading, where the clocks repeat an hour).
-    fn server_time_in_utc(&self, local: chrono::NaiveDateTime) -> chrono::DateTime<chrono::Utc> {
+    /// times are read in, with the offsets the server gave it where it names its zone
+    /// (its first reading, where the clocks repeat an hour).
+    fn server_time_in_utc(
+        &self,
+        local: chrono::NaiveDateTime,
+        offsets: Option<crate::source::timezone::ServerOffsets>,
+    ) -> chrono::DateTime<chrono::Utc> {
         match &self.zone {
-            Some(zone) => zone.readings(local, None).first,
+            Some(zone) => zone.readings(local, offsets).first,
             None => local.and_utc(),
         }
     }

@@ -376,6 +376,7 @@ impl SimState {
                             capture_instance: instance.info.name.clone(),
                             ddl_lsn: lsn,
                             ddl_time: time,
+                            offsets: None,
                             ddl_command: command.clone(),
                         });
                     }

@@ -279,11 +279,16 @@ impl ChangeSource for CdcSimulator {
 
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
         let state = self.call()?;
+        // The offsets as the zoned query computes them on the server.
         Ok(state
             .instances
             .iter()
             .filter(|i| i.info.name == capture_instance)
             .flat_map(|i| i.ddl.clone())
+            .map(|d| DdlEvent {
+                offsets: state.offsets_at(d.ddl_time),
+                ..d
+            })
             .collect())
     }
 

@@ -282,3 +282,135 @@ async fn managed_mode_as_the_least_privilege_login_is_refused_naming_the_grant()
     );
     drop_table(&mut db, &table).await;
 }
+
+/// Managed mode never holds up the application's writers: with a transaction that
+/// wrote the table still open, `sys.sp_cdc_enable_table` gives up after its lock
+/// timeout (5 s) instead of queueing every later writer behind it, the stream goes
+/// on, and once the transaction ends the new instance is created after the backoff.
+#[tokio::test]
+#[ignore = "needs the docker SQL Server: see the module docs (cargo test --test sqlserver -- --ignored)"]
+async fn managed_mode_waits_for_an_open_writer_instead_of_blocking_writers() {
+    let (mut db, url) = admin().await;
+    let (mut writer, _) = admin().await;
+    let table = format!("it_locked_{}", suffix());
+    cdc_table(
+        &mut db,
+        &table,
+        "id int NOT NULL PRIMARY KEY, v int NULL",
+        None,
+    )
+    .await;
+    let mut p = owner_poller(&url, &table);
+    p.poll().await.expect("first poll");
+    exec(&mut db, &format!("INSERT INTO dbo.[{table}] VALUES (1, 1)")).await;
+    collect(&mut p, 1).await;
+    exec(
+        &mut db,
+        &format!("ALTER TABLE dbo.[{table}] ADD email varchar(100) NULL"),
+    )
+    .await;
+    // An application transaction that wrote the table stays open.
+    exec(
+        &mut writer,
+        &format!("BEGIN TRANSACTION; UPDATE dbo.[{table}] SET v = 2 WHERE id = 1;"),
+    )
+    .await;
+    // Within the capture job's scan the ADD is in cdc.ddl_history; each poll that
+    // tries the new instance waits at most the lock timeout.
+    let started = Instant::now();
+    for _ in 0..20 {
+        let poll = Instant::now();
+        p.poll()
+            .await
+            .expect("a lock timeout does not stop the stream");
+        assert!(
+            poll.elapsed() < Duration::from_secs(15),
+            "a poll waited {:?} behind the open transaction",
+            poll.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        p.capture_actions().created,
+        0,
+        "not while the writer is open"
+    );
+    exec(&mut writer, "COMMIT;").await;
+    polled_until(&mut p, 120, |p| p.capture_actions().created > 0).await;
+    assert_eq!(
+        p.capture_actions().created,
+        1,
+        "created once the writer committed ({:?} in all)",
+        started.elapsed()
+    );
+    drop_table(&mut db, &table).await;
+}
+
+/// The catalog gives a column's default as SQL Server keeps its text, for
+/// Debezium's schemas; and on a server that names its zone, `cdc.ddl_history`
+/// comes with the zone's offsets (0 on the test bed's UTC server).
+#[tokio::test]
+#[ignore = "needs the docker SQL Server: see the module docs (cargo test --test sqlserver -- --ignored)"]
+async fn column_defaults_and_zoned_ddl_times_come_from_the_catalog() {
+    use mssql_ces::source::ChangeSource as _;
+    let (mut db, url) = admin().await;
+    let table = format!("it_default_{}", suffix());
+    cdc_table(
+        &mut db,
+        &table,
+        "id int NOT NULL PRIMARY KEY, qty int NOT NULL DEFAULT 0, note nvarchar(20) NULL DEFAULT N'it''s'",
+        None,
+    )
+    .await;
+    exec(
+        &mut db,
+        &format!("ALTER TABLE dbo.[{table}] ADD extra int NULL"),
+    )
+    .await;
+    // As the admin login: a default's text is metadata a login sees only where it
+    // may see the table's definition.
+    let mut source = SqlServerSource::new(SqlServerConfig {
+        connection_string: ConnectionString::new(url.clone()),
+        trust_server_certificate: false,
+        encrypt: true,
+        connect_timeout: Duration::from_secs(5),
+        query_timeout: Duration::from_secs(30),
+    });
+    let catalog = source.catalog().await.expect("catalog");
+    let instance = catalog
+        .instances
+        .iter()
+        .find(|i| i.table == table)
+        .expect("the table's capture instance");
+    let defaults: Vec<(&str, Option<&str>)> = instance
+        .columns
+        .iter()
+        .map(|c| (c.name.as_str(), c.default.as_deref()))
+        .collect();
+    assert_eq!(
+        defaults,
+        [
+            ("id", None),
+            ("qty", Some("((0))")),
+            ("note", Some("(N'it''s')"))
+        ]
+    );
+    // The capture job records the ADD within its scan.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ddl = loop {
+        let ddl = source
+            .ddl_history(&instance.name)
+            .await
+            .expect("ddl history");
+        if !ddl.is_empty() || Instant::now() > deadline {
+            break ddl;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(ddl.len(), 1, "{ddl:?}");
+    if catalog.server_time_zone.is_some() {
+        let offsets = ddl[0].offsets.expect("the zone's offsets");
+        assert_eq!((offsets.at, offsets.hour_later), (0, 0), "a UTC server");
+    }
+    drop_table(&mut db, &table).await;
+}

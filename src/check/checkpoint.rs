@@ -64,9 +64,6 @@ pub(super) async fn check_checkpoint<S: ChangeSource>(
         Ok(()) => report.pass("checkpoint: writable", where_.clone()),
         Err(e) => report.fail("checkpoint: writable", e.to_string(), writable_fix(config)),
     }
-    if let CheckpointStore::Kafka(kafka) = &store {
-        retention_of_topic(report, kafka, &config.checkpoint.topic).await;
-    }
     let resume = position
         .as_ref()
         .ok()
@@ -321,14 +318,34 @@ fn writable_fix(config: &Config) -> &'static str {
 }
 
 /// What the Kafka store's topic does to a quiet stream's record.
+/// With the Kafka store: whether the checkpoint topic keeps each stream's last
+/// position (`checkpoint: kept`). Asked once per configuration, however many
+/// databases share the topic, and within `check.timeout_ms` (a broker without
+/// DescribeConfigs, such as Event Hubs, never answers it).
+pub(super) async fn check_checkpoint_topic(report: &mut Report, config: &Config) {
+    if config.checkpoint.store != crate::config::CheckpointStoreKind::Kafka {
+        return;
+    }
+    if let Ok(CheckpointStore::Kafka(kafka)) = crate::app::checkpoint_store(config) {
+        retention_of_topic(
+            report,
+            &kafka,
+            &config.checkpoint.topic,
+            config.check.timeout,
+        )
+        .await;
+    }
+}
+
 async fn retention_of_topic(
     report: &mut Report,
     store: &crate::checkpoint::kafka::KafkaStore,
     topic: &str,
+    wait: std::time::Duration,
 ) {
     use crate::checkpoint::kafka::Retention;
     const CHECK: &str = "checkpoint: kept";
-    match store.retention().await {
+    match store.retention(wait).await {
         Retention::Kept => report.pass(
             CHECK,
             format!("topic {topic} is compacted: each stream's last position stays"),

@@ -90,6 +90,7 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
         ),
     }
     let (states, resume) = check_each(&mut report, config, &readable, &mut source_for).await;
+    super::check_checkpoint_topic(&mut report, config).await;
     check_delivery(&mut report, config, &states, resume).await;
     check_fleet(&mut report, config, matched.len()).await;
     report

@@ -30,7 +30,7 @@ mod destination;
 mod many;
 mod source;
 
-use checkpoint::{check_checkpoint, human_minutes};
+use checkpoint::{check_checkpoint, check_checkpoint_topic, human_minutes};
 use destination::check_destination;
 pub use destination::kafka_findings;
 pub use many::check_many;
@@ -243,6 +243,7 @@ pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server
     secrets(&mut report, config);
     let catalog = check_source(&mut report, config, source, server).await;
     let checkpoint = check_checkpoint(&mut report, config, source, catalog.as_ref()).await;
+    check_checkpoint_topic(&mut report, config).await;
     check_delivery(&mut report, config, catalog.as_slice(), checkpoint).await;
     report
 }

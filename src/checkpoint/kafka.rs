@@ -243,8 +243,10 @@ impl KafkaStore {
 
     /// What the topic's `cleanup.policy` does to a quiet stream's record (the
     /// admin API's DescribeConfigs, bounded by the store's time-out).
-    pub async fn retention(&self) -> Retention {
-        describe_retention(self.client_config(), self.topic.clone(), self.timeout).await
+    /// What the topic's `cleanup.policy` does to a quiet stream, waiting at most
+    /// `wait` for the answer.
+    pub async fn retention(&self, wait: Duration) -> Retention {
+        describe_retention(self.client_config(), self.topic.clone(), wait).await
     }
 
     /// Writes the last position again where the topic's retention is unknown and

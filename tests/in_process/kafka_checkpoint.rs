@@ -472,7 +472,7 @@ async fn a_topic_of_unknown_retention_has_the_last_position_written_again() {
     let mut store =
         store_within(&bootstrap, "quiet", timeout).with_rewrite_every(Duration::from_secs(2));
     assert!(
-        matches!(store.retention().await, Retention::Unknown(_)),
+        matches!(store.retention(timeout).await, Retention::Unknown(_)),
         "MockCluster does not describe topic configs"
     );
     let started = std::time::Instant::now();

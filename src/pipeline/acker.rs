@@ -169,19 +169,13 @@ pub(super) async fn acknowledge(
     mut store: CheckpointStore,
     interval: Duration,
     metrics: Arc<Metrics>,
-    (failed, abandon): (CancellationToken, CancellationToken),
+    signals: Signals,
     mut lease: LeaseKeeper,
     durable: tokio::sync::watch::Sender<Option<Position>>,
 ) -> AckerResult {
-    let mut delivered = Delivered::default();
+    let mut state = Checkpointed::new(durable);
     let checkpoint = acknowledge_into(
-        &mut rx,
-        &mut store,
-        interval,
-        &metrics,
-        (&failed, &abandon),
-        &mut lease,
-        (&mut delivered, durable),
+        &mut rx, &mut store, interval, &metrics, &signals, &mut lease, &mut state,
     )
     .await;
     // The store (and with it the stream's lease) goes back to the caller, which
@@ -189,21 +183,45 @@ pub(super) async fn acknowledge(
     AckerResult {
         store,
         checkpoint,
-        delivered,
+        delivered: state.tally,
     }
 }
 
 /// What is delivered and what the checkpoint holds of it.
-struct Checkpointed {
+pub(super) struct Checkpointed {
     delivered: Option<Position>,
     written: Option<Position>,
     last_write: Instant,
     /// Where each position written is told (the poller, which retires a capture
     /// instance only once what it had to deliver is checkpointed).
     durable: tokio::sync::watch::Sender<Option<Position>>,
+    /// The events and messages of the batches counted so far.
+    tally: Delivered,
 }
 
 impl Checkpointed {
+    pub(super) fn new(durable: tokio::sync::watch::Sender<Option<Position>>) -> Self {
+        Checkpointed {
+            delivered: None,
+            written: None,
+            last_write: Instant::now(),
+            durable,
+            tally: Delivered::default(),
+        }
+    }
+
+    /// Counts batches whose deliveries are acknowledged (and, in a transaction,
+    /// committed): the checkpoint may move to `position`.
+    fn count(&mut self, position: Position, counts: &[BatchCounts], metrics: &Metrics) {
+        for batch in counts {
+            metrics.batch_delivered(batch);
+            let (events, messages) = batch.totals();
+            self.tally.events += events;
+            self.tally.messages += messages;
+        }
+        self.delivered = Some(position);
+    }
+
     fn behind(&self) -> bool {
         self.delivered != self.written
     }
@@ -247,21 +265,16 @@ impl Checkpointed {
     }
 }
 
-pub(super) async fn acknowledge_into(
+async fn acknowledge_into(
     rx: &mut mpsc::Receiver<Pending>,
     store: &mut CheckpointStore,
     interval: Duration,
     metrics: &Metrics,
-    (failed, abandon): (&CancellationToken, &CancellationToken),
+    signals: &Signals,
     lease: &mut LeaseKeeper,
-    (tally, durable): (&mut Delivered, tokio::sync::watch::Sender<Option<Position>>),
+    state: &mut Checkpointed,
 ) -> Result<Option<Position>, PipelineError> {
-    let mut state = Checkpointed {
-        delivered: None,
-        written: None,
-        last_write: Instant::now(),
-        durable,
-    };
+    let abandon = &signals.abandon;
     let mut uncommitted: Option<Uncommitted> = None;
     let result: Result<(), PipelineError> = async {
         loop {
@@ -275,7 +288,7 @@ pub(super) async fn acknowledge_into(
                 () = abandon.cancelled() => None,
                 () = commit_of(&mut uncommitted) => {
                     if let Some(batches) = uncommitted.take() {
-                        count(batches.position, &batches.counts, &mut state, tally, metrics);
+                        state.count(batches.position, &batches.counts, metrics);
                         state.write_if_due(interval, store, lease, metrics, abandon).await?;
                     }
                     continue;
@@ -294,7 +307,7 @@ pub(super) async fn acknowledge_into(
             let Some(mut pending) = next else {
                 // The last transaction may have committed as the sender stopped.
                 if let Some(batches) = uncommitted.take_if(|u| u.ticket.is_committed()) {
-                    count(batches.position, &batches.counts, &mut state, tally, metrics);
+                    state.count(batches.position, &batches.counts, metrics);
                 }
                 break;
             };
@@ -307,7 +320,7 @@ pub(super) async fn acknowledge_into(
                 return Ok(());
             }
             match pending.commit.take() {
-                None => count(pending.position, &[pending.counts], &mut state, tally, metrics),
+                None => state.count(pending.position, &[pending.counts], metrics),
                 // In a Kafka transaction: it counts once committed. A transaction
                 // that never commits counts for nothing: its batches are aborted,
                 // and sent again from the last committed position.
@@ -317,7 +330,7 @@ pub(super) async fn acknowledge_into(
                     if let Some(earlier) = uncommitted.take_if(|u| u.ticket.number != ticket.number)
                         && earlier.ticket.is_committed()
                     {
-                        count(earlier.position, &earlier.counts, &mut state, tally, metrics);
+                        state.count(earlier.position, &earlier.counts, metrics);
                     }
                     let batches = uncommitted.get_or_insert_with(|| Uncommitted {
                         ticket,
@@ -329,7 +342,7 @@ pub(super) async fn acknowledge_into(
                     if batches.ticket.is_committed()
                         && let Some(batches) = uncommitted.take()
                     {
-                        count(batches.position, &batches.counts, &mut state, tally, metrics);
+                        state.count(batches.position, &batches.counts, metrics);
                     }
                 }
             }
@@ -339,30 +352,12 @@ pub(super) async fn acknowledge_into(
     }
     .await;
     if result.is_err() {
-        failed.cancel();
+        signals.acker_failed.cancel();
     }
     // The final checkpoint: everything acknowledged, even after a delivery failure.
     state.write(store, lease, metrics, abandon).await?;
     result?;
-    Ok(state.written)
-}
-
-/// Counts batches whose deliveries are acknowledged (and, in a transaction,
-/// committed): the checkpoint may move to `position`.
-fn count(
-    position: Position,
-    counts: &[BatchCounts],
-    state: &mut Checkpointed,
-    tally: &mut Delivered,
-    metrics: &Metrics,
-) {
-    for batch in counts {
-        metrics.batch_delivered(batch);
-        let (events, messages) = batch.totals();
-        tally.events += events;
-        tally.messages += messages;
-    }
-    state.delivered = Some(position);
+    Ok(state.written.clone())
 }
 
 /// Until the transaction of the batches waiting for it commits; for ever without
@@ -530,7 +525,10 @@ mod tests {
             store,
             interval,
             Arc::new(Metrics::default()),
-            (failed, CancellationToken::new()),
+            Signals {
+                acker_failed: failed,
+                ..Signals::default()
+            },
             LeaseKeeper::new(view),
             tokio::sync::watch::channel(None).0,
         ));
@@ -720,7 +718,10 @@ mod tests {
                 CheckpointStore::Memory(memory.clone()),
                 Duration::from_secs(3600),
                 Arc::new(Metrics::default()),
-                (CancellationToken::new(), abandon),
+                Signals {
+                    abandon,
+                    ..Signals::default()
+                },
                 LeaseKeeper::new(tokio::sync::watch::channel(LeaseView::Lasting).0),
                 tokio::sync::watch::channel(None).0,
             )
@@ -756,7 +757,10 @@ mod tests {
             CheckpointStore::Memory(MemoryStore::default()),
             Duration::from_secs(3600),
             Arc::new(Metrics::default()),
-            (CancellationToken::new(), abandon),
+            Signals {
+                abandon,
+                ..Signals::default()
+            },
             LeaseKeeper::new(tokio::sync::watch::channel(LeaseView::Lasting).0),
             tokio::sync::watch::channel(None).0,
         )

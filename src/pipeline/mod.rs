@@ -51,11 +51,13 @@ mod acker;
 mod encode;
 mod registry;
 mod send;
+mod signals;
 mod source;
 
 use acker::{AckerResult, CommitTicket, LeaseKeeper, LeaseView, Pending, acknowledge};
 use encode::{Chunk, ENCODED_CHUNKS_AHEAD, Encoded, encode_batches};
 use send::Sender;
+use signals::Signals;
 use source::poll_source;
 
 /// Where the pipeline's batches come from: the [`Poller`] (every run), or anything
@@ -199,8 +201,7 @@ pub async fn run<B: BatchSource>(
     shutdown: CancellationToken,
 ) -> Result<RunSummary, PipelineError> {
     let (tx, rx) = mpsc::channel::<Pending>(IN_FLIGHT_BATCHES);
-    let failed = CancellationToken::new();
-    let abandon = CancellationToken::new();
+    let signals = Signals::new(shutdown);
     let metrics = Arc::clone(&settings.metrics);
     let (lease_view, lease) = tokio::sync::watch::channel(LeaseView::of(&store));
     // Positions as they are checkpointed, for the source.
@@ -210,7 +211,7 @@ pub async fn run<B: BatchSource>(
         store,
         settings.checkpoint_interval,
         Arc::clone(&metrics),
-        (failed.clone(), abandon.clone()),
+        signals.clone(),
         LeaseKeeper::new(lease_view),
         durable_tx,
     ));
@@ -222,17 +223,9 @@ pub async fn run<B: BatchSource>(
         &settings,
         Arc::clone(&metrics),
     );
-    let signalled = shutdown.clone();
     let transactions = sink.transaction_bound();
-    let mut sender = Sender::new(
-        sink,
-        tx,
-        metrics,
-        (shutdown, failed),
-        lease,
-        settings.drain_timeout,
-    )
-    .with_transactions(transactions);
+    let mut sender = Sender::new(sink, tx, metrics, &signals, lease, settings.drain_timeout)
+        .with_transactions(transactions);
     let outcome = sender.run(&mut upstream.encoded).await;
     let Sender {
         sink,
@@ -262,14 +255,7 @@ pub async fn run<B: BatchSource>(
     let source_failure = upstream.stop(source_vanished).await;
     // Stop feeding the acker; let it finish what is in flight, within the bound.
     drop(tx);
-    let acker_result = drain_acker(
-        acker,
-        deadline,
-        drain,
-        abandon,
-        (&signalled, settings.drain_timeout),
-    )
-    .await;
+    let acker_result = drain_acker(acker, deadline, drain, &signals, settings.drain_timeout).await;
     close_sink(sink, deadline).await;
     let AckerResult {
         store,
@@ -299,7 +285,7 @@ pub async fn run<B: BatchSource>(
     let undelivered = summary.events.saturating_sub(summary.delivered_events);
     // A signal during the idle drain makes it a shutdown: what is abandoned is sent
     // again on the next start, as after any signal.
-    if idle && undelivered > 0 && !signalled.is_cancelled() {
+    if idle && undelivered > 0 && !signals.shutdown.is_cancelled() {
         return Err(PipelineError::Undelivered {
             events: undelivered,
             waited: drain,
@@ -379,19 +365,20 @@ impl Upstream {
 /// abandons the rest (re-sent on the next start) and waits for the final checkpoint.
 ///
 /// A shutdown signalled meanwhile (during an idle stop's longer wait) brings the
-/// deadline to `shutdown.drain_timeout_ms` from then, the bound a signal promises.
+/// deadline to `signal_bound` (`shutdown.drain_timeout_ms`) from then, the bound a
+/// signal promises.
 async fn drain_acker(
     mut acker: tokio::task::JoinHandle<AckerResult>,
     mut deadline: tokio::time::Instant,
     drain_timeout: Duration,
-    abandon: CancellationToken,
-    (shutdown, signal_bound): (&CancellationToken, Duration),
+    signals: &Signals,
+    signal_bound: Duration,
 ) -> Result<AckerResult, PipelineError> {
     let waited = loop {
         tokio::select! {
             joined = &mut acker => break Ok(joined),
             () = tokio::time::sleep_until(deadline) => break Err(()),
-            () = shutdown.cancelled(), if deadline > tokio::time::Instant::now() + signal_bound => {
+            () = signals.shutdown.cancelled(), if deadline > tokio::time::Instant::now() + signal_bound => {
                 deadline = tokio::time::Instant::now() + signal_bound;
             }
         }
@@ -405,7 +392,7 @@ async fn drain_acker(
                 timeout_ms = drain_timeout.as_millis() as u64,
                 "shutdown.drain_timeout_ms passed: abandoning what is not delivered"
             );
-            abandon.cancel();
+            signals.abandon.cancel();
             acker.await
         }
     };

@@ -216,8 +216,10 @@ pub async fn run<B: BatchSource>(
         durable_tx,
     ));
 
+    let mut poller = poller;
+    poller.watch_checkpoints(durable_rx);
     let mut upstream = spawn_source_and_encoder(
-        (poller, durable_rx),
+        poller,
         encoder_options,
         router,
         &settings,
@@ -302,13 +304,12 @@ pub async fn run<B: BatchSource>(
 /// can take it, until the source yields; the two would take turns instead of running
 /// at once.
 fn spawn_source_and_encoder<B: BatchSource>(
-    (mut poller, checkpoints): (B, tokio::sync::watch::Receiver<Option<Position>>),
+    poller: B,
     encoder_options: EncoderFactory,
     router: Router,
     settings: &PipelineSettings,
     metrics: Arc<Metrics>,
 ) -> Upstream {
-    poller.watch_checkpoints(checkpoints);
     let (batch_tx, batch_rx) = mpsc::channel::<Result<SourceItem, SourceError>>(2);
     let stop_source = CancellationToken::new();
     let source = tokio::spawn(poll_source(

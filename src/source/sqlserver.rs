@@ -263,16 +263,28 @@ fn typed_key(instance: &CaptureInstance) -> Result<Vec<(String, SqlType)>, Sourc
 /// so memory holds two chunks at most.
 type Pass = tokio::sync::mpsc::Receiver<Result<Vec<Vec<Value>>, SourceError>>;
 
+/// What one pass reads and how.
+struct PassPlan {
+    /// The statement.
+    sql: String,
+    capture_instance: String,
+    /// The columns the rows carry, in order, with their types.
+    columns: Vec<(String, SqlType)>,
+    /// Rows per chunk handed over.
+    chunk_rows: usize,
+    /// How long the first row may take (`snapshot.first_row_timeout_ms`): the
+    /// server sorts the whole table first.
+    first_row_timeout: std::time::Duration,
+}
+
 /// Reads the pass's rows into the channel; each row must come within the query
 /// time-out, else the pass (and its connection) ends with a transient error.
 async fn stream_pass(
     settings: crate::mssql::SqlServerConfig,
-    sql: String,
-    capture_instance: String,
-    columns: Vec<(String, SqlType)>,
-    (limit, first_row_timeout): (usize, std::time::Duration),
+    plan: PassPlan,
     out: tokio::sync::mpsc::Sender<Result<Vec<Vec<Value>>, SourceError>>,
 ) {
+    let capture_instance = plan.capture_instance.clone();
     let mut client = match crate::mssql::connect(&settings).await {
         Ok(client) => client,
         Err(e) => {
@@ -280,15 +292,7 @@ async fn stream_pass(
             return;
         }
     };
-    let result = read_pass(
-        &mut client,
-        &settings,
-        &sql,
-        (&capture_instance, &columns),
-        (limit, first_row_timeout),
-        &out,
-    )
-    .await;
+    let result = read_pass(&mut client, &settings, &plan, &out).await;
     let abandoned = match result {
         Ok(finished) => !finished,
         Err(e) => {
@@ -318,11 +322,17 @@ async fn stream_pass(
 async fn read_pass(
     client: &mut crate::mssql::TdsClient,
     settings: &crate::mssql::SqlServerConfig,
-    sql: &str,
-    (capture_instance, columns): (&str, &[(String, SqlType)]),
-    (limit, first_row_timeout): (usize, std::time::Duration),
+    plan: &PassPlan,
     out: &tokio::sync::mpsc::Sender<Result<Vec<Vec<Value>>, SourceError>>,
 ) -> Result<bool, SourceError> {
+    let PassPlan {
+        sql,
+        capture_instance,
+        columns,
+        chunk_rows: limit,
+        first_row_timeout,
+    } = plan;
+    let (limit, first_row_timeout) = (*limit, *first_row_timeout);
     use futures_util::TryStreamExt as _;
     let classify = |e: tiberius::error::Error| SourceError::from(crate::mssql::classify(&e));
     let first_row_late = || SourceError::Transient {
@@ -403,14 +413,14 @@ impl SqlServerSource {
         };
         if cursor == TableCursor::Start {
             let (sender, receiver) = tokio::sync::mpsc::channel(1);
-            tokio::spawn(stream_pass(
-                self.conn.settings().clone(),
-                queries::read_table(instance, &[], None),
-                instance.name.clone(),
+            let plan = PassPlan {
+                sql: queries::read_table(instance, &[], None),
+                capture_instance: instance.name.clone(),
                 columns,
-                (limit.max(1), self.first_row_timeout),
-                sender,
-            ));
+                chunk_rows: limit.max(1),
+                first_row_timeout: self.first_row_timeout,
+            };
+            tokio::spawn(stream_pass(self.conn.settings().clone(), plan, sender));
             self.passes.insert(instance.name.clone(), receiver);
         } else if cursor != TableCursor::Continue {
             return Err(misuse("the table has no key"));

@@ -125,6 +125,10 @@ impl Schema {
     /// "null"]` with a Connect default); `connect.version`, `connect.parameters`,
     /// `connect.default`, `connect.name` and `connect.type` (int16) as properties;
     /// `Decimal`, `Date`, `Time` and `Timestamp` with their Avro logical types.
+    /// Record and field names are made names Avro allows ([`avro_fullname`],
+    /// [`avro_name`]), as Debezium's name adjustment mode `avro` makes them: a
+    /// topic prefix `mssql-ces` or a column `order id` would otherwise be refused by
+    /// a registry.
     pub fn avro_json(&self) -> String {
         let mut out = String::new();
         let mut defined = std::collections::HashSet::new();
@@ -132,9 +136,10 @@ impl Schema {
         out
     }
 
-    /// The full name of the record this schema becomes (its Connect name).
-    pub fn record_name(&self) -> Option<&str> {
-        self.name.as_deref()
+    /// The full name of the record this schema becomes (its Connect name, as Avro
+    /// allows it: see [`avro_fullname`]).
+    pub fn record_name(&self) -> Option<String> {
+        self.name.as_deref().map(avro_fullname)
     }
 
     /// The type, not made optional.
@@ -163,10 +168,11 @@ impl Schema {
         namespace: &str,
         defined: &mut std::collections::HashSet<String>,
     ) {
-        let full = self
-            .name
-            .clone()
-            .unwrap_or_else(|| "io.confluent.connect.avro.ConnectDefault".to_owned());
+        let full = avro_fullname(
+            self.name
+                .as_deref()
+                .unwrap_or("io.confluent.connect.avro.ConnectDefault"),
+        );
         let (space, short) = match full.rsplit_once('.') {
             Some((space, short)) => (space.to_owned(), short.to_owned()),
             None => (String::new(), full.clone()),
@@ -188,7 +194,7 @@ impl Schema {
                 out.push(',');
             }
             out.push_str("{\"name\":");
-            write_string(out, name);
+            write_string(out, &avro_name(name));
             out.push_str(",\"type\":");
             field.write_avro_optional(out, inner, defined);
             match (&field.default, field.optional) {
@@ -393,6 +399,27 @@ fn json_float(value: &serde_json::Value) -> Option<f64> {
         },
         other => other.as_f64(),
     }
+}
+
+/// A name as Avro allows it: a letter or `_` first, then letters, digits and `_`;
+/// anything else becomes `_`, as Debezium's `schema.name.adjustment.mode` and
+/// `field.name.adjustment.mode` = `avro` adjust it (`order id` is `order_id`,
+/// `2024` is `_024`). A valid name is itself.
+pub fn avro_name(name: &str) -> String {
+    name.chars()
+        .enumerate()
+        .map(|(i, c)| match c {
+            'A'..='Z' | 'a'..='z' | '_' => c,
+            '0'..='9' if i > 0 => c,
+            _ => '_',
+        })
+        .collect()
+}
+
+/// A full name (`namespace.name`) as Avro allows it: each dot-separated part
+/// adjusted as [`avro_name`] does (`mssql-ces.Shop.dbo.T` is `mssql_ces.Shop.dbo.T`).
+pub fn avro_fullname(name: &str) -> String {
+    name.split('.').map(avro_name).collect::<Vec<_>>().join(".")
 }
 
 /// A JSON string as Jackson writes it.

@@ -916,10 +916,59 @@ mod more_tests {
         );
         let schemas = build_schemas(&table, &DebeziumSettings::default());
         assert_eq!(
-            schemas.value.schema.record_name(),
+            schemas.value.schema.name.as_deref(),
             Some("mssql-ces.Shop.sales.order_details.Envelope")
         );
         assert_eq!(schemas.data_collection, "Shop.sales.order details");
+    }
+
+    /// Avro allows fewer names than Kafka and Connect: in the Avro schemas, record
+    /// and field names are adjusted as Debezium's name adjustment mode `avro` does
+    /// (the default prefix's `-`, a column's space), so that a registry takes them;
+    /// JsonConverter's schema keeps the Connect names.
+    #[test]
+    fn avro_schemas_have_names_avro_allows() {
+        let table = Arc::new(
+            TableDescription::new(
+                "Shop-1",
+                "dbo",
+                "2024 orders",
+                vec![
+                    column("Id", SqlType::Int, 0),
+                    column("order id", SqlType::Int, 1),
+                ],
+                vec![0],
+            )
+            .unwrap(),
+        );
+        let schemas = build_schemas(&table, &DebeziumSettings::default());
+        let avro = &schemas.value.avro;
+        apache_avro::Schema::parse_str(avro).expect("a registry parses it");
+        assert!(
+            avro.contains(r#""name":"Envelope","namespace":"mssql_ces.Shop_1.dbo._024_orders""#),
+            "{avro}"
+        );
+        assert!(avro.contains(r#"{"name":"order_id","type""#), "{avro}");
+        assert!(
+            avro.contains(r#""connect.name":"mssql_ces.Shop_1.dbo._024_orders.Envelope""#),
+            "{avro}"
+        );
+        assert_eq!(
+            schemas.value.schema.record_name().as_deref(),
+            Some("mssql_ces.Shop_1.dbo._024_orders.Envelope")
+        );
+        assert!(schemas.value.json.contains(r#""field":"order id""#));
+        assert!(
+            schemas
+                .value
+                .json
+                .contains(r#""name":"mssql-ces.Shop-1.dbo.2024_orders.Envelope""#),
+            "{}",
+            schemas.value.json
+        );
+        for valid in ["Envelope", "_a1", "order_details"] {
+            assert_eq!(connect::avro_name(valid), valid);
+        }
     }
 
     #[test]

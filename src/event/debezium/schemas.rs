@@ -31,7 +31,7 @@ impl Shape {
     pub(super) fn avro_schema(&self) -> (Arc<str>, String) {
         (
             Arc::clone(&self.avro),
-            self.schema.record_name().unwrap_or_default().to_owned(),
+            self.schema.record_name().unwrap_or_default(),
         )
     }
 }

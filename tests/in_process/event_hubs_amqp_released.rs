@@ -56,6 +56,26 @@ async fn a_modified_batch_is_sent_again() {
     settled_without_storing(|a| &a.modify_next).await;
 }
 
+/// Sends one message through `sink`, then the token the peer saw put for a
+/// partition's link.
+async fn partition_link_token(
+    sink: mssql_ces::sink::event_hubs_amqp::EventHubsAmqpSink,
+    arrivals: &support::amqp_peer::Arrivals,
+) -> support::amqp_peer::TokenPut {
+    let mut sink = Sink::EventHubsAmqp(Box::new(sink));
+    let delivery = sink
+        .send(support::event_hubs::message("dbo.T", b"{}".to_vec()))
+        .await
+        .expect("queued");
+    sink.end_batch(&Default::default()).await.expect("sent");
+    delivery.wait().await.expect("delivered");
+    let puts = arrivals.token_puts.lock().expect("lock").clone();
+    puts.iter()
+        .find(|p| p.name.contains("/Partitions/"))
+        .cloned()
+        .unwrap_or_else(|| panic!("a partition link was authorized: {puts:?}"))
+}
+
 /// The sink signs its own shared access signature for the `$cbs` node, as Event
 /// Hubs checks it: `sr` the event hub's address, percent-encoded and lower-cased;
 /// `sig` the HMAC-SHA256, under the connection string's key, of `sr` and `se`
@@ -66,18 +86,7 @@ async fn each_link_is_authorized_with_a_signature_made_from_the_key() {
     use base64::Engine as _;
     use hmac::Mac as _;
     let (sink, arrivals) = support::event_hubs::peer_and_sink(Duration::from_secs(5)).await;
-    let mut sink = Sink::EventHubsAmqp(Box::new(sink));
-    let delivery = sink
-        .send(support::event_hubs::message("dbo.T", b"{}".to_vec()))
-        .await
-        .expect("queued");
-    sink.end_batch(&Default::default()).await.expect("sent");
-    delivery.wait().await.expect("delivered");
-    let puts = arrivals.token_puts.lock().expect("lock").clone();
-    let link = puts
-        .iter()
-        .find(|p| p.name.contains("/Partitions/"))
-        .unwrap_or_else(|| panic!("a partition link was authorized: {puts:?}"));
+    let link = partition_link_token(sink, &arrivals).await;
     assert_eq!(link.token_type, "servicebus.windows.net:sastoken");
     let fields: std::collections::BTreeMap<&str, &str> = link
         .token
@@ -142,18 +151,7 @@ async fn with_entra_each_link_is_authorized_with_the_credentials_token() {
     let sink = support::tools::within("the sink to connect", Duration::from_secs(90), connect)
         .await
         .expect("opens with an Entra credential");
-    let mut sink = Sink::EventHubsAmqp(Box::new(sink));
-    let delivery = sink
-        .send(support::event_hubs::message("dbo.T", b"{}".to_vec()))
-        .await
-        .expect("queued");
-    sink.end_batch(&Default::default()).await.expect("sent");
-    delivery.wait().await.expect("delivered");
-    let puts = arrivals.token_puts.lock().expect("lock").clone();
-    let link = puts
-        .iter()
-        .find(|p| p.name.contains("/Partitions/"))
-        .unwrap_or_else(|| panic!("a partition link was authorized: {puts:?}"));
+    let link = partition_link_token(sink, &arrivals).await;
     assert_eq!(
         (link.token_type.as_str(), link.token.as_str()),
         ("jwt", "entra-token")

@@ -826,6 +826,18 @@ async fn added_while_locked(retry: Duration) -> (CdcSimulator, Poller<CdcSimulat
     (sim, poller, items)
 }
 
+/// Row 3 (with its email) written and streamed.
+async fn write_row_3(sim: &CdcSimulator, poller: &mut Poller<CdcSimulator>) {
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(3), text("c"), text("c@example.com")],
+        )
+        .commit()
+        .expect("commit");
+    assert_eq!(ids(&drain(poller).await.expect("poll")), [3]);
+}
+
 /// `sys.sp_cdc_enable_table` runs with a short lock timeout: on a table an open
 /// transaction holds it gives up (1222) instead of holding every later writer in
 /// its queue; the stream goes on with the old instance, and no procedure runs
@@ -836,14 +848,7 @@ async fn a_table_locked_by_a_writer_defers_the_new_instance_and_the_stream_goes_
     assert_eq!(ids(&items), [2], "streamed by the old instance");
     assert_eq!(instance_names(&sim), ["dbo_T"], "nothing created");
     assert_eq!(sim.capture_ddl_calls(), 1);
-    sim.transaction()
-        .insert(
-            "dbo.T",
-            vec![Value::Int(3), text("c"), text("c@example.com")],
-        )
-        .commit()
-        .expect("commit");
-    assert_eq!(ids(&drain(&mut poller).await.expect("poll")), [3]);
+    write_row_3(&sim, &mut poller).await;
     assert_eq!(
         sim.capture_ddl_calls(),
         1,
@@ -861,14 +866,7 @@ async fn a_deferred_instance_is_created_once_the_lock_is_released() {
     assert_eq!(instance_names(&sim), ["dbo_T"]);
     sim.hold_write_lock("dbo.T", false);
     // The transaction that held the lock commits its row.
-    sim.transaction()
-        .insert(
-            "dbo.T",
-            vec![Value::Int(3), text("c"), text("c@example.com")],
-        )
-        .commit()
-        .expect("commit");
-    assert_eq!(ids(&drain(&mut poller).await.expect("poll")), [3]);
+    write_row_3(&sim, &mut poller).await;
     assert_eq!(instance_names(&sim), ["dbo_T", "dbo_T_v2"]);
     assert_eq!(poller.capture_actions().created, 1);
 }

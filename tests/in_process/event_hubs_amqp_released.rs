@@ -163,3 +163,51 @@ async fn with_entra_each_link_is_authorized_with_the_credentials_token() {
         link.name
     );
 }
+
+/// A service that never stores a batch (every transfer released) fails the run
+/// within `sink.delivery_timeout_ms`, saying so, rather than counting the batch as
+/// delivered or retrying for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_never_stored_fails_within_the_delivery_timeout() {
+    let (endpoint, arrivals) = support::amqp_peer::start_with_partitions(4).await;
+    arrivals
+        .release_next
+        .store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
+    let connect = mssql_ces::sink::event_hubs_amqp::EventHubsAmqpSink::connect(
+        mssql_ces::sink::event_hubs_amqp::EventHubsCredential::ConnectionString(
+            support::event_hubs::CONNECTION_STRING.into(),
+        ),
+        "orders",
+        Some(endpoint),
+        Duration::from_secs(5),
+        Duration::from_secs(2),
+    );
+    let sink = support::tools::within("the sink to connect", Duration::from_secs(90), connect)
+        .await
+        .expect("opens");
+    let mut sink = Sink::EventHubsAmqp(Box::new(sink));
+    let delivery = sink
+        .send(support::event_hubs::message("dbo.T", b"{}".to_vec()))
+        .await
+        .expect("queued");
+    let started = std::time::Instant::now();
+    let error = sink
+        .end_batch(&Default::default())
+        .await
+        .expect_err("never stored");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "bounded by the delivery timeout: {:?}",
+        started.elapsed()
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("released or modified") && text.contains("sink.delivery_timeout_ms"),
+        "{text}"
+    );
+    assert!(delivery.wait().await.is_err(), "not counted as delivered");
+    assert!(
+        arrivals.transfers.load(std::sync::atomic::Ordering::SeqCst) > 1,
+        "sent again meanwhile"
+    );
+}

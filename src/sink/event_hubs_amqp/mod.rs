@@ -556,6 +556,22 @@ impl EventHubsAmqpSink {
         messages: &[OutgoingMessage],
     ) -> Result<usize, SinkError> {
         let deadline = tokio::time::Instant::now() + self.send_timeout;
+        // Whether the service settled an attempt without storing it: what the run
+        // says if the deadline passes.
+        let mut not_stored = false;
+        let out_of_time = |not_stored: bool| {
+            SinkError::Transient(if not_stored {
+                format!(
+                    "Event Hubs did not store a batch (released or modified) within sink.delivery_timeout_ms ({} ms)",
+                    self.send_timeout.as_millis()
+                )
+            } else {
+                format!(
+                    "Event Hubs did not acknowledge a batch within sink.delivery_timeout_ms ({} ms)",
+                    self.send_timeout.as_millis()
+                )
+            })
+        };
         loop {
             let (links, generation) = {
                 let connection = self.connection.read().await;
@@ -571,6 +587,7 @@ impl EventHubsAmqpSink {
                     return Ok(count);
                 }
                 Ok(Ok(Sent::NotAccepted(outcome))) if tokio::time::Instant::now() < deadline => {
+                    not_stored = true;
                     self.health.add_retries(1);
                     tracing::warn!(
                         outcome,
@@ -578,12 +595,7 @@ impl EventHubsAmqpSink {
                     );
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Ok(Ok(Sent::NotAccepted(_))) => {
-                    return Err(SinkError::Transient(format!(
-                        "Event Hubs did not store a batch (released or modified) within sink.delivery_timeout_ms ({} ms)",
-                        self.send_timeout.as_millis()
-                    )));
-                }
+                Ok(Ok(Sent::NotAccepted(_))) => return Err(out_of_time(true)),
                 // Transient (a dropped connection, the service busy): again on a
                 // new connection while the deadline allows.
                 Ok(Err(e)) if e.is_transient() && tokio::time::Instant::now() < deadline => {
@@ -603,12 +615,7 @@ impl EventHubsAmqpSink {
                     drop(links);
                     self.reopen_until(generation, deadline).await?;
                 }
-                Err(_) => {
-                    return Err(SinkError::Transient(format!(
-                        "Event Hubs did not acknowledge a batch within sink.delivery_timeout_ms ({} ms)",
-                        self.send_timeout.as_millis()
-                    )));
-                }
+                Err(_) => return Err(out_of_time(not_stored)),
             }
         }
     }

@@ -6,8 +6,8 @@
 
 use crate::mssql::SqlConnection;
 use crate::source::catalog::NamedRow;
+use crate::source::catalog::catalog_error;
 use crate::source::queries;
-use crate::source::sqlserver::catalog_error;
 use crate::source::{CaptureInstance, EnableCapture, SourceError, UncapturedTable};
 
 /// `IS_DB_OWNER`: whether the login may run the CDC procedures.

@@ -365,7 +365,9 @@ pub fn null(column: &str) -> DecodeError {
     }
 }
 
-fn catalog_error(error: DecodeError) -> SourceError {
+/// A catalog answer that cannot be decoded: definite (the catalog is not what the
+/// queries expect).
+pub(crate) fn catalog_error(error: DecodeError) -> SourceError {
     SourceError::Definite {
         message: format!("unexpected catalog result: {error}"),
     }

@@ -11,6 +11,7 @@
 //! catalog said are [`SourceError::CatalogChanged`]: the poller re-reads the catalog
 //! and tries again, so a disabled or altered capture instance never stops the run.
 
+use crate::source::catalog::catalog_error;
 use std::collections::HashMap;
 
 use tiberius::ToSql;
@@ -74,13 +75,6 @@ fn malformed(capture_instance: &str, error: DecodeError) -> SourceError {
     SourceError::Malformed {
         capture_instance: capture_instance.to_owned(),
         message: error.to_string(),
-    }
-}
-
-/// An answer that does not have the shape its query promises.
-pub(crate) fn catalog_error(error: DecodeError) -> SourceError {
-    SourceError::Definite {
-        message: format!("unexpected catalog result: {error}"),
     }
 }
 

@@ -180,7 +180,9 @@ async fn a_batch_never_stored_fails_within_the_delivery_timeout() {
         "orders",
         Some(endpoint),
         Duration::from_secs(5),
-        Duration::from_secs(2),
+        // Long enough that the first attempt (connect, authorize, attach) answers
+        // within it on a loaded machine.
+        Duration::from_secs(5),
     );
     let sink = support::tools::within("the sink to connect", Duration::from_secs(90), connect)
         .await

@@ -560,8 +560,10 @@ fn three_brokers_through_a_dead_leader_a_frozen_broker_and_a_cluster_restart_los
         .find(|n| *n != kafka.leader_of(&short.topic, 0))
         .expect("a follower");
     kafka.node(follower).kill();
-    // The leader drops it from the in-sync replicas after replica.lag.time.max.ms.
-    std::thread::sleep(Duration::from_secs(8));
+    // The leader drops it from the in-sync replicas after replica.lag.time.max.ms;
+    // until then it accepts the writes and waits for the dead follower (the
+    // messages time out in flight, with no refusal to name).
+    kafka.wait_out_of_sync(&short.topic, 0, follower);
     let short_dir = temp_dir("apache-not-enough-replicas");
     let settings = Settings {
         delivery_timeout_ms: 6000,

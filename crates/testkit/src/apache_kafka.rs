@@ -478,6 +478,46 @@ impl Cluster {
         }
     }
 
+    /// Waits (at most 60 s) until `node` is out of the in-sync replicas of
+    /// `topic`/`partition`, as the brokers' metadata says: a leader drops a replica
+    /// that stopped fetching only after `replica.lag.time.max.ms`, later on a loaded
+    /// machine.
+    pub fn wait_out_of_sync(&self, topic: &str, partition: i32, node: u32) {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let mut config = rdkafka::ClientConfig::new();
+        config.set("bootstrap.servers", self.bootstrap());
+        for (k, v) in self.admin_properties() {
+            config.set(k, v);
+        }
+        let consumer: BaseConsumer = config.create().expect("metadata client");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let isr: Option<Vec<i32>> = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .ok()
+                .and_then(|m| {
+                    m.topics().iter().find(|t| t.name() == topic).and_then(|t| {
+                        t.partitions()
+                            .iter()
+                            .find(|p| p.id() == partition)
+                            .map(|p| p.isr().to_vec())
+                    })
+                });
+            if isr
+                .as_ref()
+                .is_some_and(|isr| !isr.contains(&(node as i32)))
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {node} still in the in-sync replicas of {topic}/{partition} ({isr:?}) after 60 s:\n{}",
+                self.log_tails()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Every record of `topic` as Kafka's Java client reads it with `isolation`
     /// (`read_committed` or `read_uncommitted`), from the beginning to the end that
     /// level sees when the reader starts. `client_properties` are extra client

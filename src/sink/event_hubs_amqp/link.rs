@@ -158,9 +158,17 @@ fn query_escape(text: &str) -> String {
     out
 }
 
-/// A sender link and until when its address is authorized.
-struct Attached {
+/// A sender link and the most bytes one message may have on it, read once when
+/// it attaches.
+#[derive(Clone)]
+struct Link {
     sender: Arc<AmqpSender>,
+    max_message_size: u64,
+}
+
+/// A link and until when its address is authorized.
+struct Attached {
+    link: Link,
     authorized_until: OffsetDateTime,
 }
 
@@ -273,17 +281,16 @@ impl Links {
         }
     }
 
-    /// The sender for `address`, attached (and its address authorized) on first
-    /// use, authorized again when its token is about to expire.
-    async fn sender(&self, address: &str) -> Result<Arc<AmqpSender>, SinkError> {
+    /// The link for `address`, attached (and its address authorized) on first use,
+    /// authorized again when its token is about to expire.
+    async fn link(&self, address: &str) -> Result<Link, SinkError> {
         let mut attached = self.attached.lock().await;
         let now = OffsetDateTime::now_utc();
-        if let Some(link) = attached.get_mut(address) {
-            if link.authorized_until - now > RENEW_BEFORE {
-                return Ok(Arc::clone(&link.sender));
+        if let Some(known) = attached.get_mut(address) {
+            if known.authorized_until - now <= RENEW_BEFORE {
+                known.authorized_until = self.authorize(address).await?;
             }
-            link.authorized_until = self.authorize(address).await?;
-            return Ok(Arc::clone(&link.sender));
+            return Ok(known.link.clone());
         }
         let authorized_until = self.authorize(address).await?;
         let sender = AmqpSender::new();
@@ -296,15 +303,24 @@ impl Links {
             )
             .await
             .map_err(|e| amqp_error("attaching a sender", &e))?;
-        let sender = Arc::new(sender);
+        let max_message_size = sender
+            .max_message_size()
+            .await
+            .map_err(|e| amqp_error("reading the link's size", &e))?
+            .filter(|n| *n > 0)
+            .unwrap_or(DEFAULT_LINK_MAX);
+        let link = Link {
+            sender: Arc::new(sender),
+            max_message_size,
+        };
         attached.insert(
             address.to_owned(),
             Attached {
-                sender: Arc::clone(&sender),
+                link: link.clone(),
                 authorized_until,
             },
         );
-        Ok(sender)
+        Ok(link)
     }
 
     /// Puts a token for `address` on the `$cbs` node; when it expires.
@@ -324,13 +340,7 @@ impl Links {
 
     /// The most bytes one message may have on `address`'s link.
     pub(super) async fn max_message_size(&self, address: &str) -> Result<u64, SinkError> {
-        let sender = self.sender(address).await?;
-        Ok(sender
-            .max_message_size()
-            .await
-            .map_err(|e| amqp_error("reading the link's size", &e))?
-            .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_LINK_MAX))
+        Ok(self.link(address).await?.max_message_size)
     }
 
     /// Sends one batch to `address` and says what became of it.
@@ -339,8 +349,10 @@ impl Links {
         address: &str,
         batch: AmqpMessage,
     ) -> Result<Outcome, SinkError> {
-        let sender = self.sender(address).await?;
-        let outcome = sender
+        let outcome = self
+            .link(address)
+            .await?
+            .sender
             .send(
                 batch,
                 Some(AmqpSendOptions {

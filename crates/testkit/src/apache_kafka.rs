@@ -445,37 +445,9 @@ impl Cluster {
 
     /// The node that leads `partition` of `topic` now.
     pub fn leader_of(&self, topic: &str, partition: i32) -> u32 {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let mut config = rdkafka::ClientConfig::new();
-        config.set("bootstrap.servers", self.bootstrap());
-        for (k, v) in self.admin_properties() {
-            config.set(k, v);
-        }
-        let consumer: BaseConsumer = config.create().expect("metadata client");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let leader = consumer
-                .fetch_metadata(Some(topic), Duration::from_secs(10))
-                .ok()
-                .and_then(|m| {
-                    m.topics().iter().find(|t| t.name() == topic).and_then(|t| {
-                        t.partitions()
-                            .iter()
-                            .find(|p| p.id() == partition)
-                            .map(|p| p.leader())
-                    })
-                })
-                .filter(|leader| *leader >= 0);
-            if let Some(leader) = leader {
-                return leader as u32;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no leader of {topic}/{partition} within 60 s:\n{}",
-                self.log_tails()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        self.wait_for_partition(topic, partition, "a leader", |p| {
+            u32::try_from(p.leader()).ok()
+        })
     }
 
     /// Waits (at most 60 s) until `node` is out of the in-sync replicas of
@@ -483,6 +455,21 @@ impl Cluster {
     /// that stopped fetching only after `replica.lag.time.max.ms`, later on a loaded
     /// machine.
     pub fn wait_out_of_sync(&self, topic: &str, partition: i32, node: u32) {
+        let what = format!("node {node} left out of the in-sync replicas");
+        self.wait_for_partition(topic, partition, &what, |p| {
+            (!p.isr().contains(&(node as i32))).then_some(())
+        });
+    }
+
+    /// Polls the brokers' metadata of `topic`/`partition` until `pick` finds what
+    /// it waits for (`what`, named in the failure after 60 s).
+    fn wait_for_partition<T>(
+        &self,
+        topic: &str,
+        partition: i32,
+        what: &str,
+        pick: impl Fn(&rdkafka::metadata::MetadataPartition) -> Option<T>,
+    ) -> T {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let mut config = rdkafka::ClientConfig::new();
         config.set("bootstrap.servers", self.bootstrap());
@@ -492,7 +479,7 @@ impl Cluster {
         let consumer: BaseConsumer = config.create().expect("metadata client");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let isr: Option<Vec<i32>> = consumer
+            let found = consumer
                 .fetch_metadata(Some(topic), Duration::from_secs(10))
                 .ok()
                 .and_then(|m| {
@@ -500,18 +487,15 @@ impl Cluster {
                         t.partitions()
                             .iter()
                             .find(|p| p.id() == partition)
-                            .map(|p| p.isr().to_vec())
+                            .and_then(&pick)
                     })
                 });
-            if isr
-                .as_ref()
-                .is_some_and(|isr| !isr.contains(&(node as i32)))
-            {
-                return;
+            if let Some(found) = found {
+                return found;
             }
             assert!(
                 Instant::now() < deadline,
-                "node {node} still in the in-sync replicas of {topic}/{partition} ({isr:?}) after 60 s:\n{}",
+                "{what} of {topic}/{partition} not seen within 60 s:\n{}",
                 self.log_tails()
             );
             std::thread::sleep(Duration::from_millis(200));

@@ -317,7 +317,6 @@ fn writable_fix(config: &Config) -> &'static str {
     }
 }
 
-/// What the Kafka store's topic does to a quiet stream's record.
 /// With the Kafka store: whether the checkpoint topic keeps each stream's last
 /// position (`checkpoint: kept`). Asked once per configuration, however many
 /// databases share the topic, and within `check.timeout_ms` (a broker without
@@ -337,6 +336,7 @@ pub(super) async fn check_checkpoint_topic(report: &mut Report, config: &Config)
     }
 }
 
+/// What the Kafka store's topic does to a quiet stream's record.
 async fn retention_of_topic(
     report: &mut Report,
     store: &crate::checkpoint::kafka::KafkaStore,

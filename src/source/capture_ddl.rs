@@ -5,8 +5,7 @@
 //! [`queries`].
 
 use crate::mssql::SqlConnection;
-use crate::source::catalog::NamedRow;
-use crate::source::catalog::catalog_error;
+use crate::source::catalog::{NamedRow, catalog_error};
 use crate::source::queries;
 use crate::source::{CaptureInstance, EnableCapture, SourceError, UncapturedTable};
 

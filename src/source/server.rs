@@ -10,8 +10,7 @@
 use std::future::Future;
 
 use crate::mssql::SqlConnection;
-use crate::source::catalog::catalog_error;
-use crate::source::catalog::{self, NamedRow};
+use crate::source::catalog::{self, NamedRow, catalog_error};
 use crate::source::{MaxLsn, SourceError};
 
 /// The databases the login can stream: CDC enabled, online, and open to it.

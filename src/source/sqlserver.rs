@@ -11,7 +11,6 @@
 //! catalog said are [`SourceError::CatalogChanged`]: the poller re-reads the catalog
 //! and tries again, so a disabled or altered capture instance never stops the run.
 
-use crate::source::catalog::catalog_error;
 use std::collections::HashMap;
 
 use tiberius::ToSql;
@@ -21,7 +20,7 @@ use crate::event::value::SqlType;
 use crate::lsn::Lsn;
 pub use crate::mssql::{ConnectionString, SqlServerConfig, TdsClient};
 use crate::mssql::{SqlConnection, SqlError};
-use crate::source::catalog::{self, NamedRow, null};
+use crate::source::catalog::{self, NamedRow, catalog_error, null};
 use crate::source::decode::{DecodeError, decode_bytes, decode_change_value};
 use crate::source::queries::{self, fixed};
 use crate::source::{

@@ -149,7 +149,6 @@ impl CdcSimulator {
         });
     }
 
-    /// Makes the login a member of `role`, or not.
     /// An application transaction that wrote `table` (`schema.table`) is open
     /// (`true`) or ended. While it is, `sys.sp_cdc_enable_table` and
     /// `sys.sp_cdc_disable_table` on the table wait for a schema-modification lock
@@ -170,6 +169,7 @@ impl CdcSimulator {
         self.lock().capture_ddl_calls
     }
 
+    /// Makes the login a member of `role`, or not.
     pub fn set_role_member(&self, role: &str, member: bool) {
         let mut state = self.lock();
         if member {

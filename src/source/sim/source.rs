@@ -53,18 +53,18 @@ impl ChangeSource for CdcSimulator {
                 continue;
             }
             let mut info = i.info.clone();
-            // The source table as it is now: a dropped column has no position and
-            // no nullability (`sys.columns` has no row for it).
+            // The source table as it is now: a dropped column has no position, no
+            // nullability and no default (`sys.columns` has no row for it).
             let table = state.tables.get(&i.table);
             for c in &mut info.columns {
-                let at = table.and_then(|t| t.columns.iter().position(|n| n.name == c.name));
-                c.table_index = at.and_then(|p| u32::try_from(p).ok());
-                c.nullable = table
-                    .zip(at)
-                    .map(|(t, p)| t.columns[p].nullable && !t.key.iter().any(|k| k == &c.name));
-                c.default = table
-                    .zip(at)
-                    .and_then(|(t, p)| t.columns[p].default.clone());
+                let source = table.and_then(|t| {
+                    let at = t.columns.iter().position(|n| n.name == c.name)?;
+                    Some((t, at, &t.columns[at]))
+                });
+                c.table_index = source.and_then(|(_, at, _)| u32::try_from(at).ok());
+                c.nullable = source
+                    .map(|(t, _, column)| column.nullable && !t.key.iter().any(|k| k == &c.name));
+                c.default = source.and_then(|(_, _, column)| column.default.clone());
             }
             instances.push(info);
         }

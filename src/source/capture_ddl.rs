@@ -7,7 +7,9 @@
 use crate::mssql::SqlConnection;
 use crate::source::catalog::{NamedRow, catalog_error};
 use crate::source::queries;
-use crate::source::{CaptureInstance, EnableCapture, SourceError, UncapturedTable};
+use crate::source::{
+    CaptureInstance, EnableCapture, SourceError, UncapturedColumns, UncapturedTable,
+};
 
 /// `IS_DB_OWNER`: whether the login may run the CDC procedures.
 pub(crate) async fn may_manage(conn: &mut SqlConnection) -> Result<bool, SourceError> {
@@ -82,17 +84,20 @@ pub(crate) async fn disable(
 /// `UNCAPTURED_COLUMNS`: per capture instance, its table's columns it lacks.
 pub(crate) async fn uncaptured_columns(
     conn: &mut SqlConnection,
-) -> Result<Vec<(String, String)>, SourceError> {
+) -> Result<UncapturedColumns, SourceError> {
     let rows = conn.query(queries::UNCAPTURED_COLUMNS, &[]).await?;
-    rows.into_iter()
-        .map(|row| {
-            let mut row = NamedRow::new(row);
-            Ok((
-                row.string("capture_instance").map_err(catalog_error)?,
-                row.string("column_name").map_err(catalog_error)?,
-            ))
-        })
-        .collect()
+    let mut found = UncapturedColumns::default();
+    for row in rows {
+        let mut row = NamedRow::new(row);
+        found.columns.push((
+            row.string("capture_instance").map_err(catalog_error)?,
+            row.string("column_name").map_err(catalog_error)?,
+        ));
+        // The same in every row: the statement's time and the job's progress.
+        found.read_at = Some(row.datetime("read_at").map_err(catalog_error)?);
+        found.scanned_through = row.opt_datetime("scanned_through").map_err(catalog_error)?;
+    }
+    Ok(found)
 }
 
 /// `UNCAPTURED_TABLES`: user tables without CDC.

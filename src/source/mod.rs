@@ -335,6 +335,20 @@ pub struct EnableCapture {
     pub columns: Option<Vec<String>>,
 }
 
+/// The columns of source tables their capture instances do not capture, as one
+/// read of the catalog found them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UncapturedColumns {
+    /// `(capture instance, column)`, in column order.
+    pub columns: Vec<(String, String)>,
+    /// The server's local time at the read (`None` when no column was found).
+    pub read_at: Option<chrono::NaiveDateTime>,
+    /// The commit time of the last transaction the capture job had scanned then
+    /// (`sys.fn_cdc_get_max_lsn()`'s): `cdc.ddl_history` holds every DDL committed
+    /// before it. `None` when no column was found or nothing is scanned yet.
+    pub scanned_through: Option<chrono::NaiveDateTime>,
+}
+
 /// A table CDC does not capture yet (`sys.tables.is_tracked_by_cdc = 0`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UncapturedTable {
@@ -656,12 +670,12 @@ pub trait ChangeSource: Send {
         }))
     }
 
-    /// Per capture instance, the columns of its source table it does not capture
-    /// (`(instance, column)`, in column order), in one round trip.
+    /// Per capture instance, the columns of its source table it does not capture,
+    /// and how far the capture job had got at the read, in one round trip.
     fn uncaptured_columns(
         &mut self,
-    ) -> impl Future<Output = Result<Vec<(String, String)>, SourceError>> + Send {
-        std::future::ready(Ok(Vec::new()))
+    ) -> impl Future<Output = Result<UncapturedColumns, SourceError>> + Send {
+        std::future::ready(Ok(UncapturedColumns::default()))
     }
 
     /// The user tables CDC does not capture.

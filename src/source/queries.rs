@@ -572,8 +572,13 @@ EXEC sys.sp_cdc_disable_table @source_schema = @P1, \
 @source_name = @P2, @capture_instance = @P3;";
 
 /// Per capture instance, its source table's columns it does not capture (matched by
-/// `cdc.captured_columns.column_id`), in column order.
-pub const UNCAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, c.name AS column_name \
+/// `cdc.captured_columns.column_id`), in column order; with each row the server's
+/// time of the read and the commit time of the capture job's last scanned
+/// transaction, which tell whether `cdc.ddl_history` already holds every DDL this
+/// read shows.
+pub const UNCAPTURED_COLUMNS: &str = "SELECT ct.capture_instance, c.name AS column_name, \
+SYSDATETIME() AS read_at, \
+sys.fn_cdc_map_lsn_to_time(sys.fn_cdc_get_max_lsn()) AS scanned_through \
 FROM cdc.change_tables AS ct JOIN sys.columns AS c ON c.object_id = ct.source_object_id \
 WHERE NOT EXISTS (SELECT 1 FROM cdc.captured_columns AS cc \
 WHERE cc.object_id = ct.object_id AND cc.column_id = c.column_id) \

@@ -27,7 +27,7 @@ use crate::source::{
     CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
     RowKey, SourceError, TableCursor,
 };
-use crate::source::{EnableCapture, UncapturedTable, capture_ddl};
+use crate::source::{EnableCapture, UncapturedColumns, UncapturedTable, capture_ddl};
 
 /// The change query of one capture instance and what it was built from.
 struct ChangeQuery {
@@ -724,7 +724,7 @@ impl ChangeSource for SqlServerSource {
         capture_ddl::disable(&mut self.conn, instance).await
     }
 
-    async fn uncaptured_columns(&mut self) -> Result<Vec<(String, String)>, SourceError> {
+    async fn uncaptured_columns(&mut self) -> Result<UncapturedColumns, SourceError> {
         capture_ddl::uncaptured_columns(&mut self.conn).await
     }
 

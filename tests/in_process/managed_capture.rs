@@ -870,3 +870,126 @@ async fn a_deferred_instance_is_created_once_the_lock_is_released() {
     assert_eq!(instance_names(&sim), ["dbo_T", "dbo_T_v2"]);
     assert_eq!(poller.capture_actions().created, 1);
 }
+
+/// The captured columns of the table's capture instances, newest last.
+async fn captured_columns(sim: &CdcSimulator) -> Vec<(String, Vec<String>)> {
+    let mut source = sim.clone();
+    let catalog = source.catalog().await.expect("catalog");
+    catalog
+        .instances
+        .into_iter()
+        .map(|i| (i.name, i.columns.into_iter().map(|c| c.name).collect()))
+        .collect()
+}
+
+/// A column dropped and added again under its name is another column
+/// (`sys.columns.column_id` is never given twice), and the capture job writes the
+/// two statements to `cdc.ddl_history` as it reaches them in the log. A catalog
+/// read between the two records sees the name uncaptured with no `ADD` naming it
+/// yet: the new instance waits until the capture job has recorded every DDL the
+/// catalog showed, and then captures the column.
+#[tokio::test]
+async fn a_column_dropped_and_added_again_between_the_capture_jobs_records_is_captured() {
+    let sim = database();
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(1), text("a")])
+        .commit()
+        .expect("commit");
+    let (checkpoint, checkpoints) = watch::channel(None::<Position>);
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    poller.watch_checkpoints(checkpoints);
+    assert_eq!(ids(&drain(&mut poller).await.expect("poll")), [1]);
+
+    sim.set_capture_job_manual(true);
+    sim.drop_column("dbo.T", "Name").expect("drop");
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Name", SqlType::BigInt),
+        Value::Null,
+    )
+    .expect("add");
+    sim.run_capture_job_for(1); // the DROP, not yet the ADD
+    drain(&mut poller).await.expect("poll");
+    assert_eq!(
+        instance_names(&sim),
+        ["dbo_T"],
+        "nothing decided before the capture job has recorded the DDL the catalog shows"
+    );
+
+    sim.set_capture_job_manual(false);
+    sim.run_capture_job();
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(2), Value::BigInt(20)])
+        .commit()
+        .expect("commit");
+    drain(&mut poller).await.expect("poll");
+    assert_eq!(
+        captured_columns(&sim).await.last(),
+        Some(&(
+            "dbo_T_v2".to_owned(),
+            vec!["Id".to_owned(), "Name".to_owned()]
+        ))
+    );
+    sim.transaction()
+        .insert("dbo.T", vec![Value::Int(3), Value::BigInt(30)])
+        .commit()
+        .expect("commit");
+    let items = drain(&mut poller).await.expect("poll");
+    let [Item::Schema(_), Item::Change(row)] = items.as_slice() else {
+        panic!("the switch announced, then row 3: {items:?}");
+    };
+    assert_eq!(
+        row.current.as_deref(),
+        Some(&[Value::Int(3), Value::BigInt(30)][..])
+    );
+    checkpoint.send_replace(Some(poller.position().clone()));
+    drain(&mut poller).await.expect("poll");
+    assert_eq!(instance_names(&sim), ["dbo_T_v2"], "the old one retired");
+}
+
+/// A column left out of the instance on purpose (`@captured_column_list`) is never
+/// named by an `ADD`: the new instance for an added column waits only until the
+/// capture job has passed the catalog read, and leaves it out.
+#[tokio::test]
+async fn a_column_left_out_on_purpose_waits_for_the_capture_job_then_stays_out() {
+    let sim = crate::common::shop_with_t(0);
+    sim.add_column(
+        "dbo.T",
+        SimColumn::new("Secret", SqlType::NVarChar(Length::Bounded(80))),
+        Value::Null,
+    )
+    .expect("add");
+    sim.enable_table_with(
+        "dbo.T",
+        None,
+        &options(),
+        Some(&["Id".to_owned(), "Name".to_owned()]),
+    )
+    .expect("enable");
+    sim.set_role_member("cdc_reader", true);
+    let mut poller = Poller::new(sim.clone(), config(), None);
+    drain(&mut poller).await.expect("poll");
+    add_column(&sim, "Email");
+    drain(&mut poller).await.expect("poll");
+    assert_eq!(
+        instance_names(&sim),
+        ["dbo_T"],
+        "the capture job has not passed the catalog read yet"
+    );
+    sim.transaction()
+        .insert(
+            "dbo.T",
+            vec![Value::Int(1), text("a"), text("s"), text("e")],
+        )
+        .commit()
+        .expect("commit");
+    drain(&mut poller).await.expect("poll");
+    assert_eq!(
+        captured_columns(&sim).await.last(),
+        Some(&(
+            "dbo_T_v2".to_owned(),
+            vec!["Id".to_owned(), "Name".to_owned(), "Email".to_owned()]
+        ))
+    );
+    assert_eq!(poller.capture_actions().created, 1);
+}

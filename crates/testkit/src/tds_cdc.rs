@@ -791,15 +791,29 @@ fn capture_ddl<S: ChangeSource>(
         now(source.disable_capture(&instance))?;
         done()
     } else if sql == queries::UNCAPTURED_COLUMNS {
-        let columns = now(source.uncaptured_columns())?;
+        let found = now(source.uncaptured_columns())?;
+        let read_at = found.read_at.map_or(Cell::Null, |value| {
+            cell(&Value::DateTime2 { value, scale: 7 })
+        });
+        let scanned_through = found.scanned_through.map_or(Cell::Null, datetime_cell);
         one(
             vec![
                 col("capture_instance", ColumnType::NVarChar(Some(128))),
                 col("column_name", ColumnType::NVarChar(Some(128))),
+                col("read_at", ColumnType::DateTime2(7)),
+                col("scanned_through", ColumnType::DateTime),
             ],
-            columns
+            found
+                .columns
                 .iter()
-                .map(|(instance, column)| vec![text(instance), text(column)])
+                .map(|(instance, column)| {
+                    vec![
+                        text(instance),
+                        text(column),
+                        read_at.clone(),
+                        scanned_through.clone(),
+                    ]
+                })
                 .collect(),
         )
     } else if sql == queries::UNCAPTURED_TABLES {

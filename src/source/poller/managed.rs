@@ -35,7 +35,8 @@
 //! [`queries::CAPTURE_DDL_LOCK_TIMEOUT_MS`]: crate::source::queries::CAPTURE_DDL_LOCK_TIMEOUT_MS
 
 use super::*;
-use crate::source::{EnableCapture, SourceError};
+use crate::source::{EnableCapture, SourceError, UncapturedColumns};
+use std::collections::BTreeSet;
 
 /// The longest wait between attempts after CDC's procedures gave up on a lock.
 const LOCK_RETRY_MOST: Duration = Duration::from_secs(300);
@@ -76,6 +77,67 @@ impl LockRetry {
     fn succeeded(&mut self) {
         self.backoff.reset();
         self.not_before = None;
+    }
+}
+
+/// Columns a capture instance does not capture that no `ADD` in its
+/// `cdc.ddl_history` names: left out on purpose (`@captured_column_list`), or added
+/// by DDL the capture job has not reached yet — it writes `cdc.ddl_history` as it
+/// scans the log, so a catalog read between its records of `DROP COLUMN x` and
+/// `ADD x` sees the new `x` unexplained. A new instance for such a table waits until
+/// the job has scanned past the read that first showed those columns: every DDL
+/// that read saw is recorded by then, and what is still unexplained is left out on
+/// purpose.
+#[derive(Debug, Default)]
+pub(super) struct DdlRecordWait {
+    /// Per capture instance: the unexplained columns and the server's time of the
+    /// read that first showed them.
+    since: BTreeMap<String, (Vec<String>, chrono::NaiveDateTime)>,
+}
+
+impl DdlRecordWait {
+    /// Whether the capture job has scanned past the read that first showed
+    /// `unexplained` for `instance` (that read is `found` when none before did).
+    /// `true` ends the wait; `false` starts or continues it.
+    fn recorded(
+        &mut self,
+        instance: &str,
+        unexplained: Vec<String>,
+        found: &UncapturedColumns,
+    ) -> bool {
+        let Some(read_at) = found.read_at else {
+            return true;
+        };
+        let since = match self.since.get(instance) {
+            Some((columns, since)) if *columns == unexplained => *since,
+            _ => {
+                self.since
+                    .insert(instance.to_owned(), (unexplained, read_at));
+                read_at
+            }
+        };
+        // `tran_end_time` is a `datetime`, rounded to 1/300 s (up to 2 ms late).
+        let past = found
+            .scanned_through
+            .is_some_and(|scanned| scanned > since + chrono::Duration::milliseconds(2));
+        if past {
+            self.since.remove(instance);
+        }
+        past
+    }
+
+    /// Forgets the instances not in `current` (their tables were decided otherwise).
+    fn keep_only(&mut self, current: &BTreeSet<String>) {
+        self.since.retain(|instance, _| current.contains(instance));
+    }
+
+    /// Nothing is to be created for `instance`'s table: no wait.
+    fn forget(&mut self, instance: &str) {
+        self.since.remove(instance);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.since.is_empty()
     }
 }
 
@@ -360,42 +422,46 @@ impl<S: ChangeSource> Poller<S> {
         let taken: Vec<String> = catalog.instances.iter().map(|i| i.name.clone()).collect();
         let version = catalog.version;
         let columns_changed_somewhere = self.managed_version != Some(version);
-        let mut uncaptured: Option<Vec<(String, String)>> = None;
+        let mut uncaptured: Option<UncapturedColumns> = None;
+        let mut compared = BTreeSet::new();
         for (table, mut instances) in tables {
             // Older first, as the switch itself orders them.
             instances.sort_by_key(|i| (i.create_date, i.object_id));
             match instances.as_slice() {
                 [older, newer] => self.retire_when_delivered(&table, older, newer).await?,
                 [only] if columns_changed_somewhere => {
-                    if uncaptured.is_none() {
-                        uncaptured = Some(self.source.uncaptured_columns().await?);
-                    }
-                    let not_captured: Vec<String> = uncaptured
-                        .iter()
-                        .flatten()
-                        .filter(|(instance, _)| *instance == only.name)
-                        .map(|(_, column)| column.clone())
-                        .collect();
-                    self.replace_if_changed(&table, only, not_captured, &taken)
+                    let found = match uncaptured.take() {
+                        Some(found) => found,
+                        None => self.source.uncaptured_columns().await?,
+                    };
+                    compared.insert(only.name.clone());
+                    self.replace_if_changed(&table, only, &found, &taken)
                         .await?;
+                    uncaptured = Some(found);
                 }
                 _ => {}
             }
         }
-        // A step that gave up on a lock is decided afresh from the catalog when
-        // its wait is over, changed or not.
-        self.managed_version = (!self.lock_retry.owed()).then_some(version);
+        if columns_changed_somewhere {
+            self.ddl_wait.keep_only(&compared);
+        }
+        // A step that gave up on a lock, or that waits for the capture job, is
+        // decided afresh from the catalog at the next read, changed or not.
+        self.managed_version =
+            (!self.lock_retry.owed() && self.ddl_wait.is_empty()).then_some(version);
         Ok(())
     }
 
     /// A new capture instance for `instance`'s table when columns were added to the
-    /// table after the instance was created (of `not_captured`, those an `ADD` in
-    /// its DDL history names) or captured ones were dropped.
+    /// table after the instance was created (of those it does not capture, the ones
+    /// an `ADD` in its DDL history names) or captured ones were dropped; once the
+    /// capture job has recorded every DDL the catalog read showed
+    /// ([`DdlRecordWait`]).
     async fn replace_if_changed(
         &mut self,
         table: &str,
         instance: &CaptureInstance,
-        not_captured: Vec<String>,
+        found: &UncapturedColumns,
         taken: &[String],
     ) -> Result<(), SourceError> {
         let dropped: Vec<String> = instance
@@ -404,16 +470,45 @@ impl<S: ChangeSource> Poller<S> {
             .filter(|c| c.table_index.is_none())
             .map(|c| c.name.clone())
             .collect();
-        let added: Vec<String> = if not_captured.is_empty() {
-            Vec::new()
-        } else {
-            let ddl = self.source.ddl_history(&instance.name).await?;
-            not_captured
-                .into_iter()
-                .filter(|column| ddl.iter().any(|d| adds_column(&d.ddl_command, column)))
-                .collect()
+        let (added, unexplained): (Vec<String>, Vec<String>) = {
+            let not_captured: Vec<&String> = found
+                .columns
+                .iter()
+                .filter(|(name, _)| *name == instance.name)
+                .map(|(_, column)| column)
+                .collect();
+            if not_captured.is_empty() {
+                Default::default()
+            } else {
+                let ddl = self.source.ddl_history(&instance.name).await?;
+                not_captured
+                    .into_iter()
+                    .cloned()
+                    .partition(|column| ddl.iter().any(|d| adds_column(&d.ddl_command, column)))
+            }
         };
         if added.is_empty() && dropped.is_empty() {
+            self.ddl_wait.forget(&instance.name);
+            return Ok(());
+        }
+        if !unexplained.is_empty()
+            && !self
+                .ddl_wait
+                .recorded(&instance.name, unexplained.clone(), found)
+        {
+            if self
+                .warned
+                .insert(format!("ddl wait {} {unexplained:?}", instance.name))
+            {
+                tracing::info!(
+                    %table,
+                    capture_instance = %instance.name,
+                    ?added,
+                    ?dropped,
+                    not_captured = ?unexplained,
+                    "the new capture instance waits until the capture job has recorded the table's DDL: columns the instance does not capture may have been added by DDL it has not scanned yet"
+                );
+            }
             return Ok(());
         }
         let taken: Vec<&str> = taken.iter().map(String::as_str).collect();

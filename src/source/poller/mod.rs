@@ -318,6 +318,8 @@ pub struct Poller<S> {
     managed_version: Option<crate::source::CatalogVersion>,
     /// When CDC's procedures may run again after one gave up on a lock.
     lock_retry: managed::LockRetry,
+    /// New capture instances that wait for the capture job to record DDL.
+    ddl_wait: managed::DdlRecordWait,
     /// What `[[event.columns]]` does to each table seen.
     column_plans: PlanCache,
 }
@@ -381,6 +383,7 @@ impl<S: ChangeSource> Poller<S> {
             may_manage: false,
             managed_version: None,
             lock_retry,
+            ddl_wait: managed::DdlRecordWait::default(),
             column_plans: PlanCache::default(),
         }
     }

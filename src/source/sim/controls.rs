@@ -39,6 +39,13 @@ impl CdcSimulator {
         self.lock().scan();
     }
 
+    /// A scan that stops after the log's first `records` records (commits, DDL,
+    /// enables), as the job's scan stops after `maxtrans` transactions; the rest
+    /// waits for the next.
+    pub fn run_capture_job_for(&self, records: usize) {
+        self.lock().scan_records(records);
+    }
+
     /// The cleanup job, whole: raises each instance's low end to `low_water` and
     /// removes the change rows below it.
     pub fn cleanup(&self, low_water: Lsn) {

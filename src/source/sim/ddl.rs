@@ -143,11 +143,14 @@ impl CdcSimulator {
             check_captured_list(&t, list)?;
         }
         let enabled_at = state.next_lsn();
-        let columns = t
-            .columns
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| captured.is_none_or(|list| list.contains(&c.name)))
+        let captured_columns = || {
+            t.columns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| captured.is_none_or(|list| list.contains(&c.name)))
+        };
+        let column_ids = captured_columns().map(|(_, c)| c.id).collect();
+        let columns = captured_columns()
             .enumerate()
             .map(|(ordinal, (i, c))| CapturedColumn {
                 name: c.name.clone(),
@@ -178,6 +181,7 @@ impl CdcSimulator {
             },
             table: table.into(),
             enabled_at,
+            column_ids,
             rows: Vec::new(),
             ddl: Vec::new(),
         });
@@ -201,12 +205,12 @@ impl CdcSimulator {
         fill: Value,
     ) -> Result<(), SimDdlError> {
         let command = format!("ALTER TABLE {table} ADD [{}]", column.name);
-        self.alter(table, command, None, |t| {
-            t.columns.push(column);
+        self.alter(table, command, |t| {
+            t.push_column(column);
             for row in t.rows.values_mut() {
                 row.push(fill.clone());
             }
-            Ok(())
+            Ok(None)
         })
     }
 
@@ -214,7 +218,7 @@ impl CdcSimulator {
     /// change tables keep it, NULL in later rows.
     pub fn drop_column(&self, table: &str, column: &str) -> Result<(), SimDdlError> {
         let command = format!("ALTER TABLE {table} DROP COLUMN [{column}]");
-        self.alter(table, command, None, |t| {
+        self.alter(table, command, |t| {
             // A key column: its primary key depends on it.
             if t.key.iter().any(|k| k == column) {
                 return Err(SimDdlError {
@@ -234,7 +238,7 @@ impl CdcSimulator {
             for row in t.rows.values_mut() {
                 row.remove(at);
             }
-            Ok(())
+            Ok(None)
         })
     }
 
@@ -247,7 +251,7 @@ impl CdcSimulator {
         to: SqlType,
     ) -> Result<(), SimDdlError> {
         let command = format!("ALTER TABLE {table} ALTER COLUMN [{column}] {to}");
-        self.alter(table, command, Some((column.to_owned(), to)), |t| {
+        self.alter(table, command, |t| {
             let at = t
                 .columns
                 .iter()
@@ -257,16 +261,17 @@ impl CdcSimulator {
             for row in t.rows.values_mut() {
                 row[at] = convert(&row[at], to);
             }
-            Ok(())
+            Ok(Some((t.columns[at].id, to)))
         })
     }
 
+    /// Runs `change` on the table and logs the DDL for the capture job; `change`
+    /// names the column whose type it changed, if it did.
     fn alter(
         &self,
         table: &str,
         command: String,
-        retype: Option<(String, SqlType)>,
-        change: impl FnOnce(&mut SimTable) -> Result<(), SimDdlError>,
+        change: impl FnOnce(&mut SimTable) -> Result<Option<(u32, SqlType)>, SimDdlError>,
     ) -> Result<(), SimDdlError> {
         let mut state = self.lock();
         let lsn = state.next_lsn();
@@ -275,7 +280,7 @@ impl CdcSimulator {
             .tables
             .get_mut(table)
             .ok_or(SimDdlError::no_table(table))?;
-        change(t)?;
+        let retype = change(t)?;
         t.columns_changed();
         state.log.push(LogRecord::Ddl {
             table: table.into(),

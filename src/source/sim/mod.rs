@@ -80,7 +80,7 @@ use crate::source::sim::order::SortKey;
 use crate::source::{
     CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource,
     CommitTime, DdlEvent, EnableCapture, Fact, LogScan, MaxLsn, Probe, ProbeResult, RowKey,
-    ServerFacts, SourceError, TableCursor, UncapturedTable, op,
+    ServerFacts, SourceError, TableCursor, UncapturedColumns, UncapturedTable, op,
 };
 
 /// A column of a simulated table.
@@ -98,6 +98,10 @@ pub struct SimColumn {
     /// keeps it (SQL Server wraps the expression in parentheses: `DEFAULT 0` is
     /// `((0))`, `DEFAULT N'x'` is `(N'x')`).
     pub default: Option<String>,
+    /// `sys.columns.column_id`, given when the column joins a table: one more than
+    /// any the table has had, so a column dropped and added again under its old name
+    /// is another column (a capture instance of the old one does not capture it).
+    id: u32,
 }
 
 impl SimColumn {
@@ -108,6 +112,7 @@ impl SimColumn {
             computed: false,
             nullable: true,
             default: None,
+            id: 0,
         }
     }
 
@@ -146,6 +151,7 @@ impl SimColumn {
             computed: false,
             nullable: true,
             default: None,
+            id: 0,
         }
     }
 }
@@ -155,8 +161,10 @@ struct SimTable {
     schema: String,
     name: String,
     columns: Vec<SimColumn>,
-    /// The column names, shared by every row image taken while they hold.
-    names: Arc<[String]>,
+    /// The columns' ids, shared by every row image taken while they hold.
+    ids: Arc<[u32]>,
+    /// The highest `column_id` the table has given (never given again).
+    last_column_id: u32,
     key: Vec<String>,
     /// Current rows in key order (SQL Server's, [`order`]); a table without a key is
     /// a heap: its rows in insertion order, under a hidden row number.
@@ -190,13 +198,20 @@ impl SimTable {
         self.key_of(row)
     }
 
-    fn column_names(&self) -> Arc<[String]> {
-        Arc::clone(&self.names)
+    fn column_ids(&self) -> Arc<[u32]> {
+        Arc::clone(&self.ids)
     }
 
-    /// Re-derives `names` after a change to `columns`.
+    /// Gives `column` the table's next `column_id` and adds it at the end.
+    fn push_column(&mut self, mut column: SimColumn) {
+        self.last_column_id += 1;
+        column.id = self.last_column_id;
+        self.columns.push(column);
+    }
+
+    /// Re-derives `ids` after a change to `columns`.
     fn columns_changed(&mut self) {
-        self.names = self.columns.iter().map(|c| c.name.clone()).collect();
+        self.ids = self.columns.iter().map(|c| c.id).collect();
     }
 }
 
@@ -207,22 +222,26 @@ struct SimInstance {
     table: String,
     /// The LSN of the `sp_cdc_enable_table` log record: the scan sets `start_lsn` to it.
     enabled_at: Lsn,
+    /// The source `column_id` of each of `info.columns`
+    /// (`cdc.captured_columns.column_id`).
+    column_ids: Vec<u32>,
     /// Rows in CDC order; values follow `info.columns` (all captured columns).
     rows: Vec<ChangeRow>,
     ddl: Vec<DdlEvent>,
 }
 
-/// One row image of a committed statement, with the table's column names then.
+/// One row image of a committed statement, with the table's column ids then.
 #[derive(Debug, Clone)]
 struct Image {
     table: String,
     operation: u8,
     command_id: i32,
     seqval: Lsn,
-    columns: Arc<[String]>,
+    columns: Arc<[u32]>,
     old: Option<Vec<Value>>,
     new: Option<Vec<Value>>,
-    changed: Option<Vec<String>>,
+    /// The ids of the columns an update set.
+    changed: Option<Vec<u32>>,
 }
 
 /// What the log holds for the capture job to scan.
@@ -244,7 +263,8 @@ enum LogRecord {
         time: NaiveDateTime,
         command: String,
         /// For `ALTER COLUMN`: the column and its new type.
-        retype: Option<(String, SqlType)>,
+        /// `ALTER COLUMN`: the column's id and its new type.
+        retype: Option<(u32, SqlType)>,
     },
     Idle {
         lsn: Lsn,
@@ -334,8 +354,15 @@ impl SimState {
 
     /// The capture job's scan: everything in the log, in log order.
     fn scan(&mut self) {
+        self.scan_records(usize::MAX);
+    }
+
+    /// A scan that stops after the log's first `records` records (as the job does
+    /// after `maxtrans` transactions): the rest waits for the next.
+    fn scan_records(&mut self, records: usize) {
         self.last_scan = self.now;
-        for record in std::mem::take(&mut self.log) {
+        let rest = self.log.split_off(records.min(self.log.len()));
+        for record in std::mem::replace(&mut self.log, rest) {
             match record {
                 LogRecord::Enable { instance, lsn } => {
                     if let Some(i) = self.instances.iter_mut().find(|i| i.info.name == instance) {
@@ -364,8 +391,7 @@ impl SimState {
                             continue;
                         }
                         if let Some((column, sql_type)) = &retype
-                            && let Some(at) =
-                                instance.info.columns.iter().position(|c| &c.name == column)
+                            && let Some(at) = instance.column_ids.iter().position(|id| id == column)
                         {
                             instance.info.columns[at].sql_type = Ok(*sql_type);
                             for row in &mut instance.rows {
@@ -405,26 +431,32 @@ impl SimState {
                 if instance.enabled_at > commit_lsn {
                     continue;
                 }
-                // By name: a column dropped from the table since is NULL.
+                // By column id: a column dropped from the table since (even one
+                // added again under its name) is NULL.
                 let project = |row: &Vec<Value>| -> Vec<Value> {
                     instance
                         .info
                         .columns
                         .iter()
-                        .map(|c| {
+                        .zip(&instance.column_ids)
+                        .map(|(c, id)| {
                             if c.computed {
                                 return Value::Null;
                             }
                             image
                                 .columns
                                 .iter()
-                                .position(|name| name == &c.name)
+                                .position(|column| column == id)
                                 .and_then(|i| row.get(i).cloned())
                                 .unwrap_or(Value::Null)
                         })
                         .collect()
                 };
-                let mask = update_mask(&instance.info.columns, image.changed.as_deref());
+                let mask = update_mask(
+                    &instance.info.columns,
+                    &instance.column_ids,
+                    image.changed.as_deref(),
+                );
                 let row = |operation, values| ChangeRow {
                     key: RowKey {
                         start_lsn: commit_lsn,
@@ -444,12 +476,16 @@ impl SimState {
                     (_, Some(old), Some(new)) => {
                         // Op 3 leaves unchanged LOB columns NULL.
                         let mut before = project(old);
-                        for (i, c) in instance.info.columns.iter().enumerate() {
+                        for (i, (c, id)) in instance
+                            .info
+                            .columns
+                            .iter()
+                            .zip(&instance.column_ids)
+                            .enumerate()
+                        {
                             let lob = c.sql_type.as_ref().is_ok_and(SqlType::is_lob);
-                            let changed_here = image
-                                .changed
-                                .as_ref()
-                                .is_some_and(|ch| ch.contains(&c.name));
+                            let changed_here =
+                                image.changed.as_ref().is_some_and(|ch| ch.contains(id));
                             if lob && !changed_here {
                                 before[i] = Value::Null;
                             }
@@ -666,17 +702,20 @@ impl CdcSimulator {
     /// `CREATE TABLE schema.name (…)` with a primary key (empty: none).
     pub fn create_table(&self, schema: &str, name: &str, columns: Vec<SimColumn>, key: &[&str]) {
         let mut state = self.lock();
-        state.tables.insert(
-            format!("{schema}.{name}"),
-            SimTable {
-                schema: schema.into(),
-                name: name.into(),
-                names: columns.iter().map(|c| c.name.clone()).collect(),
-                columns,
-                key: key.iter().map(|k| k.to_string()).collect(),
-                rows: BTreeMap::new(),
-                next_row: 0,
-            },
-        );
+        let mut table = SimTable {
+            schema: schema.into(),
+            name: name.into(),
+            columns: Vec::new(),
+            ids: Arc::from([]),
+            last_column_id: 0,
+            key: key.iter().map(|k| k.to_string()).collect(),
+            rows: BTreeMap::new(),
+            next_row: 0,
+        };
+        for column in columns {
+            table.push_column(column);
+        }
+        table.columns_changed();
+        state.tables.insert(format!("{schema}.{name}"), table);
     }
 }

@@ -56,9 +56,9 @@ impl ChangeSource for CdcSimulator {
             // The source table as it is now: a dropped column has no position, no
             // nullability and no default (`sys.columns` has no row for it).
             let table = state.tables.get(&i.table);
-            for c in &mut info.columns {
+            for (c, id) in info.columns.iter_mut().zip(&i.column_ids) {
                 let source = table.and_then(|t| {
-                    let at = t.columns.iter().position(|n| n.name == c.name)?;
+                    let at = t.columns.iter().position(|n| n.id == *id)?;
                     Some((t, at, &t.columns[at]))
                 });
                 c.table_index = source.and_then(|(_, at, _)| u32::try_from(at).ok());
@@ -314,7 +314,7 @@ impl ChangeSource for CdcSimulator {
             .map_err(SimDdlError::into_source_error)
     }
 
-    async fn uncaptured_columns(&mut self) -> Result<Vec<(String, String)>, SourceError> {
+    async fn uncaptured_columns(&mut self) -> Result<UncapturedColumns, SourceError> {
         let state = self.call()?;
         let mut out = Vec::new();
         for i in &state.instances {
@@ -322,13 +322,23 @@ impl ChangeSource for CdcSimulator {
                 continue;
             };
             for c in &t.columns {
-                if !i.info.columns.iter().any(|cc| cc.name == c.name) {
+                if !i.column_ids.contains(&c.id) {
                     out.push((i.info.name.clone(), c.name.clone()));
                 }
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        let found = !out.is_empty();
+        Ok(UncapturedColumns {
+            columns: out,
+            read_at: found.then(|| datetime(state.now)),
+            // sys.fn_cdc_map_lsn_to_time(sys.fn_cdc_get_max_lsn()).
+            scanned_through: found
+                .then(|| state.max_lsn())
+                .flatten()
+                .and_then(|max| state.mapping.iter().find(|(lsn, _)| *lsn == max))
+                .map(|(_, time)| *time),
+        })
     }
 
     async fn uncaptured_tables(&mut self) -> Result<Vec<UncapturedTable>, SourceError> {

@@ -98,7 +98,7 @@ impl Transaction {
                         (table, op::DELETE, Some(old), None, None)
                     }
                 };
-                let columns = table_mut(&mut state, &table)?.column_names();
+                let columns = table_mut(&mut state, &table)?.column_ids();
                 images.push(image(table, operation, columns, old, new, changed));
             }
         }
@@ -117,11 +117,15 @@ impl Transaction {
 
 /// `__$update_mask`: all captured columns for inserts and deletes, the changed ones
 /// for updates; bit `ordinal - 1` counted from the end.
-pub(super) fn update_mask(columns: &[CapturedColumn], changed: Option<&[String]>) -> Vec<u8> {
+pub(super) fn update_mask(
+    columns: &[CapturedColumn],
+    ids: &[u32],
+    changed: Option<&[u32]>,
+) -> Vec<u8> {
     let bytes = columns.len().div_ceil(8).max(1);
     let mut mask = vec![0u8; bytes];
-    for c in columns {
-        let set = changed.is_none_or(|ch| ch.contains(&c.name));
+    for (c, id) in columns.iter().zip(ids) {
+        let set = changed.is_none_or(|ch| ch.contains(id));
         if set && c.ordinal > 0 {
             let bit = (c.ordinal - 1) as usize;
             mask[bytes - 1 - bit / 8] |= 1 << (bit % 8);
@@ -155,8 +159,8 @@ fn insert_row(t: &mut SimTable, table: &str, row: &[Value]) -> Result<(), String
     Ok(())
 }
 
-/// A row before and after an update, and the columns set.
-type Updated = (Vec<Value>, Vec<Value>, Vec<String>);
+/// A row before and after an update, and the ids of the columns set.
+type Updated = (Vec<Value>, Vec<Value>, Vec<u32>);
 
 /// `UPDATE … SET` of the row with `key_values`.
 fn update_row(
@@ -185,7 +189,7 @@ fn update_row(
             .position(|c| c.name == column)
             .ok_or(format!("{table}: no column {column}"))?;
         new[i] = value;
-        changed.push(column);
+        changed.push(t.columns[i].id);
     }
     let new_key = t.key_of(&new);
     if new_key != key && t.rows.contains_key(&new_key) {

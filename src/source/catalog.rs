@@ -7,7 +7,9 @@
 //!   `cdc.change_tables.object_id`): after `ALTER COLUMN`, the source table has the
 //!   new type at once, the change table only when the capture job reaches the DDL;
 //! - a column's position (`cols[].index`) from the **source table**, where a dropped
-//!   column has none (the change table keeps it, NULL from then on);
+//!   column has none; the change table keeps it (with values in the rows committed
+//!   before the drop, NULL after), and where it stood is counted among the columns
+//!   left;
 //! - key columns from `cdc.index_columns`: the index CDC itself uses to identify
 //!   rows (the `@index_name` given to `sp_cdc_enable_table`, else the primary key).
 //!
@@ -26,8 +28,8 @@ use crate::source::decode::{
     DecodeError, decode_guid, decode_int, decode_lsn, decode_naive_datetime, decode_string,
 };
 use crate::source::{
-    CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CatalogVersion, ServerOffsets,
-    SourceError,
+    CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CatalogVersion, DroppedColumn,
+    ServerOffsets, SourceError,
 };
 
 /// The columns of a catalog fingerprint, shared by [`CATALOG_VERSION`] and the
@@ -122,7 +124,7 @@ CASE WHEN ty.is_assembly_type = 1 THEN ty.name ELSE TYPE_NAME(chg.system_type_id
 AS type_name, ty.is_user_defined, chg.column_id AS change_column_id, \
 chg.max_length, chg.precision, chg.scale, \
 (SELECT COUNT(*) FROM sys.columns AS prior \
-WHERE prior.object_id = src.object_id AND prior.column_id < src.column_id) AS table_index, \
+WHERE prior.object_id = ct.source_object_id AND prior.column_id < cc.column_id) AS table_index, \
 src.column_id AS source_column_id, CAST(src.is_nullable AS int) AS is_nullable, \
 dc.definition AS default_definition \
 FROM cdc.change_tables AS ct \
@@ -517,9 +519,12 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
     let max_length = row.opt_int("max_length")?;
     let precision = row.opt_int("precision")?;
     let scale = row.opt_int("scale")?;
+    // The source table's columns before this one: its position, or for a column
+    // dropped since, where it stood.
+    let before = row.opt_int("table_index")?;
     let (table_index, nullable, default) = match row.opt_int("source_column_id")? {
         Some(_) => (
-            row.opt_int("table_index")?,
+            before,
             row.opt_int("is_nullable")?.map(|n| n == 1),
             row.opt_string("default_definition")?,
         ),
@@ -570,6 +575,14 @@ fn captured_column(row: &mut NamedRow) -> Result<CapturedColumn, DecodeError> {
         table_index: table_index
             .map(|i| u32::try_from(i).map_err(|_| out_of_range("table_index", i)))
             .transpose()?,
+        dropped: match (table_index, before) {
+            (None, Some(before)) => Some(DroppedColumn {
+                columns_before: u32::try_from(before)
+                    .map_err(|_| out_of_range("table_index", before))?,
+                at: None,
+            }),
+            _ => None,
+        },
         sql_type,
         name,
         computed,

@@ -48,7 +48,8 @@ pub fn invisible<'a>(catalog: &'a Catalog, filter: &TableFilter) -> Invisible<'a
 pub enum LeftOut<'a> {
     /// A type CES does not stream.
     Unsupported(&'a TypeError),
-    /// Dropped from the source table: the change table keeps it, NULL from then on.
+    /// Dropped from the source table: the change table keeps it, NULL from then on
+    /// (rows committed before the drop still carry it).
     Dropped,
     /// A computed column: CDC records it as NULL in every change row.
     Computed,
@@ -156,6 +157,7 @@ mod tests {
             name: name.into(),
             ordinal: 1,
             table_index,
+            dropped: None,
             sql_type,
             computed: false,
             nullable: Some(true),

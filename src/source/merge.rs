@@ -20,36 +20,156 @@ use std::sync::Arc;
 
 use chrono::NaiveDateTime;
 
-use crate::event::{Change, ColumnDescription, Operation, Row, TableDescription};
+use crate::event::{Change, ColumnDescription, Operation, Row, TableDescription, Value};
 use crate::lsn::Lsn;
 use crate::source::timezone::{CommitClock, CommitTimeZone};
 use crate::source::{
-    CaptureInstance, ChangeRow, RowKey, ServerOffsets, SourceError, is_bit_set, op,
+    CaptureInstance, ChangeRow, DroppedColumn, EmittedColumn, RowKey, ServerOffsets, SourceError,
+    is_bit_set, op,
 };
 
 /// What the merge needs to know about a capture instance to build its events.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InstanceContext {
     pub name: String,
+    /// The table as it is now (its emitted columns): what loads read, and the shape
+    /// of change rows committed after every drop the history records.
     pub table: Arc<TableDescription>,
-    /// `(position in the emitted row, CDC column ordinal)` of each LOB column.
+    /// How many values a change row has ([`CaptureInstance::change_columns`]).
+    row_width: usize,
+    /// The shapes of rows committed before a `DROP COLUMN` (each holds the dropped
+    /// columns' values): `(bound, shape)` for rows below `bound`, bounds ascending.
+    earlier: Vec<(Lsn, RowShape)>,
+    /// The shape of rows at or above every bound.
+    latest: RowShape,
+}
+
+/// The events of some change rows of an instance: their table description, and
+/// which of a change row's values it takes.
+#[derive(Debug, Clone, PartialEq)]
+struct RowShape {
+    table: Arc<TableDescription>,
+    /// The positions in a change row of the shape's columns; `None`: all, in order.
+    pick: Option<Vec<usize>>,
+    /// `(position in the shape's row, CDC column ordinal)` of each LOB column.
     lob_columns: Vec<(usize, u32)>,
 }
 
 impl InstanceContext {
-    /// Builds the table description from the catalog: emitted columns in column
-    /// order, key columns by name (a key column of a type CES leaves out is skipped).
+    /// Builds the table descriptions from the catalog: columns in column order, key
+    /// columns by name (a key column of a type CES leaves out is skipped). A
+    /// captured column dropped from the source table is in the events of the rows
+    /// committed before its `DROP COLUMN`, at the position it had then.
     pub fn new(instance: &CaptureInstance, database: &str) -> Result<Self, SourceError> {
-        let emitted: Vec<_> = instance.emitted_columns().collect();
-        let columns: Vec<ColumnDescription> = emitted
+        let read: Vec<EmittedColumn<'_>> = instance.change_columns().collect();
+        let dropped: Vec<(usize, DroppedColumn)> = read
             .iter()
-            .map(|e| ColumnDescription {
-                name: e.column.name.clone(),
-                sql_type: e.sql_type,
-                index: e.table_index,
-                mask: None,
-                nullable: e.column.nullable.unwrap_or(true),
-                default: e.column.default.clone(),
+            .enumerate()
+            .filter_map(|(at, e)| e.column.dropped.map(|d| (at, d)))
+            .collect();
+        let shape =
+            |shown: &[(usize, DroppedColumn)]| RowShape::new(instance, database, &read, shown);
+        let table = shape(&[])?;
+        let mut bounds: Vec<Lsn> = dropped.iter().filter_map(|(_, d)| d.at).collect();
+        bounds.sort();
+        bounds.dedup();
+        // Rows below a bound hold every column dropped at or after it (or not yet
+        // recorded as dropped).
+        let shown_below = |bound: Option<Lsn>| -> Vec<(usize, DroppedColumn)> {
+            dropped
+                .iter()
+                .copied()
+                .filter(|(_, d)| match (d.at, bound) {
+                    (None, _) => true,
+                    (Some(at), Some(bound)) => at >= bound,
+                    (Some(_), None) => false,
+                })
+                .collect()
+        };
+        let earlier = bounds
+            .iter()
+            .map(|&bound| Ok((bound, shape(&shown_below(Some(bound)))?)))
+            .collect::<Result<Vec<_>, SourceError>>()?;
+        let last = shown_below(None);
+        let latest = if last.is_empty() {
+            table.clone()
+        } else {
+            shape(&last)?
+        };
+        Ok(InstanceContext {
+            name: instance.name.clone(),
+            table: table.table,
+            row_width: read.len(),
+            earlier,
+            latest,
+        })
+    }
+
+    /// Every table description this instance's events can have.
+    pub fn tables(&self) -> impl Iterator<Item = &Arc<TableDescription>> {
+        std::iter::once(&self.table)
+            .chain(self.earlier.iter().map(|(_, shape)| &shape.table))
+            .chain(std::iter::once(&self.latest.table))
+    }
+
+    /// The shape of a row committed at `lsn`.
+    fn shape_at(&self, lsn: Lsn) -> &RowShape {
+        self.earlier
+            .iter()
+            .find(|(bound, _)| lsn < *bound)
+            .map_or(&self.latest, |(_, shape)| shape)
+    }
+}
+
+impl RowShape {
+    /// The shape with the present columns of `read` and the dropped ones in
+    /// `shown` (by position in `read`), each at the position it has among them.
+    fn new(
+        instance: &CaptureInstance,
+        database: &str,
+        read: &[EmittedColumn<'_>],
+        shown: &[(usize, DroppedColumn)],
+    ) -> Result<Self, SourceError> {
+        // A dropped column stood after the columns before it that are still there
+        // and after the shown dropped ones before it (by captured order).
+        let position = |at: usize, e: &EmittedColumn<'_>| -> u32 {
+            let dropped_before = |index: u32| {
+                shown
+                    .iter()
+                    .filter(|&&(other, d)| {
+                        d.columns_before < index || (d.columns_before == index && other < at)
+                    })
+                    .count()
+            };
+            match e.column.table_index {
+                // A present column: after every shown dropped one that stood before it.
+                Some(index) => {
+                    index
+                        + shown
+                            .iter()
+                            .filter(|(_, d)| d.columns_before <= index)
+                            .count() as u32
+                }
+                None => e.table_index + dropped_before(e.table_index) as u32,
+            }
+        };
+        let picked: Vec<usize> = (0..read.len())
+            .filter(|&at| {
+                read[at].column.table_index.is_some() || shown.iter().any(|&(s, _)| s == at)
+            })
+            .collect();
+        let columns: Vec<ColumnDescription> = picked
+            .iter()
+            .map(|&at| {
+                let e = &read[at];
+                ColumnDescription {
+                    name: e.column.name.clone(),
+                    sql_type: e.sql_type,
+                    index: position(at, e),
+                    mask: None,
+                    nullable: e.column.nullable.unwrap_or(true),
+                    default: e.column.default.clone(),
+                }
             })
             .collect();
         let key = instance
@@ -57,11 +177,11 @@ impl InstanceContext {
             .iter()
             .filter_map(|name| columns.iter().position(|c| &c.name == name))
             .collect();
-        let lob_columns = emitted
+        let lob_columns = picked
             .iter()
             .enumerate()
-            .filter(|(_, e)| e.sql_type.is_lob())
-            .map(|(position, e)| (position, e.column.ordinal))
+            .filter(|&(_, &at)| read[at].sql_type.is_lob())
+            .map(|(position, &at)| (position, read[at].column.ordinal))
             .collect();
         let table = TableDescription::new(
             database,
@@ -74,11 +194,19 @@ impl InstanceContext {
             capture_instance: instance.name.clone(),
             message: e.to_string(),
         })?;
-        Ok(InstanceContext {
-            name: instance.name.clone(),
+        Ok(RowShape {
             table: Arc::new(table),
+            pick: (picked.len() != read.len()).then_some(picked),
             lob_columns,
         })
+    }
+
+    /// The shape's values of a change row.
+    fn take(&self, values: Vec<Value>) -> Vec<Value> {
+        match &self.pick {
+            None => values,
+            Some(pick) => pick.iter().map(|&at| values[at].clone()).collect(),
+        }
     }
 }
 
@@ -127,13 +255,18 @@ impl Sequencer {
             capture_instance: instance.name.clone(),
             message,
         };
-        let expected = instance.table.columns().len();
+        let expected = instance.row_width;
         if row.values.len() != expected {
             return Err(malformed(format!(
                 "a change row has {} values for {expected} columns",
                 row.values.len()
             )));
         }
+        let shape = instance.shape_at(row.key.start_lsn);
+        let row = ChangeRow {
+            values: shape.take(row.values),
+            ..row
+        };
         match row.operation() {
             op::UPDATE_BEFORE => {
                 if let Some((ctx, before)) = self.before.take() {
@@ -171,14 +304,19 @@ impl Sequencer {
                     values,
                 } = row;
                 let mut old = before.values;
-                for &(position, ordinal) in &instance.lob_columns {
+                for &(position, ordinal) in &shape.lob_columns {
                     if old[position].is_null() && !is_bit_set(&update_mask, ordinal) {
                         old[position] = values[position].clone();
                     }
                 }
                 let times = (key, begin_lsn, end_time, end_time_offsets);
-                let change =
-                    self.change(instance, Operation::Update, times, Some(old), Some(values));
+                let change = self.change(
+                    &shape.table,
+                    Operation::Update,
+                    times,
+                    Some(old),
+                    Some(values),
+                );
                 self.emit(change, out);
                 Ok(())
             }
@@ -203,7 +341,7 @@ impl Sequencer {
                     (Operation::Delete, Some(values), None)
                 };
                 let change = self.change(
-                    instance,
+                    &shape.table,
                     operation,
                     (key, begin_lsn, end_time, end_time_offsets),
                     old,
@@ -219,18 +357,18 @@ impl Sequencer {
         }
     }
 
-    /// A change of `instance` at `(key, begin LSN, local end time, the server's
+    /// A change of `table` at `(key, begin LSN, local end time, the server's
     /// offset at that time)`, numbered later.
     fn change(
         &mut self,
-        instance: &Arc<InstanceContext>,
+        table: &Arc<TableDescription>,
         operation: Operation,
         (key, begin_lsn, end_time, offsets): (RowKey, Lsn, NaiveDateTime, Option<ServerOffsets>),
         old: Option<Row>,
         current: Option<Row>,
     ) -> Change {
         Change {
-            table: Arc::clone(&instance.table),
+            table: Arc::clone(table),
             operation,
             commit_lsn: key.start_lsn,
             begin_lsn,
@@ -288,6 +426,7 @@ mod tests {
             name: name.into(),
             ordinal,
             table_index: Some(ordinal - 1),
+            dropped: None,
             sql_type: Ok(sql_type),
             computed: false,
             nullable: Some(true),

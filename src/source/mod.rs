@@ -138,8 +138,11 @@ pub struct CapturedColumn {
     pub ordinal: u32,
     /// 0-based position of the column in the source table (`cols[].index`); `None`
     /// when the column was dropped from the source table (`ALTER TABLE … DROP
-    /// COLUMN`): the change table keeps it, NULL from then on, and events leave it out.
+    /// COLUMN`): the change table keeps it, NULL from then on ([`Self::dropped`]).
     pub table_index: Option<u32>,
+    /// A column dropped from the source table whose values the change table keeps
+    /// for the rows committed before the drop: events of those rows carry it.
+    pub dropped: Option<DroppedColumn>,
     /// The type of the change table's column — the type its values have — or why
     /// CES does not stream it.
     pub sql_type: Result<SqlType, TypeError>,
@@ -158,6 +161,19 @@ pub struct CapturedColumn {
     /// `None` without one, once the column was dropped, or where the login may not
     /// see definitions. Only Debezium's schemas say it.
     pub default: Option<String>,
+}
+
+/// Where a captured column dropped from the source table stood, and when it went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DroppedColumn {
+    /// How many of the source table's columns now come before it (by
+    /// `column_id`): its position before the drop, less the other captured columns
+    /// before it that were dropped since.
+    pub columns_before: u32,
+    /// The LSN of its `DROP COLUMN` in `cdc.ddl_history`: rows committed before it
+    /// hold its values. `None` until the capture job has recorded the drop (it has
+    /// then scanned no row after it: every row it wrote holds the column).
+    pub at: Option<Lsn>,
 }
 
 /// A CDC capture instance and its source table.
@@ -230,6 +246,27 @@ impl CaptureInstance {
                 }),
                 _ => None,
             }
+        })
+    }
+}
+
+impl CaptureInstance {
+    /// The columns the change query reads, in column order: the emitted ones and
+    /// the captured columns of a streamed type dropped from the source table since,
+    /// whose values the change table keeps for the rows committed before the drop
+    /// (a dropped column's `table_index` here is where it stood). Change rows'
+    /// values follow this order.
+    pub fn change_columns(&self) -> impl Iterator<Item = EmittedColumn<'_>> {
+        self.columns.iter().filter(|c| !c.computed).filter_map(|c| {
+            let table_index = c
+                .table_index
+                .or_else(|| c.dropped.map(|d| d.columns_before))?;
+            let sql_type = *c.sql_type.as_ref().ok()?;
+            Some(EmittedColumn {
+                column: c,
+                sql_type,
+                table_index,
+            })
         })
     }
 }

@@ -271,7 +271,7 @@ ct.__$update_mask, ltm.tran_begin_lsn AS [{}], ltm.tran_end_time AS [{}], {offse
         fixed::MAPPED,
         fixed::BEGIN_TIME,
     );
-    for e in instance.emitted_columns() {
+    for e in instance.change_columns() {
         select.push_str(", ");
         select.push_str(&column_expression(e.name(), e.sql_type));
     }
@@ -651,6 +651,7 @@ mod tests {
             name: name.into(),
             ordinal,
             table_index: Some(ordinal - 1),
+            dropped: None,
             sql_type,
             computed: false,
             nullable: Some(true),

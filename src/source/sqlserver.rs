@@ -486,7 +486,10 @@ impl SqlServerSource {
     /// The change query for `instance`, rebuilt when its columns or change table
     /// differ from what the cached one was built from.
     fn change_query(&mut self, instance: &CaptureInstance) -> &ChangeQuery {
-        let columns = emitted(instance);
+        let columns: Vec<(String, SqlType)> = instance
+            .change_columns()
+            .map(|e| (e.name().to_owned(), e.sql_type))
+            .collect();
         let zone = self.server_zone.is_some();
         let entry = self
             .change_queries
@@ -790,6 +793,7 @@ mod tests {
                     name: (*name).into(),
                     ordinal: u32::try_from(i + 1).unwrap(),
                     table_index: *index,
+                    dropped: None,
                     sql_type: Ok(*t),
                     computed: false,
                     nullable: Some(true),

@@ -170,24 +170,34 @@ async fn with_entra_each_link_is_authorized_with_the_credentials_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_never_stored_fails_within_the_delivery_timeout() {
     let (endpoint, arrivals) = support::amqp_peer::start_with_partitions(4).await;
-    arrivals
-        .release_next
-        .store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
     let connect = mssql_ces::sink::event_hubs_amqp::EventHubsAmqpSink::connect(
         mssql_ces::sink::event_hubs_amqp::EventHubsCredential::ConnectionString(
             support::event_hubs::CONNECTION_STRING.into(),
         ),
         "orders",
         Some(endpoint),
-        Duration::from_secs(5),
-        // Long enough that the first attempt (connect, authorize, attach) answers
-        // within it on a loaded machine.
-        Duration::from_secs(5),
+        // A stalled attempt (the first attach on a loaded machine) is sent again
+        // after 3 s; the run gives up after 10 s.
+        Duration::from_secs(3),
+        Duration::from_secs(10),
     );
     let sink = support::tools::within("the sink to connect", Duration::from_secs(90), connect)
         .await
         .expect("opens");
     let mut sink = Sink::EventHubsAmqp(Box::new(sink));
+    // A first batch stored, so that the link is attached and authorized before the
+    // service starts releasing: every attempt after it is answered at once, and
+    // the run ends on the releases, not on a slow first attach.
+    let warm = sink
+        .send(support::event_hubs::message("dbo.T", b"{}".to_vec()))
+        .await
+        .expect("queued");
+    sink.end_batch(&Default::default()).await.expect("stored");
+    assert!(warm.wait().await.is_ok());
+    arrivals
+        .release_next
+        .store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
+    let before = arrivals.transfers.load(std::sync::atomic::Ordering::SeqCst);
     let delivery = sink
         .send(support::event_hubs::message("dbo.T", b"{}".to_vec()))
         .await
@@ -209,7 +219,7 @@ async fn a_batch_never_stored_fails_within_the_delivery_timeout() {
     );
     assert!(delivery.wait().await.is_err(), "not counted as delivered");
     assert!(
-        arrivals.transfers.load(std::sync::atomic::Ordering::SeqCst) > 1,
+        arrivals.transfers.load(std::sync::atomic::Ordering::SeqCst) > before + 1,
         "sent again meanwhile"
     );
 }

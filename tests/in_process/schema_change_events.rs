@@ -182,20 +182,37 @@ async fn a_table_is_announced_first_and_each_change_between_its_shapes() {
     // From before the column was added, once the old instance is gone: its changes
     // are gone with it (the instance was disabled before the stream got there),
     // and so is its DDL history.
-    // What is left to read is the new instance's rows, whose events carry the
-    // columns of version 1 again (Email is dropped by now): the switch of capture
-    // instance alone is announced, without DDL (gone with the old instance).
+    // What is left to read is the new instance's rows. Row 2, committed before the
+    // drop, still holds Email in the change table and carries it; row 3 does not:
+    // the switch of capture instance is announced without DDL (gone with the old
+    // instance), the drop at row 3 with its DDL.
     let mut again = Poller::new(sim.clone(), config(true), Some(before_add));
     let items = drain(&mut again).await;
     let events = schema_events(&items);
-    assert_eq!(events.len(), 1, "{items:?}");
+    assert_eq!(events.len(), 2, "{items:?}");
     assert_eq!(
         (events[0].version, events[0].after.capture_instance.as_str()),
         (2, "dbo_T_v2")
     );
-    assert_eq!(names(events[0]), ["Id", "Name"]);
+    assert_eq!(names(events[0]), ["Id", "Name", "Email"]);
     assert!(events[0].ddl.is_empty());
-    assert_eq!(items.len(), 3, "the switch, rows 2 and 3");
+    assert_eq!(names(events[1]), ["Id", "Name"]);
+    assert_eq!(events[1].version, 3);
+    assert_eq!(events[1].ddl, dropped.ddl);
+    let rows: Vec<_> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Change(c) => c.current.clone(),
+            Item::Schema(_) => None,
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            vec![Value::Int(2), text("b"), text("b@example.com")],
+            vec![Value::Int(3), text("c")]
+        ]
+    );
 }
 
 #[tokio::test]

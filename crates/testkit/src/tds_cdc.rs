@@ -706,6 +706,7 @@ fn captured_columns(catalog: &Catalog) -> Reply {
                 Cell::Int(precision),
                 Cell::Int(scale),
                 c.table_index
+                    .or(c.dropped.map(|d| d.columns_before))
                     .map_or(Cell::Null, |t| Cell::Int(i64::from(t))),
                 c.table_index
                     .map_or(Cell::Null, |t| Cell::Int(i64::from(t) + 1)),
@@ -912,7 +913,11 @@ fn read_changes<S: ChangeSource>(
         col(fixed::MAPPED, ColumnType::Binary(10)),
         col(fixed::BEGIN_TIME, ColumnType::DateTime),
     ];
-    columns.extend(emitted_columns(instance));
+    columns.extend(
+        instance
+            .change_columns()
+            .map(|e| col(e.name(), wire_type(e.sql_type))),
+    );
     let rows = rows
         .into_iter()
         .map(|r| {

@@ -34,6 +34,7 @@
 //!
 //! [`queries::CAPTURE_DDL_LOCK_TIMEOUT_MS`]: crate::source::queries::CAPTURE_DDL_LOCK_TIMEOUT_MS
 
+use super::ddl_text::adds_column;
 use super::*;
 use crate::source::{EnableCapture, SourceError, UncapturedColumns};
 use std::collections::BTreeSet;
@@ -225,91 +226,6 @@ pub fn next_instance_name(old: &str, taken: &[&str]) -> String {
         }
         number = number.saturating_add(1);
     }
-}
-
-/// Whether `command` (a `cdc.ddl_history.ddl_command`) adds a column named `column`:
-/// after its `ADD`, one of the comma-separated items (at the top level: not inside
-/// parentheses, brackets or quotes) starts with the name — bare, in brackets or in
-/// double quotes. A name that only appears inside an item (a computed column's
-/// expression, a constraint) is not added. Names compare case-insensitively (ASCII),
-/// as in the default collations.
-pub(super) fn adds_column(command: &str, column: &str) -> bool {
-    let upper = command.to_ascii_uppercase();
-    let Some(at) = find_word(&upper, "ADD") else {
-        return false;
-    };
-    let column = column.to_ascii_uppercase();
-    top_level_items(&upper[at + 3..])
-        .iter()
-        .any(|item| first_name(item).is_some_and(|name| name == column))
-}
-
-/// `text` cut at its top-level commas.
-fn top_level_items(text: &str) -> Vec<&str> {
-    let mut items = Vec::new();
-    let (mut depth, mut quote, mut start) = (0usize, None::<char>, 0);
-    for (i, c) in text.char_indices() {
-        match (quote, c) {
-            (Some(close), c) if c == close => quote = None,
-            (None, '[') => quote = Some(']'),
-            (None, '"') => quote = Some('"'),
-            (None, '\'') => quote = Some('\''),
-            (None, '(') => depth += 1,
-            (None, ')') => depth = depth.saturating_sub(1),
-            (None, ',') if depth == 0 => {
-                items.push(&text[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&text[start..]);
-    items
-}
-
-/// The name an item of an `ADD` list starts with, unquoted (`]]` and `""` undone).
-fn first_name(item: &str) -> Option<String> {
-    let item = item.trim_start();
-    let quoted = |open: char, close: char| -> Option<String> {
-        let mut rest = item.strip_prefix(open)?;
-        let mut name = String::new();
-        loop {
-            let end = rest.find(close)?;
-            name.push_str(&rest[..end]);
-            rest = &rest[end + close.len_utf8()..];
-            match rest.strip_prefix(close) {
-                // Doubled: the character itself.
-                Some(more) => {
-                    name.push(close);
-                    rest = more;
-                }
-                None => return Some(name),
-            }
-        }
-    };
-    quoted('[', ']').or_else(|| quoted('"', '"')).or_else(|| {
-        let word: String = item
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | '@' | '#' | '$'))
-            .collect();
-        (!word.is_empty()).then_some(word)
-    })
-}
-
-/// The byte offset of `word` in `text` where it is not part of a longer identifier.
-fn find_word(text: &str, word: &str) -> Option<usize> {
-    let identifier = |c: char| c.is_alphanumeric() || c == '_' || c == '@' || c == '#' || c == '$';
-    text.match_indices(word).map(|(at, _)| at).find(|&at| {
-        let before = text[..at]
-            .chars()
-            .next_back()
-            .is_none_or(|c| !identifier(c));
-        let after = text[at + word.len()..]
-            .chars()
-            .next()
-            .is_none_or(|c| !identifier(c));
-        before && after
-    })
 }
 
 impl<S: ChangeSource> Poller<S> {
@@ -662,90 +578,5 @@ mod tests {
         let next = next_instance_name(&long, &[]);
         assert_eq!(next.chars().count(), MAX_INSTANCE_NAME);
         assert!(next.ends_with("_v2"));
-    }
-
-    #[test]
-    fn a_word_is_not_part_of_a_longer_identifier() {
-        assert_eq!(find_word("ADD", "ADD"), Some(0));
-        assert_eq!(find_word("ADDX ADD", "ADD"), Some(5));
-        assert_eq!(find_word("XADD ADD", "ADD"), Some(5));
-        for joined in ["_", "@", "#", "$", "9"] {
-            let before = format!("{joined}ADD ADD");
-            assert_eq!(
-                find_word(&before, "ADD"),
-                Some(before.len() - 3),
-                "{before}"
-            );
-            let after = format!("ADD{joined} ADD");
-            assert_eq!(find_word(&after, "ADD"), Some(after.len() - 3), "{after}");
-        }
-        assert_eq!(find_word("[ADD](ADD", "ADD"), Some(1));
-        assert_eq!(find_word("ADDRESS", "ADD"), None);
-    }
-
-    #[test]
-    fn an_add_is_recognised_by_the_columns_name_as_a_word() {
-        assert!(adds_column(
-            "ALTER TABLE dbo.T ADD [Email] nvarchar(80)",
-            "Email"
-        ));
-        assert!(adds_column(
-            "alter table dbo.T add Email nvarchar(80) null",
-            "Email"
-        ));
-        assert!(adds_column("ALTER TABLE T ADD a int, \"b c\" int", "b c"));
-        assert!(adds_column("ALTER TABLE T ADD a int, b int", "b"));
-        assert!(!adds_column("ALTER TABLE T ADD Emails int", "Email"));
-        assert!(!adds_column(
-            "ALTER TABLE T ALTER COLUMN Email nvarchar(90)",
-            "Email"
-        ));
-        assert!(!adds_column("ALTER TABLE T DROP COLUMN Email", "Email"));
-        assert!(!adds_column("ALTER TABLE T ADD x int -- no", "Email"));
-        // Named inside an item, not added by it.
-        assert!(!adds_column(
-            "ALTER TABLE T ADD Total AS (Price * Secret)",
-            "Secret"
-        ));
-        assert!(!adds_column(
-            "ALTER TABLE T ADD CONSTRAINT c CHECK (Secret > 0)",
-            "Secret"
-        ));
-        assert!(!adds_column(
-            "ALTER TABLE T ADD x int DEFAULT (1), y AS (Secret)",
-            "Secret"
-        ));
-        assert!(adds_column(
-            "ALTER TABLE T ADD x decimal(9, 2), [Secret] int",
-            "Secret"
-        ));
-        // A comma inside parentheses, brackets or quotes does not start an item.
-        for inside in [
-            "ALTER TABLE T ADD Total AS (COALESCE(Price, Secret))",
-            "ALTER TABLE T ADD [a,Secret] int",
-            "ALTER TABLE T ADD \"a,Secret\" int",
-            "ALTER TABLE T ADD x varchar(9) DEFAULT ('a,Secret')",
-        ] {
-            assert!(!adds_column(inside, "Secret"), "{inside}");
-        }
-        // After a quoted name closes, the next comma does; nothing counts inside one.
-        assert!(adds_column(
-            "ALTER TABLE T ADD [a] int, Secret int",
-            "Secret"
-        ));
-        assert!(adds_column(
-            "ALTER TABLE T ADD [a(b] int, Secret int",
-            "Secret"
-        ));
-        assert!(adds_column("ALTER TABLE T ADD [we]]ird] int", "we]ird"));
-        assert!(
-            adds_column("alter table t add email int", "Email"),
-            "case-insensitive"
-        );
-        // "ADD" inside a name is not the keyword.
-        assert!(!adds_column(
-            "ALTER TABLE ADDRESS ALTER COLUMN Email int",
-            "Email"
-        ));
     }
 }

@@ -49,6 +49,7 @@ use crate::source::{
 };
 use uuid::Uuid;
 
+mod ddl_text;
 mod iteration;
 mod load;
 mod managed;

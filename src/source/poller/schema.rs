@@ -20,7 +20,11 @@ impl<S: ChangeSource> Poller<S> {
         let describe = || {
             let instance = tracked
                 .iter()
-                .find(|t| Arc::ptr_eq(&t.context.table, &change.table))
+                .find(|t| {
+                    t.context
+                        .tables()
+                        .any(|table| Arc::ptr_eq(table, &change.table))
+                })
                 .map(|t| &t.instance);
             table_shape(&change.table, instance)
         };

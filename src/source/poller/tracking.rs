@@ -2,6 +2,7 @@
 //! when a table hands over from an older instance to a newer one; the stream's
 //! identity and time zone, checked each time the catalog is read.
 
+use super::ddl_text::drops_column;
 use super::*;
 use crate::source::diagnostics::{self, Invisible, LeftOut};
 
@@ -19,6 +20,7 @@ impl<S: ChangeSource> Poller<S> {
         if self.enable_missing_tables().await? {
             catalog = self.source.catalog().await?;
         }
+        self.date_drops(&mut catalog).await?;
         self.catalog_read_at = Some(Instant::now());
         self.catalog_stale = false;
         self.adopt_identity(&catalog)?;
@@ -48,8 +50,9 @@ impl<S: ChangeSource> Poller<S> {
                 self.superseded_at(instance, start_lsn, &included, &mut waiting_for);
             let context = Arc::new(InstanceContext::new(instance, &catalog.database)?);
             // A rule the table cannot take stops the run here, before anything is read.
-            self.column_plans
-                .plan(&self.config.columns, &context.table)?;
+            for table in context.tables() {
+                self.column_plans.plan(&self.config.columns, table)?;
+            }
             tracked.push(Tracked {
                 instance: (*instance).clone(),
                 context,
@@ -81,6 +84,35 @@ impl<S: ChangeSource> Poller<S> {
         self.waiting_for = waiting_for;
         self.catalog = Some(catalog);
         self.manage_capture_instances().await
+    }
+
+    /// For each captured column dropped from an included table, the LSN of its
+    /// `DROP COLUMN` in the instance's `cdc.ddl_history` (one read per such
+    /// instance): rows below it still hold the column's values. Not recorded yet,
+    /// the capture job has written no row after the drop — it records DDL as it
+    /// scans the log, in the same pass as the rows around it — so every row read
+    /// holds the column until the record appears (which changes the catalog's
+    /// fingerprint and brings the catalog back here).
+    async fn date_drops(&mut self, catalog: &mut Catalog) -> Result<(), SourceError> {
+        for instance in catalog.instances.iter_mut().filter(|i| {
+            self.config.filter.allows(&i.schema, &i.table)
+                && i.columns.iter().any(|c| c.dropped.is_some())
+        }) {
+            let history = self.source.ddl_history(&instance.name).await?;
+            for column in &mut instance.columns {
+                let Some(dropped) = column.dropped.as_mut() else {
+                    continue;
+                };
+                // The first drop of the name the instance recorded: the captured
+                // column was there from the instance's start, so that is its drop
+                // (a later one is of a column added again under the name).
+                dropped.at = history
+                    .iter()
+                    .find(|d| drops_column(&d.ddl_command, &column.name))
+                    .map(|d| d.ddl_lsn);
+            }
+        }
+        Ok(())
     }
 
     /// At start: what `[[event.columns]]` does to each table, and the rules that
@@ -363,10 +395,7 @@ impl<S: ChangeSource> Poller<S> {
     fn warn_left_out_columns(&mut self, instance: &CaptureInstance) {
         for (column, why) in diagnostics::left_out_columns(instance) {
             let reason = match why {
-                LeftOut::Dropped => {
-                    "dropped from the source table (the change table keeps it, NULL from then on)"
-                        .to_owned()
-                }
+                LeftOut::Dropped => "dropped from the source table: events of rows committed before the drop carry its values, later ones leave it out".to_owned(),
                 other => other.to_string(),
             };
             let key = format!("{} {}", instance.object_id, column.name);

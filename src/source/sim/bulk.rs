@@ -71,6 +71,7 @@ impl BulkSource {
             name: name.into(),
             ordinal,
             table_index: Some(ordinal - 1),
+            dropped: None,
             sql_type: Ok(sql_type),
             computed: false,
             nullable: Some(true),

@@ -156,6 +156,7 @@ impl CdcSimulator {
                 name: c.name.clone(),
                 ordinal: u32::try_from(ordinal + 1).unwrap_or(u32::MAX),
                 table_index: u32::try_from(i).ok(),
+                dropped: None,
                 sql_type: c.sql_type.clone(),
                 computed: c.computed,
                 nullable: Some(c.nullable && !t.key.contains(&c.name)),

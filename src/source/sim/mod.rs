@@ -79,8 +79,8 @@ use crate::lsn::Lsn;
 use crate::source::sim::order::SortKey;
 use crate::source::{
     CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource,
-    CommitTime, DdlEvent, EnableCapture, Fact, LogScan, MaxLsn, Probe, ProbeResult, RowKey,
-    ServerFacts, SourceError, TableCursor, UncapturedColumns, UncapturedTable, op,
+    CommitTime, DdlEvent, DroppedColumn, EnableCapture, Fact, LogScan, MaxLsn, Probe, ProbeResult,
+    RowKey, ServerFacts, SourceError, TableCursor, UncapturedColumns, UncapturedTable, op,
 };
 
 /// A column of a simulated table.

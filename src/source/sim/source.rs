@@ -62,6 +62,17 @@ impl ChangeSource for CdcSimulator {
                     Some((t, at, &t.columns[at]))
                 });
                 c.table_index = source.and_then(|(_, at, _)| u32::try_from(at).ok());
+                // Dropped: where it stood among the columns left (`column_id` order).
+                c.dropped = match (source, table) {
+                    (None, Some(t)) => Some(DroppedColumn {
+                        columns_before: u32::try_from(
+                            t.columns.iter().filter(|n| n.id < *id).count(),
+                        )
+                        .unwrap_or(u32::MAX),
+                        at: None,
+                    }),
+                    _ => None,
+                };
                 c.nullable = source
                     .map(|(t, _, column)| column.nullable && !t.key.iter().any(|k| k == &c.name));
                 c.default = source.and_then(|(_, _, column)| column.default.clone());
@@ -183,7 +194,7 @@ impl ChangeSource for CdcSimulator {
         // The query names the columns the caller's catalog lists; they are found in
         // the change table by name.
         let mut wanted = Vec::new();
-        for e in instance.emitted_columns() {
+        for e in instance.change_columns() {
             let Some(at) = sim.info.columns.iter().position(|c| c.name == e.name()) else {
                 return Err(SimState::catalog_changed(format!(
                     "Invalid column name '{}' (error 207)",

@@ -130,6 +130,10 @@ struct Stream {
     /// does not cost a query of its own at every poll.
     probe_again_at: Option<Instant>,
     probe_backoff: Backoff,
+    /// Discovery found this replica of it unreadable (an availability group
+    /// secondary that allows no connections): not probed until discovery finds it
+    /// readable again.
+    secondary: bool,
     /// Gone from the server: dropped once its activation ended.
     gone: bool,
 }
@@ -144,14 +148,15 @@ impl Stream {
             backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
             probe_again_at: None,
             probe_backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(300)),
+            secondary: false,
             gone: false,
         }
     }
 
     /// Whether the probe asks about it this round: not while an unreadable
-    /// database's backoff runs.
+    /// database's backoff runs, nor while discovery knows it unreadable here.
     fn probed_now(&self, now: Instant) -> bool {
-        self.probe_again_at.is_none_or(|at| now >= at)
+        !self.secondary && self.probe_again_at.is_none_or(|at| now >= at)
     }
 
     /// Has changes (or a catalog change) not yet read.
@@ -443,6 +448,37 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
             .collect();
         for name in gone {
             self.forget(&name);
+        }
+        self.note_unreadable_replicas().await
+    }
+
+    /// Where the login may read the availability-group views: the databases this
+    /// replica cannot read are not probed (each would fail its probe query), and
+    /// are reported as unreadable until a discovery finds them readable.
+    async fn note_unreadable_replicas(&mut self) -> Result<(), SourceError> {
+        let unreadable = self
+            .on_server(|mut server| async move {
+                let found = server.unreadable_replicas().await;
+                (server, found)
+            })
+            .await?;
+        let Some(unreadable) = unreadable else {
+            return Ok(());
+        };
+        for (name, stream) in &mut self.streams {
+            let secondary = unreadable.contains(name);
+            if secondary && !stream.secondary {
+                tracing::warn!(database = %name, "this replica of the database is an availability group secondary that allows no connections: not streamed here; discovery looks again every source.discovery_interval_ms");
+                stream.probed = Some(Err(SourceError::NotReadableHere {
+                    message: "an availability group secondary that allows no connections (sys.availability_replicas.secondary_role_allow_connections = NO)".into(),
+                }));
+            } else if !secondary && stream.secondary {
+                tracing::info!(database = %name, "this replica of the database is readable again: streaming it");
+                stream.probed = None;
+                stream.probe_again_at = None;
+                stream.probe_backoff.reset();
+            }
+            stream.secondary = secondary;
         }
         Ok(())
     }

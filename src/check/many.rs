@@ -59,8 +59,27 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
             );
         }
     }
+    let secondaries = match server.unreadable_replicas().await {
+        Ok(found) => found.unwrap_or_default(),
+        Err(e) => {
+            report.fail(
+                "availability groups",
+                format!("the databases this replica cannot read could not be listed: {e}"),
+                "check the connection; the login's VIEW SERVER STATE lets run skip them without probing",
+            );
+            Vec::new()
+        }
+    };
     let mut readable = matched.clone();
-    match server.probe(&matched).await {
+    readable.retain(|name| !secondaries.contains(name));
+    for name in matched.iter().filter(|name| secondaries.contains(*name)) {
+        report.warn(
+            format!("{name}: replica"),
+            "skipped: this replica is an availability group secondary that allows no connections; run does not stream it here and looks again at each discovery",
+            "connect to the availability group's primary (its listener), or allow reads on this secondary (SECONDARY_ROLE (ALLOW_CONNECTIONS = ALL))",
+        );
+    }
+    match server.probe(&readable).await {
         Ok(answers) => {
             for answer in answers {
                 match answer.state {

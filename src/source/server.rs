@@ -9,7 +9,7 @@
 
 use std::future::Future;
 
-use crate::mssql::SqlConnection;
+use crate::mssql::{SqlConnection, SqlError, SqlErrorKind};
 use crate::source::catalog::{self, NamedRow, catalog_error};
 use crate::source::{MaxLsn, SourceError};
 
@@ -19,6 +19,22 @@ use crate::source::{MaxLsn, SourceError};
 /// (<https://learn.microsoft.com/sql/t-sql/functions/has-dbaccess-transact-sql>).
 pub const CDC_DATABASES: &str = "SELECT name FROM sys.databases \
 WHERE is_cdc_enabled = 1 AND state = 0 AND HAS_DBACCESS(name) = 1 ORDER BY name;";
+
+/// The databases whose replica on this server no session can read: a secondary of
+/// an availability group that allows no connections
+/// (`secondary_role_allow_connections` 0), or a replica resolving its role (`role`
+/// 0). A secondary that allows read-intent sessions only (1) is left to the probe:
+/// whether this session may read it depends on its `ApplicationIntent`. The
+/// availability-group views need `VIEW SERVER STATE`; without it the query fails
+/// and discovery lists every database, the probe then finding those it cannot read.
+/// <https://learn.microsoft.com/sql/relational-databases/system-dynamic-management-views/sys-dm-hadr-availability-replica-states-transact-sql>
+/// <https://learn.microsoft.com/sql/relational-databases/system-catalog-views/sys-availability-replicas-transact-sql>
+pub const UNREADABLE_REPLICAS: &str = "SELECT d.name FROM sys.databases AS d \
+JOIN sys.dm_hadr_availability_replica_states AS rs ON rs.replica_id = d.replica_id \
+JOIN sys.availability_replicas AS ar ON ar.replica_id = d.replica_id \
+WHERE d.is_cdc_enabled = 1 AND rs.is_local = 1 \
+AND (rs.role = 0 OR (rs.role = 2 AND ar.secondary_role_allow_connections = 0)) \
+ORDER BY d.name;";
 
 /// The server's engine edition: 5 is Azure SQL Database, which has no
 /// cross-database queries (a three-part name fails with error 40515), so the probe
@@ -94,6 +110,14 @@ pub trait DatabaseServer: Send {
 
     /// The databases that can be streamed now, by name.
     fn cdc_databases(&mut self) -> impl Future<Output = Result<Vec<String>, SourceError>> + Send;
+
+    /// The CDC-enabled databases this replica cannot read ([`UNREADABLE_REPLICAS`]),
+    /// so that the probe does not ask them; `None` when the login may not tell.
+    fn unreadable_replicas(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<Vec<String>>, SourceError>> + Send {
+        std::future::ready(Ok(None))
+    }
 
     /// One probe query: the max LSN and catalog fingerprint of each of `chunk`, or
     /// the error of the whole query.
@@ -173,6 +197,22 @@ impl DatabaseServer for SqlServerDatabases {
         rows.into_iter()
             .map(|row| NamedRow::new(row).string("name").map_err(catalog_error))
             .collect()
+    }
+
+    async fn unreadable_replicas(&mut self) -> Result<Option<Vec<String>>, SourceError> {
+        let rows = match self.conn.query(UNREADABLE_REPLICAS, &[]).await {
+            Ok(rows) => rows,
+            // Without VIEW SERVER STATE: the probe finds them instead.
+            Err(SqlError {
+                error: SqlErrorKind::PermissionDenied { .. },
+                ..
+            }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        rows.into_iter()
+            .map(|row| NamedRow::new(row).string("name").map_err(catalog_error))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     async fn probe_chunk(&mut self, chunk: &[String]) -> Result<Vec<DatabaseProbe>, SourceError> {
@@ -341,6 +381,7 @@ mod tests {
         let names: Vec<String> = (0..PROBE_CHUNK).map(|i| format!("Tenant{i}")).collect();
         for sql in [
             CDC_DATABASES.to_owned(),
+            UNREADABLE_REPLICAS.to_owned(),
             ENGINE_EDITION.to_owned(),
             probe_sql(&names),
         ] {

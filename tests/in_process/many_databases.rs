@@ -407,6 +407,68 @@ async fn availability_group_secondaries_stop_nothing_and_are_asked_with_backoff(
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// With `VIEW SERVER STATE`, discovery reads the availability-group views: a
+/// database whose replica here is a secondary that allows no connections is never
+/// probed (no query fails on it), it is reported unreadable, the others stream,
+/// and once it is the primary the next discovery streams it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secondary_discovery_knows_is_never_probed() {
+    use mssql_ces::source::sim::server::Replica;
+    let server = SimServer::default();
+    server.set_view_server_state(true);
+    let names: Vec<String> = (0..4).map(|i| format!("Shop{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let sim = database(name, i as u128 + 1);
+        insert(&sim, name, 1);
+        server.add(name, sim);
+    }
+    server.set_replica("Shop2", Replica::NotReadable);
+    let dir = temp_dir("known-secondary");
+    let supervisor = supervisor(
+        &server,
+        &dir,
+        ManySettings {
+            discovery_interval: Duration::from_millis(300),
+            ..settings(&["Shop*"])
+        },
+    );
+    let mut status = supervisor.status();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(supervisor.run(shutdown.clone()));
+    let readable = ["Shop0", "Shop1", "Shop3"];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !readable.iter().all(|n| delivered(&dir, n) == vec![1]) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the readable databases' rows: {:?}",
+            *status.borrow()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for(&mut status, "the secondary reported", |s| s.unreadable == 1).await;
+    let probes = status.borrow().probes;
+    wait_for(&mut status, "20 more probe rounds", |s| {
+        s.probes >= probes + 20
+    })
+    .await;
+    assert_eq!(server.failed_queries(), 0, "no query named the secondary");
+    assert!(delivered(&dir, "Shop2").is_empty());
+    server.set_replica("Shop2", Replica::Primary);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while delivered(&dir, "Shop2") != vec![1] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after the failover: {:?}",
+            *status.borrow()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for(&mut status, "none unreadable", |s| s.unreadable == 0).await;
+    shutdown.cancel();
+    run.await.expect("join").expect("a clean stop");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// Azure SQL Database has no cross-database queries: many databases from one
 /// connection cannot be probed there, and the run says so, naming the setting and
 /// what to do instead, rather than reporting every database unreadable for ever.

@@ -1072,6 +1072,38 @@ async fn a_database_this_replica_cannot_read_is_reported_skipped_not_failed() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// With `VIEW SERVER STATE` the availability-group views name the secondary that
+/// allows no connections: `check` skips it without probing it (a warning naming
+/// the replica), and the read-intent-only one is still found by the probe.
+#[tokio::test]
+async fn a_secondary_the_views_name_is_skipped_without_a_probe() {
+    use mssql_ces::source::sim::server::{Replica, SimServer};
+    let dir = temp_dir("check-known-secondary");
+    let config = many_databases_config(&dir, "\"Shop*\"", "kind = \"stdout\"");
+    let server = SimServer::default();
+    server.set_view_server_state(true);
+    server.add("Shop1", database());
+    server.add("Shop2", database());
+    server.add("Shop3", database());
+    server.set_replica("Shop2", Replica::NotReadable);
+    server.set_replica("Shop3", Replica::ReadIntentOnly);
+    let report = check_server(&config, &server).await;
+    let skipped = expect(&report, "Shop2: replica", Status::Warn);
+    assert!(
+        skipped
+            .detail
+            .contains("secondary that allows no connections"),
+        "{skipped:?}"
+    );
+    assert!(report.get("Shop2: probe").is_none(), "{}", report.to_text());
+    expect(&report, "Shop3: probe", Status::Warn);
+    expect(&report, "Shop1: table dbo.Orders", Status::Pass);
+    // The chunk of Shop1 and Shop3, then Shop3 alone; asking Shop2 too would
+    // have failed a third.
+    assert_eq!(server.failed_queries(), 2, "no probe named Shop2");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// `fleet.group_id`: `check` looks the control topic up on the sink's brokers and
 /// says how many slots the members share (or that the first member creates it).
 /// The synthetic server's databases are checked each by name.

@@ -37,6 +37,10 @@ struct ServerState {
     round_trips: usize,
     /// `SERVERPROPERTY('EngineEdition')`; 0 answers 3 (Enterprise, as Developer).
     engine_edition: i64,
+    /// Whether the login has `VIEW SERVER STATE` (the availability-group views).
+    view_server_state: bool,
+    /// Server-level queries that failed (a probe naming a database it cannot read).
+    failed_queries: usize,
 }
 
 #[derive(Debug)]
@@ -110,6 +114,17 @@ impl SimServer {
     pub fn round_trips(&self) -> usize {
         self.lock().round_trips
     }
+
+    /// Server-level queries that failed so far.
+    pub fn failed_queries(&self) -> usize {
+        self.lock().failed_queries
+    }
+
+    /// Grants the login `VIEW SERVER STATE` (or takes it back): with it, the
+    /// availability-group views say which databases this replica cannot read.
+    pub fn set_view_server_state(&self, granted: bool) {
+        self.lock().view_server_state = granted;
+    }
 }
 
 impl DatabaseServer for SimServer {
@@ -133,9 +148,43 @@ impl DatabaseServer for SimServer {
             .collect())
     }
 
+    /// Without `VIEW SERVER STATE` the views fail the query (error 300): `None`.
+    /// With it: the secondaries that allow no connections (a read-intent-only one
+    /// is not listed).
+    async fn unreadable_replicas(&mut self) -> Result<Option<Vec<String>>, SourceError> {
+        let mut state = self.lock();
+        state.round_trips += 1;
+        if !state.view_server_state {
+            state.failed_queries += 1;
+            return Ok(None);
+        }
+        Ok(Some(
+            state
+                .databases
+                .iter()
+                .filter(|(_, db)| db.sim.cdc_enabled() && db.replica == Replica::NotReadable)
+                .map(|(name, _)| name.clone())
+                .collect(),
+        ))
+    }
+
     async fn probe_chunk(&mut self, chunk: &[String]) -> Result<Vec<DatabaseProbe>, SourceError> {
         let mut state = self.lock();
         state.round_trips += 1;
+        let answered = Self::answer_probe(&state, chunk);
+        if answered.is_err() {
+            state.failed_queries += 1;
+        }
+        answered
+    }
+}
+
+impl SimServer {
+    /// The probe of `chunk` as the server answers it.
+    fn answer_probe(
+        state: &ServerState,
+        chunk: &[String],
+    ) -> Result<Vec<DatabaseProbe>, SourceError> {
         if state.engine_edition == crate::source::AZURE_SQL_DATABASE_EDITION
             && let Some(name) = chunk.first()
         {

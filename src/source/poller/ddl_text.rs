@@ -193,6 +193,7 @@ mod tests {
             "ALTER TABLE T ADD [a,Secret] int",
             "ALTER TABLE T ADD \"a,Secret\" int",
             "ALTER TABLE T ADD x varchar(9) DEFAULT ('a,Secret')",
+            "ALTER TABLE T ADD x varchar(9) DEFAULT 'a, Secret'",
         ] {
             assert!(!adds_column(inside, "Secret"), "{inside}");
         }

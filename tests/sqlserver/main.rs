@@ -3,4 +3,5 @@
 //! server it cannot reach.
 
 mod schema_evolution;
+mod server_facts;
 mod sqlserver_integration;

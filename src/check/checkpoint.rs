@@ -4,13 +4,28 @@
 use super::*;
 
 /// Returns what the checkpoint says of the output file (for the file sink's check),
-/// when it could be read.
+/// when it could be read. `unreachable`: why the store cannot be asked at all
+/// ([`kafka_store_unreachable`](super::destination::kafka_store_unreachable)), so
+/// that its checks say so at once.
 pub(super) async fn check_checkpoint<S: ChangeSource>(
     report: &mut Report,
     config: &Config,
     source: &mut S,
     state: Option<&SourceState>,
+    unreachable: Option<&str>,
 ) -> Option<Resume> {
+    if let Some(why) = unreachable {
+        let where_ = store_location(config);
+        report.skip(
+            "checkpoint: readable",
+            format!("{where_}: not checked: {why}"),
+        );
+        report.skip(
+            "checkpoint: writable",
+            format!("{where_}: not checked: {why}"),
+        );
+        return None;
+    }
     let mut store = match crate::app::checkpoint_store(config) {
         Ok(store) => store,
         Err(e) => {
@@ -321,8 +336,19 @@ fn writable_fix(config: &Config) -> &'static str {
 /// position (`checkpoint: kept`). Asked once per configuration, however many
 /// databases share the topic, and within `check.timeout_ms` (a broker without
 /// DescribeConfigs, such as Event Hubs, never answers it).
-pub(super) async fn check_checkpoint_topic(report: &mut Report, config: &Config) {
+pub(super) async fn check_checkpoint_topic(
+    report: &mut Report,
+    config: &Config,
+    unreachable: Option<&str>,
+) {
     if config.checkpoint.store != crate::config::CheckpointStoreKind::Kafka {
+        return;
+    }
+    if let Some(why) = unreachable {
+        report.skip(
+            "checkpoint: kept",
+            format!("topic {}: not checked: {why}", config.checkpoint.topic),
+        );
         return;
     }
     if let Ok(CheckpointStore::Kafka(kafka)) = crate::app::checkpoint_store(config) {

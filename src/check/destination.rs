@@ -3,6 +3,44 @@
 
 use super::*;
 
+/// Which Kafka a Kafka sink writes to (Event Hubs' Kafka endpoint has its own
+/// rules).
+fn kafka_flavour(config: &Config) -> KafkaFlavour {
+    match &config.sink.kind {
+        SinkConfig::EventHubsKafka(_) => KafkaFlavour::EventHubs,
+        _ => KafkaFlavour::Kafka,
+    }
+}
+
+/// With the Kafka checkpoint store: why the sink's brokers, which hold the
+/// checkpoint topic, cannot be asked anything — they refused this client, or did
+/// not answer within `check.timeout_ms` — or `None` when they answered. Asked once
+/// per configuration before the checkpoint checks: each of those would otherwise
+/// wait out the time-out and report the cause as something else, for every
+/// database. `Kafka: brokers` reports the cause itself.
+pub(super) async fn kafka_store_unreachable(config: &Config) -> Option<String> {
+    if config.checkpoint.store != crate::config::CheckpointStoreKind::Kafka {
+        return None;
+    }
+    let (SinkConfig::Kafka(c) | SinkConfig::EventHubsKafka(c)) = &config.sink.kind else {
+        return None;
+    };
+    let largest = config.sink.kind.largest_message(&config.event);
+    let (settings, _) = c
+        .settings(kafka_flavour(config), &config.sink.routing, largest.bytes)
+        .ok()?;
+    match kafka::describe_destination(&settings, &[], config.check.timeout).await {
+        Ok(_) => None,
+        Err(crate::sink::SinkError::Definite(_)) => {
+            Some("the sink's brokers refused this client (see Kafka: brokers)".to_owned())
+        }
+        Err(_) => Some(format!(
+            "no answer from the sink's brokers within {} s (see Kafka: brokers)",
+            config.check.timeout.as_secs_f64()
+        )),
+    }
+}
+
 /// `states`: each readable database's, for the topics its tables map to; `resume`:
 /// what the checkpoint says of the output file, when it could be read.
 pub(super) async fn check_destination(
@@ -15,10 +53,7 @@ pub(super) async fn check_destination(
     let largest = config.sink.kind.largest_message(&config.event);
     match &config.sink.kind {
         SinkConfig::Kafka(c) | SinkConfig::EventHubsKafka(c) => {
-            let flavour = match &config.sink.kind {
-                SinkConfig::Kafka(_) => KafkaFlavour::Kafka,
-                _ => KafkaFlavour::EventHubs,
-            };
+            let flavour = kafka_flavour(config);
             let (settings, template) = match c.settings(flavour, routing, largest.bytes) {
                 Ok(found) => found,
                 Err(e) => {

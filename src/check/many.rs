@@ -108,8 +108,16 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
             "check the connection and the login's access to the databases' cdc schema",
         ),
     }
-    let (states, resume) = check_each(&mut report, config, &readable, &mut source_for).await;
-    super::check_checkpoint_topic(&mut report, config).await;
+    let unreachable = super::kafka_store_unreachable(config).await;
+    let (states, resume) = check_each(
+        &mut report,
+        config,
+        &readable,
+        &mut source_for,
+        unreachable.as_deref(),
+    )
+    .await;
+    super::check_checkpoint_topic(&mut report, config, unreachable.as_deref()).await;
     check_delivery(&mut report, config, &states, resume).await;
     check_fleet(&mut report, config, matched.len()).await;
     report
@@ -187,6 +195,7 @@ async fn check_each<S: ChangeSource>(
     config: &Config,
     matched: &[String],
     source_for: &mut impl FnMut(&Config) -> Result<S, crate::setting::ConfigError>,
+    unreachable: Option<&str>,
 ) -> (Vec<SourceState>, Option<Resume>) {
     let mut states = Vec::new();
     let mut first_resume = None;
@@ -206,7 +215,14 @@ async fn check_each<S: ChangeSource>(
             }
         };
         let state = check_source(&mut database, &own, &mut source, "").await;
-        let resume = check_checkpoint(&mut database, &own, &mut source, state.as_ref()).await;
+        let resume = check_checkpoint(
+            &mut database,
+            &own,
+            &mut source,
+            state.as_ref(),
+            unreachable,
+        )
+        .await;
         if summarise && database.findings.iter().all(|f| f.status == Status::Pass) {
             let tables = state.as_ref().map_or(0, |s| s.included.len());
             report.pass(

@@ -31,8 +31,8 @@ mod many;
 mod source;
 
 use checkpoint::{check_checkpoint, check_checkpoint_topic, human_minutes};
-use destination::check_destination;
 pub use destination::kafka_findings;
+use destination::{check_destination, kafka_store_unreachable};
 pub use many::check_many;
 use source::{SourceState, check_source};
 
@@ -242,8 +242,16 @@ pub async fn check_with<S: ChangeSource>(config: &Config, source: &mut S, server
     let mut report = Report::default();
     secrets(&mut report, config);
     let catalog = check_source(&mut report, config, source, server).await;
-    let checkpoint = check_checkpoint(&mut report, config, source, catalog.as_ref()).await;
-    check_checkpoint_topic(&mut report, config).await;
+    let unreachable = kafka_store_unreachable(config).await;
+    let checkpoint = check_checkpoint(
+        &mut report,
+        config,
+        source,
+        catalog.as_ref(),
+        unreachable.as_deref(),
+    )
+    .await;
+    check_checkpoint_topic(&mut report, config, unreachable.as_deref()).await;
     check_delivery(&mut report, config, catalog.as_slice(), checkpoint).await;
     report
 }

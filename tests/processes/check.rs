@@ -752,6 +752,39 @@ async fn brokers_that_do_not_answer_fail_the_destination() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// With the checkpoint topic on brokers that do not answer, the checkpoint checks
+/// say so at once, for every database, instead of each waiting out
+/// `check.timeout_ms` and reporting a metadata or time-out error as the
+/// checkpoint's fault; `Kafka: brokers` names the cause.
+#[tokio::test]
+async fn a_checkpoint_topic_on_brokers_that_do_not_answer_is_not_checked_per_database() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port");
+    let dir = temp_dir("check-down-store");
+    let text = format!(
+        "[source]\nkind = \"synthetic\"\ndatabases = [\"tenant*\"]\n[source.synthetic]\ndatabases = 4\n\
+         [sink]\n{}\n[checkpoint]\nstore = \"kafka\"\n",
+        kafka_sink(&closed.to_string(), "ces")
+    );
+    let config = load(&dir, "down.toml", &text);
+    let report = mssql_ces::check::check(&config).await;
+    let brokers = expect(&report, "Kafka: brokers", Status::Fail);
+    assert!(brokers.detail.contains("no answer"), "{brokers:?}");
+    for database in ["tenant001", "tenant004"] {
+        for check in ["checkpoint: readable", "checkpoint: writable"] {
+            let finding = expect(&report, &format!("{database}: {check}"), Status::Skip);
+            assert!(
+                finding.detail.contains("no answer from the sink's brokers"),
+                "{finding:?}"
+            );
+        }
+    }
+    let kept = expect(&report, "checkpoint: kept", Status::Skip);
+    assert!(kept.detail.contains("not checked"), "{kept:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[test]
 fn a_topic_limit_below_the_largest_segment_fails_with_the_command_to_raise_it() {
     let facts = DestinationFacts {

@@ -18,7 +18,7 @@ use support::apache_kafka::{self, Cluster};
 use support::kafka::Consumed;
 use support::temp_dir;
 
-use crate::binary::{signal, spawn};
+use crate::binary::{exit_within, signal, spawn};
 
 /// Names of a test's own (topics, transactional id), so tests share one broker.
 fn unique(what: &str) -> String {
@@ -166,21 +166,6 @@ fn run_until_idle(config: &Path, limit: Duration, what: &str) -> std::process::O
         limit,
         what,
     )
-}
-
-/// Waits for `child` to end within `limit`, failing the test with its log if not.
-fn exit_within(
-    child: &mut Child,
-    limit: Duration,
-    dir: &Path,
-    what: &str,
-) -> std::process::ExitStatus {
-    support::tools::wait_within(child, limit).unwrap_or_else(|| {
-        panic!(
-            "{what} did not end within {limit:?} (killed); logs in {}",
-            dir.display()
-        )
-    })
 }
 
 /// Each record's `logicalid` and `data`, in offset order per partition.

@@ -11,6 +11,7 @@
 //!   each group protocol, read back `read_committed` by Kafka's Java client: there
 //!   every event is committed exactly once.
 
+use crate::binary::signal;
 use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
@@ -112,7 +113,7 @@ impl Fleet {
     fn stop_every_member(&mut self) {
         for (n, child) in &mut self.members {
             signal(child, libc::SIGTERM);
-            let status = exit_within(child, Duration::from_secs(30));
+            let status = support::tools::wait_within(child, Duration::from_secs(30));
             assert!(
                 status.is_some_and(|s| s.success()),
                 "member {n}: {status:?}"
@@ -132,24 +133,6 @@ impl Drop for Fleet {
             let _ = child.wait();
         }
     }
-}
-
-fn signal(child: &Child, signal: i32) {
-    let pid = i32::try_from(child.id()).expect("pid");
-    // SAFETY: kill(2) on a child this test spawned and has not reaped.
-    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-}
-
-/// Waits for a child to exit, up to `timeout`.
-fn exit_within(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
 }
 
 /// Every database's events: `logicalid` → (database, `data`).
@@ -407,7 +390,7 @@ fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
     let (stopped, mut child) = fleet.take(next(0, 1000));
     let leave = chrono::Utc::now();
     signal(&child, libc::SIGTERM);
-    let status = exit_within(&mut child, Duration::from_secs(30));
+    let status = support::tools::wait_within(&mut child, Duration::from_secs(30));
     assert!(
         status.is_some_and(|s| s.success()),
         "member {stopped} stopped with SIGTERM: {status:?}; its log: {}",

@@ -2,6 +2,7 @@
 //! synthetic source: the counters scraped from `/metrics` equal what the topic
 //! holds, and `/readyz` follows the broker dying and coming back.
 
+use crate::binary::wait_until;
 use crate::support;
 
 use std::collections::BTreeMap;
@@ -9,7 +10,7 @@ use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
 use support::apache_kafka::{Cluster, NodeOptions};
@@ -127,14 +128,6 @@ fn total(text: &str, name: &str) -> f64 {
     samples(text, name).values().sum()
 }
 
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     // A real broker, killed and started again: a MockCluster broker set down keeps
@@ -149,7 +142,7 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
 
     // Caught up: the source idle and nothing in flight.
     let mut page = String::new();
-    wait_for("the run to catch up", Duration::from_secs(90), || {
+    wait_until("the run to catch up", Duration::from_secs(90), || {
         page = get(&address, "/metrics").1;
         total(&page, "mssql_ces_events_total") > 0.0
             && total(&page, "mssql_ces_batches_in_flight") == 0.0
@@ -227,13 +220,13 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     );
 
     // The producer reports its brokers every second.
-    wait_for("ready", Duration::from_secs(15), || {
+    wait_until("ready", Duration::from_secs(15), || {
         get(&address, "/readyz").0 == 200
     });
     assert_eq!(get(&address, "/healthz").0, 200);
     kafka.node(1).kill();
     let mut unready = String::new();
-    wait_for(
+    wait_until(
         "unready with the broker down",
         Duration::from_secs(20),
         || {
@@ -257,7 +250,7 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     // Idle polls go on: alive.
     assert_eq!(get(&address, "/healthz").0, 200);
     kafka.node(1).restart();
-    wait_for("ready again", Duration::from_secs(60), || {
+    wait_until("ready again", Duration::from_secs(60), || {
         get(&address, "/readyz").0 == 200
     });
     let ready = probe("/readyz");

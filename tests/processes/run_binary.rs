@@ -2,11 +2,12 @@
 //! (`MockCluster`) and the synthetic source: crash recovery under SIGKILL, graceful
 //! SIGTERM, and configuration errors reported before any connection.
 
+use crate::binary::exit_within;
 use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
@@ -51,16 +52,9 @@ interval_ms = 20
     path
 }
 
+/// The binary's `run`-th start in `dir`, its log in `run-<run>.log`.
 fn spawn(config: &Path, dir: &Path, extra: &[&str], run: usize) -> Child {
-    let log = std::fs::File::create(dir.join(format!("run-{run}.log"))).expect("log");
-    Command::new(BINARY)
-        .args(["run", "--config"])
-        .arg(config)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn mssql-ces")
+    crate::binary::spawn(config, dir, &format!("run-{run}"), extra)
 }
 
 /// The events of `transactions` synthetic transactions of `seed`, with no large
@@ -90,20 +84,6 @@ fn consume_expected(
         Duration::from_secs(2),
         |m| m.len() >= expected.len(),
     )
-}
-
-fn wait(child: &mut Child, timeout: Duration) -> ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("mssql-ces did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The events the synthetic source must produce: `logicalid` → whole `data`.
@@ -170,7 +150,7 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
         "every kill hit a running process (seed {seed})"
     );
     let mut last = spawn(&config, &dir, &["--until-idle"], 20);
-    let status = wait(&mut last, Duration::from_secs(180));
+    let status = exit_within(&mut last, Duration::from_secs(180), &dir, "mssql-ces");
     assert!(
         status.success(),
         "final run: {status} (seed {seed}); logs in {}",
@@ -277,7 +257,7 @@ fn sigterm_drains_checkpoints_the_last_delivered_event_and_exits_zero() {
     let pid = i32::try_from(child.id()).expect("pid");
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let status = wait(&mut child, Duration::from_secs(30));
+    let status = exit_within(&mut child, Duration::from_secs(30), &dir, "mssql-ces");
     assert_eq!(
         status.code(),
         Some(0),
@@ -726,7 +706,7 @@ interval_ms = 30
         ],
         25,
     );
-    let status = wait(&mut last, Duration::from_secs(180));
+    let status = exit_within(&mut last, Duration::from_secs(180), &dir, "mssql-ces");
     assert!(
         status.success(),
         "final run: {status} (seed {seed}); logs in {}",
@@ -802,7 +782,7 @@ interval_ms = 30
         ],
         26,
     );
-    let status = wait(&mut moved, Duration::from_secs(60));
+    let status = exit_within(&mut moved, Duration::from_secs(60), &dir, "mssql-ces");
     assert_eq!(status.code(), Some(1), "refused: {status}");
     assert_eq!(
         std::fs::read_to_string(&other).unwrap(),
@@ -843,7 +823,7 @@ fn sigterm_with_every_broker_down_exits_within_the_drain_timeout() {
     let signalled = Instant::now();
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let status = wait(&mut child, Duration::from_secs(30));
+    let status = exit_within(&mut child, Duration::from_secs(30), &dir, "mssql-ces");
     let took = signalled.elapsed();
     assert_eq!(status.code(), Some(0), "logs in {}", dir.display());
     assert!(
@@ -922,7 +902,7 @@ fn a_standby_on_the_same_stream_waits_then_takes_over_and_nothing_is_lost() {
     let killed_at = Instant::now();
     active.kill().expect("kill");
     active.wait().expect("reap");
-    let status = wait(&mut standby, Duration::from_secs(120));
+    let status = exit_within(&mut standby, Duration::from_secs(120), &dir, "mssql-ces");
     assert!(
         status.success(),
         "standby: {status}; logs in {}",
@@ -1111,7 +1091,10 @@ fn read_takes_a_structured_message_s_encoding_from_its_content_type() {
         &["--until-idle", "--set", "event.encoding=\"avro\""],
         0,
     );
-    assert_eq!(wait(&mut child, Duration::from_secs(60)).code(), Some(0));
+    assert_eq!(
+        exit_within(&mut child, Duration::from_secs(60), &dir, "mssql-ces").code(),
+        Some(0)
+    );
     let output = support::tools::output_within(
         Command::new(BINARY)
             .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
@@ -1144,7 +1127,10 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
     let mut args = binary_mode.to_vec();
     args.push("--until-idle");
     let mut child = spawn(&config, &dir, &args, 1);
-    assert_eq!(wait(&mut child, Duration::from_secs(60)).code(), Some(0));
+    assert_eq!(
+        exit_within(&mut child, Duration::from_secs(60), &dir, "mssql-ces").code(),
+        Some(0)
+    );
 
     let expected = tokio::runtime::Runtime::new()
         .expect("runtime")
@@ -1277,7 +1263,15 @@ interval_ms = 25
     let reference_dir = temp_dir("load-reference");
     let reference_config = write_config(&reference_dir);
     let mut whole = spawn(&reference_config, &reference_dir, &["--until-idle"], 0);
-    assert!(wait(&mut whole, Duration::from_secs(180)).success());
+    assert!(
+        exit_within(
+            &mut whole,
+            Duration::from_secs(180),
+            &reference_dir,
+            "mssql-ces"
+        )
+        .success()
+    );
     let reference = std::fs::read(reference_dir.join("events.jsonl")).expect("reference");
     let lines = reference
         .split(|b| *b == b'\n')
@@ -1307,7 +1301,7 @@ interval_ms = 25
         }
     }
     let mut last = spawn(&config_path, &dir, &["--until-idle"], 8);
-    let status = wait(&mut last, Duration::from_secs(180));
+    let status = exit_within(&mut last, Duration::from_secs(180), &dir, "mssql-ces");
     assert!(
         status.success(),
         "final run: {status} (seed {seed}); logs in {}",
@@ -1637,7 +1631,7 @@ fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
         child.wait().expect("reap");
     }
     let mut last = spawn(&config, &dir, &["--until-idle"], 3);
-    let status = wait(&mut last, Duration::from_secs(120));
+    let status = exit_within(&mut last, Duration::from_secs(120), &dir, "mssql-ces");
     assert!(
         status.success(),
         "final run: {status}; logs in {}",
@@ -1683,7 +1677,7 @@ fn an_exactly_once_stream_reads_back_without_duplicates() {
     );
     for run in 0..2 {
         let mut child = spawn(&config, &dir, &["--until-idle"], run);
-        let status = wait(&mut child, Duration::from_secs(60));
+        let status = exit_within(&mut child, Duration::from_secs(60), &dir, "mssql-ces");
         assert!(status.success(), "run {run}; logs in {}", dir.display());
     }
     let second = std::fs::read_to_string(dir.join("run-1.log")).expect("log");
@@ -1779,7 +1773,7 @@ fn a_producer_that_lost_its_state_is_replaced_and_the_run_delivers_everything() 
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
     );
-    let status = wait(&mut child, Duration::from_secs(90));
+    let status = exit_within(&mut child, Duration::from_secs(90), &dir, "mssql-ces");
     let log = std::fs::read_to_string(dir.join("run-0.log")).expect("log");
     assert!(status.success(), "{status}: {log}");
     assert!(

@@ -203,11 +203,14 @@ impl CheckpointStore {
         }
     }
 
-    /// Whether the lease can lapse without this process's doing: the table store's
-    /// is its session's, which a dropped connection ends (a file lock lasts as long
-    /// as the process).
-    pub fn lease_can_lapse(&self) -> bool {
-        matches!(self, CheckpointStore::Table(_))
+    /// How the lease is kept when it can lapse without this process's doing: the
+    /// table store's is its session's, which a dropped connection ends. `None`
+    /// where it lasts as long as the process (a file lock) or there is none.
+    pub fn lapsing_lease(&self) -> Option<table::LeaseTiming> {
+        match self {
+            CheckpointStore::Table(s) => Some(s.lease_timing()),
+            _ => None,
+        }
     }
 
     pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {

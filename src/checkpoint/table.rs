@@ -48,12 +48,33 @@ pub const LEASE_HELD: &str = "SELECT APPLOCK_MODE(N'public', @P1, N'Session') AS
 /// process lost may not be ended by the server yet.
 const FENCE_WAIT_MS: i32 = 30_000;
 
-/// How long after its last confirmation a lease this process cannot take again on
-/// a new connection may still be held by its own previous session, which the
-/// server has not ended yet (it notices a dead client by TCP keep-alive: 30 s by
-/// default, then a few probes). Within it, a refused fence is a fault that can pass;
-/// after it, another process holds the stream.
-pub const OWN_SESSION_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
+/// How the table store's lease, which lapses with its session, is kept. The
+/// defaults are what a run uses; tests shorten them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTiming {
+    /// How often a run confirms that its session still holds the lease.
+    pub confirm_every: std::time::Duration,
+    /// How long after the last confirmation a run goes on handing messages to the
+    /// sink; past it, it waits for the next one. It bounds how long a process whose
+    /// session dropped (so that a standby could take over) goes on producing.
+    pub trusted_for: std::time::Duration,
+    /// How long after its last confirmation a lease this process cannot take again
+    /// on a new connection may still be held by its own previous session, which the
+    /// server has not ended yet (it notices a dead client by TCP keep-alive: 30 s by
+    /// default, then a few probes). Within it, a refused fence is a fault that can
+    /// pass; after it, another process holds the stream.
+    pub own_session_grace: std::time::Duration,
+}
+
+impl Default for LeaseTiming {
+    fn default() -> Self {
+        LeaseTiming {
+            confirm_every: std::time::Duration::from_secs(2),
+            trusted_for: std::time::Duration::from_secs(6),
+            own_session_grace: std::time::Duration::from_secs(120),
+        }
+    }
+}
 
 pub struct TableStore {
     conn: SqlConnection,
@@ -62,7 +83,7 @@ pub struct TableStore {
     leased_on: Option<u64>,
     /// When this process last knew it held the lease.
     confirmed_at: Option<std::time::Instant>,
-    own_session_grace: std::time::Duration,
+    timing: LeaseTiming,
 }
 
 const LOCATION: &str = "table dbo.mssql_ces_checkpoint";
@@ -101,14 +122,18 @@ impl TableStore {
             stream_name: stream_name.into(),
             leased_on: None,
             confirmed_at: None,
-            own_session_grace: OWN_SESSION_GRACE,
+            timing: LeaseTiming::default(),
         }
     }
 
-    /// Another bound than [`OWN_SESSION_GRACE`] (tests).
-    pub fn with_own_session_grace(mut self, grace: std::time::Duration) -> Self {
-        self.own_session_grace = grace;
+    /// Other timings than the defaults (tests).
+    pub fn with_lease_timing(mut self, timing: LeaseTiming) -> Self {
+        self.timing = timing;
         self
+    }
+
+    pub fn lease_timing(&self) -> LeaseTiming {
+        self.timing
     }
 
     /// The application lock's name. `sp_getapplock` compares resources in binary,
@@ -160,7 +185,7 @@ impl TableStore {
         // stream, written and gone: taking the free lock again would write an older
         // position over its newer one. The run stops; a restart reads the checkpoint.
         if let Some(at) = self.confirmed_at
-            && at.elapsed() >= self.own_session_grace
+            && at.elapsed() >= self.timing.own_session_grace
         {
             return Err(CheckpointError::LeaseLost {
                 location: LOCATION.into(),
@@ -187,13 +212,15 @@ impl TableStore {
         // server has not ended yet, or a standby that took over once it had. Only
         // the time since the lease was last ours tells them apart.
         match self.confirmed_at {
-            Some(at) if at.elapsed() < self.own_session_grace => Err(CheckpointError::Transient {
-                location: LOCATION.into(),
-                reason: format!(
-                    "{holder}: this process's previous session, which the server has not ended yet, or a standby that took over; trying again (after {} s without the lease, this process stops)",
-                    self.own_session_grace.as_secs()
-                ),
-            }),
+            Some(at) if at.elapsed() < self.timing.own_session_grace => {
+                Err(CheckpointError::Transient {
+                    location: LOCATION.into(),
+                    reason: format!(
+                        "{holder}: this process's previous session, which the server has not ended yet, or a standby that took over; trying again (after {} s without the lease, this process stops)",
+                        self.timing.own_session_grace.as_secs()
+                    ),
+                })
+            }
             _ => Err(CheckpointError::LeaseLost {
                 location: LOCATION.into(),
                 holder,

@@ -75,53 +75,58 @@ pub(super) struct Delivered {
     pub(super) messages: u64,
 }
 
-/// How often the acker confirms that this process still holds the stream's lease.
-pub(super) const LEASE_CHECK_EVERY: Duration = Duration::from_secs(2);
-
-/// How long after the lease's last confirmation the sender goes on handing
-/// messages to the sink; past it, it waits for the next confirmation. It bounds how
-/// long a process whose store session dropped (so that a standby could take over)
-/// goes on producing.
-pub(super) const LEASE_TRUSTED_FOR: Duration = Duration::from_secs(6);
-
 /// What the sender knows of the stream's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum LeaseView {
     /// It lasts as long as the process (a file lock, a memory store).
     Lasting,
-    /// It lapses with a session: last confirmed then.
-    ConfirmedAt(Instant),
+    /// It lapses with a session: last confirmed `at`, and trusted for
+    /// `trusted_for` after that (the store's
+    /// [`LeaseTiming`](crate::checkpoint::table::LeaseTiming)).
+    ConfirmedAt { at: Instant, trusted_for: Duration },
 }
 
 impl LeaseView {
     /// For a run on `store`, confirmed now (the run took it and read the
     /// checkpoint under it just before).
     pub(super) fn of(store: &CheckpointStore) -> Self {
-        if store.lease_can_lapse() {
-            LeaseView::ConfirmedAt(Instant::now())
-        } else {
-            LeaseView::Lasting
+        match store.lapsing_lease() {
+            Some(timing) => LeaseView::ConfirmedAt {
+                at: Instant::now(),
+                trusted_for: timing.trusted_for,
+            },
+            None => LeaseView::Lasting,
         }
     }
 }
 
-/// The acker's side of the lease: confirms it every [`LEASE_CHECK_EVERY`] (between
-/// batches, and while a delivery is awaited) and after every checkpoint write, and
-/// tells the sender.
+/// The acker's side of the lease: confirms it every `confirm_every` of the store's
+/// [`LeaseTiming`](crate::checkpoint::table::LeaseTiming) (between batches, and
+/// while a delivery is awaited) and after every checkpoint write, and tells the
+/// sender. A store whose lease lasts is asked as often (the default's), for what it
+/// does in the meantime (the Kafka store writes its last position again).
 pub(super) struct LeaseKeeper {
     view: tokio::sync::watch::Sender<LeaseView>,
+    confirm_every: Duration,
     next_check: Instant,
     /// Since when confirming has failed with faults that can pass.
     failing_since: Option<Instant>,
 }
 
 impl LeaseKeeper {
-    pub(super) fn new(view: tokio::sync::watch::Sender<LeaseView>) -> Self {
-        LeaseKeeper {
+    /// The keeper of a run on `store`, and the sender's view of the lease.
+    pub(super) fn for_store(
+        store: &CheckpointStore,
+    ) -> (Self, tokio::sync::watch::Receiver<LeaseView>) {
+        let (view, seen) = tokio::sync::watch::channel(LeaseView::of(store));
+        let confirm_every = store.lapsing_lease().unwrap_or_default().confirm_every;
+        let keeper = LeaseKeeper {
             view,
-            next_check: Instant::now() + LEASE_CHECK_EVERY,
+            confirm_every,
+            next_check: Instant::now() + confirm_every,
             failing_since: None,
-        }
+        };
+        (keeper, seen)
     }
 
     fn due(&self) -> bool {
@@ -130,10 +135,10 @@ impl LeaseKeeper {
 
     /// Confirms the lease; a lease another process holds fails the run, a fault
     /// that can pass only withholds the confirmation (so the sender pauses once
-    /// the last one is [`LEASE_TRUSTED_FOR`] old).
+    /// the last one is `trusted_for` old).
     async fn check(&mut self, store: &mut CheckpointStore) -> Result<(), CheckpointError> {
         let checked = store.verify_lease().await;
-        self.next_check = Instant::now() + LEASE_CHECK_EVERY;
+        self.next_check = Instant::now() + self.confirm_every;
         match checked {
             Ok(()) => {
                 self.confirmed();
@@ -157,9 +162,12 @@ impl LeaseKeeper {
                 "the stream's lease is confirmed again"
             );
         }
-        if matches!(*self.view.borrow(), LeaseView::ConfirmedAt(_)) {
-            self.view
-                .send_replace(LeaseView::ConfirmedAt(Instant::now()));
+        let view = *self.view.borrow();
+        if let LeaseView::ConfirmedAt { trusted_for, .. } = view {
+            self.view.send_replace(LeaseView::ConfirmedAt {
+                at: Instant::now(),
+                trusted_for,
+            });
         }
     }
 }
@@ -519,7 +527,7 @@ mod tests {
         let memory = MemoryStore::default();
         let (tx, rx) = mpsc::channel(IN_FLIGHT_BATCHES);
         let store = CheckpointStore::Memory(memory.clone());
-        let (view, _) = tokio::sync::watch::channel(LeaseView::of(&store));
+        let (keeper, _) = LeaseKeeper::for_store(&store);
         let task = tokio::spawn(acknowledge(
             rx,
             store,
@@ -529,7 +537,7 @@ mod tests {
                 acker_failed: failed,
                 ..Signals::default()
             },
-            LeaseKeeper::new(view),
+            keeper,
             tokio::sync::watch::channel(None).0,
         ));
         (tx, memory, task)
@@ -713,16 +721,18 @@ mod tests {
                 .await
                 .unwrap();
             drop(tx);
+            let store = CheckpointStore::Memory(memory.clone());
+            let (keeper, _) = LeaseKeeper::for_store(&store);
             let result = acknowledge(
                 rx,
-                CheckpointStore::Memory(memory.clone()),
+                store,
                 Duration::from_secs(3600),
                 Arc::new(Metrics::default()),
                 Signals {
                     abandon,
                     ..Signals::default()
                 },
-                LeaseKeeper::new(tokio::sync::watch::channel(LeaseView::Lasting).0),
+                keeper,
                 tokio::sync::watch::channel(None).0,
             )
             .await;
@@ -752,16 +762,18 @@ mod tests {
             .await
             .unwrap();
         drop(tx);
+        let store = CheckpointStore::Memory(MemoryStore::default());
+        let (keeper, _) = LeaseKeeper::for_store(&store);
         let result = acknowledge(
             rx,
-            CheckpointStore::Memory(MemoryStore::default()),
+            store,
             Duration::from_secs(3600),
             Arc::new(Metrics::default()),
             Signals {
                 abandon,
                 ..Signals::default()
             },
-            LeaseKeeper::new(tokio::sync::watch::channel(LeaseView::Lasting).0),
+            keeper,
             tokio::sync::watch::channel(None).0,
         )
         .await;

@@ -203,7 +203,7 @@ pub async fn run<B: BatchSource>(
     let (tx, rx) = mpsc::channel::<Pending>(IN_FLIGHT_BATCHES);
     let signals = Signals::new(shutdown);
     let metrics = Arc::clone(&settings.metrics);
-    let (lease_view, lease) = tokio::sync::watch::channel(LeaseView::of(&store));
+    let (lease_keeper, lease) = LeaseKeeper::for_store(&store);
     // Positions as they are checkpointed, for the source.
     let (durable_tx, durable_rx) = tokio::sync::watch::channel(None);
     let acker = tokio::spawn(acknowledge(
@@ -212,7 +212,7 @@ pub async fn run<B: BatchSource>(
         settings.checkpoint_interval,
         Arc::clone(&metrics),
         signals.clone(),
-        LeaseKeeper::new(lease_view),
+        lease_keeper,
         durable_tx,
     ));
 

@@ -9,7 +9,6 @@
 //! next start). Past the drain timeout it is cut all the same (brokers down).
 
 use super::*;
-use acker::LEASE_TRUSTED_FOR;
 
 /// The send loop: hands each chunk's messages to the sink, and each finished batch,
 /// with its deliveries, to the acker.
@@ -151,10 +150,10 @@ impl Sender {
         let mut waited: Option<tokio::time::Instant> = None;
         loop {
             let view = *self.lease.borrow_and_update();
-            let LeaseView::ConfirmedAt(at) = view else {
+            let LeaseView::ConfirmedAt { at, trusted_for } = view else {
                 return true;
             };
-            if at.elapsed() <= LEASE_TRUSTED_FOR {
+            if at.elapsed() <= trusted_for {
                 if let Some(since) = waited {
                     tracing::info!(
                         paused_ms = since.elapsed().as_millis() as u64,

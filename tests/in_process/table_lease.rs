@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use mssql_ces::checkpoint::table::TableStore;
+use mssql_ces::checkpoint::table::{LeaseTiming, TableStore};
 use mssql_ces::checkpoint::{CheckpointError, CheckpointStore};
 use mssql_ces::event::Encoding;
 use mssql_ces::pipeline::{self, PipelineError, PipelineSettings};
@@ -122,7 +122,7 @@ async fn a_killed_session_loses_the_stream_to_the_standby_and_its_writes_stop() 
 
     // Past the grace, the lease is lost: the run stops.
     let mut late = CheckpointStore::Table(Box::new(
-        store(&standin, "orders").with_own_session_grace(Duration::ZERO),
+        store(&standin, "orders").with_lease_timing(grace(Duration::ZERO)),
     ));
     let err = late.verify_lease().await.unwrap_err();
     assert!(
@@ -134,7 +134,8 @@ async fn a_killed_session_loses_the_stream_to_the_standby_and_its_writes_stop() 
 #[tokio::test]
 async fn a_lost_lease_past_the_grace_is_lost_for_good() {
     let (standin, table) = standin().await;
-    let mut active = leased(store(&standin, "orders").with_own_session_grace(Duration::ZERO)).await;
+    let mut active =
+        leased(store(&standin, "orders").with_lease_timing(grace(Duration::ZERO))).await;
     table.kill_holder(RESOURCE).expect("held");
     let _standby = leased(store(&standin, "orders")).await;
     // The dead connection, then the fence on a new one.
@@ -185,6 +186,14 @@ async fn the_checkpoint_is_read_only_under_the_lease() {
     assert_eq!(reads_without_lease, 0, "{:?}", table.requests());
 }
 
+/// The default lease timings with another grace.
+fn grace(own_session_grace: Duration) -> LeaseTiming {
+    LeaseTiming {
+        own_session_grace,
+        ..LeaseTiming::default()
+    }
+}
+
 fn synthetic() -> SyntheticConfig {
     SyntheticConfig {
         seed: 5,
@@ -202,13 +211,19 @@ fn lines(path: &std::path::Path) -> usize {
 }
 
 /// A run whose store session the server ended while a standby took the stream:
-/// it hands nothing more to the sink once its last lease confirmation is 6 s old,
-/// and (12 s after it, the grace) fails naming the lost lease.
+/// it hands nothing more to the sink once its last lease confirmation is
+/// `trusted_for` old, and (the grace after it) fails naming the lost lease. The
+/// timings are shorter than a run's (2 s, 6 s, 120 s), each wait more than a
+/// second from the bound it tests.
 #[tokio::test]
 async fn a_run_whose_session_was_ended_stops_producing_within_the_bound() {
     let (standin, table) = standin().await;
-    let active =
-        leased(store(&standin, "orders").with_own_session_grace(Duration::from_secs(12))).await;
+    let timing = LeaseTiming {
+        confirm_every: Duration::from_millis(400),
+        trusted_for: Duration::from_millis(1_000),
+        own_session_grace: Duration::from_millis(4_400),
+    };
+    let active = leased(store(&standin, "orders").with_lease_timing(timing)).await;
     let path = std::env::temp_dir().join(format!("mssql-ces-lease-run-{}", uuid::Uuid::new_v4()));
     let sink = StreamSink::file(path.clone(), Encoding::Json, Resume::Fresh).expect("file sink");
     let run_settings = PipelineSettings {
@@ -239,11 +254,11 @@ async fn a_run_whose_session_was_ended_stops_producing_within_the_bound() {
     table.kill_holder(RESOURCE).expect("held");
     let _standby = leased(store(&standin, "orders")).await;
 
-    // Within 6 s of the last confirmation (at most 2 s before the kill) plus a
-    // batch in flight, nothing more reaches the file.
-    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    // Within trusted_for of the last confirmation (at most confirm_every before
+    // the kill) plus a batch in flight, nothing more reaches the file.
+    tokio::time::sleep(timing.trusted_for + Duration::from_millis(800)).await;
     let paused_at = lines(&path);
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
     assert_eq!(
         lines(&path),
         paused_at,
@@ -259,9 +274,10 @@ async fn a_run_whose_session_was_ended_stops_producing_within_the_bound() {
         Err(PipelineError::Checkpoint(CheckpointError::LeaseLost { .. })) => {}
         other => panic!("expected the lost lease, got {other:?}"),
     }
-    // The grace (12 s) counts from the last confirmation, up to 2 s before the kill.
+    // The grace counts from the last confirmation, up to confirm_every before the
+    // kill.
     assert!(
-        killed.elapsed() >= Duration::from_secs(9),
+        killed.elapsed() >= timing.own_session_grace - timing.confirm_every,
         "not before the grace: {:?}",
         killed.elapsed()
     );
@@ -307,7 +323,8 @@ async fn a_checkpoint_store_on_a_readable_secondary_is_refused_by_name_and_the_p
 async fn a_lease_unconfirmed_past_the_grace_is_not_taken_back_even_when_free() {
     let (standin, table) = standin().await;
     let mut active =
-        leased(store(&standin, "orders").with_own_session_grace(Duration::from_millis(300))).await;
+        leased(store(&standin, "orders").with_lease_timing(grace(Duration::from_millis(300))))
+            .await;
     table.kill_holder(RESOURCE).expect("held");
     tokio::time::sleep(Duration::from_millis(400)).await;
     // The dead connection, then the fence: the lock is free, but too late.

@@ -646,7 +646,9 @@ mod tests {
     fn the_pipelines_backoff_is_100_ms_doubling_to_30_s() {
         let mut b = backoff();
         let waits: Vec<u128> = (0..12).map(|_| b.next_wait().as_millis()).collect();
-        assert_eq!(&waits[..4], &[100, 200, 400, 800]);
-        assert_eq!(waits[11], 30_000);
+        for (wait, step) in waits.iter().zip([100, 200, 400, 800]) {
+            assert!(step / 2 <= *wait && *wait <= step, "{waits:?}");
+        }
+        assert!((15_000..=30_000).contains(&waits[11]), "{waits:?}");
     }
 }

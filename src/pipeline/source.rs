@@ -182,10 +182,16 @@ mod tests {
         )
         .await;
         let ms: Vec<u128> = at.iter().map(Duration::as_millis).collect();
-        // 100, 200 and 400 ms after three failures; the poll interval (1 s) after an
-        // idle poll; 100 ms again after the next failure: the success reset it. The
-        // stop at 2.9 s ends the wait for the next poll.
-        assert_eq!(ms, [0, 100, 300, 700, 1700, 1800, 2800]);
+        let gaps: Vec<u128> = ms.windows(2).map(|w| w[1] - w[0]).collect();
+        // 100, 200 and 400 ms after three failures (each drawn from the upper half
+        // of its step); the poll interval (1 s) after an idle poll; 100 ms again
+        // after the next failure: the success reset it. The stop at 2.9 s ends the
+        // wait for the next poll.
+        assert_eq!(gaps.len(), 6, "{ms:?}");
+        for (gap, step) in gaps.iter().zip([100, 200, 400, 1_000, 100, 1_000]) {
+            let low = if step == 1_000 { step } else { step / 2 };
+            assert!((low..=step).contains(gap), "{ms:?}");
+        }
         assert!(items.is_empty(), "nothing to hand on");
     }
 

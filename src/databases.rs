@@ -34,7 +34,7 @@ use crate::backoff::Backoff;
 use crate::fleet::FleetEvent;
 
 mod fleet;
-use crate::setting::glob_match;
+use crate::glob::matches;
 use crate::source::server::DatabaseServer;
 use crate::source::{MaxLsn, SourceError};
 use fleet::{Ownership, fleet_event, owns};
@@ -753,14 +753,6 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
             self.finished(joined);
         }
     }
-}
-
-/// Whether `name` matches `pattern` (`*`, `?`), ignoring case as SQL Server's
-/// default collations compare names.
-pub fn matches(pattern: &str, name: &str) -> bool {
-    let pattern: Vec<char> = pattern.to_lowercase().chars().collect();
-    let name: Vec<char> = name.to_lowercase().chars().collect();
-    glob_match(&pattern, &name)
 }
 
 /// Whether a database name can be put in a connection string as it is.

@@ -49,6 +49,7 @@ pub mod config;
 pub mod databases;
 pub mod event;
 pub mod fleet;
+pub mod glob;
 pub mod kafka_client;
 pub mod lsn;
 pub mod metrics;

@@ -238,33 +238,6 @@ pub mod millis {
     }
 }
 
-/// `*`/`?` matching, iterative with backtracking to the last star.
-pub fn glob_match(pattern: &[char], text: &[char]) -> bool {
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        match pattern.get(p) {
-            Some('*') => {
-                star = Some((p, t));
-                p += 1;
-            }
-            Some(c) if *c == '?' || *c == text[t] => {
-                p += 1;
-                t += 1;
-            }
-            _ => match star {
-                Some((sp, st)) => {
-                    p = sp + 1;
-                    t = st + 1;
-                    star = Some((sp, st + 1));
-                }
-                None => return false,
-            },
-        }
-    }
-    pattern[p..].iter().all(|c| *c == '*')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

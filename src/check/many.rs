@@ -3,7 +3,8 @@
 //! and checkpoint findings (named `<db>: …`); the destination once.
 
 use super::*;
-use crate::databases::{matches, usable_name};
+use crate::databases::usable_name;
+use crate::glob::matches;
 use crate::source::server::DatabaseServer;
 
 /// Checks many databases: `server` lists and probes them, `source_for` opens one.

@@ -262,7 +262,7 @@ impl ColumnRules {
             .collect();
         self.rules.iter().enumerate().find(|(_, rule)| {
             (!matches!(rule.action, Action::Truncate(_)) || truncatable(column))
-                && crate::setting::glob_match(&rule.pattern, &name)
+                && crate::glob::glob_match(&rule.pattern, &name)
         })
     }
 

@@ -5,6 +5,8 @@
 //! streamed when it matches some include pattern (or none are given) and no exclude
 //! pattern, and it is not the checkpoint table.
 
+use crate::glob::glob_match;
+
 /// The table the table checkpoint store writes (`checkpoint.store = "table"`), in
 /// the source database: never streamed, enabled or loaded, whatever the patterns,
 /// since each checkpoint written would be a change whose delivery writes another.
@@ -61,8 +63,6 @@ pub fn is_checkpoint_table(schema: &str, table: &str) -> bool {
     schema.eq_ignore_ascii_case(CHECKPOINT_TABLE.0)
         && table.eq_ignore_ascii_case(CHECKPOINT_TABLE.1)
 }
-
-pub(crate) use crate::setting::glob_match;
 
 #[cfg(test)]
 mod tests {

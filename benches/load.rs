@@ -24,7 +24,7 @@ use mssql_ces::sink::kafka::KafkaSinkConfig;
 use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink};
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
-use mssql_ces::source::load::SnapshotMode;
+use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{ChangeSource, TableCursor};

@@ -15,7 +15,7 @@ use crate::sink::SinkConfig;
 use crate::sink::stream::Resume;
 use crate::sink::{Router, SinkError, SinkHealth};
 use crate::source::ChangeSource;
-use crate::source::load::SnapshotMode;
+use crate::source::initial_load::SnapshotMode;
 use crate::source::poller::{Poller, StartPosition};
 use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use crate::source::sqlserver::SqlServerSource;

@@ -33,11 +33,11 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::fleet::FleetEvent;
 
-mod fleet;
+mod slots;
 use crate::glob::matches;
 use crate::source::server::DatabaseServer;
 use crate::source::{MaxLsn, SourceError};
-use fleet::{Ownership, fleet_event, owns};
+use slots::{Ownership, fleet_event, owns};
 
 /// How long a busy database keeps its turn while others wait.
 pub const QUANTUM: Duration = Duration::from_secs(30);

@@ -31,7 +31,7 @@ use crate::mssql::SqlServerConfig;
 use crate::setting::{ConfigError, SecretRef, invalid, millis};
 use crate::sink::settings::SinkSettings;
 use crate::source::filter::TableFilter;
-use crate::source::load::SnapshotMode;
+use crate::source::initial_load::SnapshotMode;
 use crate::source::poller::{CaptureInstanceMode, GapPolicy, PollerConfig, StartPosition};
 use crate::source::timezone::TimeZoneSetting;
 use errors::{syntax_error, with_origin};

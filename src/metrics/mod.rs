@@ -425,7 +425,7 @@ impl Metrics {
     }
 
     /// The unfinished loads, after a poll: a finished table's series are removed.
-    pub fn set_loads(&self, loads: &[crate::source::load::LoadStatus]) {
+    pub fn set_loads(&self, loads: &[crate::source::initial_load::LoadStatus]) {
         let tables = i64::try_from(loads.len()).unwrap_or(i64::MAX);
         if tables == 0 && self.load_tables.get() == 0 {
             return;
@@ -878,7 +878,7 @@ mod tests {
     #[test]
     fn unfinished_loads_are_gauges_per_table_and_go_when_done() {
         let metrics = Metrics::default();
-        let status = |table: &str, rows, estimated| crate::source::load::LoadStatus {
+        let status = |table: &str, rows, estimated| crate::source::initial_load::LoadStatus {
             table: table.into(),
             rows,
             estimated,

@@ -72,7 +72,7 @@ pub trait BatchSource: Send + 'static {
     /// Capture instances read (for the metrics).
     fn tracked_instances(&self) -> usize;
     /// The initial loads not finished (for the metrics); none by default.
-    fn load_status(&self) -> Vec<crate::source::load::LoadStatus> {
+    fn load_status(&self) -> Vec<crate::source::initial_load::LoadStatus> {
         Vec::new()
     }
     /// Whether an idle poll only means "nothing yet" (see
@@ -102,7 +102,7 @@ impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
         Poller::tracked_instances(self)
     }
 
-    fn load_status(&self) -> Vec<crate::source::load::LoadStatus> {
+    fn load_status(&self) -> Vec<crate::source::initial_load::LoadStatus> {
         Poller::load_status(self)
     }
 

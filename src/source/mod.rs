@@ -18,7 +18,7 @@ pub mod decode;
 pub mod diagnostics;
 pub mod facts;
 pub mod filter;
-pub mod load;
+pub mod initial_load;
 pub mod merge;
 pub mod poller;
 pub mod queries;

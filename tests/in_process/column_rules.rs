@@ -8,7 +8,7 @@ use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Operation, Value};
 use mssql_ces::setting::SecretRef;
 use mssql_ces::source::SourceError;
-use mssql_ces::source::load::SnapshotMode;
+use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use uuid::Uuid;

@@ -12,7 +12,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use mssql_ces::event::{Change, Value};
 use mssql_ces::position::Position;
 use mssql_ces::source::SourceError;
-use mssql_ces::source::load::SnapshotMode;
+use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::sim::CdcSimulator;
 use mssql_ces::source::timezone::TimeZoneSetting;

@@ -11,7 +11,7 @@ use mssql_ces::event::{
 use mssql_ces::lsn::Lsn;
 use mssql_ces::position::Position;
 use mssql_ces::source::SourceError;
-use mssql_ces::source::load::SnapshotMode;
+use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use uuid::Uuid;

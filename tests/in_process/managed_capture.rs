@@ -742,7 +742,7 @@ async fn managed_mode_is_free_when_idle_and_waits_for_the_initial_load() {
     let mut poller = Poller::new(
         sim.clone(),
         PollerConfig {
-            snapshot: mssql_ces::source::load::SnapshotMode::Initial,
+            snapshot: mssql_ces::source::initial_load::SnapshotMode::Initial,
             load_chunk: 5,
             ..config()
         },

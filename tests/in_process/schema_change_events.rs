@@ -253,7 +253,7 @@ async fn a_load_announces_the_table_before_its_first_row() {
     let mut poller = Poller::new(
         sim.clone(),
         PollerConfig {
-            snapshot: mssql_ces::source::load::SnapshotMode::Initial,
+            snapshot: mssql_ces::source::initial_load::SnapshotMode::Initial,
             ..config(true)
         },
         None,

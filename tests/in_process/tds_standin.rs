@@ -316,7 +316,7 @@ mod through_the_wire {
     use chrono::{FixedOffset, NaiveDate, NaiveTime, TimeZone};
     use mssql_ces::event::Value;
     use mssql_ces::event::value::{Length, SqlType};
-    use mssql_ces::source::load::SnapshotMode;
+    use mssql_ces::source::initial_load::SnapshotMode;
     use mssql_ces::source::poller::{Poller, PollerConfig};
     use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
@@ -1105,7 +1105,7 @@ mod large_over_tls {
     use super::*;
     use mssql_ces::event::Value;
     use mssql_ces::event::value::SqlType;
-    use mssql_ces::source::load::SnapshotMode;
+    use mssql_ces::source::initial_load::SnapshotMode;
     use mssql_ces::source::poller::{Poller, PollerConfig};
     use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 

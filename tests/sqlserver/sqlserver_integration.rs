@@ -848,7 +848,7 @@ async fn rows_held_before_cdc_are_loaded_in_key_order_then_changes_follow() {
         .await;
     }
     let mut p = poller_with(&url, &[&keyed, &heap], None, |c| {
-        c.snapshot = mssql_ces::source::load::SnapshotMode::Initial;
+        c.snapshot = mssql_ces::source::initial_load::SnapshotMode::Initial;
         // Chunks of two: the keyset resumes inside equal leading key values.
         c.load_chunk = 2;
     });
@@ -1026,7 +1026,7 @@ async fn a_computed_column_is_left_out_of_the_load_and_the_changes() {
     )
     .await;
     let mut p = poller_with(&url, &[&table], None, |c| {
-        c.snapshot = mssql_ces::source::load::SnapshotMode::Initial;
+        c.snapshot = mssql_ces::source::initial_load::SnapshotMode::Initial;
     });
     let loaded = collect_through_waits(&mut p, 1).await;
     exec(

@@ -320,7 +320,13 @@ impl<S: ChangeSource> Poller<S> {
             let commit_time_ns = self.commit_time_ns(at).await?;
             self.position.advance(&name, at);
             self.load_runs.remove(&name);
-            super::load::queue_table_load(&mut self.position, name, table, at, commit_time_ns);
+            super::load_runner::queue_table_load(
+                &mut self.position,
+                name,
+                table,
+                at,
+                commit_time_ns,
+            );
         }
         Ok(())
     }

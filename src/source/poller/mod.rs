@@ -41,7 +41,9 @@ use crate::event::{Change, Origin};
 use crate::lsn::Lsn;
 use crate::position::{EventPosition, Position, SourceIdentity, Switch, TableLoad};
 use crate::source::filter::TableFilter;
-use crate::source::load::{LoadStatus, RowIdentity, SnapshotMode, cleanup_retention, id_seed};
+use crate::source::initial_load::{
+    LoadStatus, RowIdentity, SnapshotMode, cleanup_retention, id_seed,
+};
 use crate::source::merge::{InstanceContext, Sequencer, smallest_head};
 use crate::source::timezone::{CommitClock, CommitTimeZone, TimeZoneSetting};
 use crate::source::{
@@ -51,7 +53,7 @@ use uuid::Uuid;
 
 mod ddl_text;
 mod iteration;
-mod load;
+mod load_runner;
 mod managed;
 mod schema;
 mod tracking;
@@ -61,7 +63,7 @@ pub use managed::{
 };
 
 use iteration::last_before;
-use load::LoadRun;
+use load_runner::LoadRun;
 
 /// What to do when changes were purged before they were delivered.
 ///

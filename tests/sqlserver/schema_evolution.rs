@@ -28,6 +28,11 @@ fn owner_url(admin_url: &str) -> String {
 }
 
 fn owner_poller(admin_url: &str, table: &str) -> Poller<SqlServerSource> {
+    owner_poller_of(admin_url, vec![format!("dbo.{table}")])
+}
+
+/// A managed-mode poller as the `db_owner` login, of the tables `include` names.
+pub(crate) fn owner_poller_of(admin_url: &str, include: Vec<String>) -> Poller<SqlServerSource> {
     let source = SqlServerSource::new(SqlServerConfig {
         connection_string: ConnectionString::new(owner_url(admin_url)),
         trust_server_certificate: false,
@@ -38,7 +43,7 @@ fn owner_poller(admin_url: &str, table: &str) -> Poller<SqlServerSource> {
     Poller::new(
         source,
         PollerConfig {
-            filter: TableFilter::new(vec![format!("dbo.{table}")], vec![]),
+            filter: TableFilter::new(include, vec![]),
             start_position: StartPosition::Latest,
             catalog_refresh: Duration::ZERO,
             schema_changes: true,

@@ -7,10 +7,11 @@
 use std::time::{Duration, Instant};
 
 use mssql_ces::mssql::SqlConnection;
-use mssql_ces::source::poller::{CaptureInstanceMode, PollOutcome};
+use mssql_ces::source::poller::PollOutcome;
 use mssql_ces::source::server::{DatabaseServer, SqlServerDatabases};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig};
 
+use crate::schema_evolution::owner_poller_of;
 use crate::sqlserver_integration::{
     Admin, admin, cdc_table, drop_table, exec, poller_url, poller_with, suffix,
 };
@@ -144,15 +145,12 @@ async fn managed_mode_never_enables_capture_on_the_checkpoint_table() {
         None,
     )
     .await;
-    let owner = poller_url(&url).replace("User Id=mssql_ces;", "User Id=mssql_ces_owner;");
-    let owner = std::env::var("MSSQL_CES_TEST_OWNER_URL").unwrap_or(owner);
-    let mut p = poller_with(&owner, &[&table], None, |config| {
-        config.filter = mssql_ces::source::filter::TableFilter::new(
-            vec![format!("dbo.{table}"), "dbo.mssql_ces_checkpoint".into()],
-            vec![],
-        );
-        config.capture_instances = CaptureInstanceMode::Managed;
-    });
+    // As the db_owner login, which managed mode needs; the checkpoint table named
+    // outright.
+    let mut p = owner_poller_of(
+        &url,
+        vec![format!("dbo.{table}"), "dbo.mssql_ces_checkpoint".into()],
+    );
     for _ in 0..5 {
         p.poll().await.expect("poll");
         tokio::time::sleep(Duration::from_millis(300)).await;

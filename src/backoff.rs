@@ -129,4 +129,26 @@ mod tests {
         b.reset();
         assert!(b.next_wait() >= Duration::from_millis(500));
     }
+
+    #[test]
+    fn the_generator_is_splitmix64_and_both_ends_of_a_step_are_drawn() {
+        // The reference sequence from seed 0 (Vigna's splitmix64.c).
+        let mut state = 0u64;
+        let first: Vec<u64> = (0..3).map(|_| splitmix64(&mut state)).collect();
+        assert_eq!(
+            first,
+            [
+                0xe220_a839_7b1d_cdaf,
+                0x6e78_9e6a_a1b9_65f4,
+                0x06c4_5d18_8009_454f
+            ]
+        );
+        // A 2 ns step draws 1 ns or 2 ns: the step itself is reachable.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut b = Backoff::new(Duration::from_nanos(2), Duration::from_nanos(2));
+        for _ in 0..64 {
+            seen.insert(b.next_wait().as_nanos());
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), [1, 2]);
+    }
 }

@@ -96,7 +96,7 @@ impl<S: ChangeSource> Poller<S> {
     /// false with a checkpoint, a load to plan, `"earliest"` (which reads from each
     /// instance's `min_lsn`, nothing to settle), or while CDC has recorded nothing.
     pub async fn resolve_start(&mut self) -> Result<bool, SourceError> {
-        if self.needs_plan || self.config.start_position != StartPosition::Latest {
+        if self.loads.needs_plan() || self.config.start_position != StartPosition::Latest {
             return Ok(false);
         }
         let max = self.max_lsn_with_catalog().await?;
@@ -319,7 +319,7 @@ impl<S: ChangeSource> Poller<S> {
         for (name, table, at) in reloads {
             let commit_time_ns = self.commit_time_ns(at).await?;
             self.position.advance(&name, at);
-            self.load_runs.remove(&name);
+            self.loads.forget(&name);
             super::load_runner::queue_table_load(
                 &mut self.position,
                 name,
@@ -499,7 +499,12 @@ impl<S: ChangeSource> Poller<S> {
             // Skipped or not, the event's commit has been read: a restart from here
             // reads later commits after it.
             CommitClock::advance_saved(&mut self.position.commit_clock_ns, change.commit_time);
-            self.note_shape(&change, changes.len());
+            self.announcer.note(
+                &change,
+                changes.len(),
+                &self.tracked,
+                &mut self.position.table_versions,
+            );
             if self.resume_after.is_some_and(|resume| at <= resume) {
                 continue;
             }

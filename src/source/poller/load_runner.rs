@@ -26,12 +26,101 @@ pub(super) struct LoadRun {
 /// How often a load's progress is logged.
 const LOAD_LOG_EVERY: Duration = Duration::from_secs(5);
 
+/// The load runner: what this process knows of the loads it runs beyond the
+/// checkpoint's [`TableLoad`]s (which the poller's position holds and passes in).
+pub(super) struct LoadRunner {
+    /// Per capture instance: the load of its table running in this process.
+    runs: BTreeMap<String, LoadRun>,
+    /// The initial load is still to be planned (no checkpoint, `[snapshot]` on).
+    needs_plan: bool,
+    /// The cleanup job's retention, read when a load is planned.
+    retention: Option<Duration>,
+    /// Per capture instance: its table's rows as `sys.partitions` estimated them,
+    /// asked once (for the retention projection).
+    estimates: BTreeMap<String, Option<u64>>,
+    /// An `initial_only` run has said why it streams nothing more.
+    said_loaded: bool,
+    /// The projection past the retention was warned about.
+    warned_retention: bool,
+    /// Rows per chunk (`snapshot.chunk_size`, at least one).
+    chunk: usize,
+}
+
+impl LoadRunner {
+    /// A runner for `config`; the initial load is to be planned when `[snapshot]`
+    /// loads and the run starts without a checkpoint (or at a start position).
+    pub(super) fn new(config: &PollerConfig, position: Option<&Position>) -> Self {
+        LoadRunner {
+            runs: BTreeMap::new(),
+            needs_plan: config.snapshot.loads() && position.is_none_or(Position::is_start),
+            retention: None,
+            estimates: BTreeMap::new(),
+            said_loaded: false,
+            warned_retention: false,
+            chunk: config.load_chunk.max(1),
+        }
+    }
+
+    pub(super) fn needs_plan(&self) -> bool {
+        self.needs_plan
+    }
+
+    /// Says once that an `initial_only` run already loaded; true the first time.
+    pub(super) fn say_loaded_once(&mut self) -> bool {
+        !std::mem::replace(&mut self.said_loaded, true)
+    }
+
+    /// The load at `at` is planned; the cleanup job's retention (from the server's
+    /// facts) is what its projection is measured against.
+    pub(super) fn planned(&mut self, retention: Option<Duration>) {
+        self.retention = retention;
+        self.needs_plan = false;
+    }
+
+    /// Forgets this process's run of `name`'s load (it is queued again, or gone).
+    pub(super) fn forget(&mut self, name: &str) {
+        self.runs.remove(name);
+    }
+
+    /// A poll failed: a pass over a table without a key may have broken with it,
+    /// so each such load starts over.
+    pub(super) fn break_passes(&mut self) {
+        for run in self.runs.values_mut() {
+            run.pass_open = false;
+            run.held = None;
+        }
+    }
+
+    /// The loads running or queued (`loads`, the position's), for the metrics.
+    pub(super) fn status(&self, loads: &BTreeMap<String, TableLoad>) -> Vec<LoadStatus> {
+        loads
+            .iter()
+            .map(|(name, load)| {
+                let run = self.runs.get(name);
+                LoadStatus {
+                    table: load.table.clone(),
+                    rows: load.rows,
+                    estimated: run.and_then(|r| r.estimated),
+                    rows_per_second: run.map_or(0.0, |r| {
+                        let seconds = r.started.elapsed().as_secs_f64();
+                        if seconds > 0.0 {
+                            load.rows.saturating_sub(r.rows_at_start) as f64 / seconds
+                        } else {
+                            0.0
+                        }
+                    }),
+                }
+            })
+            .collect()
+    }
+}
+
 impl<S: ChangeSource> Poller<S> {
     /// Whether the initial load is still to be planned: the caller may plan it (and
     /// write the checkpoint) before the first poll, so that the load's LSN is durable
     /// before any row is sent.
     pub fn needs_plan(&self) -> bool {
-        self.needs_plan
+        self.loads.needs_plan()
     }
 
     /// Plans the initial load: records L0 (`max_lsn`), marks every tracked capture
@@ -40,7 +129,7 @@ impl<S: ChangeSource> Poller<S> {
     /// instance has no `start_lsn` yet (the capture job has not scanned since it was
     /// enabled): where its changes begin is not known.
     pub async fn plan_load(&mut self) -> Result<bool, SourceError> {
-        if !self.needs_plan {
+        if !self.loads.needs_plan() {
             return Ok(true);
         }
         let max = self.max_lsn_with_catalog().await?;
@@ -63,7 +152,7 @@ impl<S: ChangeSource> Poller<S> {
             let read = chrono::DateTime::from_timestamp_nanos(commit_time_ns);
             CommitClock::advance_saved(&mut self.position.commit_clock_ns, read);
         }
-        self.retention = match self.source.server_facts().await {
+        let retention = match self.source.server_facts().await {
             Ok(facts) => cleanup_retention(&facts),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the server's facts, so the cleanup job's retention is not known: no warning comes if the initial load outlasts it");
@@ -97,12 +186,12 @@ impl<S: ChangeSource> Poller<S> {
             );
         }
         self.done_through = Some(at);
-        self.needs_plan = false;
+        self.loads.planned(retention);
         tracing::info!(
             mode = %self.config.snapshot,
             at_lsn = %at,
             tables = %tables.join(", "),
-            retention_minutes = self.retention.map(|r| r.as_secs() / 60),
+            retention_minutes = retention.map(|r| r.as_secs() / 60),
             "initial load planned: each table's rows are read in key order, then its changes after this LSN follow"
         );
         Ok(true)
@@ -136,7 +225,10 @@ impl<S: ChangeSource> Poller<S> {
     ) -> Result<Batch, SourceError> {
         Ok(Batch {
             changes,
-            schema_changes: self.take_schema_changes().await?,
+            schema_changes: self
+                .announcer
+                .take(&mut self.source, self.zone.as_ref())
+                .await?,
             position: self.position.clone(),
             max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
         })
@@ -144,26 +236,7 @@ impl<S: ChangeSource> Poller<S> {
 
     /// The loads running or queued, for the metrics.
     pub fn load_status(&self) -> Vec<LoadStatus> {
-        self.position
-            .loads
-            .iter()
-            .map(|(name, load)| {
-                let run = self.load_runs.get(name);
-                LoadStatus {
-                    table: load.table.clone(),
-                    rows: load.rows,
-                    estimated: run.and_then(|r| r.estimated),
-                    rows_per_second: run.map_or(0.0, |r| {
-                        let seconds = r.started.elapsed().as_secs_f64();
-                        if seconds > 0.0 {
-                            load.rows.saturating_sub(r.rows_at_start) as f64 / seconds
-                        } else {
-                            0.0
-                        }
-                    }),
-                }
-            })
-            .collect()
+        self.loads.status(&self.position.loads)
     }
 
     /// One chunk of the first queued load: a batch of its rows, with the position
@@ -186,25 +259,48 @@ impl<S: ChangeSource> Poller<S> {
         let instance = tracked.instance.clone();
         let table = Arc::clone(&tracked.context.table);
         let key_positions = key_positions(&instance)?;
-        self.start_load_run(&name, &instance, &load).await?;
+        self.loads
+            .start_run(&mut self.source, &name, &instance, &load)
+            .await?;
         let (rows, done) = if key_positions.is_empty() {
-            match self.read_keyless_chunk(&name, &instance, &mut load).await? {
+            match self
+                .loads
+                .read_keyless_chunk(&mut self.source, &name, &instance, &mut load)
+                .await?
+            {
                 Some(read) => read,
                 None => return Ok(PollOutcome::Idle),
             }
         } else {
-            self.read_keyed_chunk(&name, &instance, &load, &key_positions)
+            self.loads
+                .read_keyed_chunk(&mut self.source, &name, &instance, &load, &key_positions)
                 .await?
         };
-        let changes = self.loaded_changes(&name, &table, &mut load, rows, done, &key_positions)?;
+        // Set by the catalog read that every load step begins with.
+        let guid = self
+            .stream_guid
+            .ok_or(SourceError::DatabaseGuidUnreadable)?;
+        let changes = loaded_changes(guid, &name, &table, &mut load, rows, done, &key_positions)?;
         if let Some(first) = changes.first() {
-            self.note_shape(first, 0);
+            self.announcer
+                .note(first, 0, &self.tracked, &mut self.position.table_versions);
         }
         if done {
-            self.finish_load(&name, &load);
+            self.position.loads.remove(&name);
+            let initial_only = self.config.snapshot == SnapshotMode::InitialOnly;
+            self.loads
+                .finish(&name, &load, self.position.loads.is_empty(), initial_only);
         } else {
             self.position.loads.insert(name.clone(), load);
-            self.log_load_progress(&name).await?;
+            self.loads
+                .log_progress(
+                    &mut self.source,
+                    &name,
+                    &self.position.loads,
+                    &self.tracked,
+                    self.config.on_gap,
+                )
+                .await?;
         }
         Ok(PollOutcome::Batch(self.position_batch(changes).await?))
     }
@@ -219,7 +315,7 @@ impl<S: ChangeSource> Poller<S> {
         load: TableLoad,
     ) -> Result<(), SourceError> {
         self.position.loads.remove(name);
-        self.load_runs.remove(name);
+        self.loads.forget(name);
         let successor = self
             .tracked
             .iter()
@@ -245,26 +341,29 @@ impl<S: ChangeSource> Poller<S> {
         queue_table_load(&mut self.position, next, load.table, at, commit_time_ns);
         Ok(())
     }
+}
 
+impl LoadRunner {
     /// Starts this process's run of a table's load (its rate and estimate) unless
     /// it runs already.
-    async fn start_load_run(
+    pub(super) async fn start_run(
         &mut self,
+        source: &mut impl ChangeSource,
         name: &str,
         instance: &CaptureInstance,
         load: &TableLoad,
     ) -> Result<(), SourceError> {
-        if self.load_runs.contains_key(name) {
+        if self.runs.contains_key(name) {
             return Ok(());
         }
         let estimated = match self.estimates.get(name) {
             Some(known) => *known,
-            None => self.source.table_rows(instance).await?,
+            None => source.table_rows(instance).await?,
         };
         self.estimates.insert(name.to_owned(), estimated);
         tracing::info!(table = %load.table, rows_estimated = estimated, at_lsn = %load.at, resumed_after_rows = load.rows, "loading table");
         let now = Instant::now();
-        self.load_runs.insert(
+        self.runs.insert(
             name.to_owned(),
             LoadRun {
                 started: now,
@@ -281,21 +380,22 @@ impl<S: ChangeSource> Poller<S> {
 
     /// The next chunk of a keyed table, after the last key sent, and whether it ends
     /// the table. A seek that does not move past its key is an error, not a loop.
-    async fn read_keyed_chunk(
+    pub(super) async fn read_keyed_chunk(
         &mut self,
+        source: &mut impl ChangeSource,
         name: &str,
         instance: &CaptureInstance,
         load: &TableLoad,
         key_positions: &[usize],
     ) -> Result<(Vec<Vec<Value>>, bool), SourceError> {
-        let chunk = self.config.load_chunk.max(1);
+        let chunk = self.chunk;
         let cursor = match &load.after {
             None => TableCursor::Start,
             Some(key) => TableCursor::AfterKey(key),
         };
         // One row more than a chunk: whether it comes tells if this chunk ends the
         // table (its last row then carries finalevent).
-        let mut rows = self.source.read_table(instance, cursor, chunk + 1).await?;
+        let mut rows = source.read_table(instance, cursor, chunk + 1).await?;
         let done = rows.len() <= chunk;
         rows.truncate(chunk);
         let (false, Some(last)) = (done, rows.last()) else {
@@ -309,7 +409,7 @@ impl<S: ChangeSource> Poller<S> {
             hasher.finish()
         };
         let repeated = self
-            .load_runs
+            .runs
             .get_mut(name)
             .is_some_and(|run| !run.resumed_after.insert(hash));
         if repeated || load.after.as_ref() == Some(&key) {
@@ -331,28 +431,29 @@ impl<S: ChangeSource> Poller<S> {
     /// The next chunk of a table without a key, read in one pass that starts over
     /// (from row 1) when it was broken; the last row read is held back until the
     /// next chunk shows whether it is the table's last. `None` when the run is gone.
-    async fn read_keyless_chunk(
+    pub(super) async fn read_keyless_chunk(
         &mut self,
+        source: &mut impl ChangeSource,
         name: &str,
         instance: &CaptureInstance,
         load: &mut TableLoad,
     ) -> Result<Option<(Vec<Vec<Value>>, bool)>, SourceError> {
-        let chunk = self.config.load_chunk.max(1);
-        let open = self.load_runs.get(name).is_some_and(|r| r.pass_open);
+        let chunk = self.chunk;
+        let open = self.runs.get(name).is_some_and(|r| r.pass_open);
         let cursor = if open {
             TableCursor::Continue
         } else {
             // A new pass: from the first row again.
             load.rows = 0;
             load.after = None;
-            if let Some(run) = self.load_runs.get_mut(name) {
+            if let Some(run) = self.runs.get_mut(name) {
                 run.rows_at_start = 0;
                 run.started = Instant::now();
             }
             TableCursor::Start
         };
-        let read = self.source.read_table(instance, cursor, chunk).await?;
-        let Some(run) = self.load_runs.get_mut(name) else {
+        let read = source.read_table(instance, cursor, chunk).await?;
+        let Some(run) = self.runs.get_mut(name) else {
             return Ok(None);
         };
         run.pass_open = true;
@@ -365,89 +466,16 @@ impl<S: ChangeSource> Poller<S> {
         Ok(Some((rows, done)))
     }
 
-    /// A chunk's rows as `INS` events of the load, numbered after the rows already
-    /// sent; the load's resume key moves to the last of them.
-    fn loaded_changes(
-        &self,
+    /// A table's load has sent its last row (and left the checkpoint): says so, and
+    /// when it was the last (`none_left`) that the initial load finished.
+    pub(super) fn finish(
+        &mut self,
         name: &str,
-        table: &Arc<crate::event::TableDescription>,
-        load: &mut TableLoad,
-        rows: Vec<Vec<Value>>,
-        done: bool,
-        key_positions: &[usize],
-    ) -> Result<Vec<Change>, SourceError> {
-        let commit_time = chrono::DateTime::from_timestamp_nanos(load.commit_time_ns);
-        // Set by the catalog read that every load step begins with.
-        let guid = self
-            .stream_guid
-            .ok_or(SourceError::DatabaseGuidUnreadable)?;
-        let count = rows.len();
-        let mut changes = Vec::with_capacity(count);
-        for (i, values) in rows.into_iter().enumerate() {
-            if values.len() != table.columns().len() {
-                return Err(SourceError::Malformed {
-                    capture_instance: name.to_owned(),
-                    message: format!(
-                        "a table row has {} values for {} columns",
-                        values.len(),
-                        table.columns().len()
-                    ),
-                });
-            }
-            let sequence_number = load.rows + i as u64 + 1;
-            let id_seed = if key_positions.is_empty() {
-                id_seed(
-                    guid,
-                    load.at,
-                    &load.table,
-                    RowIdentity::Ordinal(sequence_number),
-                )
-            } else {
-                let key: Vec<Option<String>> = key_positions
-                    .iter()
-                    .map(|&at| values[at].to_text())
-                    .collect();
-                let seed = id_seed(guid, load.at, &load.table, RowIdentity::Key(&key));
-                if i + 1 == count {
-                    load.after = Some(key);
-                }
-                seed
-            };
-            if sequence_number >= LOAD_ROWS_PER_RANGE {
-                return Err(SourceError::Malformed {
-                    capture_instance: name.to_owned(),
-                    message: format!(
-                        "the load of {} passed {LOAD_ROWS_PER_RANGE} rows, the most one table load numbers in its own logicalid range",
-                        load.table
-                    ),
-                });
-            }
-            let logical_sequence = load.logical_base + sequence_number;
-            changes.push(Change {
-                table: Arc::clone(table),
-                operation: crate::event::Operation::Insert,
-                commit_lsn: load.at,
-                begin_lsn: Lsn::ZERO,
-                change_lsn: Lsn::ZERO,
-                sequence_number,
-                last_in_transaction: done && i + 1 == count,
-                commit_time,
-                old: None,
-                current: Some(values),
-                origin: Origin::Load {
-                    id_seed,
-                    logical_sequence,
-                },
-            });
-        }
-        load.rows += count as u64;
-        Ok(changes)
-    }
-
-    /// A table's load has sent its last row: it leaves the checkpoint.
-    fn finish_load(&mut self, name: &str, load: &TableLoad) {
-        self.position.loads.remove(name);
-        let run = self.load_runs.remove(name);
+        load: &TableLoad,
+        none_left: bool,
+        initial_only: bool,
+    ) {
+        let run = self.runs.remove(name);
         let (seconds, rows_this_run) = run.map_or((0.0, load.rows), |r| {
             (
                 r.started.elapsed().as_secs_f64(),
@@ -463,8 +491,8 @@ impl<S: ChangeSource> Poller<S> {
             rows_per_second = (seconds > 0.0).then(|| (rows_this_run as f64 / seconds).round()),
             "table loaded"
         );
-        if self.position.loads.is_empty() {
-            if self.config.snapshot == SnapshotMode::InitialOnly {
+        if none_left {
+            if initial_only {
                 self.said_loaded = true;
                 tracing::info!(at_lsn = %load.at, "initial load finished; snapshot.mode is \"initial_only\", so this run streams no changes and ends");
             } else {
@@ -476,8 +504,8 @@ impl<S: ChangeSource> Poller<S> {
     /// Seconds since a commit at `commit_time_ns`, on the source's clock (a
     /// simulator's commit times are simulated; a server's are compared with this
     /// machine's clock).
-    fn since_commit(&self, commit_time_ns: i64) -> f64 {
-        let now = self.source.clock().unwrap_or_else(chrono::Utc::now);
+    fn since_commit(source: &impl ChangeSource, commit_time_ns: i64) -> f64 {
+        let now = source.clock().unwrap_or_else(chrono::Utc::now);
         let then = chrono::DateTime::from_timestamp_nanos(commit_time_ns);
         (now - then).num_milliseconds().max(0) as f64 / 1000.0
     }
@@ -486,22 +514,28 @@ impl<S: ChangeSource> Poller<S> {
     /// will outlast the cleanup retention: no change is read until every load ends,
     /// so the changes after L0 wait from L0's commit until then. The projection is the
     /// time since L0's commit plus what is left of this table and of the tables still
-    /// queued, at this table's rate.
-    pub(super) async fn log_load_progress(&mut self, name: &str) -> Result<(), SourceError> {
+    /// queued, at this table's rate. `loads` are the position's, `tracked` the
+    /// instances read (to ask a queued table's size).
+    pub(super) async fn log_progress(
+        &mut self,
+        source: &mut impl ChangeSource,
+        name: &str,
+        loads: &BTreeMap<String, TableLoad>,
+        tracked: &[Tracked],
+        on_gap: GapPolicy,
+    ) -> Result<(), SourceError> {
         let due = self
-            .load_runs
+            .runs
             .get(name)
             .is_some_and(|r| r.last_log.elapsed() >= LOAD_LOG_EVERY);
         if !due {
             return Ok(());
         }
-        if let Some(run) = self.load_runs.get_mut(name) {
+        if let Some(run) = self.runs.get_mut(name) {
             run.last_log = Instant::now();
         }
-        let statuses = self.load_status();
-        let Some(status) = self
-            .position
-            .loads
+        let statuses = self.status(loads);
+        let Some(status) = loads
             .get(name)
             .and_then(|l| statuses.iter().find(|s| s.table == l.table))
         else {
@@ -520,49 +554,118 @@ impl<S: ChangeSource> Poller<S> {
             return Ok(());
         };
         // The queued tables' sizes, asked once each.
-        let queued: Vec<String> = self
-            .position
-            .loads
+        let queued: Vec<String> = loads
             .keys()
             .filter(|n| n.as_str() != name && !self.estimates.contains_key(n.as_str()))
             .cloned()
             .collect();
         for queued_name in queued {
-            let estimate = match self.tracked.iter().find(|t| t.instance.name == queued_name) {
-                Some(t) => self.source.table_rows(&t.instance).await?,
+            let estimate = match tracked.iter().find(|t| t.instance.name == queued_name) {
+                Some(t) => source.table_rows(&t.instance).await?,
                 None => None,
             };
             self.estimates.insert(queued_name, estimate);
         }
-        let queued_rows: u64 = self
-            .position
-            .loads
+        let queued_rows: u64 = loads
             .keys()
             .filter(|n| n.as_str() != name)
             .filter_map(|n| self.estimates.get(n).copied().flatten())
             .sum();
         let rate = status.rows_per_second.max(1e-9);
-        let since_l0 = self
-            .position
-            .loads
+        let since_l0 = loads
             .get(name)
-            .map_or(0.0, |l| self.since_commit(l.commit_time_ns));
+            .map_or(0.0, |l| Self::since_commit(source, l.commit_time_ns));
         let projected = since_l0 + left + queued_rows as f64 / rate;
         let Ok(projected) = Duration::try_from_secs_f64(projected) else {
             return Ok(());
         };
-        if projected >= retention && self.warned.insert("retention".to_owned()) {
+        if projected >= retention && !std::mem::replace(&mut self.warned_retention, true) {
             tracing::warn!(
                 table = %status.table,
-                tables_queued = self.position.loads.len().saturating_sub(1),
+                tables_queued = loads.len().saturating_sub(1),
                 projected_minutes = projected.as_secs() / 60,
                 retention_minutes = retention.as_secs() / 60,
-                on_gap = %self.config.on_gap,
+                %on_gap,
                 "at this rate the initial load ends after the CDC cleanup retention, counted from its LSN: changes made since then may be purged before they are read, which source.on_gap (or snapshot.mode = \"when_needed\") then decides; raise the retention (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = <minutes>)"
             );
         }
         Ok(())
     }
+}
+
+/// A chunk's rows as `INS` events of the load, numbered after the rows already
+/// sent; the load's resume key moves to the last of them. `guid` is the stream's.
+fn loaded_changes(
+    guid: Uuid,
+    name: &str,
+    table: &Arc<crate::event::TableDescription>,
+    load: &mut TableLoad,
+    rows: Vec<Vec<Value>>,
+    done: bool,
+    key_positions: &[usize],
+) -> Result<Vec<Change>, SourceError> {
+    let commit_time = chrono::DateTime::from_timestamp_nanos(load.commit_time_ns);
+    let count = rows.len();
+    let mut changes = Vec::with_capacity(count);
+    for (i, values) in rows.into_iter().enumerate() {
+        if values.len() != table.columns().len() {
+            return Err(SourceError::Malformed {
+                capture_instance: name.to_owned(),
+                message: format!(
+                    "a table row has {} values for {} columns",
+                    values.len(),
+                    table.columns().len()
+                ),
+            });
+        }
+        let sequence_number = load.rows + i as u64 + 1;
+        let id_seed = if key_positions.is_empty() {
+            id_seed(
+                guid,
+                load.at,
+                &load.table,
+                RowIdentity::Ordinal(sequence_number),
+            )
+        } else {
+            let key: Vec<Option<String>> = key_positions
+                .iter()
+                .map(|&at| values[at].to_text())
+                .collect();
+            let seed = id_seed(guid, load.at, &load.table, RowIdentity::Key(&key));
+            if i + 1 == count {
+                load.after = Some(key);
+            }
+            seed
+        };
+        if sequence_number >= LOAD_ROWS_PER_RANGE {
+            return Err(SourceError::Malformed {
+                capture_instance: name.to_owned(),
+                message: format!(
+                    "the load of {} passed {LOAD_ROWS_PER_RANGE} rows, the most one table load numbers in its own logicalid range",
+                    load.table
+                ),
+            });
+        }
+        let logical_sequence = load.logical_base + sequence_number;
+        changes.push(Change {
+            table: Arc::clone(table),
+            operation: crate::event::Operation::Insert,
+            commit_lsn: load.at,
+            begin_lsn: Lsn::ZERO,
+            change_lsn: Lsn::ZERO,
+            sequence_number,
+            last_in_transaction: done && i + 1 == count,
+            commit_time,
+            old: None,
+            current: Some(values),
+            origin: Origin::Load {
+                id_seed,
+                logical_sequence,
+            },
+        });
+    }
+    load.rows += count as u64;
+    Ok(changes)
 }
 
 /// Where each key column of `instance` is among its emitted columns: the values a
@@ -776,7 +879,7 @@ mod tests {
         let mut poller = Poller::new(SyntheticSource::new(workload), config, None);
         poller.poll().await.unwrap();
         let load = poller.position().loads.values().next().unwrap().clone();
-        let age = poller.since_commit(load.commit_time_ns);
+        let age = LoadRunner::since_commit(&poller.source, load.commit_time_ns);
         assert!(age < 60.0, "seconds since L0 on the simulated clock: {age}");
         let wall = (chrono::Utc::now()
             - chrono::DateTime::from_timestamp_nanos(load.commit_time_ns))

@@ -228,11 +228,57 @@ pub fn next_instance_name(old: &str, taken: &[&str]) -> String {
     }
 }
 
-impl<S: ChangeSource> Poller<S> {
-    /// Hands the poller the positions the checkpoint holds, as each is written: a
+/// The capture manager: what managed mode and `source.enable_cdc` decide, and the
+/// state those decisions keep between catalog reads.
+pub(super) struct CaptureManager {
+    /// `source.capture_instances`.
+    mode: CaptureInstanceMode,
+    /// `source.enable_cdc`.
+    enable_cdc: bool,
+    /// Whether batches carry schema-change events: an older instance is then kept
+    /// until the event naming the newer one is checkpointed too.
+    announcing: bool,
+    /// What this process did to the CDC configuration.
+    actions: CaptureActions,
+    /// The login was found to be `db_owner` (asked once, when needed).
+    may_manage: bool,
+    /// The catalog version whose columns were last compared.
+    compared_version: Option<crate::source::CatalogVersion>,
+    /// When CDC's procedures may run again after one gave up on a lock.
+    lock_retry: LockRetry,
+    /// New capture instances that wait for the capture job to record DDL.
+    ddl_wait: DdlRecordWait,
+    /// The positions the checkpoint holds, as the pipeline writes them.
+    checkpoints: Option<tokio::sync::watch::Receiver<Option<Position>>>,
+    /// The position the poller started from: the checkpoint's, until the pipeline
+    /// writes another.
+    started_from: Option<Position>,
+    /// What was said once.
+    warned: BTreeSet<String>,
+}
+
+impl CaptureManager {
+    /// A manager for `config`'s settings, for a poller starting at `started_from`.
+    pub(super) fn new(config: &PollerConfig, started_from: Option<Position>) -> Self {
+        CaptureManager {
+            mode: config.capture_instances,
+            enable_cdc: config.enable_cdc,
+            announcing: config.schema_changes,
+            actions: CaptureActions::default(),
+            may_manage: false,
+            compared_version: None,
+            lock_retry: LockRetry::new(config.capture_ddl_retry),
+            ddl_wait: DdlRecordWait::default(),
+            checkpoints: None,
+            started_from,
+            warned: BTreeSet::new(),
+        }
+    }
+
+    /// Hands the manager the positions the checkpoint holds, as each is written: a
     /// managed instance is disabled only once its changes are among them (or among
     /// those of the position the poller started from, the checkpoint's).
-    pub fn watch_checkpoints(
+    pub(super) fn watch_checkpoints(
         &mut self,
         checkpoints: tokio::sync::watch::Receiver<Option<Position>>,
     ) {
@@ -240,29 +286,27 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     /// What this process has done to the CDC configuration.
-    pub fn capture_actions(&self) -> CaptureActions {
-        self.capture_actions
+    pub(super) fn actions(&self) -> CaptureActions {
+        self.actions
     }
 
     /// Refuses managed mode or `enable_cdc` without `db_owner` (asked once).
-    async fn may_manage(&mut self) -> Result<(), SourceError> {
+    async fn may_manage(&mut self, source: &mut impl ChangeSource) -> Result<(), SourceError> {
         if self.may_manage {
             return Ok(());
         }
-        if !self.source.may_manage_capture().await? {
-            return Err(
-                if self.config.capture_instances == CaptureInstanceMode::Managed {
-                    SourceError::ManageDenied {
-                        setting: "source.capture_instances = \"managed\"",
-                        instead: "set source.capture_instances = \"manual\"",
-                    }
-                } else {
-                    SourceError::ManageDenied {
-                        setting: "source.enable_cdc = true",
-                        instead: "set source.enable_cdc = false and enable CDC on the tables yourself",
-                    }
-                },
-            );
+        if !source.may_manage_capture().await? {
+            return Err(if self.mode == CaptureInstanceMode::Managed {
+                SourceError::ManageDenied {
+                    setting: "source.capture_instances = \"managed\"",
+                    instead: "set source.capture_instances = \"manual\"",
+                }
+            } else {
+                SourceError::ManageDenied {
+                    setting: "source.enable_cdc = true",
+                    instead: "set source.enable_cdc = false and enable CDC on the tables yourself",
+                }
+            });
         }
         self.may_manage = true;
         Ok(())
@@ -271,15 +315,19 @@ impl<S: ChangeSource> Poller<S> {
     /// `source.enable_cdc`: enables CDC on every included table that lacks it
     /// (`@role_name = NULL`, every column, SQL Server's default instance name
     /// `schema_table`); true when it enabled one.
-    pub(super) async fn enable_missing_tables(&mut self) -> Result<bool, SourceError> {
-        if !self.config.enable_cdc || self.lock_retry.waiting() {
+    pub(super) async fn enable_missing_tables(
+        &mut self,
+        source: &mut impl ChangeSource,
+        filter: &TableFilter,
+    ) -> Result<bool, SourceError> {
+        if !self.enable_cdc || self.lock_retry.waiting() {
             return Ok(false);
         }
-        self.may_manage().await?;
-        let tables = self.source.uncaptured_tables().await?;
+        self.may_manage(source).await?;
+        let tables = source.uncaptured_tables().await?;
         let mut enabled = false;
         for t in tables {
-            if !self.config.filter.allows(&t.schema, &t.table) {
+            if !filter.allows(&t.schema, &t.table) {
                 continue;
             }
             let request = EnableCapture {
@@ -293,7 +341,7 @@ impl<S: ChangeSource> Poller<S> {
                 columns: None,
             };
             let table = format!("{}.{}", request.schema, request.table);
-            let result = self.source.enable_capture(&request).await;
+            let result = source.enable_capture(&request).await;
             if self.settle(result, format!("enable {table}"), |e| {
                 tracing::warn!(%table, error = %e, "CDC could not be enabled on an included table (source.enable_cdc); it is not streamed");
             })? {
@@ -302,33 +350,38 @@ impl<S: ChangeSource> Poller<S> {
                     capture_instance = %request.capture_instance,
                     "CDC enabled on an included table that lacked it (source.enable_cdc): its changes stream from the capture job's next scan"
                 );
-                self.capture_actions.tables_enabled += 1;
+                self.actions.tables_enabled += 1;
                 enabled = true;
             }
         }
         Ok(enabled)
     }
 
-    /// Managed mode, after each catalog read: per included table, a new capture
-    /// instance when its columns changed, or the older of two disabled once drained.
-    pub(super) async fn manage_capture_instances(&mut self) -> Result<(), SourceError> {
-        if self.config.capture_instances != CaptureInstanceMode::Managed
-            || self.lock_retry.waiting()
-        {
-            return Ok(());
+    /// Managed mode, after each catalog read: per included table (by `filter`), a
+    /// new capture instance when its columns changed, or the older of two disabled
+    /// once drained (`switches` are the position's). `loading` while an initial load
+    /// runs: it reads through the instances as they are, so nothing is done. True
+    /// when the CDC configuration changed (the catalog is to be read again).
+    pub(super) async fn manage(
+        &mut self,
+        source: &mut impl ChangeSource,
+        catalog: &Catalog,
+        filter: &TableFilter,
+        switches: &BTreeMap<String, Switch>,
+        loading: bool,
+    ) -> Result<bool, SourceError> {
+        if self.mode != CaptureInstanceMode::Managed || self.lock_retry.waiting() {
+            return Ok(false);
         }
-        self.may_manage().await?;
-        if self.needs_plan || !self.position.loads.is_empty() {
-            return Ok(()); // an initial load reads through the instances as they are
+        self.may_manage(source).await?;
+        if loading {
+            return Ok(false);
         }
-        let Some(catalog) = self.catalog.as_ref() else {
-            return Ok(());
-        };
         let mut tables: BTreeMap<String, Vec<CaptureInstance>> = BTreeMap::new();
         for instance in catalog
             .instances
             .iter()
-            .filter(|i| self.config.filter.allows(&i.schema, &i.table))
+            .filter(|i| filter.allows(&i.schema, &i.table))
         {
             tables
                 .entry(instance.qualified_table())
@@ -337,49 +390,57 @@ impl<S: ChangeSource> Poller<S> {
         }
         let taken: Vec<String> = catalog.instances.iter().map(|i| i.name.clone()).collect();
         let version = catalog.version;
-        let columns_changed_somewhere = self.managed_version != Some(version);
+        let columns_changed_somewhere = self.compared_version != Some(version);
         let mut uncaptured: Option<UncapturedColumns> = None;
         let mut compared = BTreeSet::new();
+        let mut changed = false;
         for (table, mut instances) in tables {
             // Older first, as the switch itself orders them.
             instances.sort_by_key(|i| (i.create_date, i.object_id));
-            match instances.as_slice() {
-                [older, newer] => self.retire_when_delivered(&table, older, newer).await?,
+            changed |= match instances.as_slice() {
+                [older, newer] => {
+                    let switch_at = switches.get(&older.name).map(|s| s.at);
+                    self.retire_when_delivered(source, &table, older, newer, switch_at)
+                        .await?
+                }
                 [only] if columns_changed_somewhere => {
                     let found = match uncaptured.take() {
                         Some(found) => found,
-                        None => self.source.uncaptured_columns().await?,
+                        None => source.uncaptured_columns().await?,
                     };
                     compared.insert(only.name.clone());
-                    self.replace_if_changed(&table, only, &found, &taken)
+                    let created = self
+                        .replace_if_changed(source, &table, only, &found, &taken)
                         .await?;
                     uncaptured = Some(found);
+                    created
                 }
-                _ => {}
-            }
+                _ => false,
+            };
         }
         if columns_changed_somewhere {
             self.ddl_wait.keep_only(&compared);
         }
         // A step that gave up on a lock, or that waits for the capture job, is
         // decided afresh from the catalog at the next read, changed or not.
-        self.managed_version =
+        self.compared_version =
             (!self.lock_retry.owed() && self.ddl_wait.is_empty()).then_some(version);
-        Ok(())
+        Ok(changed)
     }
 
     /// A new capture instance for `instance`'s table when columns were added to the
     /// table after the instance was created (of those it does not capture, the ones
     /// an `ADD` in its DDL history names) or captured ones were dropped; once the
     /// capture job has recorded every DDL the catalog read showed
-    /// ([`DdlRecordWait`]).
+    /// ([`DdlRecordWait`]). True when it created one.
     async fn replace_if_changed(
         &mut self,
+        source: &mut impl ChangeSource,
         table: &str,
         instance: &CaptureInstance,
         found: &UncapturedColumns,
         taken: &[String],
-    ) -> Result<(), SourceError> {
+    ) -> Result<bool, SourceError> {
         let dropped: Vec<String> = instance
             .columns
             .iter()
@@ -396,7 +457,7 @@ impl<S: ChangeSource> Poller<S> {
             if not_captured.is_empty() {
                 Default::default()
             } else {
-                let ddl = self.source.ddl_history(&instance.name).await?;
+                let ddl = source.ddl_history(&instance.name).await?;
                 not_captured
                     .into_iter()
                     .cloned()
@@ -405,7 +466,7 @@ impl<S: ChangeSource> Poller<S> {
         };
         if added.is_empty() && dropped.is_empty() {
             self.ddl_wait.forget(&instance.name);
-            return Ok(());
+            return Ok(false);
         }
         if !unexplained.is_empty()
             && !self
@@ -425,7 +486,7 @@ impl<S: ChangeSource> Poller<S> {
                     "the new capture instance waits until the capture job has recorded the table's DDL: columns the instance does not capture may have been added by DDL it has not scanned yet"
                 );
             }
-            return Ok(());
+            return Ok(false);
         }
         let taken: Vec<&str> = taken.iter().map(String::as_str).collect();
         let name = next_instance_name(&instance.name, &taken);
@@ -443,7 +504,7 @@ impl<S: ChangeSource> Poller<S> {
             options: instance.options.clone(),
             columns: Some(columns),
         };
-        let result = self.source.enable_capture(&request).await;
+        let result = source.enable_capture(&request).await;
         // On a refusal, decided again at the next catalog change, not every read.
         if self.settle(result, format!("create {name}"), |e| {
             tracing::warn!(%table, capture_instance = %name, error = %e, "could not create a capture instance for the table's new columns; the stream goes on with the old one and tries again when the catalog changes");
@@ -456,30 +517,29 @@ impl<S: ChangeSource> Poller<S> {
                 ?dropped,
                 "capture instance created for the table's new columns (source.capture_instances = \"managed\"); the stream switches to it at its start LSN, and the old one is disabled once its changes are checkpointed"
             );
-            self.capture_actions.created += 1;
-            self.catalog_stale = true;
+            self.actions.created += 1;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Disables `older` once the checkpoint holds every change of it below the
-    /// point where `newer` takes over.
+    /// point where `newer` takes over (`recorded_switch`, the position's, else
+    /// `newer`'s `start_lsn`). True when it disabled it.
     async fn retire_when_delivered(
         &mut self,
+        source: &mut impl ChangeSource,
         table: &str,
         older: &CaptureInstance,
         newer: &CaptureInstance,
-    ) -> Result<(), SourceError> {
+        recorded_switch: Option<Lsn>,
+    ) -> Result<bool, SourceError> {
         let Some(start) = newer.start_lsn else {
-            return Ok(()); // the switch point is not known yet
+            return Ok(false); // the switch point is not known yet
         };
-        let switch_at = self
-            .position
-            .switches
-            .get(&older.name)
-            .map_or(start, |s| s.at);
+        let switch_at = recorded_switch.unwrap_or(start);
         let written = self.checkpoints.as_ref().and_then(|rx| rx.borrow().clone());
-        let announcing = self.config.schema_changes;
+        let announcing = self.announcing;
         let drained = written
             .as_ref()
             .or(self.started_from.as_ref())
@@ -508,9 +568,9 @@ impl<S: ChangeSource> Poller<S> {
                     if announcing { " and the schema-change event of the newer one (its first row)" } else { "" }
                 );
             }
-            return Ok(());
+            return Ok(false);
         }
-        let result = self.source.disable_capture(older).await;
+        let result = source.disable_capture(older).await;
         if self.settle(result, format!("disable {}", older.name), |e| {
             tracing::warn!(%table, capture_instance = %older.name, error = %e, "could not disable the drained capture instance; it is tried again at the next catalog read");
         })? {
@@ -521,10 +581,10 @@ impl<S: ChangeSource> Poller<S> {
                 switch_lsn = %switch_at,
                 "older capture instance disabled: every change it held below the switch is delivered and checkpointed (source.capture_instances = \"managed\")"
             );
-            self.capture_actions.disabled += 1;
-            self.catalog_stale = true;
+            self.actions.disabled += 1;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// The outcome of a DDL step: done (`Ok(true)`); refused for want of a

@@ -51,19 +51,21 @@ use crate::source::{
 };
 use uuid::Uuid;
 
+mod announcer;
 mod ddl_text;
 mod iteration;
 mod load_runner;
 mod managed;
-mod schema;
 mod tracking;
 
 pub use managed::{
     CaptureActions, CaptureInstanceMode, check_capture_settings, next_instance_name,
 };
 
+use announcer::ShapeAnnouncer;
 use iteration::last_before;
-use load_runner::LoadRun;
+use load_runner::LoadRunner;
+use managed::CaptureManager;
 
 /// What to do when changes were purged before they were delivered.
 ///
@@ -281,8 +283,9 @@ pub struct Poller<S> {
     resume_after: Option<EventPosition>,
     iteration: Option<Iteration>,
     warned: std::collections::BTreeSet<String>,
-    /// Table shapes seen in the events, with their versions in the position.
-    shapes: crate::source::shape::ShapeTracker,
+    /// Table shapes followed through the events, and the batch's schema-change
+    /// events.
+    announcer: ShapeAnnouncer,
     /// The catalog must be re-read before the next iteration.
     catalog_stale: bool,
     /// Instances not read because a newer instance of their table has no
@@ -293,36 +296,12 @@ pub struct Poller<S> {
     stream_guid: Option<Uuid>,
     /// `CatalogChanged` errors in a row, each after the catalog was read again.
     catalog_changes_in_a_row: u32,
-    /// The initial load is still to be planned (no checkpoint, `[snapshot]` on).
-    needs_plan: bool,
-    /// Per capture instance: the load of its table running in this process.
-    load_runs: BTreeMap<String, LoadRun>,
-    /// The cleanup job's retention, read when a load is planned.
-    retention: Option<Duration>,
-    /// Per capture instance: its table's rows as `sys.partitions` estimated them,
-    /// asked once (for the retention projection).
-    estimates: BTreeMap<String, Option<u64>>,
-    /// An `initial_only` run has said why it streams nothing more.
-    said_loaded: bool,
+    /// The initial load's (and re-loads') runs in this process.
+    loads: LoadRunner,
     /// The most change rows held in the merge's buffers at once.
     peak_rows_held: usize,
-    /// Schema-change events of the batch being built.
-    schema_changes: Vec<PlacedSchemaChange>,
-    /// The positions the checkpoint holds, as the pipeline writes them.
-    checkpoints: Option<tokio::sync::watch::Receiver<Option<Position>>>,
-    /// The position this poller started from: the checkpoint's, until the pipeline
-    /// writes another.
-    started_from: Option<Position>,
-    /// What this process did to the CDC configuration.
-    capture_actions: CaptureActions,
-    /// The login was found to be `db_owner` (asked once, when needed).
-    may_manage: bool,
-    /// The catalog version whose columns managed mode last compared.
-    managed_version: Option<crate::source::CatalogVersion>,
-    /// When CDC's procedures may run again after one gave up on a lock.
-    lock_retry: managed::LockRetry,
-    /// New capture instances that wait for the capture job to record DDL.
-    ddl_wait: managed::DdlRecordWait,
+    /// Managed capture instances and `source.enable_cdc`.
+    capture: CaptureManager,
     /// What `[[event.columns]]` does to each table seen.
     column_plans: PlanCache,
 }
@@ -350,11 +329,10 @@ impl<S: ChangeSource> Poller<S> {
     /// A poller starting at `position` (from a checkpoint), or at
     /// `config.start_position` when there is none.
     pub fn new(source: S, config: PollerConfig, position: Option<Position>) -> Self {
-        let lock_retry = managed::LockRetry::new(config.capture_ddl_retry);
-        let started_from = position.clone();
+        let announcer = ShapeAnnouncer::new(config.schema_changes);
+        let capture = CaptureManager::new(&config, position.clone());
         let resume_after = position.as_ref().and_then(|p| p.last_event);
-        let needs_plan =
-            config.snapshot.loads() && position.as_ref().is_none_or(Position::is_start);
+        let loads = LoadRunner::new(&config, position.as_ref());
         Poller {
             source,
             config,
@@ -367,26 +345,15 @@ impl<S: ChangeSource> Poller<S> {
             position: position.unwrap_or_default(),
             iteration: None,
             warned: Default::default(),
-            shapes: Default::default(),
+            announcer,
             catalog_stale: true,
             waiting_for: Vec::new(),
             unreadable_since: BTreeMap::new(),
             stream_guid: None,
             catalog_changes_in_a_row: 0,
-            needs_plan,
-            load_runs: BTreeMap::new(),
-            retention: None,
-            estimates: BTreeMap::new(),
-            said_loaded: false,
+            loads,
             peak_rows_held: 0,
-            schema_changes: Vec::new(),
-            checkpoints: None,
-            started_from,
-            capture_actions: CaptureActions::default(),
-            may_manage: false,
-            managed_version: None,
-            lock_retry,
-            ddl_wait: managed::DdlRecordWait::default(),
+            capture,
             column_plans: PlanCache::default(),
         }
     }
@@ -406,6 +373,21 @@ impl<S: ChangeSource> Poller<S> {
     /// The position reached by the batches returned so far.
     pub fn position(&self) -> &Position {
         &self.position
+    }
+
+    /// Hands the poller the positions the checkpoint holds, as each is written: a
+    /// managed instance is disabled only once its changes are among them (or among
+    /// those of the position the poller started from, the checkpoint's).
+    pub fn watch_checkpoints(
+        &mut self,
+        checkpoints: tokio::sync::watch::Receiver<Option<Position>>,
+    ) {
+        self.capture.watch_checkpoints(checkpoints);
+    }
+
+    /// What this process has done to the CDC configuration.
+    pub fn capture_actions(&self) -> CaptureActions {
+        self.capture.actions()
     }
 
     /// How many capture instances the poller reads.
@@ -439,16 +421,12 @@ impl<S: ChangeSource> Poller<S> {
             // Start over from the last returned position: nothing is lost or repeated,
             // because re-read events up to `resume_after` are skipped.
             self.iteration = None;
-            self.schema_changes.clear();
+            self.announcer.discard_pending();
             (self.position, self.resume_after, self.done_through) = saved;
             self.resume_after = self.resume_after.max(self.position.last_event);
             // Whatever failed, the catalog may be why: read it again first.
             self.catalog_stale = true;
-            // A pass over a table without a key may have broken with it: start over.
-            for run in self.load_runs.values_mut() {
-                run.pass_open = false;
-                run.held = None;
-            }
+            self.loads.break_passes();
         }
         match result {
             Err(SourceError::CatalogChanged { message }) => {
@@ -474,7 +452,7 @@ impl<S: ChangeSource> Poller<S> {
 
     async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
         if self.iteration.is_none() {
-            if self.needs_plan {
+            if self.loads.needs_plan() {
                 if !self.plan_load().await? {
                     return Err(SourceError::Transient {
                         message: "the initial load waits for the capture job to set the start_lsn of every included capture instance".into(),
@@ -487,8 +465,7 @@ impl<S: ChangeSource> Poller<S> {
             }
             if self.config.snapshot == SnapshotMode::InitialOnly {
                 // Loaded: this run streams no changes.
-                if !self.said_loaded {
-                    self.said_loaded = true;
+                if self.loads.say_loaded_once() {
                     tracing::info!(
                         "snapshot.mode is \"initial_only\" and the checkpoint says the initial load already finished: nothing to do (to load again, start without the checkpoint, or set snapshot.mode = \"initial\" to stream the changes since)"
                     );
@@ -517,7 +494,10 @@ impl<S: ChangeSource> Poller<S> {
         self.fill(&mut changes).await?;
         Ok(PollOutcome::Batch(Batch {
             changes,
-            schema_changes: self.take_schema_changes().await?,
+            schema_changes: self
+                .announcer
+                .take(&mut self.source, self.zone.as_ref())
+                .await?,
             position: self.position.clone(),
             max_lsn: to,
         }))

@@ -17,7 +17,11 @@ impl<S: ChangeSource> Poller<S> {
             return Ok(());
         }
         let mut catalog = self.source.catalog().await?;
-        if self.enable_missing_tables().await? {
+        if self
+            .capture
+            .enable_missing_tables(&mut self.source, &self.config.filter)
+            .await?
+        {
             catalog = self.source.catalog().await?;
         }
         self.date_drops(&mut catalog).await?;
@@ -82,8 +86,22 @@ impl<S: ChangeSource> Poller<S> {
         }
         self.tracked = tracked;
         self.waiting_for = waiting_for;
-        self.catalog = Some(catalog);
-        self.manage_capture_instances().await
+        let catalog = self.catalog.insert(catalog);
+        let loading = self.loads.needs_plan() || !self.position.loads.is_empty();
+        let changed = self
+            .capture
+            .manage(
+                &mut self.source,
+                catalog,
+                &self.config.filter,
+                &self.position.switches,
+                loading,
+            )
+            .await?;
+        if changed {
+            self.catalog_stale = true;
+        }
+        Ok(())
     }
 
     /// For each captured column dropped from an included table, the LSN of its

@@ -1,22 +1,54 @@
-//! Schema-change events: each table's shape followed through the events in stream
-//! order ([`crate::source::shape`]), and the event that announces a shape to the
-//! stream's consumers placed before the first event that has it, with the DDL
-//! `cdc.ddl_history` recorded for the table since the shape before.
+//! The shape announcer: each table's shape followed through the events in stream
+//! order ([`crate::source::shape`]), and the schema-change event that announces a
+//! shape to the stream's consumers placed before the first event that has it, with
+//! the DDL `cdc.ddl_history` recorded for the table since the shape before.
 
 use super::*;
 use crate::event::TableDescription;
 use crate::event::schema::{DdlRecord, SchemaChangeReason};
-use crate::position::{ShapeColumn, TableShape};
+use crate::position::{ShapeColumn, TableShape, TableVersion};
+use crate::source::shape::ShapeTracker;
 
-impl<S: ChangeSource> Poller<S> {
+/// Follows table shapes through the stream and holds the schema-change events of
+/// the batch being built.
+pub(super) struct ShapeAnnouncer {
+    shapes: ShapeTracker,
+    /// Schema-change events of the batch being built.
+    pending: Vec<PlacedSchemaChange>,
+    /// Whether batches carry schema-change events (`sink.schema_changes` is not
+    /// `off`); shapes are followed (and versions counted) either way.
+    announce: bool,
+}
+
+impl ShapeAnnouncer {
+    pub(super) fn new(announce: bool) -> Self {
+        ShapeAnnouncer {
+            shapes: ShapeTracker::default(),
+            pending: Vec::new(),
+            announce,
+        }
+    }
+
+    /// Drops the events of a batch that will not be returned (the poll failed and
+    /// starts over; the events are placed again as the changes are read again).
+    pub(super) fn discard_pending(&mut self) {
+        self.pending.clear();
+    }
+
     /// Follows the shape of `change`'s table (in stream order), saying when it
-    /// changed: a table's version grows by one at the first event of a new shape.
-    /// With schema-change events on, places one before the batch's change at
-    /// `before` when the shape is new to the stream's consumers.
-    pub(super) fn note_shape(&mut self, change: &Change, before: usize) {
+    /// changed: a table's version (in `versions`, the position's) grows by one at
+    /// the first event of a new shape. When announcing, places a schema-change event
+    /// before the batch's change at `before` when the shape is new to the stream's
+    /// consumers; `tracked` describes the instance the change came from.
+    pub(super) fn note(
+        &mut self,
+        change: &Change,
+        before: usize,
+        tracked: &[Tracked],
+        versions: &mut BTreeMap<String, TableVersion>,
+    ) {
         // Only a description not seen before, or a shape to announce, is looked
         // up: every event of the stream passes here.
-        let tracked = &self.tracked;
         let describe = || {
             let instance = tracked
                 .iter()
@@ -30,10 +62,9 @@ impl<S: ChangeSource> Poller<S> {
         };
         let Some(changed) = self.shapes.note(
             &change.table,
-            &mut self.position.table_versions,
+            versions,
             change.commit_lsn,
-            self.config
-                .schema_changes
+            self.announce
                 .then_some(&describe as &dyn Fn() -> TableShape),
         ) else {
             return;
@@ -47,7 +78,7 @@ impl<S: ChangeSource> Poller<S> {
             if !ddl_from.contains(&after.capture_instance) {
                 ddl_from.push(after.capture_instance.clone());
             }
-            self.schema_changes.push(PlacedSchemaChange {
+            self.pending.push(PlacedSchemaChange {
                 before,
                 event: SchemaChange {
                     database: change.table.database().to_owned(),
@@ -94,15 +125,18 @@ impl<S: ChangeSource> Poller<S> {
 
     /// The batch's schema-change events, each with the DDL of its table recorded
     /// after the previous version's first event and up to its own (one
-    /// `cdc.ddl_history` read per capture instance named, only for a changed shape).
-    pub(super) async fn take_schema_changes(
+    /// `cdc.ddl_history` read per capture instance named, only for a changed shape),
+    /// its times in UTC by `zone` (the one commit times are read in).
+    pub(super) async fn take(
         &mut self,
+        source: &mut impl ChangeSource,
+        zone: Option<&CommitTimeZone>,
     ) -> Result<Vec<PlacedSchemaChange>, SourceError> {
-        let mut placed = std::mem::take(&mut self.schema_changes);
+        let mut placed = std::mem::take(&mut self.pending);
         for p in &mut placed {
             let mut ddl = Vec::new();
             for instance in &p.ddl_from {
-                for d in self.source.ddl_history(instance).await? {
+                for d in source.ddl_history(instance).await? {
                     let after_since = p.since.is_none_or(|since| d.ddl_lsn > since);
                     if after_since && d.ddl_lsn <= p.event.lsn {
                         ddl.push(d);
@@ -115,7 +149,7 @@ impl<S: ChangeSource> Poller<S> {
             p.event.ddl = ddl
                 .into_iter()
                 .map(|d| DdlRecord {
-                    time: self.server_time_in_utc(d.ddl_time, d.offsets),
+                    time: server_time_in_utc(zone, d.ddl_time, d.offsets),
                     command: d.ddl_command,
                     lsn: d.ddl_lsn,
                 })
@@ -123,19 +157,19 @@ impl<S: ChangeSource> Poller<S> {
         }
         Ok(placed)
     }
+}
 
-    /// A server-local time (`cdc.ddl_history.ddl_time`) in UTC, by the zone commit
-    /// times are read in, with the offsets the server gave it where it names its zone
-    /// (its first reading, where the clocks repeat an hour).
-    fn server_time_in_utc(
-        &self,
-        local: chrono::NaiveDateTime,
-        offsets: Option<crate::source::timezone::ServerOffsets>,
-    ) -> chrono::DateTime<chrono::Utc> {
-        match &self.zone {
-            Some(zone) => zone.readings(local, offsets).first,
-            None => local.and_utc(),
-        }
+/// A server-local time (`cdc.ddl_history.ddl_time`) in UTC, by the zone commit times
+/// are read in, with the offsets the server gave it where it names its zone (its
+/// first reading, where the clocks repeat an hour).
+fn server_time_in_utc(
+    zone: Option<&CommitTimeZone>,
+    local: chrono::NaiveDateTime,
+    offsets: Option<crate::source::timezone::ServerOffsets>,
+) -> chrono::DateTime<chrono::Utc> {
+    match zone {
+        Some(zone) => zone.readings(local, offsets).first,
+        None => local.and_utc(),
     }
 }
 

@@ -24,17 +24,12 @@ impl<S: ChangeSource> Poller<S> {
             tracing::debug!("sys.fn_cdc_get_max_lsn() is NULL: CDC has recorded nothing yet");
             return Ok(false);
         };
-        if let Some(pending) = self.waiting_for.first() {
-            if self.warned.insert(format!("waiting {pending}")) {
-                tracing::info!(
-                    capture_instance = %pending,
-                    "waiting for the capture job to set the start_lsn of a table's newer capture instance before reading on (the switch point between the two instances)"
-                );
-            }
+        if self.tracker.waits_for_a_switch_point() {
             return Ok(false);
         }
         let new_instance = || {
-            self.tracked
+            self.tracker
+                .tracked()
                 .iter()
                 .any(|t| !self.position.instances.contains_key(&t.instance.name))
         };
@@ -46,7 +41,8 @@ impl<S: ChangeSource> Poller<S> {
             return Ok(false);
         }
         let probes: Vec<Probe> = self
-            .tracked
+            .tracker
+            .tracked()
             .iter()
             .map(|t| Probe {
                 capture_instance: t.instance.name.clone(),
@@ -63,7 +59,7 @@ impl<S: ChangeSource> Poller<S> {
         let mut cursors = Vec::new();
         let mut reloads = Vec::new();
         for (index, min_lsn) in min_lsns.into_iter().enumerate() {
-            let name = &self.tracked[index].instance.name;
+            let name = &self.tracker.tracked()[index].instance.name;
             let Some(result) = results.iter().find(|r| &r.capture_instance == name) else {
                 continue;
             };
@@ -79,7 +75,11 @@ impl<S: ChangeSource> Poller<S> {
             self.done_through = Some(max_lsn);
             return Ok(false);
         }
-        let zone = self.zone.unwrap_or(CommitTimeZone::LocalAsUtc);
+        let zone = self
+            .tracker
+            .zone()
+            .copied()
+            .unwrap_or(CommitTimeZone::LocalAsUtc);
         self.iteration = Some(Iteration {
             to: max_lsn,
             cursors,
@@ -112,11 +112,13 @@ impl<S: ChangeSource> Poller<S> {
     /// gap, as it should be). False while an instance has no `start_lsn` yet.
     fn start_before_everything(&mut self) -> bool {
         let known = self
-            .tracked
+            .tracker
+            .tracked()
             .iter()
             .any(|t| self.position.instances.contains_key(&t.instance.name));
         let starts: Option<Vec<(String, Lsn, i32)>> = self
-            .tracked
+            .tracker
+            .tracked()
             .iter()
             .map(|t| {
                 t.instance.start_lsn.map(|start| {
@@ -145,17 +147,18 @@ impl<S: ChangeSource> Poller<S> {
     /// starts complete through `max_lsn`. Whether it did.
     fn start_at_latest(&mut self, max_lsn: Lsn) -> bool {
         let known_instances = self
-            .tracked
+            .tracker
+            .tracked()
             .iter()
             .any(|t| self.position.instances.contains_key(&t.instance.name));
         let first_run = !known_instances && self.position.last_event.is_none();
         if !first_run
             || self.config.start_position != StartPosition::Latest
-            || self.tracked.is_empty()
+            || self.tracker.tracked().is_empty()
         {
             return false;
         }
-        for t in &self.tracked {
+        for t in self.tracker.tracked() {
             self.position
                 .instances
                 .insert(t.instance.name.clone(), max_lsn);
@@ -175,8 +178,8 @@ impl<S: ChangeSource> Poller<S> {
         &mut self,
         results: &[ProbeResult],
     ) -> Result<Option<Vec<Lsn>>, SourceError> {
-        let mut readable = Vec::with_capacity(self.tracked.len());
-        for t in &self.tracked {
+        let mut readable = Vec::with_capacity(self.tracker.tracked().len());
+        for t in self.tracker.tracked() {
             let name = &t.instance.name;
             let min_lsn = results
                 .iter()
@@ -222,7 +225,7 @@ impl<S: ChangeSource> Poller<S> {
         next_change: Option<Lsn>,
         max_lsn: Lsn,
     ) -> Result<Planned, SourceError> {
-        let t = &self.tracked[index];
+        let t = &self.tracker.tracked()[index];
         let name = &t.instance.name;
         let mut through = self.complete_through(t);
         let new_instance = !self.position.instances.contains_key(name);
@@ -279,7 +282,7 @@ impl<S: ChangeSource> Poller<S> {
         lost: std::ops::RangeInclusive<Lsn>,
         upper: Lsn,
     ) -> Result<Option<Reload>, SourceError> {
-        let t = &self.tracked[index];
+        let t = &self.tracker.tracked()[index];
         let name = &t.instance.name;
         let (first_lost, last_lost) = lost.into_inner();
         if self.config.snapshot == SnapshotMode::WhenNeeded && t.superseded_at.is_none() {
@@ -384,7 +387,7 @@ impl<S: ChangeSource> Poller<S> {
                     .saturating_sub(held)
                     .max(MIN_SHARED_PAGE.min(self.config.page_size));
                 let cursor = &mut iteration.cursors[index];
-                let t = &self.tracked[cursor.tracked];
+                let t = &self.tracker.tracked()[cursor.tracked];
                 let rows = self
                     .source
                     .read_changes(&t.instance, cursor.after, cursor.upper, limit)
@@ -408,7 +411,7 @@ impl<S: ChangeSource> Poller<S> {
                 iteration.sequencer.finish(&mut emitted)?;
                 self.take_emitted(&mut emitted, changes, &iteration);
                 for cursor in &iteration.cursors {
-                    let name = &self.tracked[cursor.tracked].instance.name;
+                    let name = &self.tracker.tracked()[cursor.tracked].instance.name;
                     self.position.advance(name, cursor.upper);
                 }
                 self.done_through = Some(iteration.to);
@@ -418,7 +421,7 @@ impl<S: ChangeSource> Poller<S> {
             let Some(row) = cursor.buffer.pop_front() else {
                 continue;
             };
-            let context = Arc::clone(&self.tracked[cursor.tracked].context);
+            let context = Arc::clone(&self.tracker.tracked()[cursor.tracked].context);
             iteration.sequencer.push(&context, row, &mut emitted)?;
             self.take_emitted(&mut emitted, changes, &iteration);
         }
@@ -441,13 +444,13 @@ impl<S: ChangeSource> Poller<S> {
         let probes: Vec<Probe> = read
             .iter()
             .map(|&(tracked, from)| Probe {
-                capture_instance: self.tracked[tracked].instance.name.clone(),
+                capture_instance: self.tracker.tracked()[tracked].instance.name.clone(),
                 after: from.start_lsn,
             })
             .collect();
         let results = self.source.probe(&probes, iteration.to).await?;
         for (tracked, from) in read {
-            let t = &self.tracked[tracked];
+            let t = &self.tracker.tracked()[tracked];
             let min_lsn = results
                 .iter()
                 .find(|r| r.capture_instance == t.instance.name)
@@ -491,7 +494,7 @@ impl<S: ChangeSource> Poller<S> {
                 // Every instance read in this iteration is complete through this
                 // transaction: the merge has passed its LSN in all of them.
                 for cursor in &iteration.cursors {
-                    let name = &self.tracked[cursor.tracked].instance.name;
+                    let name = &self.tracker.tracked()[cursor.tracked].instance.name;
                     self.position
                         .advance(name, change.commit_lsn.min(cursor.upper));
                 }
@@ -502,7 +505,7 @@ impl<S: ChangeSource> Poller<S> {
             self.announcer.note(
                 &change,
                 changes.len(),
-                &self.tracked,
+                self.tracker.tracked(),
                 &mut self.position.table_versions,
             );
             if self.resume_after.is_some_and(|resume| at <= resume) {

@@ -133,7 +133,7 @@ impl<S: ChangeSource> Poller<S> {
             return Ok(true);
         }
         let max = self.max_lsn_with_catalog().await?;
-        if let Some(catalog) = &self.catalog {
+        if let Some(catalog) = self.tracker.catalog() {
             let filter = &self.config.filter;
             if let Some(pending) = catalog
                 .instances
@@ -160,7 +160,7 @@ impl<S: ChangeSource> Poller<S> {
             }
         };
         let mut tables = Vec::new();
-        for t in &self.tracked {
+        for t in self.tracker.tracked() {
             // Complete through L0 — or, for an instance that begins after it (enabled
             // since the last change CDC recorded, or nothing recorded yet), through
             // just below its start_lsn: it holds nothing at or below L0.
@@ -205,7 +205,11 @@ impl<S: ChangeSource> Poller<S> {
         } else {
             self.source.lsn_time(at).await?
         };
-        let zone = self.zone.unwrap_or(CommitTimeZone::LocalAsUtc);
+        let zone = self
+            .tracker
+            .zone()
+            .copied()
+            .unwrap_or(CommitTimeZone::LocalAsUtc);
         // Read like a change committed there: with the offsets the server gives that
         // time and after the commits read so far. The stream's clock is not moved:
         // a re-load happens while other instances still have older changes to read.
@@ -227,7 +231,7 @@ impl<S: ChangeSource> Poller<S> {
             changes,
             schema_changes: self
                 .announcer
-                .take(&mut self.source, self.zone.as_ref())
+                .take(&mut self.source, self.tracker.zone())
                 .await?,
             position: self.position.clone(),
             max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
@@ -252,7 +256,12 @@ impl<S: ChangeSource> Poller<S> {
         else {
             return Ok(PollOutcome::Idle);
         };
-        let Some(tracked) = self.tracked.iter().find(|t| t.instance.name == name) else {
+        let Some(tracked) = self
+            .tracker
+            .tracked()
+            .iter()
+            .find(|t| t.instance.name == name)
+        else {
             self.replace_vanished_load(&name, load).await?;
             return Ok(PollOutcome::Batch(self.position_batch(Vec::new()).await?));
         };
@@ -278,12 +287,17 @@ impl<S: ChangeSource> Poller<S> {
         };
         // Set by the catalog read that every load step begins with.
         let guid = self
-            .stream_guid
+            .tracker
+            .stream_guid()
             .ok_or(SourceError::DatabaseGuidUnreadable)?;
         let changes = loaded_changes(guid, &name, &table, &mut load, rows, done, &key_positions)?;
         if let Some(first) = changes.first() {
-            self.announcer
-                .note(first, 0, &self.tracked, &mut self.position.table_versions);
+            self.announcer.note(
+                first,
+                0,
+                self.tracker.tracked(),
+                &mut self.position.table_versions,
+            );
         }
         if done {
             self.position.loads.remove(&name);
@@ -297,7 +311,7 @@ impl<S: ChangeSource> Poller<S> {
                     &mut self.source,
                     &name,
                     &self.position.loads,
-                    &self.tracked,
+                    self.tracker.tracked(),
                     self.config.on_gap,
                 )
                 .await?;
@@ -317,7 +331,8 @@ impl<S: ChangeSource> Poller<S> {
         self.position.loads.remove(name);
         self.loads.forget(name);
         let successor = self
-            .tracked
+            .tracker
+            .tracked()
             .iter()
             .find(|t| {
                 t.instance.qualified_table() == load.table

@@ -66,6 +66,7 @@ use announcer::ShapeAnnouncer;
 use iteration::last_before;
 use load_runner::LoadRunner;
 use managed::CaptureManager;
+use tracking::CatalogTracker;
 
 /// What to do when changes were purged before they were delivered.
 ///
@@ -273,37 +274,28 @@ struct Iteration {
 pub struct Poller<S> {
     source: S,
     config: PollerConfig,
-    tracked: Vec<Tracked>,
-    catalog: Option<Catalog>,
-    catalog_read_at: Option<Instant>,
-    zone: Option<CommitTimeZone>,
+    /// What the stream has read and emitted: what each batch carries and the
+    /// checkpoint holds.
     position: Position,
+    /// The catalog, the capture instances read and the stream's identity.
+    tracker: CatalogTracker,
     /// The end of the last finished iteration.
     done_through: Option<Lsn>,
     resume_after: Option<EventPosition>,
     iteration: Option<Iteration>,
-    warned: std::collections::BTreeSet<String>,
+    /// Since when an instance's `min_lsn` has been 0x00.
+    unreadable_since: BTreeMap<String, Instant>,
+    /// The most change rows held in the merge's buffers at once.
+    peak_rows_held: usize,
     /// Table shapes followed through the events, and the batch's schema-change
     /// events.
     announcer: ShapeAnnouncer,
-    /// The catalog must be re-read before the next iteration.
-    catalog_stale: bool,
-    /// Instances not read because a newer instance of their table has no
-    /// `start_lsn` yet: the whole stream waits for it.
-    waiting_for: Vec<String>,
-    /// Since when an instance's `min_lsn` has been 0x00.
-    unreadable_since: BTreeMap<String, Instant>,
-    stream_guid: Option<Uuid>,
-    /// `CatalogChanged` errors in a row, each after the catalog was read again.
-    catalog_changes_in_a_row: u32,
     /// The initial load's (and re-loads') runs in this process.
     loads: LoadRunner,
-    /// The most change rows held in the merge's buffers at once.
-    peak_rows_held: usize,
     /// Managed capture instances and `source.enable_cdc`.
     capture: CaptureManager,
-    /// What `[[event.columns]]` does to each table seen.
-    column_plans: PlanCache,
+    /// `CatalogChanged` errors in a row, each after the catalog was read again.
+    catalog_changes_in_a_row: u32,
 }
 
 /// What the stream has read, summarized without allocating: instance LSNs only rise,
@@ -336,25 +328,17 @@ impl<S: ChangeSource> Poller<S> {
         Poller {
             source,
             config,
-            tracked: Vec::new(),
-            catalog: None,
-            catalog_read_at: None,
-            zone: None,
-            done_through: None,
             resume_after,
             position: position.unwrap_or_default(),
+            tracker: CatalogTracker::new(),
+            done_through: None,
             iteration: None,
-            warned: Default::default(),
-            announcer,
-            catalog_stale: true,
-            waiting_for: Vec::new(),
             unreadable_since: BTreeMap::new(),
-            stream_guid: None,
-            catalog_changes_in_a_row: 0,
-            loads,
             peak_rows_held: 0,
+            announcer,
+            loads,
             capture,
-            column_plans: PlanCache::default(),
+            catalog_changes_in_a_row: 0,
         }
     }
 
@@ -367,7 +351,7 @@ impl<S: ChangeSource> Poller<S> {
     /// The stream GUID: `event.stream_guid`, else the database GUID (known once the
     /// catalog has been read).
     pub fn stream_guid(&self) -> Option<Uuid> {
-        self.stream_guid
+        self.tracker.stream_guid()
     }
 
     /// The position reached by the batches returned so far.
@@ -392,7 +376,7 @@ impl<S: ChangeSource> Poller<S> {
 
     /// How many capture instances the poller reads.
     pub fn tracked_instances(&self) -> usize {
-        self.tracked.len()
+        self.tracker.tracked().len()
     }
 
     /// Whether an idle poll is only "nothing yet": the source knows more changes are
@@ -409,8 +393,8 @@ impl<S: ChangeSource> Poller<S> {
         let saved = (self.position.clone(), self.resume_after, self.done_through);
         let result = match self.poll_inner().await {
             Ok(PollOutcome::Batch(mut batch)) => self
-                .column_plans
-                .apply(&self.config.columns, &mut batch.changes)
+                .tracker
+                .apply_column_rules(&self.config.columns, &mut batch.changes)
                 .map(|()| PollOutcome::Batch(batch))
                 .map_err(|e| SourceError::Definite {
                     message: e.to_string(),
@@ -425,7 +409,7 @@ impl<S: ChangeSource> Poller<S> {
             (self.position, self.resume_after, self.done_through) = saved;
             self.resume_after = self.resume_after.max(self.position.last_event);
             // Whatever failed, the catalog may be why: read it again first.
-            self.catalog_stale = true;
+            self.tracker.mark_stale();
             self.loads.break_passes();
         }
         match result {
@@ -496,7 +480,7 @@ impl<S: ChangeSource> Poller<S> {
             changes,
             schema_changes: self
                 .announcer
-                .take(&mut self.source, self.zone.as_ref())
+                .take(&mut self.source, self.tracker.zone())
                 .await?,
             position: self.position.clone(),
             max_lsn: to,

@@ -15,6 +15,121 @@ enum Planned {
     Nothing,
 }
 
+/// What the merge keeps between polls: the iteration under way, where the last
+/// one ended, where a restarted stream resumes emitting, and its memory high mark.
+pub(super) struct Merge {
+    iteration: Option<Iteration>,
+    /// The end of the last finished iteration.
+    done_through: Option<Lsn>,
+    /// Events up to here were emitted before (a restart re-reads them): skipped.
+    resume_after: Option<EventPosition>,
+    /// The most change rows held in the cursors' buffers at once.
+    peak_rows_held: usize,
+    /// Since when each instance's `min_lsn` has been 0x00.
+    unreadable_since: BTreeMap<String, Instant>,
+}
+
+/// Where a poll started: what [`Merge::restart`] goes back to when it fails.
+pub(super) struct Restart {
+    resume_after: Option<EventPosition>,
+    done_through: Option<Lsn>,
+}
+
+impl Merge {
+    /// A merge resuming after `resume_after` (the checkpoint's last event).
+    pub(super) fn new(resume_after: Option<EventPosition>) -> Self {
+        Merge {
+            iteration: None,
+            done_through: None,
+            resume_after,
+            peak_rows_held: 0,
+            unreadable_since: BTreeMap::new(),
+        }
+    }
+
+    /// What a failed poll goes back to.
+    pub(super) fn restart_point(&self) -> Restart {
+        Restart {
+            resume_after: self.resume_after,
+            done_through: self.done_through,
+        }
+    }
+
+    /// A poll failed: the iteration is dropped and the merge goes back to `to`,
+    /// skipping again the events up to `last_event` (the position's) when re-read.
+    pub(super) fn restart(&mut self, to: Restart, last_event: Option<EventPosition>) {
+        self.iteration = None;
+        self.done_through = to.done_through;
+        self.resume_after = to.resume_after.max(last_event);
+    }
+
+    /// Whether an iteration is under way.
+    pub(super) fn in_iteration(&self) -> bool {
+        self.iteration.is_some()
+    }
+
+    /// The `max_lsn` the iteration under way reads to.
+    pub(super) fn reading_to(&self) -> Option<Lsn> {
+        self.iteration.as_ref().map(|it| it.to)
+    }
+
+    /// The end of the last finished iteration (or planned load).
+    pub(super) fn done_through(&self) -> Option<Lsn> {
+        self.done_through
+    }
+
+    /// Everything up to `lsn` is read (an iteration, a load's planning, a start).
+    pub(super) fn finished_through(&mut self, lsn: Lsn) {
+        self.done_through = Some(lsn);
+    }
+
+    pub(super) fn peak_rows_held(&self) -> usize {
+        self.peak_rows_held
+    }
+
+    /// Whether the event at `at` was emitted before the restart (and is skipped);
+    /// the first one that was not ends the skipping.
+    fn emitted_before(&mut self, at: EventPosition) -> bool {
+        if self.resume_after.is_some_and(|resume| at <= resume) {
+            return true;
+        }
+        self.resume_after = None;
+        false
+    }
+
+    /// `t` answered `min_lsn` (`readable`: not 0x00). Unreadable is tolerated for
+    /// `grace` from the first such answer, then an error naming the table.
+    fn note_readable(
+        &mut self,
+        t: &Tracked,
+        readable: bool,
+        grace: Duration,
+    ) -> Result<(), SourceError> {
+        let name = &t.instance.name;
+        if readable {
+            self.unreadable_since.remove(name);
+            return Ok(());
+        }
+        let since = *self
+            .unreadable_since
+            .entry(name.clone())
+            .or_insert_with(Instant::now);
+        if since.elapsed() >= grace {
+            return Err(SourceError::TableUnreadable {
+                capture_instance: name.clone(),
+                table: t.instance.qualified_table(),
+                gating_role: t.instance.options.role_name.clone(),
+            });
+        }
+        tracing::warn!(
+            capture_instance = %name,
+            table = %t.instance.qualified_table(),
+            "sys.fn_cdc_get_min_lsn returns 0x00: the login cannot SELECT every captured column of the table (see sql/03_least_privilege_login.sql) or is not in the capture instance's gating role, or the instance was just enabled; nothing is read until it can be (an error after source.unreadable_grace_ms)"
+        );
+        Ok(())
+    }
+}
+
 impl<S: ChangeSource> Poller<S> {
     /// Starts an iteration up to `max_lsn`. Returns false when there is nothing to
     /// read (the position may still have advanced).
@@ -34,7 +149,12 @@ impl<S: ChangeSource> Poller<S> {
                 .any(|t| !self.position.instances.contains_key(&t.instance.name))
         };
         // The idle poll's test first, and one pass over the instances only.
-        if self.done_through.is_some_and(|done| max_lsn <= done) && !new_instance() {
+        if self
+            .merge
+            .done_through()
+            .is_some_and(|done| max_lsn <= done)
+            && !new_instance()
+        {
             return Ok(false);
         }
         if self.start_at_latest(max_lsn) {
@@ -72,7 +192,7 @@ impl<S: ChangeSource> Poller<S> {
         }
         self.queue_reloads(reloads).await?;
         if cursors.is_empty() {
-            self.done_through = Some(max_lsn);
+            self.merge.finished_through(max_lsn);
             return Ok(false);
         }
         let zone = self
@@ -80,7 +200,7 @@ impl<S: ChangeSource> Poller<S> {
             .zone()
             .copied()
             .unwrap_or(CommitTimeZone::LocalAsUtc);
-        self.iteration = Some(Iteration {
+        self.merge.iteration = Some(Iteration {
             to: max_lsn,
             cursors,
             sequencer: Sequencer::new(zone, CommitClock::from_nanos(self.position.commit_clock_ns)),
@@ -166,7 +286,7 @@ impl<S: ChangeSource> Poller<S> {
                 .change_tables
                 .insert(t.instance.name.clone(), t.instance.object_id);
         }
-        self.done_through = Some(max_lsn);
+        self.merge.finished_through(max_lsn);
         tracing::info!(%max_lsn, "no checkpoint: starting after the latest change (start_position = \"latest\")");
         true
     }
@@ -186,29 +306,8 @@ impl<S: ChangeSource> Poller<S> {
                 .find(|r| &r.capture_instance == name)
                 .and_then(|r| r.min_lsn)
                 .filter(|l| !l.is_zero());
-            match min_lsn {
-                Some(_) => {
-                    self.unreadable_since.remove(name);
-                }
-                None => {
-                    let since = *self
-                        .unreadable_since
-                        .entry(name.clone())
-                        .or_insert_with(Instant::now);
-                    if since.elapsed() >= self.config.unreadable_grace {
-                        return Err(SourceError::TableUnreadable {
-                            capture_instance: name.clone(),
-                            table: t.instance.qualified_table(),
-                            gating_role: t.instance.options.role_name.clone(),
-                        });
-                    }
-                    tracing::warn!(
-                        capture_instance = %name,
-                        table = %t.instance.qualified_table(),
-                        "sys.fn_cdc_get_min_lsn returns 0x00: the login cannot SELECT every captured column of the table (see sql/03_least_privilege_login.sql) or is not in the capture instance's gating role, or the instance was just enabled; nothing is read until it can be (an error after source.unreadable_grace_ms)"
-                    );
-                }
-            }
+            self.merge
+                .note_readable(t, min_lsn.is_some(), self.config.unreadable_grace)?;
             readable.push(min_lsn);
         }
         Ok(readable.into_iter().collect())
@@ -354,14 +453,14 @@ impl<S: ChangeSource> Poller<S> {
     /// merge reaches its changes, not all before the first event. The cleanup job's
     /// low end is checked once per call, for every instance read, in one statement.
     pub(super) async fn fill(&mut self, changes: &mut Vec<Change>) -> Result<(), SourceError> {
-        let Some(mut iteration) = self.iteration.take() else {
+        let Some(mut iteration) = self.merge.iteration.take() else {
             return Ok(());
         };
         let mut emitted = Vec::new();
         loop {
             if changes.len() >= self.config.batch_size {
                 self.check_low_ends(&mut iteration).await?;
-                self.iteration = Some(iteration);
+                self.merge.iteration = Some(iteration);
                 return Ok(());
             }
             let frontier = iteration
@@ -401,7 +500,7 @@ impl<S: ChangeSource> Poller<S> {
                 }
                 cursor.buffer.extend(rows);
                 let held = held + cursor.buffer.len();
-                self.peak_rows_held = self.peak_rows_held.max(held);
+                self.merge.peak_rows_held = self.merge.peak_rows_held.max(held);
                 continue;
             }
             let heads: Vec<&VecDeque<ChangeRow>> =
@@ -414,7 +513,7 @@ impl<S: ChangeSource> Poller<S> {
                     let name = &self.tracker.tracked()[cursor.tracked].instance.name;
                     self.position.advance(name, cursor.upper);
                 }
-                self.done_through = Some(iteration.to);
+                self.merge.finished_through(iteration.to);
                 return Ok(());
             };
             let cursor = &mut iteration.cursors[next];
@@ -508,10 +607,9 @@ impl<S: ChangeSource> Poller<S> {
                 self.tracker.tracked(),
                 &mut self.position.table_versions,
             );
-            if self.resume_after.is_some_and(|resume| at <= resume) {
+            if self.merge.emitted_before(at) {
                 continue;
             }
-            self.resume_after = None;
             self.position.last_event = Some(at);
             changes.push(change);
         }
@@ -568,4 +666,70 @@ pub(super) fn check_page(
         previous = row.key;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(lsn: u32, sequence_number: u64) -> EventPosition {
+        EventPosition {
+            commit_lsn: Lsn::from_parts(0, lsn, 1),
+            sequence_number,
+        }
+    }
+
+    #[test]
+    fn the_merge_skips_what_was_emitted_before_a_restart_and_goes_back_to_its_restart_point() {
+        let mut merge = Merge::new(Some(at(5, 2)));
+        assert!(merge.emitted_before(at(5, 1)));
+        assert!(merge.emitted_before(at(5, 2)));
+        assert!(!merge.emitted_before(at(5, 3)));
+        // Past the resume point, nothing more is skipped (even an older event).
+        assert!(!merge.emitted_before(at(5, 1)));
+
+        merge.finished_through(Lsn::from_parts(0, 9, 0));
+        let restart = merge.restart_point();
+        merge.finished_through(Lsn::from_parts(0, 12, 0));
+        merge.restart(restart, Some(at(11, 4)));
+        assert_eq!(merge.done_through(), Some(Lsn::from_parts(0, 9, 0)));
+        assert!(!merge.in_iteration());
+        assert!(
+            merge.emitted_before(at(11, 4)),
+            "the events emitted since are skipped when re-read"
+        );
+        assert!(!merge.emitted_before(at(11, 5)));
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_instance_is_an_error_once_its_grace_has_passed() {
+        use crate::source::sim::{CdcSimulator, SimColumn};
+        let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
+        sim.create_table(
+            "dbo",
+            "Orders",
+            vec![SimColumn::new("Id", crate::event::value::SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table("dbo.Orders", Some("dbo_Orders")).unwrap();
+        sim.run_capture_job();
+        let catalog = sim.clone().catalog().await.unwrap();
+        let instance = catalog.instances[0].clone();
+        let t = Tracked {
+            context: Arc::new(InstanceContext::new(&instance, &catalog.database).unwrap()),
+            instance,
+            superseded_at: None,
+        };
+        let mut merge = Merge::new(None);
+        let hour = Duration::from_secs(3600);
+        merge.note_readable(&t, false, hour).unwrap();
+        merge.note_readable(&t, true, Duration::ZERO).unwrap();
+        // Readable again: the grace starts over.
+        merge.note_readable(&t, false, hour).unwrap();
+        let err = merge.note_readable(&t, false, Duration::ZERO).unwrap_err();
+        assert!(
+            matches!(&err, SourceError::TableUnreadable { capture_instance, .. } if capture_instance == "dbo_Orders"),
+            "{err}"
+        );
+    }
 }

@@ -185,7 +185,7 @@ impl<S: ChangeSource> Poller<S> {
                 commit_time_ns,
             );
         }
-        self.done_through = Some(at);
+        self.merge.finished_through(at);
         self.loads.planned(retention);
         tracing::info!(
             mode = %self.config.snapshot,
@@ -234,7 +234,7 @@ impl<S: ChangeSource> Poller<S> {
                 .take(&mut self.source, self.tracker.zone())
                 .await?,
             position: self.position.clone(),
-            max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
+            max_lsn: self.merge.done_through().unwrap_or(Lsn::ZERO),
         })
     }
 
@@ -733,6 +733,64 @@ pub(super) fn queue_table_load(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runner_plans_once_says_loaded_once_and_breaks_keyless_passes() {
+        let loading = PollerConfig {
+            snapshot: SnapshotMode::Initial,
+            load_chunk: 0,
+            ..PollerConfig::default()
+        };
+        let mut runner = LoadRunner::new(&loading, None);
+        assert!(runner.needs_plan());
+        assert_eq!(runner.chunk, 1, "a chunk is at least one row");
+        assert!(!LoadRunner::new(&PollerConfig::default(), None).needs_plan());
+        let mut resumed = Position::default();
+        resumed.last_event = Some(EventPosition {
+            commit_lsn: Lsn::from_parts(0, 1, 1),
+            sequence_number: 1,
+        });
+        assert!(!LoadRunner::new(&loading, Some(&resumed)).needs_plan());
+        runner.planned(Some(Duration::from_secs(60)));
+        assert!(!runner.needs_plan());
+        assert_eq!(runner.retention, Some(Duration::from_secs(60)));
+        assert!(runner.say_loaded_once());
+        assert!(!runner.say_loaded_once());
+
+        let now = Instant::now();
+        runner.runs.insert(
+            "dbo_Heap".into(),
+            LoadRun {
+                started: now,
+                rows_at_start: 0,
+                estimated: Some(10),
+                last_log: now,
+                pass_open: true,
+                held: Some(vec![Value::Int(1)]),
+                resumed_after: Default::default(),
+            },
+        );
+        runner.break_passes();
+        let run = &runner.runs["dbo_Heap"];
+        assert!(!run.pass_open && run.held.is_none());
+        let mut loads = BTreeMap::new();
+        loads.insert(
+            "dbo_Heap".to_owned(),
+            TableLoad {
+                table: "dbo.Heap".into(),
+                at: Lsn::ZERO,
+                commit_time_ns: 0,
+                after: None,
+                rows: 4,
+                logical_base: 0,
+            },
+        );
+        let status = runner.status(&loads);
+        assert_eq!(status.len(), 1);
+        assert_eq!((status[0].rows, status[0].estimated), (4, Some(10)));
+        runner.forget("dbo_Heap");
+        assert_eq!(runner.status(&loads)[0].estimated, None);
+    }
     use crate::event::value::SqlType;
     use crate::source::sim::{CdcSimulator, SimColumn};
 

@@ -626,6 +626,80 @@ impl CaptureManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::value::SqlType;
+    use crate::source::sim::{CdcSimulator, SimColumn};
+
+    fn orders() -> CdcSimulator {
+        let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
+        sim.create_table(
+            "dbo",
+            "Orders",
+            vec![SimColumn::new("Id", SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table("dbo.Orders", Some("dbo_Orders")).unwrap();
+        sim.run_capture_job();
+        sim
+    }
+
+    fn config(mode: CaptureInstanceMode) -> PollerConfig {
+        PollerConfig {
+            capture_instances: mode,
+            ..PollerConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_manager_asks_nothing_in_manual_mode_and_refuses_managed_mode_without_db_owner() {
+        let mut sim = orders();
+        let catalog = sim.catalog().await.unwrap();
+        let filter = TableFilter::default();
+        let switches = BTreeMap::new();
+        let mut manual = CaptureManager::new(&config(CaptureInstanceMode::Manual), None);
+        let before = sim.round_trips();
+        let changed = manual
+            .manage(&mut sim, &catalog, &filter, &switches, false)
+            .await
+            .unwrap();
+        assert!(!changed);
+        assert!(
+            !manual
+                .enable_missing_tables(&mut sim, &filter)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            sim.round_trips(),
+            before,
+            "manual mode asks the server nothing"
+        );
+
+        sim.set_db_owner(false);
+        let mut managed = CaptureManager::new(&config(CaptureInstanceMode::Managed), None);
+        let refused = managed
+            .manage(&mut sim, &catalog, &filter, &switches, false)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, SourceError::ManageDenied { setting, .. } if setting.contains("managed")),
+            "{refused}"
+        );
+        sim.set_db_owner(true);
+        // While a load runs nothing is decided, and an unchanged table is left alone.
+        assert!(
+            !managed
+                .manage(&mut sim, &catalog, &filter, &switches, true)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !managed
+                .manage(&mut sim, &catalog, &filter, &switches, false)
+                .await
+                .unwrap()
+        );
+        assert_eq!(managed.actions(), CaptureActions::default());
+    }
 
     #[test]
     fn next_names_count_up_and_fit_sql_servers_limit() {

@@ -63,7 +63,7 @@ pub use managed::{
 };
 
 use announcer::ShapeAnnouncer;
-use iteration::last_before;
+use iteration::{Merge, last_before};
 use load_runner::LoadRunner;
 use managed::CaptureManager;
 use tracking::CatalogTracker;
@@ -279,14 +279,8 @@ pub struct Poller<S> {
     position: Position,
     /// The catalog, the capture instances read and the stream's identity.
     tracker: CatalogTracker,
-    /// The end of the last finished iteration.
-    done_through: Option<Lsn>,
-    resume_after: Option<EventPosition>,
-    iteration: Option<Iteration>,
-    /// Since when an instance's `min_lsn` has been 0x00.
-    unreadable_since: BTreeMap<String, Instant>,
-    /// The most change rows held in the merge's buffers at once.
-    peak_rows_held: usize,
+    /// The iteration under way and what the merge keeps between polls.
+    merge: Merge,
     /// Table shapes followed through the events, and the batch's schema-change
     /// events.
     announcer: ShapeAnnouncer,
@@ -328,13 +322,9 @@ impl<S: ChangeSource> Poller<S> {
         Poller {
             source,
             config,
-            resume_after,
+            merge: Merge::new(resume_after),
             position: position.unwrap_or_default(),
             tracker: CatalogTracker::new(),
-            done_through: None,
-            iteration: None,
-            unreadable_since: BTreeMap::new(),
-            peak_rows_held: 0,
             announcer,
             loads,
             capture,
@@ -345,7 +335,7 @@ impl<S: ChangeSource> Poller<S> {
     /// The most change rows the merge has held in its buffers at once (all capture
     /// instances together): its memory bound, for tests and benchmarks.
     pub fn peak_rows_held(&self) -> usize {
-        self.peak_rows_held
+        self.merge.peak_rows_held()
     }
 
     /// The stream GUID: `event.stream_guid`, else the database GUID (known once the
@@ -390,7 +380,7 @@ impl<S: ChangeSource> Poller<S> {
     /// On error the poller can be polled again: it restarts the interrupted iteration
     /// from the last position it returned.
     pub async fn poll(&mut self) -> Result<PollOutcome, SourceError> {
-        let saved = (self.position.clone(), self.resume_after, self.done_through);
+        let saved = (self.position.clone(), self.merge.restart_point());
         let result = match self.poll_inner().await {
             Ok(PollOutcome::Batch(mut batch)) => self
                 .tracker
@@ -404,10 +394,10 @@ impl<S: ChangeSource> Poller<S> {
         if result.is_err() {
             // Start over from the last returned position: nothing is lost or repeated,
             // because re-read events up to `resume_after` are skipped.
-            self.iteration = None;
+            let (position, restart) = saved;
+            self.position = position;
+            self.merge.restart(restart, self.position.last_event);
             self.announcer.discard_pending();
-            (self.position, self.resume_after, self.done_through) = saved;
-            self.resume_after = self.resume_after.max(self.position.last_event);
             // Whatever failed, the catalog may be why: read it again first.
             self.tracker.mark_stale();
             self.loads.break_passes();
@@ -435,7 +425,7 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
-        if self.iteration.is_none() {
+        if !self.merge.in_iteration() {
             if self.loads.needs_plan() {
                 if !self.plan_load().await? {
                     return Err(SourceError::Transient {
@@ -466,7 +456,7 @@ impl<S: ChangeSource> Poller<S> {
                         changes: Vec::new(),
                         schema_changes: Vec::new(),
                         position: self.position.clone(),
-                        max_lsn: self.done_through.unwrap_or(Lsn::ZERO),
+                        max_lsn: self.merge.done_through().unwrap_or(Lsn::ZERO),
                     })
                 } else {
                     PollOutcome::Idle
@@ -474,7 +464,7 @@ impl<S: ChangeSource> Poller<S> {
             }
         }
         let mut changes = Vec::new();
-        let to = self.iteration.as_ref().map_or(Lsn::ZERO, |it| it.to);
+        let to = self.merge.reading_to().unwrap_or(Lsn::ZERO);
         self.fill(&mut changes).await?;
         Ok(PollOutcome::Batch(Batch {
             changes,

@@ -623,6 +623,28 @@ mod tests {
             .unwrap_or_else(|| panic!("{name} is not tracked"))
     }
 
+    #[test]
+    fn the_tracker_is_due_when_stale_or_old_and_says_a_switch_wait_once() {
+        let mut tracker = CatalogTracker::new();
+        let hour = Duration::from_secs(3600);
+        assert!(tracker.due(hour), "never read");
+        tracker.read_at = Some(Instant::now());
+        tracker.stale = false;
+        assert!(!tracker.due(hour));
+        assert!(
+            tracker.due(Duration::ZERO),
+            "read longer ago than the refresh"
+        );
+        tracker.mark_stale();
+        assert!(tracker.due(hour));
+
+        assert!(!tracker.waits_for_a_switch_point());
+        tracker.waiting_for = vec!["dbo_Orders_v2".into()];
+        assert!(tracker.waits_for_a_switch_point());
+        assert!(tracker.waits_for_a_switch_point());
+        assert_eq!(tracker.warned.len(), 1, "said once");
+    }
+
     #[tokio::test]
     async fn an_older_instance_hands_over_at_the_newer_ones_start_lsn_and_takes_back_when_it_goes()
     {

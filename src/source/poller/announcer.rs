@@ -202,3 +202,109 @@ pub(super) fn table_shape(
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Value;
+    use crate::event::value::SqlType;
+    use crate::source::sim::{CdcSimulator, SimColumn};
+
+    /// `dbo.Orders` with one change through `dbo_Orders_v1`, then a column added,
+    /// `dbo_Orders_v2` capturing it and one change through it; every change the
+    /// poller reads, and the instances it tracked.
+    async fn a_table_that_changed_shape() -> (CdcSimulator, Vec<Change>, Vec<Tracked>) {
+        let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
+        sim.create_table(
+            "dbo",
+            "Orders",
+            vec![SimColumn::new("Id", SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table("dbo.Orders", Some("dbo_Orders_v1"))
+            .unwrap();
+        sim.transaction()
+            .insert("dbo.Orders", vec![Value::Int(1)])
+            .commit()
+            .unwrap();
+        sim.add_column(
+            "dbo.Orders",
+            SimColumn::new("Note", SqlType::Int),
+            Value::Null,
+        )
+        .unwrap();
+        sim.enable_table("dbo.Orders", Some("dbo_Orders_v2"))
+            .unwrap();
+        sim.run_capture_job();
+        sim.transaction()
+            .insert("dbo.Orders", vec![Value::Int(2), Value::Int(20)])
+            .commit()
+            .unwrap();
+        sim.run_capture_job();
+        let mut poller = Poller::new(sim.clone(), PollerConfig::default(), None);
+        let mut changes = Vec::new();
+        while let PollOutcome::Batch(batch) = poller.poll().await.unwrap() {
+            changes.extend(batch.changes);
+        }
+        let tracked = poller.tracker.tracked().to_vec();
+        (sim, changes, tracked)
+    }
+
+    #[tokio::test]
+    async fn the_announcer_places_a_shape_before_its_first_event_with_the_ddl_since_the_last() {
+        let (mut sim, changes, tracked) = a_table_that_changed_shape().await;
+        assert_eq!(changes.len(), 2);
+        let mut versions = BTreeMap::new();
+        let mut announcer = ShapeAnnouncer::new(true);
+        for (at, change) in changes.iter().enumerate() {
+            announcer.note(change, at, &tracked, &mut versions);
+        }
+        let placed = announcer.take(&mut sim, None).await.unwrap();
+        assert_eq!(placed.len(), 2, "{placed:?}");
+        let (first, second) = (&placed[0], &placed[1]);
+        assert_eq!(
+            (first.before, first.event.reason),
+            (0, SchemaChangeReason::Initial)
+        );
+        assert!(first.ddl_from.is_empty() && first.event.ddl.is_empty());
+        assert_eq!(first.event.after.capture_instance, "dbo_Orders_v1");
+        assert_eq!(
+            (second.before, second.event.reason),
+            (1, SchemaChangeReason::Changed)
+        );
+        assert_eq!(second.ddl_from, ["dbo_Orders_v1", "dbo_Orders_v2"]);
+        assert_eq!(second.event.after.capture_instance, "dbo_Orders_v2");
+        assert_eq!(second.event.after.cols.len(), 2);
+        // The ADD recorded by both instances is one DDL of the event.
+        let commands: Vec<&str> = second
+            .event
+            .ddl
+            .iter()
+            .map(|d| d.command.as_str())
+            .collect();
+        assert_eq!(commands, ["ALTER TABLE dbo.Orders ADD [Note]"]);
+        assert_eq!(versions["dbo.Orders"].version, 2);
+        assert!(
+            announcer.take(&mut sim, None).await.unwrap().is_empty(),
+            "taken once"
+        );
+
+        // A batch that is not returned leaves nothing behind.
+        let mut again = ShapeAnnouncer::new(true);
+        again.note(&changes[0], 0, &tracked, &mut BTreeMap::new());
+        again.discard_pending();
+        assert!(again.take(&mut sim, None).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn without_schema_change_events_shapes_are_still_counted() {
+        let (mut sim, changes, tracked) = a_table_that_changed_shape().await;
+        let mut versions = BTreeMap::new();
+        let mut announcer = ShapeAnnouncer::new(false);
+        for (at, change) in changes.iter().enumerate() {
+            announcer.note(change, at, &tracked, &mut versions);
+        }
+        assert!(announcer.take(&mut sim, None).await.unwrap().is_empty());
+        assert_eq!(versions["dbo.Orders"].version, 2);
+    }
+}

@@ -745,11 +745,13 @@ mod tests {
         assert!(runner.needs_plan());
         assert_eq!(runner.chunk, 1, "a chunk is at least one row");
         assert!(!LoadRunner::new(&PollerConfig::default(), None).needs_plan());
-        let mut resumed = Position::default();
-        resumed.last_event = Some(EventPosition {
-            commit_lsn: Lsn::from_parts(0, 1, 1),
-            sequence_number: 1,
-        });
+        let resumed = Position {
+            last_event: Some(EventPosition {
+                commit_lsn: Lsn::from_parts(0, 1, 1),
+                sequence_number: 1,
+            }),
+            ..Position::default()
+        };
         assert!(!LoadRunner::new(&loading, Some(&resumed)).needs_plan());
         runner.planned(Some(Duration::from_secs(60)));
         assert!(!runner.needs_plan());

@@ -243,6 +243,7 @@ pub enum PollOutcome {
     Batch(Batch),
 }
 
+#[derive(Clone)]
 struct Tracked {
     instance: CaptureInstance,
     context: Arc<InstanceContext>,

@@ -1606,6 +1606,18 @@ fn kafka_store_setup(
     (cluster, bootstrap, dir, config)
 }
 
+/// How many records the checkpoint topic holds (its high watermark).
+fn checkpoint_records(bootstrap: &str) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("consumer");
+    consumer
+        .fetch_watermarks("mssql-ces-checkpoints", 0, Duration::from_secs(5))
+        .map_or(0, |(_, high)| high)
+}
+
 /// `checkpoint.store = "kafka"`: the checkpoint lives in a compacted topic on the
 /// same brokers. Killed three times while it publishes and restarted, the binary
 /// resumes from the topic each time: every event arrives, with its data, and the
@@ -1621,7 +1633,15 @@ fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
     );
     for run in 0..3 {
         let mut child = spawn(&config, &dir, &[], run);
-        std::thread::sleep(Duration::from_millis(1500 + 200 * run as u64));
+        if run == 0 {
+            // However slowly a busy machine starts it, the first run is killed only
+            // once it has written a checkpoint: the last run must find one.
+            crate::binary::wait_until("the first checkpoint", Duration::from_secs(60), || {
+                checkpoint_records(&bootstrap) > 0
+            });
+        } else {
+            std::thread::sleep(Duration::from_millis(1500 + 200 * run as u64));
+        }
         assert!(
             child.try_wait().expect("try_wait").is_none(),
             "run {run} still publishing; logs in {}",

@@ -416,6 +416,11 @@ async fn serve_receiver(mut receiver: Receiver, reply: Replies, arrivals: Arriva
             }
             continue;
         }
+        if !control {
+            // Stored before it is acknowledged, as a service does: a sender that
+            // sees the outcome finds the message already among the arrivals.
+            record_transfer(&address, delivery.message().clone(), &arrivals);
+        }
         let accepted = receiver.accept(&delivery).await;
         if trace {
             eprintln!("peer: accepted on {address}: {}", accepted.is_ok());
@@ -469,35 +474,40 @@ async fn serve_receiver(mut receiver: Receiver, reply: Replies, arrivals: Arriva
             reply_on(&reply, "$management", answer).await;
             continue;
         }
-        let envelope_key = message.message_annotations.as_ref().and_then(|a| {
-            a.0.iter().find_map(|(k, v)| {
-                format!("{k:?}")
-                    .contains("x-opt-partition-key")
-                    .then(|| match v {
-                        Value::String(s) => s.clone(),
-                        other => format!("{other:?}"),
-                    })
-            })
-        });
-        match &message.body {
-            // A batch: each data section is one serialized AMQP message.
-            Body::Data(sections) if message.header.is_none() || !sections.is_empty() => {
-                let inner: Vec<Message<Body<Value>>> = sections
-                    .iter()
-                    .filter_map(|d| {
-                        serde_amqp::from_slice::<Deserializable<Message<Body<Value>>>>(&d.0).ok()
-                    })
-                    .map(|d| d.0)
-                    .collect();
-                if inner.is_empty() {
-                    record(&address, message, envelope_key, &arrivals);
-                } else {
-                    for m in inner {
-                        record(&address, m, envelope_key.clone(), &arrivals);
-                    }
+    }
+}
+
+/// Records an event transfer: a batch's messages one by one, the envelope's
+/// partition key on each.
+fn record_transfer(address: &str, message: Message<Body<Value>>, arrivals: &Arrivals) {
+    let envelope_key = message.message_annotations.as_ref().and_then(|a| {
+        a.0.iter().find_map(|(k, v)| {
+            format!("{k:?}")
+                .contains("x-opt-partition-key")
+                .then(|| match v {
+                    Value::String(s) => s.clone(),
+                    other => format!("{other:?}"),
+                })
+        })
+    });
+    match &message.body {
+        // A batch: each data section is one serialized AMQP message.
+        Body::Data(sections) if message.header.is_none() || !sections.is_empty() => {
+            let inner: Vec<Message<Body<Value>>> = sections
+                .iter()
+                .filter_map(|d| {
+                    serde_amqp::from_slice::<Deserializable<Message<Body<Value>>>>(&d.0).ok()
+                })
+                .map(|d| d.0)
+                .collect();
+            if inner.is_empty() {
+                record(address, message, envelope_key, arrivals);
+            } else {
+                for m in inner {
+                    record(address, m, envelope_key.clone(), arrivals);
                 }
             }
-            _ => record(&address, message, envelope_key, &arrivals),
         }
+        _ => record(address, message, envelope_key, arrivals),
     }
 }

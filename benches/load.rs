@@ -1,6 +1,6 @@
 //! Initial load throughput at steady state, against reading the same rows raw:
 //!
-//! - (r) `ChangeSource::read_table` alone, chunk after chunk over the whole table: what
+//! - (r) `TableReads::read_table` alone, chunk after chunk over the whole table: what
 //!   reading the rows costs with no pipeline;
 //! - (l) the poller's load: the same reads, plus building the events (keys, ids);
 //! - (p) the whole pipeline: the load → encode → route → Kafka (`MockCluster`, one
@@ -27,7 +27,7 @@ use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
-use mssql_ces::source::{ChangeSource, TableCursor};
+use mssql_ces::source::{CdcReads, TableCursor, TableReads};
 use rdkafka::mocking::MockCluster;
 use tokio_util::sync::CancellationToken;
 

@@ -18,6 +18,7 @@
 //! Run: `cargo bench --bench sqlserver_path` (`SQLSERVER_BENCH_SHAPE=narrow` or `wide`
 //! for one table).
 
+use mssql_ces::source::CdcReads;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -76,7 +76,7 @@ pub trait BatchSource: Send + 'static {
         Vec::new()
     }
     /// Whether an idle poll only means "nothing yet" (see
-    /// [`ChangeSource::more_expected`]): `until_idle` then keeps polling.
+    /// [`CdcReads::more_expected`](crate::source::CdcReads::more_expected)): `until_idle` then keeps polling.
     fn more_expected(&self) -> bool {
         false
     }

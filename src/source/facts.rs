@@ -1,5 +1,5 @@
 //! What `mssql-ces check` reads from SQL Server beyond the poll loop's needs
-//! ([`ChangeSource::server_facts`](super::ChangeSource::server_facts)): one query
+//! ([`FactReads::server_facts`](super::FactReads::server_facts)): one query
 //! each, decoded by name in pure functions. A query the login may not run (a missing
 //! permission, `msdb` out of reach, or no such view on Azure SQL Database) makes its
 //! fact [`Fact::Unknown`] with the permission that would show it; only a fault of the
@@ -9,9 +9,75 @@ use crate::mssql::{PERMISSION_ERRORS, SqlConnection, SqlError};
 use crate::source::catalog::{NamedRow, null};
 use crate::source::decode::DecodeError;
 use crate::source::queries;
-use crate::source::{
-    AZURE_SQL_DATABASE_EDITION, CdcJob, CommitTime, Fact, LogScan, ServerFacts, SourceError,
-};
+use crate::source::{CommitTime, SourceError};
+use chrono::NaiveDateTime;
+
+/// Something the server may not let this login see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fact<T> {
+    Known(T),
+    /// Why it is not known: the permission that would show it, or why it does not
+    /// apply.
+    Unknown(String),
+}
+
+/// A row of `msdb.dbo.cdc_jobs` for this database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdcJob {
+    /// `capture` or `cleanup`.
+    pub job_type: String,
+    /// Minutes change rows are kept (the cleanup job's `retention`).
+    pub retention_minutes: Option<i64>,
+}
+
+/// The capture job's latest log scan session (`sys.dm_cdc_log_scan_sessions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogScan {
+    /// Server-local; `None` while the session runs.
+    pub end_time: Option<NaiveDateTime>,
+    pub start_time: NaiveDateTime,
+    /// Seconds between the session's end and its last commit's time.
+    pub latency_seconds: i64,
+    pub error_count: i64,
+}
+
+/// What [`FactReads::server_facts`](super::FactReads::server_facts) answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFacts {
+    /// `SERVERPROPERTY('ProductVersion')`, e.g. `16.0.4135.4`.
+    pub product_version: String,
+    /// `SERVERPROPERTY('Edition')`.
+    pub edition: String,
+    /// `SERVERPROPERTY('EngineEdition')`: 5 is Azure SQL Database (no SQL Server
+    /// Agent: CDC runs on its own scheduler), 8 Azure SQL Managed Instance.
+    pub engine_edition: i64,
+    /// `DB_NAME()`.
+    pub database: String,
+    /// `sys.databases.is_cdc_enabled`.
+    pub cdc_enabled: bool,
+    /// `CONNECTIONPROPERTY('encrypt_option')`: whether this connection uses TLS;
+    /// `None` where there is no connection (a simulated server).
+    pub encrypted: Option<bool>,
+    /// `SYSDATETIME()`: the server's local time.
+    pub local_time: NaiveDateTime,
+    /// `sys.dm_server_services`' `status_desc` of SQL Server Agent.
+    pub agent: Fact<String>,
+    /// The capture and cleanup jobs of this database.
+    pub jobs: Fact<Vec<CdcJob>>,
+    /// Whether the capture job runs in the current Agent session.
+    pub capture_running: Fact<bool>,
+    /// The latest log scan session; `None` when there was none since the start.
+    pub log_scan: Fact<Option<LogScan>>,
+    /// `max text repl size (B)` in use: the largest LOB value one statement may
+    /// write to a captured column (-1: no limit).
+    pub max_text_repl_size: Fact<i64>,
+}
+
+/// `SERVERPROPERTY('EngineEdition')` of Azure SQL Database.
+pub const AZURE_SQL_DATABASE_EDITION: i64 = 5;
+
+/// `SERVERPROPERTY('EngineEdition')` of Azure SQL Managed Instance.
+pub const AZURE_SQL_MANAGED_INSTANCE_EDITION: i64 = 8;
 
 /// Server errors that mean "not allowed here" or "not on this edition": a
 /// permission error ([`PERMISSION_ERRORS`], 916 being no access to `msdb`), or 208, no

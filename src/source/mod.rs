@@ -1,11 +1,11 @@
 //! The SQL Server side: what the poll loop needs from a CDC database.
 //!
-//! [`ChangeSource`] is the seam between the poll loop ([`poller`]) and a database. Two
-//! implementations exist: [`sqlserver::SqlServerSource`] talks to a real SQL Server
-//! over TDS (tiberius), and [`sim::CdcSimulator`] is an in-memory model of SQL
-//! Server's documented CDC behaviour, used by the tests and by the deterministic
-//! [`sim::synthetic`] workload. Neither the poll loop nor the merge knows which is behind
-//! the seam.
+//! [`ChangeSource`] is the seam between the poll loop ([`poller`]) and a database,
+//! made of one trait per kind of caller ([`seam`]). [`sqlserver::SqlServerSource`]
+//! talks to a real SQL Server over TDS (tiberius); [`sim::CdcSimulator`] is an
+//! in-memory model of SQL Server's documented CDC behaviour, used by the tests and by
+//! the deterministic [`sim::synthetic`] workload. Neither the poll loop nor the merge
+//! knows which is behind the seam.
 //!
 //! CDC facts honoured here (`docs/src/sql-server.md` states them): rows of a capture instance are read from its
 //! change table `cdc.<ci>_CT` in (`__$start_lsn`, `__$command_id`, `__$seqval`,
@@ -22,13 +22,12 @@ pub mod initial_load;
 pub mod merge;
 pub mod poller;
 pub mod queries;
+pub mod seam;
 pub mod server;
 pub mod shape;
 pub mod sim;
 pub mod sqlserver;
 pub mod timezone;
-
-use std::future::Future;
 
 use chrono::NaiveDateTime;
 use uuid::Uuid;
@@ -36,6 +35,13 @@ use uuid::Uuid;
 use crate::event::Value;
 use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
+pub use crate::source::facts::{
+    AZURE_SQL_DATABASE_EDITION, AZURE_SQL_MANAGED_INSTANCE_EDITION, CdcJob, Fact, LogScan,
+    ServerFacts,
+};
+pub use crate::source::seam::{
+    CaptureDdl, CdcReads, ChangeSource, FactReads, SourceClock, TableCursor, TableReads,
+};
 pub use crate::source::timezone::ServerOffsets;
 
 /// CDC's `__$operation` codes.
@@ -303,7 +309,7 @@ pub struct Catalog {
     /// The server's time zone (`CURRENT_TIMEZONE_ID()`), when it can tell; change
     /// rows then carry the offset in force at their own commit time.
     pub server_time_zone: Option<String>,
-    /// What [`ChangeSource::max_lsn`] reports for this state of the CDC catalog.
+    /// What [`CdcReads::max_lsn`] reports for this state of the CDC catalog.
     pub version: CatalogVersion,
     /// Capture instances whose source table this login cannot see
     /// (`OBJECT_NAME(source_object_id)` is NULL).
@@ -330,7 +336,7 @@ impl Catalog {
 /// `start_lsn` is set or moved, and when the capture job records DDL.
 pub type CatalogVersion = i64;
 
-/// What [`ChangeSource::max_lsn`] answers, in one round trip.
+/// What [`CdcReads::max_lsn`] answers, in one round trip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaxLsn {
     /// `sys.fn_cdc_get_max_lsn()`; `None` when it is NULL or zero (CDC has not
@@ -588,227 +594,6 @@ impl SourceError {
         )
     }
 }
-
-/// What the poll loop needs from a CDC database.
-///
-/// Every method is one round trip to the database (or none), so the cost of a poll
-/// is known: an idle poll is [`max_lsn`](Self::max_lsn) alone, and a poll with work is
-/// that, one [`probe`](Self::probe) for all capture instances, and per page read one
-/// [`read_changes`](Self::read_changes) and one [`min_lsn`](Self::min_lsn) (the
-/// re-check that catches cleanup racing the read).
-pub trait ChangeSource: Send {
-    /// The database, its GUID and its capture instances.
-    fn catalog(&mut self) -> impl Future<Output = Result<Catalog, SourceError>> + Send;
-
-    /// `sys.fn_cdc_get_max_lsn()` and the catalog's fingerprint.
-    fn max_lsn(&mut self) -> impl Future<Output = Result<MaxLsn, SourceError>> + Send;
-
-    /// `sys.fn_cdc_get_min_lsn(capture_instance)`; `None` when it is 0x00.
-    fn min_lsn(
-        &mut self,
-        capture_instance: &str,
-    ) -> impl Future<Output = Result<Option<Lsn>, SourceError>> + Send;
-
-    /// For every probe at once: the instance's `min_lsn` and its first change in
-    /// (`after`, `to`].
-    fn probe(
-        &mut self,
-        probes: &[Probe],
-        to: Lsn,
-    ) -> impl Future<Output = Result<Vec<ProbeResult>, SourceError>> + Send;
-
-    /// Up to `limit` rows of `instance` strictly after `after` with
-    /// `__$start_lsn <= to`, in [`RowKey`] order. Values are in the order of
-    /// [`CaptureInstance::emitted_columns`].
-    fn read_changes(
-        &mut self,
-        instance: &CaptureInstance,
-        after: RowKey,
-        to: Lsn,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<ChangeRow>, SourceError>> + Send;
-
-    /// The DDL recorded for a capture instance's source table.
-    fn ddl_history(
-        &mut self,
-        capture_instance: &str,
-    ) -> impl Future<Output = Result<Vec<DdlEvent>, SourceError>> + Send;
-
-    /// What `mssql-ces check` asks beyond the poll loop's needs: version, CDC,
-    /// the Agent and its jobs, the last log scan. Parts this login may not read are
-    /// [`Fact::Unknown`], saying which permission would show them.
-    fn server_facts(&mut self) -> impl Future<Output = Result<ServerFacts, SourceError>> + Send;
-
-    /// The number of rows in `instance`'s source table as the server estimates it
-    /// (`sys.partitions`, no scan); `None` when it cannot tell.
-    fn table_rows(
-        &mut self,
-        instance: &CaptureInstance,
-    ) -> impl Future<Output = Result<Option<u64>, SourceError>> + Send;
-
-    /// Up to `limit` committed rows of `instance`'s source table, read without a
-    /// long transaction or table lock: a keyed table in the order of
-    /// [`CaptureInstance::key_columns`] (keyset pagination: each call is one statement
-    /// seeking past `cursor`), a table without a key as one ordered pass. Values are
-    /// in the order of [`CaptureInstance::emitted_columns`], with the types and
-    /// decoding of [`read_changes`](Self::read_changes).
-    fn read_table(
-        &mut self,
-        instance: &CaptureInstance,
-        cursor: TableCursor<'_>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<Vec<Value>>, SourceError>> + Send;
-
-    /// `sys.fn_cdc_map_lsn_to_time(lsn)`: the server-local commit time of the
-    /// transaction at `lsn` (the latest one at or before it), with the offsets the
-    /// server's zone gives it where the server names its zone; `None` when
-    /// `cdc.lsn_time_mapping` no longer holds it.
-    fn lsn_time(
-        &mut self,
-        lsn: Lsn,
-    ) -> impl Future<Output = Result<Option<CommitTime>, SourceError>> + Send;
-
-    /// Whether changes are known to be on their way although none is there now: a
-    /// paced workload that has not generated all of its transactions. A database
-    /// cannot know its future writes, so by default nothing new means idle.
-    fn more_expected(&self) -> bool {
-        false
-    }
-
-    /// Whether this login may enable and disable capture instances
-    /// (`IS_ROLEMEMBER('db_owner')`); a source that cannot says no.
-    fn may_manage_capture(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send {
-        std::future::ready(Ok(false))
-    }
-
-    /// `sys.sp_cdc_enable_table` as `request` says.
-    fn enable_capture(
-        &mut self,
-        request: &EnableCapture,
-    ) -> impl Future<Output = Result<(), SourceError>> + Send {
-        std::future::ready(Err(SourceError::Definite {
-            message: format!(
-                "this source cannot enable CDC on {}.{}",
-                request.schema, request.table
-            ),
-        }))
-    }
-
-    /// `sys.sp_cdc_disable_table` for one capture instance of a table.
-    fn disable_capture(
-        &mut self,
-        instance: &CaptureInstance,
-    ) -> impl Future<Output = Result<(), SourceError>> + Send {
-        std::future::ready(Err(SourceError::Definite {
-            message: format!(
-                "this source cannot disable capture instance {}",
-                instance.name
-            ),
-        }))
-    }
-
-    /// Per capture instance, the columns of its source table it does not capture,
-    /// and how far the capture job had got at the read, in one round trip.
-    fn uncaptured_columns(
-        &mut self,
-    ) -> impl Future<Output = Result<UncapturedColumns, SourceError>> + Send {
-        std::future::ready(Ok(UncapturedColumns::default()))
-    }
-
-    /// The user tables CDC does not capture.
-    fn uncaptured_tables(
-        &mut self,
-    ) -> impl Future<Output = Result<Vec<UncapturedTable>, SourceError>> + Send {
-        std::future::ready(Ok(Vec::new()))
-    }
-
-    /// The source's own clock in UTC when it is not the wall clock (a simulator's,
-    /// whose commit times are simulated); `None`: the wall clock. Ages measured from
-    /// a commit time (how long ago the load's LSN was committed) use it.
-    fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
-        None
-    }
-}
-
-/// Where a read of a source table ([`ChangeSource::read_table`]) starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TableCursor<'a> {
-    /// The first rows: a keyed table from its smallest key; a table without a key
-    /// starts a new pass over all its rows.
-    Start,
-    /// A keyed table: the rows whose key is greater than these key values (the text
-    /// forms of [`Value::to_text`], in key order; `None` is NULL).
-    AfterKey(&'a [Option<String>]),
-    /// A table without a key: the next rows of the pass [`TableCursor::Start`] began.
-    Continue,
-}
-
-/// Something the server may not let this login see.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fact<T> {
-    Known(T),
-    /// Why it is not known: the permission that would show it, or why it does not
-    /// apply.
-    Unknown(String),
-}
-
-/// A row of `msdb.dbo.cdc_jobs` for this database.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CdcJob {
-    /// `capture` or `cleanup`.
-    pub job_type: String,
-    /// Minutes change rows are kept (the cleanup job's `retention`).
-    pub retention_minutes: Option<i64>,
-}
-
-/// The capture job's latest log scan session (`sys.dm_cdc_log_scan_sessions`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogScan {
-    /// Server-local; `None` while the session runs.
-    pub end_time: Option<NaiveDateTime>,
-    pub start_time: NaiveDateTime,
-    /// Seconds between the session's end and its last commit's time.
-    pub latency_seconds: i64,
-    pub error_count: i64,
-}
-
-/// What [`ChangeSource::server_facts`] answers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerFacts {
-    /// `SERVERPROPERTY('ProductVersion')`, e.g. `16.0.4135.4`.
-    pub product_version: String,
-    /// `SERVERPROPERTY('Edition')`.
-    pub edition: String,
-    /// `SERVERPROPERTY('EngineEdition')`: 5 is Azure SQL Database (no SQL Server
-    /// Agent: CDC runs on its own scheduler), 8 Azure SQL Managed Instance.
-    pub engine_edition: i64,
-    /// `DB_NAME()`.
-    pub database: String,
-    /// `sys.databases.is_cdc_enabled`.
-    pub cdc_enabled: bool,
-    /// `CONNECTIONPROPERTY('encrypt_option')`: whether this connection uses TLS;
-    /// `None` where there is no connection (a simulated server).
-    pub encrypted: Option<bool>,
-    /// `SYSDATETIME()`: the server's local time.
-    pub local_time: NaiveDateTime,
-    /// `sys.dm_server_services`' `status_desc` of SQL Server Agent.
-    pub agent: Fact<String>,
-    /// The capture and cleanup jobs of this database.
-    pub jobs: Fact<Vec<CdcJob>>,
-    /// Whether the capture job runs in the current Agent session.
-    pub capture_running: Fact<bool>,
-    /// The latest log scan session; `None` when there was none since the start.
-    pub log_scan: Fact<Option<LogScan>>,
-    /// `max text repl size (B)` in use: the largest LOB value one statement may
-    /// write to a captured column (-1: no limit).
-    pub max_text_repl_size: Fact<i64>,
-}
-
-/// `SERVERPROPERTY('EngineEdition')` of Azure SQL Database.
-pub const AZURE_SQL_DATABASE_EDITION: i64 = 5;
-
-/// `SERVERPROPERTY('EngineEdition')` of Azure SQL Managed Instance.
-pub const AZURE_SQL_MANAGED_INSTANCE_EDITION: i64 = 8;
 
 #[cfg(test)]
 mod tests {

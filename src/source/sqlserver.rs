@@ -1,4 +1,4 @@
-//! [`ChangeSource`] on a real SQL Server, over TDS with tiberius.
+//! [`ChangeSource`](crate::source::ChangeSource) on a real SQL Server, over TDS with tiberius.
 //!
 //! The connection, its time-outs and error classification are [`SqlConnection`]'s;
 //! the catalog is read by [`catalog::read_catalog`]. This file runs the per-poll
@@ -24,8 +24,8 @@ use crate::source::catalog::{self, NamedRow, catalog_error, null};
 use crate::source::decode::{DecodeError, decode_bytes, decode_change_value};
 use crate::source::queries::{self, fixed};
 use crate::source::{
-    CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
-    RowKey, SourceError, TableCursor,
+    CaptureDdl, CaptureInstance, Catalog, CdcReads, ChangeRow, DdlEvent, FactReads, MaxLsn, Probe,
+    ProbeResult, RowKey, SourceClock, SourceError, TableCursor, TableReads,
 };
 use crate::source::{EnableCapture, UncapturedColumns, UncapturedTable, capture_ddl};
 
@@ -539,7 +539,7 @@ impl SqlServerSource {
     }
 }
 
-impl ChangeSource for SqlServerSource {
+impl CdcReads for SqlServerSource {
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
         let catalog = catalog::read_catalog(&mut self.conn).await?;
         self.server_zone = catalog.server_time_zone.clone();
@@ -636,10 +636,6 @@ impl ChangeSource for SqlServerSource {
         read
     }
 
-    async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
-        crate::source::facts::read(&mut self.conn).await
-    }
-
     async fn lsn_time(
         &mut self,
         lsn: Lsn,
@@ -647,6 +643,41 @@ impl ChangeSource for SqlServerSource {
         crate::source::facts::lsn_time(&mut self.conn, lsn, self.server_zone.as_deref()).await
     }
 
+    async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
+        let name = capture_instance.to_owned();
+        let rows = match self.server_zone.as_deref() {
+            Some(zone) => {
+                self.conn
+                    .query(queries::DDL_HISTORY_ZONED, &[&name, &zone])
+                    .await?
+            }
+            None => self.conn.query(queries::DDL_HISTORY, &[&name]).await?,
+        };
+        let zoned = self.server_zone.is_some();
+        let mut out = Vec::new();
+        for row in rows {
+            let mut row = NamedRow::new(row);
+            out.push(DdlEvent {
+                capture_instance: row.string("capture_instance").map_err(catalog_error)?,
+                ddl_lsn: row
+                    .opt_lsn("ddl_lsn")
+                    .map_err(catalog_error)?
+                    .ok_or_else(|| catalog_error(null("ddl_lsn")))?,
+                ddl_time: row.datetime("ddl_time").map_err(catalog_error)?,
+                offsets: match zoned {
+                    true => row
+                        .opt_offsets("at_offset", "hour_later_offset")
+                        .map_err(catalog_error)?,
+                    false => None,
+                },
+                ddl_command: row.string("ddl_command").map_err(catalog_error)?,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl TableReads for SqlServerSource {
     async fn table_rows(&mut self, instance: &CaptureInstance) -> Result<Option<u64>, SourceError> {
         let name = queries::source_table(instance);
         let rows = self.conn.query(queries::TABLE_ROWS, &[&name]).await?;
@@ -714,7 +745,15 @@ impl ChangeSource for SqlServerSource {
         })
         .await
     }
+}
 
+impl FactReads for SqlServerSource {
+    async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
+        crate::source::facts::read(&mut self.conn).await
+    }
+}
+
+impl CaptureDdl for SqlServerSource {
     async fn may_manage_capture(&mut self) -> Result<bool, SourceError> {
         capture_ddl::may_manage(&mut self.conn).await
     }
@@ -734,40 +773,9 @@ impl ChangeSource for SqlServerSource {
     async fn uncaptured_tables(&mut self) -> Result<Vec<UncapturedTable>, SourceError> {
         capture_ddl::uncaptured_tables(&mut self.conn).await
     }
-
-    async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
-        let name = capture_instance.to_owned();
-        let rows = match self.server_zone.as_deref() {
-            Some(zone) => {
-                self.conn
-                    .query(queries::DDL_HISTORY_ZONED, &[&name, &zone])
-                    .await?
-            }
-            None => self.conn.query(queries::DDL_HISTORY, &[&name]).await?,
-        };
-        let zoned = self.server_zone.is_some();
-        let mut out = Vec::new();
-        for row in rows {
-            let mut row = NamedRow::new(row);
-            out.push(DdlEvent {
-                capture_instance: row.string("capture_instance").map_err(catalog_error)?,
-                ddl_lsn: row
-                    .opt_lsn("ddl_lsn")
-                    .map_err(catalog_error)?
-                    .ok_or_else(|| catalog_error(null("ddl_lsn")))?,
-                ddl_time: row.datetime("ddl_time").map_err(catalog_error)?,
-                offsets: match zoned {
-                    true => row
-                        .opt_offsets("at_offset", "hour_later_offset")
-                        .map_err(catalog_error)?,
-                    false => None,
-                },
-                ddl_command: row.string("ddl_command").map_err(catalog_error)?,
-            });
-        }
-        Ok(out)
-    }
 }
+
+impl SourceClock for SqlServerSource {}
 
 #[cfg(test)]
 mod tests {

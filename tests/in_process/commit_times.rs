@@ -117,7 +117,7 @@ async fn the_repeated_hour_is_read_in_commit_order_also_after_a_restart_inside_i
     write_commits(&sim, 0, 4);
     // The server's clock is in the second occurrence: its UTC time did not go back.
     let source = sim.clone();
-    use mssql_ces::source::ChangeSource as _;
+    use mssql_ces::source::SourceClock as _;
     assert_eq!(source.clock(), Some(utc(1, 10, 0)));
     let mut poller = Poller::new(sim.clone(), config(), None);
     let before = drain(&mut poller).await.unwrap();

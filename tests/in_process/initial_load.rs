@@ -808,16 +808,19 @@ async fn a_load_whose_capture_instance_is_replaced_continues_through_the_new_one
 /// as a server's does when a key's text does not survive the round trip.
 struct SeekBack(CdcSimulator);
 
-impl mssql_ces::source::ChangeSource for SeekBack {
+impl mssql_ces::source::CdcReads for SeekBack {
     async fn catalog(&mut self) -> Result<mssql_ces::source::Catalog, SourceError> {
         self.0.catalog().await
     }
+
     async fn max_lsn(&mut self) -> Result<mssql_ces::source::MaxLsn, SourceError> {
         self.0.max_lsn().await
     }
+
     async fn min_lsn(&mut self, ci: &str) -> Result<Option<Lsn>, SourceError> {
         self.0.min_lsn(ci).await
     }
+
     async fn probe(
         &mut self,
         probes: &[mssql_ces::source::Probe],
@@ -825,6 +828,7 @@ impl mssql_ces::source::ChangeSource for SeekBack {
     ) -> Result<Vec<mssql_ces::source::ProbeResult>, SourceError> {
         self.0.probe(probes, to).await
     }
+
     async fn read_changes(
         &mut self,
         instance: &mssql_ces::source::CaptureInstance,
@@ -834,27 +838,30 @@ impl mssql_ces::source::ChangeSource for SeekBack {
     ) -> Result<Vec<mssql_ces::source::ChangeRow>, SourceError> {
         self.0.read_changes(instance, after, to, limit).await
     }
+
     async fn ddl_history(
         &mut self,
         ci: &str,
     ) -> Result<Vec<mssql_ces::source::DdlEvent>, SourceError> {
         self.0.ddl_history(ci).await
     }
-    async fn server_facts(&mut self) -> Result<mssql_ces::source::ServerFacts, SourceError> {
-        self.0.server_facts().await
-    }
+
     async fn lsn_time(
         &mut self,
         lsn: Lsn,
     ) -> Result<Option<mssql_ces::source::CommitTime>, SourceError> {
         self.0.lsn_time(lsn).await
     }
+}
+
+impl mssql_ces::source::TableReads for SeekBack {
     async fn table_rows(
         &mut self,
         instance: &mssql_ces::source::CaptureInstance,
     ) -> Result<Option<u64>, SourceError> {
         self.0.table_rows(instance).await
     }
+
     async fn read_table(
         &mut self,
         instance: &mssql_ces::source::CaptureInstance,
@@ -866,6 +873,16 @@ impl mssql_ces::source::ChangeSource for SeekBack {
             .await
     }
 }
+
+impl mssql_ces::source::FactReads for SeekBack {
+    async fn server_facts(&mut self) -> Result<mssql_ces::source::ServerFacts, SourceError> {
+        self.0.server_facts().await
+    }
+}
+
+impl mssql_ces::source::CaptureDdl for SeekBack {}
+
+impl mssql_ces::source::SourceClock for SeekBack {}
 
 #[tokio::test]
 async fn a_seek_that_does_not_move_on_stops_the_load_instead_of_looping() {

@@ -14,7 +14,7 @@ use mssql_ces::event::{Operation, Value};
 use mssql_ces::position::Position;
 use mssql_ces::source::poller::{CaptureInstanceMode, Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
-use mssql_ces::source::{CaptureOptions, ChangeSource, SourceError};
+use mssql_ces::source::{CaptureOptions, CdcReads, SourceError};
 use tokio::sync::watch;
 
 fn config() -> PollerConfig {

@@ -14,8 +14,8 @@ use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use mssql_ces::source::{
-    CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
-    RowKey, SourceError,
+    CaptureDdl, CaptureInstance, Catalog, CdcReads, ChangeRow, DdlEvent, FactReads, MaxLsn, Probe,
+    ProbeResult, RowKey, SourceClock, SourceError, TableReads,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -59,19 +59,23 @@ fn settings(until_idle: bool) -> PipelineSettings {
 /// A source whose every call panics after the catalog.
 struct Panicking(SyntheticSource);
 
-impl ChangeSource for Panicking {
+impl CdcReads for Panicking {
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
         self.0.catalog().await
     }
+
     async fn max_lsn(&mut self) -> Result<MaxLsn, SourceError> {
         panic!("the source broke")
     }
+
     async fn min_lsn(&mut self, _: &str) -> Result<Option<Lsn>, SourceError> {
         panic!("the source broke")
     }
+
     async fn probe(&mut self, _: &[Probe], _: Lsn) -> Result<Vec<ProbeResult>, SourceError> {
         panic!("the source broke")
     }
+
     async fn read_changes(
         &mut self,
         _: &CaptureInstance,
@@ -81,21 +85,24 @@ impl ChangeSource for Panicking {
     ) -> Result<Vec<ChangeRow>, SourceError> {
         panic!("the source broke")
     }
+
     async fn ddl_history(&mut self, _: &str) -> Result<Vec<DdlEvent>, SourceError> {
         panic!("the source broke")
     }
-    async fn server_facts(&mut self) -> Result<mssql_ces::source::ServerFacts, SourceError> {
-        panic!("the source broke")
-    }
+
     async fn lsn_time(
         &mut self,
         _: Lsn,
     ) -> Result<Option<mssql_ces::source::CommitTime>, SourceError> {
         panic!("the source broke")
     }
+}
+
+impl TableReads for Panicking {
     async fn table_rows(&mut self, _: &CaptureInstance) -> Result<Option<u64>, SourceError> {
         panic!("the source broke")
     }
+
     async fn read_table(
         &mut self,
         _: &CaptureInstance,
@@ -105,6 +112,16 @@ impl ChangeSource for Panicking {
         panic!("the source broke")
     }
 }
+
+impl FactReads for Panicking {
+    async fn server_facts(&mut self) -> Result<mssql_ces::source::ServerFacts, SourceError> {
+        panic!("the source broke")
+    }
+}
+
+impl CaptureDdl for Panicking {}
+
+impl SourceClock for Panicking {}
 
 fn synthetic(transactions: u64) -> SyntheticConfig {
     SyntheticConfig {

@@ -7,7 +7,7 @@ use mssql_ces::event::Value;
 use mssql_ces::event::value::SqlType;
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
-use mssql_ces::source::{ChangeSource, RowKey, queries};
+use mssql_ces::source::{CdcReads, RowKey, queries};
 use uuid::Uuid;
 
 use crate::support::seek_cost::change_query_cost;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Value};
-use mssql_ces::source::ChangeSource;
+use mssql_ces::source::CdcReads;
 use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 

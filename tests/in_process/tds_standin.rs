@@ -12,7 +12,7 @@ use std::time::Duration;
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::queries;
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
-use mssql_ces::source::{ChangeSource, SourceError};
+use mssql_ces::source::{CaptureDdl, CdcReads, ChangeSource, FactReads, SourceError, TableReads};
 use support::tds::{Cell, Column, ColumnType, Handler, Param, Reply, Request, ResultSet, StandIn};
 
 const USER: &str = "mssql_ces";

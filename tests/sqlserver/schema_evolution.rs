@@ -357,7 +357,7 @@ async fn managed_mode_waits_for_an_open_writer_instead_of_blocking_writers() {
 #[tokio::test]
 #[ignore = "needs the docker SQL Server: see the module docs (cargo test --test sqlserver -- --ignored)"]
 async fn column_defaults_and_zoned_ddl_times_come_from_the_catalog() {
-    use mssql_ces::source::ChangeSource as _;
+    use mssql_ces::source::CdcReads as _;
     let (mut db, url) = admin().await;
     let table = format!("it_default_{}", suffix());
     cdc_table(

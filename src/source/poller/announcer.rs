@@ -7,6 +7,7 @@ use super::*;
 use crate::event::TableDescription;
 use crate::event::schema::{DdlRecord, SchemaChangeReason};
 use crate::position::{ShapeColumn, TableShape, TableVersion};
+use crate::source::CdcReads;
 use crate::source::shape::ShapeTracker;
 
 /// Follows table shapes through the stream and holds the schema-change events of
@@ -129,7 +130,7 @@ impl ShapeAnnouncer {
     /// its times in UTC by `zone` (the one commit times are read in).
     pub(super) async fn take(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut impl CdcReads,
         zone: Option<&CommitTimeZone>,
     ) -> Result<Vec<PlacedSchemaChange>, SourceError> {
         let mut placed = std::mem::take(&mut self.pending);

@@ -671,6 +671,7 @@ pub(super) fn check_page(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::CdcReads;
 
     fn at(lsn: u32, sequence_number: u64) -> EventPosition {
         EventPosition {

@@ -1,10 +1,11 @@
 //! The initial load's runner: plans the load of every included table, reads each
 //! table in key order in chunks, and turns its rows into the `INS` events the
-//! checkpoint's [`TableLoad`]s account for (the model is in [`crate::source::load`]).
+//! checkpoint's [`TableLoad`]s account for (the model is in [`crate::source::initial_load`]).
 
 use super::*;
 use crate::event::Value;
 use crate::position::LOAD_ROWS_PER_RANGE;
+use crate::source::{SourceClock, TableReads};
 
 /// A table's load as this process runs it (the checkpoint has the rest).
 pub(super) struct LoadRun {
@@ -363,7 +364,7 @@ impl LoadRunner {
     /// it runs already.
     pub(super) async fn start_run(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut impl TableReads,
         name: &str,
         instance: &CaptureInstance,
         load: &TableLoad,
@@ -397,7 +398,7 @@ impl LoadRunner {
     /// the table. A seek that does not move past its key is an error, not a loop.
     pub(super) async fn read_keyed_chunk(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut impl TableReads,
         name: &str,
         instance: &CaptureInstance,
         load: &TableLoad,
@@ -448,7 +449,7 @@ impl LoadRunner {
     /// next chunk shows whether it is the table's last. `None` when the run is gone.
     pub(super) async fn read_keyless_chunk(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut impl TableReads,
         name: &str,
         instance: &CaptureInstance,
         load: &mut TableLoad,
@@ -519,7 +520,7 @@ impl LoadRunner {
     /// Seconds since a commit at `commit_time_ns`, on the source's clock (a
     /// simulator's commit times are simulated; a server's are compared with this
     /// machine's clock).
-    fn since_commit(source: &impl ChangeSource, commit_time_ns: i64) -> f64 {
+    fn since_commit(source: &impl SourceClock, commit_time_ns: i64) -> f64 {
         let now = source.clock().unwrap_or_else(chrono::Utc::now);
         let then = chrono::DateTime::from_timestamp_nanos(commit_time_ns);
         (now - then).num_milliseconds().max(0) as f64 / 1000.0
@@ -533,7 +534,7 @@ impl LoadRunner {
     /// instances read (to ask a queued table's size).
     pub(super) async fn log_progress(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut (impl TableReads + SourceClock),
         name: &str,
         loads: &BTreeMap<String, TableLoad>,
         tracked: &[Tracked],

@@ -36,7 +36,7 @@
 
 use super::ddl_text::adds_column;
 use super::*;
-use crate::source::{EnableCapture, SourceError, UncapturedColumns};
+use crate::source::{CaptureDdl, CdcReads, EnableCapture, SourceError, UncapturedColumns};
 use std::collections::BTreeSet;
 
 /// The longest wait between attempts after CDC's procedures gave up on a lock.
@@ -291,7 +291,7 @@ impl CaptureManager {
     }
 
     /// Refuses managed mode or `enable_cdc` without `db_owner` (asked once).
-    async fn may_manage(&mut self, source: &mut impl ChangeSource) -> Result<(), SourceError> {
+    async fn may_manage(&mut self, source: &mut impl CaptureDdl) -> Result<(), SourceError> {
         if self.may_manage {
             return Ok(());
         }
@@ -317,7 +317,7 @@ impl CaptureManager {
     /// `schema_table`); true when it enabled one.
     pub(super) async fn enable_missing_tables(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut (impl CdcReads + CaptureDdl),
         filter: &TableFilter,
     ) -> Result<bool, SourceError> {
         if !self.enable_cdc || self.lock_retry.waiting() {
@@ -364,7 +364,7 @@ impl CaptureManager {
     /// when the CDC configuration changed (the catalog is to be read again).
     pub(super) async fn manage(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut (impl CdcReads + CaptureDdl),
         catalog: &Catalog,
         filter: &TableFilter,
         switches: &BTreeMap<String, Switch>,
@@ -435,7 +435,7 @@ impl CaptureManager {
     /// ([`DdlRecordWait`]). True when it created one.
     async fn replace_if_changed(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut (impl CdcReads + CaptureDdl),
         table: &str,
         instance: &CaptureInstance,
         found: &UncapturedColumns,
@@ -528,7 +528,7 @@ impl CaptureManager {
     /// `newer`'s `start_lsn`). True when it disabled it.
     async fn retire_when_delivered(
         &mut self,
-        source: &mut impl ChangeSource,
+        source: &mut (impl CdcReads + CaptureDdl),
         table: &str,
         older: &CaptureInstance,
         newer: &CaptureInstance,

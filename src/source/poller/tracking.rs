@@ -4,6 +4,7 @@
 
 use super::ddl_text::drops_column;
 use super::*;
+use crate::source::CdcReads;
 use crate::source::diagnostics::{self, Invisible, LeftOut};
 use std::collections::BTreeSet;
 
@@ -162,7 +163,7 @@ impl CatalogTracker {
     async fn adopt(
         &mut self,
         mut catalog: Catalog,
-        source: &mut impl ChangeSource,
+        source: &mut impl CdcReads,
         config: &PollerConfig,
         position: &mut Position,
     ) -> Result<(), SourceError> {
@@ -349,7 +350,7 @@ impl CatalogTracker {
     async fn note_new_instances(
         &self,
         tracked: &[Tracked],
-        source: &mut impl ChangeSource,
+        source: &mut impl CdcReads,
         position: &mut Position,
     ) -> Result<(), SourceError> {
         for t in tracked {
@@ -456,7 +457,7 @@ impl CatalogTracker {
 /// holds the column until the record appears (which changes the catalog's
 /// fingerprint and brings the catalog back here).
 async fn date_drops(
-    source: &mut impl ChangeSource,
+    source: &mut impl CdcReads,
     filter: &TableFilter,
     catalog: &mut Catalog,
 ) -> Result<(), SourceError> {

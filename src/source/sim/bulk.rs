@@ -16,8 +16,9 @@ use crate::event::Value;
 use crate::event::value::{Length, SqlType};
 use crate::lsn::Lsn;
 use crate::source::{
-    CaptureInstance, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource, CommitTime,
-    DdlEvent, Fact, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, TableCursor, op,
+    CaptureDdl, CaptureInstance, CapturedColumn, Catalog, CdcJob, CdcReads, ChangeRow, CommitTime,
+    DdlEvent, Fact, FactReads, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceClock,
+    SourceError, TableCursor, TableReads, op,
 };
 
 const INSTANCE: &str = "dbo_bulk";
@@ -132,7 +133,7 @@ impl BulkSource {
     }
 }
 
-impl ChangeSource for BulkSource {
+impl CdcReads for BulkSource {
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
         Ok(Catalog {
             server: "synthetic".into(),
@@ -199,6 +200,18 @@ impl ChangeSource for BulkSource {
         Ok(Vec::new())
     }
 
+    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<CommitTime>, SourceError> {
+        Ok(self.transaction_at(lsn).map(|t| CommitTime {
+            local: self.start + chrono::Duration::seconds(i64::try_from(t).unwrap_or(0)),
+            offsets: Some(crate::source::ServerOffsets {
+                at: 0,
+                hour_later: 0,
+            }),
+        }))
+    }
+}
+
+impl TableReads for BulkSource {
     /// `dbo.bulk` held no rows before CDC: all of them come as changes.
     async fn table_rows(
         &mut self,
@@ -215,7 +228,9 @@ impl ChangeSource for BulkSource {
     ) -> Result<Vec<Vec<Value>>, SourceError> {
         Ok(Vec::new())
     }
+}
 
+impl FactReads for BulkSource {
     async fn server_facts(&mut self) -> Result<ServerFacts, SourceError> {
         Ok(ServerFacts {
             product_version: "16.0.4135.4".into(),
@@ -236,17 +251,11 @@ impl ChangeSource for BulkSource {
             max_text_repl_size: Fact::Known(65_536),
         })
     }
-
-    async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<CommitTime>, SourceError> {
-        Ok(self.transaction_at(lsn).map(|t| CommitTime {
-            local: self.start + chrono::Duration::seconds(i64::try_from(t).unwrap_or(0)),
-            offsets: Some(crate::source::ServerOffsets {
-                at: 0,
-                hour_later: 0,
-            }),
-        }))
-    }
 }
+
+impl CaptureDdl for BulkSource {}
+
+impl SourceClock for BulkSource {}
 
 #[cfg(test)]
 mod tests {

@@ -78,9 +78,10 @@ use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
 use crate::source::sim::order::SortKey;
 use crate::source::{
-    CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CdcJob, ChangeRow, ChangeSource,
-    CommitTime, DdlEvent, DroppedColumn, EnableCapture, Fact, LogScan, MaxLsn, Probe, ProbeResult,
-    RowKey, ServerFacts, SourceError, TableCursor, UncapturedColumns, UncapturedTable, op,
+    CaptureDdl, CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CdcJob, CdcReads,
+    ChangeRow, CommitTime, DdlEvent, DroppedColumn, EnableCapture, Fact, FactReads, LogScan,
+    MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceClock, SourceError, TableCursor,
+    TableReads, UncapturedColumns, UncapturedTable, op,
 };
 
 /// A column of a simulated table.

@@ -31,13 +31,7 @@ impl CdcSimulator {
     }
 }
 
-impl ChangeSource for CdcSimulator {
-    /// The simulated clock: commit times are simulated, so ages are measured on it
-    /// (not a round trip).
-    fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
-        Some(self.lock().utc_now())
-    }
-
+impl CdcReads for CdcSimulator {
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
         let state = self.call()?;
         if !state.server.cdc_enabled {
@@ -92,23 +86,6 @@ impl ChangeSource for CdcSimulator {
             invisible,
             instances,
         })
-    }
-
-    async fn server_facts(&mut self) -> Result<ServerFacts, SourceError> {
-        let state = self.call()?;
-        let mut facts = state.server.clone();
-        facts.local_time = state.now;
-        facts.database = state.database.clone();
-        if facts.log_scan == Fact::Known(None) && !state.mapping.is_empty() {
-            // The capture job's last session: scans are instant here.
-            facts.log_scan = Fact::Known(Some(LogScan {
-                start_time: state.last_scan,
-                end_time: Some(state.last_scan),
-                latency_seconds: 0,
-                error_count: 0,
-            }));
-        }
-        Ok(facts)
     }
 
     async fn lsn_time(&mut self, lsn: Lsn) -> Result<Option<CommitTime>, SourceError> {
@@ -236,6 +213,23 @@ impl ChangeSource for CdcSimulator {
         Ok(rows)
     }
 
+    async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
+        let state = self.call()?;
+        // The offsets as the zoned query computes them on the server.
+        Ok(state
+            .instances
+            .iter()
+            .filter(|i| i.info.name == capture_instance)
+            .flat_map(|i| i.ddl.clone())
+            .map(|d| DdlEvent {
+                offsets: state.offsets_at(d.ddl_time),
+                ..d
+            })
+            .collect())
+    }
+}
+
+impl TableReads for CdcSimulator {
     async fn table_rows(&mut self, instance: &CaptureInstance) -> Result<Option<u64>, SourceError> {
         let state = self.call()?;
         // sys.partitions' row count: exact here, an estimate on a server.
@@ -287,22 +281,28 @@ impl ChangeSource for CdcSimulator {
         }
         Ok(rows)
     }
+}
 
-    async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
+impl FactReads for CdcSimulator {
+    async fn server_facts(&mut self) -> Result<ServerFacts, SourceError> {
         let state = self.call()?;
-        // The offsets as the zoned query computes them on the server.
-        Ok(state
-            .instances
-            .iter()
-            .filter(|i| i.info.name == capture_instance)
-            .flat_map(|i| i.ddl.clone())
-            .map(|d| DdlEvent {
-                offsets: state.offsets_at(d.ddl_time),
-                ..d
-            })
-            .collect())
+        let mut facts = state.server.clone();
+        facts.local_time = state.now;
+        facts.database = state.database.clone();
+        if facts.log_scan == Fact::Known(None) && !state.mapping.is_empty() {
+            // The capture job's last session: scans are instant here.
+            facts.log_scan = Fact::Known(Some(LogScan {
+                start_time: state.last_scan,
+                end_time: Some(state.last_scan),
+                latency_seconds: 0,
+                error_count: 0,
+            }));
+        }
+        Ok(facts)
     }
+}
 
+impl CaptureDdl for CdcSimulator {
     async fn may_manage_capture(&mut self) -> Result<bool, SourceError> {
         Ok(self.call()?.db_owner)
     }
@@ -363,6 +363,14 @@ impl ChangeSource for CdcSimulator {
                 table: t.name.clone(),
             })
             .collect())
+    }
+}
+
+impl SourceClock for CdcSimulator {
+    /// The simulated clock: commit times are simulated, so ages are measured on it
+    /// (not a round trip).
+    fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        Some(self.lock().utc_now())
     }
 }
 

@@ -17,8 +17,8 @@ use crate::event::value::{Length, SqlType};
 use crate::lsn::Lsn;
 use crate::source::sim::{CdcSimulator, SimColumn, Transaction};
 use crate::source::{
-    CaptureInstance, Catalog, ChangeRow, ChangeSource, DdlEvent, MaxLsn, Probe, ProbeResult,
-    RowKey, SourceError, TableCursor,
+    CaptureDdl, CaptureInstance, Catalog, CdcReads, ChangeRow, DdlEvent, FactReads, MaxLsn, Probe,
+    ProbeResult, RowKey, SourceClock, SourceError, TableCursor, TableReads,
 };
 
 /// Settings of the synthetic workload.
@@ -496,7 +496,7 @@ impl SyntheticSource {
 
 use chrono::Offset as _;
 
-impl ChangeSource for SyntheticSource {
+impl CdcReads for SyntheticSource {
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
         self.sim.catalog().await
     }
@@ -510,10 +510,6 @@ impl ChangeSource for SyntheticSource {
         self.sim.min_lsn(capture_instance).await
     }
 
-    async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
-        self.sim.server_facts().await
-    }
-
     async fn lsn_time(
         &mut self,
         lsn: Lsn,
@@ -523,10 +519,6 @@ impl ChangeSource for SyntheticSource {
 
     /// A paced workload has more on its way until every transaction is generated (an
     /// endless one always has); an unpaced one generates whatever a poll asks for.
-    fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
-        self.sim.clock()
-    }
-
     fn more_expected(&self) -> bool {
         self.config.rate_per_second.is_some()
             && self
@@ -559,7 +551,9 @@ impl ChangeSource for SyntheticSource {
     async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
         self.sim.ddl_history(capture_instance).await
     }
+}
 
+impl TableReads for SyntheticSource {
     async fn table_rows(&mut self, instance: &CaptureInstance) -> Result<Option<u64>, SourceError> {
         // The workload goes on while a table is loaded, as writers do.
         self.advance()?;
@@ -600,6 +594,21 @@ impl ChangeSource for SyntheticSource {
         Ok((after + 1..=end)
             .map(|id| product(self.config.seed, id))
             .collect())
+    }
+}
+
+impl FactReads for SyntheticSource {
+    async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
+        self.sim.server_facts().await
+    }
+}
+
+impl CaptureDdl for SyntheticSource {}
+
+impl SourceClock for SyntheticSource {
+    /// The simulated clock its commit times are on.
+    fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.sim.clock()
     }
 }
 

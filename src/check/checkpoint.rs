@@ -2,12 +2,13 @@
 //! this database, and still within the cleanup retention.
 
 use super::*;
+use crate::source::CdcReads;
 
 /// Returns what the checkpoint says of the output file (for the file sink's check),
 /// when it could be read. `unreachable`: why the store cannot be asked at all
 /// ([`kafka_store_unreachable`](super::destination::kafka_store_unreachable)), so
 /// that its checks say so at once.
-pub(super) async fn check_checkpoint<S: ChangeSource>(
+pub(super) async fn check_checkpoint<S: CdcReads>(
     report: &mut Report,
     config: &Config,
     source: &mut S,
@@ -143,7 +144,7 @@ pub(super) fn check_identity(
 }
 
 /// Whether changes the checkpoint still needs were purged, or soon will be.
-pub(super) async fn check_retention<S: ChangeSource>(
+pub(super) async fn check_retention<S: CdcReads>(
     report: &mut Report,
     source: &mut S,
     position: &Position,
@@ -216,7 +217,7 @@ enum Verdict {
 /// The oldest LSN through which an included instance of the checkpoint is complete:
 /// the oldest change still to deliver follows it. `None` when the checkpoint holds
 /// no instance that is still read.
-async fn oldest_needed<S: ChangeSource>(
+async fn oldest_needed<S: CdcReads>(
     source: &mut S,
     position: &Position,
     state: &SourceState,

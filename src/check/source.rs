@@ -5,6 +5,7 @@
 use super::*;
 use crate::source::diagnostics::{self, Invisible, LeftOut};
 use crate::source::poller::CaptureInstanceMode;
+use crate::source::{CaptureDdl, CdcReads, FactReads};
 
 /// What the source checks learn that the later ones need.
 pub(super) struct SourceState {
@@ -13,7 +14,7 @@ pub(super) struct SourceState {
     pub(super) included: Vec<CaptureInstance>,
 }
 
-pub(super) async fn check_source<S: ChangeSource>(
+pub(super) async fn check_source<S: CdcReads + FactReads + CaptureDdl>(
     report: &mut Report,
     config: &Config,
     source: &mut S,
@@ -77,7 +78,7 @@ pub(super) async fn check_source<S: ChangeSource>(
 /// Whether the login may create and disable capture instances, which
 /// `source.capture_instances = "managed"` and `source.enable_cdc` need (`db_owner`):
 /// a failure when one is set and it may not; said either way.
-async fn check_capture_management<S: ChangeSource>(
+async fn check_capture_management<S: CaptureDdl>(
     report: &mut Report,
     config: &Config,
     source: &mut S,
@@ -329,7 +330,7 @@ pub(super) fn check_log_scan(report: &mut Report, facts: &ServerFacts) {
 
 /// Per included table: its capture instances, key, left-out columns and whether this
 /// login can read its changes. Returns the included instances.
-pub(super) async fn check_tables<S: ChangeSource>(
+pub(super) async fn check_tables<S: CdcReads>(
     report: &mut Report,
     config: &Config,
     source: &mut S,
@@ -470,7 +471,7 @@ fn check_column_rules(
 
 /// What `check` says of one capture instance: where it starts, its key and the
 /// columns events leave out; or, when this login cannot read it, why and the fix.
-async fn instance_finding<S: ChangeSource>(
+async fn instance_finding<S: CdcReads>(
     source: &mut S,
     instance: &CaptureInstance,
 ) -> Result<String, (String, String)> {

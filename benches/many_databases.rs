@@ -54,8 +54,8 @@ static ALLOCATOR: Counting = Counting;
 struct Instant;
 
 impl StreamRunner for Instant {
-    type Error = String;
-    async fn run(&self, _database: String, _stop: CancellationToken) -> Result<(), String> {
+    type Error = std::io::Error;
+    async fn run(&self, _database: String, _stop: CancellationToken) -> Result<(), std::io::Error> {
         Ok(())
     }
 }

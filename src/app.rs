@@ -91,11 +91,11 @@ pub async fn run(
         let ran = run_stream(config.clone(), until_idle, shutdown.clone(), &metrics, None).await;
         match ran {
             Err(e)
-                if matches!(e.sink_error(), Some(SinkError::ProducerLost(_)))
+                if matches!(e.sink_error(), Some(SinkError::ProducerLost { .. }))
                     && rebuilds.allowed() =>
             {
                 tracing::warn!(
-                    error = %e,
+                    error = %crate::error::Chain(&e),
                     rebuilds = rebuilds.recent.len(),
                     "the Kafka producer lost its state: a new one resumes from the checkpoint"
                 );
@@ -370,7 +370,7 @@ async fn serve_metrics(
     tracing::info!(listen = %local, "serving /metrics, /healthz and /readyz (metrics.listen)");
     tokio::spawn(async move {
         if let Err(e) = crate::metrics::serve(listener, metrics, stop).await {
-            tracing::warn!(error = %e, "the metrics server stopped");
+            tracing::warn!(error = %crate::error::Chain(&e), "the metrics server stopped");
         }
     });
     Ok(())
@@ -416,7 +416,12 @@ pub fn checkpoint_store(config: &Config) -> Result<CheckpointStore, ConfigError>
         CheckpointStoreKind::Kafka => {
             let connection = match config.sink.kind.kafka_connection(&config.sink.routing) {
                 Some(Ok(connection)) => connection,
-                Some(Err(e)) => return Err(crate::setting::invalid("sink", e.to_string())),
+                Some(Err(e)) => {
+                    return Err(crate::setting::invalid(
+                        "sink",
+                        crate::error::Chain(&e).to_string(),
+                    ));
+                }
                 None => {
                     return Err(crate::setting::invalid(
                         "checkpoint.store",
@@ -742,7 +747,7 @@ async fn first_step<S: ChangeSource>(
             Ok(Some(done)) => return Ok(Some(done)),
             Ok(None) => {}
             Err(e) if e.is_transient() => {
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, step = ?step, "a first run's first step failed; retrying");
+                tracing::warn!(error = %crate::error::Chain(&e), retry_in_ms = wait.as_millis() as u64, step = ?step, "a first run's first step failed; retrying");
             }
             Err(e) => return Err(RunError::Pipeline(PipelineError::Source(e))),
         }

@@ -60,7 +60,7 @@ pub struct ManySettings {
 /// Runs one database's stream until it is idle with everything delivered, or until
 /// `stop` (then it drains and checkpoints as at a shutdown).
 pub trait StreamRunner: Send + Sync + 'static {
-    type Error: std::fmt::Display + Send + 'static;
+    type Error: std::error::Error + Send + 'static;
 
     fn run(
         &self,
@@ -78,8 +78,8 @@ pub enum ManyError {
     NoDatabases { patterns: String },
     /// The server's databases could not be listed, and trying again cannot help
     /// (the login refused, no permission).
-    #[error("listing the server's databases failed: {0}")]
-    Discovery(SourceError),
+    #[error("listing the server's databases failed")]
+    Discovery(#[source] SourceError),
     #[error("{count} database(s) failed: {detail}")]
     Failed { count: usize, detail: String },
     /// The fleet's group membership ended; a restart joins again.
@@ -380,7 +380,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
             }
             Err(e) if e.is_transient() => {
                 let wait = backoff.next_wait();
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "listing the server's databases failed; retrying");
+                tracing::warn!(error = %crate::error::Chain(&e), retry_in_ms = wait.as_millis() as u64, "listing the server's databases failed; retrying");
                 Ok(Instant::now() + wait)
             }
             Err(e) => {
@@ -550,7 +550,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
                         let wait = stream.probe_backoff.next_wait();
                         stream.probe_again_at = Some(Instant::now() + wait);
                         if was_readable {
-                            tracing::warn!(database = %answer.database, error = %e, "the probe cannot read this database; the others go on, and it is asked again with backoff");
+                            tracing::warn!(database = %answer.database, error = %crate::error::Chain(&e), "the probe cannot read this database; the others go on, and it is asked again with backoff");
                         }
                     } else {
                         if matches!(stream.probed, Some(Err(_))) {
@@ -563,7 +563,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "the probe of every database's max LSN failed; trying again at the next poll");
+                tracing::warn!(error = %crate::error::Chain(&e), "the probe of every database's max LSN failed; trying again at the next poll");
             }
         }
     }
@@ -641,7 +641,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
         joined: Result<(tokio::task::Id, Result<(), R::Error>), tokio::task::JoinError>,
     ) {
         let (id, result) = match joined {
-            Ok((id, result)) => (id, result.map_err(|e| e.to_string())),
+            Ok((id, result)) => (id, result.map_err(|e| crate::error::Chain(&e).to_string())),
             Err(e) => (
                 e.id(),
                 Err(format!("the activation stopped unexpectedly: {e}")),

@@ -68,12 +68,20 @@ pub enum FleetEvent {
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     /// The brokers did not answer: worth trying again.
-    #[error("fleet.topic {topic}: {reason}")]
-    Unreachable { topic: String, reason: String },
+    #[error("fleet.topic {topic}: the brokers did not answer")]
+    Unreachable {
+        topic: String,
+        #[source]
+        cause: crate::error::Cause,
+    },
     #[error("fleet.topic {topic}: {reason}")]
     Topic { topic: String, reason: String },
-    #[error("the fleet's group consumer: {0}")]
-    Consumer(String),
+    #[error("the fleet's group consumer: {reason}")]
+    Consumer {
+        reason: String,
+        #[source]
+        cause: Option<crate::error::Cause>,
+    },
 }
 
 impl FleetError {
@@ -173,12 +181,19 @@ impl Member {
             release_timeout: settings.release_timeout,
             owned: std::sync::Mutex::new(BTreeSet::new()),
         };
-        let consumer: BaseConsumer<FleetContext> = config
-            .create_with_context(context)
-            .map_err(|e| FleetError::Consumer(crate::kafka_client::config_error(&e)))?;
+        let consumer: BaseConsumer<FleetContext> =
+            config
+                .create_with_context(context)
+                .map_err(|e| FleetError::Consumer {
+                    reason: crate::kafka_client::config_error(&e),
+                    cause: None,
+                })?;
         consumer
             .subscribe(&[settings.topic.as_str()])
-            .map_err(|e| FleetError::Consumer(e.to_string()))?;
+            .map_err(|e| FleetError::Consumer {
+                reason: "cannot subscribe to fleet.topic".to_owned(),
+                cause: Some(crate::error::cause(e)),
+            })?;
         match settings.protocol {
             GroupProtocol::Classic => tracing::info!(
                 group = %settings.group_id,
@@ -206,7 +221,10 @@ impl Member {
         let thread = std::thread::Builder::new()
             .name("fleet-member".into())
             .spawn(move || serve(consumer, &stopping, &watch))
-            .map_err(|e| FleetError::Consumer(format!("cannot start its thread: {e}")))?;
+            .map_err(|e| FleetError::Consumer {
+                reason: "cannot start its thread".to_owned(),
+                cause: Some(crate::error::cause(e)),
+            })?;
         Ok(Member {
             slots,
             stop,
@@ -275,7 +293,7 @@ fn serve(consumer: BaseConsumer<FleetContext>, stop: &AtomicBool, watch: &Watch)
             Some(Ok(_)) | None => {}
             Some(Err(e)) => {
                 if let Some(reason) = refusal(&e, watch) {
-                    tracing::error!(error = %e, "{reason}");
+                    tracing::error!(error = %crate::error::Chain(&e), "{reason}");
                     let _ = consumer.context().events.send(FleetEvent::Refused(reason));
                     break;
                 }
@@ -319,16 +337,16 @@ async fn control_topic(settings: &MemberSettings) -> Result<u32, FleetError> {
     for (key, value) in &settings.connection {
         config.set(key, value);
     }
-    let unreachable = |reason: String| FleetError::Unreachable {
+    let unreachable = |cause: crate::error::Cause| FleetError::Unreachable {
         topic: settings.topic.clone(),
-        reason,
+        cause,
     };
     let error = |reason: String| FleetError::Topic {
         topic: settings.topic.clone(),
         reason,
     };
     let lookup = |e: crate::kafka_client::LookupError| match e {
-        crate::kafka_client::LookupError::Unreachable(_) => unreachable(e.to_string()),
+        crate::kafka_client::LookupError::Unreachable(_) => unreachable(crate::error::cause(e)),
         crate::kafka_client::LookupError::Client(_) => error(e.to_string()),
     };
     let found =
@@ -366,7 +384,7 @@ async fn control_topic(settings: &MemberSettings) -> Result<u32, FleetError> {
             )));
         }
         Err(e @ crate::kafka_client::CreateTopicError::Transient(_)) => {
-            return Err(unreachable(e.to_string()));
+            return Err(unreachable(crate::error::cause(e)));
         }
         Err(e) => return Err(error(e.to_string())),
     }
@@ -453,7 +471,7 @@ impl ConsumerContext for FleetContext {
             Rebalance::Revoke(list) => self.revoke(slots_in(&self.topic, list)),
             // rdkafka unassigns after a failed rebalance: stop what was ours.
             Rebalance::Error(e) => {
-                tracing::warn!(error = %e, "a rebalance failed; this member's databases stop and the group tries again");
+                tracing::warn!(error = %crate::error::Chain(&e), "a rebalance failed; this member's databases stop and the group tries again");
                 let all = self.owned().clone();
                 self.revoke(all);
             }

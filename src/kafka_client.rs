@@ -22,15 +22,16 @@ pub fn config_error(error: &KafkaError) -> String {
 }
 
 /// Why a topic's metadata could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum LookupError {
     /// The client could not be made: a property librdkafka refuses (trying again
-    /// cannot help; the value is not shown).
+    /// cannot help). The client's own error may quote the value, a secret perhaps,
+    /// so only [`config_error`]'s text is kept.
     #[error("cannot create a Kafka client: {0}")]
     Client(String),
     /// The brokers did not answer, or refused the request.
-    #[error("cannot read the topic's metadata: {0}")]
-    Unreachable(String),
+    #[error("cannot read the topic's metadata")]
+    Unreachable(#[source] crate::error::Cause),
 }
 
 /// A topic's partition ids, `None` when it does not exist.
@@ -47,25 +48,26 @@ pub async fn topic_partitions(
             .map_err(|e| LookupError::Client(config_error(&e)))?;
         let metadata = consumer
             .fetch_metadata(Some(&topic), timeout)
-            .map_err(|e| LookupError::Unreachable(e.to_string()))?;
+            .map_err(|e| LookupError::Unreachable(crate::error::cause(e)))?;
         Ok(metadata.topics().first().and_then(|t| {
             (t.error().is_none() && !t.partitions().is_empty())
                 .then(|| t.partitions().iter().map(|p| p.id()).collect())
         }))
     })
     .await
-    .map_err(|e| LookupError::Unreachable(format!("the request's thread failed: {e}")))?
+    .map_err(|e| LookupError::Unreachable(crate::error::cause(e)))?
 }
 
 /// Why a topic could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateTopicError {
-    /// The admin client could not be made (a property librdkafka refuses).
+    /// The admin client could not be made (a property librdkafka refuses; only
+    /// [`config_error`]'s text is kept, as for [`LookupError::Client`]).
     #[error("cannot create a Kafka admin client: {0}")]
     Client(String),
     /// The request failed on the way (brokers unreachable, timed out).
-    #[error("cannot create the topic: {0}")]
-    Transient(String),
+    #[error("cannot create the topic")]
+    Transient(#[source] rdkafka::error::KafkaError),
     /// The broker refused it (no right to create topics, a bad setting).
     #[error("the broker refused to create the topic ({0})")]
     Refused(rdkafka::types::RDKafkaErrorCode),
@@ -92,7 +94,7 @@ pub async fn create_topic(
     let created = admin
         .create_topics([&new], &options)
         .await
-        .map_err(|e| CreateTopicError::Transient(e.to_string()))?;
+        .map_err(CreateTopicError::Transient)?;
     match created.into_iter().next() {
         Some(Ok(_)) => Ok(true),
         Some(Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists))) | None => Ok(false),

@@ -47,6 +47,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod databases;
+pub mod error;
 pub mod event;
 pub mod fleet;
 pub mod glob;

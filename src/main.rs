@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use mssql_ces::config::{Config, LogFormat, Override};
+use mssql_ces::error::Chain;
 use mssql_ces::sink::SinkError;
 use tokio_util::sync::CancellationToken;
 
@@ -194,7 +195,7 @@ fn main() -> ExitCode {
     }) {
         Ok(loaded) => loaded,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", Chain(e.as_ref()));
             return ExitCode::from(2);
         }
     };
@@ -227,10 +228,10 @@ fn main() -> ExitCode {
                     Some(s) if s.is_transient() => {
                         " (transient: a restart resumes from the checkpoint)"
                     }
-                    Some(SinkError::Definite(_)) => " (a restart repeats it: change what it names)",
+                    Some(SinkError::Definite { .. }) => " (a restart repeats it: change what it names)",
                     _ => "",
                 };
-                anyhow::anyhow!("{e}{hint}")
+                anyhow::anyhow!("{}{hint}", Chain(&e))
             })
     });
     // A blocking call still running (a metadata request to a broker that is down)
@@ -242,9 +243,9 @@ fn main() -> ExitCode {
             match log_format {
                 // A log shipper reads the reason as one more JSON line.
                 LogFormat::Json => {
-                    tracing::error!(error = %format!("{e:#}"), "stopped with an error")
+                    tracing::error!(error = %Chain(e.as_ref()), "stopped with an error")
                 }
-                LogFormat::Text => eprintln!("error: {e:#}"),
+                LogFormat::Text => eprintln!("error: {}", Chain(e.as_ref())),
             }
             ExitCode::from(if configuration { 2 } else { 1 })
         }
@@ -465,7 +466,8 @@ fn check(args: &CheckArgs) -> ExitCode {
                 check: "configuration".into(),
                 status: mssql_ces::check::Status::Fail,
                 // The check is named "configuration" already.
-                detail: format!("{e:#}")
+                detail: Chain(e.as_ref())
+                    .to_string()
                     .trim_start_matches("configuration: ")
                     .to_owned(),
                 fix: Some("correct the setting the message names".into()),

@@ -18,6 +18,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::error::{Cause, cause};
 use tiberius::{Client, Config, EncryptionLevel, Row, ToSql};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
@@ -317,13 +318,20 @@ pub const PERSISTENT_ERRORS: &[(u32, Duration, &str)] = &[
 /// 22904 a CDC procedure run without `db_owner` ("DBO privileges are required").
 pub(crate) const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916, 22904];
 
-/// What a failed connection or query means for the caller. The texts are the ones
-/// the source reports (it maps each kind to its own error of the same name).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// What a failed connection or query means for the caller; the source reports it as
+/// it is ([`crate::source::SourceError::Sql`]). The driver's or the system's own
+/// error, when there is one, is kept as the `source`, not copied into the message.
+/// `Clone` because a shared cause is cheap to clone: a connection's verdict is
+/// handed to each database that asked through it.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum SqlErrorKind {
     /// Connection loss, time-out, deadlock victim, throttling: retry with backoff.
     #[error("transient database error: {message}")]
-    Transient { message: String },
+    Transient {
+        message: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     #[error(
         "login failed for the configured user: check source.connection_string (user and password)"
     )]
@@ -334,10 +342,30 @@ pub enum SqlErrorKind {
     PermissionDenied { message: String },
     /// Retrying the same request cannot help; the message says what to change.
     #[error("database error: {message}")]
-    Definite { message: String },
+    Definite {
+        message: String,
+        #[source]
+        cause: Option<Cause>,
+    },
 }
 
 impl SqlErrorKind {
+    /// A failure that retrying can cure, with no lower error behind it.
+    pub fn transient(message: impl Into<String>) -> Self {
+        SqlErrorKind::Transient {
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// A failure that retrying cannot cure, with no lower error behind it.
+    pub fn definite(message: impl Into<String>) -> Self {
+        SqlErrorKind::Definite {
+            message: message.into(),
+            cause: None,
+        }
+    }
+
     /// True when retrying the same request can succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, SqlErrorKind::Transient { .. })
@@ -345,10 +373,23 @@ impl SqlErrorKind {
 }
 
 /// A failed query: what to do about it, and the server's error number if it sent one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SqlError {
     pub code: Option<u32>,
     pub error: SqlErrorKind,
+}
+
+/// Shown as its kind: the number is in the kind's message where it helps.
+impl fmt::Display for SqlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for SqlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
 }
 
 /// The error a server answer with this number and text is: what [`classify`]
@@ -367,14 +408,18 @@ pub fn classify(error: &tiberius::error::Error) -> SqlError {
         // The server answered PRELOGIN without the encryption asked for: retrying
         // cannot change its configuration.
         E::Protocol(message) if message.contains("encryption level") => SqlErrorKind::Definite {
+            cause: None,
             message: format!(
                 "{message} The server does not offer TLS: enable encryption on the server, or set source.encrypt = false (only on a network you trust)"
             ),
         },
         E::Io { .. } | E::Protocol(_) | E::Routing { .. } => SqlErrorKind::Transient {
-            message: error.to_string(),
+            message: "the connection to SQL Server failed".into(),
+            cause: Some(cause(error.clone())),
         },
+        // The driver's own text is left out: its advice is for programmers.
         E::Tls(message) => SqlErrorKind::Definite {
+            cause: None,
             message: format!(
                 "TLS handshake failed: {}. To trust the server: name the CA that signed its certificate with TrustServerCertificateCA=<path to the .pem or .crt> in source.connection_string, or (only on a network you trust) set source.trust_server_certificate = true, which accepts any certificate",
                 tls_reason(message)
@@ -387,7 +432,8 @@ pub fn classify(error: &tiberius::error::Error) -> SqlError {
             };
         }
         other => SqlErrorKind::Definite {
-            message: other.to_string(),
+            message: "the SQL Server driver failed".into(),
+            cause: Some(cause(other.clone())),
         },
     };
     SqlError { code: None, error }
@@ -398,11 +444,9 @@ fn classify_server_error(code: u32, message: &str) -> SqlErrorKind {
     let message = message.to_owned();
     match code {
         18456 => SqlErrorKind::LoginFailed,
-        c if TRANSIENT_ERRORS.contains(&c) => SqlErrorKind::Transient { message },
+        c if TRANSIENT_ERRORS.contains(&c) => SqlErrorKind::transient(message),
         c if PERMISSION_ERRORS.contains(&c) => SqlErrorKind::PermissionDenied { message },
-        _ => SqlErrorKind::Definite {
-            message: format!("SQL Server error {code}: {message}"),
-        },
+        _ => SqlErrorKind::definite(format!("SQL Server error {code}: {message}")),
     }
 }
 
@@ -417,17 +461,11 @@ fn tls_reason(message: &str) -> &str {
     reason.trim().trim_end_matches('.')
 }
 
-fn definite(message: impl Into<String>) -> SqlErrorKind {
-    SqlErrorKind::Definite {
-        message: message.into(),
-    }
-}
-
 /// Whether a run could use these settings: what connecting would refuse at once is
 /// found here, before anything is contacted. The reason never quotes the string.
 pub fn validate(settings: &SqlServerConfig) -> Result<(), String> {
     driver_config(settings).map(drop).map_err(|e| match e {
-        SqlErrorKind::Definite { message } => message,
+        SqlErrorKind::Definite { message, .. } => message,
         other => other.to_string(),
     })
 }
@@ -435,7 +473,7 @@ pub fn validate(settings: &SqlServerConfig) -> Result<(), String> {
 /// The driver's configuration, refusing what would make it panic or hang.
 fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
     let cs = &settings.connection_string;
-    cs.check_keywords().map_err(definite)?;
+    cs.check_keywords().map_err(SqlErrorKind::definite)?;
     let server = cs.setting(SERVER_KEYS);
     if let Some(server) = &server {
         let server = server.trim_start_matches("tcp:");
@@ -444,21 +482,21 @@ fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
             .next()
             .is_none_or(|host| host.trim().is_empty())
         {
-            return Err(definite(
+            return Err(SqlErrorKind::definite(
                 "source.connection_string has an empty Server: give the host (Server=tcp:host,1433)",
             ));
         }
         if let Some((_, instance)) = server.split_once('\\')
             && !instance.contains(',')
         {
-            return Err(definite(format!(
+            return Err(SqlErrorKind::definite(format!(
                 "source.connection_string names the instance `{instance}` without a port; SQL Browser is not supported: give the instance's TCP port instead (Server=tcp:host,PORT)"
             )));
         }
     }
     let pins_ca = cs.setting(&["trustservercertificateca"]).is_some();
     if settings.trust_server_certificate && pins_ca {
-        return Err(definite(
+        return Err(SqlErrorKind::definite(
             "source.trust_server_certificate = true conflicts with TrustServerCertificateCA in source.connection_string: use one of them",
         ));
     }
@@ -467,7 +505,7 @@ fn driver_config(settings: &SqlServerConfig) -> Result<Config, SqlErrorKind> {
         .is_some_and(|v| v.eq_ignore_ascii_case("strict"));
     // The parse error could quote the string, which holds a password: not shown.
     let mut config = Config::from_ado_string(cs.expose()).map_err(|_| {
-        definite("source.connection_string is not a valid ADO.NET connection string (e.g. Server=tcp:host,1433;Database=db;User Id=user;Password=...)")
+        SqlErrorKind::definite("source.connection_string is not a valid ADO.NET connection string (e.g. Server=tcp:host,1433;Database=db;User Id=user;Password=...)")
     })?;
     config.application_name("mssql-ces");
     if !strict {
@@ -496,12 +534,10 @@ pub async fn connect(settings: &SqlServerConfig) -> Result<TdsClient, SqlError> 
         Ok(result) => result,
         Err(_) => Err(SqlError {
             code: None,
-            error: SqlErrorKind::Transient {
-                message: format!(
-                    "connecting and logging in took longer than {} ms (source.connect_timeout_ms)",
-                    limit.as_millis()
-                ),
-            },
+            error: SqlErrorKind::transient(format!(
+                "connecting and logging in took longer than {} ms (source.connect_timeout_ms)",
+                limit.as_millis()
+            )),
         }),
     }
 }
@@ -539,24 +575,27 @@ where
 }
 
 async fn connect_unbounded(mut config: Config, parallel: bool) -> Result<TdsClient, SqlError> {
-    let transient = |message: String| SqlError {
+    let transient = |message: String, error: std::io::Error| SqlError {
         code: None,
-        error: SqlErrorKind::Transient { message },
+        error: SqlErrorKind::Transient {
+            message,
+            cause: Some(cause(error)),
+        },
     };
     // Azure SQL may redirect to another node once.
     for _ in 0..2 {
         let addr = config.get_addr();
         let tcp = open_tcp(&addr, parallel)
             .await
-            .map_err(|e| transient(format!("cannot connect to {addr}: {e}")))?;
+            .map_err(|e| transient(format!("cannot connect to {addr}"), e))?;
         tcp.set_nodelay(true)
-            .map_err(|e| transient(e.to_string()))?;
+            .map_err(|e| transient("cannot set TCP_NODELAY".into(), e))?;
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(Duration::from_secs(30))
             .with_interval(Duration::from_secs(10));
         socket2::SockRef::from(&tcp)
             .set_tcp_keepalive(&keepalive)
-            .map_err(|e| transient(e.to_string()))?;
+            .map_err(|e| transient("cannot set TCP keepalive".into(), e))?;
         match Client::connect(config.clone(), tcp.compat_write()).await {
             Ok(client) => return Ok(client),
             Err(tiberius::error::Error::Routing { host, port }) => {
@@ -566,9 +605,10 @@ async fn connect_unbounded(mut config: Config, parallel: bool) -> Result<TdsClie
             Err(e) => return Err(classify(&e)),
         }
     }
-    Err(transient(
-        "the server redirected the connection more than once".into(),
-    ))
+    Err(SqlError {
+        code: None,
+        error: SqlErrorKind::transient("the server redirected the connection more than once"),
+    })
 }
 
 /// A connection that opens itself on first use and after a failure.
@@ -607,11 +647,10 @@ impl SqlConnection {
                 now
             }
         };
-        let message = match &e.error {
-            SqlErrorKind::Transient { message } | SqlErrorKind::Definite { message } => {
-                message.clone()
-            }
-            other => other.to_string(),
+        let (message, cause) = match &e.error {
+            SqlErrorKind::Transient { message, cause }
+            | SqlErrorKind::Definite { message, cause } => (message.clone(), cause.clone()),
+            other => (other.to_string(), None),
         };
         e.error = if now.duration_since(since) >= bound {
             SqlErrorKind::Definite {
@@ -619,6 +658,7 @@ impl SqlConnection {
                     "SQL Server error {code} for {} s: {message} ({fix})",
                     bound.as_secs()
                 ),
+                cause,
             }
         } else {
             SqlErrorKind::Transient {
@@ -626,6 +666,7 @@ impl SqlConnection {
                     "{message} (error {code}; retried for up to {} s, then the run stops: {fix})",
                     bound.as_secs()
                 ),
+                cause,
             }
         };
         e
@@ -672,9 +713,7 @@ impl SqlConnection {
         let Some(client) = self.client.as_mut() else {
             return Err(SqlError {
                 code: None,
-                error: SqlErrorKind::Transient {
-                    message: "no connection".into(),
-                },
+                error: SqlErrorKind::transient("no connection"),
             });
         };
         let run = async {
@@ -688,12 +727,10 @@ impl SqlConnection {
             Ok(result) => result.map_err(|e| classify(&e)),
             Err(_) => Err(SqlError {
                 code: None,
-                error: SqlErrorKind::Transient {
-                    message: format!(
-                        "a query took longer than {} ms (source.query_timeout_ms)",
-                        limit.as_millis()
-                    ),
-                },
+                error: SqlErrorKind::transient(format!(
+                    "a query took longer than {} ms (source.query_timeout_ms)",
+                    limit.as_millis()
+                )),
             }),
         };
         let result = match result {
@@ -748,9 +785,7 @@ mod tests {
     fn a_deadlock_or_lock_timeout_keeps_the_session_anything_else_transient_drops_it() {
         let transient = |code| SqlError {
             code,
-            error: SqlErrorKind::Transient {
-                message: "x".into(),
-            },
+            error: SqlErrorKind::transient("x"),
         };
         assert!(keeps_session(&transient(Some(1205))));
         assert!(keeps_session(&transient(Some(1222))));
@@ -898,10 +933,10 @@ mod tests {
         ] {
             assert!(classify_server_error(code, "x").is_transient(), "{code}");
         }
-        assert_eq!(
+        assert!(matches!(
             classify_server_error(18456, "Login failed"),
             SqlErrorKind::LoginFailed
-        );
+        ));
         assert!(
             SqlErrorKind::LoginFailed
                 .to_string()
@@ -974,8 +1009,8 @@ mod tests {
         let back = conn.persisted(server_error(4060), start + Duration::from_secs(600));
         assert!(back.error.is_transient());
         assert_eq!(
-            back.error,
-            classify_server_error(4060, "the server's words")
+            back.error.to_string(),
+            classify_server_error(4060, "the server's words").to_string()
         );
     }
 

@@ -562,7 +562,7 @@ fn from_binary_mode(headers: &[(String, Vec<u8>)], value: &[u8]) -> Result<Cloud
 /// Why reading could not go on.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
-    #[error("writing the events: {0}")]
+    #[error("writing the events")]
     Io(#[from] std::io::Error),
     #[error("Kafka: {0}")]
     Kafka(String),

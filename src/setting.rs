@@ -24,16 +24,20 @@ pub enum ConfigError {
     MissingSecret { setting: String, reason: String },
 }
 
-/// A failed file operation on the path `setting` names, said with what to do and
+/// What to do about a failed file operation on the path `setting` names, and
 /// whether a restart helps: a missing directory or a refused write needs a change,
-/// a full disk needs space and then resumes.
-pub fn file_error_advice(setting: &str, path: &std::path::Path, error: &std::io::Error) -> String {
+/// a full disk needs space and then resumes. `None` when the error says enough.
+pub fn file_error_advice(
+    setting: &str,
+    path: &std::path::Path,
+    error: &std::io::Error,
+) -> Option<String> {
     use std::io::ErrorKind as K;
     let directory = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .map_or_else(|| ".".to_owned(), |p| p.display().to_string());
-    let advice = match error.kind() {
+    Some(match error.kind() {
         K::NotFound if !std::path::Path::new(&directory).is_dir() => format!(
             "the directory {directory} does not exist: create it, or set {setting} to a path in one that does (a restart repeats this)"
         ),
@@ -43,9 +47,8 @@ pub fn file_error_advice(setting: &str, path: &std::path::Path, error: &std::io:
         K::StorageFull | K::QuotaExceeded => format!(
             "the disk holding {directory} is full: free space, and a restart resumes from the last checkpoint"
         ),
-        _ => return error.to_string(),
-    };
-    format!("{error}: {advice}")
+        _ => return None,
+    })
 }
 
 /// Prefix of the environment variables that set settings.

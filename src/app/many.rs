@@ -157,7 +157,7 @@ async fn join_fleet(
             Ok(member) => return Ok(Some(member)),
             Err(e) if e.is_transient() => {
                 let wait = backoff.next_wait();
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "cannot join the fleet yet; trying again");
+                tracing::warn!(error = %crate::error::Chain(&e), retry_in_ms = wait.as_millis() as u64, "cannot join the fleet yet; trying again");
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(None),
                     () = tokio::time::sleep(wait) => {}

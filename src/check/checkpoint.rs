@@ -100,6 +100,7 @@ pub(super) async fn check_writable(
         .await
         .unwrap_or_else(|_| {
             Err(crate::checkpoint::CheckpointError::Io {
+                cause: None,
                 location: "the checkpoint store".into(),
                 reason: format!("no answer within {} s", timeout.as_secs_f64()),
             })

@@ -31,7 +31,7 @@ pub(super) async fn kafka_store_unreachable(config: &Config) -> Option<String> {
         .ok()?;
     match kafka::describe_destination(&settings, &[], config.check.timeout).await {
         Ok(_) => None,
-        Err(crate::sink::SinkError::Definite(_)) => {
+        Err(crate::sink::SinkError::Definite { .. }) => {
             Some("the sink's brokers refused this client (see Kafka: brokers)".to_owned())
         }
         Err(_) => Some(format!(
@@ -80,7 +80,7 @@ pub(super) async fn check_destination(
                 );
                 kafka_rights_finding(report, &facts, config);
             }
-                Err(e @ crate::sink::SinkError::Definite(_)) => report.fail(
+                Err(e @ crate::sink::SinkError::Definite { .. }) => report.fail(
                     "Kafka: brokers",
                     e.reason(),
                     "correct the setting the message names",
@@ -188,7 +188,7 @@ async fn check_event_hubs(
                 ),
             }
             if let Err(e) = built.sink.close().await {
-            tracing::debug!(error = %e, "closing the check's Event Hubs connection");
+            tracing::debug!(error = %crate::error::Chain(&e), "closing the check's Event Hubs connection");
         }
         }
         Ok(Err(e)) => report.fail(

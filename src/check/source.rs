@@ -3,6 +3,7 @@
 //! changes (with the verdicts the poller itself acts on).
 
 use super::*;
+use crate::mssql::SqlErrorKind;
 use crate::source::diagnostics::{self, Invisible, LeftOut};
 use crate::source::poller::CaptureInstanceMode;
 use crate::source::{CaptureDdl, CdcReads, FactReads};
@@ -29,10 +30,10 @@ pub(super) async fn check_source<S: CdcReads + FactReads + CaptureDdl>(
         Ok(facts) => facts,
         Err(e) => {
             let fix = match &e {
-                SourceError::LoginFailed => {
+                SourceError::Sql(SqlErrorKind::LoginFailed) => {
                     "check User Id and Password in source.connection_string".to_owned()
                 }
-                SourceError::Transient { .. } => "check Server= (host and port) in source.connection_string, that SQL Server listens there, and the firewall".to_owned(),
+                SourceError::Sql(SqlErrorKind::Transient { .. }) => "check Server= (host and port) in source.connection_string, that SQL Server listens there, and the firewall".to_owned(),
                 _ => "see the error; the setting it names".to_owned(),
             };
             report.fail(

@@ -91,7 +91,9 @@ impl FileStore {
     fn io(&self, error: std::io::Error) -> CheckpointError {
         CheckpointError::Io {
             location: self.path.display().to_string(),
-            reason: crate::setting::file_error_advice("checkpoint.path", &self.path, &error),
+            reason: crate::setting::file_error_advice("checkpoint.path", &self.path, &error)
+                .unwrap_or_else(|| "the file cannot be used".to_owned()),
+            cause: Some(crate::error::cause(error)),
         }
     }
 
@@ -161,7 +163,8 @@ impl FileStore {
         let lease = match &self.lease {
             Some(file) => Some(file.try_clone().map_err(|e| CheckpointError::Io {
                 location: self.path.display().to_string(),
-                reason: format!("cannot share the lock file with the write's thread: {e}"),
+                reason: "cannot share the lock file with the write's thread".to_owned(),
+                cause: Some(crate::error::cause(e)),
             })?),
             None => None,
         };
@@ -234,7 +237,9 @@ mod tests {
         let temp = dir.join(".cp.json.tmp");
         std::os::unix::fs::symlink("/dev/full", &temp).unwrap();
         let error = store.save(&position()).unwrap_err();
-        assert!(error.to_string().contains("No space left"), "{error}");
+        let said = crate::error::Chain(&error).to_string();
+        assert!(said.contains("No space left"), "{said}");
+        assert!(said.contains("is full: free space"), "{said}");
         assert!(
             std::fs::symlink_metadata(&temp).is_err(),
             "the temporary file is gone"
@@ -306,13 +311,16 @@ mod tests {
     fn round_trips_and_replaces_atomically() {
         let dir = temp_dir();
         let store = FileStore::new(dir.join("cp.json"), "orders");
-        assert_eq!(store.load(), Ok(None));
+        assert_eq!(store.load().map_err(|e| e.to_string()), Ok(None));
         store.save(&position()).unwrap();
-        assert_eq!(store.load(), Ok(Some(position())));
+        assert_eq!(
+            store.load().map_err(|e| e.to_string()),
+            Ok(Some(position()))
+        );
         let mut later = position();
         later.last_event = None;
         store.save(&later).unwrap();
-        assert_eq!(store.load(), Ok(Some(later)));
+        assert_eq!(store.load().map_err(|e| e.to_string()), Ok(Some(later)));
         let names: Vec<_> = fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())

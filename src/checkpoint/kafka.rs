@@ -146,6 +146,7 @@ impl KafkaStore {
 
     fn transient(&self, reason: impl std::fmt::Display) -> CheckpointError {
         CheckpointError::Transient {
+            cause: None,
             location: self.location(),
             reason: reason.to_string(),
         }
@@ -162,10 +163,13 @@ impl KafkaStore {
             .set("message.timeout.ms", self.timeout.as_millis().to_string());
         let producer: FutureProducer = config.create().map_err(|e| CheckpointError::Io {
             location: self.location(),
+            // The client's own error may quote a property's value (a secret): the
+            // redacted text stands in for it.
             reason: format!(
                 "cannot create the Kafka producer: {}",
                 crate::kafka_client::config_error(&e)
             ),
+            cause: None,
         })?;
         self.producer = Some(producer.clone());
         Ok(producer)
@@ -224,6 +228,7 @@ impl KafkaStore {
             Retention::Kept => {}
             Retention::Deleted { policy, retention } => {
                 return Err(CheckpointError::Io {
+                    cause: None,
                     location: self.location(),
                     reason: format!(
                         "checkpoint.topic {} has cleanup.policy={policy} (retention.ms {retention}): a stream quiet longer than that would lose its only record and start again from source.start_position; make it compacted: kafka-configs.sh --bootstrap-server <brokers> --alter --entity-type topics --entity-name {} --add-config cleanup.policy=compact",
@@ -279,11 +284,13 @@ impl KafkaStore {
                     LookupError::Unreachable(_) => self.transient(e),
                     LookupError::Client(_) => CheckpointError::Io {
                         location: self.location(),
-                        reason: e.to_string(),
+                        reason: "cannot read the topic's partitions".to_owned(),
+                        cause: Some(crate::error::cause(e)),
                     },
                 })?;
         match &partitions {
             Some(list) if list.len() > 1 => Err(CheckpointError::Io {
+                cause: None,
                 location: self.location(),
                 reason: format!(
                     "checkpoint.topic has {} partitions; it must have one (every stream's checkpoints in one ordered log): create a topic with one partition and cleanup.policy=compact (kafka-topics.sh --create --topic <name> --partitions 1 --config cleanup.policy=compact) and set checkpoint.topic to it",
@@ -313,9 +320,11 @@ impl KafkaStore {
             Err(e @ CreateTopicError::Transient(_)) => Err(self.transient(e)),
             Err(e @ CreateTopicError::Client(_)) => Err(CheckpointError::Io {
                 location: self.location(),
-                reason: e.to_string(),
+                reason: "cannot create the topic".to_owned(),
+                cause: Some(crate::error::cause(e)),
             }),
             Err(CreateTopicError::Refused(code)) => Err(CheckpointError::Io {
+                cause: None,
                 location: self.location(),
                 reason: format!(
                     "cannot create the topic ({code}): create it with cleanup.policy=compact, or give the login the right to create topics"
@@ -340,13 +349,19 @@ impl KafkaStore {
             .await
             .map_err(|e| CheckpointError::Io {
                 location: self.location(),
-                reason: format!("the read's thread failed: {e}"),
+                reason: "the read's thread failed".to_owned(),
+                cause: Some(crate::error::cause(e)),
             })?;
         let read = read.map_err(|failure| match failure {
-            ReadFailure::Transient(reason) => self.transient(reason),
-            ReadFailure::Refused(reason) => CheckpointError::Io {
+            ReadFailure::Transient { reason, cause } => CheckpointError::Transient {
                 location: self.location(),
                 reason,
+                cause: cause.map(crate::error::cause),
+            },
+            ReadFailure::Refused { reason, cause } => CheckpointError::Io {
+                location: self.location(),
+                reason,
+                cause: Some(crate::error::cause(cause)),
             },
         })?;
         match read {
@@ -395,9 +410,14 @@ impl KafkaStore {
                 |(e, _)| match crate::kafka_client::refused_right(&e, &grant) {
                     Some(refused) => CheckpointError::Io {
                         location: self.location(),
-                        reason: format!("{refused}; a restart repeats it ({e})"),
+                        reason: format!("{refused}; a restart repeats it"),
+                        cause: Some(crate::error::cause(e)),
                     },
-                    None => self.transient(format!("the write was not acknowledged: {e}")),
+                    None => CheckpointError::Transient {
+                        location: self.location(),
+                        reason: "the write was not acknowledged".to_owned(),
+                        cause: Some(crate::error::cause(e)),
+                    },
                 },
             );
         if sent.is_ok() {
@@ -422,26 +442,43 @@ struct ReaderContext;
 impl rdkafka::ClientContext for ReaderContext {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         if is_group_refusal(&error) {
-            tracing::debug!(error = %error, reason, "the checkpoint reader's group is not authorised; the read does not need it");
+            tracing::debug!(error = %crate::error::Chain(&error), reason, "the checkpoint reader's group is not authorised; the read does not need it");
         } else {
-            tracing::warn!(error = %error, reason, "the checkpoint reader's Kafka client");
+            tracing::warn!(error = %crate::error::Chain(&error), reason, "the checkpoint reader's Kafka client");
         }
     }
 }
 
 impl rdkafka::consumer::ConsumerContext for ReaderContext {}
 
-/// Why a read failed.
+/// Why a read failed, with the client's error behind it when there is one.
 enum ReadFailure {
     /// It may pass (brokers down, a time-out).
-    Transient(String),
+    Transient {
+        reason: String,
+        cause: Option<rdkafka::error::KafkaError>,
+    },
     /// The login lacks a right: a restart repeats it.
-    Refused(String),
+    Refused {
+        reason: String,
+        cause: rdkafka::error::KafkaError,
+    },
 }
 
-impl From<String> for ReadFailure {
-    fn from(reason: String) -> Self {
-        ReadFailure::Transient(reason)
+impl ReadFailure {
+    fn transient(reason: impl Into<String>) -> Self {
+        ReadFailure::Transient {
+            reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// The client failed while `doing`.
+    fn client(doing: impl Into<String>) -> impl FnOnce(rdkafka::error::KafkaError) -> Self {
+        move |cause| ReadFailure::Transient {
+            reason: doing.into(),
+            cause: Some(cause),
+        }
     }
 }
 
@@ -460,10 +497,14 @@ impl Read {
     fn failure(&self, error: &rdkafka::error::KafkaError) -> ReadFailure {
         let grant = format!("READ on topic {}", self.topic);
         match crate::kafka_client::refused_right(error, &grant) {
-            Some(refused) => {
-                ReadFailure::Refused(format!("{refused}; a restart repeats it ({error})"))
-            }
-            None => ReadFailure::Transient(error.to_string()),
+            Some(refused) => ReadFailure::Refused {
+                reason: format!("{refused}; a restart repeats it"),
+                cause: error.clone(),
+            },
+            None => ReadFailure::Transient {
+                reason: "the read failed".to_owned(),
+                cause: Some(error.clone()),
+            },
         }
     }
 
@@ -482,17 +523,19 @@ impl Read {
             .clone()
             .set("isolation.level", "read_uncommitted")
             .create()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ReadFailure::transient(crate::kafka_client::config_error(&e)))?;
         let mut assignment = rdkafka::TopicPartitionList::new();
         let mut ends = std::collections::BTreeMap::new();
         for &partition in partitions {
             let (low, high) = lister
                 .fetch_watermarks(topic, partition, self.timeout)
-                .map_err(|e| format!("cannot read partition {partition}'s offsets: {e}"))?;
+                .map_err(ReadFailure::client(format!(
+                    "cannot read partition {partition}'s offsets"
+                )))?;
             if high > low {
                 assignment
                     .add_partition_offset(topic, partition, rdkafka::Offset::Offset(low))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(ReadFailure::client("cannot assign the partition"))?;
                 ends.insert(partition, high);
             }
         }
@@ -509,8 +552,10 @@ impl Read {
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .create_with_context(ReaderContext)
-            .map_err(|e| e.to_string())?;
-        consumer.assign(&assignment).map_err(|e| e.to_string())?;
+            .map_err(|e| ReadFailure::transient(crate::kafka_client::config_error(&e)))?;
+        consumer
+            .assign(&assignment)
+            .map_err(ReadFailure::client("cannot assign the partitions"))?;
         let mut found: std::collections::BTreeMap<i32, (i64, Option<String>)> = Default::default();
         let started = std::time::Instant::now();
         let mut waiting_said = false;
@@ -518,7 +563,7 @@ impl Read {
             // Records that keep coming without the end in reach (the wait for an
             // open transaction is bounded below, where nothing comes).
             if started.elapsed() > 2 * self.timeout + self.open_transaction_wait {
-                return Err(ReadFailure::Transient(format!(
+                return Err(ReadFailure::transient(format!(
                     "the topic was not read to its end within {} ms",
                     started.elapsed().as_millis()
                 )));
@@ -526,7 +571,9 @@ impl Read {
             let Some(message) = consumer.poll(Duration::from_millis(100)) else {
                 // A partition whose last records are aborted or control records ends
                 // before its high watermark: its position tells.
-                let positions = consumer.position().map_err(|e| e.to_string())?;
+                let positions = consumer
+                    .position()
+                    .map_err(ReadFailure::client("cannot read the consumer's position"))?;
                 let mut held = None;
                 for element in positions.elements() {
                     let end = ends.get(&element.partition()).copied();
@@ -546,7 +593,7 @@ impl Read {
                 }
                 let Some((partition, at, end)) = held else {
                     if waited > self.timeout + self.open_transaction_wait {
-                        return Err(ReadFailure::Transient(format!(
+                        return Err(ReadFailure::transient(format!(
                             "the topic was not read to its end within {} ms",
                             waited.as_millis()
                         )));
@@ -554,7 +601,7 @@ impl Read {
                     continue;
                 };
                 if waited > self.timeout + self.open_transaction_wait {
-                    return Err(ReadFailure::Transient(format!(
+                    return Err(ReadFailure::transient(format!(
                         "partition {partition} holds a transaction that is neither committed nor aborted at offset {at}, below checkpoints written up to offset {end}; waited {} ms for it to end. It is another writer's on this topic: it ends when that writer commits or aborts it, or when Kafka aborts it at its transaction.timeout.ms",
                         waited.as_millis()
                     )));

@@ -69,6 +69,7 @@ impl MemoryStore {
         if inner.fail_next > 0 {
             inner.fail_next -= 1;
             return Err(CheckpointError::Transient {
+                cause: None,
                 location: "memory".into(),
                 reason: "injected fault".into(),
             });

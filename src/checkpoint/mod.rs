@@ -23,6 +23,7 @@ pub mod table;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Cause;
 use crate::position::Position;
 
 /// What a store holds for one stream.
@@ -61,13 +62,24 @@ pub const CHECKPOINT_VERSION: u32 = 5;
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// Why a checkpoint could not be read or written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("checkpoint {location}: {reason}")]
-    Io { location: String, reason: String },
+    Io {
+        location: String,
+        reason: String,
+        /// The system's, the driver's or the client's own error.
+        #[source]
+        cause: Option<Cause>,
+    },
     /// A fault that can pass (deadlock victim, failover, a reset connection).
     #[error("checkpoint {location}: {reason}")]
-    Transient { location: String, reason: String },
+    Transient {
+        location: String,
+        reason: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     #[error(
         "checkpoint {location} is not a valid checkpoint ({reason}); move it away to start from source.start_position"
     )]
@@ -142,7 +154,7 @@ impl CheckpointStore {
                 // A standby outlives a store that is briefly unreachable (a failover
                 // is when it is needed most).
                 Err(e) if e.is_transient() => {
-                    tracing::warn!(error = %e, "cannot reach the checkpoint store to take the lease; trying again");
+                    tracing::warn!(error = %crate::error::Chain(&e), "cannot reach the checkpoint store to take the lease; trying again");
                     Some("unknown (the store did not answer)".to_owned())
                 }
                 Err(e) => return Err(e),
@@ -183,10 +195,12 @@ impl CheckpointStore {
                 match tokio::time::timeout(FILE_CHECK_BUDGET, check).await {
                     Ok(Ok(checked)) => checked,
                     Ok(Err(e)) => Err(CheckpointError::Io {
+                        cause: Some(crate::error::cause(e)),
                         location,
-                        reason: format!("the lease check's thread failed: {e}"),
+                        reason: "the lease check's thread failed".to_owned(),
                     }),
                     Err(_) => Err(CheckpointError::Transient {
+                        cause: None,
                         location,
                         reason: format!(
                             "the lock file did not answer within {} s (a hung file system?)",
@@ -247,8 +261,9 @@ impl CheckpointStore {
                 })
                 .await
                 .map_err(|e| CheckpointError::Io {
+                    cause: Some(crate::error::cause(e)),
                     location: s.path().display().to_string(),
-                    reason: format!("the write's thread failed: {e}"),
+                    reason: "the write's thread failed".to_owned(),
                 })?
             }
             CheckpointStore::Table(s) => s.save(position).await,
@@ -371,21 +386,25 @@ mod tests {
         // Written again, it is the current version with the same position.
         let again = render("default", &position, "cp.json").expect("renders");
         assert!(again.contains(&format!("\"version\": {CHECKPOINT_VERSION}")));
-        assert_eq!(parse(&again, "default", "cp.json"), Ok(position));
+        assert_eq!(
+            parse(&again, "default", "cp.json").map_err(|e| e.to_string()),
+            Ok(position)
+        );
     }
 
     #[test]
     fn a_newer_version_is_refused_by_name() {
         let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 6", 1);
         let err = parse(&newer, "default", "cp.json").unwrap_err();
-        assert_eq!(
-            err,
-            CheckpointError::NewerVersion {
-                location: "cp.json".into(),
-                found: 6,
-                oldest: OLDEST_READABLE_VERSION,
-                newest: CHECKPOINT_VERSION,
-            }
+        assert!(
+            matches!(
+                &err,
+                CheckpointError::NewerVersion { location, found: 6, oldest, newest }
+                    if location == "cp.json"
+                        && *oldest == OLDEST_READABLE_VERSION
+                        && *newest == CHECKPOINT_VERSION
+            ),
+            "{err:?}"
         );
         let text = err.to_string();
         assert!(
@@ -448,7 +467,10 @@ mod tests {
         let path = temp_checkpoint("takeover");
         let mut active = CheckpointStore::File(file::FileStore::new(&path, "s"));
         let stop = tokio_util::sync::CancellationToken::new();
-        assert_eq!(active.acquire_lease(&stop).await, Ok(true));
+        assert_eq!(
+            active.acquire_lease(&stop).await.map_err(|e| e.to_string()),
+            Ok(true)
+        );
         let standby = tokio::spawn(async move {
             let mut store = CheckpointStore::File(file::FileStore::new(&path, "s"));
             let stop = tokio_util::sync::CancellationToken::new();
@@ -461,7 +483,7 @@ mod tests {
         let released = tokio::time::Instant::now();
         drop(active);
         let (took, at) = standby.await.unwrap();
-        assert_eq!(took, Ok(true));
+        assert_eq!(took.map_err(|e| e.to_string()), Ok(true));
         assert!(
             at - released <= LEASE_RETRY,
             "taken at the next try after the holder went: {:?}",
@@ -474,7 +496,13 @@ mod tests {
         let path = temp_checkpoint("stopped");
         let mut active = CheckpointStore::File(file::FileStore::new(&path, "s"));
         let never = tokio_util::sync::CancellationToken::new();
-        assert_eq!(active.acquire_lease(&never).await, Ok(true));
+        assert_eq!(
+            active
+                .acquire_lease(&never)
+                .await
+                .map_err(|e| e.to_string()),
+            Ok(true)
+        );
         let mut standby = CheckpointStore::File(file::FileStore::new(&path, "s"));
         let stop = tokio_util::sync::CancellationToken::new();
         let stopper = stop.clone();
@@ -482,7 +510,13 @@ mod tests {
             tokio::time::sleep(LEASE_RETRY * 3).await;
             stopper.cancel();
         });
-        assert_eq!(standby.acquire_lease(&stop).await, Ok(false));
+        assert_eq!(
+            standby
+                .acquire_lease(&stop)
+                .await
+                .map_err(|e| e.to_string()),
+            Ok(false)
+        );
         drop(active);
     }
 
@@ -490,9 +524,23 @@ mod tests {
     fn only_transient_faults_are_transient() {
         let at = |reason: &str| (String::from("cp"), reason.to_owned());
         let (location, reason) = at("deadlock victim");
-        assert!(CheckpointError::Transient { location, reason }.is_transient());
+        assert!(
+            CheckpointError::Transient {
+                location,
+                reason,
+                cause: None
+            }
+            .is_transient()
+        );
         let (location, reason) = at("disk full");
-        assert!(!CheckpointError::Io { location, reason }.is_transient());
+        assert!(
+            !CheckpointError::Io {
+                location,
+                reason,
+                cause: None
+            }
+            .is_transient()
+        );
         let (location, reason) = at("bad json");
         assert!(!CheckpointError::Corrupt { location, reason }.is_transient());
     }

@@ -90,6 +90,7 @@ const LOCATION: &str = "table dbo.mssql_ces_checkpoint";
 
 fn error(reason: impl ToString) -> CheckpointError {
     CheckpointError::Io {
+        cause: None,
         location: LOCATION.into(),
         reason: reason.to_string(),
     }
@@ -100,18 +101,25 @@ fn query_error(e: SqlError) -> CheckpointError {
     if e.code == Some(3906) {
         // "Failed to update database … because the database is read-only": the
         // connection reached a readable secondary.
-        return error(format!(
-            "{}: this connection reached a read-only copy of the database (a readable secondary); point checkpoint.connection_string at the primary (the availability group listener without ApplicationIntent=ReadOnly)",
-            e.error
-        ));
+        return CheckpointError::Io {
+            location: LOCATION.into(),
+            reason: "this connection reached a read-only copy of the database (a readable secondary); point checkpoint.connection_string at the primary (the availability group listener without ApplicationIntent=ReadOnly)".to_owned(),
+            cause: Some(crate::error::cause(e)),
+        };
     }
+    let reason = "the checkpoint table's query failed".to_owned();
     if e.error.is_transient() {
         CheckpointError::Transient {
             location: LOCATION.into(),
-            reason: e.error.to_string(),
+            reason,
+            cause: Some(crate::error::cause(e)),
         }
     } else {
-        error(e.error)
+        CheckpointError::Io {
+            location: LOCATION.into(),
+            reason,
+            cause: Some(crate::error::cause(e)),
+        }
     }
 }
 
@@ -214,6 +222,7 @@ impl TableStore {
         match self.confirmed_at {
             Some(at) if at.elapsed() < self.timing.own_session_grace => {
                 Err(CheckpointError::Transient {
+                    cause: None,
                     location: LOCATION.into(),
                     reason: format!(
                         "{holder}: this process's previous session, which the server has not ended yet, or a standby that took over; trying again (after {} s without the lease, this process stops)",

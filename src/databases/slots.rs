@@ -35,9 +35,9 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
         Fut: Future<Output = (S, Result<T, SourceError>)> + Send + 'static,
     {
         let Some(server) = self.server.take() else {
-            return Err(SourceError::Definite {
-                message: "the connection to the server was lost with a task that panicked".into(),
-            });
+            return Err(SourceError::definite(
+                "the connection to the server was lost with a task that panicked",
+            ));
         };
         if self.fleet.is_none() {
             let (server, result) = call(server).await;
@@ -52,9 +52,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
                 // with it the connection).
                 () = shutdown.cancelled() => {
                     task.abort();
-                    return Err(SourceError::Transient {
-                        message: "stopped while the server was being asked".into(),
-                    });
+                    return Err(SourceError::transient("stopped while the server was being asked"));
                 }
                 joined = &mut task => {
                     return match joined {
@@ -62,9 +60,7 @@ impl<S: DatabaseServer + 'static, R: StreamRunner> Supervisor<S, R> {
                             self.server = Some(server);
                             result
                         }
-                        Err(e) => Err(SourceError::Definite {
-                            message: format!("the server's query task failed: {e}"),
-                        }),
+                        Err(e) => Err(SourceError::definite(format!("the server's query task failed: {e}"))),
                     };
                 }
                 event = fleet_event(&mut self.fleet) => match event {

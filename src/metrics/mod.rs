@@ -43,8 +43,12 @@ use crate::source::SourceError;
 /// Why the metrics could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("metrics.listen = {address}: cannot listen there: {reason}")]
-    Bind { address: String, reason: String },
+    #[error("metrics.listen = {address}: cannot listen there")]
+    Bind {
+        address: String,
+        #[source]
+        cause: std::io::Error,
+    },
 }
 
 /// Labels of the per-table counters.
@@ -543,10 +547,10 @@ impl Metrics {
     /// A send or delivery failed with `error`.
     pub fn delivery_failed(&self, error: &SinkError) {
         let kind = match error {
-            SinkError::Transient(_) | SinkError::Abandoned(_) | SinkError::ProducerLost(_) => {
-                DELIVERY_ERROR_KINDS[0]
-            }
-            SinkError::Definite(_) => DELIVERY_ERROR_KINDS[1],
+            SinkError::Transient { .. }
+            | SinkError::Abandoned(_)
+            | SinkError::ProducerLost { .. } => DELIVERY_ERROR_KINDS[0],
+            SinkError::Definite { .. } => DELIVERY_ERROR_KINDS[1],
             SinkError::Io { .. } => DELIVERY_ERROR_KINDS[2],
         };
         self.delivery_errors.get_or_create(&Kind { kind }).inc();
@@ -748,7 +752,7 @@ pub async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListen
         .await
         .map_err(|e| MetricsError::Bind {
             address: address.to_string(),
-            reason: e.to_string(),
+            cause: e,
         })
 }
 
@@ -1044,12 +1048,10 @@ mod tests {
     #[test]
     fn errors_and_checkpoints_are_counted_by_kind() {
         let metrics = Metrics::default();
-        metrics.delivery_failed(&SinkError::Transient("x".into()));
-        metrics.delivery_failed(&SinkError::Definite("x".into()));
-        metrics.delivery_failed(&SinkError::Definite("y".into()));
-        metrics.poll_failed(&SourceError::Transient {
-            message: "x".into(),
-        });
+        metrics.delivery_failed(&SinkError::transient("x"));
+        metrics.delivery_failed(&SinkError::definite("x"));
+        metrics.delivery_failed(&SinkError::definite("y"));
+        metrics.poll_failed(&SourceError::transient("x"));
         metrics.checkpoint_written();
         let sink = SinkHealth::new(true);
         metrics.watch_sink(Arc::clone(&sink));
@@ -1132,9 +1134,7 @@ mod tests {
         assert_eq!(not, "not ready: sink: not connected to the destination");
         sink.set_connected(true);
         assert_eq!(metrics.readiness(), Ok("ready".to_owned()));
-        metrics.poll_failed(&SourceError::Transient {
-            message: "x".into(),
-        });
+        metrics.poll_failed(&SourceError::transient("x"));
         let not = metrics.readiness().unwrap_err();
         assert!(not.contains("last poll failed"), "{not}");
         metrics.poll_finished(Duration::ZERO, None, 1);

@@ -146,7 +146,7 @@ impl LeaseKeeper {
             }
             Err(e) if e.is_transient() => {
                 if self.failing_since.is_none() {
-                    tracing::warn!(error = %e, "cannot confirm this process still holds the stream's lease; sending pauses until it can");
+                    tracing::warn!(error = %crate::error::Chain(&e), "cannot confirm this process still holds the stream's lease; sending pauses until it can");
                     self.failing_since = Some(Instant::now());
                 }
                 Ok(())
@@ -436,6 +436,7 @@ pub(super) async fn save(
                     Ok(saved) => break saved,
                     Err(_) => {
                         return Err(CheckpointError::Transient {
+                            cause: None,
                             location: "checkpoint".into(),
                             reason: format!(
                                 "the last write did not finish within {} s after shutdown.drain_timeout_ms; the next start resumes from the checkpoint before it",
@@ -464,7 +465,7 @@ pub(super) async fn save(
             {
                 attempts += 1;
                 let wait = backoff.next_wait();
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "checkpoint write failed; retrying");
+                tracing::warn!(error = %crate::error::Chain(&e), retry_in_ms = wait.as_millis() as u64, "checkpoint write failed; retrying");
                 // Past the drain timeout, the waits are cut short, and end with
                 // the budget.
                 let wait = match budget_end {
@@ -689,16 +690,14 @@ mod tests {
             .unwrap();
         tx.send(pending(
             2,
-            vec![Delivery::Settled(Err(SinkError::Definite(
-                "refused".into(),
-            )))],
+            vec![Delivery::Settled(Err(SinkError::definite("refused")))],
         ))
         .await
         .unwrap();
         let written = task.await.unwrap().checkpoint;
         assert!(matches!(
             written,
-            Err(PipelineError::Sink(SinkError::Definite(_)))
+            Err(PipelineError::Sink(SinkError::Definite { .. }))
         ));
         assert!(failed.is_cancelled(), "the send loop is told");
         assert_eq!(

@@ -411,10 +411,10 @@ async fn close_sink(mut sink: Sink, deadline: tokio::time::Instant) {
             .min(cap)
     };
     if let Err(e) = sink.flush(moment(Duration::from_millis(100))).await {
-        tracing::debug!(error = %e, "final flush");
+        tracing::debug!(error = %crate::error::Chain(&e), "final flush");
     }
     match tokio::time::timeout(moment(Duration::from_secs(1)), sink.close()).await {
-        Ok(Err(e)) => tracing::warn!(error = %e, "closing the sink"),
+        Ok(Err(e)) => tracing::warn!(error = %crate::error::Chain(&e), "closing the sink"),
         Err(_) => tracing::warn!("closing the sink took too long; left behind"),
         Ok(Ok(())) => {}
     }

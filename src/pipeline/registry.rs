@@ -65,7 +65,7 @@ impl Registrar {
                 Some(Ok(id)) => return Ok(id),
                 Some(Err(e)) if e.is_transient() && started.elapsed() < self.patience => {
                     let wait = backoff.next_wait();
-                    tracing::warn!(error = %e, %subject, retry_in_ms = wait.as_millis() as u64, "schema registry unavailable; retrying");
+                    tracing::warn!(error = %crate::error::Chain(&e), %subject, retry_in_ms = wait.as_millis() as u64, "schema registry unavailable; retrying");
                     let stop = &self.stop;
                     let slept = self.handle.block_on(async {
                         tokio::select! {

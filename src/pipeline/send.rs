@@ -209,7 +209,7 @@ impl Sender {
             let item = tokio::select! {
                 item = encoded.recv() => item,
                 () = sleep_until_some(expires) => {
-                    let e = SinkError::Transient(format!(
+                    let e = SinkError::transient(format!(
                         "the open Kafka transaction would outlive sink.delivery_timeout_ms ({} s) waiting for its batch's next messages (is the schema registry answering?); it is aborted, and a restart resumes from the checkpoint",
                         self.sink.delivery_timeout().unwrap_or_default().as_secs()
                     ));

@@ -69,7 +69,7 @@ pub(super) async fn poll_source<B: BatchSource>(
             }
             Err(e) if e.is_transient() => {
                 let wait = backoff.next_wait();
-                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "transient source error; retrying");
+                tracing::warn!(error = %crate::error::Chain(&e), retry_in_ms = wait.as_millis() as u64, "transient source error; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = stop.cancelled() => return,
@@ -116,9 +116,7 @@ mod tests {
     }
 
     fn transient() -> Result<PollOutcome, SourceError> {
-        Err(SourceError::Transient {
-            message: "connection reset".into(),
-        })
+        Err(SourceError::transient("connection reset"))
     }
 
     async fn run_script(
@@ -200,7 +198,7 @@ mod tests {
         let (at, items) = run_script(
             vec![
                 transient(),
-                Err(SourceError::LoginFailed),
+                Err(SourceError::Sql(crate::mssql::SqlErrorKind::LoginFailed)),
                 Ok(PollOutcome::Idle),
             ],
             true,
@@ -208,7 +206,12 @@ mod tests {
         )
         .await;
         assert_eq!(at.len(), 2, "no poll after the definite error");
-        assert!(matches!(items.as_slice(), [Err(SourceError::LoginFailed)]));
+        assert!(matches!(
+            items.as_slice(),
+            [Err(SourceError::Sql(
+                crate::mssql::SqlErrorKind::LoginFailed
+            ))]
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,6 +18,7 @@ pub mod registry;
 pub mod settings;
 pub mod stream;
 
+use crate::error::{Cause, Chain};
 use crate::event::schema::{SCHEMA_CHANGE_OPERATION, SCHEMA_CHANGE_TYPE, SchemaChange};
 use crate::event::settings::EventSettings;
 use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
@@ -402,23 +403,40 @@ pub struct OutgoingMessage {
     pub tombstone: bool,
 }
 
-/// Why a message could not be delivered, by whether trying again can help.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a message could not be delivered, by whether trying again can help. The
+/// client's or the system's own error, when there is one, is the `source`.
+/// `Clone` because one failure is the answer to every message of a failed batch
+/// (the causes are shared, not copied).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum SinkError {
     /// Not delivered, but the same send may succeed later: a broker or the service
     /// did not answer in time, a connection failed, a batch was released. Sinks retry
     /// these until `sink.delivery_timeout_ms`; after that the run fails and a restart
     /// resumes from the checkpoint.
-    #[error("delivery failed: {0}")]
-    Transient(String),
+    #[error("delivery failed: {reason}")]
+    Transient {
+        reason: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// Cannot succeed as things stand: the destination refuses it (too large, not
     /// authorized, no such topic or event hub) or a setting cannot work. A restart
     /// repeats it; the message names what to change.
-    #[error("delivery cannot succeed: {0}")]
-    Definite(String),
+    #[error("delivery cannot succeed: {reason}")]
+    Definite {
+        reason: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// The output file or stream failed (disk full, closed pipe).
-    #[error("writing {path}: {reason}")]
-    Io { path: String, reason: String },
+    #[error("writing {path}{}", advice.as_deref().map(|a| format!("; {a}")).unwrap_or_default())]
+    Io {
+        path: String,
+        /// What to do about it, where the system's error does not say.
+        advice: Option<String>,
+        #[source]
+        cause: Cause,
+    },
     /// Dropped unsent because of another failure (a Kafka transaction aborted, a
     /// producer stopped by a fatal error): that failure is the one to report. Sent
     /// again from the checkpoint on the next start.
@@ -428,17 +446,82 @@ pub enum SinkError {
     /// broker's no longer agree, or the broker forgot its producer id): it cannot
     /// go on without risking a gap or a reordering, but a new producer, resuming
     /// from the checkpoint, can.
-    #[error("the Kafka producer lost its state ({0}); a new one resumes from the checkpoint")]
-    ProducerLost(String),
+    #[error("the Kafka producer lost its state ({reason}); a new one resumes from the checkpoint")]
+    ProducerLost {
+        reason: String,
+        #[source]
+        cause: Option<Cause>,
+    },
 }
 
 impl SinkError {
-    /// What happened, without the verdict's prefix (for a message that says the
-    /// verdict itself).
+    /// A failure retrying may cure, with no lower error behind it.
+    pub fn transient(reason: impl Into<String>) -> Self {
+        SinkError::Transient {
+            reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// A failure retrying may cure, caused by `cause`.
+    pub fn transient_because(
+        reason: impl Into<String>,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        SinkError::Transient {
+            reason: reason.into(),
+            cause: Some(crate::error::cause(cause)),
+        }
+    }
+
+    /// A failure retrying cannot cure, with no lower error behind it.
+    pub fn definite(reason: impl Into<String>) -> Self {
+        SinkError::Definite {
+            reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// A failure retrying cannot cure, caused by `cause`.
+    pub fn definite_because(
+        reason: impl Into<String>,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        SinkError::Definite {
+            reason: reason.into(),
+            cause: Some(crate::error::cause(cause)),
+        }
+    }
+
+    /// The producer lost its state, as the client's refusal says.
+    pub fn producer_lost(reason: impl Into<String>) -> Self {
+        SinkError::ProducerLost {
+            reason: reason.into(),
+            cause: None,
+        }
+    }
+
+    /// Writing `path`, which `setting` names (none for stdout), failed.
+    pub fn io(path: &std::path::Path, setting: Option<&str>, cause: std::io::Error) -> Self {
+        SinkError::Io {
+            path: path.display().to_string(),
+            advice: setting
+                .and_then(|setting| crate::setting::file_error_advice(setting, path, &cause)),
+            cause: crate::error::cause(cause),
+        }
+    }
+
+    /// What happened with its causes, without the verdict's prefix (for a message
+    /// that says the verdict itself).
     pub fn reason(&self) -> String {
         match self {
-            SinkError::Transient(reason) | SinkError::Definite(reason) => reason.clone(),
-            other => other.to_string(),
+            SinkError::Transient { reason, cause } | SinkError::Definite { reason, cause } => {
+                match cause {
+                    Some(cause) => format!("{reason}: {}", Chain(&**cause)),
+                    None => reason.clone(),
+                }
+            }
+            other => Chain(other).to_string(),
         }
     }
 
@@ -446,7 +529,7 @@ impl SinkError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            SinkError::Transient(_) | SinkError::Abandoned(_) | SinkError::ProducerLost(_)
+            SinkError::Transient { .. } | SinkError::Abandoned(_) | SinkError::ProducerLost { .. }
         )
     }
 }
@@ -493,11 +576,9 @@ impl Delivery {
         match self {
             Delivery::Settled(result) => result,
             Delivery::Kafka(future, ticket) => ticket.outcome(future.await),
-            Delivery::Pending(rx) => rx.await.unwrap_or_else(|_| {
-                Err(SinkError::Transient(
-                    "the sink stopped before sending".into(),
-                ))
-            }),
+            Delivery::Pending(rx) => rx
+                .await
+                .unwrap_or_else(|_| Err(SinkError::transient("the sink stopped before sending"))),
         }
     }
 }
@@ -635,7 +716,7 @@ impl Router {
         let partition_hint = self.partition_hint(change, key.as_deref(), &event.logical_id);
         if event.data_only != (self.mode == CloudEventsMode::Binary) {
             // A wiring defect: the pipeline builds the encoder from the router.
-            return Err(SinkError::Definite(format!(
+            return Err(SinkError::definite(format!(
                 "an event encoded for {} mode reached a {} router",
                 if event.data_only {
                     "binary"
@@ -889,7 +970,7 @@ impl Sink {
             Sink::EventHubsAmqp(s) => tokio::time::timeout(timeout, s.end_batch())
                 .await
                 .unwrap_or_else(|_| {
-                    Err(SinkError::Transient(format!(
+                    Err(SinkError::transient(format!(
                         "Event Hubs did not acknowledge the last batch within {} ms",
                         timeout.as_millis()
                     )))
@@ -897,7 +978,7 @@ impl Sink {
             Sink::Stream(s) => tokio::time::timeout(timeout, s.sync())
                 .await
                 .unwrap_or_else(|_| {
-                    Err(SinkError::Transient(format!(
+                    Err(SinkError::transient(format!(
                         "the output did not sync within {} ms",
                         timeout.as_millis()
                     )))

@@ -68,7 +68,7 @@ pub fn kept_length(path: &std::path::Path, found: u64, resume: &Resume) -> Resul
     match *resume {
         Resume::Checked { length, ref file } => {
             if length > found && file.path != absolute(path) {
-                return Err(SinkError::Definite(format!(
+                return Err(SinkError::definite(format!(
                     "sink.path {} holds {found} bytes, fewer than the {length} the checkpoint says were written to {}: point sink.path at that file, or move the checkpoint away to start over",
                     path.display(),
                     file.path
@@ -79,11 +79,11 @@ pub fn kept_length(path: &std::path::Path, found: u64, resume: &Resume) -> Resul
             Ok(length)
         }
         Resume::At(length) if length <= found => Ok(length),
-        Resume::At(length) => Err(SinkError::Definite(format!(
+        Resume::At(length) => Err(SinkError::definite(format!(
             "sink.path {} holds {found} bytes, fewer than the {length} the checkpoint says were written: it was truncated or replaced; move the checkpoint away to start over",
             path.display()
         ))),
-        Resume::Fresh if found > 0 => Err(SinkError::Definite(format!(
+        Resume::Fresh if found > 0 => Err(SinkError::definite(format!(
             "sink.path {} already holds {found} bytes and there is no checkpoint saying what they are: move the file away (or restore its checkpoint) so that it holds every event exactly once",
             path.display()
         ))),
@@ -141,10 +141,7 @@ pub fn verify_file(path: &std::path::Path, length: u64, file: &SinkFile) -> Resu
     let Some(id) = file.last_id else {
         return Ok(());
     };
-    let io = |e: std::io::Error| SinkError::Io {
-        path: path.display().to_string(),
-        reason: crate::setting::file_error_advice("sink.path", path, &e),
-    };
+    let io = |e: std::io::Error| SinkError::io(path, Some("sink.path"), e);
     let line = last_line(path, length).map_err(io)?.unwrap_or_default();
     let id_text = id.hyphenated().to_string();
     let holds = |bytes: &[u8]| {
@@ -160,7 +157,7 @@ pub fn verify_file(path: &std::path::Path, length: u64, file: &SinkFile) -> Resu
         }
         return Ok(());
     }
-    Err(SinkError::Definite(format!(
+    Err(SinkError::definite(format!(
         "sink.path {} is not the file the checkpoint was written for ({}): its line ending at byte {length} does not hold event {id}, the last the checkpoint covers; point sink.path at that file, or move the checkpoint away to start over",
         path.display(),
         file.path
@@ -346,10 +343,7 @@ impl StreamSink {
     /// Opens `path` for appending, creating it; a regular file is first cut back to
     /// what the checkpoint covers (see the module documentation).
     pub fn file(path: PathBuf, encoding: Encoding, resume: Resume) -> Result<Self, SinkError> {
-        let io = |e: std::io::Error| SinkError::Io {
-            path: path.display().to_string(),
-            reason: crate::setting::file_error_advice("sink.path", &path, &e),
-        };
+        let io = |e: std::io::Error| SinkError::io(&path, Some("sink.path"), e);
         if is_stream_path(&path) {
             let stream_in_file = is_regular(&path);
             let torn = ends_mid_line(&path);
@@ -383,7 +377,7 @@ impl StreamSink {
             match file.try_lock() {
                 Ok(()) => {}
                 Err(std::fs::TryLockError::WouldBlock) => {
-                    return Err(SinkError::Definite(format!(
+                    return Err(SinkError::definite(format!(
                         "sink.path {} is being written by another process (another stream, or a second run of this one without its checkpoint lock): two streams may not write one file",
                         path.display()
                     )));
@@ -441,14 +435,8 @@ impl StreamSink {
 
     fn io(&self, e: std::io::Error) -> SinkError {
         match &self.output {
-            Output::Stdout(_) => SinkError::Io {
-                path: "stdout".to_owned(),
-                reason: e.to_string(),
-            },
-            Output::File(_, p) => SinkError::Io {
-                path: p.display().to_string(),
-                reason: crate::setting::file_error_advice("sink.path", p, &e),
-            },
+            Output::Stdout(_) => SinkError::io(std::path::Path::new("stdout"), None, e),
+            Output::File(_, p) => SinkError::io(p, Some("sink.path"), e),
         }
     }
 

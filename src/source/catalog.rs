@@ -370,9 +370,7 @@ pub fn null(column: &str) -> DecodeError {
 /// A catalog answer that cannot be decoded: definite (the catalog is not what the
 /// queries expect).
 pub(crate) fn catalog_error(error: DecodeError) -> SourceError {
-    SourceError::Definite {
-        message: format!("unexpected catalog result: {error}"),
-    }
+    SourceError::definite(format!("unexpected catalog result: {error}"))
 }
 
 /// A catalog integer in the range of `T`, or an error naming the column.
@@ -415,9 +413,9 @@ pub async fn read_catalog(conn: &mut SqlConnection) -> Result<Catalog, SourceErr
     };
     let mut info = rows(conn, DATABASE_INFO).await?;
     let Some(info) = info.first_mut() else {
-        return Err(SourceError::Definite {
-            message: "the database is not visible to this login".into(),
-        });
+        return Err(SourceError::definite(
+            "the database is not visible to this login",
+        ));
     };
     let database = info.string("database_name").map_err(catalog_error)?;
     // @@SERVERNAME is NULL on a server whose name was never registered

@@ -87,9 +87,9 @@ fn not_visible(code: u32) -> bool {
 }
 
 fn unexpected(error: DecodeError) -> SourceError {
-    SourceError::Definite {
-        message: format!("unexpected result while checking the server: {error}"),
-    }
+    SourceError::definite(format!(
+        "unexpected result while checking the server: {error}"
+    ))
 }
 
 /// Runs `sql`; a refusal becomes `Err(reason)` inside `Ok`, and so does any other
@@ -120,9 +120,9 @@ async fn optional(
 pub async fn read(conn: &mut SqlConnection) -> Result<ServerFacts, SourceError> {
     let mut rows = conn.query(queries::SERVER_FACTS, &[]).await?;
     let Some(row) = rows.pop() else {
-        return Err(SourceError::Definite {
-            message: "the database is not visible to this login (no row in sys.databases)".into(),
-        });
+        return Err(SourceError::definite(
+            "the database is not visible to this login (no row in sys.databases)",
+        ));
     };
     let mut facts = decode_server(NamedRow::new(row)).map_err(unexpected)?;
     // Azure SQL Database runs CDC capture and cleanup on its own scheduler: no Agent

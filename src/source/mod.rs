@@ -35,6 +35,7 @@ use uuid::Uuid;
 use crate::event::Value;
 use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
+use crate::mssql::SqlErrorKind;
 pub use crate::source::facts::{
     AZURE_SQL_DATABASE_EDITION, AZURE_SQL_MANAGED_INSTANCE_EDITION, CdcJob, Fact, LogScan,
     ServerFacts,
@@ -414,11 +415,12 @@ pub struct DdlEvent {
 }
 
 /// Why the source failed, and whether trying again can help.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// Connection loss, time-out, deadlock victim: retry with backoff.
-    #[error("transient database error: {message}")]
-    Transient { message: String },
+    /// What the connection or the server said, or a read that failed as one does
+    /// (time-outs, unexpected answers): retry when transient.
+    #[error(transparent)]
+    Sql(#[from] SqlErrorKind),
     /// `sys.sp_cdc_enable_table` or `sys.sp_cdc_disable_table` gave up waiting
     /// for a lock on the table (1222 after `SET LOCK_TIMEOUT`): a transaction that
     /// wrote it is open. Nothing changed; the step is tried again later.
@@ -430,10 +432,6 @@ pub enum SourceError {
         waited_ms: u64,
         message: String,
     },
-    #[error(
-        "login failed for the configured user: check source.connection_string (user and password)"
-    )]
-    LoginFailed,
     #[error("CDC is not enabled on database `{database}`: run `EXEC sys.sp_cdc_enable_db` in it")]
     CdcNotEnabled { database: String },
     #[error(
@@ -446,10 +444,6 @@ pub enum SourceError {
         "event.columns: {rules} match no column of any included table (patterns are schema.table.column, case-insensitive; * and ?): correct or remove them, or set event.allow_unmatched_column_rules = true"
     )]
     UnmatchedColumnRules { rules: String },
-    #[error(
-        "permission denied: {message}. Grant the poller's user what `sql/03_least_privilege_login.sql` grants"
-    )]
-    PermissionDenied { message: String },
     #[error(
         "changes of capture instance `{capture_instance}` from LSN {first_lost} to {last_lost} were purged by the CDC cleanup job before they were delivered; set source.on_gap = \"skip\" to continue past the loss"
     )]
@@ -513,8 +507,6 @@ pub enum SourceError {
         "the checkpoint belongs to {checkpoint}, but this is {now}: to start a new stream here, give it its own checkpoint (checkpoint.path or checkpoint.stream_name); to continue the old one, point source.connection_string back at its database"
     )]
     OtherDatabase { checkpoint: String, now: String },
-    #[error("database error: {message}")]
-    Definite { message: String },
     /// `source.databases` on a server without cross-database queries.
     #[error(
         "source.databases needs cross-database queries (three-part names), which Azure SQL Database does not have: stream each database with a configuration of its own (source.connection_string with Database=<name>, and its own checkpoint.stream_name), or use a SQL Server or an Azure SQL Managed Instance"
@@ -553,25 +545,23 @@ pub fn gating_role_advice(role: Option<&str>) -> String {
     }
 }
 
-impl From<crate::mssql::SqlErrorKind> for SourceError {
-    fn from(kind: crate::mssql::SqlErrorKind) -> Self {
-        use crate::mssql::SqlErrorKind as K;
-        match kind {
-            K::Transient { message } => SourceError::Transient { message },
-            K::LoginFailed => SourceError::LoginFailed,
-            K::PermissionDenied { message } => SourceError::PermissionDenied { message },
-            K::Definite { message } => SourceError::Definite { message },
-        }
-    }
-}
-
 impl From<crate::mssql::SqlError> for SourceError {
     fn from(e: crate::mssql::SqlError) -> Self {
-        e.error.into()
+        SourceError::Sql(e.error)
     }
 }
 
 impl SourceError {
+    /// A read that failed in a way retrying can cure (a time-out, a wait).
+    pub fn transient(message: impl Into<String>) -> Self {
+        SourceError::Sql(SqlErrorKind::transient(message))
+    }
+
+    /// A read that failed in a way retrying cannot cure (an unexpected answer).
+    pub fn definite(message: impl Into<String>) -> Self {
+        SourceError::Sql(SqlErrorKind::definite(message))
+    }
+
     /// True when the configuration is at fault: a restart repeats the error until
     /// the setting it names is changed.
     pub fn is_configuration(&self) -> bool {
@@ -587,7 +577,7 @@ impl SourceError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            SourceError::Transient { .. }
+            SourceError::Sql(SqlErrorKind::Transient { .. })
                 | SourceError::LockTimeout { .. }
                 | SourceError::CatalogChanged { .. }
                 | SourceError::CleanupRaced { .. }

@@ -127,12 +127,10 @@ pub trait CaptureDdl: Send {
         &mut self,
         request: &EnableCapture,
     ) -> impl Future<Output = Result<(), SourceError>> + Send {
-        std::future::ready(Err(SourceError::Definite {
-            message: format!(
-                "this source cannot enable CDC on {}.{}",
-                request.schema, request.table
-            ),
-        }))
+        std::future::ready(Err(SourceError::definite(format!(
+            "this source cannot enable CDC on {}.{}",
+            request.schema, request.table
+        ))))
     }
 
     /// `sys.sp_cdc_disable_table` for one capture instance of a table.
@@ -140,12 +138,10 @@ pub trait CaptureDdl: Send {
         &mut self,
         instance: &CaptureInstance,
     ) -> impl Future<Output = Result<(), SourceError>> + Send {
-        std::future::ready(Err(SourceError::Definite {
-            message: format!(
-                "this source cannot disable capture instance {}",
-                instance.name
-            ),
-        }))
+        std::future::ready(Err(SourceError::definite(format!(
+            "this source cannot disable capture instance {}",
+            instance.name
+        ))))
     }
 
     /// Per capture instance, the columns of its source table it does not capture,

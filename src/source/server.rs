@@ -96,7 +96,7 @@ pub fn probe_error(error: crate::mssql::SqlError) -> SourceError {
 }
 
 /// What one database answered to the probe.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct DatabaseProbe {
     pub database: String,
     /// Its max LSN and catalog fingerprint, or why it could not be read.
@@ -181,12 +181,9 @@ impl SqlServerDatabases {
 impl DatabaseServer for SqlServerDatabases {
     async fn engine_edition(&mut self) -> Result<i64, SourceError> {
         let rows = self.conn.query(ENGINE_EDITION, &[]).await?;
-        let row = rows
-            .into_iter()
-            .next()
-            .ok_or_else(|| SourceError::Definite {
-                message: "SERVERPROPERTY('EngineEdition') returned no row".into(),
-            })?;
+        let row = rows.into_iter().next().ok_or_else(|| {
+            SourceError::definite("SERVERPROPERTY('EngineEdition') returned no row")
+        })?;
         NamedRow::new(row)
             .int("engine_edition")
             .map_err(catalog_error)
@@ -265,14 +262,10 @@ mod tests {
             self.queries += 1;
             // `lone` drops the connection only when asked alone.
             if chunk.iter().any(|n| n == "flaky") || chunk == ["lone"] {
-                return Err(SourceError::Transient {
-                    message: "connection reset".into(),
-                });
+                return Err(SourceError::transient("connection reset"));
             }
             if chunk.iter().any(|n| n == "bad") {
-                return Err(SourceError::Definite {
-                    message: "error 942: offline".into(),
-                });
+                return Err(SourceError::definite("error 942: offline"));
             }
             Ok(chunk
                 .iter()
@@ -354,7 +347,7 @@ mod tests {
         assert!(probe_error(crate::mssql::server_error(1205, "deadlock")).is_transient());
         assert!(matches!(
             probe_error(crate::mssql::server_error(942, "offline")),
-            SourceError::Definite { .. }
+            SourceError::Sql(SqlErrorKind::Definite { .. })
         ));
     }
 

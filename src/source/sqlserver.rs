@@ -328,11 +328,11 @@ async fn read_pass(
     let (limit, first_row_timeout) = (*limit, *first_row_timeout);
     use futures_util::TryStreamExt as _;
     let classify = |e: tiberius::error::Error| SourceError::from(crate::mssql::classify(&e));
-    let first_row_late = || SourceError::Transient {
-        message: format!(
+    let first_row_late = || {
+        SourceError::transient(format!(
             "the first row of the pass over table {capture_instance} (no key: read in one pass the server sorts first) took longer than {} ms (snapshot.first_row_timeout_ms)",
             first_row_timeout.as_millis()
-        ),
+        ))
     };
     let started = tokio::time::Instant::now();
     // The answer's first token may itself wait for the sort.
@@ -359,12 +359,10 @@ async fn read_pass(
                 if first {
                     first_row_late()
                 } else {
-                    SourceError::Transient {
-                        message: format!(
+                    SourceError::transient(format!(
                             "a row of the pass over table {capture_instance} took longer than {} ms (source.query_timeout_ms)",
                             wait.as_millis()
-                        ),
-                    }
+                        ))
                 }
             })?,
             () = out.closed() => return Ok(false),
@@ -436,13 +434,11 @@ impl SqlServerSource {
             }
             Err(_) => {
                 self.passes.remove(&instance.name);
-                Err(SourceError::Transient {
-                    message: format!(
-                        "reading table {} took longer than {} ms (source.query_timeout_ms)",
-                        instance.qualified_table(),
-                        wait.as_millis()
-                    ),
-                })
+                Err(SourceError::transient(format!(
+                    "reading table {} took longer than {} ms (source.query_timeout_ms)",
+                    instance.qualified_table(),
+                    wait.as_millis()
+                )))
             }
         }
     }

@@ -582,9 +582,7 @@ async fn transient_faults_lose_and_repeat_nothing() {
     for call in 0..200 {
         // Two polls in three start with a fault.
         if call % 3 != 2 {
-            sim.inject_fault(SourceError::Transient {
-                message: "connection reset".into(),
-            });
+            sim.inject_fault(SourceError::transient("connection reset"));
         }
         match poller.poll().await {
             Ok(PollOutcome::Idle) => break,

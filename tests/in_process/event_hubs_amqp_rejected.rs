@@ -60,9 +60,9 @@ async fn a_batch_rejected_as_unauthorized_fails_at_once_as_definite() {
         .end_batch(&Default::default())
         .await
         .expect_err("refused");
-    assert!(matches!(error, SinkError::Definite(_)), "{error:?}");
+    assert!(matches!(error, SinkError::Definite { .. }), "{error:?}");
     assert!(
-        matches!(delivery.wait().await, Err(SinkError::Definite(_))),
+        matches!(delivery.wait().await, Err(SinkError::Definite { .. })),
         "the message's delivery fails with the same kind"
     );
     let transfers = REJECTIONS - arrivals.reject_next.lock().expect("lock").len();

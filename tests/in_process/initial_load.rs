@@ -662,9 +662,7 @@ async fn a_table_without_a_key_is_read_in_one_pass_and_restarts_after_a_fault() 
         polls += 1;
         if polls == 4 {
             // A fault mid-pass: the pass starts over from the first row.
-            sim.inject_fault(SourceError::Transient {
-                message: "connection reset".into(),
-            });
+            sim.inject_fault(SourceError::transient("connection reset"));
         }
         match poller.poll().await {
             Ok(PollOutcome::Batch(batch)) => events.extend(batch.changes),

@@ -303,7 +303,7 @@ async fn exactly_once_commits_each_batch_with_its_position_and_a_fence_stops_the
     );
     assert!(matches!(
         error,
-        mssql_ces::pipeline::PipelineError::Sink(mssql_ces::sink::SinkError::Definite(_))
+        mssql_ces::pipeline::PipelineError::Sink(mssql_ces::sink::SinkError::Definite { .. })
     ));
     // (Whether the fenced transaction's records stay hidden is the broker's part:
     // MockCluster shows aborted records, so that is not asserted here.)
@@ -448,7 +448,7 @@ async fn a_transaction_time_out_the_brokers_refuse_is_definite_and_names_the_set
     let error = sink.init_transactions().await.expect_err("refused");
     let text = error.to_string();
     assert!(
-        matches!(error, mssql_ces::sink::SinkError::Definite(_))
+        matches!(error, mssql_ces::sink::SinkError::Definite { .. })
             && text.contains("INVALID_TRANSACTION_TIMEOUT")
             && text.contains("25000 ms")
             && text.contains("sink.delivery_timeout_ms"),

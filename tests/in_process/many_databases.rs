@@ -31,13 +31,13 @@ struct SimRunner {
 }
 
 impl StreamRunner for SimRunner {
-    type Error = String;
+    type Error = std::io::Error;
 
-    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), String> {
+    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), std::io::Error> {
         let sim = self
             .server
             .database(&database)
-            .ok_or_else(|| format!("{database}: no such database"))?;
+            .ok_or_else(|| std::io::Error::other(format!("{database}: no such database")))?;
         let store = self
             .stores
             .lock()
@@ -51,7 +51,7 @@ impl StreamRunner for SimRunner {
             mssql_ces::event::Encoding::Json,
             Resume::from_checkpoint(position.as_ref()),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(std::io::Error::other)?;
         pipeline::run(
             Poller::new(sim, PollerConfig::default(), position),
             factory(),
@@ -70,7 +70,7 @@ impl StreamRunner for SimRunner {
         )
         .await
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(std::io::Error::other)
     }
 }
 
@@ -262,9 +262,9 @@ async fn a_busy_database_and_two_failing_ones_do_not_hold_up_the_others() {
     // Shop11: every read fails.
     let failing = server.database("Shop11").expect("db");
     for _ in 0..10_000 {
-        failing.inject_fault(mssql_ces::source::SourceError::Definite {
-            message: "SQL Server error 229: SELECT permission denied".into(),
-        });
+        failing.inject_fault(mssql_ces::source::SourceError::definite(
+            "SQL Server error 229: SELECT permission denied",
+        ));
     }
     let dir = temp_dir("busy");
     let supervisor = supervisor(
@@ -497,7 +497,7 @@ async fn source_databases_on_azure_sql_database_is_refused_with_what_to_do() {
     .await
     .expect("it stops at once");
     let err = result.expect_err("refused");
-    let text = err.to_string();
+    let text = mssql_ces::error::Chain(&err).to_string();
     assert!(
         text.contains("source.databases") && text.contains("Azure SQL Database"),
         "{text}"
@@ -608,9 +608,9 @@ struct Member {
 }
 
 impl StreamRunner for Member {
-    type Error = String;
+    type Error = std::io::Error;
 
-    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), String> {
+    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), std::io::Error> {
         {
             let mut active = self.shared.active.lock().expect("active");
             let entry = active.entry(database.clone()).or_default();
@@ -841,11 +841,11 @@ struct FailingOne {
 }
 
 impl StreamRunner for FailingOne {
-    type Error = String;
+    type Error = std::io::Error;
 
-    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), String> {
+    async fn run(&self, database: String, stop: CancellationToken) -> Result<(), std::io::Error> {
         if database == self.failing {
-            return Err(format!("{database}: no permission"));
+            return Err(std::io::Error::other(format!("{database}: no permission")));
         }
         self.holding.run(database, stop).await
     }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mssql_ces::lsn::Lsn;
+use mssql_ces::mssql::SqlErrorKind;
 use mssql_ces::source::queries;
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
 use mssql_ces::source::{CaptureDdl, CdcReads, ChangeSource, FactReads, SourceError, TableReads};
@@ -192,7 +193,10 @@ async fn a_wrong_password_is_the_login_error_that_names_the_setting() {
         .unwrap();
     let mut source = source(&standin, "not the password", Duration::from_secs(5));
     let error = source.max_lsn().await.unwrap_err();
-    assert_eq!(error, SourceError::LoginFailed);
+    assert!(
+        matches!(error, SourceError::Sql(SqlErrorKind::LoginFailed)),
+        "{error:?}"
+    );
     assert!(error.to_string().contains("source.connection_string"));
     assert!(
         !error.to_string().contains("not the password"),
@@ -239,9 +243,9 @@ async fn server_errors_are_classified_as_documented() {
         number.store(code, Ordering::SeqCst);
         let error = source.min_lsn("dbo_Orders").await.unwrap_err();
         let kind = match &error {
-            SourceError::Transient { .. } => "transient",
-            SourceError::PermissionDenied { .. } => "permission",
-            SourceError::Definite { .. } => "definite",
+            SourceError::Sql(SqlErrorKind::Transient { .. }) => "transient",
+            SourceError::Sql(SqlErrorKind::PermissionDenied { .. }) => "permission",
+            SourceError::Sql(SqlErrorKind::Definite { .. }) => "definite",
             other => panic!("{code}: {other:?}"),
         };
         assert_eq!(kind, expect, "error {code}: {error}");
@@ -1060,7 +1064,7 @@ mod collations {
         let rows = conn
             .query("SELECT v FROM t;", &[])
             .await
-            .map_err(|e| e.error.to_string())?;
+            .map_err(|e| mssql_ces::error::Chain(&e).to_string())?;
         let row = rows.into_iter().next().ok_or("no row")?;
         row.try_get::<&str, _>(0)
             .map_err(|e| e.to_string())?

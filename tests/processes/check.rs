@@ -530,7 +530,9 @@ fn config_with_checkpoint(dir: &Path, checkpoint: &Path) -> Config {
 async fn a_source_that_refuses_the_login_stops_the_source_checks() {
     let dir = temp_dir("check-login");
     let sim = database();
-    sim.inject_fault(SourceError::LoginFailed);
+    sim.inject_fault(SourceError::Sql(
+        mssql_ces::mssql::SqlErrorKind::LoginFailed,
+    ));
     let report = run(&stdout_config(&dir), &sim).await;
     let login = expect(&report, "SQL Server", Status::Fail);
     assert!(

@@ -17,6 +17,7 @@ use futures_util::FutureExt as _;
 use mssql_ces::event::Value;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::lsn::Lsn;
+use mssql_ces::mssql::SqlErrorKind;
 use mssql_ces::source::catalog::{
     CAPTURE_INSTANCES, CAPTURED_COLUMNS, CATALOG_VERSION, DATABASE_GUID, DATABASE_INFO,
     KEY_COLUMNS, SERVER_TIME_ZONE,
@@ -51,9 +52,13 @@ fn error_reply(error: SourceError) -> Reply {
     let number = match &error {
         SourceError::CatalogChanged { message } if message.contains("207") => 207,
         SourceError::CatalogChanged { .. } => 208,
-        SourceError::PermissionDenied { message } if message.contains("22904") => 22904,
-        SourceError::PermissionDenied { .. } => 229,
-        SourceError::Transient { .. } => 1205,
+        SourceError::Sql(SqlErrorKind::PermissionDenied { message })
+            if message.contains("22904") =>
+        {
+            22904
+        }
+        SourceError::Sql(SqlErrorKind::PermissionDenied { .. }) => 229,
+        SourceError::Sql(SqlErrorKind::Transient { .. }) => 1205,
         _ => 50000,
     };
     Reply::Error {
@@ -888,9 +893,7 @@ fn read_changes<S: ChangeSource>(
     instance: &CaptureInstance,
     request: &Request,
 ) -> Result<Reply, SourceError> {
-    let bad = || SourceError::Definite {
-        message: "stand-in: read_changes parameters".into(),
-    };
+    let bad = || SourceError::definite("stand-in: read_changes parameters");
     let limit = param_int(request, 0).ok_or_else(bad)? as usize;
     let to = param_lsn(request, 1).ok_or_else(bad)?;
     let after = RowKey {

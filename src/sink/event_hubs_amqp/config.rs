@@ -88,7 +88,9 @@ impl EventHubsAmqpSinkConfig {
                     kafka.connection_string = self.connection_string.clone();
                     kafka
                 })
-                .map_err(|e| crate::sink::SinkError::Definite(e.to_string())),
+                .map_err(|e| {
+                    crate::sink::SinkError::definite_because("the Kafka client's settings", e)
+                }),
         )
     }
 
@@ -154,7 +156,7 @@ impl EventHubsAmqpSinkConfig {
         routing: &RoutingSettings,
         health: std::sync::Arc<crate::sink::SinkHealth>,
     ) -> Result<BuiltSink, SinkError> {
-        let definite = |e: &dyn std::fmt::Display| SinkError::Definite(e.to_string());
+        let definite = |e: &dyn std::fmt::Display| SinkError::definite(e.to_string());
         let (credential, entity) = match self.entra_credential {
             None => {
                 let secret = self
@@ -166,9 +168,7 @@ impl EventHubsAmqpSinkConfig {
             }
             Some(kind) => {
                 let namespace = self.namespace.clone().ok_or_else(|| {
-                    SinkError::Definite(
-                        "sink.namespace is required with sink.entra_credential".into(),
-                    )
+                    SinkError::definite("sink.namespace is required with sink.entra_credential")
                 })?;
                 let credential: std::sync::Arc<dyn azure_core::credentials::TokenCredential> =
                     match kind {
@@ -195,9 +195,8 @@ impl EventHubsAmqpSinkConfig {
             }
         };
         let topic = routing.topic.clone().or(entity).ok_or_else(|| {
-            SinkError::Definite(
-                "sink.topic: name the event hub, or put EntityPath= in the connection string"
-                    .into(),
+            SinkError::definite(
+                "sink.topic: name the event hub, or put EntityPath= in the connection string",
             )
         })?;
         let sink = EventHubsAmqpSink::connect(

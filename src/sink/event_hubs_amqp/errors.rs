@@ -11,14 +11,18 @@ use super::SinkError;
 /// Decided by the client's own error types, found along the error's source chain
 /// (`EventHubsError` → `AmqpError` → the described AMQP error the service sent),
 /// never by the text.
+///
+/// The client's text is kept without a `source`: each of its layers prints the one
+/// below it in its own text behind a label, so the plain text (see [`plain`]) says
+/// it all once.
 pub(super) fn delivery_error<E>(e: E) -> SinkError
 where
     E: std::error::Error + 'static,
 {
     if is_definite(&e) {
-        SinkError::Definite(e.to_string())
+        SinkError::definite(e.to_string())
     } else {
-        SinkError::Transient(e.to_string())
+        SinkError::transient(e.to_string())
     }
 }
 

@@ -104,8 +104,8 @@ impl Authority {
             }
             Authority::Signature { token, expires_on } => {
                 if OffsetDateTime::now_utc() >= *expires_on {
-                    return Err(SinkError::Definite(
-                        "the SharedAccessSignature in the Event Hubs connection string has expired; give a new one, or a SharedAccessKey, which the sink renews itself".into(),
+                    return Err(SinkError::definite(
+                        "the SharedAccessSignature in the Event Hubs connection string has expired; give a new one, or a SharedAccessKey, which the sink renews itself",
                     ));
                 }
                 Ok((token.clone(), SAS_TOKEN_TYPE, *expires_on))
@@ -115,7 +115,7 @@ impl Authority {
                     .get_token(&[EVENT_HUBS_SCOPE], None)
                     .await
                     .map_err(|e| {
-                        SinkError::Transient(format!(
+                        SinkError::transient(format!(
                             "no Microsoft Entra token for Event Hubs: {}",
                             plain(&e)
                         ))
@@ -133,7 +133,7 @@ fn sign(audience: &str, key_name: &str, key: &Secret, expiry: i64) -> Result<Sec
     use hmac::{Hmac, Mac as _};
     let resource = query_escape(audience).to_lowercase();
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(key.secret().as_bytes())
-        .map_err(|_| SinkError::Definite("the Event Hubs SharedAccessKey cannot sign".into()))?;
+        .map_err(|_| SinkError::definite("the Event Hubs SharedAccessKey cannot sign"))?;
     mac.update(format!("{resource}\n{expiry}").as_bytes());
     let signature = base64::Engine::encode(
         &base64::engine::general_purpose::STANDARD,
@@ -192,7 +192,7 @@ impl Links {
             EventHubsCredential::ConnectionString(text) => {
                 // The parser's errors do not quote the string.
                 let parsed: ConnectionString = text.parse().map_err(|e| {
-                    SinkError::Definite(format!(
+                    SinkError::definite(format!(
                         "the Event Hubs connection string cannot be read: {}",
                         plain(&e)
                     ))
@@ -215,8 +215,8 @@ impl Links {
                         key: key.clone(),
                     },
                     _ => {
-                        return Err(SinkError::Definite(
-                            "the Event Hubs connection string has neither SharedAccessKeyName and SharedAccessKey nor SharedAccessSignature".into(),
+                        return Err(SinkError::definite(
+                            "the Event Hubs connection string has neither SharedAccessKeyName and SharedAccessKey nor SharedAccessSignature",
                         ));
                     }
                 };
@@ -228,14 +228,14 @@ impl Links {
             } => (namespace.clone(), Authority::Entra(Arc::clone(credential))),
         };
         let url = Url::parse(&format!("amqps://{namespace}")).map_err(|e| {
-            SinkError::Definite(format!("the Event Hubs namespace {namespace:?}: {e}"))
+            SinkError::definite_because(format!("the Event Hubs namespace {namespace:?}"), e)
         })?;
         let custom_endpoint = target
             .custom_endpoint
             .as_deref()
             .map(Url::parse)
             .transpose()
-            .map_err(|e| SinkError::Definite(format!("the Event Hubs endpoint: {e}")))?;
+            .map_err(|e| SinkError::definite_because("the Event Hubs endpoint", e))?;
         let connection = AmqpConnection::new();
         connection
             .open(
@@ -387,9 +387,9 @@ impl Links {
                 });
                 let text = format!("Event Hubs {text}");
                 Err(if definite {
-                    SinkError::Definite(text)
+                    SinkError::definite(text)
                 } else {
-                    SinkError::Transient(text)
+                    SinkError::transient(text)
                 })
             }
         }
@@ -409,9 +409,9 @@ impl Links {
 fn amqp_error(doing: &str, e: &azure_core_amqp::AmqpError) -> SinkError {
     let text = format!("Event Hubs: {doing}: {}", plain(e));
     if is_definite(e) {
-        SinkError::Definite(text)
+        SinkError::definite(text)
     } else {
-        SinkError::Transient(text)
+        SinkError::transient(text)
     }
 }
 
@@ -423,9 +423,7 @@ fn signature_expiry(token: &str) -> Result<OffsetDateTime, SinkError> {
         .and_then(|se| se.parse::<i64>().ok())
         .and_then(|se| OffsetDateTime::from_unix_timestamp(se).ok())
         .ok_or_else(|| {
-            SinkError::Definite(
-                "the SharedAccessSignature in the Event Hubs connection string has no readable expiry (se=)".into(),
-            )
+            SinkError::definite("the SharedAccessSignature in the Event Hubs connection string has no readable expiry (se=)")
         })
 }
 
@@ -461,13 +459,13 @@ impl Batch {
     /// Adds `message` if the batch can take it; false (the batch unchanged) if not.
     pub(super) fn try_add(&mut self, message: &AmqpMessage) -> Result<bool, SinkError> {
         let encoded = AmqpMessage::serialize(message)
-            .map_err(|e| SinkError::Definite(format!("an event cannot be encoded: {e}")))?;
+            .map_err(|e| SinkError::definite(format!("an event cannot be encoded: {e}")))?;
         let (envelope, base) = match &self.envelope {
             Some(_) => (None, self.size),
             None => {
                 let envelope = envelope_of(message);
                 let bare = AmqpMessage::serialize(&envelope)
-                    .map_err(|e| SinkError::Definite(format!("a batch cannot be encoded: {e}")))?;
+                    .map_err(|e| SinkError::definite(format!("a batch cannot be encoded: {e}")))?;
                 (Some(envelope), bare.len() as u64)
             }
         };

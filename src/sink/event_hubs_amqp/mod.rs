@@ -217,7 +217,7 @@ impl EventHubsAmqpSink {
                 map
             }
             Ok(Err(e)) => {
-                tracing::warn!(event_hub, error = %e, "cannot read the event hub's partitions; sending each partition key through the gateway, one key at a time (slower)");
+                tracing::warn!(event_hub, error = %crate::error::Chain(&e), "cannot read the event hub's partitions; sending each partition key through the gateway, one key at a time (slower)");
                 None
             }
             Err(_) => {
@@ -258,7 +258,7 @@ impl EventHubsAmqpSink {
         {
             Ok(Ok(properties)) => properties,
             Ok(Err(e)) => {
-                tracing::warn!(event_hub = %self.target.event_hub, error = %e, "reading the event hub's partitions again failed; keeping the partitions read before");
+                tracing::warn!(event_hub = %self.target.event_hub, error = %crate::error::Chain(&e), "reading the event hub's partitions again failed; keeping the partitions read before");
                 return;
             }
             Err(_) => {
@@ -270,7 +270,7 @@ impl EventHubsAmqpSink {
                 self.count_resend();
                 let deadline = tokio::time::Instant::now() + self.send_timeout;
                 if let Err(e) = self.reopen_until(generation, deadline).await {
-                    tracing::warn!(event_hub = %self.target.event_hub, error = %e, "opening a new Event Hubs connection failed; the next send tries again");
+                    tracing::warn!(event_hub = %self.target.event_hub, error = %crate::error::Chain(&e), "opening a new Event Hubs connection failed; the next send tries again");
                 }
                 return;
             }
@@ -319,7 +319,7 @@ impl EventHubsAmqpSink {
             }
             let opened = joined.map(|j| {
                 j.unwrap_or_else(|e| {
-                    Err(SinkError::Transient(format!(
+                    Err(SinkError::transient(format!(
                         "opening the Event Hubs producer: {e}"
                     )))
                 })
@@ -334,7 +334,7 @@ impl EventHubsAmqpSink {
                 Ok(Err(e)) if !e.is_transient() => return Err(e),
                 Ok(Err(e)) => e,
                 Err(_) => {
-                    return Err(SinkError::Transient(format!(
+                    return Err(SinkError::transient(format!(
                         "the Event Hubs producer could not be opened within sink.delivery_timeout_ms ({} ms){}",
                         timeout.as_millis(),
                         last.map_or_else(String::new, |e| format!(
@@ -389,11 +389,11 @@ impl EventHubsAmqpSink {
             }
         }
         .map_err(|e| match is_definite(&e) {
-            true => SinkError::Definite(format!(
+            true => SinkError::definite(format!(
                 "cannot open the Event Hubs producer: {}",
                 plain(&e)
             )),
-            false => SinkError::Transient(format!(
+            false => SinkError::transient(format!(
                 "cannot open the Event Hubs producer: {}",
                 plain(&e)
             )),
@@ -560,7 +560,7 @@ impl EventHubsAmqpSink {
         // says if the deadline passes.
         let mut not_stored = false;
         let out_of_time = |not_stored: bool| {
-            SinkError::Transient(if not_stored {
+            SinkError::transient(if not_stored {
                 format!(
                     "Event Hubs did not store a batch (released or modified) within sink.delivery_timeout_ms ({} ms)",
                     self.send_timeout.as_millis()
@@ -599,7 +599,7 @@ impl EventHubsAmqpSink {
                 // Transient (a dropped connection, the service busy): again on a
                 // new connection while the deadline allows.
                 Ok(Err(e)) if e.is_transient() && tokio::time::Instant::now() < deadline => {
-                    tracing::warn!(error = %e, "sending a batch to Event Hubs failed; sending it again on a new connection");
+                    tracing::warn!(error = %crate::error::Chain(&e), "sending a batch to Event Hubs failed; sending it again on a new connection");
                     self.count_resend();
                     drop(links);
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -631,7 +631,7 @@ impl EventHubsAmqpSink {
         // bounded by the same deadline.
         let Ok(mut connection) = tokio::time::timeout_at(deadline, self.connection.write()).await
         else {
-            return Err(SinkError::Transient(format!(
+            return Err(SinkError::transient(format!(
                 "Event Hubs: the connection could not be replaced within sink.delivery_timeout_ms ({} ms): a send on it does not return",
                 self.send_timeout.as_millis()
             )));
@@ -656,7 +656,7 @@ impl EventHubsAmqpSink {
                     return Ok(());
                 }
                 Err(e) if tokio::time::Instant::now() + wait < deadline => {
-                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "reopening the Event Hubs connection failed; retrying");
+                    tracing::warn!(error = %crate::error::Chain(&e), retry_in_ms = wait.as_millis() as u64, "reopening the Event Hubs connection failed; retrying");
                     tokio::time::sleep(wait).await;
                 }
                 Err(e) => return Err(e),
@@ -695,7 +695,7 @@ impl EventHubsAmqpSink {
             };
             batch = Batch::new(link_max);
             if !batch.try_add(&amqp(first))? {
-                return Err(SinkError::Definite(format!(
+                return Err(SinkError::definite(format!(
                     "a {}-byte message is more than the event hub's link takes ({link_max} bytes): lower event.max_message_size_kb",
                     first.payload.len()
                 )));
@@ -807,12 +807,18 @@ mod tests {
                 described(condition.clone()),
                 "send failed",
             );
-            assert!(matches!(delivery_error(wrapped), SinkError::Definite(_)));
+            assert!(matches!(
+                delivery_error(wrapped),
+                SinkError::Definite { .. }
+            ));
         }
         for condition in [C::ServerBusyError, C::TimeoutError, C::InternalError] {
             assert!(!is_definite(&described(condition.clone())), "{condition:?}");
         }
         let dropped = AmqpError::from(AmqpErrorKind::SimpleMessage("connection reset".into()));
-        assert!(matches!(delivery_error(dropped), SinkError::Transient(_)));
+        assert!(matches!(
+            delivery_error(dropped),
+            SinkError::Transient { .. }
+        ));
     }
 }

@@ -30,7 +30,7 @@ pub fn check_topic_limit(
     sized_by: &str,
 ) -> Result<(), SinkError> {
     if largest_batch > topic_limit {
-        return Err(SinkError::Definite(format!(
+        return Err(SinkError::definite(format!(
             "topic {topic} accepts record batches up to {topic_limit} bytes (its max.message.bytes, or the broker's message.max.bytes), but this producer sends batches of up to {largest_batch} bytes (the largest message, {sized_by}, with its headers, or librdkafka's batching, min(batch.size, message.max.bytes)): raise the topic's max.message.bytes to {largest_batch}, or lower {sized_by} (and \"batch.size\" in [sink.kafka])"
         )));
     }
@@ -104,7 +104,7 @@ pub async fn describe_destination(
             .map_or("", |(_, v)| v.as_str()),
     ));
     let created = |e: rdkafka::error::KafkaError| {
-        SinkError::Definite(format!(
+        SinkError::definite(format!(
             "cannot create a Kafka client: {}",
             super::config_error(&e)
         ))
@@ -125,7 +125,7 @@ pub async fn describe_destination(
     let mut refusals = brokers.refusals();
     let metadata = tokio::select! {
         fetched = fetched => fetched
-            .map_err(|e| SinkError::Transient(format!("metadata request: {e}")))?
+            .map_err(|e| SinkError::transient_because("the metadata request's thread failed", e))?
             .map_err(|e| match brokers.refused() {
                 Some(_) => brokers.refusal_error(),
                 None => delivery_error(&e),

@@ -675,7 +675,7 @@ impl KafkaSinkConfig {
     fn security_properties(&self) -> Result<Vec<(String, String)>, SinkError> {
         let secret = |s: &SecretRef, setting: &str| {
             s.resolve(setting)
-                .map_err(|e| SinkError::Definite(e.to_string()))
+                .map_err(|e| SinkError::definite_because("a secret cannot be read", e))
         };
         let protocol = self.security_protocol;
         let mut out = vec![("security.protocol".to_owned(), protocol.as_str().to_owned())];
@@ -753,13 +753,10 @@ impl KafkaSinkConfig {
                 let secret = self
                     .connection_string
                     .resolve("sink.connection_string")
-                    .map_err(|e| SinkError::Definite(e.to_string()))?;
+                    .map_err(|e| SinkError::definite_because("a secret cannot be read", e))?;
                 let (_, entity) = parse_event_hubs_connection_string(&secret)?;
                 let topic = routing.topic.clone().or(entity).ok_or_else(|| {
-                    SinkError::Definite(
-                        "sink.topic: name the event hub, or put EntityPath= in the connection string"
-                            .into(),
-                    )
+                    SinkError::definite("sink.topic: name the event hub, or put EntityPath= in the connection string")
                 })?;
                 (Some(secret), topic)
             }
@@ -809,9 +806,8 @@ pub fn parse_event_hubs_connection_string(
         }
     }
     let host = host.filter(|h| !h.is_empty()).ok_or_else(|| {
-        SinkError::Definite(
-            "sink.connection_string has no Endpoint=sb://<namespace>.servicebus.windows.net/"
-                .into(),
+        SinkError::definite(
+            "sink.connection_string has no Endpoint=sb://<namespace>.servicebus.windows.net/",
         )
     })?;
     Ok((host, entity))
@@ -821,7 +817,7 @@ pub fn parse_event_hubs_connection_string(
 /// port of its own is refused, naming it (`sb://host:9/` would become `host:9:9093`).
 fn kafka_endpoint(host: &str) -> Result<String, SinkError> {
     if host.contains(':') || host.contains('/') {
-        return Err(SinkError::Definite(format!(
+        return Err(SinkError::definite(format!(
             "sink.connection_string: Endpoint=sb://{host}/ gives a port or a path; Event Hubs' Kafka endpoint is always port 9093 of the namespace: write Endpoint=sb://<namespace>.servicebus.windows.net/"
         )));
     }
@@ -834,7 +830,7 @@ fn request_limit(flavour: KafkaFlavour, max_message_bytes: usize) -> Result<usiz
     Ok(match flavour {
         KafkaFlavour::EventHubs => {
             if max_message_bytes + EVENT_HUBS_RECORD_OVERHEAD >= EVENT_HUBS_REQUEST_LIMIT {
-                return Err(SinkError::Definite(format!(
+                return Err(SinkError::definite(format!(
                     "event.max_message_size_kb = {}: Event Hubs' Kafka endpoint closes the connection on requests of {EVENT_HUBS_REQUEST_LIMIT} bytes or more; use at most {EVENT_HUBS_MAX_MESSAGE_KB}",
                     max_message_bytes / 1024
                 )));
@@ -924,7 +920,7 @@ impl KafkaSettings {
         match flavour {
             KafkaFlavour::EventHubs => {
                 let secret = event_hubs_secret.ok_or_else(|| {
-                    SinkError::Definite("sink.connection_string is required for Event Hubs".into())
+                    SinkError::definite("sink.connection_string is required for Event Hubs")
                 })?;
                 let (host, _) = parse_event_hubs_connection_string(secret)?;
                 let compression = sink.compression.unwrap_or(Compression::None);
@@ -946,9 +942,10 @@ impl KafkaSettings {
                 ]);
             }
             KafkaFlavour::Kafka => {
-                let servers = sink.bootstrap_servers.clone().ok_or_else(|| {
-                    SinkError::Definite("sink.bootstrap_servers is required".into())
-                })?;
+                let servers = sink
+                    .bootstrap_servers
+                    .clone()
+                    .ok_or_else(|| SinkError::definite("sink.bootstrap_servers is required"))?;
                 let compression = sink.compression.unwrap_or_default();
                 properties.extend([
                     ("bootstrap.servers".to_owned(), servers),

@@ -55,7 +55,7 @@ pub fn delivery_error_to(error: &KafkaError, topic: Option<&str>) -> SinkError {
         None => "WRITE on the topic the event is routed to".to_owned(),
     };
     if let Some(refused) = crate::kafka_client::refused_right(error, &grant) {
-        return SinkError::Definite(format!("{refused} ({error})"));
+        return SinkError::definite_because(refused, error.clone());
     }
     use RDKafkaErrorCode as C;
     let code = match error {
@@ -81,8 +81,8 @@ pub fn delivery_error_to(error: &KafkaError, topic: Option<&str>) -> SinkError {
         )
     );
     let said = match topic {
-        Some(topic) => format!("topic {topic}: {error}"),
-        None => error.to_string(),
+        Some(topic) => format!("topic {topic}"),
+        None => "Kafka".to_owned(),
     };
     // The idempotent producer's sequence and the broker's no longer agree, or the
     // broker forgot its producer id: librdkafka stops the producer (a fatal error).
@@ -90,12 +90,15 @@ pub fn delivery_error_to(error: &KafkaError, topic: Option<&str>) -> SinkError {
         code,
         Some(C::OutOfOrderSequenceNumber | C::UnknownProducerId | C::InvalidProducerIdMapping)
     ) {
-        return SinkError::ProducerLost(said);
+        return SinkError::ProducerLost {
+            reason: said,
+            cause: Some(crate::error::cause(error.clone())),
+        };
     }
     if definite {
-        SinkError::Definite(said)
+        SinkError::definite_because(said, error.clone())
     } else {
-        SinkError::Transient(said)
+        SinkError::transient_because(said, error.clone())
     }
 }
 
@@ -228,7 +231,7 @@ impl KafkaTicket {
                 use rdkafka::Message as _;
                 Err(delivery_error_to(&error, Some(message.topic())))
             }
-            Err(_) => Err(SinkError::Transient("the producer was closed".into())),
+            Err(_) => Err(SinkError::transient("the producer was closed")),
         }
     }
 }
@@ -251,7 +254,7 @@ impl KafkaTicket {
 
     /// The error of a message not delivered within `sink.delivery_timeout_ms`.
     pub fn timed_out(&self) -> SinkError {
-        SinkError::Transient(format!(
+        SinkError::transient(format!(
             "a message to topic {} was not delivered to Kafka at {} within sink.delivery_timeout_ms{}",
             self.topic.topic(),
             self.brokers.brokers(),
@@ -269,7 +272,7 @@ impl KafkaTicket {
         // Asked even while a broker is down (one of several, say): a cluster that
         // cannot be reached answers nothing, and the plain error stands.
         if let Some(why) = self.topic.why_stalled().await {
-            return SinkError::Transient(format!(
+            return SinkError::transient(format!(
                 "a message to topic {} was not delivered within sink.delivery_timeout_ms though the brokers answer: {why}",
                 self.topic.topic()
             ));
@@ -343,7 +346,7 @@ impl KafkaSink {
                 brokers: Arc::clone(&brokers),
             })
             .map_err(|e| {
-                SinkError::Definite(format!(
+                SinkError::definite(format!(
                     "cannot create the Kafka producer: {}",
                     config_error(&e)
                 ))
@@ -443,19 +446,19 @@ impl KafkaSink {
                     })
             })
             .await
-            .map_err(|e| SinkError::Transient(e.to_string()))?;
+            .map_err(|e| SinkError::transient_because("the metadata request's thread failed", e))?;
             let why = match asked {
                 Ok((count, None)) if count > 0 => {
                     self.partitions.insert(topic.to_owned(), count);
                     return Ok(count);
                 }
                 Ok((_, Some(RDKafkaErrorCode::TopicAuthorizationFailed))) => {
-                    return Err(SinkError::Definite(format!(
+                    return Err(SinkError::definite(format!(
                         "topic {topic}: not authorized (TOPIC_AUTHORIZATION_FAILED): grant the user (sink.sasl_username) Describe and Write on it"
                     )));
                 }
                 Ok((_, Some(RDKafkaErrorCode::InvalidTopic))) => {
-                    return Err(SinkError::Definite(format!(
+                    return Err(SinkError::definite(format!(
                         "topic {topic}: not a valid topic name (check sink.topic)"
                     )));
                 }
@@ -464,7 +467,7 @@ impl KafkaSink {
                 Err(e) => e.to_string(),
             };
             if tokio::time::Instant::now() + wait >= deadline {
-                return Err(SinkError::Transient(format!(
+                return Err(SinkError::transient(format!(
                     "topic {topic} had no partitions to write to within sink.delivery_timeout_ms ({why}): is it being created, and does the broker create topics (auto.create.topics.enable)?"
                 )));
             }
@@ -579,7 +582,7 @@ impl KafkaSink {
                         return Err(self.brokers.refusal_error());
                     }
                     if full_since.elapsed() >= self.delivery_timeout {
-                        return Err(SinkError::Transient(format!(
+                        return Err(SinkError::transient(format!(
                             "the producer's queue stayed full for sink.delivery_timeout_ms (Kafka at {}{})",
                             self.brokers.brokers(),
                             if self.brokers.is_down() {
@@ -608,7 +611,7 @@ impl KafkaSink {
         let producer = self.producer.clone();
         tokio::task::spawn_blocking(move || producer.flush(timeout))
             .await
-            .map_err(|e| SinkError::Transient(e.to_string()))?
+            .map_err(|e| SinkError::transient_because("the flush's thread failed", e))?
             .map_err(|e| delivery_error(&e))
     }
 }
@@ -847,7 +850,7 @@ mod tests {
             C::SaslAuthenticationFailed,
         ] {
             let e = delivery_error(&KafkaError::MessageProduction(code));
-            assert!(matches!(e, SinkError::Definite(_)), "{code:?}: {e:?}");
+            assert!(matches!(e, SinkError::Definite { .. }), "{code:?}: {e:?}");
         }
         for code in [
             C::MessageTimedOut,
@@ -857,7 +860,7 @@ mod tests {
             C::AllBrokersDown,
         ] {
             let e = delivery_error(&KafkaError::MessageProduction(code));
-            assert!(matches!(e, SinkError::Transient(_)), "{code:?}: {e:?}");
+            assert!(matches!(e, SinkError::Transient { .. }), "{code:?}: {e:?}");
         }
         // The idempotent producer's lost state: a new producer resumes.
         for code in [
@@ -866,18 +869,22 @@ mod tests {
             C::InvalidProducerIdMapping,
         ] {
             let e = delivery_error(&KafkaError::MessageProduction(code));
-            assert!(matches!(e, SinkError::ProducerLost(_)), "{code:?}: {e:?}");
+            assert!(
+                matches!(e, SinkError::ProducerLost { .. }),
+                "{code:?}: {e:?}"
+            );
         }
         // A message's error names its topic.
         let invalid = delivery_error_to(
             &KafkaError::MessageProduction(C::InvalidTopic),
             Some("ces.CesDemo.sales.order details"),
         );
+        let said = crate::error::Chain(&invalid).to_string();
         assert!(
-            invalid
-                .to_string()
-                .contains("topic ces.CesDemo.sales.order details: "),
-            "{invalid}"
+            said.contains("topic ces.CesDemo.sales.order details: "),
+            "{said}"
         );
+        // The client's error is the cause, shown once.
+        assert_eq!(said.matches("Broker: Invalid topic").count(), 1, "{said}");
     }
 }

@@ -139,11 +139,11 @@ impl BrokerLog {
             return;
         }
         if is_fencing(&error.to_string()) {
-            tracing::warn!(brokers = %self.brokers, error = %error, reason, "another process with this stream's transactional id took over: this one stops");
+            tracing::warn!(brokers = %self.brokers, error = %crate::error::Chain(&error), reason, "another process with this stream's transactional id took over: this one stops");
         } else if is_lost_state(&format!("{error}: {reason}")) {
-            tracing::warn!(brokers = %self.brokers, error = %error, reason, "the Kafka producer lost its idempotence state and stops");
+            tracing::warn!(brokers = %self.brokers, error = %crate::error::Chain(&error), reason, "the Kafka producer lost its idempotence state and stops");
         } else {
-            tracing::error!(brokers = %self.brokers, error = %error, reason, "Kafka refused this client");
+            tracing::error!(brokers = %self.brokers, error = %crate::error::Chain(&error), reason, "Kafka refused this client");
         }
         self.refusal
             .send_replace(Some(format!("{error}: {reason}")));
@@ -164,10 +164,10 @@ impl BrokerLog {
             );
         }
         if is_lost_state(&refused) {
-            return crate::sink::SinkError::ProducerLost(refused);
+            return crate::sink::SinkError::producer_lost(refused);
         }
         if refused.contains("gap-less guarantee") {
-            return crate::sink::SinkError::Definite(format!(
+            return crate::sink::SinkError::definite(format!(
                 "Kafka at {} refused a message for good ({refused}): the producer stopped, so that no later message of its partition is written after the gap; a restart stops on the same message: change what the refusal names",
                 self.brokers
             ));
@@ -179,7 +179,7 @@ impl BrokerLog {
         } else {
             "check sink.sasl_mechanism, sink.sasl_username and sink.sasl_password, and the user's rights on the cluster"
         };
-        crate::sink::SinkError::Definite(format!(
+        crate::sink::SinkError::definite(format!(
             "Kafka at {} refused this client ({refused}): {check}",
             self.brokers,
         ))
@@ -270,10 +270,10 @@ impl BrokerLog {
                 last == reason && now.duration_since(*at) < REMINDER_EVERY
             });
             if repeated {
-                tracing::debug!(error = %error, reason, "Kafka (repeated)");
+                tracing::debug!(error = %crate::error::Chain(&error), reason, "Kafka (repeated)");
             } else {
                 state.last_error = Some((reason.to_owned(), now));
-                tracing::warn!(brokers = %self.brokers, error = %error, reason, "Kafka");
+                tracing::warn!(brokers = %self.brokers, error = %crate::error::Chain(&error), reason, "Kafka");
             }
             return;
         }
@@ -458,7 +458,7 @@ mod tests {
         assert!(
             matches!(
                 brokers.refusal_error(),
-                crate::sink::SinkError::ProducerLost(_)
+                crate::sink::SinkError::ProducerLost { .. }
             ),
             "{:?}",
             brokers.refusal_error()
@@ -472,7 +472,7 @@ mod tests {
         );
         let said = brokers.refusal_error();
         assert!(
-            matches!(&said, crate::sink::SinkError::Definite(text)
+            matches!(&said, crate::sink::SinkError::Definite { reason: text, .. }
                 if text.contains("refused a message for good") && !text.contains("sasl")),
             "{said:?}"
         );

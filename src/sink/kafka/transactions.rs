@@ -73,7 +73,7 @@ pub(super) fn coordinator_timeout(delivery_timeout: Duration) -> Duration {
 /// What a producer fenced by a newer one of its transactional id is told.
 /// `id`: the transactional id, or where it is set.
 pub(super) fn fenced(id: &str, detail: &str) -> SinkError {
-    SinkError::Definite(format!(
+    SinkError::definite(format!(
         "another process took over this stream ({id}: {detail}); this one stops, and what it had not committed is aborted"
     ))
 }
@@ -101,19 +101,19 @@ impl Transactions {
         blocking(move || producer.init_transactions(timeout))
             .await
             .map_err(|e| match crate::kafka_client::refused_right(&e, &grant) {
-                Some(refused) => SinkError::Definite(format!(
+                Some(refused) => SinkError::definite(format!(
                     "cannot initialise transactions for transactional id {id} (sink.exactly_once, sink.transactional_id): {refused} ({e})"
                 )),
                 // A time-out the brokers do not allow is the same at every try.
                 None if crate::kafka_client::error_code(&e)
                     == Some(rdkafka::types::RDKafkaErrorCode::InvalidTransactionTimeout) =>
                 {
-                    SinkError::Definite(format!(
+                    SinkError::definite(format!(
                         "cannot initialise transactions for transactional id {id}: the brokers refuse a transaction.timeout.ms of {} ms (INVALID_TRANSACTION_TIMEOUT: more than their transaction.max.timeout.ms, 900000 by default); it is sink.delivery_timeout_ms and 5 s: lower sink.delivery_timeout_ms, or raise the brokers' transaction.max.timeout.ms ({e})",
                         coordinator_timeout.as_millis()
                     ))
                 }
-                None => SinkError::Transient(format!(
+                None => SinkError::transient(format!(
                     "cannot initialise transactions for transactional id {id} (sink.exactly_once): {e}"
                 )),
             })
@@ -144,7 +144,7 @@ impl Transactions {
         self.begin(producer)?;
         let location = format!("topic {}", self.settings.checkpoint_topic);
         let document = crate::checkpoint::render(&self.settings.stream_name, position, &location)
-            .map_err(|e| SinkError::Definite(e.to_string()))?;
+            .map_err(|e| SinkError::definite_because("the checkpoint record", e))?;
         let record = FutureRecord::to(&self.settings.checkpoint_topic)
             .key(self.settings.stream_name.as_bytes())
             .payload(document.as_bytes());
@@ -157,7 +157,7 @@ impl Transactions {
         };
         self.open_since = None;
         if let Err(e) = &committed
-            && !matches!(e, SinkError::Definite(_))
+            && !matches!(e, SinkError::Definite { .. })
         {
             self.abort(producer).await;
         }
@@ -179,7 +179,7 @@ impl Transactions {
                 Err(KafkaError::Transaction(e))
                     if e.is_retriable() && std::time::Instant::now() < deadline =>
                 {
-                    tracing::debug!(error = %e, "committing again");
+                    tracing::debug!(error = %crate::error::Chain(&e), "committing again");
                 }
                 Err(e) => return Err(self.classify(&e)),
             }
@@ -194,7 +194,7 @@ impl Transactions {
         let producer = producer.clone();
         let timeout = self.timeout.min(Duration::from_secs(5));
         if let Err(e) = blocking(move || producer.abort_transaction(timeout)).await {
-            tracing::debug!(error = %e, "aborting the transaction");
+            tracing::debug!(error = %crate::error::Chain(&e), "aborting the transaction");
         }
         self.open_since = None;
     }
@@ -221,7 +221,7 @@ impl Transactions {
             ),
         };
         if let Some(refused) = crate::kafka_client::refused_right(error, &grant) {
-            return SinkError::Definite(format!(
+            return SinkError::definite(format!(
                 "transactional id {}: {refused} ({error})",
                 self.settings.id
             ));
@@ -249,13 +249,13 @@ impl Transactions {
             // Fatal for another reason (the coordinator aborted a transaction that
             // outlived transaction.timeout.ms, a refused configuration): this
             // producer cannot go on; a new one resumes from the checkpoint.
-            KafkaError::Transaction(e) if e.is_fatal() => SinkError::Definite(format!(
+            KafkaError::Transaction(e) if e.is_fatal() => SinkError::definite(format!(
                 "the producer of transactional id {} failed for good ({:?}: {}); what it had not committed is aborted, and a restart resumes from the checkpoint",
                 self.settings.id,
                 e.code(),
                 e.string()
             )),
-            other => SinkError::Transient(format!(
+            other => SinkError::transient(format!(
                 "the transaction of transactional id {} failed: {other}",
                 self.settings.id
             )),
@@ -273,7 +273,7 @@ fn fenced_or_timed_out(
     detail: &str,
 ) -> SinkError {
     match open_for.filter(|open| *open >= coordinator_timeout) {
-        Some(open) => SinkError::Definite(format!(
+        Some(open) => SinkError::definite(format!(
             "Kafka's transaction coordinator aborted the transaction of transactional id {id}, open for {} s, longer than transaction.timeout.ms ({} s: sink.delivery_timeout_ms and 5 s; was the process paused?): what it had not committed is aborted, and a restart resumes from the checkpoint ({detail})",
             open.as_secs(),
             coordinator_timeout.as_secs(),
@@ -289,7 +289,7 @@ async fn blocking<T: Send + 'static>(
     match tokio::task::spawn_blocking(call).await {
         Ok(result) => result,
         Err(e) => {
-            tracing::debug!(error = %e, "a blocking Kafka call's thread failed");
+            tracing::debug!(error = %crate::error::Chain(&e), "a blocking Kafka call's thread failed");
             Err(KafkaError::Canceled)
         }
     }

@@ -156,7 +156,7 @@ impl<S: ChangeSource> Poller<S> {
         let retention = match self.source.server_facts().await {
             Ok(facts) => cleanup_retention(&facts),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the server's facts, so the cleanup job's retention is not known: no warning comes if the initial load outlasts it");
+                tracing::warn!(error = %crate::error::Chain(&e), "cannot read the server's facts, so the cleanup job's retention is not known: no warning comes if the initial load outlasts it");
                 None
             }
         };

@@ -36,6 +36,7 @@
 
 use super::ddl_text::adds_column;
 use super::*;
+use crate::mssql::SqlErrorKind;
 use crate::source::{CaptureDdl, CdcReads, EnableCapture, SourceError, UncapturedColumns};
 use std::collections::BTreeSet;
 
@@ -343,7 +344,7 @@ impl CaptureManager {
             let table = format!("{}.{}", request.schema, request.table);
             let result = source.enable_capture(&request).await;
             if self.settle(result, format!("enable {table}"), |e| {
-                tracing::warn!(%table, error = %e, "CDC could not be enabled on an included table (source.enable_cdc); it is not streamed");
+                tracing::warn!(%table, error = %crate::error::Chain(&e), "CDC could not be enabled on an included table (source.enable_cdc); it is not streamed");
             })? {
                 tracing::info!(
                     %table,
@@ -507,7 +508,7 @@ impl CaptureManager {
         let result = source.enable_capture(&request).await;
         // On a refusal, decided again at the next catalog change, not every read.
         if self.settle(result, format!("create {name}"), |e| {
-            tracing::warn!(%table, capture_instance = %name, error = %e, "could not create a capture instance for the table's new columns; the stream goes on with the old one and tries again when the catalog changes");
+            tracing::warn!(%table, capture_instance = %name, error = %crate::error::Chain(&e), "could not create a capture instance for the table's new columns; the stream goes on with the old one and tries again when the catalog changes");
         })? {
             tracing::info!(
                 %table,
@@ -572,7 +573,7 @@ impl CaptureManager {
         }
         let result = source.disable_capture(older).await;
         if self.settle(result, format!("disable {}", older.name), |e| {
-            tracing::warn!(%table, capture_instance = %older.name, error = %e, "could not disable the drained capture instance; it is tried again at the next catalog read");
+            tracing::warn!(%table, capture_instance = %older.name, error = %crate::error::Chain(&e), "could not disable the drained capture instance; it is tried again at the next catalog read");
         })? {
             tracing::info!(
                 %table,
@@ -605,13 +606,13 @@ impl CaptureManager {
                 let wait = self.lock_retry.gave_up();
                 tracing::warn!(
                     %step,
-                    error = %e,
+                    error = %crate::error::Chain(&e),
                     retry_in_ms = wait.as_millis() as u64,
                     "a CDC procedure gave up waiting for a lock on its table; it is tried again later, and the stream goes on meanwhile"
                 );
                 Ok(false)
             }
-            Err(e @ SourceError::PermissionDenied { .. }) => Err(e),
+            Err(e @ SourceError::Sql(SqlErrorKind::PermissionDenied { .. })) => Err(e),
             Err(e) if e.is_transient() => Err(e),
             Err(e) => {
                 if self.warned.insert(format!("{step}: {e}")) {

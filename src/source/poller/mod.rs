@@ -387,9 +387,7 @@ impl<S: ChangeSource> Poller<S> {
                 .tracker
                 .apply_column_rules(&self.config.columns, &mut batch.changes)
                 .map(|()| PollOutcome::Batch(batch))
-                .map_err(|e| SourceError::Definite {
-                    message: e.to_string(),
-                }),
+                .map_err(|e| SourceError::definite(e.to_string())),
             other => other,
         };
         if result.is_err() {
@@ -407,12 +405,10 @@ impl<S: ChangeSource> Poller<S> {
             Err(SourceError::CatalogChanged { message }) => {
                 self.catalog_changes_in_a_row += 1;
                 if self.catalog_changes_in_a_row >= CATALOG_CHANGED_LIMIT {
-                    return Err(SourceError::Definite {
-                        message: format!(
-                            "{message} (still so after reading the CDC catalog again {} times)",
-                            self.catalog_changes_in_a_row
-                        ),
-                    });
+                    return Err(SourceError::definite(format!(
+                        "{message} (still so after reading the CDC catalog again {} times)",
+                        self.catalog_changes_in_a_row
+                    )));
                 }
                 Err(SourceError::CatalogChanged { message })
             }
@@ -429,9 +425,9 @@ impl<S: ChangeSource> Poller<S> {
         if !self.merge.in_iteration() {
             if self.loads.needs_plan() {
                 if !self.plan_load().await? {
-                    return Err(SourceError::Transient {
-                        message: "the initial load waits for the capture job to set the start_lsn of every included capture instance".into(),
-                    });
+                    return Err(SourceError::transient(
+                        "the initial load waits for the capture job to set the start_lsn of every included capture instance",
+                    ));
                 }
                 return Ok(PollOutcome::Batch(self.position_batch(Vec::new()).await?));
             }

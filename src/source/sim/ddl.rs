@@ -5,6 +5,7 @@
 //! Handling changes to source tables), and `sp_rename`.
 
 use super::*;
+use crate::mssql::SqlErrorKind;
 
 /// An error SQL Server raises for a DDL statement: its number and message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,9 +20,9 @@ impl SimDdlError {
     pub(super) fn into_source_error(self) -> SourceError {
         let message = self.to_string();
         if self.number == 22904 {
-            SourceError::PermissionDenied { message }
+            SourceError::Sql(SqlErrorKind::PermissionDenied { message })
         } else {
-            SourceError::Definite { message }
+            SourceError::definite(message)
         }
     }
 

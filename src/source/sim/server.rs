@@ -216,16 +216,14 @@ impl SimServer {
                 }
                 Some(db) if db.online => db,
                 Some(_) => {
-                    return Err(SourceError::Definite {
-                        message: format!(
-                            "SQL Server error 942: Database '{name}' cannot be opened because it is offline"
-                        ),
-                    });
+                    return Err(SourceError::definite(format!(
+                        "SQL Server error 942: Database '{name}' cannot be opened because it is offline"
+                    )));
                 }
                 None => {
-                    return Err(SourceError::Definite {
-                        message: format!("SQL Server error 911: Database '{name}' does not exist"),
-                    });
+                    return Err(SourceError::definite(format!(
+                        "SQL Server error 911: Database '{name}' does not exist"
+                    )));
                 }
             };
             answers.push(DatabaseProbe {

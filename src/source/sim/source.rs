@@ -3,6 +3,7 @@
 //! is returned).
 
 use super::*;
+use crate::mssql::SqlErrorKind;
 
 impl CdcSimulator {
     /// One call of CDC's enable or disable procedure on `schema.table`: counted,
@@ -248,12 +249,13 @@ impl TableReads for CdcSimulator {
         let mut state = self.call()?;
         let name = instance.qualified_table();
         if state.denied.contains(&name) {
-            return Err(SourceError::PermissionDenied {
+            return Err(SqlErrorKind::PermissionDenied {
                 message: format!(
                     "The SELECT permission was denied on the object '{}' (error 229)",
                     instance.table
                 ),
-            });
+            }
+            .into());
         }
         let Some(table) = state.tables.get(&name) else {
             return Err(SimState::catalog_changed(format!(

@@ -346,9 +346,8 @@ impl SyntheticSource {
             // No random numbers: the other tables' history stays as without it.
             txn = txn.insert(ATTACHMENTS, oversized_attachment(k));
         }
-        txn.commit().map_err(|message| SourceError::Definite {
-            message: format!("synthetic workload: {message}"),
-        })?;
+        txn.commit()
+            .map_err(|message| SourceError::definite(format!("synthetic workload: {message}")))?;
         self.generated += 1;
         Ok(())
     }

@@ -387,7 +387,7 @@ impl<S: ChangeSource> Poller<S> {
                 .tracker
                 .apply_column_rules(&self.config.columns, &mut batch.changes)
                 .map(|()| PollOutcome::Batch(batch))
-                .map_err(|e| SourceError::definite(e.to_string())),
+                .map_err(SourceError::ColumnRule),
             other => other,
         };
         if result.is_err() {

@@ -482,8 +482,8 @@ async fn randomized_schema_changes_in_managed_mode_lose_nothing_across_restarts(
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(400);
-    for seed in [1u64, 2, 3] {
-        randomized(seed, steps).await;
+    for seed in mssql_ces_testkit::test_seeds(&[1, 2, 3]) {
+        randomized(seed.0, steps).await;
     }
 }
 

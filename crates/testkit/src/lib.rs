@@ -51,6 +51,36 @@ pub fn soak_rounds(quick: usize, full: usize) -> usize {
     }
 }
 
+/// The seeds a randomized test runs: `defaults`, or only the one in
+/// `MSSQL_CES_TEST_SEED` when it is set, to replay a failure. Hold the [`Seed`] each
+/// iteration gets while it runs: a failure then names its seed.
+pub fn test_seeds(defaults: &[u64]) -> Vec<Seed> {
+    let seeds = match std::env::var("MSSQL_CES_TEST_SEED") {
+        Ok(text) => match text.trim().parse() {
+            Ok(seed) => vec![seed],
+            Err(_) => panic!("MSSQL_CES_TEST_SEED={text:?} is not a number"),
+        },
+        Err(_) => defaults.to_vec(),
+    };
+    seeds.into_iter().map(Seed).collect()
+}
+
+/// One seed of a randomized test; says how to replay it if the test panics while
+/// it is held.
+#[derive(Debug)]
+pub struct Seed(pub u64);
+
+impl Drop for Seed {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "this failure came with seed {seed}: run it alone with MSSQL_CES_TEST_SEED={seed}",
+                seed = self.0
+            );
+        }
+    }
+}
+
 /// A bench's setting: the environment variable `name` parsed, else `default` (also
 /// when it does not parse).
 pub fn bench_setting<T: std::str::FromStr>(name: &str, default: T) -> T {

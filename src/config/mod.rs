@@ -4,8 +4,9 @@
 //! - Unknown keys are an error that names the key (`deny_unknown_fields`).
 //! - Environment overrides: `MSSQL_CES__<SECTION>__<KEY>=<value>`, sections and keys
 //!   separated by a double underscore, case-insensitive (`MSSQL_CES__SINK__TOPIC=orders`,
-//!   `MSSQL_CES__SOURCE__SYNTHETIC__SEED=7`). The value is read as a TOML value when it
-//!   parses as one (`7`, `true`, `["a", "b"]`), else as a string.
+//!   `MSSQL_CES__SOURCE__SYNTHETIC__SEED=7`). The value is text, read as what the
+//!   setting takes (see [`layers`] and [`crate::setting::read`]); an error names the
+//!   variable or flag that gave it.
 //! - Secrets (connection strings) are never in the file: the file names an environment
 //!   variable or a file that holds them, and they are never printed.
 //! - [`Config::validate`] checks everything that can be checked before connecting,
@@ -21,7 +22,7 @@ mod databases;
 mod errors;
 mod fleet;
 mod formats;
-mod overrides;
+mod layers;
 mod sql;
 
 pub use fleet::{FleetSettings, GroupProtocol};
@@ -34,9 +35,9 @@ use crate::source::filter::TableFilter;
 use crate::source::initial_load::SnapshotMode;
 use crate::source::poller::{CaptureInstanceMode, GapPolicy, PollerConfig, StartPosition};
 use crate::source::timezone::TimeZoneSetting;
-use errors::{syntax_error, with_origin};
-pub use overrides::Override;
-use overrides::{deserialize_with_text_fallback, override_path, parse_override_value, set_path};
+use errors::syntax_error;
+use layers::{Layers, strip_env_prefix};
+pub use layers::{Origin, Override};
 
 pub use crate::setting::ENV_PREFIX;
 
@@ -575,14 +576,6 @@ fn default_drain_timeout_ms() -> Duration {
     Duration::from_millis(10_000)
 }
 
-/// `name` without the settings' prefix, which is matched in any case
-/// (`MSSQL_CES__SINK__TOPIC`, `mssql_ces__sink__topic`).
-fn strip_env_prefix(name: &str) -> Option<&str> {
-    let head = name.get(..ENV_PREFIX.len())?;
-    head.eq_ignore_ascii_case(ENV_PREFIX)
-        .then(|| &name[ENV_PREFIX.len()..])
-}
-
 /// Variables whose names look like this program's (`MSSQL_CES_…` in any case) that
 /// no setting reads: neither a setting (`MSSQL_CES__<SECTION>__<KEY>`, two
 /// underscores) nor a secret the file names (`{ env = "…" }`). Each said by name,
@@ -667,59 +660,14 @@ impl Config {
         env: &[(String, String)],
         overrides: &[Override],
     ) -> Result<(Self, Vec<String>), ConfigError> {
-        let mut table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
+        let table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         let notices = stray_environment(&table, env);
-        // (path, the value as given when it was text, the value as read)
-        let mut applied: Vec<(Vec<String>, Option<String>, toml::Value)> = Vec::new();
-        // Which environment variable or flag set each path, for the error.
-        let mut origins: Vec<(Vec<String>, String)> = Vec::new();
-        for (name, value) in env {
-            let Some(rest) = strip_env_prefix(name) else {
-                continue;
-            };
-            let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
-            if SECRET_SETTINGS.contains(&path.join(".").as_str()) {
-                // The natural form: the variable holds the secret itself. It is read
-                // from the environment when needed and never enters the tree.
-                let mut reference = toml::Table::new();
-                reference.insert("env".into(), toml::Value::String(name.clone()));
-                set_path(&mut table, &path, toml::Value::Table(reference), name)?;
-                continue;
-            }
-            let parsed = parse_override_value(value);
-            set_path(&mut table, &path, parsed.clone(), name)?;
-            origins.push((path.clone(), format!("the environment variable {name}")));
-            applied.retain(|(p, _, _)| *p != path);
-            applied.push((path, Some(value.clone()), parsed));
-        }
-        for applied_override in overrides {
-            let Override {
-                key, value, typed, ..
-            } = applied_override;
-            let path = override_path(key)?;
-            if SECRET_SETTINGS.contains(&path.join(".").as_str()) {
-                let variable = format!(
-                    "{ENV_PREFIX}{}",
-                    path.iter()
-                        .map(|p| p.to_uppercase())
-                        .collect::<Vec<_>>()
-                        .join("__")
-                );
-                return Err(invalid(
-                    key,
-                    format!(
-                        "a secret is not given on the command line (it would show in the process list): set the environment variable {variable} to it, or {{ env = … }} / {{ file = … }} in the file"
-                    ),
-                ));
-            }
-            set_path(&mut table, &path, value.clone(), key)?;
-            origins.push((path.clone(), applied_override.origin()));
-            // A later override of the same setting wins, also in the text fallback.
-            applied.retain(|(p, _, _)| *p != path);
-            applied.push((path, typed.clone(), value.clone()));
-        }
-        let config = deserialize_with_text_fallback(table, &mut applied)
-            .map_err(|e| with_origin(e, &origins))?;
+        let mut layers = Layers::file(table);
+        layers.environment(env)?;
+        layers.command_line(overrides)?;
+        let config: Config =
+            crate::setting::read::from_value(&toml::Value::Table(layers.table.clone()))
+                .map_err(|e| layers.error(e))?;
         config.validate()?;
         Ok((config, notices))
     }
@@ -1271,7 +1219,7 @@ topic = "hub"
             .to_string();
         assert!(
             err.contains(
-                "`-5` must not be negative (a whole number, 0 or more) in `source.poll_interval_ms`"
+                "source.poll_interval_ms: `-5` must not be negative (a whole number, 0 or more)"
             ) && err.contains("(set by --set source.poll_interval_ms)")
                 && !err.contains("u64"),
             "{err}"
@@ -1604,6 +1552,14 @@ topic = "hub"
         let c = Config::from_parts(MINIMAL, &[], &flags).unwrap();
         assert_eq!(c.sink.routing.topic.as_deref(), Some("007"));
         assert_eq!(c.checkpoint.stream_name, "1e3");
+        // Quoted as in the file, the text is what the quotes hold.
+        let flags = vec![
+            Override::parse("sink.topic", "\"007\""),
+            Override::parse("log.format", "\"json\""),
+        ];
+        let c = Config::from_parts(MINIMAL, &[], &flags).unwrap();
+        assert_eq!(c.sink.routing.topic.as_deref(), Some("007"));
+        assert_eq!(c.log.format, LogFormat::Json);
         // Text for a number is still an error naming the setting.
         let bad = vec![(
             "MSSQL_CES__SOURCE__PAGE_SIZE".to_string(),

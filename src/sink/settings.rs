@@ -4,6 +4,7 @@
 use serde::Deserialize;
 
 use crate::event::settings::EventSettings;
+use crate::setting::read::{self, ReadError, ReadErrorKind};
 use crate::setting::{ConfigError, invalid};
 use crate::sink::SinkConfig;
 use crate::sink::kafka::KafkaSinkConfig;
@@ -215,6 +216,9 @@ impl schemars::JsonSchema for SinkSettings {
     }
 }
 
+/// The section is read in two parts, on tables of their own: the routing keys every
+/// sink takes, and the rest as the kind's own settings. An error names the key in
+/// the file (`sink.topik: …`); an unknown key lists what this kind of sink takes.
 impl<'de> Deserialize<'de> for SinkSettings {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error as _;
@@ -225,14 +229,8 @@ impl<'de> Deserialize<'de> for SinkSettings {
                 routing.insert((*key).to_owned(), value);
             }
         }
-        // Each part is read on its own table, so an error names the key itself.
-        let named = |e: toml::de::Error| {
-            let text = e.to_string();
-            D::Error::custom(format!("sink.{}", text.trim_end().replace('\n', " ")))
-        };
-        let routing = toml::Value::Table(routing)
-            .try_into::<RoutingSettings>()
-            .map_err(named)?;
+        let in_sink = |e: ReadError| D::Error::custom(e.within(&["sink"]));
+        let routing = read::from_table::<RoutingSettings>(routing).map_err(in_sink)?;
         let kind = match rest.remove("kind") {
             None => {
                 return Err(D::Error::custom(
@@ -247,34 +245,32 @@ impl<'de> Deserialize<'de> for SinkSettings {
                 "sink.connection_string: expected { env = \"VARIABLE\" } or { file = \"/path\" }; a secret is never written in the configuration itself",
             ));
         }
-        let table = toml::Value::Table(rest);
-        let in_kind = |e: toml::de::Error| {
-            let text = e.to_string().trim_end().replace('\n', " ");
-            D::Error::custom(match unknown_field(&text) {
-                // The kind's own fields and the routing ones every sink takes.
-                Some((field, own)) => {
-                    let mut all: Vec<&str> = ["kind"]
-                        .into_iter()
-                        .chain(ROUTING_KEYS.iter().copied())
-                        .collect();
-                    all.extend(own.iter().map(String::as_str));
-                    format!(
-                        "sink.{field}: not a setting of a {kind} sink; it takes {}",
-                        all.iter()
-                            .map(|f| format!("`{f}`"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
-                None => format!("sink ({kind}): {text}"),
-            })
+        let in_kind = |e: ReadError| match &e.kind {
+            // The kind's own keys and the routing ones every sink takes.
+            ReadErrorKind::UnknownKey { key, expected } if e.path.len() == 1 => {
+                let all: Vec<String> = ["kind"]
+                    .iter()
+                    .chain(ROUTING_KEYS)
+                    .chain(expected.iter())
+                    .map(|f| format!("`{f}`"))
+                    .collect();
+                D::Error::custom(format!(
+                    "sink.{key}: not a setting of a {kind} sink; it takes {}",
+                    all.join(", ")
+                ))
+            }
+            _ => in_sink(e),
         };
         let kind = match kind.as_str() {
-            "kafka" => SinkConfig::Kafka(table.try_into().map_err(in_kind)?),
-            "event_hubs_kafka" => SinkConfig::EventHubsKafka(table.try_into().map_err(in_kind)?),
-            "event_hubs_amqp" => SinkConfig::EventHubsAmqp(table.try_into().map_err(in_kind)?),
-            "stdout" => SinkConfig::Stdout(table.try_into().map_err(in_kind)?),
-            "file" => SinkConfig::File(table.try_into().map_err(in_kind)?),
+            "kafka" => SinkConfig::Kafka(read::from_table(rest).map_err(in_kind)?),
+            "event_hubs_kafka" => {
+                SinkConfig::EventHubsKafka(read::from_table(rest).map_err(in_kind)?)
+            }
+            "event_hubs_amqp" => {
+                SinkConfig::EventHubsAmqp(read::from_table(rest).map_err(in_kind)?)
+            }
+            "stdout" => SinkConfig::Stdout(read::from_table(rest).map_err(in_kind)?),
+            "file" => SinkConfig::File(read::from_table(rest).map_err(in_kind)?),
             other => {
                 return Err(D::Error::custom(format!(
                     "sink.kind: unknown kind \"{other}\"; one of kafka, event_hubs_kafka, event_hubs_amqp, stdout, file"
@@ -283,22 +279,6 @@ impl<'de> Deserialize<'de> for SinkSettings {
         };
         Ok(SinkSettings { routing, kind })
     }
-}
-
-/// serde's "unknown field `x`, expected one of `a`, `b`" (or "there are no fields"):
-/// the field and the fields expected.
-fn unknown_field(text: &str) -> Option<(String, Vec<String>)> {
-    let rest = text.split("unknown field `").nth(1)?;
-    let (field, expected) = rest.split_once('`')?;
-    // A trailing "in `path`" names where, not what is expected.
-    let expected = expected.split(" in `").next().unwrap_or(expected);
-    let names = expected
-        .split('`')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_owned)
-        .collect();
-    Some((field.to_owned(), names))
 }
 
 impl SinkSettings {

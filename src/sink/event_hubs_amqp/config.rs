@@ -80,17 +80,17 @@ impl EventHubsAmqpSinkConfig {
         if !self.connection_string.is_set() {
             return None;
         }
-        let empty = toml::Table::new();
         Some(
-            toml::Value::Table(empty)
-                .try_into::<crate::sink::kafka::KafkaSinkConfig>()
-                .map(|mut kafka| {
-                    kafka.connection_string = self.connection_string.clone();
-                    kafka
-                })
-                .map_err(|e| {
-                    crate::sink::SinkError::definite_because("the Kafka client's settings", e)
-                }),
+            crate::setting::read::from_table::<crate::sink::kafka::KafkaSinkConfig>(
+                toml::Table::new(),
+            )
+            .map(|mut kafka| {
+                kafka.connection_string = self.connection_string.clone();
+                kafka
+            })
+            .map_err(|e| {
+                crate::sink::SinkError::definite_because("the Kafka client's settings", e)
+            }),
         )
     }
 

@@ -226,6 +226,8 @@ impl SecretRef {
     }
 }
 
+pub mod read;
+
 /// Milliseconds in the file (`…_ms = 30000`), a [`Duration`] in the program.
 pub mod millis {
     use serde::Deserialize as _;

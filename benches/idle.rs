@@ -78,7 +78,7 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "round trips per idle poll: {:.3}; CPU per idle poll: {:.1} µs (the catalog re-read every source.catalog_refresh_s included)",
+        "round trips per idle poll: {:.3}; CPU per idle poll: {:.1} µs (the catalog re-read every source.catalog_refresh_ms included)",
         trips as f64 / polls as f64,
         cpu.as_secs_f64() * 1e6 / polls as f64
     );

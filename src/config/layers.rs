@@ -150,6 +150,30 @@ impl Layers {
         Ok(())
     }
 
+    /// Refuses a setting of an earlier release, saying its new name (`renamed`: the
+    /// old dotted path and what to write instead), wherever it was given.
+    pub(super) fn refuse_renamed(&self, renamed: &[(&str, &str)]) -> Result<(), ConfigError> {
+        for (old, instead) in renamed {
+            let mut at = Some(&self.table);
+            let mut found = None;
+            for key in old.split('.') {
+                found = at.and_then(|table| table.get(key));
+                at = found.and_then(toml::Value::as_table);
+            }
+            if found.is_some() {
+                let path: Vec<String> = old.split('.').map(str::to_owned).collect();
+                let origin = self
+                    .origins
+                    .iter()
+                    .find(|(p, _)| *p == path)
+                    .map(|(_, origin)| format!(" (set by {origin})"))
+                    .unwrap_or_default();
+                return Err(invalid(old, format!("{instead}{origin}")));
+            }
+        }
+        Ok(())
+    }
+
     /// Where the value an error is about came from, when a variable or a flag gave
     /// it: the one at the error's setting or a section around it, else the one
     /// inside the section the error is about that its text names (a section's

@@ -41,6 +41,13 @@ pub use layers::{Origin, Override};
 
 pub use crate::setting::ENV_PREFIX;
 
+/// Settings of earlier releases under their new names, with what to write instead
+/// (one duration convention: every duration in milliseconds, `…_ms`).
+const RENAMED: &[(&str, &str)] = &[(
+    "source.catalog_refresh_s",
+    "is now source.catalog_refresh_ms, in milliseconds: write catalog_refresh_ms = 30000 for 30 s",
+)];
+
 /// The settings that hold secrets, as override paths.
 pub const SECRET_SETTINGS: &[&str] = &[
     "source.connection_string",
@@ -112,9 +119,14 @@ pub struct SourceSettings {
     #[schemars(range(min = 1))]
     pub batch_size: usize,
     /// How often the CDC catalog is re-read even when its fingerprint, checked every
-    /// poll, did not change, in seconds.
-    #[serde(default = "default_catalog_refresh_s")]
-    pub catalog_refresh_s: u64,
+    /// poll, did not change, in milliseconds.
+    #[serde(
+        rename = "catalog_refresh_ms",
+        with = "millis",
+        default = "default_catalog_refresh_ms"
+    )]
+    #[schemars(with = "u64")]
+    pub catalog_refresh: Duration,
     /// Bound on TCP connect plus TLS and login, in milliseconds.
     #[serde(
         rename = "connect_timeout_ms",
@@ -554,8 +566,8 @@ fn default_batch_size() -> usize {
 fn default_chunk_size() -> usize {
     PollerConfig::default().load_chunk
 }
-fn default_catalog_refresh_s() -> u64 {
-    PollerConfig::default().catalog_refresh.as_secs()
+fn default_catalog_refresh_ms() -> Duration {
+    PollerConfig::default().catalog_refresh
 }
 fn default_seed() -> u64 {
     1
@@ -665,6 +677,7 @@ impl Config {
         let mut layers = Layers::file(table);
         layers.environment(env)?;
         layers.command_line(overrides)?;
+        layers.refuse_renamed(RENAMED)?;
         let config: Config =
             crate::setting::read::from_value(&toml::Value::Table(layers.table.clone()))
                 .map_err(|e| layers.error(e))?;
@@ -799,7 +812,7 @@ impl Config {
                 .map_err(|e| invalid("source.time_zone", e.to_string()))?,
             filter: TableFilter::new(s.include.clone(), s.exclude.clone()),
             start_position: s.start_position,
-            catalog_refresh: Duration::from_secs(s.catalog_refresh_s),
+            catalog_refresh: s.catalog_refresh,
             stream_guid: self.event.stream_guid,
             unreadable_grace: s.unreadable_grace,
             capture_ddl_retry: PollerConfig::default().capture_ddl_retry,
@@ -1083,6 +1096,31 @@ connection_string = { env = "EH" }
         );
         let err = load(&text).unwrap_err();
         assert!(err.to_string().contains("enable.idempotence"), "{err}");
+    }
+
+    #[test]
+    fn a_renamed_setting_says_its_new_name_wherever_it_was_given() {
+        let err = load(&MINIMAL.replace("[sink]", "catalog_refresh_s = 30\n[sink]"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("source.catalog_refresh_s: is now source.catalog_refresh_ms"),
+            "{err}"
+        );
+        let env = vec![(
+            "MSSQL_CES__SOURCE__CATALOG_REFRESH_S".to_owned(),
+            "30".to_owned(),
+        )];
+        let err = Config::from_parts(MINIMAL, &env, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("catalog_refresh_ms"), "{err}");
+        let ms = vec![Override::parse("source.catalog_refresh_ms", "250")];
+        let c = Config::from_parts(MINIMAL, &[], &ms).unwrap();
+        assert_eq!(
+            c.poller().unwrap().catalog_refresh,
+            Duration::from_millis(250)
+        );
     }
 
     #[test]

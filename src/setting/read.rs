@@ -538,7 +538,7 @@ impl<'de> de::Deserializer<'de> for Reader<'_> {
 
 /// The entries of a section, each read at its own path.
 struct Entries<'a> {
-    entries: toml::map::Iter<'a>,
+    entries: toml::map::Iter<'a, String, toml::Value>,
     path: Vec<String>,
     value: Option<(&'a String, &'a toml::Value)>,
 }

@@ -61,7 +61,7 @@ kind = "sqlserver"
 connection_string = {{ env = "MSSQL_CES_TEST_STANDIN" }}
 encrypt = false
 poll_interval_ms = 20
-catalog_refresh_s = 0
+catalog_refresh_ms = 0
 capture_instances = "managed"
 
 [sink]

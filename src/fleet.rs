@@ -27,8 +27,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::topic_partition_list::TopicPartitionList;
 use tokio::sync::mpsc::UnboundedSender;
 
-pub use crate::config::GroupProtocol;
-
 /// FNV-1a (64 bits) of the lowercased name: stable across processes, versions and
 /// platforms, as the slot mapping and the synthetic seeds need.
 pub fn name_hash(name: &str) -> u64 {
@@ -65,6 +63,30 @@ pub enum FleetEvent {
 }
 
 /// Why the member could not join.
+/// The consumer group protocol a fleet's members speak.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Deserialize,
+    serde::Serialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupProtocol {
+    /// The members assign slots among themselves (cooperative-sticky), with
+    /// `session_timeout_ms`.
+    #[default]
+    Classic,
+    /// Kafka 4's consumer group protocol (KIP-848): the group coordinator assigns, and
+    /// the session time-out is the broker's `group.consumer.session.timeout.ms` (45 s
+    /// by default).
+    Consumer,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
     /// The brokers did not answer: worth trying again.

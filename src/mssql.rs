@@ -319,7 +319,7 @@ pub const PERSISTENT_ERRORS: &[(u32, Duration, &str)] = &[
 pub(crate) const PERMISSION_ERRORS: &[u32] = &[229, 230, 262, 297, 300, 916, 22904];
 
 /// What a failed connection or query means for the caller; the source reports it as
-/// it is ([`crate::source::SourceError::Sql`]). The driver's or the system's own
+/// it is (as `SourceError::Sql`). The driver's or the system's own
 /// error, when there is one, is kept as the `source`, not copied into the message.
 /// `Clone` because a shared cause is cheap to clone: a connection's verdict is
 /// handed to each database that asked through it.

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{CheckpointStoreKind, Config};
+use crate::fleet::GroupProtocol;
 use crate::setting::{ConfigError, invalid, millis};
 use crate::sink::SinkConfig;
 
@@ -47,22 +48,6 @@ pub struct FleetSettings {
     /// How slots are assigned. Both protocols are tested on Apache Kafka 4.4.
     #[serde(default)]
     pub group_protocol: GroupProtocol,
-}
-
-/// The consumer group protocol a fleet's members speak.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum GroupProtocol {
-    /// The members assign slots among themselves (cooperative-sticky), with
-    /// `session_timeout_ms`.
-    #[default]
-    Classic,
-    /// Kafka 4's consumer group protocol (KIP-848): the group coordinator assigns, and
-    /// the session time-out is the broker's `group.consumer.session.timeout.ms` (45 s
-    /// by default).
-    Consumer,
 }
 
 impl Default for FleetSettings {

@@ -25,7 +25,8 @@ mod formats;
 mod layers;
 mod sql;
 
-pub use fleet::{FleetSettings, GroupProtocol};
+pub use crate::fleet::GroupProtocol;
+pub use fleet::FleetSettings;
 
 use crate::event::settings::EventSettings;
 use crate::mssql::SqlServerConfig;

@@ -76,21 +76,13 @@ fn a_connect_style_reader_takes_every_record_through_a_kill_and_restart() {
     let dir = temp_dir("dbz-bin");
     let config = config(&dir, "");
     // Killed mid-run, then run to the end.
-    let mut child = Command::new(BINARY)
-        .args(["run", "--config"])
-        .arg(&config)
-        .stderr(std::fs::File::create(dir.join("run-1.log")).expect("log"))
-        .spawn()
-        .expect("spawn");
+    let mut child = crate::binary::spawn(&config, &dir, "run-1", &[]);
     std::thread::sleep(Duration::from_millis(150));
-    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    crate::binary::signal(&child, libc::SIGKILL);
     let _ = child.wait();
-    let status = Command::new(BINARY)
-        .args(["run", "--until-idle", "--config"])
-        .arg(&config)
-        .stderr(std::fs::File::create(dir.join("run-2.log")).expect("log"))
-        .status()
-        .expect("run");
+    let mut child = crate::binary::spawn(&config, &dir, "run-2", &["--until-idle"]);
+    let status =
+        crate::binary::exit_within(&mut child, Duration::from_secs(120), &dir, "mssql-ces");
     assert!(status.success());
     let summary = read(&dir.join("out.lines"));
     let ops = &summary["ops"];

@@ -16,7 +16,7 @@ use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::decode_json_message;
@@ -26,7 +26,6 @@ use rdkafka::mocking::MockCluster;
 use support::kafka::{consume_quietly, position_of};
 use support::temp_dir;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 const PARTITIONS: i32 = 4;
 const DATABASES: u32 = 12;
 const TRANSACTIONS: u64 = 150;
@@ -92,14 +91,7 @@ impl Fleet {
     fn add(&mut self) {
         let n = self.started;
         self.started += 1;
-        let log = std::fs::File::create(self.dir.join(format!("member-{n}.log"))).expect("log");
-        let child = Command::new(BINARY)
-            .args(["run", "--config"])
-            .arg(&self.config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn mssql-ces");
+        let child = crate::binary::spawn(&self.config, &self.dir, &format!("member-{n}"), &[]);
         self.members.push((n, child));
     }
 

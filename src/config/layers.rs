@@ -6,11 +6,11 @@
 //!
 //! A variable or a flag gives text (without its quotes, when it is quoted as in
 //! the file), and text it stays in the tree: the reader
-//! ([`crate::setting::read`]) reads it as the number, boolean or list it spells where
+//! ([`crate::setting::de`]) reads it as the number, boolean or list it spells where
 //! the setting wants one, and as the text it is where the setting wants text
 //! (`--set sink.topic=007` is the topic `007`).
 
-use crate::setting::read::ReadError;
+use crate::setting::de::ReadError;
 use crate::setting::{ConfigError, ENV_PREFIX, invalid};
 
 use super::SECRET_SETTINGS;
@@ -140,7 +140,7 @@ impl Layers {
     ) -> Result<(), ConfigError> {
         // Quoted as in the file (`--set log.format='"json"'`), the text is what the
         // quotes hold.
-        let text = match crate::setting::read::spelled(text) {
+        let text = match crate::setting::de::spelled(text) {
             Some(toml::Value::String(quoted)) => quoted,
             _ => text.to_owned(),
         };
@@ -189,7 +189,7 @@ impl Layers {
             .or_else(|| {
                 let text = error.to_string();
                 self.origins.iter().find(|(path, _)| {
-                    path.starts_with(at) && text.starts_with(&crate::setting::read::dotted(path))
+                    path.starts_with(at) && text.starts_with(&crate::setting::de::dotted(path))
                 })
             })
             .map(|(_, origin)| origin)

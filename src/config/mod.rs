@@ -5,7 +5,7 @@
 //! - Environment overrides: `MSSQL_CES__<SECTION>__<KEY>=<value>`, sections and keys
 //!   separated by a double underscore, case-insensitive (`MSSQL_CES__SINK__TOPIC=orders`,
 //!   `MSSQL_CES__SOURCE__SYNTHETIC__SEED=7`). The value is text, read as what the
-//!   setting takes (see [`layers`] and [`crate::setting::read`]); an error names the
+//!   setting takes (see [`layers`] and [`crate::setting::de`]); an error names the
 //!   variable or flag that gave it.
 //! - Secrets (connection strings) are never in the file: the file names an environment
 //!   variable or a file that holds them, and they are never printed.
@@ -680,7 +680,7 @@ impl Config {
         layers.command_line(overrides)?;
         layers.refuse_renamed(RENAMED)?;
         let config: Config =
-            crate::setting::read::from_value(&toml::Value::Table(layers.table.clone()))
+            crate::setting::de::from_value(&toml::Value::Table(layers.table.clone()))
                 .map_err(|e| layers.error(e))?;
         config.validate()?;
         Ok((config, notices))

@@ -226,7 +226,7 @@ impl SecretRef {
     }
 }
 
-pub mod read;
+pub mod de;
 
 /// Milliseconds in the file (`…_ms = 30000`), a [`Duration`] in the program.
 pub mod millis {

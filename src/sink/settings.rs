@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::event::settings::EventSettings;
-use crate::setting::read::{self, ReadError, ReadErrorKind};
+use crate::setting::de::{self, ReadError, ReadErrorKind};
 use crate::setting::{ConfigError, invalid};
 use crate::sink::SinkConfig;
 use crate::sink::kafka::KafkaSinkConfig;
@@ -230,7 +230,7 @@ impl<'de> Deserialize<'de> for SinkSettings {
             }
         }
         let in_sink = |e: ReadError| D::Error::custom(e.within(&["sink"]));
-        let routing = read::from_table::<RoutingSettings>(routing).map_err(in_sink)?;
+        let routing = de::from_table::<RoutingSettings>(routing).map_err(in_sink)?;
         let kind = match rest.remove("kind") {
             None => {
                 return Err(D::Error::custom(
@@ -262,15 +262,13 @@ impl<'de> Deserialize<'de> for SinkSettings {
             _ => in_sink(e),
         };
         let kind = match kind.as_str() {
-            "kafka" => SinkConfig::Kafka(read::from_table(rest).map_err(in_kind)?),
+            "kafka" => SinkConfig::Kafka(de::from_table(rest).map_err(in_kind)?),
             "event_hubs_kafka" => {
-                SinkConfig::EventHubsKafka(read::from_table(rest).map_err(in_kind)?)
+                SinkConfig::EventHubsKafka(de::from_table(rest).map_err(in_kind)?)
             }
-            "event_hubs_amqp" => {
-                SinkConfig::EventHubsAmqp(read::from_table(rest).map_err(in_kind)?)
-            }
-            "stdout" => SinkConfig::Stdout(read::from_table(rest).map_err(in_kind)?),
-            "file" => SinkConfig::File(read::from_table(rest).map_err(in_kind)?),
+            "event_hubs_amqp" => SinkConfig::EventHubsAmqp(de::from_table(rest).map_err(in_kind)?),
+            "stdout" => SinkConfig::Stdout(de::from_table(rest).map_err(in_kind)?),
+            "file" => SinkConfig::File(de::from_table(rest).map_err(in_kind)?),
             other => {
                 return Err(D::Error::custom(format!(
                     "sink.kind: unknown kind \"{other}\"; one of kafka, event_hubs_kafka, event_hubs_amqp, stdout, file"

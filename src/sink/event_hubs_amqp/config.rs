@@ -81,7 +81,7 @@ impl EventHubsAmqpSinkConfig {
             return None;
         }
         Some(
-            crate::setting::read::from_table::<crate::sink::kafka::KafkaSinkConfig>(
+            crate::setting::de::from_table::<crate::sink::kafka::KafkaSinkConfig>(
                 toml::Table::new(),
             )
             .map(|mut kafka| {

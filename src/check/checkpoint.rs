@@ -2,6 +2,7 @@
 //! this database, and still within the cleanup retention.
 
 use super::*;
+use crate::error::Chain;
 use crate::source::CdcReads;
 
 /// Returns what the checkpoint says of the output file (for the file sink's check),
@@ -30,7 +31,11 @@ pub(super) async fn check_checkpoint<S: CdcReads>(
     let mut store = match crate::app::checkpoint_store(config) {
         Ok(store) => store,
         Err(e) => {
-            report.fail("checkpoint", e.to_string(), "see the setting it names");
+            report.fail(
+                "checkpoint",
+                Chain(&e).to_string(),
+                "see the setting it names",
+            );
             return None;
         }
     };
@@ -62,7 +67,7 @@ pub(super) async fn check_checkpoint<S: CdcReads>(
         Err(e) => {
             report.fail(
                 "checkpoint: readable",
-                e.to_string(),
+                Chain(&e).to_string(),
                 "the message says what to change (checkpoint.path, checkpoint.stream_name)",
             );
             Err(())
@@ -78,7 +83,7 @@ pub(super) async fn check_checkpoint<S: CdcReads>(
             ),
         ),
         Ok(()) => report.pass("checkpoint: writable", where_.clone()),
-        Err(e) => report.fail("checkpoint: writable", e.to_string(), writable_fix(config)),
+        Err(e) => report.fail("checkpoint: writable", Chain(&e).to_string(), writable_fix(config)),
     }
     let resume = position
         .as_ref()
@@ -164,7 +169,10 @@ pub(super) async fn check_retention<S: CdcReads>(
     let max_lsn = match source.max_lsn().await {
         Ok(max) => max.lsn,
         Err(e) => {
-            report.skip(check, format!("cannot read max_lsn: {e}"));
+            report.skip(
+                check,
+                format!("cannot read max_lsn: {chain}", chain = Chain(&e)),
+            );
             return;
         }
     };
@@ -191,7 +199,10 @@ pub(super) async fn check_retention<S: CdcReads>(
         Err(e) => {
             report.skip(
                 check,
-                format!("cannot map the checkpoint's LSN to a time: {e}"),
+                format!(
+                    "cannot map the checkpoint's LSN to a time: {chain}",
+                    chain = Chain(&e)
+                ),
             );
             return;
         }
@@ -251,8 +262,9 @@ async fn oldest_needed<S: CdcReads>(
             Ok(_) => {}
             Err(e) => {
                 return Err(Verdict::Unknown(format!(
-                    "cannot read the low end of {}: {e}",
-                    instance.name
+                    "cannot read the low end of {}: {chain}",
+                    instance.name,
+                    chain = Chain(&e)
                 )));
             }
         }

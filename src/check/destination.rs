@@ -2,6 +2,7 @@
 //! stream writes to, and their limits against the largest segment.
 
 use super::*;
+use crate::error::Chain;
 
 /// Which Kafka a Kafka sink writes to (Event Hubs' Kafka endpoint has its own
 /// rules).
@@ -57,7 +58,11 @@ pub(super) async fn check_destination(
             let (settings, template) = match c.settings(flavour, routing, largest.bytes) {
                 Ok(found) => found,
                 Err(e) => {
-                    report.fail("destination", e.to_string(), "see the setting it names");
+                    report.fail(
+                        "destination",
+                        Chain(&e).to_string(),
+                        "see the setting it names",
+                    );
                     return;
                 }
             };
@@ -87,7 +92,7 @@ pub(super) async fn check_destination(
                 ),
                 Err(e) => report.fail(
                     "Kafka: brokers",
-                    format!("no answer from sink.bootstrap_servers within {} s: {e}", config.check.timeout.as_secs_f64()),
+                    format!("no answer from sink.bootstrap_servers within {} s: {chain}", config.check.timeout.as_secs_f64(), chain = Chain(&e)),
                     "check sink.bootstrap_servers, that the brokers run and are reachable from here, and the security settings (sink.security_protocol, sink.sasl_mechanism, sink.sasl_username, sink.sasl_password, sink.ssl_*; sink.connection_string for Event Hubs)",
                 ),
             }
@@ -103,7 +108,11 @@ pub(super) async fn check_destination(
             if let Err(e) = crate::checkpoint::file::probe_writable(&dir) {
                 report.fail(
                     "destination",
-                    format!("cannot write in {}: {e}", dir.display()),
+                    format!(
+                        "cannot write in {}: {chain}",
+                        dir.display(),
+                        chain = Chain(&e)
+                    ),
                     "make the directory writable by this user, or set sink.path elsewhere",
                 );
                 return;
@@ -119,7 +128,7 @@ pub(super) async fn check_destination(
                         Ok(_) => report.pass("destination", format!("file {} ({found} bytes, as the checkpoint says)", c.path.display())),
                         Err(e) => report.fail(
                             "destination",
-                            e.to_string(),
+                            Chain(&e).to_string(),
                             "move the file or the checkpoint away as the message says; a run refuses it",
                         ),
                     }
@@ -142,7 +151,7 @@ pub(super) async fn check_registry(
         Err(e) => {
             report.fail(
                 check,
-                e.to_string(),
+                Chain(&e).to_string(),
                 "correct the setting the message names",
             );
             return;
@@ -155,10 +164,10 @@ pub(super) async fn check_registry(
         ),
         Err(e) if e.is_transient() => report.fail(
             check,
-            e.to_string(),
+            Chain(&e).to_string(),
             "check sink.schema_registry.url, that the registry runs and is reachable from here (ca_location for a private CA)",
         ),
-        Err(e) => report.fail(check, e.to_string(), "check sink.schema_registry.username and password"),
+        Err(e) => report.fail(check, Chain(&e).to_string(), "check sink.schema_registry.username and password"),
     }
 }
 
@@ -193,7 +202,7 @@ async fn check_event_hubs(
         }
         Ok(Err(e)) => report.fail(
             "Event Hubs",
-            e.to_string(),
+            Chain(&e).to_string(),
             "check sink.connection_string (or sink.namespace and sink.entra_credential) and sink.topic",
         ),
         Err(_) => report.fail(
@@ -421,7 +430,7 @@ pub fn kafka_findings(
                 ),
                 Err(e) => report.fail(
                     check,
-                    format!("{partitions} partitions; {e}"),
+                    format!("{partitions} partitions; {chain}", chain = Chain(&e)),
                     format!(
                         "kafka-configs.sh --alter --entity-type topics --entity-name {} --add-config max.message.bytes={}, or lower {sized_by}",
                         topic.name, largest

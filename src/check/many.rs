@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::databases::usable_name;
+use crate::error::Chain;
 use crate::glob::matches;
 use crate::source::server::DatabaseServer;
 
@@ -29,7 +30,10 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
         Err(e) => {
             report.fail(
                 "databases",
-                format!("the server's databases could not be listed: {e}"),
+                format!(
+                    "the server's databases could not be listed: {chain}",
+                    chain = Chain(&e)
+                ),
                 "check source.connection_string and that the login can read sys.databases",
             );
             return report;
@@ -65,7 +69,7 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
         Err(e) => {
             report.fail(
                 "availability groups",
-                format!("the databases this replica cannot read could not be listed: {e}"),
+                format!("the databases this replica cannot read could not be listed: {chain}", chain = Chain(&e)),
                 "check the connection; the login's VIEW SERVER STATE lets run skip them without probing",
             );
             Vec::new()
@@ -97,7 +101,7 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
                     }
                     Err(e) => report.fail(
                         format!("{}: probe", answer.database),
-                        e.to_string(),
+                        Chain(&e).to_string(),
                         "grant the login SELECT on the database's cdc schema (db_datareader or the capture instances' gating role)",
                     ),
                 }
@@ -105,7 +109,10 @@ pub async fn check_many<D: DatabaseServer, S: ChangeSource>(
         }
         Err(e) => report.fail(
             "probe",
-            format!("the max LSN of the databases could not be read: {e}"),
+            format!(
+                "the max LSN of the databases could not be read: {chain}",
+                chain = Chain(&e)
+            ),
             "check the connection and the login's access to the databases' cdc schema",
         ),
     }
@@ -178,7 +185,7 @@ async fn check_fleet(report: &mut Report, config: &Config, databases: usize) {
         ),
         Err(e) => report.fail(
             "fleet",
-            format!("group {group}: the control topic {topic} could not be looked up: {e}"),
+            format!("group {group}: the control topic {topic} could not be looked up: {chain}", chain = Chain(&e)),
             "check the sink's brokers and that the login may describe topics",
         ),
     }
@@ -209,7 +216,7 @@ async fn check_each<S: ChangeSource>(
             Err(e) => {
                 report.fail(
                     format!("{name}: configuration"),
-                    e.to_string(),
+                    Chain(&e).to_string(),
                     "correct source.connection_string",
                 );
                 continue;

@@ -13,6 +13,7 @@ use chrono::NaiveDateTime;
 
 use crate::checkpoint::CheckpointStore;
 use crate::config::{Config, SourceKind};
+use crate::error::Chain;
 use crate::lsn::Lsn;
 use crate::position::{Position, SourceIdentity};
 use crate::sink::SinkConfig;
@@ -283,7 +284,7 @@ async fn check_metrics(report: &mut Report, config: &Config) {
         }
         Err(e) => report.fail(
             "metrics",
-            e.to_string(),
+            Chain(&e).to_string(),
             "set metrics.listen to a free address (a running mssql-ces may hold this one)",
         ),
     }

@@ -3,6 +3,7 @@
 //! changes (with the verdicts the poller itself acts on).
 
 use super::*;
+use crate::error::Chain;
 use crate::mssql::SqlErrorKind;
 use crate::source::diagnostics::{self, Invisible, LeftOut};
 use crate::source::poller::CaptureInstanceMode;
@@ -38,7 +39,10 @@ pub(super) async fn check_source<S: CdcReads + FactReads + CaptureDdl>(
             };
             report.fail(
                 "SQL Server",
-                format!("{prefix}cannot connect and log in: {e}"),
+                format!(
+                    "{prefix}cannot connect and log in: {chain}",
+                    chain = Chain(&e)
+                ),
                 fix,
             );
             report.skip("CDC catalog", "not checked: no connection to the source");
@@ -50,7 +54,7 @@ pub(super) async fn check_source<S: CdcReads + FactReads + CaptureDdl>(
     let catalog = match source.catalog().await {
         Ok(catalog) => catalog,
         Err(e) => {
-            report.fail("CDC catalog", e.to_string(), "see the error");
+            report.fail("CDC catalog", Chain(&e).to_string(), "see the error");
             return None;
         }
     };
@@ -105,8 +109,8 @@ async fn check_capture_management<S: CaptureDdl>(
             "ALTER ROLE db_owner ADD MEMBER <user>, or set source.capture_instances = \"manual\" and source.enable_cdc = false",
         ),
         Ok(false) => report.pass(CHECK, format!("{mode}; the login is not db_owner (\"managed\" would need it)")),
-        Err(e) if needed => report.fail(CHECK, format!("cannot tell whether the login is db_owner: {e}"), "see the error"),
-        Err(e) => report.skip(CHECK, format!("{mode}; cannot tell whether the login is db_owner: {e}")),
+        Err(e) if needed => report.fail(CHECK, format!("cannot tell whether the login is db_owner: {chain}", chain = Chain(&e)), "see the error"),
+        Err(e) => report.skip(CHECK, format!("{mode}; cannot tell whether the login is db_owner: {chain}", chain = Chain(&e))),
     }
 }
 
@@ -129,7 +133,7 @@ fn check_time_zone(report: &mut Report, config: &Config, catalog: &Catalog) {
         },
         Err(e) => report.fail(
             CHECK,
-            e.to_string(),
+            Chain(&e).to_string(),
             "set source.time_zone to the server's zone",
         ),
     }
@@ -340,7 +344,7 @@ pub(super) async fn check_tables<S: CdcReads>(
     let (filter, rules) = match config.poller() {
         Ok(poller) => (poller.filter, poller.columns),
         Err(e) => {
-            report.fail("tables", e.to_string(), "fix the setting it names");
+            report.fail("tables", Chain(&e).to_string(), "fix the setting it names");
             return Vec::new();
         }
     };
@@ -450,7 +454,11 @@ fn check_column_rules(
         }
         let check = format!("column rules {table}");
         if let Err(e) = plans.plan(rules, &context.table) {
-            report.fail(check, e.to_string(), "change the rule the message names");
+            report.fail(
+                check,
+                Chain(&e).to_string(),
+                "change the rule the message names",
+            );
             continue;
         }
         if let Some(detail) = rules.summary(&context.table) {
@@ -504,7 +512,11 @@ async fn instance_finding<S: CdcReads>(
         }
         Err(e) => {
             return Err((
-                format!("reading the low end of {}: {e}", instance.name),
+                format!(
+                    "reading the low end of {}: {chain}",
+                    instance.name,
+                    chain = Chain(&e)
+                ),
                 "see the error".into(),
             ));
         }

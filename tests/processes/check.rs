@@ -967,6 +967,50 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// A server that does not listen is said with the system's own reason behind ours,
+/// once, and never with the password.
+#[test]
+fn a_server_that_does_not_listen_is_said_with_the_system_s_reason() {
+    let dir = temp_dir("check-refused");
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let path = dir.join("config.toml");
+    let text = format!(
+        "[source]\nkind = \"sqlserver\"\nconnection_string = {{ env = \"CHECK_REFUSED_CS\" }}\nconnect_timeout_ms = 2000\n[sink]\nkind = \"stdout\"\n[checkpoint]\npath = \"{}\"\n",
+        dir.join("cp.json").display()
+    );
+    std::fs::write(&path, text).expect("config");
+    let output = support::tools::output_within(
+        Command::new(BINARY)
+            .args(["check", "--config"])
+            .arg(&path)
+            .env(
+                "CHECK_REFUSED_CS",
+                format!("Server=tcp:127.0.0.1,{port};User Id=u;Password=Secret_Pw1;Encrypt=false"),
+            ),
+        std::time::Duration::from_secs(60),
+        "mssql-ces check",
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("SQL Server:"))
+        .unwrap_or_default();
+    assert!(
+        line.contains(&format!(
+            "cannot connect to 127.0.0.1:{port}: Connection refused"
+        )),
+        "{stdout}"
+    );
+    assert_eq!(line.matches("Connection refused").count(), 1, "{line}");
+    assert!(!stdout.contains("Secret_Pw1"), "{stdout}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// `source.databases = [patterns]` on a server whose connection string is in a
 /// file of `dir`, into `sink` (TOML lines of `[sink]`), a file checkpoint per
 /// database.

@@ -332,7 +332,7 @@ fn read(args: &ReadArgs) -> ExitCode {
     }
     let summary = reader.finish(stop.load(std::sync::atomic::Ordering::Relaxed));
     if let Err(e) = read {
-        eprintln!("error: {e}");
+        eprintln!("error: {}", Chain(&e));
         return ExitCode::from(1);
     }
     report_summary(summary)
@@ -368,7 +368,7 @@ fn stop_on_ctrl_c(stop: &std::sync::Arc<std::sync::atomic::AtomicBool>) {
 }
 
 /// Prints a read's problems and summary line; exit code 1 when there were problems.
-fn report_summary<E: std::fmt::Display>(
+fn report_summary<E: std::error::Error>(
     summary: Result<mssql_ces::read::ReadSummary, E>,
 ) -> ExitCode {
     match summary {
@@ -384,7 +384,7 @@ fn report_summary<E: std::fmt::Display>(
             }
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", Chain(&e));
             ExitCode::from(1)
         }
     }

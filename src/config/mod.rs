@@ -1243,6 +1243,30 @@ topic = "hub"
         assert!(!err.contains("set by"), "{err}");
     }
 
+    /// An error names the layer that gave the value: of two for one setting the later,
+    /// and a variable still when a flag set something else.
+    #[test]
+    fn errors_name_the_layer_that_gave_the_value() {
+        let env = vec![("MSSQL_CES__SOURCE__PAGE_SIZE".to_owned(), "many".to_owned())];
+        let flags = vec![Override::parse("sink.topic", "orders")];
+        let err = Config::from_parts(MINIMAL, &env, &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("(set by the environment variable MSSQL_CES__SOURCE__PAGE_SIZE)"),
+            "{err}"
+        );
+        let flags = vec![Override::parse("source.page_size", "lots")];
+        let err = Config::from_parts(MINIMAL, &env, &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"lots\" (set by --set source.page_size)"),
+            "{err}"
+        );
+        assert!(!err.contains("MSSQL_CES__SOURCE__PAGE_SIZE"), "{err}");
+    }
+
     /// A bad value names the flag the user typed, and a negative number is said as
     /// such, not in serde's words.
     #[test]

@@ -1116,6 +1116,20 @@ connection_string = { env = "EH" }
             .unwrap_err()
             .to_string();
         assert!(err.contains("catalog_refresh_ms"), "{err}");
+        assert!(
+            err.contains("(set by the environment variable MSSQL_CES__SOURCE__CATALOG_REFRESH_S)"),
+            "{err}"
+        );
+        // In the file, no variable is blamed, not even one that set something else.
+        let unrelated = vec![Override::parse("sink.topic", "orders")];
+        let err = Config::from_parts(
+            &MINIMAL.replace("[sink]", "catalog_refresh_s = 30\n[sink]"),
+            &[],
+            &unrelated,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("set by"), "{err}");
         let ms = vec![Override::parse("source.catalog_refresh_ms", "250")];
         let c = Config::from_parts(MINIMAL, &[], &ms).unwrap();
         assert_eq!(
@@ -1256,6 +1270,20 @@ topic = "hub"
             err.contains("(set by the environment variable MSSQL_CES__SOURCE__PAGE_SIZE)"),
             "{err}"
         );
+        // Of two variables in the section whose reader reports the error, the one
+        // the error names.
+        let env = vec![
+            ("MSSQL_CES__SINK__TOPIC".to_owned(), "orders".to_owned()),
+            ("MSSQL_CES__SINK__TOPIK".to_owned(), "x".to_owned()),
+        ];
+        let err = Config::from_parts(MINIMAL, &env, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("(set by the environment variable MSSQL_CES__SINK__TOPIK)"),
+            "{err}"
+        );
+        let env = vec![("MSSQL_CES__SOURCE__PAGE_SIZE".to_owned(), "many".to_owned())];
         let flags = vec![Override::parse("source.page_size", "lots")];
         let err = Config::from_parts(MINIMAL, &env, &flags)
             .unwrap_err()

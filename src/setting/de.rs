@@ -644,6 +644,8 @@ mod tests {
         passed: BTreeMap<String, String>,
         #[serde(default)]
         inner: Option<Inner>,
+        #[serde(default)]
+        rate: f64,
     }
 
     #[derive(Debug, Deserialize, PartialEq)]
@@ -721,7 +723,7 @@ mod tests {
         );
         assert_eq!(
             said("colour = 1"),
-            "colour: unknown key `colour`; this section takes `count`, `name`, `on`, `names`, `choice`, `passed`, `inner`"
+            "colour: unknown key `colour`; this section takes `count`, `name`, `on`, `names`, `choice`, `passed`, `inner`, `rate`"
         );
         assert_eq!(
             said("choice = \"xml\""),
@@ -738,6 +740,37 @@ mod tests {
         let error = read("count = -5").unwrap_err();
         assert_eq!(error.path, ["count"]);
         assert_eq!(error.kind, ReadErrorKind::Negative { value: -5 });
+    }
+
+    #[test]
+    fn whole_numbers_are_taken_up_to_their_types_bounds_and_not_past() {
+        assert_eq!(read("count = 4294967295").unwrap().count, u32::MAX);
+        assert_eq!(
+            read("count = 4294967296").unwrap_err().kind,
+            ReadErrorKind::TooLarge {
+                value: "4294967296".into(),
+                max: 4294967295
+            }
+        );
+        let limit = |text: &str| read(text).map(|s| s.inner.map(|i| i.limit));
+        assert_eq!(limit("inner = { limit = -32768 }").unwrap(), Some(i16::MIN));
+        assert_eq!(limit("inner = { limit = 32767 }").unwrap(), Some(i16::MAX));
+        assert_eq!(
+            limit("inner = { limit = -32769 }").unwrap_err().to_string(),
+            "inner.limit: `-32769` is not allowed here: expected -32768 or more"
+        );
+        assert!(limit("inner = { limit = 32768 }").is_err());
+    }
+
+    #[test]
+    fn numbers_with_a_fraction_are_read_as_written_or_as_text() {
+        assert_eq!(read("rate = 2.5").unwrap().rate, 2.5);
+        assert_eq!(read("rate = \"0.25\"").unwrap().rate, 0.25);
+        assert_eq!(read("rate = 3").unwrap().rate, 3.0);
+        assert_eq!(
+            read("rate = \"fast\"").unwrap_err().to_string(),
+            "rate: expected a number, found the text \"fast\""
+        );
     }
 
     #[test]

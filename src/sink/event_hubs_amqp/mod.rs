@@ -335,7 +335,7 @@ impl EventHubsAmqpSink {
                 Ok(Err(e)) => e,
                 Err(_) => {
                     return Err(SinkError::transient(format!(
-                        "the Event Hubs producer could not be opened within sink.delivery_timeout_ms ({} ms){}",
+                        "the Event Hubs producer could not be opened within {} ms (what was left of sink.delivery_timeout_ms){}",
                         timeout.as_millis(),
                         last.map_or_else(String::new, |e| format!(
                             "; the last attempt: {}",
@@ -559,8 +559,8 @@ impl EventHubsAmqpSink {
         // Whether the service settled an attempt without storing it: what the run
         // says if the deadline passes.
         let mut not_stored = false;
-        let out_of_time = |not_stored: bool| {
-            SinkError::transient(if not_stored {
+        let out_of_time_reason = |not_stored: bool| {
+            if not_stored {
                 format!(
                     "Event Hubs did not store a batch (released or modified) within sink.delivery_timeout_ms ({} ms)",
                     self.send_timeout.as_millis()
@@ -570,7 +570,17 @@ impl EventHubsAmqpSink {
                     "Event Hubs did not acknowledge a batch within sink.delivery_timeout_ms ({} ms)",
                     self.send_timeout.as_millis()
                 )
-            })
+            }
+        };
+        let out_of_time = |not_stored: bool| SinkError::transient(out_of_time_reason(not_stored));
+        // A new connection that could not be had before the deadline: the batch ran
+        // out of time, for the reason it was being sent again (the last step behind it).
+        let reopen_failed = |not_stored: bool, e: SinkError| {
+            if tokio::time::Instant::now() >= deadline {
+                SinkError::transient_because(out_of_time_reason(not_stored), e)
+            } else {
+                e
+            }
         };
         loop {
             let (links, generation) = {
@@ -603,7 +613,9 @@ impl EventHubsAmqpSink {
                     self.count_resend();
                     drop(links);
                     tokio::time::sleep(Duration::from_millis(100)).await;
-                    self.reopen_until(generation, deadline).await?;
+                    self.reopen_until(generation, deadline)
+                        .await
+                        .map_err(|e| reopen_failed(not_stored, e))?;
                 }
                 Ok(Err(e)) => return Err(e),
                 Err(_) if tokio::time::Instant::now() < deadline => {
@@ -613,7 +625,9 @@ impl EventHubsAmqpSink {
                     );
                     self.count_resend();
                     drop(links);
-                    self.reopen_until(generation, deadline).await?;
+                    self.reopen_until(generation, deadline)
+                        .await
+                        .map_err(|e| reopen_failed(not_stored, e))?;
                 }
                 Err(_) => return Err(out_of_time(not_stored)),
             }

@@ -197,7 +197,7 @@ async fn check_event_hubs(
                 ),
             }
             if let Err(e) = built.sink.close().await {
-            tracing::debug!(error = %crate::error::Chain(&e), "closing the check's Event Hubs connection");
+            tracing::debug!(error = %Chain(&e), "closing the check's Event Hubs connection");
         }
         }
         Ok(Err(e)) => report.fail(

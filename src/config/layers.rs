@@ -11,7 +11,7 @@
 //! (`--set sink.topic=007` is the topic `007`).
 
 use crate::setting::de::ReadError;
-use crate::setting::{ConfigError, ENV_PREFIX, invalid};
+use crate::setting::{ConfigError, ENV_PREFIX, invalid, setting_variable};
 
 use super::SECRET_SETTINGS;
 
@@ -111,14 +111,9 @@ impl Layers {
     pub(super) fn command_line(&mut self, overrides: &[Override]) -> Result<(), ConfigError> {
         for given in overrides {
             let path = override_path(&given.key)?;
-            if SECRET_SETTINGS.contains(&path.join(".").as_str()) {
-                let variable = format!(
-                    "{ENV_PREFIX}{}",
-                    path.iter()
-                        .map(|p| p.to_uppercase())
-                        .collect::<Vec<_>>()
-                        .join("__")
-                );
+            let setting = path.join(".");
+            if SECRET_SETTINGS.contains(&setting.as_str()) {
+                let variable = setting_variable(&setting);
                 return Err(invalid(
                     &given.key,
                     format!(
@@ -154,21 +149,17 @@ impl Layers {
     /// old dotted path and what to write instead), wherever it was given.
     pub(super) fn refuse_renamed(&self, renamed: &[(&str, &str)]) -> Result<(), ConfigError> {
         for (old, instead) in renamed {
+            let path: Vec<String> = old.split('.').map(str::to_owned).collect();
             let mut at = Some(&self.table);
             let mut found = None;
-            for key in old.split('.') {
+            for key in &path {
                 found = at.and_then(|table| table.get(key));
                 at = found.and_then(toml::Value::as_table);
             }
             if found.is_some() {
-                let path: Vec<String> = old.split('.').map(str::to_owned).collect();
-                let origin = self
-                    .origins
-                    .iter()
-                    .find(|(p, _)| *p == path)
-                    .map(|(_, origin)| format!(" (set by {origin})"))
-                    .unwrap_or_default();
-                return Err(invalid(old, format!("{instead}{origin}")));
+                let origin = self.origins.iter().find(|(p, _)| *p == path);
+                let set_by = set_by(origin.map(|(_, origin)| origin));
+                return Err(invalid(old, format!("{instead}{set_by}")));
             }
         }
         Ok(())
@@ -197,12 +188,15 @@ impl Layers {
 
     /// An error of reading the tree, naming the variable or flag that gave the value.
     pub(super) fn error(&self, error: ReadError) -> ConfigError {
-        let origin = self
-            .origin_of(&error)
-            .map(|origin| format!(" (set by {origin})"))
-            .unwrap_or_default();
-        ConfigError::Parse(format!("{error}{origin}"))
+        let set_by = set_by(self.origin_of(&error));
+        ConfigError::Parse(format!("{error}{set_by}"))
     }
+}
+
+/// What an error adds about where its value came from: ` (set by --topic)`, or
+/// nothing for the file's own.
+fn set_by(origin: Option<&Origin>) -> String {
+    origin.map_or_else(String::new, |origin| format!(" (set by {origin})"))
 }
 
 /// `name` without the settings' prefix, which is matched in any case

@@ -267,19 +267,15 @@ impl<'a> Reader<'a> {
                 found: described(self.value),
             })
         };
-        match self.value {
-            toml::Value::Integer(n) => Ok(*n),
-            toml::Value::String(text) => match spelled(text) {
-                Some(toml::Value::Integer(n)) => Ok(n),
-                // Digits TOML's 64 bits cannot hold.
-                _ if is_digits(text.trim().trim_start_matches('-')) => {
-                    Err(self.fail(ReadErrorKind::TooLarge {
-                        value: text.trim().to_owned(),
-                        max: i64::MAX.unsigned_abs(),
-                    }))
-                }
-                _ => Err(not_whole()),
-            },
+        match (self.value, self.respelled()) {
+            (&toml::Value::Integer(n), _) | (_, Some(toml::Value::Integer(n))) => Ok(n),
+            // Digits TOML's 64 bits cannot hold.
+            (toml::Value::String(text), _) if is_digits(text.trim().trim_start_matches('-')) => {
+                Err(self.fail(ReadErrorKind::TooLarge {
+                    value: text.trim().to_owned(),
+                    max: i64::MAX.unsigned_abs(),
+                }))
+            }
             _ => Err(not_whole()),
         }
     }

@@ -98,27 +98,29 @@ fn error(reason: impl ToString) -> CheckpointError {
 
 /// A failed query, keeping whether it can pass.
 fn query_error(e: SqlError) -> CheckpointError {
-    if e.code == Some(3906) {
-        // "Failed to update database … because the database is read-only": the
-        // connection reached a readable secondary.
-        return CheckpointError::Io {
-            location: LOCATION.into(),
-            reason: "this connection reached a read-only copy of the database (a readable secondary); point checkpoint.connection_string at the primary (the availability group listener without ApplicationIntent=ReadOnly)".to_owned(),
-            cause: Some(crate::error::cause(e)),
-        };
+    // "Failed to update database … because the database is read-only": the
+    // connection reached a readable secondary, which no retry changes.
+    let read_only = e.code == Some(3906);
+    let reason = if read_only {
+        "this connection reached a read-only copy of the database (a readable secondary); point checkpoint.connection_string at the primary (the availability group listener without ApplicationIntent=ReadOnly)"
+    } else {
+        "the checkpoint table's query failed"
     }
-    let reason = "the checkpoint table's query failed".to_owned();
-    if e.error.is_transient() {
+    .to_owned();
+    let transient = !read_only && e.error.is_transient();
+    let location = LOCATION.into();
+    let cause = Some(crate::error::cause(e));
+    if transient {
         CheckpointError::Transient {
-            location: LOCATION.into(),
+            location,
             reason,
-            cause: Some(crate::error::cause(e)),
+            cause,
         }
     } else {
         CheckpointError::Io {
-            location: LOCATION.into(),
+            location,
             reason,
-            cause: Some(crate::error::cause(e)),
+            cause,
         }
     }
 }

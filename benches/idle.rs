@@ -7,10 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::Value;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use chrono::NaiveDate;
 use mssql_ces::checkpoint::{CheckpointStore, memory::MemoryStore};
 use mssql_ces::event::value::{Length, SqlType};
@@ -26,7 +27,6 @@ use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{CdcReads, TableCursor, TableReads};
 use rdkafka::mocking::MockCluster;
 use tokio_util::sync::CancellationToken;

@@ -14,9 +14,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
+use cdc_sim::CdcSimulator;
+use cdc_sim::server::SimServer;
 use mssql_ces::databases::{ManySettings, StreamRunner, Supervisor};
-use mssql_ces::source::sim::CdcSimulator;
-use mssql_ces::source::sim::server::SimServer;
 use tokio_util::sync::CancellationToken;
 
 /// The system allocator, counting the bytes live.

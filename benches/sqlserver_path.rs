@@ -23,12 +23,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use chrono::NaiveDate;
 use mssql_ces::event::Value;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig, StartPosition};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
 use mssql_ces::source::{ChangeSource, RowKey};
 use mssql_ces_testkit::tds::{Handler, Reply, Request, StandIn, encode_reply};

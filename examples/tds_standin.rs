@@ -14,7 +14,7 @@
 
 use mssql_ces_testkit::{tds, tds_cdc};
 
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 
 /// The login the stand-in accepts.
 const USER: &str = "mssql_ces";

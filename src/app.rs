@@ -17,8 +17,8 @@ use crate::sink::{Router, SinkError, SinkHealth};
 use crate::source::ChangeSource;
 use crate::source::initial_load::SnapshotMode;
 use crate::source::poller::{Poller, StartPosition};
-use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use crate::source::sqlserver::SqlServerSource;
+use crate::source::synthetic::{SyntheticConfig, SyntheticSource};
 use tokio_util::sync::CancellationToken;
 
 mod many;
@@ -454,7 +454,7 @@ pub fn checkpoint_store(config: &Config) -> Result<CheckpointStore, ConfigError>
 /// The synthetic workload of `[source.synthetic]`.
 pub fn synthetic_source(config: &Config) -> SyntheticSource {
     let s = &config.source.synthetic;
-    let source = SyntheticSource::new(SyntheticConfig {
+    let mut source = SyntheticSource::new(SyntheticConfig {
         seed: s.seed,
         transactions: (s.transactions > 0).then_some(s.transactions),
         rate_per_second: (s.rate_per_second > 0.0).then_some(s.rate_per_second),
@@ -464,20 +464,20 @@ pub fn synthetic_source(config: &Config) -> SyntheticSource {
     });
     // One of a synthetic server's databases (`source.databases`).
     if let Some(database) = &config.source.database {
-        source.simulator().set_database(database);
+        source.rename_database(database);
     }
     source
 }
 
 /// The large-transaction workload of `[source.synthetic] transaction_rows`.
-pub fn bulk_source(config: &Config) -> crate::source::sim::bulk::BulkSource {
+pub fn bulk_source(config: &Config) -> crate::source::synthetic::bulk::BulkSource {
     let s = &config.source.synthetic;
     let transactions = if s.transactions == 0 {
         u64::MAX
     } else {
         s.transactions
     };
-    crate::source::sim::bulk::BulkSource::new(s.seed, transactions, s.transaction_rows)
+    crate::source::synthetic::bulk::BulkSource::new(s.seed, transactions, s.transaction_rows)
 }
 
 async fn drive<S: ChangeSource + 'static>(

@@ -63,3 +63,13 @@ pub mod sink;
 pub mod source;
 #[cfg(test)]
 pub(crate) mod test_log;
+
+// The simulator of a CDC database (crates/cdc-sim) names this crate `mssql_ces`; so
+// does this crate, so that the simulator's source also compiles into its unit tests
+// as `cdc_sim` below. (A dev-dependency on the simulator crate would bring this
+// crate's types in a second time, which the unit tests' own could not be given.)
+extern crate self as mssql_ces;
+#[cfg(test)]
+#[path = "../crates/cdc-sim/src/lib.rs"]
+#[allow(unreachable_pub, dead_code)]
+pub(crate) mod cdc_sim;

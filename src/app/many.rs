@@ -12,7 +12,7 @@ use crate::fleet::{FleetEvent, Member, MemberSettings};
 use crate::metrics::MetricsSet;
 use crate::mssql::SqlConnection;
 use crate::source::server::{DatabaseServer, SqlServerDatabases};
-use crate::source::sim::synthetic_server::SyntheticServer;
+use crate::source::synthetic::server::SyntheticServer;
 use tokio_util::sync::CancellationToken;
 
 /// How long an activation waits for a database's lease that another process holds

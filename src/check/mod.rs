@@ -186,10 +186,8 @@ pub async fn check(config: &Config) -> Report {
     match config.source.kind {
         SourceKind::Synthetic if config.many_databases() => {
             let s = &config.source.synthetic;
-            let mut server = crate::source::sim::synthetic_server::SyntheticServer::new(
-                s.databases,
-                s.transactions,
-            );
+            let mut server =
+                crate::source::synthetic::server::SyntheticServer::new(s.databases, s.transactions);
             check_many(config, &mut server, |own| {
                 Ok(crate::app::synthetic_source(own))
             })

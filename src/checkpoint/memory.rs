@@ -1,5 +1,6 @@
 //! An in-memory checkpoint store: for embedding the pipeline in a program that keeps
-//! the position itself, and for tests, which can make it fail on demand.
+//! the position itself, and for tests, which can make it fail on demand (the
+//! `testing` feature).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -9,9 +10,17 @@ use crate::position::Position;
 #[derive(Debug, Default)]
 struct Inner {
     position: Option<Position>,
+    writes: usize,
+    #[cfg(any(test, feature = "testing"))]
+    faults: Faults,
+}
+
+/// Faults a test injects.
+#[cfg(any(test, feature = "testing"))]
+#[derive(Debug, Default)]
+struct Faults {
     /// The next this many writes fail with a transient error.
     fail_next: usize,
-    writes: usize,
     /// Each write first takes this long (a store that hangs).
     delay: Option<std::time::Duration>,
 }
@@ -35,21 +44,6 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Makes the next `writes` writes fail as a store fault that can pass would.
-    pub fn fail_next(&self, writes: usize) {
-        self.lock().fail_next = writes;
-    }
-
-    /// Makes every write take `delay` first, as a hung store's would.
-    pub fn delay_writes(&self, delay: std::time::Duration) {
-        self.lock().delay = Some(delay);
-    }
-
-    /// How long each write takes first, if set.
-    pub fn write_delay(&self) -> Option<std::time::Duration> {
-        self.lock().delay
-    }
-
     /// The position last written.
     pub fn position(&self) -> Option<Position> {
         self.lock().position.clone()
@@ -64,18 +58,44 @@ impl MemoryStore {
         self.position()
     }
 
-    pub fn save(&self, position: &Position) -> Result<(), CheckpointError> {
+    pub async fn save(&self, position: &Position) -> Result<(), CheckpointError> {
+        #[cfg(any(test, feature = "testing"))]
+        self.injected_fault().await?;
         let mut inner = self.lock();
-        if inner.fail_next > 0 {
-            inner.fail_next -= 1;
+        inner.position = Some(position.clone());
+        inner.writes += 1;
+        Ok(())
+    }
+}
+
+/// Faults, for tests (the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
+impl MemoryStore {
+    /// Makes the next `writes` writes fail as a store fault that can pass would.
+    pub fn fail_next(&self, writes: usize) {
+        self.lock().faults.fail_next = writes;
+    }
+
+    /// Makes every write take `delay` first, as a hung store's would.
+    pub fn delay_writes(&self, delay: std::time::Duration) {
+        self.lock().faults.delay = Some(delay);
+    }
+
+    /// What a test injected: the delay, then a failure.
+    async fn injected_fault(&self) -> Result<(), CheckpointError> {
+        let delay = self.lock().faults.delay;
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
+        let mut inner = self.lock();
+        if inner.faults.fail_next > 0 {
+            inner.faults.fail_next -= 1;
             return Err(CheckpointError::Transient {
                 cause: None,
                 location: "memory".into(),
                 reason: "injected fault".into(),
             });
         }
-        inner.position = Some(position.clone());
-        inner.writes += 1;
         Ok(())
     }
 }

@@ -268,12 +268,7 @@ impl CheckpointStore {
             }
             CheckpointStore::Table(s) => s.save(position).await,
             CheckpointStore::Kafka(s) => s.save(position).await,
-            CheckpointStore::Memory(s) => {
-                if let Some(delay) = s.write_delay() {
-                    tokio::time::sleep(delay).await;
-                }
-                s.save(position)
-            }
+            CheckpointStore::Memory(s) => s.save(position).await,
         }
     }
 }

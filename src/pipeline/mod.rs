@@ -503,7 +503,7 @@ mod tests {
     use crate::event::{Encoding, FinalEventMode, MessageSizeLimit};
     use crate::sink::settings::{CloudEventsMode, PartitionKeyScheme};
     use crate::source::poller::PollerConfig;
-    use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+    use crate::source::synthetic::{SyntheticConfig, SyntheticSource};
 
     /// A batch of the synthetic workload, with a 1.5 MiB text value (cut to 1 MiB,
     /// then segmented) every `large` changes.

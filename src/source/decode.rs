@@ -102,6 +102,16 @@ pub fn datetime_from_ticks(days: i32, ticks: u32) -> Option<NaiveDateTime> {
         .checked_add_signed(Duration::milliseconds(i64::try_from(millis).ok()?))
 }
 
+/// A time as a `datetime` column keeps it (`cdc.lsn_time_mapping.tran_end_time`,
+/// `cdc.change_tables.create_date`): rounded to the nearest 1/300 s tick and read
+/// back as [`datetime_from_ticks`] reads a tick count.
+pub fn as_datetime_column(t: NaiveDateTime) -> NaiveDateTime {
+    let midnight = t.date().and_time(NaiveTime::MIN);
+    let nanos = (t - midnight).num_nanoseconds().unwrap_or(0);
+    let ticks = (nanos * 300 + 500_000_000) / 1_000_000_000;
+    midnight + Duration::milliseconds((ticks * 10 + 1) / 3)
+}
+
 /// `smalldatetime`: days since 1900-01-01 and minutes since midnight.
 fn smalldatetime_from_parts(days: u16, minutes: u16) -> Option<NaiveDateTime> {
     if minutes >= 24 * 60 {

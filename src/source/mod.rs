@@ -2,10 +2,10 @@
 //!
 //! [`ChangeSource`] is the seam between the poll loop ([`poller`]) and a database,
 //! made of one trait per kind of caller ([`seam`]). [`sqlserver::SqlServerSource`]
-//! talks to a real SQL Server over TDS (tiberius); [`sim::CdcSimulator`] is an
-//! in-memory model of SQL Server's documented CDC behaviour, used by the tests and by
-//! the deterministic [`sim::synthetic`] workload. Neither the poll loop nor the merge
-//! knows which is behind the seam.
+//! talks to a real SQL Server over TDS (tiberius); [`synthetic`] is the deterministic
+//! workload a user runs without one; the tests put an in-memory simulator of SQL
+//! Server's documented CDC behaviour behind it (the `cdc-sim` crate). Neither the
+//! poll loop nor the merge knows which is behind the seam.
 //!
 //! CDC facts honoured here (`docs/src/sql-server.md` states them): rows of a capture instance are read from its
 //! change table `cdc.<ci>_CT` in (`__$start_lsn`, `__$command_id`, `__$seqval`,
@@ -25,8 +25,8 @@ pub mod queries;
 pub mod seam;
 pub mod server;
 pub mod shape;
-pub mod sim;
 pub mod sqlserver;
+pub mod synthetic;
 pub mod timezone;
 
 use chrono::NaiveDateTime;
@@ -135,6 +135,22 @@ pub fn is_bit_set(update_mask: &[u8], ordinal: u32) -> bool {
     }
     let byte = update_mask[update_mask.len() - 1 - from_end];
     byte & (1 << (bit % 8)) != 0
+}
+
+/// `__$update_mask` of a table of `columns` captured columns with the columns of
+/// ordinals `set` (1-based) marked: bit `ordinal - 1`, counted from the least
+/// significant bit of the last byte, in as many bytes as the columns need.
+pub fn update_mask(columns: usize, set: impl IntoIterator<Item = usize>) -> Vec<u8> {
+    let bytes = columns.div_ceil(8).max(1);
+    let mut mask = vec![0u8; bytes];
+    for ordinal in set {
+        if let Some(bit) = ordinal.checked_sub(1)
+            && bit / 8 < bytes
+        {
+            mask[bytes - 1 - bit / 8] |= 1 << (bit % 8);
+        }
+    }
+    mask
 }
 
 /// A captured column of a capture instance.

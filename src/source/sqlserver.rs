@@ -134,13 +134,6 @@ fn transaction_times(
     Ok((begin_lsn.unwrap_or(start_lsn), end_time))
 }
 
-/// One change row, every column taken by name. Besides the row: the names of the
-/// columns whose text held invalid UTF-16 (replaced with U+FFFD). A value that does
-/// not have its column's type is [`SourceError::CatalogChanged`] (the change table's
-/// type changed since the catalog was read); anything else wrong is malformed.
-///
-/// `warned`: the transaction the last fallback warning was for, so that a big
-/// transaction with NULL `cdc.lsn_time_mapping` columns warns once, not per row.
 /// [`decode_change_row`] for the benches: our side of decoding a change row, apart
 /// from the driver's.
 #[cfg(feature = "testing")]
@@ -151,6 +144,13 @@ pub fn decode_change_row_for_bench(
     decode_change_row("bench", row, columns, &mut None).map(|(row, _)| row)
 }
 
+/// One change row, every column taken by name. Besides the row: the names of the
+/// columns whose text held invalid UTF-16 (replaced with U+FFFD). A value that does
+/// not have its column's type is [`SourceError::CatalogChanged`] (the change table's
+/// type changed since the catalog was read); anything else wrong is malformed.
+///
+/// `warned`: the transaction the last fallback warning was for, so that a big
+/// transaction with NULL `cdc.lsn_time_mapping` columns warns once, not per row.
 fn decode_change_row(
     capture_instance: &str,
     mut row: NamedRow,

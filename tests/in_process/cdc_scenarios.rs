@@ -8,13 +8,13 @@
 use std::time::Duration;
 
 use crate::common::drain;
+use cdc_sim::{CdcSimulator, SimAction, SimColumn};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Value};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::filter::TableFilter;
 use mssql_ces::source::poller::{GapPolicy, PollOutcome, Poller, PollerConfig, StartPosition};
-use mssql_ces::source::sim::{CdcSimulator, SimAction, SimColumn};
 use uuid::Uuid;
 
 fn config() -> PollerConfig {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::common::drain;
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Operation, Value};
 use mssql_ces::lsn::Lsn;
@@ -11,7 +12,6 @@ use mssql_ces::position::Position;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::filter::TableFilter;
 use mssql_ces::source::poller::{GapPolicy, PollOutcome, Poller, PollerConfig, StartPosition};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::timezone::TimeZoneSetting;
 use uuid::Uuid;
 

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::columns::{ColumnRuleSetting, ColumnRules, MaskSetting};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Operation, Value};
@@ -10,7 +11,6 @@ use mssql_ces::setting::SecretRef;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use uuid::Uuid;
 
 use crate::common::drain;

@@ -8,13 +8,13 @@
 use std::time::Duration;
 
 use crate::common::drain;
+use cdc_sim::CdcSimulator;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeZone, Utc};
 use mssql_ces::event::{Change, Value};
 use mssql_ces::position::Position;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::CdcSimulator;
 use mssql_ces::source::timezone::TimeZoneSetting;
 
 fn config() -> PollerConfig {
@@ -222,8 +222,8 @@ async fn loaded_rows_carry_the_offset_of_the_load_commit_not_the_startup_one() {
 /// restart on the other side of the change.
 #[tokio::test]
 async fn ddl_times_follow_the_servers_zone_across_daylight_saving() {
+    use cdc_sim::SimColumn;
     use mssql_ces::event::value::{Length, SqlType};
-    use mssql_ces::source::sim::SimColumn;
     let sim = berlin(120);
     // Summer time (+02:00); the server reports +120 at startup.
     sim.set_local_time(local(2026, 10, 24, 12, 0));

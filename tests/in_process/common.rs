@@ -1,10 +1,10 @@
 //! Helpers several in-process suites share.
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::Change;
 use mssql_ces::event::schema::SchemaChange;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::source::poller::{BatchEvent, PollOutcome, Poller};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{ChangeSource, SourceError};
 use uuid::Uuid;
 
@@ -79,7 +79,7 @@ pub fn shop_with(utc_offset_minutes: i32, name: SimColumn) -> CdcSimulator {
 /// The synthetic source through the whole pipeline into `sink` until idle, with a
 /// checkpoint in a temporary directory (1 MiB messages, `encoding`).
 pub async fn run_synthetic(
-    synthetic: mssql_ces::source::sim::synthetic::SyntheticConfig,
+    synthetic: mssql_ces::source::synthetic::SyntheticConfig,
     encoding: mssql_ces::event::Encoding,
     router: mssql_ces::sink::Router,
     sink: mssql_ces::sink::Sink,
@@ -97,7 +97,7 @@ pub async fn run_synthetic(
 
 /// As [`run_synthetic`], with `settings` and a `shutdown` the test triggers.
 pub async fn run_synthetic_with(
-    synthetic: mssql_ces::source::sim::synthetic::SyntheticConfig,
+    synthetic: mssql_ces::source::synthetic::SyntheticConfig,
     encoding: mssql_ces::event::Encoding,
     router: mssql_ces::sink::Router,
     sink: mssql_ces::sink::Sink,
@@ -111,7 +111,7 @@ pub async fn run_synthetic_with(
     std::fs::create_dir_all(&dir).expect("dir");
     let result = mssql_ces::pipeline::run(
         Poller::new(
-            mssql_ces::source::sim::synthetic::SyntheticSource::new(synthetic),
+            mssql_ces::source::synthetic::SyntheticSource::new(synthetic),
             PollerConfig {
                 batch_size: 30,
                 ..PollerConfig::default()

@@ -13,7 +13,7 @@ use mssql_ces::event::debezium::DebeziumSettings;
 use mssql_ces::pipeline::RunSummary;
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
-use mssql_ces::source::sim::synthetic::SyntheticConfig;
+use mssql_ces::source::synthetic::SyntheticConfig;
 use rdkafka::mocking::MockCluster;
 use support::kafka::{consume, consume_quietly};
 

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{
     Change, Encoder, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Operation, Origin,
@@ -13,7 +14,6 @@ use mssql_ces::position::Position;
 use mssql_ces::source::SourceError;
 use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use uuid::Uuid;
 
 const GUID: Uuid = Uuid::from_u128(0x1bf2_756a_c15f_4d2e_a2d5_7d3f_9dbf_85b0);
@@ -708,7 +708,7 @@ async fn a_table_without_a_key_is_read_in_one_pass_and_restarts_after_a_fault() 
 
 #[tokio::test]
 async fn when_needed_re_loads_also_when_the_purge_races_a_read() {
-    use mssql_ces::source::sim::SimAction;
+    use cdc_sim::SimAction;
     let sim = database();
     sim.enable_table("dbo.items", None).unwrap();
     sim.enable_table("dbo.pairs", None).unwrap();

@@ -10,7 +10,7 @@ use mssql_ces::pipeline::{self, PipelineSettings};
 use mssql_ces::position::{EventPosition, Position};
 use mssql_ces::sink::Sink;
 use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 use rdkafka::mocking::MockCluster;
 use tokio_util::sync::CancellationToken;
 

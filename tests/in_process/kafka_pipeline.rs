@@ -18,7 +18,7 @@ use mssql_ces::sink::kafka::{KafkaFlavour, KafkaSettings, KafkaSink};
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 use rdkafka::mocking::MockCluster;
 use support::kafka::{Consumed, by_partition, consume, position_of};
 use tokio_util::sync::CancellationToken;

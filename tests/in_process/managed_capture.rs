@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::common::Item;
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Operation, Value};
 use mssql_ces::position::Position;
 use mssql_ces::source::poller::{CaptureInstanceMode, Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{CaptureOptions, CdcReads, SourceError};
 use tokio::sync::watch;
 

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use cdc_sim::server::SimServer;
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::checkpoint::CheckpointStore;
 use mssql_ces::checkpoint::memory::MemoryStore;
 use mssql_ces::databases::{ManySettings, ManyStatus, StreamRunner, Supervisor};
@@ -16,8 +18,6 @@ use mssql_ces::sink::Sink;
 use mssql_ces::sink::stream::{Resume, StreamSink};
 use mssql_ces::source::poller::{Poller, PollerConfig};
 use mssql_ces::source::server::PROBE_CHUNK;
-use mssql_ces::source::sim::server::SimServer;
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use tokio_util::sync::CancellationToken;
 
 use crate::pipeline_faults::{factory, router};
@@ -343,7 +343,7 @@ async fn a_busy_database_and_two_failing_ones_do_not_hold_up_the_others() {
 /// so a poll costs about one query however long they stay unreadable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn availability_group_secondaries_stop_nothing_and_are_asked_with_backoff() {
-    use mssql_ces::source::sim::server::Replica;
+    use cdc_sim::server::Replica;
     let server = SimServer::default();
     let names: Vec<String> = (0..6).map(|i| format!("Shop{i}")).collect();
     for (i, name) in names.iter().enumerate() {
@@ -413,7 +413,7 @@ async fn availability_group_secondaries_stop_nothing_and_are_asked_with_backoff(
 /// and once it is the primary the next discovery streams it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secondary_discovery_knows_is_never_probed() {
-    use mssql_ces::source::sim::server::Replica;
+    use cdc_sim::server::Replica;
     let server = SimServer::default();
     server.set_view_server_state(true);
     let names: Vec<String> = (0..4).map(|i| format!("Shop{i}")).collect();

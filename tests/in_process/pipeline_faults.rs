@@ -12,7 +12,7 @@ use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::stream::{Resume, StreamSink};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 use mssql_ces::source::{
     CaptureDdl, CaptureInstance, Catalog, CdcReads, ChangeRow, DdlEvent, FactReads, MaxLsn, Probe,
     ProbeResult, RowKey, SourceClock, SourceError, TableReads,

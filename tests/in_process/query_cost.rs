@@ -3,10 +3,10 @@
 //! rows examined per page, for the transactions where the shape of the query decides
 //! whether paging is linear or quadratic.
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::Value;
 use mssql_ces::event::value::SqlType;
 use mssql_ces::lsn::Lsn;
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{CdcReads, RowKey, queries};
 use uuid::Uuid;
 

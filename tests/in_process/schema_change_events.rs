@@ -9,6 +9,7 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::readback::{Reassembler, decode_message};
 use mssql_ces::event::schema::{SCHEMA_CHANGE_TYPE, SchemaChange, SchemaChangeReason};
 use mssql_ces::event::value::{Length, SqlType};
@@ -19,7 +20,6 @@ use mssql_ces::pipeline;
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme, SchemaChangePlacement};
 use mssql_ces::sink::{Router, Sink};
 use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use rdkafka::mocking::MockCluster;
 use tokio_util::sync::CancellationToken;
 

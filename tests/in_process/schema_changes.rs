@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Value};
 use mssql_ces::source::CdcReads;
 use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
 /// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, not yet enabled.
 fn database() -> CdcSimulator {

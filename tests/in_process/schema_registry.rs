@@ -14,7 +14,7 @@ use mssql_ces::pipeline::{PipelineError, RunSummary};
 use mssql_ces::sink::registry::{SchemaRegistrySettings, SubjectNameStrategy};
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{Router, Sink};
-use mssql_ces::source::sim::synthetic::SyntheticConfig;
+use mssql_ces::source::synthetic::SyntheticConfig;
 use rdkafka::mocking::MockCluster;
 use support::kafka::{Consumed, consume};
 use support::registry::RegistryDouble;
@@ -427,11 +427,11 @@ async fn register_across_an_added_column(
     Result<u32, mssql_ces::sink::registry::RegistryError>,
     String,
 ) {
+    use cdc_sim::SimColumn;
     use mssql_ces::event::Value;
     use mssql_ces::event::debezium::DebeziumEncoder;
     use mssql_ces::event::value::SqlType;
     use mssql_ces::source::poller::{CaptureInstanceMode, Poller, PollerConfig};
-    use mssql_ces::source::sim::SimColumn;
 
     let sim = crate::common::shop_with_t(0);
     sim.enable_table("dbo.T", None).expect("enable");

@@ -14,8 +14,8 @@ use mssql_ces::position::Position;
 use mssql_ces::sink::Sink;
 use mssql_ces::sink::stream::{Resume, StreamSink};
 use mssql_ces::source::poller::{Poller, PollerConfig};
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 use tokio_util::sync::CancellationToken;
 
 use crate::support::tds::StandIn;

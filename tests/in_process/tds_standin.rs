@@ -317,12 +317,12 @@ async fn a_dropped_or_hung_connection_is_transient_and_the_next_query_reconnects
 
 mod through_the_wire {
     use super::*;
+    use cdc_sim::{CdcSimulator, SimColumn};
     use chrono::{FixedOffset, NaiveDate, NaiveTime, TimeZone};
     use mssql_ces::event::Value;
     use mssql_ces::event::value::{Length, SqlType};
     use mssql_ces::source::initial_load::SnapshotMode;
     use mssql_ces::source::poller::{Poller, PollerConfig};
-    use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
     const GUID: uuid::Uuid = uuid::Uuid::from_u128(0x1bf2_756a_c15f_4d2e_a2d5_7d3f_9dbf_85b0);
 
@@ -764,7 +764,7 @@ mod through_the_wire {
 mod faults_through_the_poller {
     use super::*;
     use mssql_ces::source::poller::{Poller, PollerConfig};
-    use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+    use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 
     fn workload() -> SyntheticConfig {
         SyntheticConfig {
@@ -903,10 +903,10 @@ mod tls {
 
 mod lifecycle_through_the_wire {
     use super::*;
+    use cdc_sim::{CdcSimulator, SimColumn};
     use mssql_ces::event::Value;
     use mssql_ces::event::value::{Length, SqlType};
     use mssql_ces::source::poller::{Poller, PollerConfig};
-    use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
     fn config() -> PollerConfig {
         PollerConfig {
@@ -964,9 +964,7 @@ mod lifecycle_through_the_wire {
             assert_eq!(got, expected, "{what}");
             expected
         };
-        let tx = |f: &dyn Fn(
-            mssql_ces::source::sim::Transaction,
-        ) -> mssql_ces::source::sim::Transaction| {
+        let tx = |f: &dyn Fn(cdc_sim::Transaction) -> cdc_sim::Transaction| {
             f(sim.transaction()).commit().unwrap()
         };
         tx(&|t| t.insert("dbo.T", row(1, "a")).insert("dbo.T", row(2, "b")));
@@ -1107,11 +1105,11 @@ mod collations {
 
 mod large_over_tls {
     use super::*;
+    use cdc_sim::{CdcSimulator, SimColumn};
     use mssql_ces::event::Value;
     use mssql_ces::event::value::SqlType;
     use mssql_ces::source::initial_load::SnapshotMode;
     use mssql_ces::source::poller::{Poller, PollerConfig};
-    use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
     async fn all<S: ChangeSource>(poller: &mut Poller<S>) -> Vec<Vec<u8>> {
         drain_clean(poller, uuid::Uuid::from_u128(3)).await
@@ -1183,7 +1181,7 @@ mod large_over_tls {
 /// that fact unknown, never the whole read fail.
 mod server_kinds_through_the_wire {
     use super::*;
-    use mssql_ces::source::sim::CdcSimulator;
+    use cdc_sim::CdcSimulator;
     use mssql_ces::source::{CdcJob, Fact};
 
     fn azure() -> CdcSimulator {
@@ -1247,9 +1245,9 @@ mod server_kinds_through_the_wire {
 /// Attention, so its sort (and its schema-stability lock) does not run on.
 mod keyless_pass {
     use super::*;
+    use cdc_sim::{CdcSimulator, SimColumn};
     use mssql_ces::event::value::{Length, SqlType};
     use mssql_ces::source::TableCursor;
-    use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 
     #[tokio::test]
     async fn the_first_row_has_its_own_bound_and_an_abandoned_pass_is_cancelled() {

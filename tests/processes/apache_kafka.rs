@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::decode_json_message;
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-use mssql_ces::source::sim::synthetic::SyntheticConfig;
+use mssql_ces::source::synthetic::SyntheticConfig;
 use support::apache_kafka::{self, Cluster};
 use support::kafka::Consumed;
 use support::temp_dir;

@@ -7,6 +7,7 @@ use crate::support;
 use std::path::Path;
 use std::process::Command;
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use chrono::Duration as Days;
 use mssql_ces::check::{Report, Status, check_with, kafka_findings};
 use mssql_ces::checkpoint::file::FileStore;
@@ -17,7 +18,6 @@ use mssql_ces::position::Position;
 use mssql_ces::sink::LargestMessage;
 use mssql_ces::sink::kafka::{DestinationFacts, TopicFacts};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use mssql_ces::source::{Fact, LogScan, SourceError};
 use rdkafka::mocking::MockCluster;
 use support::temp_dir;
@@ -1030,10 +1030,7 @@ fn many_databases_config(dir: &Path, patterns: &str, sink: &str) -> Config {
 }
 
 /// `check` of many databases on the simulated `server`, each database its simulator.
-async fn check_server(
-    config: &Config,
-    server: &mssql_ces::source::sim::server::SimServer,
-) -> Report {
+async fn check_server(config: &Config, server: &cdc_sim::server::SimServer) -> Report {
     mssql_ces::check::check_many(config, &mut server.clone(), |own| {
         let name = own
             .source
@@ -1050,7 +1047,7 @@ async fn check_server(
 /// destination once.
 #[tokio::test]
 async fn many_databases_are_checked_each_by_name() {
-    use mssql_ces::source::sim::server::SimServer;
+    use cdc_sim::server::SimServer;
     let dir = temp_dir("check-many");
     let config = many_databases_config(&dir, "\"Shop*\", \"Billing\"", "kind = \"stdout\"");
     let server = SimServer::default();
@@ -1110,7 +1107,7 @@ async fn many_databases_are_checked_each_by_name() {
 /// as usual.
 #[tokio::test]
 async fn a_database_this_replica_cannot_read_is_reported_skipped_not_failed() {
-    use mssql_ces::source::sim::server::{Replica, SimServer};
+    use cdc_sim::server::{Replica, SimServer};
     let dir = temp_dir("check-secondary");
     let config = many_databases_config(&dir, "\"Shop*\"", "kind = \"stdout\"");
     let server = SimServer::default();
@@ -1156,7 +1153,7 @@ async fn a_database_this_replica_cannot_read_is_reported_skipped_not_failed() {
 /// the replica), and the read-intent-only one is still found by the probe.
 #[tokio::test]
 async fn a_secondary_the_views_name_is_skipped_without_a_probe() {
-    use mssql_ces::source::sim::server::{Replica, SimServer};
+    use cdc_sim::server::{Replica, SimServer};
     let dir = temp_dir("check-known-secondary");
     let config = many_databases_config(&dir, "\"Shop*\"", "kind = \"stdout\"");
     let server = SimServer::default();
@@ -1250,7 +1247,7 @@ async fn a_fleet_s_control_topic_is_checked_on_the_sink_s_brokers() {
 /// not the first one's alone, and a database whose every check passes is one line.
 #[tokio::test]
 async fn many_databases_have_every_topic_checked_and_passing_ones_summarised() {
-    use mssql_ces::source::sim::server::SimServer;
+    use cdc_sim::server::SimServer;
     let cluster = MockCluster::new(1).expect("mock cluster");
     let bootstrap = cluster.bootstrap_servers();
     for n in 1..=4 {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::decode_json_message;
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-use mssql_ces::source::sim::synthetic::SyntheticConfig;
+use mssql_ces::source::synthetic::SyntheticConfig;
 use rdkafka::mocking::MockCluster;
 use support::kafka::{consume_quietly, position_of};
 use support::temp_dir;

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::Value;
 use mssql_ces::event::schema::SCHEMA_CHANGE_TYPE;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::source::CdcReads;
-use mssql_ces::source::sim::{CdcSimulator, SimColumn};
 use support::tds::StandIn;
 use support::temp_dir;
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
 use mssql_ces::event::{EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit};
-use mssql_ces::source::sim::synthetic::SyntheticConfig;
+use mssql_ces::source::synthetic::SyntheticConfig;
 use rdkafka::mocking::MockCluster;
 use support::kafka::{by_partition, consume_quietly, position_of};
 use support::temp_dir;

@@ -14,7 +14,7 @@ use mssql_ces::sink::event_hubs_amqp::{EventHubsAmqpSink, EventHubsCredential};
 use mssql_ces::sink::settings::{CloudEventsMode, PartitionKeyScheme};
 use mssql_ces::sink::{OutgoingMessage, Router, Sink};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 use tokio_util::sync::CancellationToken;
 
 pub const CONNECTION_STRING: &str = "Endpoint=sb://fake.servicebus.windows.net/;SharedAccessKeyName=send;SharedAccessKey=c2VjcmV0;EntityPath=orders";

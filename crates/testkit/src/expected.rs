@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use mssql_ces::event::readback::decode_message;
 use mssql_ces::event::{Encoder, EncoderOptions, Encoding};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
-use mssql_ces::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 
 /// `logicalid` → the event's whole `data`, for every event of the workload.
 pub async fn events(
@@ -27,8 +27,8 @@ pub async fn database_events(
     encoding: Encoding,
 ) -> BTreeMap<String, Vec<u8>> {
     synthetic.seed ^= mssql_ces::fleet::name_hash(database);
-    let source = SyntheticSource::new(synthetic);
-    source.simulator().set_database(database);
+    let mut source = SyntheticSource::new(synthetic);
+    source.rename_database(database);
     events_of(source, options, encoding).await
 }
 

@@ -21,9 +21,9 @@
 
 use std::cmp::Ordering;
 
+use cdc_sim::SeekCost;
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::RowKey;
-use mssql_ces::source::sim::SeekCost;
 use sqlparser::ast::{BinaryOperator, Expr, SetExpr, Statement, TableFactor, Value};
 use sqlparser::dialect::MsSqlDialect;
 use sqlparser::parser::Parser;

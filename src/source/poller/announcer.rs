@@ -207,9 +207,9 @@ pub(super) fn table_shape(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cdc_sim::{CdcSimulator, SimColumn};
     use crate::event::Value;
     use crate::event::value::SqlType;
-    use crate::source::sim::{CdcSimulator, SimColumn};
 
     /// `dbo.Orders` with one change through `dbo_Orders_v1`, then a column added,
     /// `dbo_Orders_v2` capturing it and one change through it; every change the

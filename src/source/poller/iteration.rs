@@ -23,7 +23,9 @@ pub(super) struct Merge {
     done_through: Option<Lsn>,
     /// Events up to here were emitted before (a restart re-reads them): skipped.
     resume_after: Option<EventPosition>,
-    /// The most change rows held in the cursors' buffers at once.
+    /// The most change rows held in the cursors' buffers at once (tests and
+    /// benchmarks measure the merge's memory bound by it).
+    #[cfg(any(test, feature = "testing"))]
     peak_rows_held: usize,
     /// Since when each instance's `min_lsn` has been 0x00.
     unreadable_since: BTreeMap<String, Instant>,
@@ -42,6 +44,7 @@ impl Merge {
             iteration: None,
             done_through: None,
             resume_after,
+            #[cfg(any(test, feature = "testing"))]
             peak_rows_held: 0,
             unreadable_since: BTreeMap::new(),
         }
@@ -83,6 +86,7 @@ impl Merge {
         self.done_through = Some(lsn);
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub(super) fn peak_rows_held(&self) -> usize {
         self.peak_rows_held
     }
@@ -499,8 +503,11 @@ impl<S: ChangeSource> Poller<S> {
                     cursor.after = last.key;
                 }
                 cursor.buffer.extend(rows);
-                let held = held + cursor.buffer.len();
-                self.merge.peak_rows_held = self.merge.peak_rows_held.max(held);
+                #[cfg(any(test, feature = "testing"))]
+                {
+                    let held = held + cursor.buffer.len();
+                    self.merge.peak_rows_held = self.merge.peak_rows_held.max(held);
+                }
                 continue;
             }
             let heads: Vec<&VecDeque<ChangeRow>> =
@@ -704,7 +711,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreadable_instance_is_an_error_once_its_grace_has_passed() {
-        use crate::source::sim::{CdcSimulator, SimColumn};
+        use crate::cdc_sim::{CdcSimulator, SimColumn};
         let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
         sim.create_table(
             "dbo",

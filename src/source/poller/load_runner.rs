@@ -794,8 +794,8 @@ mod tests {
         runner.forget("dbo_Heap");
         assert_eq!(runner.status(&loads)[0].estimated, None);
     }
+    use crate::cdc_sim::{CdcSimulator, SimColumn};
     use crate::event::value::SqlType;
-    use crate::source::sim::{CdcSimulator, SimColumn};
 
     fn table(sim: &CdcSimulator, name: &str) {
         sim.create_table(
@@ -863,7 +863,7 @@ mod tests {
     /// not the table's; an `initial_only` run says it ends with the load.
     #[tokio::test]
     async fn a_resumed_load_reports_the_rate_of_its_own_rows() {
-        use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+        use crate::source::synthetic::{SyntheticConfig, SyntheticSource};
         let workload = SyntheticConfig {
             transactions: Some(1),
             existing_rows: 5_000,
@@ -941,7 +941,7 @@ mod tests {
     /// the wall clock warned of the retention on every synthetic load.
     #[tokio::test]
     async fn the_age_of_the_loads_lsn_is_measured_on_the_sources_clock() {
-        use crate::source::sim::synthetic::{SyntheticConfig, SyntheticSource};
+        use crate::source::synthetic::{SyntheticConfig, SyntheticSource};
         let workload = SyntheticConfig {
             transactions: Some(50),
             existing_rows: 10,

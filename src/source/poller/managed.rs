@@ -627,8 +627,8 @@ impl CaptureManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cdc_sim::{CdcSimulator, SimColumn};
     use crate::event::value::SqlType;
-    use crate::source::sim::{CdcSimulator, SimColumn};
 
     fn orders() -> CdcSimulator {
         let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);

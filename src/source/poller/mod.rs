@@ -335,8 +335,15 @@ impl<S: ChangeSource> Poller<S> {
 
     /// The most change rows the merge has held in its buffers at once (all capture
     /// instances together): its memory bound, for tests and benchmarks.
+    #[cfg(any(test, feature = "testing"))]
     pub fn peak_rows_held(&self) -> usize {
         self.merge.peak_rows_held()
+    }
+
+    /// The source it reads (for tests).
+    #[cfg(test)]
+    pub(crate) fn source(&self) -> &S {
+        &self.source
     }
 
     /// The stream GUID: `event.stream_guid`, else the database GUID (known once the

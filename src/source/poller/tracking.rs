@@ -589,9 +589,9 @@ pub(super) fn check_identity(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cdc_sim::{CdcSimulator, SimColumn};
     use crate::event::Value;
     use crate::event::value::SqlType;
-    use crate::source::sim::{CdcSimulator, SimColumn};
 
     /// `dbo.Orders` with the capture instance `dbo_Orders_v1` and one change.
     fn orders() -> CdcSimulator {

@@ -1,8 +1,8 @@
 //! Values in the simulated tables: converted as `ALTER COLUMN` converts them, and
 //! checked against a column's type as the real decoder checks them.
 
-use crate::event::Value;
-use crate::event::value::SqlType;
+use mssql_ces::event::Value;
+use mssql_ces::event::value::SqlType;
 
 /// A value converted to a column's new type, as `ALTER COLUMN` converts stored rows.
 pub(super) fn convert(value: &Value, to: SqlType) -> Value {

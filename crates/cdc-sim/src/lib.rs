@@ -2,7 +2,7 @@
 //!
 //! It models the behaviour that SQL Server documents for CDC (the book's *SQL Server* chapter, `docs/src/sql-server.md`, says what the poller relies on), so that the
 //! poll loop can be tested without a server. It is a model, not SQL Server: where the
-//! real server could differ, the integration tests in `tests/sqlserver_integration.rs`
+//! real server could differ, the integration tests in `tests/sqlserver/`
 //! decide. What it models, with the page each behaviour comes from:
 //!
 //! - **The capture job.** Commits go to the log; only a scan of the capture job
@@ -46,7 +46,6 @@
 //! [`CdcSimulator`] is a cheap handle (`Clone`) to shared state, so a test can change
 //! the database while a poller reads it.
 
-pub mod bulk;
 mod cost;
 pub use cost::SeekCost;
 mod clock;
@@ -55,16 +54,16 @@ mod controls;
 mod ddl;
 pub use ddl::SimDdlError;
 pub mod order;
-#[cfg(any(test, feature = "testing"))]
 pub mod server;
 mod source;
-pub mod synthetic;
-pub mod synthetic_server;
 mod transaction;
 mod values;
 use values::{convert, fits};
 
 use transaction::update_mask;
+
+/// A time as a `datetime` column holds it.
+use mssql_ces::source::decode::as_datetime_column as datetime;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -73,16 +72,16 @@ use chrono::{Duration, NaiveDate, NaiveDateTime};
 use chrono_tz::Tz;
 use uuid::Uuid;
 
-use crate::event::Value;
-use crate::event::value::{SqlType, TypeError};
-use crate::lsn::Lsn;
-use crate::source::sim::order::SortKey;
-use crate::source::{
+use mssql_ces::event::Value;
+use mssql_ces::event::value::{SqlType, TypeError};
+use mssql_ces::lsn::Lsn;
+use mssql_ces::source::{
     CaptureDdl, CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CdcJob, CdcReads,
     ChangeRow, CommitTime, DdlEvent, DroppedColumn, EnableCapture, Fact, FactReads, LogScan,
     MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceClock, SourceError, TableCursor,
     TableReads, UncapturedColumns, UncapturedTable, op,
 };
+use order::SortKey;
 
 /// A column of a simulated table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -579,18 +578,6 @@ pub enum SimAction {
     BeginCleanup { low_water: Lsn, rows: usize },
     /// `sp_cdc_disable_table` of this capture instance.
     Disable(String),
-}
-
-/// A time as a `datetime` column holds it (`cdc.lsn_time_mapping.tran_end_time`,
-/// `cdc.change_tables.create_date`, `cdc.ddl_history.ddl_time`): in 1/300-second
-/// ticks, rounded to the nearest (*datetime (Transact-SQL)*: "rounded to increments
-/// of .000, .003, or .007 seconds"), and read back as the SQL Server source decodes
-/// a tick count ([`crate::source::decode::datetime_from_ticks`]).
-fn datetime(t: NaiveDateTime) -> NaiveDateTime {
-    let midnight = t.date().and_time(chrono::NaiveTime::MIN);
-    let nanos = (t - midnight).num_nanoseconds().unwrap_or(0);
-    let ticks = (nanos * 300 + 500_000_000) / 1_000_000_000;
-    midnight + Duration::milliseconds((ticks * 10 + 1) / 3)
 }
 
 /// A handle to a simulated CDC database.

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::lsn::Lsn;
-use crate::source::RowKey;
+use mssql_ces::lsn::Lsn;
+use mssql_ces::source::RowKey;
 
 /// What SQL Server examines to answer one page of the change query: given the
 /// change table's keys in its clustered index's order (`key(i)` of `len`), the

@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::CdcSimulator;
-use crate::source::SourceError;
-use crate::source::server::{DatabaseProbe, DatabaseServer, probe_error};
+use mssql_ces::source::SourceError;
+use mssql_ces::source::server::{DatabaseProbe, DatabaseServer, probe_error};
 
 /// A handle to the simulated server (`Clone`: tests change it while it is read).
 #[derive(Debug, Clone, Default)]
@@ -185,10 +185,10 @@ impl SimServer {
         state: &ServerState,
         chunk: &[String],
     ) -> Result<Vec<DatabaseProbe>, SourceError> {
-        if state.engine_edition == crate::source::AZURE_SQL_DATABASE_EDITION
+        if state.engine_edition == mssql_ces::source::AZURE_SQL_DATABASE_EDITION
             && let Some(name) = chunk.first()
         {
-            return Err(probe_error(crate::mssql::server_error(
+            return Err(probe_error(mssql_ces::mssql::server_error(
                 40515,
                 &format!(
                     "Reference to database and/or server name in '{name}.sys.fn_cdc_get_max_lsn' is not supported in this version of SQL Server."
@@ -199,7 +199,7 @@ impl SimServer {
         for name in chunk {
             let db = match state.databases.get(name) {
                 Some(db) if db.online && db.replica == Replica::NotReadable => {
-                    return Err(probe_error(crate::mssql::server_error(
+                    return Err(probe_error(mssql_ces::mssql::server_error(
                         976,
                         &format!(
                             "The target database, '{name}', is participating in an availability group and is currently not accessible for queries. Either data movement is suspended or the availability replica is not enabled for read access."
@@ -207,7 +207,7 @@ impl SimServer {
                     )));
                 }
                 Some(db) if db.online && db.replica == Replica::ReadIntentOnly => {
-                    return Err(probe_error(crate::mssql::server_error(
+                    return Err(probe_error(mssql_ces::mssql::server_error(
                         978,
                         &format!(
                             "The target database ('{name}') is in an availability group and is currently accessible for connections when the application intent is set to read only."

@@ -3,7 +3,7 @@
 //! is returned).
 
 use super::*;
-use crate::mssql::SqlErrorKind;
+use mssql_ces::mssql::SqlErrorKind;
 
 impl CdcSimulator {
     /// One call of CDC's enable or disable procedure on `schema.table`: counted,
@@ -15,7 +15,7 @@ impl CdcSimulator {
         if state.write_locked.contains(&name) {
             return Err(SourceError::LockTimeout {
                 table: name,
-                waited_ms: crate::source::queries::CAPTURE_DDL_LOCK_TIMEOUT_MS,
+                waited_ms: mssql_ces::source::queries::CAPTURE_DDL_LOCK_TIMEOUT_MS,
                 message: "Lock request time out period exceeded.".into(),
             });
         }

@@ -116,22 +116,18 @@ impl Transaction {
 }
 
 /// `__$update_mask`: all captured columns for inserts and deletes, the changed ones
-/// for updates; bit `ordinal - 1` counted from the end.
+/// for updates.
 pub(super) fn update_mask(
     columns: &[CapturedColumn],
     ids: &[u32],
     changed: Option<&[u32]>,
 ) -> Vec<u8> {
-    let bytes = columns.len().div_ceil(8).max(1);
-    let mut mask = vec![0u8; bytes];
-    for (c, id) in columns.iter().zip(ids) {
-        let set = changed.is_none_or(|ch| ch.contains(id));
-        if set && c.ordinal > 0 {
-            let bit = (c.ordinal - 1) as usize;
-            mask[bytes - 1 - bit / 8] |= 1 << (bit % 8);
-        }
-    }
-    mask
+    let set = columns
+        .iter()
+        .zip(ids)
+        .filter(|(_, id)| changed.is_none_or(|ch| ch.contains(id)))
+        .map(|(c, _)| c.ordinal as usize);
+    mssql_ces::source::update_mask(columns.len(), set)
 }
 
 /// The simulated table `table`, or an error naming it.

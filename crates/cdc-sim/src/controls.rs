@@ -1,6 +1,6 @@
 //! Driving the simulated database: what SQL Server's jobs and clock do (the capture
-//! and cleanup jobs, the server's time zone), and — for tests only, behind the
-//! `testing` feature — faults, permissions, visibility and counters.
+//! and cleanup jobs, the server's time zone), and what a test makes the database do
+//! or reads of it: faults, permissions, visibility and counters.
 
 use super::*;
 
@@ -70,22 +70,6 @@ impl CdcSimulator {
         }
     }
 
-    /// Drops change rows (and `cdc.lsn_time_mapping` rows but the newest) below `lsn`
-    /// from memory without moving any low end: not a SQL Server behaviour, only a
-    /// bound on the synthetic workload's memory.
-    pub fn forget_below(&self, lsn: Lsn) {
-        let mut state = self.lock();
-        for instance in &mut state.instances {
-            let below = instance.rows.partition_point(|r| r.key.start_lsn < lsn);
-            instance.rows.drain(..below);
-        }
-        let below = state
-            .mapping
-            .partition_point(|(l, _)| *l < lsn)
-            .min(state.mapping.len().saturating_sub(1));
-        state.mapping.drain(..below);
-    }
-
     /// Gives the server a time zone it can name (`CURRENT_TIMEZONE_ID()`): rows then
     /// carry the offset in force at their commit time.
     pub fn set_time_zone(&self, zone: Tz) {
@@ -109,9 +93,7 @@ impl CdcSimulator {
     }
 }
 
-/// Test controls: what a test makes the database do or tells about it. Not part of
-/// the library's API outside tests (the `testing` feature).
-#[cfg(any(test, feature = "testing"))]
+/// Test controls: what a test makes the database do or tells about it.
 impl CdcSimulator {
     /// Changes what the catalog says of a capture instance (none: nothing).
     fn change_instance(&self, capture_instance: &str, change: impl FnOnce(&mut CaptureInstance)) {
@@ -285,9 +267,9 @@ impl CdcSimulator {
 
     /// The max LSN and catalog fingerprint, as a server-level probe reads them
     /// (not a round trip of this database's own).
-    pub fn peek_max_lsn(&self) -> crate::source::MaxLsn {
+    pub fn peek_max_lsn(&self) -> mssql_ces::source::MaxLsn {
         let state = self.lock();
-        crate::source::MaxLsn {
+        mssql_ces::source::MaxLsn {
             lsn: state.max_lsn(),
             catalog_version: state.version,
         }

@@ -5,7 +5,7 @@
 //! Handling changes to source tables), and `sp_rename`.
 
 use super::*;
-use crate::mssql::SqlErrorKind;
+use mssql_ces::mssql::SqlErrorKind;
 
 /// An error SQL Server raises for a DDL statement: its number and message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,21 +1,25 @@
 //! A **synthetic** change workload: deterministic, seeded, and not a database.
 //!
-//! Source kind `synthetic` drives the [`CdcSimulator`] with generated transactions on
-//! three tables (`dbo.customers`, `dbo.orders`, `sales.[order details]`) covering
+//! Source kind `synthetic` writes generated transactions to a small database of its
+//! own ([`database`]) on three tables (`dbo.customers`, `dbo.orders`, `sales.[order details]`) covering
 //! most column types. Transaction `k` depends only on the seed and `k`, and the
-//! simulated LSN clock and commit times advance only with transactions, so a restarted
+//! database's LSN clock and commit times advance only with transactions, so a restarted
 //! process sees exactly the same change history, LSNs and commit times: the basis of
 //! demos, benchmarks and crash tests. Rows already read are dropped from memory.
 
 use std::time::Instant;
 
-use chrono::{FixedOffset, NaiveDate, TimeZone};
+use chrono::{FixedOffset, NaiveDate, Offset as _, TimeZone};
 use uuid::Uuid;
 
 use crate::event::Value;
 use crate::event::value::{Length, SqlType};
 use crate::lsn::Lsn;
-use crate::source::sim::{CdcSimulator, SimColumn, Transaction};
+use database::{Database, Transaction};
+pub mod bulk;
+mod database;
+pub mod server;
+
 use crate::source::{
     CaptureDdl, CaptureInstance, Catalog, CdcReads, ChangeRow, DdlEvent, FactReads, MaxLsn, Probe,
     ProbeResult, RowKey, SourceClock, SourceError, TableCursor, TableReads,
@@ -76,12 +80,12 @@ impl SplitMix64 {
     }
 }
 
-/// Transactions generated per call at most: what the simulator holds unread, so an
+/// Transactions generated per call at most: what the database holds unread, so an
 /// unpaced stream's memory stays small (and its polls keep coming).
 const GENERATED_PER_CALL: u64 = 1_000;
 
 /// Customers, and orders, that the workload keeps at most (each order has up to a
-/// few lines): the simulated tables' size, whatever the stream's length.
+/// few lines): the tables' size, whatever the stream's length.
 const LIVE_ROWS: usize = 10_000;
 
 const CUSTOMERS: &str = "dbo.customers";
@@ -114,102 +118,92 @@ fn product(seed: u64, id: u64) -> Vec<Value> {
 
 /// The workload's tables, CDC-enabled: customers, orders and order lines, and
 /// `dbo.products` and `dbo.attachments` when the configuration asks for them.
-fn create_tables(sim: &CdcSimulator, config: &SyntheticConfig) {
-    sim.create_table(
+fn create_tables(db: &mut Database, config: &SyntheticConfig) {
+    use SqlType::*;
+    db.create_captured_table(
         "dbo",
         "customers",
-        vec![
-            SimColumn::new("id", SqlType::Int),
-            SimColumn::new("name", SqlType::NVarChar(Length::Bounded(100))),
-            SimColumn::new("email", SqlType::VarChar(Length::Bounded(200))),
-            SimColumn::new("balance", SqlType::Money),
-            SimColumn::new("created_at", SqlType::DateTime2 { scale: 7 }),
-            SimColumn::new("vip", SqlType::Bit),
+        &[
+            ("id", Int),
+            ("name", NVarChar(Length::Bounded(100))),
+            ("email", VarChar(Length::Bounded(200))),
+            ("balance", Money),
+            ("created_at", DateTime2 { scale: 7 }),
+            ("vip", Bit),
         ],
-        &["id"],
+        1,
     );
-    sim.create_table(
+    db.create_captured_table(
         "dbo",
         "orders",
-        vec![
-            SimColumn::new("id", SqlType::BigInt),
-            SimColumn::new("customer_id", SqlType::Int),
-            SimColumn::new(
+        &[
+            ("id", BigInt),
+            ("customer_id", Int),
+            (
                 "total",
-                SqlType::Decimal {
+                Decimal {
                     precision: 18,
                     scale: 2,
                 },
             ),
-            SimColumn::new("status", SqlType::TinyInt),
-            SimColumn::new("note", SqlType::NVarChar(Length::Max)),
-            SimColumn::new("placed_at", SqlType::DateTimeOffset { scale: 3 }),
-            SimColumn::new("ref", SqlType::UniqueIdentifier),
-            SimColumn::new("weight", SqlType::Float),
+            ("status", TinyInt),
+            ("note", NVarChar(Length::Max)),
+            ("placed_at", DateTimeOffset { scale: 3 }),
+            ("ref", UniqueIdentifier),
+            ("weight", Float),
         ],
-        &["id"],
+        1,
     );
-    sim.create_table(
+    db.create_captured_table(
         "sales",
         "order details",
-        vec![
-            SimColumn::new("order_id", SqlType::BigInt),
-            SimColumn::new("line", SqlType::Int),
-            SimColumn::new("sku", SqlType::Char(Length::Bounded(10))),
-            SimColumn::new("qty", SqlType::SmallInt),
-            SimColumn::new(
+        &[
+            ("order_id", BigInt),
+            ("line", Int),
+            ("sku", Char(Length::Bounded(10))),
+            ("qty", SmallInt),
+            (
                 "price",
-                SqlType::Decimal {
+                Decimal {
                     precision: 10,
                     scale: 2,
                 },
             ),
         ],
-        &["order_id", "line"],
+        2,
     );
-    for table in [CUSTOMERS, ORDERS, LINES] {
-        // The tables and names above are fixed; enabling them cannot fail.
-        let _ = sim.enable_table(table, None);
-    }
-    create_optional_tables(sim, config);
-}
-
-/// `dbo.products` (`existing_rows`) and `dbo.attachments` (`oversized_value_every`).
-fn create_optional_tables(sim: &CdcSimulator, config: &SyntheticConfig) {
     if config.existing_rows > 0 {
         // Its rows are generated when read (`read_table`), never held.
-        sim.create_table(
+        db.create_captured_table(
             "dbo",
             PRODUCTS,
-            vec![
-                SimColumn::new("id", SqlType::BigInt),
-                SimColumn::new("name", SqlType::NVarChar(Length::Bounded(100))),
-                SimColumn::new(
+            &[
+                ("id", BigInt),
+                ("name", NVarChar(Length::Bounded(100))),
+                (
                     "price",
-                    SqlType::Decimal {
+                    Decimal {
                         precision: 10,
                         scale: 2,
                     },
                 ),
-                SimColumn::new("stock", SqlType::Int),
-                SimColumn::new("updated_at", SqlType::DateTime2 { scale: 3 }),
+                ("stock", Int),
+                ("updated_at", DateTime2 { scale: 3 }),
             ],
-            &["id"],
+            1,
         );
-        let _ = sim.enable_table("dbo.products", None);
     }
     if config.oversized_value_every > 0 {
-        sim.create_table(
+        db.create_captured_table(
             "dbo",
             "attachments",
-            vec![
-                SimColumn::new("id", SqlType::BigInt),
-                SimColumn::new("name", SqlType::NVarChar(Length::Max)),
-                SimColumn::new("content", SqlType::VarBinary(Length::Max)),
+            &[
+                ("id", BigInt),
+                ("name", NVarChar(Length::Max)),
+                ("content", VarBinary(Length::Max)),
             ],
-            &["id"],
+            1,
         );
-        let _ = sim.enable_table(ATTACHMENTS, None);
     }
 }
 
@@ -230,7 +224,7 @@ fn oversized_attachment(k: u64) -> Vec<Value> {
 
 /// The synthetic source.
 pub struct SyntheticSource {
-    sim: CdcSimulator,
+    db: Database,
     config: SyntheticConfig,
     rng: SplitMix64,
     generated: u64,
@@ -252,12 +246,10 @@ pub struct SyntheticSource {
 impl SyntheticSource {
     pub fn new(config: SyntheticConfig) -> Self {
         let guid = Uuid::from_u64_pair(0x5359_4e54_4845_5449, config.seed);
-        let sim = CdcSimulator::new("synthetic", guid, 0);
-        // A server on UTC that can say so: commit times need no warning.
-        sim.set_time_zone(chrono_tz::UTC);
-        create_tables(&sim, &config);
+        let mut db = Database::new("synthetic", guid);
+        create_tables(&mut db, &config);
         SyntheticSource {
-            sim,
+            db,
             rng: SplitMix64(config.seed),
             config,
             generated: 0,
@@ -280,14 +272,15 @@ impl SyntheticSource {
         self
     }
 
+    /// Gives the database another name (`DB_NAME()`, which events carry): one of a
+    /// synthetic server's databases.
+    pub fn rename_database(&mut self, name: &str) {
+        self.db.rename(name);
+    }
+
     /// Transactions generated so far.
     pub fn generated(&self) -> u64 {
         self.generated
-    }
-
-    /// The simulator underneath (for tests).
-    pub fn simulator(&self) -> &CdcSimulator {
-        &self.sim
     }
 
     /// Makes the first poll see the history up to `position` at once. Without it the
@@ -303,13 +296,13 @@ impl SyntheticSource {
     fn advance(&mut self) -> Result<(), SourceError> {
         if let Some((target, delivered)) = self.catch_up.take() {
             let total = self.config.transactions.unwrap_or(u64::MAX);
-            while self.generated < total && self.sim.current_max_lsn().is_none_or(|m| m < target) {
+            while self.generated < total && self.db.current_max_lsn().is_none_or(|m| m < target) {
                 self.generate_one()?;
                 if self.generated.is_multiple_of(GENERATED_PER_CALL) {
-                    self.sim.forget_below(delivered);
+                    self.db.forget_below(delivered);
                 }
             }
-            self.sim.forget_below(delivered);
+            self.db.forget_below(delivered);
             // The pace goes on from the checkpoint's point in the schedule, not from
             // its start: a restart is not silent for as long as the last run lasted.
             self.started = Instant::now();
@@ -334,7 +327,7 @@ impl SyntheticSource {
     fn generate_one(&mut self) -> Result<(), SourceError> {
         let k = self.generated;
         let statements = 1 + self.rng.below(4);
-        let mut txn = self.sim.transaction();
+        let mut txn = Transaction::default();
         for s in 0..statements {
             let large = self.config.large_value_every > 0
                 && k.is_multiple_of(self.config.large_value_every)
@@ -346,7 +339,8 @@ impl SyntheticSource {
             // No random numbers: the other tables' history stays as without it.
             txn = txn.insert(ATTACHMENTS, oversized_attachment(k));
         }
-        txn.commit()
+        self.db
+            .commit(txn)
             .map_err(|message| SourceError::definite(format!("synthetic workload: {message}")))?;
         self.generated += 1;
         Ok(())
@@ -493,27 +487,25 @@ impl SyntheticSource {
     }
 }
 
-use chrono::Offset as _;
-
 impl CdcReads for SyntheticSource {
     async fn catalog(&mut self) -> Result<Catalog, SourceError> {
-        self.sim.catalog().await
+        Ok(self.db.catalog())
     }
 
     async fn max_lsn(&mut self) -> Result<MaxLsn, SourceError> {
         self.advance()?;
-        self.sim.max_lsn().await
+        Ok(self.db.max_lsn())
     }
 
     async fn min_lsn(&mut self, capture_instance: &str) -> Result<Option<Lsn>, SourceError> {
-        self.sim.min_lsn(capture_instance).await
+        Ok(self.db.min_lsn(capture_instance))
     }
 
     async fn lsn_time(
         &mut self,
         lsn: Lsn,
     ) -> Result<Option<crate::source::CommitTime>, SourceError> {
-        self.sim.lsn_time(lsn).await
+        Ok(self.db.lsn_time(lsn))
     }
 
     /// A paced workload has more on its way until every transaction is generated (an
@@ -532,9 +524,9 @@ impl CdcReads for SyntheticSource {
         if let Some(low) = probes.iter().map(|p| p.after).min()
             && !self.keep_history
         {
-            self.sim.forget_below(low.increment().unwrap_or(low));
+            self.db.forget_below(low.increment().unwrap_or(low));
         }
-        self.sim.probe(probes, to).await
+        self.db.probe(probes, to)
     }
 
     async fn read_changes(
@@ -544,11 +536,12 @@ impl CdcReads for SyntheticSource {
         to: Lsn,
         limit: usize,
     ) -> Result<Vec<ChangeRow>, SourceError> {
-        self.sim.read_changes(instance, after, to, limit).await
+        self.db.read_changes(instance, after, to, limit)
     }
 
-    async fn ddl_history(&mut self, capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
-        self.sim.ddl_history(capture_instance).await
+    /// The tables never change shape.
+    async fn ddl_history(&mut self, _capture_instance: &str) -> Result<Vec<DdlEvent>, SourceError> {
+        Ok(Vec::new())
     }
 }
 
@@ -559,7 +552,7 @@ impl TableReads for SyntheticSource {
         if self.is_products(instance) {
             return Ok(Some(self.config.existing_rows));
         }
-        self.sim.table_rows(instance).await
+        Ok(self.db.table_rows(instance))
     }
 
     async fn read_table(
@@ -570,7 +563,7 @@ impl TableReads for SyntheticSource {
     ) -> Result<Vec<Vec<Value>>, SourceError> {
         if !self.is_products(instance) {
             self.advance()?;
-            return self.sim.read_table(instance, cursor, limit).await;
+            return self.db.read_table(instance, cursor, limit);
         }
         let after = match cursor {
             TableCursor::Start => 0,
@@ -598,16 +591,16 @@ impl TableReads for SyntheticSource {
 
 impl FactReads for SyntheticSource {
     async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
-        self.sim.server_facts().await
+        Ok(self.db.server_facts())
     }
 }
 
 impl CaptureDdl for SyntheticSource {}
 
 impl SourceClock for SyntheticSource {
-    /// The simulated clock its commit times are on.
+    /// The clock its commit times are on.
     fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
-        self.sim.clock()
+        Some(self.db.clock())
     }
 }
 
@@ -662,19 +655,12 @@ mod tests {
             transactions: Some(30_000),
             ..SyntheticConfig::default()
         });
-        let sim = source.simulator().clone();
         let mut poller = Poller::new(source, PollerConfig::default(), None);
-        let held = || -> usize {
-            ["dbo_customers", "dbo_orders", "sales_order details"]
-                .iter()
-                .map(|ci| sim.change_rows(ci))
-                .sum()
-        };
         let mut most_held = 0;
         while let PollOutcome::Batch(_) = poller.poll().await.unwrap() {
-            most_held = most_held.max(held());
+            most_held = most_held.max(poller.source().db.change_rows());
         }
-        let read = sim.rows_read();
+        let read = poller.source().db.rows_read();
         assert!(read > 100_000, "{read} rows read");
         // Generation runs 10,000 transactions ahead at most, and what was read goes.
         assert!(
@@ -682,6 +668,7 @@ mod tests {
             "held up to {most_held} of {read} rows"
         );
     }
+
     /// A paced workload is not idle between two transactions: it expects more until
     /// every transaction is generated; an unpaced one never waits for anything.
     #[tokio::test]

@@ -7,7 +7,7 @@ use chrono::{Duration, NaiveDateTime, Offset as _, TimeZone as _};
 use chrono_tz::Tz;
 
 use super::SimState;
-use crate::source::ServerOffsets;
+use mssql_ces::source::ServerOffsets;
 
 impl SimState {
     /// The simulated server's clock in UTC (its local time less its zone's offset;

@@ -14,8 +14,8 @@
 use chrono::DateTime;
 use uuid::Uuid;
 
-use crate::event::Value;
-use crate::event::value::SqlType;
+use mssql_ces::event::Value;
+use mssql_ces::event::value::SqlType;
 
 /// One value's place in key order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -108,8 +108,8 @@ pub fn part_of_text(sql_type: SqlType, text: Option<&str>) -> Option<KeyPart> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::value::Length;
     use chrono::{FixedOffset, NaiveDate, TimeZone};
+    use mssql_ces::event::value::Length;
 
     #[test]
     fn values_and_their_text_forms_sort_alike() {

@@ -19,7 +19,7 @@ use mssql_ces::source::sqlserver::decode_change_row_for_bench;
 use tiberius::ColumnData;
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const BATCH: usize = 1000;
 

@@ -13,7 +13,7 @@ use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
     let env = mssql_ces_testkit::bench_setting::<f64>;

@@ -32,7 +32,7 @@ use rdkafka::mocking::MockCluster;
 use tokio_util::sync::CancellationToken;
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const CHUNK: usize = 1000;
 

@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The binary's allocator, so the figures are the binary's.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const TOPIC: &str = "bench";
 /// Pre-built changes for (b), (c) and (e).

@@ -34,7 +34,7 @@ use mssql_ces::source::{ChangeSource, RowKey};
 use mssql_ces_testkit::tds::{Handler, Reply, Request, StandIn, encode_reply};
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USER: &str = "bench";
 const PASSWORD: &str = "Bench_Passw0rd!";

@@ -14,10 +14,19 @@ use mssql_ces::error::Chain;
 use mssql_ces::sink::SinkError;
 use tokio_util::sync::CancellationToken;
 
-/// mimalloc: per-thread heaps without glibc's arena locks, and freed memory reused
-/// rather than kept per arena (measured in `docs/src/dev/benchmarks.md`, *Memory*).
+/// jemalloc: per-thread caches without glibc's arena locks, and freed pages given
+/// back to the system on a clock; buffers allocated on one thread and freed on
+/// another (every encoded message) cost it least of the allocators measured in
+/// `docs/src/dev/benchmarks.md`, *Memory*.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read as it starts (its `malloc_conf`, under the prefix of
+/// the crate's build): pages freed and not reused within a second go back to the
+/// system (`dirty_decay_ms`, 10 s by default), without a second, lazier stage
+/// (`muzzy_decay_ms`). The environment variable `_RJEM_MALLOC_CONF` overrides them.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: &u8 = &b"dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0];
 
 /// SQL Server CDC to Change Event Streaming (CES) events, delivered to Kafka, Azure
 /// Event Hubs (its Kafka endpoint or AMQP), a file (exactly once) or stdout.

@@ -183,7 +183,7 @@ mod redaction_tests {
     /// secret, and with the rest.
     #[test]
     fn no_type_holding_client_properties_shows_a_secret_in_debug() {
-        let member = crate::fleet::MemberSettings {
+        let member = crate::databases::fleet::MemberSettings {
             connection: properties(),
             group_id: "g".into(),
             topic: "t".into(),
@@ -193,7 +193,7 @@ mod redaction_tests {
             release_timeout: std::time::Duration::from_secs(40),
             timeout: std::time::Duration::from_secs(10),
         };
-        let input = crate::read::KafkaInput {
+        let input = crate::commands::read::KafkaInput {
             bootstrap_servers: "b:9092".into(),
             topic: "ces".into(),
             partitions: None,

@@ -14,16 +14,19 @@
 //! The modules, in the order of the data flow; each imports only modules below it
 //! in this list (`docs/src/dev/architecture.md` has the table):
 //!
-//! - [`app`]: the composition root: one run of the daemon, from a [`config::Config`]
-//!   to a stopped pipeline (the embedding API: [`app::run`] and [`app::RunError`]).
-//! - [`check`]: the preflight of `mssql-ces check`; [`read`]: reading back what was
-//!   written, as a consumer would (`mssql-ces read`).
+//! - [`commands`]: what the binary's commands do: `run` (the composition root: one
+//!   run of the daemon, from a [`config::Config`] to a stopped pipeline; the
+//!   embedding API is [`commands::run::run`] and [`commands::run::RunError`]),
+//!   `check` (the preflight) and `read` (reading back what was written, as a
+//!   consumer would).
+//! - [`databases`]: many databases in one process (discovery, the probe, the queue
+//!   of activations) and a fleet of processes sharing them (`databases::fleet`).
 //! - [`config`]: the TOML file and its overrides; it composes the sections that each
 //!   stage keeps beside its code.
 //! - [`pipeline`]: the stages wired with bounded channels and ordered acknowledgement;
 //!   [`metrics`]: Prometheus metrics and health probes over HTTP.
-//! - [`source`]: the `ChangeSource` seam, SQL Server over tiberius, the CDC simulator,
-//!   the synthetic workload, merge/pairing, and the poller (`source::poller`: one
+//! - [`source`]: the `ChangeSource` seam, SQL Server over tiberius, the synthetic
+//!   workload, merge/pairing, and the poller (`source::poller`: one
 //!   iteration, capture-instance tracking, the initial load's runner).
 //! - [`sink`]: routing (topic, key, CloudEvents mode) and destinations.
 //! - [`checkpoint`]: where the position survives restarts, as a versioned document.
@@ -41,15 +44,13 @@
 // surface (CI's clippy runs with -D warnings, so this is enforced).
 #![warn(unreachable_pub)]
 
-pub mod app;
 pub mod backoff;
-pub mod check;
 pub mod checkpoint;
+pub mod commands;
 pub mod config;
 pub mod databases;
 pub mod error;
 pub mod event;
-pub mod fleet;
 pub mod glob;
 pub mod kafka_client;
 pub mod lsn;
@@ -57,7 +58,6 @@ pub mod metrics;
 pub mod mssql;
 pub mod pipeline;
 pub mod position;
-pub mod read;
 pub mod setting;
 pub mod sink;
 pub mod source;

@@ -229,7 +229,7 @@ fn main() -> ExitCode {
                 "running until stopped: Ctrl-C or SIGTERM finishes the batch being sent, writes the checkpoint and exits (--until-idle stops by itself once everything is delivered)"
             );
         }
-        mssql_ces::app::run(config, args.until_idle, shutdown)
+        mssql_ces::commands::run::run(config, args.until_idle, shutdown)
             .await
             .map_err(|e| {
                 configuration = e.is_configuration();
@@ -263,7 +263,7 @@ fn main() -> ExitCode {
 
 /// `mssql-ces read`: events to stdout, the summary to stderr.
 fn read(args: &ReadArgs) -> ExitCode {
-    use mssql_ces::read::{
+    use mssql_ces::commands::read::{
         EventReader, KafkaInput, ReadOptions, follow_lines, read_kafka, read_lines,
     };
     let encoding = match args.encoding.as_deref() {
@@ -334,7 +334,7 @@ fn read(args: &ReadArgs) -> ExitCode {
         }
     };
     // Whoever read the events stopped (`| head`): done, as any command-line tool.
-    if let Err(mssql_ces::read::InputError::Io(e)) = &read
+    if let Err(mssql_ces::commands::read::InputError::Io(e)) = &read
         && e.kind() == std::io::ErrorKind::BrokenPipe
     {
         return ExitCode::SUCCESS;
@@ -378,7 +378,7 @@ fn stop_on_ctrl_c(stop: &std::sync::Arc<std::sync::atomic::AtomicBool>) {
 
 /// Prints a read's problems and summary line; exit code 1 when there were problems.
 fn report_summary<E: std::error::Error>(
-    summary: Result<mssql_ces::read::ReadSummary, E>,
+    summary: Result<mssql_ces::commands::read::ReadSummary, E>,
 ) -> ExitCode {
     match summary {
         Ok(summary) => {
@@ -466,14 +466,14 @@ fn load_config(args: &ConfigArgs) -> anyhow::Result<(Config, Vec<String>)> {
 
 /// `mssql-ces check`: the report to stdout; exit 1 when a check failed.
 fn check(args: &CheckArgs) -> ExitCode {
-    use mssql_ces::check::Report;
+    use mssql_ces::commands::check::Report;
     let (config, notices) = match load_config(&args.settings) {
         Ok(loaded) => loaded,
         Err(e) => {
             let mut report = Report::default();
-            report.findings.push(mssql_ces::check::Finding {
+            report.findings.push(mssql_ces::commands::check::Finding {
                 check: "configuration".into(),
-                status: mssql_ces::check::Status::Fail,
+                status: mssql_ces::commands::check::Status::Fail,
                 // The check is named "configuration" already.
                 detail: Chain(e.as_ref())
                     .to_string()
@@ -489,7 +489,7 @@ fn check(args: &CheckArgs) -> ExitCode {
     init_logging(LogFormat::Text);
     let mut report = match tokio::runtime::Runtime::new() {
         Ok(runtime) => {
-            let report = runtime.block_on(mssql_ces::check::check(&config));
+            let report = runtime.block_on(mssql_ces::commands::check::check(&config));
             runtime.shutdown_timeout(Duration::from_millis(500));
             report
         }
@@ -498,12 +498,14 @@ fn check(args: &CheckArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let environment = notices.into_iter().map(|notice| mssql_ces::check::Finding {
-        check: "environment".into(),
-        status: mssql_ces::check::Status::Warn,
-        detail: notice,
-        fix: Some("rename the variable, or remove it".into()),
-    });
+    let environment = notices
+        .into_iter()
+        .map(|notice| mssql_ces::commands::check::Finding {
+            check: "environment".into(),
+            status: mssql_ces::commands::check::Status::Warn,
+            detail: notice,
+            fix: Some("rename the variable, or remove it".into()),
+        });
     report.findings.splice(0..0, environment);
     print_report(&report, args.format);
     if report.passed() {
@@ -592,7 +594,7 @@ fn probe(args: &ProbeArgs) -> ExitCode {
     }
 }
 
-fn print_report(report: &mssql_ces::check::Report, format: CheckFormat) {
+fn print_report(report: &mssql_ces::commands::check::Report, format: CheckFormat) {
     match format {
         CheckFormat::Text => print!("{}", report.to_text()),
         CheckFormat::Json => println!("{}", report.to_json()),

@@ -98,7 +98,7 @@ impl Config {
         config.source.databases.clear();
         config.source.database = Some(database.to_owned());
         if config.source.kind == SourceKind::Synthetic {
-            config.source.synthetic.seed ^= crate::fleet::name_hash(database);
+            config.source.synthetic.seed ^= crate::databases::fleet::name_hash(database);
         }
         config.checkpoint.path = per_database_path(&self.checkpoint.path, database);
         config.checkpoint.stream_name = if self.checkpoint.stream_name.contains(DB) {

@@ -1,12 +1,12 @@
 //! `[fleet]`: several processes with the same configuration share `source.databases`
-//! through Kafka's consumer group protocol (see `crate::fleet`).
+//! through Kafka's consumer group protocol (see `crate::databases::fleet`).
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::{CheckpointStoreKind, Config};
-use crate::fleet::GroupProtocol;
+use crate::databases::fleet::GroupProtocol;
 use crate::setting::{ConfigError, invalid, millis};
 use crate::sink::SinkConfig;
 

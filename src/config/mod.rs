@@ -25,7 +25,7 @@ mod formats;
 mod layers;
 mod sql;
 
-pub use crate::fleet::GroupProtocol;
+pub use crate::databases::fleet::GroupProtocol;
 pub use fleet::FleetSettings;
 
 use crate::event::settings::EventSettings;

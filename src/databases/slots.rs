@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
 use super::{Phase, Stream, StreamRunner, Supervisor};
-use crate::fleet::{FleetEvent, slot_of};
+use crate::databases::fleet::{FleetEvent, slot_of};
 use crate::source::SourceError;
 use crate::source::server::DatabaseServer;
 

@@ -18,7 +18,7 @@ pub mod debezium;
 pub mod json;
 mod per_table;
 pub mod readback;
-pub mod schema;
+pub mod schema_change;
 pub mod segment;
 pub mod settings;
 mod topic_name;
@@ -439,7 +439,7 @@ pub struct EncodedEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EnvelopeFields<'a> {
     /// `type`: [`EVENT_TYPE`] for CES's change events,
-    /// [`schema::SCHEMA_CHANGE_TYPE`] for ours.
+    /// [`schema_change::SCHEMA_CHANGE_TYPE`] for ours.
     pub event_type: &'static str,
     pub logical_id: &'a str,
     pub time: &'a str,

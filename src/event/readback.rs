@@ -188,8 +188,8 @@ pub fn decode_data_of(
         }),
         Encoding::Avro => {
             let avro_err = |reason: String| ReadError::Avro { reason };
-            let schema = if event_type == super::schema::SCHEMA_CHANGE_TYPE {
-                super::schema::schema_change_schema()
+            let schema = if event_type == super::schema_change::SCHEMA_CHANGE_TYPE {
+                super::schema_change::schema_change_schema()
             } else {
                 avro::data_schema()
             }

@@ -124,7 +124,7 @@ impl Format {
         &mut self,
         router: &Router,
         registrar: Option<&mut super::registry::Registrar>,
-        schema: &crate::event::schema::SchemaChange,
+        schema: &crate::event::schema_change::SchemaChange,
     ) -> Result<Vec<OutgoingMessage>, PipelineError> {
         match self {
             Format::Ces(encoder) => {

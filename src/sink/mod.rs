@@ -19,7 +19,7 @@ pub mod settings;
 pub mod stream;
 
 use crate::error::{Cause, Chain};
-use crate::event::schema::{SCHEMA_CHANGE_OPERATION, SCHEMA_CHANGE_TYPE, SchemaChange};
+use crate::event::schema_change::{SCHEMA_CHANGE_OPERATION, SCHEMA_CHANGE_TYPE, SchemaChange};
 use crate::event::settings::EventSettings;
 use crate::event::{Change, EncodedEvent, Encoding, TableDescription};
 use crate::setting::ConfigError;

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::event::TableDescription;
-use crate::event::schema::SchemaChangeReason;
+use crate::event::schema_change::SchemaChangeReason;
 use crate::lsn::Lsn;
 use crate::position::{TableShape, TableVersion};
 

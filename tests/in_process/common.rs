@@ -2,7 +2,7 @@
 
 use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::Change;
-use mssql_ces::event::schema::SchemaChange;
+use mssql_ces::event::schema_change::SchemaChange;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::source::poller::{BatchEvent, PollOutcome, Poller};
 use mssql_ces::source::{ChangeSource, SourceError};

@@ -669,12 +669,12 @@ async fn eventually(what: &str, check: impl Fn() -> bool) {
 /// Revokes `slots` and waits (as librdkafka's rebalance callback does) for the
 /// member's word that their databases are stopped.
 async fn revoke(
-    events: &tokio::sync::mpsc::UnboundedSender<mssql_ces::fleet::FleetEvent>,
+    events: &tokio::sync::mpsc::UnboundedSender<mssql_ces::databases::fleet::FleetEvent>,
     slots: &[u32],
 ) {
     let (released, answer) = std::sync::mpsc::sync_channel(1);
     events
-        .send(mssql_ces::fleet::FleetEvent::Revoked {
+        .send(mssql_ces::databases::fleet::FleetEvent::Revoked {
             slots: slots.iter().copied().collect(),
             released,
         })
@@ -691,7 +691,7 @@ async fn revoke(
 /// ever read by both at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_members_read_only_their_slots_and_hand_one_over_only_once_stopped() {
-    use mssql_ces::fleet::{FleetEvent, slot_of};
+    use mssql_ces::databases::fleet::{FleetEvent, slot_of};
     const SLOTS: u32 = 4;
     let server = SimServer::default();
     let names: Vec<String> = (1..=8).map(|i| format!("Tenant{i}")).collect();
@@ -856,7 +856,7 @@ impl StreamRunner for FailingOne {
 /// this member's to count or retry, and is read at once when its slot comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revocation_is_answered_during_a_slow_probe_and_takes_failures_along() {
-    use mssql_ces::fleet::{FleetEvent, slot_of};
+    use mssql_ces::databases::fleet::{FleetEvent, slot_of};
     const SLOTS: u32 = 2;
     let inner = SimServer::default();
     let names: Vec<String> = (1..=6).map(|i| format!("Tenant{i}")).collect();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::readback::{Reassembler, decode_message};
-use mssql_ces::event::schema::{SCHEMA_CHANGE_TYPE, SchemaChange, SchemaChangeReason};
+use mssql_ces::event::schema_change::{SCHEMA_CHANGE_TYPE, SchemaChange, SchemaChangeReason};
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{
     EVENT_TYPE, EncoderOptions, Encoding, FinalEventMode, MessageSizeLimit, Value,

@@ -9,8 +9,8 @@ use std::process::Command;
 
 use cdc_sim::{CdcSimulator, SimColumn};
 use chrono::Duration as Days;
-use mssql_ces::check::{Report, Status, check_with, kafka_findings};
 use mssql_ces::checkpoint::file::FileStore;
+use mssql_ces::commands::check::{Report, Status, check_with, kafka_findings};
 use mssql_ces::config::Config;
 use mssql_ces::event::Value;
 use mssql_ces::event::value::{Length, SqlType};
@@ -96,7 +96,11 @@ async fn run(config: &Config, sim: &CdcSimulator) -> Report {
 }
 
 /// The finding named `check`, asserting its status.
-fn expect<'a>(report: &'a Report, check: &str, status: Status) -> &'a mssql_ces::check::Finding {
+fn expect<'a>(
+    report: &'a Report,
+    check: &str,
+    status: Status,
+) -> &'a mssql_ces::commands::check::Finding {
     let finding = report
         .get(check)
         .unwrap_or_else(|| panic!("no check {check:?} in\n{}", report.to_text()));
@@ -770,7 +774,7 @@ async fn a_checkpoint_topic_on_brokers_that_do_not_answer_is_not_checked_per_dat
         kafka_sink(&closed.to_string(), "ces")
     );
     let config = load(&dir, "down.toml", &text);
-    let report = mssql_ces::check::check(&config).await;
+    let report = mssql_ces::commands::check::check(&config).await;
     let brokers = expect(&report, "Kafka: brokers", Status::Fail);
     assert!(brokers.detail.contains("no answer"), "{brokers:?}");
     for database in ["tenant001", "tenant004"] {
@@ -1031,7 +1035,7 @@ fn many_databases_config(dir: &Path, patterns: &str, sink: &str) -> Config {
 
 /// `check` of many databases on the simulated `server`, each database its simulator.
 async fn check_server(config: &Config, server: &cdc_sim::server::SimServer) -> Report {
-    mssql_ces::check::check_many(config, &mut server.clone(), |own| {
+    mssql_ces::commands::check::check_many(config, &mut server.clone(), |own| {
         let name = own
             .source
             .database
@@ -1197,7 +1201,7 @@ async fn a_fleet_s_control_topic_is_checked_on_the_sink_s_brokers() {
         )
     };
     let config = load(&dir, "fleet.toml", &text(&bootstrap));
-    let report = mssql_ces::check::check(&config).await;
+    let report = mssql_ces::commands::check::check(&config).await;
     let databases = expect(&report, "databases", Status::Pass);
     assert!(databases.detail.starts_with("3 matched"), "{databases:?}");
     expect(
@@ -1234,7 +1238,7 @@ async fn a_fleet_s_control_topic_is_checked_on_the_sink_s_brokers() {
     cluster
         .create_topic("mssql-ces-fleet.g", 7, 1)
         .expect("control topic");
-    let report = mssql_ces::check::check(&config).await;
+    let report = mssql_ces::commands::check::check(&config).await;
     let fleet = expect(&report, "fleet", Status::Pass);
     assert!(
         fleet.detail.contains("has 7 slots for 3 databases"),

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::Value;
-use mssql_ces::event::schema::SCHEMA_CHANGE_TYPE;
+use mssql_ces::event::schema_change::SCHEMA_CHANGE_TYPE;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::source::CdcReads;
 use support::tds::StandIn;

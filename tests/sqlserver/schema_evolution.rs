@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::Change;
-use mssql_ces::event::schema::{SchemaChange, SchemaChangeReason};
+use mssql_ces::event::schema_change::{SchemaChange, SchemaChangeReason};
 use mssql_ces::position::Position;
 use mssql_ces::source::filter::TableFilter;
 use mssql_ces::source::poller::{

@@ -780,9 +780,9 @@ async fn check_passes_on_the_test_bed_as_the_poller_login() {
     // The capture job needs a scan to set the instance's start_lsn.
     let deadline = Instant::now() + Duration::from_secs(60);
     let report = loop {
-        let report = mssql_ces::check::check(&config).await;
+        let report = mssql_ces::commands::check::check(&config).await;
         let table = report.get(&format!("table dbo.{name}")).map(|f| f.status);
-        if table == Some(mssql_ces::check::Status::Pass) || Instant::now() > deadline {
+        if table == Some(mssql_ces::commands::check::Status::Pass) || Instant::now() > deadline {
             break report;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -793,7 +793,7 @@ async fn check_passes_on_the_test_bed_as_the_poller_login() {
     for check in ["SQL Server", "CDC on database CesDemo", "stream GUID"] {
         assert_eq!(
             report.get(check).map(|f| f.status),
-            Some(mssql_ces::check::Status::Pass),
+            Some(mssql_ces::commands::check::Status::Pass),
             "{}",
             report.to_text()
         );

@@ -26,7 +26,7 @@ pub async fn database_events(
     options: impl Fn(uuid::Uuid) -> EncoderOptions,
     encoding: Encoding,
 ) -> BTreeMap<String, Vec<u8>> {
-    synthetic.seed ^= mssql_ces::fleet::name_hash(database);
+    synthetic.seed ^= mssql_ces::databases::fleet::name_hash(database);
     let mut source = SyntheticSource::new(synthetic);
     source.rename_database(database);
     events_of(source, options, encoding).await

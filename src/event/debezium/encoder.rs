@@ -7,7 +7,9 @@ use uuid::Uuid;
 
 use super::connect::write_string;
 use super::payload::{TimeField, key_payload, push_times, row_payload};
-use super::schemas::{Shape, TableSchemas, build_schemas, source_schema, transaction_shapes};
+use super::record_schemas::{
+    Shape, TableSchemas, build_schemas, source_schema, transaction_shapes,
+};
 use super::{
     AvroSchemas, DebeziumError, DebeziumSettings, OpenTransaction, Record, RecordBound,
     SOURCE_VERSION, lsn_text, schema_change,

@@ -48,8 +48,8 @@ pub mod connect;
 pub mod defaults;
 mod encoder;
 mod payload;
+mod record_schemas;
 pub mod schema_change;
-mod schemas;
 mod transaction;
 pub mod types;
 
@@ -679,7 +679,7 @@ mod tests {
 
 #[cfg(test)]
 mod more_tests {
-    use super::schemas::build_schemas;
+    use super::record_schemas::build_schemas;
     use super::*;
     use crate::event::TableDescription;
     use crate::event::columns::ColumnMask;

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use super::connect::{Schema, Type, write_string};
 use super::payload::{TimeField, push_times};
 use super::{AvroSchemas, DebeziumError, Record, SOURCE_VERSION, lsn_text};
-use crate::event::schema::SchemaChange;
+use crate::event::schema_change::SchemaChange;
 
 /// The key and value schemas of the schema-change topic.
 pub(super) fn schemas(source: Schema) -> (Schema, Schema) {
@@ -169,8 +169,8 @@ pub(super) fn value_payload(change: &SchemaChange, source: &str) -> String {
     write_string(
         &mut p,
         match change.reason {
-            crate::event::schema::SchemaChangeReason::Initial => "CREATE",
-            crate::event::schema::SchemaChangeReason::Changed => "ALTER",
+            crate::event::schema_change::SchemaChangeReason::Initial => "CREATE",
+            crate::event::schema_change::SchemaChangeReason::Changed => "ALTER",
         },
     );
     p.push_str(",\"id\":");
@@ -211,7 +211,7 @@ impl super::DebeziumEncoder {
     /// the database name.
     pub fn encode_schema_change(
         &mut self,
-        change: &crate::event::schema::SchemaChange,
+        change: &crate::event::schema_change::SchemaChange,
     ) -> Result<Record, DebeziumError> {
         let mut source = String::from("{\"version\":");
         write_string(&mut source, SOURCE_VERSION);
@@ -235,7 +235,7 @@ impl super::DebeziumEncoder {
         write_string(&mut key, &change.database);
         key.push('}');
         let shapes = Arc::clone(&self.schema_change_shapes);
-        let id = crate::event::schema::schema_message_id(
+        let id = crate::event::schema_change::schema_message_id(
             self.stream_guid,
             &change.qualified_name(),
             change.version,
@@ -330,7 +330,7 @@ mod encoder_tests {
     use std::sync::Arc;
 
     use super::super::{DebeziumEncoder, DebeziumSettings};
-    use crate::event::schema::tests::added_email;
+    use crate::event::schema_change::tests::added_email;
 
     #[test]
     fn a_schema_change_is_debeziums_schema_change_record() {

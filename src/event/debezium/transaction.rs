@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::connect::write_string;
 use super::encoder::DebeziumEncoder;
 use super::payload::{TimeField, push_times};
-use super::schemas::Shape;
+use super::record_schemas::Shape;
 use super::{AvroSchemas, OpenTransaction, Record, lsn_text};
 use crate::event::Change;
 use crate::event::sanitize_topic;

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::event::TableDescription;
-use crate::event::schema::{DdlRecord, SchemaChangeReason};
+use crate::event::schema_change::{DdlRecord, SchemaChangeReason};
 use crate::position::{ShapeColumn, TableShape, TableVersion};
 use crate::source::CdcReads;
 use crate::source::shape::ShapeTracker;

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::event::columns::{ColumnRules, PlanCache};
-use crate::event::schema::SchemaChange;
+use crate::event::schema_change::SchemaChange;
 use crate::event::{Change, Origin};
 use crate::lsn::Lsn;
 use crate::position::{EventPosition, Position, SourceIdentity, Switch, TableLoad};

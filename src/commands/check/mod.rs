@@ -189,16 +189,16 @@ pub async fn check(config: &Config) -> Report {
             let mut server =
                 crate::source::synthetic::server::SyntheticServer::new(s.databases, s.transactions);
             check_many(config, &mut server, |own| {
-                Ok(crate::app::synthetic_source(own))
+                Ok(crate::commands::run::synthetic_source(own))
             })
             .await
         }
         SourceKind::Synthetic if config.source.synthetic.transaction_rows > 0 => {
-            let mut source = crate::app::bulk_source(config);
+            let mut source = crate::commands::run::bulk_source(config);
             check_with(config, &mut source, "synthetic large transactions").await
         }
         SourceKind::Synthetic => {
-            let mut source = crate::app::synthetic_source(config);
+            let mut source = crate::commands::run::synthetic_source(config);
             check_with(config, &mut source, "synthetic source (a simulated server)").await
         }
         SourceKind::Sqlserver if config.many_databases() => match config.sql_server() {

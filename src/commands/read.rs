@@ -18,7 +18,7 @@ use crate::event::Encoding;
 use crate::event::readback::{
     self, CloudEvent, LogicalEvent, ReadError, Reassembler, decode_data_of, decode_message,
 };
-use crate::event::schema::SCHEMA_CHANGE_TYPE;
+use crate::event::schema_change::SCHEMA_CHANGE_TYPE;
 
 /// How events are printed.
 #[derive(Debug, Clone)]
@@ -1164,11 +1164,11 @@ mod tests {
     /// Avro and names the flag; past five, the rest are counted in one problem.
     #[test]
     fn lines_in_the_other_encoding_name_the_flag_and_many_are_counted() {
-        use crate::event::schema::tests::added_email;
+        use crate::event::schema_change::tests::added_email;
         let encoder =
             crate::event::Encoder::new(crate::event::test_support::options(Encoding::Avro));
         let avro_line = |version: u64| {
-            let event = crate::event::schema::SchemaChange {
+            let event = crate::event::schema_change::SchemaChange {
                 version,
                 ..added_email()
             };
@@ -1201,7 +1201,7 @@ mod tests {
 
     #[test]
     fn schema_changes_print_apart_and_their_versions_must_grow() {
-        use crate::event::schema::{SchemaChange, tests::added_email};
+        use crate::event::schema_change::{SchemaChange, tests::added_email};
         for encoding in [Encoding::Json, Encoding::Avro] {
             let encoder = crate::event::Encoder::new(crate::event::test_support::options(encoding));
             let line = |event: &SchemaChange| {
@@ -1257,7 +1257,10 @@ mod tests {
                         "dbo_Customers_v2"
                     );
                 } else {
-                    assert_eq!(printed[0]["type"], crate::event::schema::SCHEMA_CHANGE_TYPE);
+                    assert_eq!(
+                        printed[0]["type"],
+                        crate::event::schema_change::SCHEMA_CHANGE_TYPE
+                    );
                     let data: serde_json::Value =
                         serde_json::from_str(printed[1]["data"].as_str().unwrap()).unwrap();
                     assert_eq!(data["tableversion"], 3);

@@ -40,7 +40,7 @@ pub enum RunError {
     #[error(transparent)]
     Many(#[from] crate::databases::ManyError),
     #[error(transparent)]
-    Fleet(#[from] crate::fleet::FleetError),
+    Fleet(#[from] crate::databases::fleet::FleetError),
     /// One of many databases: another process holds its lease.
     #[error(
         "another process holds this database's lease (checkpoint {checkpoint}); it is tried again later"

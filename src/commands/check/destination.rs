@@ -341,7 +341,7 @@ pub(super) fn kafka_rights_finding(report: &mut Report, facts: &DestinationFacts
     if let SinkConfig::Kafka(c) = &config.sink.kind
         && c.exactly_once
     {
-        let id = crate::app::transactional_id(c, &config.checkpoint.stream_name);
+        let id = crate::commands::run::transactional_id(c, &config.checkpoint.stream_name);
         unverified.push(format!("WRITE on transactional id {id}"));
     }
     if let Some(group) = &config.fleet.group_id {

@@ -28,7 +28,7 @@ pub(super) async fn check_checkpoint<S: CdcReads>(
         );
         return None;
     }
-    let mut store = match crate::app::checkpoint_store(config) {
+    let mut store = match crate::commands::run::checkpoint_store(config) {
         Ok(store) => store,
         Err(e) => {
             report.fail(
@@ -365,7 +365,7 @@ pub(super) async fn check_checkpoint_topic(
         );
         return;
     }
-    if let Ok(CheckpointStore::Kafka(kafka)) = crate::app::checkpoint_store(config) {
+    if let Ok(CheckpointStore::Kafka(kafka)) = crate::commands::run::checkpoint_store(config) {
         retention_of_topic(
             report,
             &kafka,

@@ -31,8 +31,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::fleet::FleetEvent;
+use fleet::FleetEvent;
 
+pub mod fleet;
 mod slots;
 use crate::glob::matches;
 use crate::source::server::DatabaseServer;

@@ -1,0 +1,7 @@
+//! What the binary's commands do, each from a [`Config`](crate::config::Config):
+//! `run` streams (and is the library's embedding API), `check` says whether a run
+//! would work, `read` reads back what a run wrote.
+
+pub mod check;
+pub mod read;
+pub mod run;

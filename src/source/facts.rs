@@ -28,6 +28,67 @@ pub struct CdcJob {
     pub job_type: String,
     /// Minutes change rows are kept (the cleanup job's `retention`).
     pub retention_minutes: Option<i64>,
+    /// The capture job's settings (`None` for the cleanup job, or where a column is
+    /// NULL).
+    pub capture: Option<CaptureSettings>,
+}
+
+impl CdcJob {
+    /// A capture job with `settings`.
+    pub fn capture(settings: CaptureSettings) -> Self {
+        CdcJob {
+            job_type: "capture".into(),
+            retention_minutes: None,
+            capture: Some(settings),
+        }
+    }
+
+    /// A cleanup job keeping changes `retention_minutes`.
+    pub fn cleanup(retention_minutes: i64) -> Self {
+        CdcJob {
+            job_type: "cleanup".into(),
+            retention_minutes: Some(retention_minutes),
+            capture: None,
+        }
+    }
+}
+
+/// What bounds the capture job (`msdb.dbo.cdc_jobs`, set with
+/// `sys.sp_cdc_change_job`): run continuously, each round of the job scans the log
+/// at most `max_scans` times, taking at most `max_trans` transactions a scan, then
+/// waits `polling_interval_s` seconds before the next round. The job reads them
+/// when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaptureSettings {
+    pub max_trans: i64,
+    pub max_scans: i64,
+    pub continuous: bool,
+    pub polling_interval_s: i64,
+}
+
+impl CaptureSettings {
+    /// `sys.sp_cdc_add_job`'s defaults: 500 transactions, 10 scans, continuous,
+    /// 5 s.
+    pub const DEFAULT: CaptureSettings = CaptureSettings {
+        max_trans: 500,
+        max_scans: 10,
+        continuous: true,
+        polling_interval_s: 5,
+    };
+
+    /// Transactions a round of the job takes at most.
+    pub fn per_round(&self) -> i64 {
+        self.max_trans.saturating_mul(self.max_scans)
+    }
+
+    /// Transactions a second the job captures at most while it keeps up its
+    /// rounds, the scans' own time not counted: a round's transactions over the
+    /// pause between rounds. `None` when there is no pause (the scans' speed is
+    /// then the bound) or the job runs once rather than continuously.
+    pub fn ceiling_per_second(&self) -> Option<i64> {
+        (self.continuous && self.polling_interval_s > 0)
+            .then(|| self.per_round() / self.polling_interval_s)
+    }
 }
 
 /// The capture job's latest log scan session (`sys.dm_cdc_log_scan_sessions`).
@@ -39,6 +100,8 @@ pub struct LogScan {
     /// Seconds between the session's end and its last commit's time.
     pub latency_seconds: i64,
     pub error_count: i64,
+    /// Transactions the session took from the log (at most the job's `maxtrans`).
+    pub tran_count: i64,
 }
 
 /// What [`FactReads::server_facts`](super::FactReads::server_facts) answers.
@@ -214,9 +277,31 @@ fn decode_agent(rows: Vec<NamedRow>) -> Result<Fact<String>, DecodeError> {
 fn decode_jobs(rows: Vec<NamedRow>) -> Result<Vec<CdcJob>, DecodeError> {
     rows.into_iter()
         .map(|mut row| {
+            let job_type = row.string("job_type")?;
+            let retention_minutes = row.opt_int("retention")?;
+            let settings = (
+                row.opt_int("maxtrans")?,
+                row.opt_int("maxscans")?,
+                row.opt_int("continuous")?,
+                row.opt_int("pollinginterval")?,
+            );
+            let capture = match settings {
+                (Some(max_trans), Some(max_scans), Some(continuous), Some(polling_interval_s))
+                    if job_type == "capture" =>
+                {
+                    Some(CaptureSettings {
+                        max_trans,
+                        max_scans,
+                        continuous: continuous != 0,
+                        polling_interval_s,
+                    })
+                }
+                _ => None,
+            };
             Ok(CdcJob {
-                job_type: row.string("job_type")?,
-                retention_minutes: row.opt_int("retention")?,
+                job_type,
+                retention_minutes,
+                capture,
             })
         })
         .collect()
@@ -238,6 +323,7 @@ fn decode_log_scan(rows: Vec<NamedRow>) -> Result<Option<LogScan>, DecodeError> 
         end_time: row.opt_datetime("end_time")?,
         latency_seconds: row.opt_int("latency")?.unwrap_or(0),
         error_count: row.opt_int("error_count")?.unwrap_or(0),
+        tran_count: row.opt_int("tran_count")?.unwrap_or(0),
     }))
 }
 
@@ -324,19 +410,34 @@ mod tests {
 
     #[test]
     fn jobs_running_and_log_scans_decode() {
+        let row = |job_type, settings: [i32; 4], retention| {
+            let [max_trans, max_scans, continuous, polling] = settings;
+            NamedRow::from_pairs(vec![
+                ("job_type", text(job_type)),
+                ("maxtrans", ColumnData::I32(Some(max_trans))),
+                ("maxscans", ColumnData::I32(Some(max_scans))),
+                ("continuous", ColumnData::I32(Some(continuous))),
+                ("pollinginterval", ColumnData::I64(Some(i64::from(polling)))),
+                ("retention", ColumnData::I64(retention)),
+            ])
+        };
         let jobs = decode_jobs(vec![
-            NamedRow::from_pairs(vec![
-                ("job_type", text("capture")),
-                ("retention", ColumnData::I64(None)),
-            ]),
-            NamedRow::from_pairs(vec![
-                ("job_type", text("cleanup")),
-                ("retention", ColumnData::I64(Some(4320))),
-            ]),
+            row("capture", [1000, 20, 1, 2], None),
+            row("cleanup", [0, 0, 0, 0], Some(4320)),
         ])
         .expect("decodes");
         assert_eq!(jobs[1].retention_minutes, Some(4320));
         assert_eq!(jobs[0].retention_minutes, None);
+        assert_eq!(
+            jobs[0].capture,
+            Some(CaptureSettings {
+                max_trans: 1000,
+                max_scans: 20,
+                continuous: true,
+                polling_interval_s: 2,
+            })
+        );
+        assert_eq!(jobs[1].capture, None, "the cleanup job's columns are 0");
         let running = |n| {
             decode_running(vec![NamedRow::from_pairs(vec![(
                 "running",
@@ -351,16 +452,44 @@ mod tests {
             ("end_time", ColumnData::DateTime(None)),
             ("latency", ColumnData::I64(Some(4))),
             ("error_count", ColumnData::I64(Some(0))),
+            ("tran_count", ColumnData::I64(Some(500))),
         ])])
         .expect("decodes")
         .expect("a session");
         assert_eq!(scan.end_time, None);
         assert_eq!(scan.latency_seconds, 4);
+        assert_eq!(scan.tran_count, 500);
         assert_eq!(
             decode_agent(Vec::new()).expect("decodes"),
             Fact::Unknown(
                 "sys.dm_server_services lists no SQL Server Agent (needs VIEW SERVER STATE)".into()
             )
         );
+    }
+
+    /// The job's ceiling is a round's transactions over its pause: 1,000 a second
+    /// with `sys.sp_cdc_add_job`'s defaults; none without a pause or when it runs
+    /// once.
+    #[test]
+    fn the_capture_jobs_ceiling_is_a_rounds_transactions_over_its_pause() {
+        let default = CaptureSettings::DEFAULT;
+        assert_eq!(default.per_round(), 5_000);
+        assert_eq!(default.ceiling_per_second(), Some(1_000));
+        let faster = CaptureSettings {
+            max_trans: 2_000,
+            polling_interval_s: 1,
+            ..default
+        };
+        assert_eq!(faster.ceiling_per_second(), Some(20_000));
+        let no_pause = CaptureSettings {
+            polling_interval_s: 0,
+            ..default
+        };
+        assert_eq!(no_pause.ceiling_per_second(), None);
+        let once = CaptureSettings {
+            continuous: false,
+            ..default
+        };
+        assert_eq!(once.ceiling_per_second(), None);
     }
 }

@@ -201,6 +201,7 @@ mod tests {
         let job = |job_type: &str, retention_minutes| CdcJob {
             job_type: job_type.into(),
             retention_minutes,
+            capture: None,
         };
         assert_eq!(
             cleanup_retention(&facts(Fact::Known(vec![

@@ -37,8 +37,8 @@ use crate::event::value::{SqlType, TypeError};
 use crate::lsn::Lsn;
 use crate::mssql::SqlErrorKind;
 pub use crate::source::facts::{
-    AZURE_SQL_DATABASE_EDITION, AZURE_SQL_MANAGED_INSTANCE_EDITION, CdcJob, Fact, LogScan,
-    ServerFacts,
+    AZURE_SQL_DATABASE_EDITION, AZURE_SQL_MANAGED_INSTANCE_EDITION, CaptureSettings, CdcJob, Fact,
+    LogScan, ServerFacts,
 };
 pub use crate::source::seam::{
     CaptureDdl, CdcReads, ChangeSource, FactReads, SourceClock, TableCursor, TableReads,

@@ -80,18 +80,21 @@ SYSDATETIME() AS local_time, \
 WHERE c.name = N'max text repl size (B)') AS max_text_repl_size \
 FROM sys.databases AS d WHERE d.database_id = DB_ID();";
 
-/// `check`: this database's CDC jobs and the cleanup job's retention (minutes).
+/// `check`: this database's CDC jobs: the capture job's settings and the cleanup
+/// job's retention (minutes).
 /// Needs SELECT on `msdb.dbo.cdc_jobs` (e.g. membership of msdb's
 /// `SQLAgentReaderRole`, or sysadmin).
 /// <https://learn.microsoft.com/sql/relational-databases/system-tables/dbo-cdc-jobs-transact-sql>
-pub const CDC_JOBS: &str = "SELECT job_type, retention FROM msdb.dbo.cdc_jobs \
-WHERE database_id = DB_ID();";
+pub const CDC_JOBS: &str = "SELECT job_type, maxtrans, maxscans, \
+CAST(continuous AS int) AS continuous, pollinginterval, retention \
+FROM msdb.dbo.cdc_jobs WHERE database_id = DB_ID();";
 
 /// `check` on Azure SQL Database: the same facts, which live in the database's own
 /// `cdc.cdc_jobs` there ("The cdc.cdc_jobs table resides in the cdc schema, not
 /// msdb", Learn: Change data capture with Azure SQL Database).
 /// <https://learn.microsoft.com/azure/azure-sql/database/change-data-capture-overview>
-pub const CDC_JOBS_AZURE: &str = "SELECT job_type, retention FROM cdc.cdc_jobs;";
+pub const CDC_JOBS_AZURE: &str = "SELECT job_type, maxtrans, maxscans, \
+CAST(continuous AS int) AS continuous, pollinginterval, retention FROM cdc.cdc_jobs;";
 
 /// `check`: whether the capture job runs in the current SQL Server Agent session
 /// (started, not stopped). No row: not running.
@@ -107,7 +110,8 @@ AND a.start_execution_date IS NOT NULL AND a.stop_execution_date IS NULL;";
 /// aggregate of all sessions since the start). Needs VIEW DATABASE STATE.
 /// <https://learn.microsoft.com/sql/relational-databases/system-dynamic-management-views/change-data-capture-sys-dm-cdc-log-scan-sessions>
 pub const LOG_SCAN: &str = "SELECT TOP (1) start_time, end_time, \
-CAST(latency AS bigint) AS latency, CAST(error_count AS bigint) AS error_count \
+CAST(latency AS bigint) AS latency, CAST(error_count AS bigint) AS error_count, \
+CAST(tran_count AS bigint) AS tran_count \
 FROM sys.dm_cdc_log_scan_sessions WHERE session_id > 0 ORDER BY session_id DESC;";
 
 /// `check`: the commit time of the transaction at an LSN (`@P1`, binary(10)).

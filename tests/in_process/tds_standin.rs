@@ -1189,10 +1189,7 @@ mod server_kinds_through_the_wire {
         sim.configure_server(|s| {
             s.engine_edition = 5;
             s.product_version = "12.0.2000.8".into();
-            s.jobs = Fact::Known(vec![CdcJob {
-                job_type: "cleanup".into(),
-                retention_minutes: Some(1440),
-            }]);
+            s.jobs = Fact::Known(vec![CdcJob::cleanup(1440)]);
         });
         sim
     }
@@ -1236,6 +1233,46 @@ mod server_kinds_through_the_wire {
             Fact::Known(_) => panic!("the refused fact is not known"),
         }
         assert!(matches!(facts.jobs, Fact::Known(_)), "the others are read");
+    }
+
+    /// The capture job's settings and the last scan's transactions come through
+    /// the wire as the server keeps them.
+    #[tokio::test]
+    async fn the_capture_jobs_settings_and_last_scan_are_read() {
+        let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
+        let settings = mssql_ces::source::CaptureSettings {
+            max_trans: 2_000,
+            max_scans: 20,
+            continuous: true,
+            polling_interval_s: 1,
+        };
+        sim.configure_server(|s| {
+            s.jobs = Fact::Known(vec![CdcJob::capture(settings), CdcJob::cleanup(4320)]);
+            s.log_scan = Fact::Known(Some(mssql_ces::source::LogScan {
+                start_time: s.local_time,
+                end_time: None,
+                latency_seconds: 7,
+                error_count: 0,
+                tran_count: 1_999,
+            }));
+        });
+        let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim))
+            .await
+            .unwrap();
+        let facts = source(&standin, PASSWORD, Duration::from_secs(5))
+            .server_facts()
+            .await
+            .expect("facts");
+        let Fact::Known(jobs) = facts.jobs else {
+            panic!("jobs not read: {:?}", facts.jobs);
+        };
+        assert_eq!(jobs[0].capture, Some(settings));
+        assert_eq!(jobs[1].capture, None);
+        assert_eq!(jobs[1].retention_minutes, Some(4320));
+        let Fact::Known(Some(scan)) = facts.log_scan else {
+            panic!("no log scan: {:?}", facts.log_scan);
+        };
+        assert_eq!(scan.tran_count, 1_999);
     }
 }
 

@@ -237,6 +237,75 @@ async fn a_table_with_two_capture_instances_is_reported_once() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// The capture job's settings are reported with the ceiling they put on the
+/// stream, and named as its bound (with the change to make) only when the job's
+/// last scan took all a scan may and the job is behind the log.
+#[tokio::test]
+async fn the_capture_jobs_settings_are_named_when_they_bound_the_stream() {
+    let dir = temp_dir("check-capture-settings");
+    let config = stdout_config(&dir);
+    let sim = database();
+    let report = run(&config, &sim).await;
+    let settings = expect(&report, "capture job settings", Status::Pass);
+    assert!(
+        settings
+            .detail
+            .contains("at most 500 transactions a scan and 10 scans, then a pause of 5 s: at most about 1000 transactions/s"),
+        "{}",
+        settings.detail
+    );
+    let behind_after = |tran_count| {
+        move |s: &mut mssql_ces::source::ServerFacts| {
+            s.log_scan = Fact::Known(Some(LogScan {
+                start_time: s.local_time,
+                end_time: Some(s.local_time),
+                latency_seconds: 900,
+                error_count: 0,
+                tran_count,
+            }))
+        }
+    };
+    // Behind, but its last scan took fewer than a scan may: something else
+    // (the log's growth, the server) holds it back.
+    sim.configure_server(behind_after(499));
+    let report = run(&config, &sim).await;
+    expect(&report, "capture job settings", Status::Pass);
+    expect(&report, "last log scan", Status::Fail);
+    sim.configure_server(behind_after(500));
+    let report = run(&config, &sim).await;
+    let bound = expect(&report, "capture job settings", Status::Fail);
+    assert!(
+        bound
+            .detail
+            .starts_with("they bound the stream: the last scan took the most transactions a scan may (500) and the job is 900 s behind the log"),
+        "{}",
+        bound.detail
+    );
+    let fix = bound.fix.as_deref().unwrap_or_default();
+    for part in [
+        "@job_type = N'capture', @maxtrans = 2000, @pollinginterval = 1;",
+        "EXEC sys.sp_cdc_stop_job @job_type = N'capture'; EXEC sys.sp_cdc_start_job",
+    ] {
+        assert!(fix.contains(part), "{part}: {fix}");
+    }
+    // A job already without a long pause is not told to shorten it.
+    sim.configure_server(|s| {
+        s.jobs = Fact::Known(vec![mssql_ces::source::CdcJob::capture(
+            mssql_ces::source::CaptureSettings {
+                polling_interval_s: 1,
+                ..mssql_ces::source::CaptureSettings::DEFAULT
+            },
+        )])
+    });
+    let report = run(&config, &sim).await;
+    let fix = expect(&report, "capture job settings", Status::Fail)
+        .fix
+        .clone()
+        .unwrap_or_default();
+    assert!(!fix.contains("@pollinginterval"), "{fix}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
 #[tokio::test]
 async fn the_server_checks_fail_with_their_fix() {
     let dir = temp_dir("check-server");
@@ -250,6 +319,7 @@ async fn the_server_checks_fail_with_their_fix() {
             end_time: Some(s.local_time),
             latency_seconds: 2,
             error_count: 3,
+            tran_count: 12,
         }));
     });
     let report = run(&config, &sim).await;

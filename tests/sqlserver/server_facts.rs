@@ -10,6 +10,7 @@ use mssql_ces::mssql::SqlConnection;
 use mssql_ces::source::poller::PollOutcome;
 use mssql_ces::source::server::{DatabaseServer, SqlServerDatabases};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig};
+use mssql_ces::source::{CaptureSettings, Fact};
 
 use crate::schema_evolution::owner_poller_of;
 use crate::sqlserver_integration::{
@@ -77,6 +78,44 @@ async fn discovery_asks_the_replicas_and_a_login_without_server_state_goes_on() 
         .find(|p| p.database == "CesDemo")
         .expect("CesDemo probed");
     assert!(demo.state.is_ok(), "{:?}", demo.state.as_ref().err());
+}
+
+/// The capture job's settings are read from `msdb.dbo.cdc_jobs` as the test bed's
+/// `sys.sp_cdc_enable_db` left them (SQL Server's defaults), and the last log scan
+/// session (with its transaction count) is read.
+#[tokio::test]
+#[ignore = "needs the docker SQL Server: see the module docs (cargo test --test sqlserver -- --ignored)"]
+async fn the_capture_jobs_settings_and_last_scan_are_read_from_the_server() {
+    let (_, url) = admin().await;
+    let mut conn = SqlConnection::new(SqlServerConfig {
+        connection_string: ConnectionString::new(url),
+        trust_server_certificate: false,
+        encrypt: true,
+        connect_timeout: Duration::from_secs(5),
+        query_timeout: Duration::from_secs(30),
+    });
+    let facts = mssql_ces::source::facts::read(&mut conn)
+        .await
+        .expect("facts");
+    let Fact::Known(jobs) = facts.jobs else {
+        panic!("the admin reads msdb: {:?}", facts.jobs);
+    };
+    let capture = jobs
+        .iter()
+        .find(|j| j.job_type == "capture")
+        .and_then(|j| j.capture);
+    assert_eq!(capture, Some(CaptureSettings::DEFAULT), "{jobs:?}");
+    assert!(
+        jobs.iter().any(|j| j.job_type == "cleanup"
+            && j.capture.is_none()
+            && j.retention_minutes.is_some()),
+        "{jobs:?}"
+    );
+    assert!(
+        matches!(facts.log_scan, Fact::Known(Some(_))),
+        "the admin reads the capture job's log scan sessions: {:?}",
+        facts.log_scan
+    );
 }
 
 /// A poll reads change tables as the cleanup job's deletes leave them: with another

@@ -76,10 +76,10 @@ use mssql_ces::event::Value;
 use mssql_ces::event::value::{SqlType, TypeError};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::{
-    CaptureDdl, CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CdcJob, CdcReads,
-    ChangeRow, CommitTime, DdlEvent, DroppedColumn, EnableCapture, Fact, FactReads, LogScan,
-    MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceClock, SourceError, TableCursor,
-    TableReads, UncapturedColumns, UncapturedTable, op,
+    CaptureDdl, CaptureInstance, CaptureOptions, CaptureSettings, CapturedColumn, Catalog, CdcJob,
+    CdcReads, ChangeRow, CommitTime, DdlEvent, DroppedColumn, EnableCapture, Fact, FactReads,
+    LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceClock, SourceError,
+    TableCursor, TableReads, UncapturedColumns, UncapturedTable, op,
 };
 use order::SortKey;
 
@@ -299,6 +299,8 @@ struct SimState {
     server: ServerFacts,
     /// When the capture job's last scan ran (server-local).
     last_scan: NaiveDateTime,
+    /// Transactions the last scan took from the log.
+    last_scan_transactions: i64,
     log: Vec<LogRecord>,
     manual_capture: bool,
     /// Bumped by every change to `cdc.change_tables` or `cdc.ddl_history`.
@@ -361,6 +363,7 @@ impl SimState {
     /// after `maxtrans` transactions): the rest waits for the next.
     fn scan_records(&mut self, records: usize) {
         self.last_scan = self.now;
+        self.last_scan_transactions = 0;
         let rest = self.log.split_off(records.min(self.log.len()));
         for record in std::mem::replace(&mut self.log, rest) {
             match record {
@@ -378,6 +381,7 @@ impl SimState {
                 } => {
                     self.capture(commit_lsn, begin_lsn, end_time, &images);
                     self.mapping.push((commit_lsn, end_time));
+                    self.last_scan_transactions += 1;
                 }
                 LogRecord::Ddl {
                     table,
@@ -641,16 +645,10 @@ impl CdcSimulator {
                     encrypted: None,
                     local_time: now,
                     agent: Fact::Known("Running".into()),
+                    // sys.sp_cdc_add_job's defaults: three days' retention.
                     jobs: Fact::Known(vec![
-                        CdcJob {
-                            job_type: "capture".into(),
-                            retention_minutes: None,
-                        },
-                        CdcJob {
-                            job_type: "cleanup".into(),
-                            // sys.sp_cdc_add_job's default: three days.
-                            retention_minutes: Some(4320),
-                        },
+                        CdcJob::capture(CaptureSettings::DEFAULT),
+                        CdcJob::cleanup(4320),
                     ]),
                     capture_running: Fact::Known(true),
                     log_scan: Fact::Known(None),
@@ -658,6 +656,7 @@ impl CdcSimulator {
                     max_text_repl_size: Fact::Known(65_536),
                 },
                 last_scan: now,
+                last_scan_transactions: 0,
                 log: Vec::new(),
                 manual_capture: false,
                 version: 0,

@@ -298,6 +298,7 @@ impl FactReads for CdcSimulator {
                 end_time: Some(state.last_scan),
                 latency_seconds: 0,
                 error_count: 0,
+                tran_count: state.last_scan_transactions,
             }));
         }
         Ok(facts)

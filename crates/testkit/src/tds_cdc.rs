@@ -24,8 +24,8 @@ use mssql_ces::source::catalog::{
 };
 use mssql_ces::source::queries::{self, fixed};
 use mssql_ces::source::{
-    CaptureInstance, CaptureOptions, Catalog, ChangeSource, EnableCapture, Probe, RowKey,
-    SourceError, TableCursor,
+    CaptureInstance, CaptureOptions, CaptureSettings, Catalog, ChangeSource, EnableCapture, Probe,
+    RowKey, SourceError, TableCursor,
 };
 
 use super::tds::{Cell, Column, ColumnType, Handler, Param, Reply, Request, ResultSet};
@@ -539,7 +539,9 @@ fn facts<S: ChangeSource>(
             Fact::Known(status) => one(vec![name("status_desc")], vec![vec![text(status)]]),
             Fact::Unknown(why) => denied(why),
         }
-    } else if (sql == queries::CDC_JOBS) == (facts.engine_edition == 5) {
+    } else if (sql == queries::CDC_JOBS || sql == queries::CDC_JOBS_AZURE)
+        && (sql == queries::CDC_JOBS) == (facts.engine_edition == 5)
+    {
         // Azure SQL Database (engine edition 5) keeps cdc_jobs in the database and
         // refuses three-part names into msdb; elsewhere there is no cdc.cdc_jobs.
         if facts.engine_edition == 5 {
@@ -558,11 +560,29 @@ fn facts<S: ChangeSource>(
     } else if sql == queries::CDC_JOBS || sql == queries::CDC_JOBS_AZURE {
         match &facts.jobs {
             Fact::Known(jobs) => one(
-                vec![name("job_type"), col("retention", ColumnType::Int(8))],
+                vec![
+                    name("job_type"),
+                    col("maxtrans", ColumnType::Int(4)),
+                    col("maxscans", ColumnType::Int(4)),
+                    col("continuous", ColumnType::Int(4)),
+                    col("pollinginterval", ColumnType::Int(8)),
+                    col("retention", ColumnType::Int(8)),
+                ],
                 jobs.iter()
                     .map(|j| {
+                        // msdb keeps the cleanup job's capture columns at 0.
+                        let c = j.capture.unwrap_or(CaptureSettings {
+                            max_trans: 0,
+                            max_scans: 0,
+                            continuous: false,
+                            polling_interval_s: 0,
+                        });
                         vec![
                             text(&j.job_type),
+                            Cell::Int(c.max_trans),
+                            Cell::Int(c.max_scans),
+                            Cell::Int(i64::from(c.continuous)),
+                            Cell::Int(c.polling_interval_s),
                             j.retention_minutes.map_or(Cell::Null, Cell::Int),
                         ]
                     })
@@ -586,6 +606,7 @@ fn facts<S: ChangeSource>(
                     col("end_time", ColumnType::DateTime),
                     col("latency", ColumnType::Int(8)),
                     col("error_count", ColumnType::Int(8)),
+                    col("tran_count", ColumnType::Int(8)),
                 ],
                 scan.iter()
                     .map(|s| {
@@ -594,6 +615,7 @@ fn facts<S: ChangeSource>(
                             s.end_time.map_or(Cell::Null, datetime_cell),
                             Cell::Int(s.latency_seconds),
                             Cell::Int(s.error_count),
+                            Cell::Int(s.tran_count),
                         ]
                     })
                     .collect(),

@@ -7,7 +7,7 @@ use crate::error::Chain;
 use crate::mssql::SqlErrorKind;
 use crate::source::diagnostics::{self, Invisible, LeftOut};
 use crate::source::poller::CaptureInstanceMode;
-use crate::source::{CaptureDdl, CdcReads, FactReads};
+use crate::source::{CaptureDdl, CaptureSettings, CdcReads, FactReads, LogScan};
 
 /// What the source checks learn that the later ones need.
 pub(super) struct SourceState {
@@ -282,6 +282,14 @@ pub(super) fn check_agent(report: &mut Report, facts: &ServerFacts) {
             Fact::Unknown(why) => report.skip("capture job", format!("present; running: {why}")),
         }
     }
+    if let Fact::Known(jobs) = &facts.jobs
+        && let Some(settings) = jobs
+            .iter()
+            .find(|j| j.job_type == "capture")
+            .and_then(|j| j.capture)
+    {
+        check_capture_settings(report, settings, &facts.log_scan);
+    }
     if let Fact::Known(jobs) = &facts.jobs {
         match jobs
             .iter()
@@ -299,6 +307,61 @@ pub(super) fn check_agent(report: &mut Report, facts: &ServerFacts) {
         }
     }
     check_log_scan(report, facts);
+}
+
+/// The capture job's settings, and whether they, not mssql-ces, bound the stream:
+/// its last scan took as many transactions as a scan may and the job is behind the
+/// log, so the change tables fill no faster than the settings allow.
+fn check_capture_settings(
+    report: &mut Report,
+    settings: CaptureSettings,
+    log_scan: &Fact<Option<LogScan>>,
+) {
+    const CHECK: &str = "capture job settings";
+    let CaptureSettings {
+        max_trans,
+        max_scans,
+        continuous,
+        polling_interval_s,
+    } = settings;
+    let bound = match settings.ceiling_per_second() {
+        Some(ceiling) => format!(
+            "at most {max_trans} transactions a scan and {max_scans} scans, then a pause of {polling_interval_s} s: at most about {ceiling} transactions/s"
+        ),
+        None if continuous => format!(
+            "at most {max_trans} transactions a scan and {max_scans} scans, without a pause"
+        ),
+        None => format!(
+            "runs once each time it is started (continuous = 0): at most {max_trans} transactions a scan and {max_scans} scans, then it stops"
+        ),
+    };
+    let capped = match log_scan {
+        Fact::Known(Some(scan))
+            if scan.latency_seconds > LATENCY_LIMIT_SECONDS && scan.tran_count >= max_trans =>
+        {
+            Some(scan.latency_seconds)
+        }
+        _ => None,
+    };
+    let Some(latency) = capped else {
+        report.pass(CHECK, bound);
+        return;
+    };
+    let pause = if polling_interval_s > 1 {
+        ", @pollinginterval = 1"
+    } else {
+        ""
+    };
+    report.fail(
+        CHECK,
+        format!(
+            "they bound the stream: the last scan took the most transactions a scan may ({max_trans}) and the job is {latency} s behind the log; {bound}"
+        ),
+        format!(
+            "EXEC sys.sp_cdc_change_job @job_type = N'capture', @maxtrans = {}{pause}; then restart the job, which reads its settings when it starts: EXEC sys.sp_cdc_stop_job @job_type = N'capture'; EXEC sys.sp_cdc_start_job @job_type = N'capture';",
+            max_trans.saturating_mul(4)
+        ),
+    );
 }
 
 pub(super) fn check_log_scan(report: &mut Report, facts: &ServerFacts) {

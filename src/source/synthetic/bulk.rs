@@ -16,9 +16,9 @@ use crate::event::Value;
 use crate::event::value::{Length, SqlType};
 use crate::lsn::Lsn;
 use crate::source::{
-    CaptureDdl, CaptureInstance, CapturedColumn, Catalog, CdcJob, CdcReads, ChangeRow, CommitTime,
-    DdlEvent, Fact, FactReads, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceClock,
-    SourceError, TableCursor, TableReads, op,
+    CaptureDdl, CaptureInstance, CaptureSettings, CapturedColumn, Catalog, CdcJob, CdcReads,
+    ChangeRow, CommitTime, DdlEvent, Fact, FactReads, MaxLsn, Probe, ProbeResult, RowKey,
+    ServerFacts, SourceClock, SourceError, TableCursor, TableReads, op,
 };
 
 const INSTANCE: &str = "dbo_bulk";
@@ -241,10 +241,7 @@ impl FactReads for BulkSource {
             encrypted: None,
             local_time: self.start,
             agent: Fact::Known("Running".into()),
-            jobs: Fact::Known(vec![CdcJob {
-                job_type: "capture".into(),
-                retention_minutes: None,
-            }]),
+            jobs: Fact::Known(vec![CdcJob::capture(CaptureSettings::DEFAULT)]),
             capture_running: Fact::Known(true),
             log_scan: Fact::Known(None),
             // SQL Server's default.

@@ -30,9 +30,9 @@ use crate::lsn::Lsn;
 use crate::source::decode::as_datetime_column;
 use crate::source::timezone::ServerOffsets;
 use crate::source::{
-    CaptureInstance, CaptureOptions, CapturedColumn, Catalog, CdcJob, ChangeRow, CommitTime, Fact,
-    LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, TableCursor, op,
-    update_mask,
+    CaptureInstance, CaptureOptions, CaptureSettings, CapturedColumn, Catalog, CdcJob, ChangeRow,
+    CommitTime, Fact, LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError,
+    TableCursor, op, update_mask,
 };
 
 /// `@@SERVERNAME` of the synthetic server. Checkpoints record it: another name
@@ -512,16 +512,10 @@ impl Database {
             encrypted: None,
             local_time: self.now,
             agent: Fact::Known("Running".into()),
+            // sys.sp_cdc_add_job's defaults: three days' retention.
             jobs: Fact::Known(vec![
-                CdcJob {
-                    job_type: "capture".into(),
-                    retention_minutes: None,
-                },
-                CdcJob {
-                    job_type: "cleanup".into(),
-                    // sys.sp_cdc_add_job's default: three days.
-                    retention_minutes: Some(4320),
-                },
+                CdcJob::capture(CaptureSettings::DEFAULT),
+                CdcJob::cleanup(4320),
             ]),
             capture_running: Fact::Known(true),
             log_scan: Fact::Known((!self.mapping.is_empty()).then_some(LogScan {
@@ -529,6 +523,8 @@ impl Database {
                 end_time: Some(last_scan),
                 latency_seconds: 0,
                 error_count: 0,
+                // Each commit is scanned on its own.
+                tran_count: 1,
             })),
             max_text_repl_size: Fact::Known(65_536),
         }

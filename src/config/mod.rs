@@ -120,7 +120,8 @@ pub struct SourceSettings {
     #[schemars(range(min = 1))]
     pub batch_size: usize,
     /// How often the CDC catalog is re-read even when its fingerprint, checked every
-    /// poll, did not change, in milliseconds.
+    /// poll, did not change, in milliseconds; with `metrics.listen` set, also how
+    /// often the capture job's latest log scan session is read for its metrics.
     #[serde(
         rename = "catalog_refresh_ms",
         with = "millis",
@@ -826,6 +827,8 @@ impl Config {
             columns: std::sync::Arc::new(self.event.column_rules()?),
             allow_unmatched_column_rules: self.event.allow_unmatched_column_rules
                 || self.many_databases(),
+            // Read for the metrics, as often as the catalog.
+            capture_job_every: self.metrics.listen.is_some().then_some(s.catalog_refresh),
         })
     }
 }

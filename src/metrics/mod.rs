@@ -113,6 +113,10 @@ pub struct Metrics {
     table_shape_version: Family<Table, Gauge>,
     schema_change_events: Family<Table, Counter>,
     capture_actions: Family<Action, Counter>,
+    capture_job_latency: FloatGauge,
+    capture_job_transactions: FloatGauge,
+    table_delivered_commit: Family<Table, FloatGauge>,
+    oldest_undelivered: FloatGauge,
     stalled_after: Duration,
     state: Mutex<RunState>,
 }
@@ -130,6 +134,9 @@ struct RunState {
     /// The last poll found nothing new.
     idle: bool,
     in_flight: u64,
+    /// The first commit time of each batch in flight, oldest first (acknowledged
+    /// in the order sent).
+    in_flight_commits: std::collections::VecDeque<Option<DateTime<Utc>>>,
     /// Batches the source produced, and those the destination acknowledged: caught
     /// up when equal and the source idle (batches wait between the two stages).
     produced: u64,
@@ -153,6 +160,7 @@ impl RunState {
             source_ok: false,
             idle: false,
             in_flight: 0,
+            in_flight_commits: std::collections::VecDeque::new(),
             produced: 0,
             acknowledged: 0,
             delivered_commit: None,
@@ -229,9 +237,14 @@ impl Metrics {
             table_shape_version: Family::default(),
             schema_change_events: Family::default(),
             capture_actions: Family::default(),
+            capture_job_latency: FloatGauge::default(),
+            capture_job_transactions: FloatGauge::default(),
+            table_delivered_commit: Family::default(),
+            oldest_undelivered: FloatGauge::default(),
             stalled_after,
             state: Mutex::new(RunState::new()),
         };
+        metrics.set_capture_job(None);
         // Every kind exists from the start at 0, so that `increase(…) > 0` sees the
         // first error (a series that appears at 1 has no increase).
         for kind in DELIVERY_ERROR_KINDS {
@@ -337,6 +350,17 @@ impl Metrics {
             m.lsn_lag.clone(),
         );
         ours.register_with_unit(
+            "oldest_undelivered",
+            "Now minus the commit time of the oldest event sent and not yet acknowledged; 0 when nothing is in flight",
+            Unit::Seconds,
+            m.oldest_undelivered.clone(),
+        );
+        ours.register(
+            "table_delivered_commit_timestamp_seconds",
+            "Commit time of the last delivered event of each table, in seconds since the Unix epoch",
+            m.table_delivered_commit.clone(),
+        );
+        ours.register_with_unit(
             "checkpoint_age",
             "Time since the last checkpoint write (since the start before the first)",
             Unit::Seconds,
@@ -356,6 +380,17 @@ impl Metrics {
             "batches_in_flight",
             "Batches sent and not yet acknowledged",
             m.batches_in_flight.clone(),
+        );
+        ours.register_with_unit(
+            "capture_job_latency",
+            "How far the capture job's latest log scan session was behind the log (sys.dm_cdc_log_scan_sessions.latency); NaN when not read",
+            Unit::Seconds,
+            m.capture_job_latency.clone(),
+        );
+        ours.register(
+            "capture_job_scan_transactions",
+            "Transactions the capture job's latest log scan session took from the log; at the job's maxtrans, the job's settings bound the stream; NaN when not read",
+            m.capture_job_transactions.clone(),
         );
     }
 
@@ -399,6 +434,15 @@ impl Metrics {
     }
 
     /// The source's capture-instance actions so far (totals of this process).
+    /// The capture job's latest log scan session, or none read.
+    pub fn set_capture_job(&self, scan: Option<&crate::source::LogScan>) {
+        let (latency, transactions) = scan.map_or((f64::NAN, f64::NAN), |s| {
+            (s.latency_seconds as f64, s.tran_count as f64)
+        });
+        self.capture_job_latency.set(latency);
+        self.capture_job_transactions.set(transactions);
+    }
+
     pub fn set_capture_actions(&self, actions: crate::source::poller::CaptureActions) {
         for (action, total) in [
             ("created", actions.created),
@@ -504,10 +548,11 @@ impl Metrics {
 
     /// A batch was handed to the acknowledgement stage; `max_lsn` is CDC's at the
     /// poll that produced it.
-    pub fn batch_sent(&self, max_lsn: Lsn) {
+    pub fn batch_sent(&self, max_lsn: Lsn, counts: &BatchCounts) {
         self.batches_in_flight.inc();
         let mut state = self.state();
         state.in_flight += 1;
+        state.in_flight_commits.push_back(counts.first_commit);
         if !max_lsn.is_zero() {
             state.max_lsn = state.max_lsn.max(Some(max_lsn));
         }
@@ -521,6 +566,15 @@ impl Metrics {
                 table: table.qualified_name(),
                 operation: operation.as_str(),
             };
+            if let Some(commit) = tally.last_commit {
+                let gauge = self.table_delivered_commit.get_or_create(&Table {
+                    table: labels.table.clone(),
+                });
+                let seconds = commit.timestamp_micros() as f64 / 1e6;
+                if gauge.get() < seconds {
+                    gauge.set(seconds);
+                }
+            }
             self.events.get_or_create(&labels).inc_by(tally.events);
             self.messages.get_or_create(&labels).inc_by(tally.messages);
             self.bytes.get_or_create(&labels).inc_by(tally.bytes);
@@ -536,6 +590,7 @@ impl Metrics {
         }
         let mut state = self.state();
         state.in_flight = state.in_flight.saturating_sub(1);
+        state.in_flight_commits.pop_front();
         state.acknowledged += 1;
         state.last_progress = Instant::now();
         if let Some((time, lsn)) = counts.last_commit {
@@ -583,6 +638,15 @@ impl Metrics {
             (false, None, _) => f64::NAN,
         };
         self.lsn_lag.set(lsn_lag);
+        let oldest = state
+            .in_flight_commits
+            .iter()
+            .flatten()
+            .next()
+            .map_or(0.0, |t| {
+                ((Utc::now() - *t).num_milliseconds() as f64 / 1000.0).max(0.0)
+            });
+        self.oldest_undelivered.set(oldest);
         let since = state.last_checkpoint.unwrap_or(state.started);
         self.checkpoint_age.set(since.elapsed().as_secs_f64());
         if let Some(sink) = &state.sink {
@@ -670,6 +734,8 @@ pub struct BatchCounts {
     segmented_events: u64,
     /// Commit time and LSN of the batch's last event.
     last_commit: Option<(DateTime<Utc>, Lsn)>,
+    /// Commit time of the batch's first event.
+    first_commit: Option<DateTime<Utc>>,
     /// The table (`schema.table`) of each schema-change event of the batch, and
     /// its messages.
     schema_changes: Vec<(String, u64)>,
@@ -680,18 +746,23 @@ struct Tally {
     events: u64,
     messages: u64,
     bytes: u64,
+    /// The latest commit time of these events.
+    last_commit: Option<DateTime<Utc>>,
 }
 
 impl BatchCounts {
-    /// Counts one event of `table` that became `messages` messages of `bytes` in all.
+    /// Counts one event of `table`, committed at `commit_time`, that became
+    /// `messages` messages of `bytes` in all.
     pub fn add(
         &mut self,
         table: &Arc<TableDescription>,
         operation: Operation,
+        commit_time: DateTime<Utc>,
         messages: u64,
         bytes: u64,
         truncated_values: u64,
     ) {
+        self.first_commit.get_or_insert(commit_time);
         // Batches hold runs of one table: the last entry is the likely one.
         let found = self
             .tables
@@ -712,6 +783,7 @@ impl BatchCounts {
         tally.events += 1;
         tally.messages += messages;
         tally.bytes += bytes;
+        tally.last_commit = tally.last_commit.max(Some(commit_time));
         self.truncated_values += truncated_values;
         if messages > 1 {
             self.segmented_events += 1;
@@ -857,7 +929,7 @@ mod tests {
         counts.add_schema_change("dbo.a".into(), 1);
         counts.add_schema_change("dbo.b".into(), 1);
         assert_eq!(counts.totals(), (0, 4), "no change event, four messages");
-        metrics.batch_sent(Lsn::ZERO);
+        metrics.batch_sent(Lsn::ZERO, &counts);
         metrics.batch_delivered(&counts);
         let text = metrics.render();
         assert_eq!(
@@ -924,15 +996,30 @@ mod tests {
         let metrics = Metrics::default();
         let table = employees();
         let mut counts = BatchCounts::default();
-        counts.add(&table, Operation::Insert, 1, 100, 0);
-        counts.add(&table, Operation::Insert, 3, 300, 2);
-        counts.add(&table, Operation::Delete, 1, 50, 0);
-        counts.set_last_commit(Utc::now(), Lsn::from_parts(1, 2, 3));
-        metrics.batch_sent(Lsn::from_parts(1, 2, 5));
+        let ago = |seconds| Utc::now() - chrono::Duration::seconds(seconds);
+        let (first, last) = (ago(120), ago(30));
+        counts.add(&table, Operation::Insert, first, 1, 100, 0);
+        counts.add(&table, Operation::Insert, ago(60), 3, 300, 2);
+        counts.add(&table, Operation::Delete, last, 1, 50, 0);
+        counts.set_last_commit(last, Lsn::from_parts(1, 2, 3));
+        metrics.batch_sent(Lsn::from_parts(1, 2, 5), &counts);
         let before = metrics.render();
         assert_eq!(
             sample(&before, "mssql_ces_batches_in_flight", ""),
             Some(1.0)
+        );
+        // In flight since its first event's commit, two minutes ago.
+        let oldest =
+            sample(&before, "mssql_ces_oldest_undelivered_seconds", "").unwrap_or(f64::NAN);
+        assert!((120.0..125.0).contains(&oldest), "{oldest}");
+        assert_eq!(
+            sample(
+                &before,
+                "mssql_ces_table_delivered_commit_timestamp_seconds",
+                r#"table="dbo.Employees""#
+            ),
+            None,
+            "nothing of the table delivered yet"
         );
         let ins = r#"table="dbo.Employees",operation="INS""#;
         assert_eq!(
@@ -953,6 +1040,34 @@ mod tests {
         let del = r#"table="dbo.Employees",operation="DEL""#;
         assert_eq!(sample(&after, "mssql_ces_events_total", del), Some(1.0));
         assert_eq!(
+            sample(&after, "mssql_ces_oldest_undelivered_seconds", ""),
+            Some(0.0),
+            "nothing in flight"
+        );
+        let delivered = sample(
+            &after,
+            "mssql_ces_table_delivered_commit_timestamp_seconds",
+            r#"table="dbo.Employees""#,
+        )
+        .unwrap_or(f64::NAN);
+        assert!(
+            (delivered - last.timestamp_micros() as f64 / 1e6).abs() < 0.001,
+            "the table's latest commit: {delivered}"
+        );
+        // An older batch delivered later (a re-load's rows) does not move it back.
+        let mut older = BatchCounts::default();
+        older.add(&table, Operation::Insert, first, 1, 100, 0);
+        metrics.batch_sent(Lsn::from_parts(1, 2, 5), &older);
+        metrics.batch_delivered(&older);
+        assert_eq!(
+            sample(
+                &metrics.render(),
+                "mssql_ces_table_delivered_commit_timestamp_seconds",
+                r#"table="dbo.Employees""#,
+            ),
+            Some(delivered)
+        );
+        assert_eq!(
             sample(&after, "mssql_ces_truncated_values_total", ""),
             Some(2.0)
         );
@@ -963,7 +1078,10 @@ mod tests {
         // Not idle: the LSN lag is max_lsn minus the delivered LSN, in LSN units.
         assert_eq!(sample(&after, "mssql_ces_lsn_lag", ""), Some(2.0));
         let lag = sample(&after, "mssql_ces_lag_seconds", "").unwrap_or(f64::NAN);
-        assert!((0.0..5.0).contains(&lag), "lag {lag}");
+        assert!(
+            (30.0..35.0).contains(&lag),
+            "the last event committed 30 s ago: lag {lag}"
+        );
         assert!(after.contains("mssql_ces_build_info{version=\""), "{after}");
         assert!(
             sample(&after, "process_start_time_seconds", "").is_some_and(|t| t > 1.0e9),
@@ -985,11 +1103,11 @@ mod tests {
             Lsn::from_parts(1, 0, 0),
         );
         metrics.poll_finished(Duration::from_millis(3), Some(7), 4);
-        metrics.batch_sent(Lsn::from_parts(2, 0, 0));
+        metrics.batch_sent(Lsn::from_parts(2, 0, 0), &counts);
         metrics.batch_delivered(&counts);
         // The next batch is produced, not yet acknowledged.
         metrics.poll_finished(Duration::from_millis(3), Some(3), 4);
-        metrics.batch_sent(Lsn::from_parts(2, 0, 0));
+        metrics.batch_sent(Lsn::from_parts(2, 0, 0), &BatchCounts::default());
         let busy = metrics.render();
         let lag = sample(&busy, "mssql_ces_lag_seconds", "").unwrap_or(f64::NAN);
         assert!((89.0..100.0).contains(&lag), "lag {lag}");
@@ -1043,6 +1161,32 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    /// The capture job's gauges are NaN until a log scan session is read, then
+    /// its latency and transactions, and NaN again when it can no longer be read.
+    #[test]
+    fn the_capture_jobs_gauges_follow_its_last_log_scan() {
+        let metrics = Metrics::default();
+        let gauges = |metrics: &Metrics| {
+            let text = metrics.render();
+            (
+                sample(&text, "mssql_ces_capture_job_latency_seconds", "").unwrap_or(0.0),
+                sample(&text, "mssql_ces_capture_job_scan_transactions", "").unwrap_or(0.0),
+            )
+        };
+        let (latency, transactions) = gauges(&metrics);
+        assert!(latency.is_nan() && transactions.is_nan(), "not read yet");
+        metrics.set_capture_job(Some(&crate::source::LogScan {
+            start_time: chrono::NaiveDateTime::default(),
+            end_time: None,
+            latency_seconds: 412,
+            error_count: 0,
+            tran_count: 500,
+        }));
+        assert_eq!(gauges(&metrics), (412.0, 500.0));
+        metrics.set_capture_job(None);
+        assert!(gauges(&metrics).0.is_nan());
     }
 
     #[test]

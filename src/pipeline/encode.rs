@@ -205,7 +205,14 @@ pub(super) fn encode_batch(
             messages.len() as u64,
             messages.iter().map(|m| m.payload.len() as u64).sum::<u64>(),
         );
-        counts.add(&change.table, change.operation, count, bytes, truncated);
+        counts.add(
+            &change.table,
+            change.operation,
+            change.commit_time,
+            count,
+            bytes,
+            truncated,
+        );
         chunk.events += 1;
         chunk.truncated_values += truncated;
         chunk.bytes += bytes;

@@ -84,6 +84,11 @@ pub trait BatchSource: Send + 'static {
     fn capture_actions(&self) -> crate::source::poller::CaptureActions {
         Default::default()
     }
+    /// The capture job's latest log scan session, when read (for the metrics);
+    /// none by default.
+    fn capture_job(&self) -> Option<crate::source::LogScan> {
+        None
+    }
     /// Hands the source the positions the checkpoint holds, as each is written;
     /// ignored by default.
     fn watch_checkpoints(&mut self, _checkpoints: tokio::sync::watch::Receiver<Option<Position>>) {}
@@ -116,6 +121,10 @@ impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
 
     fn capture_actions(&self) -> crate::source::poller::CaptureActions {
         Poller::capture_actions(self)
+    }
+
+    fn capture_job(&self) -> Option<crate::source::LogScan> {
+        Poller::capture_job_scan(self).cloned()
     }
 }
 

@@ -285,7 +285,7 @@ impl Sender {
     /// Hands a batch whose end is done to the acker. `false` when the run is to stop.
     async fn hand_over(&mut self, pending: Pending, max_lsn: Lsn) -> bool {
         // Counted before the acker can see it, so that it never counts down first.
-        self.metrics.batch_sent(max_lsn);
+        self.metrics.batch_sent(max_lsn, &pending.counts);
         let stop = self.stop();
         let sent = tokio::select! {
             biased;

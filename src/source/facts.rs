@@ -224,17 +224,24 @@ pub async fn read(conn: &mut SqlConnection) -> Result<ServerFacts, SourceError> 
             Err(why) => Fact::Unknown(why),
         }
     };
-    facts.log_scan = match optional(
-        conn,
-        queries::LOG_SCAN,
-        "needs VIEW DATABASE STATE (VIEW DATABASE PERFORMANCE STATE on SQL Server 2022 and later) to read sys.dm_cdc_log_scan_sessions",
-    )
-    .await?
-    {
-        Ok(rows) => Fact::Known(decode_log_scan(rows).map_err(unexpected)?),
-        Err(why) => Fact::Unknown(why),
-    };
+    facts.log_scan = log_scan(conn).await?;
     Ok(facts)
+}
+
+/// The capture job's latest log scan session ([`queries::LOG_SCAN`]).
+pub async fn log_scan(conn: &mut SqlConnection) -> Result<Fact<Option<LogScan>>, SourceError> {
+    Ok(
+        match optional(
+            conn,
+            queries::LOG_SCAN,
+            "needs VIEW DATABASE STATE (VIEW DATABASE PERFORMANCE STATE on SQL Server 2022 and later) to read sys.dm_cdc_log_scan_sessions",
+        )
+        .await?
+        {
+            Ok(rows) => Fact::Known(decode_log_scan(rows).map_err(unexpected)?),
+            Err(why) => Fact::Unknown(why),
+        },
+    )
 }
 
 /// The row of [`queries::SERVER_FACTS`]; the optional facts start unknown.

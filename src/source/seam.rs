@@ -22,8 +22,9 @@ use std::future::Future;
 use crate::event::Value;
 use crate::lsn::Lsn;
 use crate::source::{
-    CaptureInstance, Catalog, ChangeRow, CommitTime, DdlEvent, EnableCapture, MaxLsn, Probe,
-    ProbeResult, RowKey, ServerFacts, SourceError, UncapturedColumns, UncapturedTable,
+    CaptureInstance, Catalog, ChangeRow, CommitTime, DdlEvent, EnableCapture, Fact, LogScan,
+    MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, UncapturedColumns,
+    UncapturedTable,
 };
 
 /// What the poll loop reads every poll: the catalog, LSNs, change rows and DDL.
@@ -111,6 +112,14 @@ pub trait FactReads: Send {
     /// may not read are [`Fact::Unknown`](crate::source::Fact::Unknown), saying which
     /// permission would show them.
     fn server_facts(&mut self) -> impl Future<Output = Result<ServerFacts, SourceError>> + Send;
+
+    /// The capture job's latest log scan session alone (what the daemon watches);
+    /// by default taken from [`server_facts`](Self::server_facts).
+    fn log_scan(
+        &mut self,
+    ) -> impl Future<Output = Result<Fact<Option<LogScan>>, SourceError>> + Send {
+        async { Ok(self.server_facts().await?.log_scan) }
+    }
 }
 
 /// What managed capture asks and does. A source that cannot manage capture keeps

@@ -747,6 +747,12 @@ impl FactReads for SqlServerSource {
     async fn server_facts(&mut self) -> Result<crate::source::ServerFacts, SourceError> {
         crate::source::facts::read(&mut self.conn).await
     }
+
+    async fn log_scan(
+        &mut self,
+    ) -> Result<crate::source::Fact<Option<crate::source::LogScan>>, SourceError> {
+        crate::source::facts::log_scan(&mut self.conn).await
+    }
 }
 
 impl CaptureDdl for SqlServerSource {

@@ -28,6 +28,8 @@ fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
 kind = "synthetic"
 poll_interval_ms = 50
 batch_size = 100
+# The capture job's log scan is read as often as the catalog.
+catalog_refresh_ms = 200
 
 [source.synthetic]
 seed = 31
@@ -210,6 +212,27 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     assert!(versions.values().all(|&v| v == 1.0), "{versions:?}");
     assert!(total(&page, "mssql_ces_checkpoint_writes_total") >= 1.0);
     assert_eq!(total(&page, "mssql_ces_lsn_lag"), 0.0);
+    // The capture job's last log scan, as the synthetic server reports it: each
+    // commit scanned on its own, at once.
+    assert_eq!(
+        total(&page, "mssql_ces_capture_job_latency_seconds"),
+        0.0,
+        "{page}"
+    );
+    assert_eq!(total(&page, "mssql_ces_capture_job_scan_transactions"), 1.0);
+    // Caught up: nothing waits; each table's last delivered commit is a time of
+    // the synthetic clock (August 2026).
+    assert_eq!(total(&page, "mssql_ces_oldest_undelivered_seconds"), 0.0);
+    let delivered = samples(&page, "mssql_ces_table_delivered_commit_timestamp_seconds");
+    assert_eq!(
+        delivered.keys().collect::<Vec<_>>(),
+        versions.keys().collect::<Vec<_>>(),
+        "one per table read"
+    );
+    assert!(
+        delivered.values().all(|&t| (1.78e9..1.80e9).contains(&t)),
+        "{delivered:?}"
+    );
     // Every kind is there from the start, at 0: no error happened.
     let errors = samples(&page, "mssql_ces_delivery_errors_total");
     assert_eq!(errors.len(), 3, "{errors:?}");

@@ -52,6 +52,7 @@ use crate::source::{
 use uuid::Uuid;
 
 mod announcer;
+mod capture_job;
 mod ddl_text;
 mod iteration;
 mod load_runner;
@@ -63,6 +64,7 @@ pub use managed::{
 };
 
 use announcer::ShapeAnnouncer;
+use capture_job::CaptureJobWatch;
 use iteration::{Merge, last_before};
 use load_runner::LoadRunner;
 use managed::CaptureManager;
@@ -155,6 +157,9 @@ pub struct PollerConfig {
     /// (`event.allow_unmatched_column_rules`, or one of many databases), rather
     /// than refused at start.
     pub allow_unmatched_column_rules: bool,
+    /// How often the capture job's latest log scan session is read for the
+    /// metrics; `None` (no metrics served): never.
+    pub capture_job_every: Option<Duration>,
 }
 
 impl Default for PollerConfig {
@@ -177,6 +182,7 @@ impl Default for PollerConfig {
             enable_cdc: false,
             columns: Arc::default(),
             allow_unmatched_column_rules: false,
+            capture_job_every: None,
         }
     }
 }
@@ -289,6 +295,8 @@ pub struct Poller<S> {
     loads: LoadRunner,
     /// Managed capture instances and `source.enable_cdc`.
     capture: CaptureManager,
+    /// The capture job's latest log scan session, for the metrics.
+    capture_job: CaptureJobWatch,
     /// `CatalogChanged` errors in a row, each after the catalog was read again.
     catalog_changes_in_a_row: u32,
 }
@@ -329,6 +337,7 @@ impl<S: ChangeSource> Poller<S> {
             announcer,
             loads,
             capture,
+            capture_job: CaptureJobWatch::default(),
             catalog_changes_in_a_row: 0,
         }
     }
@@ -372,6 +381,12 @@ impl<S: ChangeSource> Poller<S> {
         self.capture.actions()
     }
 
+    /// The capture job's latest log scan session, as last read (with
+    /// `capture_job_every`).
+    pub fn capture_job_scan(&self) -> Option<&crate::source::LogScan> {
+        self.capture_job.scan()
+    }
+
     /// How many capture instances the poller reads.
     pub fn tracked_instances(&self) -> usize {
         self.tracker.tracked().len()
@@ -388,6 +403,9 @@ impl<S: ChangeSource> Poller<S> {
     /// On error the poller can be polled again: it restarts the interrupted iteration
     /// from the last position it returned.
     pub async fn poll(&mut self) -> Result<PollOutcome, SourceError> {
+        if let Some(every) = self.config.capture_job_every {
+            self.capture_job.refresh(&mut self.source, every).await;
+        }
         let saved = (self.position.clone(), self.merge.restart_point());
         let result = match self.poll_inner().await {
             Ok(PollOutcome::Batch(mut batch)) => self

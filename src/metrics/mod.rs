@@ -117,6 +117,7 @@ pub struct Metrics {
     capture_job_transactions: FloatGauge,
     table_delivered_commit: Family<Table, FloatGauge>,
     oldest_undelivered: FloatGauge,
+    retention_headroom: FloatGauge,
     stalled_after: Duration,
     state: Mutex<RunState>,
 }
@@ -137,6 +138,8 @@ struct RunState {
     /// The first commit time of each batch in flight, oldest first (acknowledged
     /// in the order sent).
     in_flight_commits: std::collections::VecDeque<Option<DateTime<Utc>>>,
+    /// The cleanup job's retention, as the source last read it.
+    retention: crate::source::poller::Retention,
     /// Batches the source produced, and those the destination acknowledged: caught
     /// up when equal and the source idle (batches wait between the two stages).
     produced: u64,
@@ -161,6 +164,7 @@ impl RunState {
             idle: false,
             in_flight: 0,
             in_flight_commits: std::collections::VecDeque::new(),
+            retention: crate::source::poller::Retention::Unknown,
             produced: 0,
             acknowledged: 0,
             delivered_commit: None,
@@ -241,6 +245,7 @@ impl Metrics {
             capture_job_transactions: FloatGauge::default(),
             table_delivered_commit: Family::default(),
             oldest_undelivered: FloatGauge::default(),
+            retention_headroom: FloatGauge::default(),
             stalled_after,
             state: Mutex::new(RunState::new()),
         };
@@ -355,6 +360,12 @@ impl Metrics {
             Unit::Seconds,
             m.oldest_undelivered.clone(),
         );
+        ours.register_with_unit(
+            "retention_headroom",
+            "The cleanup job's retention minus the lag: how much longer the stream may fall behind before changes it has not delivered are purged; +Inf without a cleanup job, NaN when the retention is not read (metrics read it every 10 catalog refreshes) or nothing was delivered yet",
+            Unit::Seconds,
+            m.retention_headroom.clone(),
+        );
         ours.register(
             "table_delivered_commit_timestamp_seconds",
             "Commit time of the last delivered event of each table, in seconds since the Unix epoch",
@@ -434,6 +445,11 @@ impl Metrics {
     }
 
     /// The source's capture-instance actions so far (totals of this process).
+    /// The cleanup job's retention, as the source last read it.
+    pub fn set_retention(&self, retention: crate::source::poller::Retention) {
+        self.state().retention = retention;
+    }
+
     /// The capture job's latest log scan session, or none read.
     pub fn set_capture_job(&self, scan: Option<&crate::source::LogScan>) {
         let (latency, transactions) = scan.map_or((f64::NAN, f64::NAN), |s| {
@@ -629,6 +645,12 @@ impl Metrics {
             })
         };
         self.lag.set(lag);
+        use crate::source::poller::Retention;
+        self.retention_headroom.set(match state.retention {
+            Retention::Unknown => f64::NAN,
+            Retention::Forever => f64::INFINITY,
+            Retention::Kept(kept) => kept.as_secs_f64() - lag,
+        });
         let lsn_lag = match (caught_up, state.max_lsn, state.delivered_lsn) {
             (true, _, _) => 0.0,
             (false, Some(max), Some(delivered)) => {
@@ -1161,6 +1183,41 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    /// The headroom is the retention less the lag: unknown until the retention is
+    /// read and something delivered, endless without a cleanup job.
+    #[test]
+    fn the_retention_headroom_is_the_retention_less_the_lag() {
+        use crate::source::poller::Retention;
+        let metrics = Metrics::default();
+        let headroom = |metrics: &Metrics| {
+            sample(
+                &metrics.render(),
+                "mssql_ces_retention_headroom_seconds",
+                "",
+            )
+            .unwrap_or(0.0)
+        };
+        assert!(headroom(&metrics).is_nan(), "not read");
+        let mut counts = BatchCounts::default();
+        counts.set_last_commit(
+            Utc::now() - chrono::Duration::seconds(90),
+            Lsn::from_parts(1, 0, 0),
+        );
+        metrics.poll_finished(Duration::from_millis(3), Some(7), 4);
+        metrics.batch_sent(Lsn::from_parts(2, 0, 0), &counts);
+        metrics.batch_delivered(&counts);
+        metrics.set_retention(Retention::Kept(Duration::from_secs(3 * 86_400)));
+        let left = headroom(&metrics);
+        assert!(
+            (3.0 * 86_400.0 - 100.0..3.0 * 86_400.0 - 89.0).contains(&left),
+            "three days less the 90 s lag: {left}"
+        );
+        metrics.set_retention(Retention::Forever);
+        assert_eq!(headroom(&metrics), f64::INFINITY);
+        metrics.set_retention(Retention::Unknown);
+        assert!(headroom(&metrics).is_nan());
     }
 
     /// The capture job's gauges are NaN until a log scan session is read, then

@@ -89,6 +89,11 @@ pub trait BatchSource: Send + 'static {
     fn capture_job(&self) -> Option<crate::source::LogScan> {
         None
     }
+    /// The cleanup job's retention, when read (for the metrics); unknown by
+    /// default.
+    fn cleanup_retention(&self) -> crate::source::poller::Retention {
+        crate::source::poller::Retention::Unknown
+    }
     /// Hands the source the positions the checkpoint holds, as each is written;
     /// ignored by default.
     fn watch_checkpoints(&mut self, _checkpoints: tokio::sync::watch::Receiver<Option<Position>>) {}
@@ -125,6 +130,10 @@ impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
 
     fn capture_job(&self) -> Option<crate::source::LogScan> {
         Poller::capture_job_scan(self).cloned()
+    }
+
+    fn cleanup_retention(&self) -> crate::source::poller::Retention {
+        Poller::cleanup_retention(self)
     }
 }
 

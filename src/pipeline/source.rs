@@ -31,6 +31,7 @@ pub(super) async fn poll_source<B: BatchSource>(
                 metrics.set_loads(&poller.load_status());
                 metrics.set_capture_actions(poller.capture_actions());
                 metrics.set_capture_job(poller.capture_job().as_ref());
+                metrics.set_retention(poller.cleanup_retention());
             }
             Err(e) => metrics.poll_failed(e),
         }

@@ -223,6 +223,12 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     // Caught up: nothing waits; each table's last delivered commit is a time of
     // the synthetic clock (August 2026).
     assert_eq!(total(&page, "mssql_ces_oldest_undelivered_seconds"), 0.0);
+    // Caught up, the whole retention is ahead (the synthetic server's cleanup job
+    // keeps three days).
+    assert_eq!(
+        total(&page, "mssql_ces_retention_headroom_seconds"),
+        3.0 * 86_400.0
+    );
     let delivered = samples(&page, "mssql_ces_table_delivered_commit_timestamp_seconds");
     assert_eq!(
         delivered.keys().collect::<Vec<_>>(),

@@ -65,6 +65,7 @@ pub use managed::{
 
 use announcer::ShapeAnnouncer;
 use capture_job::CaptureJobWatch;
+pub use capture_job::Retention;
 use iteration::{Merge, last_before};
 use load_runner::LoadRunner;
 use managed::CaptureManager;
@@ -385,6 +386,11 @@ impl<S: ChangeSource> Poller<S> {
     /// `capture_job_every`).
     pub fn capture_job_scan(&self) -> Option<&crate::source::LogScan> {
         self.capture_job.scan()
+    }
+
+    /// The cleanup job's retention, as last read (with `capture_job_every`).
+    pub fn cleanup_retention(&self) -> Retention {
+        self.capture_job.retention()
     }
 
     /// How many capture instances the poller reads.

@@ -7,7 +7,8 @@
 //! process sees exactly the same change history, LSNs and commit times: the basis of
 //! demos, benchmarks and crash tests. Rows already read are dropped from memory.
 
-use std::time::Instant;
+// Tokio's clock, so that tests can pace the workload on simulated time.
+use tokio::time::Instant;
 
 use chrono::{FixedOffset, NaiveDate, Offset as _, TimeZone};
 use uuid::Uuid;
@@ -700,7 +701,7 @@ mod tests {
     /// at 1,000 a second, 20 ms after resuming at transaction 500, more than the
     /// catch-up was generated (replaying the schedule from its start would wait half
     /// a second).
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_resumed_paced_workload_goes_on_at_once() {
         let unpaced = SyntheticConfig {
             transactions: Some(500),
@@ -721,7 +722,7 @@ mod tests {
             caught_up >= 499,
             "the history up to the checkpoint: {caught_up}"
         );
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        tokio::time::advance(std::time::Duration::from_millis(20)).await;
         resumed.max_lsn().await.unwrap();
         assert!(
             resumed.generated() >= caught_up + 20,

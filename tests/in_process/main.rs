@@ -33,5 +33,6 @@ mod schema_change_events;
 mod schema_changes;
 mod schema_registry;
 mod segmentation;
+mod synthetic_workload;
 mod table_lease;
 mod tds_standin;

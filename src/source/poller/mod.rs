@@ -351,8 +351,8 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     /// The source it reads (for tests).
-    #[cfg(test)]
-    pub(crate) fn source(&self) -> &S {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn source(&self) -> &S {
         &self.source
     }
 

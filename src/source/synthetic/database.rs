@@ -82,17 +82,26 @@ impl Table {
     }
 }
 
-/// One statement of a transaction.
-enum Statement {
+/// One statement of a transaction: an `INSERT` of a row (values in column order),
+/// an `UPDATE … SET` of the row with the key values given, or a `DELETE` of it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Statement {
     Insert(Vec<Value>),
     Update(Vec<Value>, Vec<(&'static str, Value)>),
     Delete(Vec<Value>),
 }
 
-/// A transaction being built: statements on tables named `schema.name`.
-#[derive(Default)]
-pub(super) struct Transaction {
+/// A transaction: statements on tables named `schema.name`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Transaction {
     statements: Vec<(&'static str, Statement)>,
+}
+
+impl Transaction {
+    /// Its statements, each with its table, in order.
+    pub fn statements(&self) -> &[(&'static str, Statement)] {
+        &self.statements
+    }
 }
 
 impl Transaction {

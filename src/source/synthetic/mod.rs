@@ -16,10 +16,12 @@ use uuid::Uuid;
 use crate::event::Value;
 use crate::event::value::{Length, SqlType};
 use crate::lsn::Lsn;
-use database::{Database, Transaction};
+use database::Database;
 pub mod bulk;
 mod database;
 pub mod server;
+
+pub use database::{Statement, Transaction};
 
 use crate::source::{
     CaptureDdl, CaptureInstance, Catalog, CdcReads, ChangeRow, DdlEvent, FactReads, MaxLsn, Probe,
@@ -242,6 +244,9 @@ pub struct SyntheticSource {
     /// Keep every change row, as a database does for its readers (served to other
     /// processes, which may resume from further back than this one has read).
     keep_history: bool,
+    /// Every transaction committed, kept for a test that replays them elsewhere.
+    #[cfg(any(test, feature = "testing"))]
+    committed: Option<Vec<Transaction>>,
 }
 
 impl SyntheticSource {
@@ -262,6 +267,8 @@ impl SyntheticSource {
             next_order: 1,
             catch_up: None,
             keep_history: false,
+            #[cfg(any(test, feature = "testing"))]
+            committed: None,
         }
     }
 
@@ -277,6 +284,19 @@ impl SyntheticSource {
     /// synthetic server's databases.
     pub fn rename_database(&mut self, name: &str) {
         self.db.rename(name);
+    }
+
+    /// Keeps every transaction it commits from now on, for [`committed`](Self::committed).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn record_transactions(mut self) -> Self {
+        self.committed = Some(Vec::new());
+        self
+    }
+
+    /// The transactions committed since [`record_transactions`](Self::record_transactions).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn committed(&self) -> &[Transaction] {
+        self.committed.as_deref().unwrap_or_default()
     }
 
     /// Transactions generated so far.
@@ -339,6 +359,10 @@ impl SyntheticSource {
         if every > 0 && k.is_multiple_of(every) {
             // No random numbers: the other tables' history stays as without it.
             txn = txn.insert(ATTACHMENTS, oversized_attachment(k));
+        }
+        #[cfg(any(test, feature = "testing"))]
+        if let Some(committed) = &mut self.committed {
+            committed.push(txn.clone());
         }
         self.db
             .commit(txn)

@@ -115,6 +115,7 @@ pub struct Metrics {
     capture_actions: Family<Action, Counter>,
     capture_job_latency: FloatGauge,
     capture_job_transactions: FloatGauge,
+    capture_job_transactions_total: Counter,
     table_delivered_commit: Family<Table, FloatGauge>,
     oldest_undelivered: FloatGauge,
     retention_headroom: FloatGauge,
@@ -140,6 +141,8 @@ struct RunState {
     in_flight_commits: std::collections::VecDeque<Option<DateTime<Utc>>>,
     /// The cleanup job's retention, as the source last read it.
     retention: crate::source::poller::Retention,
+    /// The capture job's transactions since the server started, as last read.
+    capture_job_total: Option<i64>,
     /// Batches the source produced, and those the destination acknowledged: caught
     /// up when equal and the source idle (batches wait between the two stages).
     produced: u64,
@@ -165,6 +168,7 @@ impl RunState {
             in_flight: 0,
             in_flight_commits: std::collections::VecDeque::new(),
             retention: crate::source::poller::Retention::Unknown,
+            capture_job_total: None,
             produced: 0,
             acknowledged: 0,
             delivered_commit: None,
@@ -243,6 +247,7 @@ impl Metrics {
             capture_actions: Family::default(),
             capture_job_latency: FloatGauge::default(),
             capture_job_transactions: FloatGauge::default(),
+            capture_job_transactions_total: Counter::default(),
             table_delivered_commit: Family::default(),
             oldest_undelivered: FloatGauge::default(),
             retention_headroom: FloatGauge::default(),
@@ -399,6 +404,11 @@ impl Metrics {
             m.capture_job_latency.clone(),
         );
         ours.register(
+            "capture_job_transactions",
+            "Transactions the capture job took from the log since this process first read its log scan sessions (from their aggregate): rate() is the job's throughput",
+            m.capture_job_transactions_total.clone(),
+        );
+        ours.register(
             "capture_job_scan_transactions",
             "Transactions the capture job's latest log scan session took from the log; at the job's maxtrans, the job's settings bound the stream; NaN when not read",
             m.capture_job_transactions.clone(),
@@ -457,6 +467,19 @@ impl Metrics {
         });
         self.capture_job_latency.set(latency);
         self.capture_job_transactions.set(transactions);
+        if let Some(total) = scan.and_then(|s| s.total_tran_count) {
+            let mut state = self.state();
+            // The first reading is where counting starts; a smaller total means the
+            // server restarted, and every transaction since is new.
+            let new = match state.capture_job_total {
+                Some(last) if total >= last => total - last,
+                Some(_) => total,
+                None => 0,
+            };
+            self.capture_job_transactions_total
+                .inc_by(u64::try_from(new).unwrap_or(0));
+            state.capture_job_total = Some(total);
+        }
     }
 
     pub fn set_capture_actions(&self, actions: crate::source::poller::CaptureActions) {
@@ -1240,10 +1263,37 @@ mod tests {
             latency_seconds: 412,
             error_count: 0,
             tran_count: 500,
+            total_tran_count: Some(9_000),
         }));
         assert_eq!(gauges(&metrics), (412.0, 500.0));
+        let total = |metrics: &Metrics| {
+            sample(
+                &metrics.render(),
+                "mssql_ces_capture_job_transactions_total",
+                "",
+            )
+        };
+        assert_eq!(
+            total(&metrics),
+            Some(0.0),
+            "counting starts at the first reading"
+        );
+        let scan_with = |total_tran_count| crate::source::LogScan {
+            start_time: chrono::NaiveDateTime::default(),
+            end_time: None,
+            latency_seconds: 1,
+            error_count: 0,
+            tran_count: 10,
+            total_tran_count: Some(total_tran_count),
+        };
+        metrics.set_capture_job(Some(&scan_with(9_250)));
+        assert_eq!(total(&metrics), Some(250.0));
+        // The server restarted: its count starts again from nothing.
+        metrics.set_capture_job(Some(&scan_with(40)));
+        assert_eq!(total(&metrics), Some(290.0));
         metrics.set_capture_job(None);
         assert!(gauges(&metrics).0.is_nan());
+        assert_eq!(total(&metrics), Some(290.0), "a counter keeps its count");
     }
 
     #[test]

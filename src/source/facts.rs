@@ -102,6 +102,9 @@ pub struct LogScan {
     pub error_count: i64,
     /// Transactions the session took from the log (at most the job's `maxtrans`).
     pub tran_count: i64,
+    /// Transactions every session took since the server started (session 0's),
+    /// when the view has that row.
+    pub total_tran_count: Option<i64>,
 }
 
 /// What [`FactReads::server_facts`](super::FactReads::server_facts) answers.
@@ -331,6 +334,7 @@ fn decode_log_scan(rows: Vec<NamedRow>) -> Result<Option<LogScan>, DecodeError> 
         latency_seconds: row.opt_int("latency")?.unwrap_or(0),
         error_count: row.opt_int("error_count")?.unwrap_or(0),
         tran_count: row.opt_int("tran_count")?.unwrap_or(0),
+        total_tran_count: row.opt_int("total_tran_count")?,
     }))
 }
 
@@ -460,12 +464,14 @@ mod tests {
             ("latency", ColumnData::I64(Some(4))),
             ("error_count", ColumnData::I64(Some(0))),
             ("tran_count", ColumnData::I64(Some(500))),
+            ("total_tran_count", ColumnData::I64(Some(123_456))),
         ])])
         .expect("decodes")
         .expect("a session");
         assert_eq!(scan.end_time, None);
         assert_eq!(scan.latency_seconds, 4);
         assert_eq!(scan.tran_count, 500);
+        assert_eq!(scan.total_tran_count, Some(123_456));
         assert_eq!(
             decode_agent(Vec::new()).expect("decodes"),
             Fact::Unknown(

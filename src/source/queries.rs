@@ -106,12 +106,15 @@ WHERE j.database_id = DB_ID() AND j.job_type = N'capture' \
 AND a.session_id = (SELECT MAX(session_id) FROM msdb.dbo.syssessions) \
 AND a.start_execution_date IS NOT NULL AND a.stop_execution_date IS NULL;";
 
-/// `check`: the latest log scan session of the capture job (session 0 is the
-/// aggregate of all sessions since the start). Needs VIEW DATABASE STATE.
+/// `check` and the metrics: the latest log scan session of the capture job, and the
+/// transactions of all sessions since the server started (session 0 is their
+/// aggregate). Needs VIEW DATABASE STATE.
 /// <https://learn.microsoft.com/sql/relational-databases/system-dynamic-management-views/change-data-capture-sys-dm-cdc-log-scan-sessions>
 pub const LOG_SCAN: &str = "SELECT TOP (1) start_time, end_time, \
 CAST(latency AS bigint) AS latency, CAST(error_count AS bigint) AS error_count, \
-CAST(tran_count AS bigint) AS tran_count \
+CAST(tran_count AS bigint) AS tran_count, \
+(SELECT CAST(a.tran_count AS bigint) FROM sys.dm_cdc_log_scan_sessions AS a \
+WHERE a.session_id = 0) AS total_tran_count \
 FROM sys.dm_cdc_log_scan_sessions WHERE session_id > 0 ORDER BY session_id DESC;";
 
 /// `check`: the commit time of the transaction at an LSN (`@P1`, binary(10)).

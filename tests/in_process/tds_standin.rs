@@ -1254,6 +1254,7 @@ mod server_kinds_through_the_wire {
                 latency_seconds: 7,
                 error_count: 0,
                 tran_count: 1_999,
+                total_tran_count: Some(80_000),
             }));
         });
         let standin = StandIn::start(USER, PASSWORD, support::tds_cdc::handler(sim))
@@ -1273,6 +1274,7 @@ mod server_kinds_through_the_wire {
             panic!("no log scan: {:?}", facts.log_scan);
         };
         assert_eq!(scan.tran_count, 1_999);
+        assert_eq!(scan.total_tran_count, Some(80_000));
     }
 }
 

@@ -262,6 +262,7 @@ async fn the_capture_jobs_settings_are_named_when_they_bound_the_stream() {
                 latency_seconds: 900,
                 error_count: 0,
                 tran_count,
+                total_tran_count: None,
             }))
         }
     };
@@ -320,6 +321,7 @@ async fn the_server_checks_fail_with_their_fix() {
             latency_seconds: 2,
             error_count: 3,
             tran_count: 12,
+            total_tran_count: Some(12),
         }));
     });
     let report = run(&config, &sim).await;

@@ -220,6 +220,11 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
         "{page}"
     );
     assert_eq!(total(&page, "mssql_ces_capture_job_scan_transactions"), 1.0);
+    assert_eq!(
+        samples(&page, "mssql_ces_capture_job_transactions_total").len(),
+        1,
+        "{page}"
+    );
     // Caught up: nothing waits; each table's last delivered commit is a time of
     // the synthetic clock (August 2026).
     assert_eq!(total(&page, "mssql_ces_oldest_undelivered_seconds"), 0.0);

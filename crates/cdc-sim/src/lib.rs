@@ -299,8 +299,9 @@ struct SimState {
     server: ServerFacts,
     /// When the capture job's last scan ran (server-local).
     last_scan: NaiveDateTime,
-    /// Transactions the last scan took from the log.
+    /// Transactions the last scan took from the log, and all scans since the start.
     last_scan_transactions: i64,
+    scanned_transactions: i64,
     log: Vec<LogRecord>,
     manual_capture: bool,
     /// Bumped by every change to `cdc.change_tables` or `cdc.ddl_history`.
@@ -382,6 +383,7 @@ impl SimState {
                     self.capture(commit_lsn, begin_lsn, end_time, &images);
                     self.mapping.push((commit_lsn, end_time));
                     self.last_scan_transactions += 1;
+                    self.scanned_transactions += 1;
                 }
                 LogRecord::Ddl {
                     table,
@@ -657,6 +659,7 @@ impl CdcSimulator {
                 },
                 last_scan: now,
                 last_scan_transactions: 0,
+                scanned_transactions: 0,
                 log: Vec::new(),
                 manual_capture: false,
                 version: 0,

@@ -299,6 +299,7 @@ impl FactReads for CdcSimulator {
                 latency_seconds: 0,
                 error_count: 0,
                 tran_count: state.last_scan_transactions,
+                total_tran_count: Some(state.scanned_transactions),
             }));
         }
         Ok(facts)

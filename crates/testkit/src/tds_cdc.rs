@@ -607,6 +607,7 @@ fn facts<S: ChangeSource>(
                     col("latency", ColumnType::Int(8)),
                     col("error_count", ColumnType::Int(8)),
                     col("tran_count", ColumnType::Int(8)),
+                    col("total_tran_count", ColumnType::Int(8)),
                 ],
                 scan.iter()
                     .map(|s| {
@@ -616,6 +617,7 @@ fn facts<S: ChangeSource>(
                             Cell::Int(s.latency_seconds),
                             Cell::Int(s.error_count),
                             Cell::Int(s.tran_count),
+                            s.total_tran_count.map_or(Cell::Null, Cell::Int),
                         ]
                     })
                     .collect(),

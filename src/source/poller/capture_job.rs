@@ -141,6 +141,7 @@ mod tests {
             latency_seconds,
             error_count: 0,
             tran_count: 500,
+            total_tran_count: None,
         }
     }
 

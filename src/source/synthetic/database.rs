@@ -145,6 +145,8 @@ pub(super) struct Database {
     mapping: VecDeque<(Lsn, NaiveDateTime)>,
     /// Change rows read so far.
     rows_read: usize,
+    /// Transactions committed (each scanned by the capture job at once).
+    commits: i64,
 }
 
 impl Database {
@@ -161,6 +163,7 @@ impl Database {
             version: 0,
             mapping: VecDeque::new(),
             rows_read: 0,
+            commits: 0,
         }
     }
 
@@ -314,6 +317,7 @@ impl Database {
             }
         }
         self.mapping.push_back((commit_lsn, end_time));
+        self.commits += 1;
         Ok(commit_lsn)
     }
 
@@ -534,6 +538,7 @@ impl Database {
                 error_count: 0,
                 // Each commit is scanned on its own.
                 tran_count: 1,
+                total_tran_count: Some(self.commits),
             })),
             max_text_repl_size: Fact::Known(65_536),
         }

@@ -828,7 +828,7 @@ impl Config {
             allow_unmatched_column_rules: self.event.allow_unmatched_column_rules
                 || self.many_databases(),
             // Read for the metrics, as often as the catalog.
-            capture_job_every: self.metrics.listen.is_some().then_some(s.catalog_refresh),
+            cdc_jobs_every: self.metrics.listen.is_some().then_some(s.catalog_refresh),
         })
     }
 }

@@ -135,7 +135,6 @@ struct RunState {
     source_ok: bool,
     /// The last poll found nothing new.
     idle: bool,
-    in_flight: u64,
     /// The first commit time of each batch in flight, oldest first (acknowledged
     /// in the order sent).
     in_flight_commits: std::collections::VecDeque<Option<DateTime<Utc>>>,
@@ -165,7 +164,6 @@ impl RunState {
             polled: false,
             source_ok: false,
             idle: false,
-            in_flight: 0,
             in_flight_commits: std::collections::VecDeque::new(),
             retention: crate::source::poller::Retention::Unknown,
             capture_job_total: None,
@@ -454,7 +452,6 @@ impl Metrics {
         );
     }
 
-    /// The source's capture-instance actions so far (totals of this process).
     /// The cleanup job's retention, as the source last read it.
     pub fn set_retention(&self, retention: crate::source::poller::Retention) {
         self.state().retention = retention;
@@ -482,6 +479,7 @@ impl Metrics {
         }
     }
 
+    /// The source's capture-instance actions so far (totals of this process).
     pub fn set_capture_actions(&self, actions: crate::source::poller::CaptureActions) {
         for (action, total) in [
             ("created", actions.created),
@@ -590,7 +588,6 @@ impl Metrics {
     pub fn batch_sent(&self, max_lsn: Lsn, counts: &BatchCounts) {
         self.batches_in_flight.inc();
         let mut state = self.state();
-        state.in_flight += 1;
         state.in_flight_commits.push_back(counts.first_commit);
         if !max_lsn.is_zero() {
             state.max_lsn = state.max_lsn.max(Some(max_lsn));
@@ -628,7 +625,6 @@ impl Metrics {
                 .inc();
         }
         let mut state = self.state();
-        state.in_flight = state.in_flight.saturating_sub(1);
         state.in_flight_commits.pop_front();
         state.acknowledged += 1;
         state.last_progress = Instant::now();
@@ -663,9 +659,7 @@ impl Metrics {
         let lag = if caught_up {
             0.0
         } else {
-            state.delivered_commit.map_or(f64::NAN, |t| {
-                ((Utc::now() - t).num_milliseconds() as f64 / 1000.0).max(0.0)
-            })
+            state.delivered_commit.map_or(f64::NAN, seconds_since)
         };
         self.lag.set(lag);
         use crate::source::poller::Retention;
@@ -688,9 +682,7 @@ impl Metrics {
             .iter()
             .flatten()
             .next()
-            .map_or(0.0, |t| {
-                ((Utc::now() - *t).num_milliseconds() as f64 / 1000.0).max(0.0)
-            });
+            .map_or(0.0, |t| seconds_since(*t));
         self.oldest_undelivered.set(oldest);
         let since = state.last_checkpoint.unwrap_or(state.started);
         self.checkpoint_age.set(since.elapsed().as_secs_f64());
@@ -768,6 +760,11 @@ impl Metrics {
             Err(format!("not ready: {}", problems.join("; ")))
         }
     }
+}
+
+/// Seconds from a commit time to now (0 for a time ahead of this clock).
+fn seconds_since(time: DateTime<Utc>) -> f64 {
+    ((Utc::now() - time).num_milliseconds() as f64 / 1000.0).max(0.0)
 }
 
 /// Counts by table and operation, gathered while a batch is encoded and added to the

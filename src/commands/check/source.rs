@@ -282,15 +282,14 @@ pub(super) fn check_agent(report: &mut Report, facts: &ServerFacts) {
             Fact::Unknown(why) => report.skip("capture job", format!("present; running: {why}")),
         }
     }
-    if let Fact::Known(jobs) = &facts.jobs
-        && let Some(settings) = jobs
+    if let Fact::Known(jobs) = &facts.jobs {
+        if let Some(settings) = jobs
             .iter()
             .find(|j| j.job_type == "capture")
             .and_then(|j| j.capture)
-    {
-        check_capture_settings(report, settings, &facts.log_scan);
-    }
-    if let Fact::Known(jobs) = &facts.jobs {
+        {
+            check_capture_settings(report, settings, &facts.log_scan);
+        }
         match jobs
             .iter()
             .find(|j| j.job_type == "cleanup")

@@ -52,7 +52,7 @@ use crate::source::{
 use uuid::Uuid;
 
 mod announcer;
-mod capture_job;
+mod cdc_jobs;
 mod ddl_text;
 mod iteration;
 mod load_runner;
@@ -64,8 +64,8 @@ pub use managed::{
 };
 
 use announcer::ShapeAnnouncer;
-use capture_job::CaptureJobWatch;
-pub use capture_job::Retention;
+use cdc_jobs::CdcJobsWatch;
+pub use cdc_jobs::Retention;
 use iteration::{Merge, last_before};
 use load_runner::LoadRunner;
 use managed::CaptureManager;
@@ -158,9 +158,10 @@ pub struct PollerConfig {
     /// (`event.allow_unmatched_column_rules`, or one of many databases), rather
     /// than refused at start.
     pub allow_unmatched_column_rules: bool,
-    /// How often the capture job's latest log scan session is read for the
-    /// metrics; `None` (no metrics served): never.
-    pub capture_job_every: Option<Duration>,
+    /// How often CDC's jobs (the capture job's latest log scan session, and the
+    /// cleanup job's retention every tenth time) are read for the metrics; `None`
+    /// (no metrics served): never.
+    pub cdc_jobs_every: Option<Duration>,
 }
 
 impl Default for PollerConfig {
@@ -183,7 +184,7 @@ impl Default for PollerConfig {
             enable_cdc: false,
             columns: Arc::default(),
             allow_unmatched_column_rules: false,
-            capture_job_every: None,
+            cdc_jobs_every: None,
         }
     }
 }
@@ -296,8 +297,8 @@ pub struct Poller<S> {
     loads: LoadRunner,
     /// Managed capture instances and `source.enable_cdc`.
     capture: CaptureManager,
-    /// The capture job's latest log scan session, for the metrics.
-    capture_job: CaptureJobWatch,
+    /// CDC's jobs as last read, for the metrics.
+    cdc_jobs: CdcJobsWatch,
     /// `CatalogChanged` errors in a row, each after the catalog was read again.
     catalog_changes_in_a_row: u32,
 }
@@ -338,7 +339,7 @@ impl<S: ChangeSource> Poller<S> {
             announcer,
             loads,
             capture,
-            capture_job: CaptureJobWatch::default(),
+            cdc_jobs: CdcJobsWatch::default(),
             catalog_changes_in_a_row: 0,
         }
     }
@@ -383,14 +384,14 @@ impl<S: ChangeSource> Poller<S> {
     }
 
     /// The capture job's latest log scan session, as last read (with
-    /// `capture_job_every`).
+    /// `cdc_jobs_every`).
     pub fn capture_job_scan(&self) -> Option<&crate::source::LogScan> {
-        self.capture_job.scan()
+        self.cdc_jobs.scan()
     }
 
-    /// The cleanup job's retention, as last read (with `capture_job_every`).
+    /// The cleanup job's retention, as last read (with `cdc_jobs_every`).
     pub fn cleanup_retention(&self) -> Retention {
-        self.capture_job.retention()
+        self.cdc_jobs.retention()
     }
 
     /// How many capture instances the poller reads.
@@ -409,8 +410,8 @@ impl<S: ChangeSource> Poller<S> {
     /// On error the poller can be polled again: it restarts the interrupted iteration
     /// from the last position it returned.
     pub async fn poll(&mut self) -> Result<PollOutcome, SourceError> {
-        if let Some(every) = self.config.capture_job_every {
-            self.capture_job.refresh(&mut self.source, every).await;
+        if let Some(every) = self.config.cdc_jobs_every {
+            self.cdc_jobs.refresh(&mut self.source, every).await;
         }
         let saved = (self.position.clone(), self.merge.restart_point());
         let result = match self.poll_inner().await {

@@ -456,12 +456,14 @@ impl Database {
         Ok(rows)
     }
 
+    /// The table `schema.name`.
+    fn table_named(&self, name: &str) -> Option<&Table> {
+        self.tables.iter().find(|t| t.name == name)
+    }
+
     /// The table's rows now (exact).
     pub(super) fn table_rows(&self, instance: &CaptureInstance) -> Option<u64> {
-        let name = instance.qualified_table();
-        self.tables
-            .iter()
-            .find(|t| t.name == name)
+        self.table_named(&instance.qualified_table())
             .map(|t| t.rows.len() as u64)
     }
 
@@ -478,11 +480,11 @@ impl Database {
             message: format!("read_table: {what}"),
         };
         let name = instance.qualified_table();
-        let t = self.tables.iter().find(|t| t.name == name).ok_or_else(|| {
-            SourceError::CatalogChanged {
+        let t = self
+            .table_named(&name)
+            .ok_or_else(|| SourceError::CatalogChanged {
                 message: format!("Invalid object name '{name}' (error 208)"),
-            }
-        })?;
+            })?;
         let wanted = wanted_columns(t, instance.emitted_columns().map(|c| c.column))?;
         let after = match cursor {
             TableCursor::Start => None,

@@ -13,20 +13,20 @@ use tokio::time::Instant;
 use chrono::{FixedOffset, NaiveDate, Offset as _, TimeZone};
 use uuid::Uuid;
 
-use crate::event::Value;
-use crate::event::value::{Length, SqlType};
-use crate::lsn::Lsn;
-use database::Database;
 pub mod bulk;
 mod database;
 pub mod server;
 
 pub use database::{Statement, Transaction};
 
+use crate::event::Value;
+use crate::event::value::{Length, SqlType};
+use crate::lsn::Lsn;
 use crate::source::{
     CaptureDdl, CaptureInstance, Catalog, CdcReads, ChangeRow, DdlEvent, FactReads, MaxLsn, Probe,
     ProbeResult, RowKey, SourceClock, SourceError, TableCursor, TableReads,
 };
+use database::Database;
 
 /// Settings of the synthetic workload.
 #[derive(Debug, Clone, PartialEq)]

@@ -28,10 +28,10 @@ pub enum Retention {
     Kept(Duration),
 }
 
-/// The capture job's last log scan session and the cleanup job's retention, as
-/// last read.
+/// CDC's jobs as last read: the capture job's last log scan session and the
+/// cleanup job's retention.
 #[derive(Debug)]
-pub(super) struct CaptureJobWatch {
+pub(super) struct CdcJobsWatch {
     /// When it was last asked (answered or not).
     asked_at: Option<Instant>,
     scan: Option<LogScan>,
@@ -42,9 +42,9 @@ pub(super) struct CaptureJobWatch {
     said_unknown: bool,
 }
 
-impl Default for CaptureJobWatch {
+impl Default for CdcJobsWatch {
     fn default() -> Self {
-        CaptureJobWatch {
+        CdcJobsWatch {
             asked_at: None,
             scan: None,
             retention: Retention::Unknown,
@@ -55,7 +55,7 @@ impl Default for CaptureJobWatch {
     }
 }
 
-impl CaptureJobWatch {
+impl CdcJobsWatch {
     /// Asks `source` for the session when `every` has passed since the last ask.
     pub(super) async fn refresh<S: FactReads>(&mut self, source: &mut S, every: Duration) {
         if self.asked_at.is_some_and(|at| at.elapsed() < every) {
@@ -160,7 +160,7 @@ mod tests {
             facts_asked: 0,
         };
         let every = Duration::from_secs(30);
-        let mut watch = CaptureJobWatch::default();
+        let mut watch = CdcJobsWatch::default();
         watch.refresh(&mut source, every).await;
         assert_eq!(watch.scan().map(|s| s.latency_seconds), Some(3));
         watch.refresh(&mut source, every).await;
@@ -198,7 +198,7 @@ mod tests {
             facts_asked: 0,
         };
         let every = Duration::from_secs(30);
-        let mut watch = CaptureJobWatch::default();
+        let mut watch = CdcJobsWatch::default();
         watch.refresh(&mut source, every).await;
         assert_eq!(
             watch.retention(),

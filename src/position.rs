@@ -81,6 +81,11 @@ pub struct Position {
     /// While any is here, no change is read.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub loads: BTreeMap<String, TableLoad>,
+    /// Per capture instance: its table's re-snapshot (`mssql-ces snapshot`) that has
+    /// not finished. Changes are read meanwhile. Absent in checkpoints written
+    /// before it (format 6).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub resnapshots: BTreeMap<String, Resnapshot>,
     /// The [`TableLoad::logical_base`] the next table load takes: every load of the
     /// stream's life gets a range of its own, so loaded rows of different tables at
     /// one LSN never share a `logicalid`.
@@ -252,6 +257,19 @@ impl Position {
             .or_insert(Lsn::ZERO);
         *current = (*current).max(through);
     }
+}
+
+/// A table read again while its changes stream on, as the checkpoint records it:
+/// a [`TableLoad`] at the LSN it was asked at, and its progress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resnapshot {
+    #[serde(flatten)]
+    pub load: TableLoad,
+    /// Chunks sent so far.
+    pub chunks: u64,
+    /// Rows read but not sent, because a change of the same key streamed while
+    /// their chunk waited for its window to close.
+    pub superseded: u64,
 }
 
 /// A table's load that has not finished, as the checkpoint records it.

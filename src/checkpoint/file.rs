@@ -272,7 +272,23 @@ mod tests {
                 },
             )]
             .into(),
-            next_load_base: 2 << 40,
+            resnapshots: [(
+                "dbo_Orders".to_string(),
+                crate::position::Resnapshot {
+                    load: crate::position::TableLoad {
+                        table: "dbo.Orders".into(),
+                        at: Lsn::from_parts(0xB1, 0x8A8, 7),
+                        commit_time_ns: 1_786_120_000_456_000_000,
+                        after: Some(vec![Some("17".into())]),
+                        rows: 300,
+                        logical_base: 2 << 40,
+                    },
+                    chunks: 3,
+                    superseded: 2,
+                },
+            )]
+            .into(),
+            next_load_base: 3 << 40,
             commit_clock_ns: Some(1_790_000_000_123_456_789),
             table_versions: [(
                 "dbo.Orders".to_string(),

@@ -54,10 +54,12 @@ pub struct Checkpoint {
 /// - 5: adds each table version's `since` and `columns` (the shape a schema-change
 ///   event described); a release that knows only version 4 refuses the document
 ///   by name rather than re-send a schema-change event with another shape before.
-pub const CHECKPOINT_VERSION: u32 = 5;
+/// - 6: adds `resnapshots`, the re-snapshots under way; a release that knows only
+///   version 5 refuses the document by name rather than dropping one.
+pub const CHECKPOINT_VERSION: u32 = 6;
 
-/// The oldest format this release reads: every version-1 to version-4 document is
-/// a valid version-5 position (no version removed a field, and the ones they added
+/// The oldest format this release reads: every version-1 to version-5 document is
+/// a valid version-6 position (no version removed a field, and the ones they added
 /// default to 0 or absent).
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 
@@ -389,12 +391,12 @@ mod tests {
 
     #[test]
     fn a_newer_version_is_refused_by_name() {
-        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 6", 1);
+        let newer = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 7", 1);
         let err = parse(&newer, "default", "cp.json").unwrap_err();
         assert!(
             matches!(
                 &err,
-                CheckpointError::NewerVersion { location, found: 6, oldest, newest }
+                CheckpointError::NewerVersion { location, found: 7, oldest, newest }
                     if location == "cp.json"
                         && *oldest == OLDEST_READABLE_VERSION
                         && *newest == CHECKPOINT_VERSION
@@ -403,7 +405,9 @@ mod tests {
         );
         let text = err.to_string();
         assert!(
-            text.contains("version 6") && text.contains("newer mssql-ces"),
+            text.contains("version 7")
+                && text.contains("versions 1 to 6")
+                && text.contains("newer mssql-ces"),
             "{text}"
         );
         let older = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 0", 1);
@@ -541,14 +545,15 @@ mod tests {
     }
 
     #[test]
-    fn the_version_this_release_writes_is_5() {
+    fn the_version_this_release_writes_is_6() {
         // An older release compares the version with the one it writes and refuses
         // a newer one by name: the bumps keep it from cutting back a file it cannot
         // tell is the checkpoint's (3), reading a repeated hour otherwise (4) or
-        // re-sending a schema-change event with another shape before (5).
-        assert_eq!(CHECKPOINT_VERSION, 5);
+        // re-sending a schema-change event with another shape before (5), or
+        // dropping a re-snapshot under way (6).
+        assert_eq!(CHECKPOINT_VERSION, 6);
         let text = render("s", &Position::default(), "x").expect("renders");
         let value: serde_json::Value = serde_json::from_str(&text).expect("json");
-        assert_eq!(value["version"], 5);
+        assert_eq!(value["version"], 6);
     }
 }

@@ -284,6 +284,10 @@ pub enum Origin {
     Load {
         id_seed: Uuid,
         logical_sequence: u64,
+        /// Read by a re-snapshot while changes streamed (`mssql-ces snapshot`), not
+        /// by the initial load: the same CES event, and Debezium's
+        /// `snapshot = "incremental"`.
+        incremental: bool,
     },
 }
 

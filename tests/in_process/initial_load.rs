@@ -16,7 +16,7 @@ use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 use uuid::Uuid;
 
-const GUID: Uuid = Uuid::from_u128(0x1bf2_756a_c15f_4d2e_a2d5_7d3f_9dbf_85b0);
+pub(crate) const GUID: Uuid = Uuid::from_u128(0x1bf2_756a_c15f_4d2e_a2d5_7d3f_9dbf_85b0);
 
 fn config(mode: SnapshotMode, chunk: usize) -> PollerConfig {
     PollerConfig {
@@ -29,7 +29,7 @@ fn config(mode: SnapshotMode, chunk: usize) -> PollerConfig {
 }
 
 /// `dbo.items` (int key) and `dbo.pairs` (two-column key, text second).
-fn database() -> CdcSimulator {
+pub(crate) fn database() -> CdcSimulator {
     let sim = CdcSimulator::new("shop", GUID, 0);
     sim.create_table(
         "dbo",
@@ -54,19 +54,19 @@ fn database() -> CdcSimulator {
     sim
 }
 
-fn item(id: i32, name: &str, qty: i32) -> Vec<Value> {
+pub(crate) fn item(id: i32, name: &str, qty: i32) -> Vec<Value> {
     vec![Value::Int(id), Value::Text(name.into()), Value::Int(qty)]
 }
 
-fn pair(a: i32, b: &str, v: i64) -> Vec<Value> {
+pub(crate) fn pair(a: i32, b: &str, v: i64) -> Vec<Value> {
     vec![Value::Int(a), Value::Text(b.into()), Value::BigInt(v)]
 }
 
 /// xorshift: the seed is printed when an assertion fails.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -75,9 +75,9 @@ impl Rng {
 }
 
 /// A table's rows as a consumer keeps them: key text → column name → value text.
-type Copy = BTreeMap<String, BTreeMap<Vec<String>, BTreeMap<String, Option<String>>>>;
+pub(crate) type Copy = BTreeMap<String, BTreeMap<Vec<String>, BTreeMap<String, Option<String>>>>;
 
-fn key_of(change: &Change, row: &[Value]) -> Vec<String> {
+pub(crate) fn key_of(change: &Change, row: &[Value]) -> Vec<String> {
     change
         .table
         .key()
@@ -86,7 +86,7 @@ fn key_of(change: &Change, row: &[Value]) -> Vec<String> {
         .collect()
 }
 
-fn as_map(change: &Change, row: &[Value]) -> BTreeMap<String, Option<String>> {
+pub(crate) fn as_map(change: &Change, row: &[Value]) -> BTreeMap<String, Option<String>> {
     change
         .table
         .columns()
@@ -98,7 +98,7 @@ fn as_map(change: &Change, row: &[Value]) -> BTreeMap<String, Option<String>> {
 
 /// Applies events per key in order: upsert on INS/UPD (an UPD that changed the key
 /// removes the old one), delete on DEL.
-fn apply(copy: &mut Copy, change: &Change) {
+pub(crate) fn apply(copy: &mut Copy, change: &Change) {
     let table = copy.entry(change.table.qualified_name()).or_default();
     if let Some(old) = &change.old {
         table.remove(&key_of(change, old));
@@ -108,7 +108,7 @@ fn apply(copy: &mut Copy, change: &Change) {
     }
 }
 
-fn contents(
+pub(crate) fn contents(
     sim: &CdcSimulator,
     table: &str,
 ) -> BTreeMap<Vec<String>, BTreeMap<String, Option<String>>> {
@@ -132,7 +132,7 @@ fn contents(
 }
 
 /// One random transaction: inserts, updates, deletes and key changes on both tables.
-fn random_write(sim: &CdcSimulator, rng: &mut Rng, next_id: &mut i32) {
+pub(crate) fn random_write(sim: &CdcSimulator, rng: &mut Rng, next_id: &mut i32) {
     let items: Vec<i32> = sim
         .table_contents("dbo.items")
         .iter()
@@ -217,7 +217,10 @@ fn random_write(sim: &CdcSimulator, rng: &mut Rng, next_id: &mut i32) {
 }
 
 /// Events until the poller is idle, with `between` run after every batch.
-async fn drain(poller: &mut Poller<CdcSimulator>, mut between: impl FnMut(usize)) -> Vec<Change> {
+pub(crate) async fn drain<S: mssql_ces::source::ChangeSource>(
+    poller: &mut Poller<S>,
+    mut between: impl FnMut(usize),
+) -> Vec<Change> {
     let mut out = Vec::new();
     let mut polls = 0;
     loop {
@@ -233,7 +236,7 @@ async fn drain(poller: &mut Poller<CdcSimulator>, mut between: impl FnMut(usize)
     }
 }
 
-fn encoder() -> Encoder {
+pub(crate) fn encoder() -> Encoder {
     Encoder::new(EncoderOptions {
         stream_guid: GUID,
         encoding: Encoding::Json,
@@ -242,7 +245,7 @@ fn encoder() -> Encoder {
     })
 }
 
-fn is_loaded(change: &Change) -> bool {
+pub(crate) fn is_loaded(change: &Change) -> bool {
     matches!(change.origin, Origin::Load { .. })
 }
 

@@ -29,6 +29,7 @@ mod many_databases;
 mod pipeline_faults;
 mod query_cost;
 mod readback;
+mod resnapshot;
 mod schema_change_events;
 mod schema_changes;
 mod schema_registry;

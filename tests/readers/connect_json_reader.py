@@ -177,8 +177,9 @@ def main(path):
             if not LSN.match(source["commit_lsn"]):
                 raise Invalid("commit_lsn is not xxxxxxxx:xxxxxxxx:xxxx")
             if op == "r":
-                if source["snapshot"] != "true" or source["change_lsn"] is not None:
-                    raise Invalid("a read without snapshot=true")
+                # An initial load's row, or a re-snapshot's.
+                if source["snapshot"] not in ("true", "incremental") or source["change_lsn"] is not None:
+                    raise Invalid("a read without snapshot=true or incremental")
             else:
                 if source["snapshot"] != "false" or not LSN.match(source["change_lsn"]):
                     raise Invalid("a change without its change_lsn")

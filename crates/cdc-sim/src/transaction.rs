@@ -63,45 +63,33 @@ impl Transaction {
         let commit_lsn = state.next_lsn();
         let end_time = datetime(state.now);
         let mut seqvals = seqvals.into_iter();
-        let mut images = Vec::new();
-        for (command, statement) in self.statements.into_iter().enumerate() {
-            let command_id = i32::try_from(command + 1).unwrap_or(i32::MAX);
-            for row_statement in statement {
-                let seqval = seqvals.next().unwrap_or(commit_lsn);
-                let image = |table: String, operation, columns, old, new, changed| Image {
-                    table,
-                    operation,
-                    command_id,
-                    seqval,
-                    columns,
-                    old,
-                    new,
-                    changed,
-                };
-                let (table, operation, old, new, changed) = match row_statement {
-                    Statement::Insert(table, row) => {
-                        insert_row(table_mut(&mut state, &table)?, &table, &row)?;
-                        (table, op::INSERT, None, Some(row), None)
+        let mut undo = Vec::new();
+        let images = match apply(
+            &mut state,
+            self.statements,
+            &mut seqvals,
+            commit_lsn,
+            &mut undo,
+        ) {
+            Ok(images) => images,
+            Err(refused) => {
+                // A statement failed: the transaction rolls back whole, as SQL
+                // Server's does, and the log never holds it.
+                for (table, step) in undo.into_iter().rev() {
+                    if let Ok(t) = table_mut(&mut state, &table) {
+                        match step {
+                            Undo::Remove(key) => {
+                                t.rows.remove(&key);
+                            }
+                            Undo::Restore(key, row) => {
+                                t.rows.insert(key, row);
+                            }
+                        }
                     }
-                    Statement::Update(table, key_values, set) => {
-                        let t = table_mut(&mut state, &table)?;
-                        let (old, new, changed) = update_row(t, &table, &key_values, set)?;
-                        (table, op::UPDATE_AFTER, Some(old), Some(new), Some(changed))
-                    }
-                    Statement::Delete(table, key_values) => {
-                        let t = table_mut(&mut state, &table)?;
-                        let key = sort_key(&key_values);
-                        let old = t
-                            .rows
-                            .remove(&key)
-                            .ok_or(format!("{table}: no row {key:?}"))?;
-                        (table, op::DELETE, Some(old), None, None)
-                    }
-                };
-                let columns = table_mut(&mut state, &table)?.column_ids();
-                images.push(image(table, operation, columns, old, new, changed));
+                }
+                return Err(refused);
             }
-        }
+        };
         state.log.push(LogRecord::Commit {
             commit_lsn,
             begin_lsn,
@@ -113,6 +101,71 @@ impl Transaction {
         }
         Ok(commit_lsn)
     }
+}
+
+/// What rolls a statement's effect on a table back.
+enum Undo {
+    Remove(SortKey),
+    Restore(SortKey, Vec<Value>),
+}
+
+/// Applies `statements` to the tables, each row's effect undoable through `undo`
+/// (per table, in order), and returns the log's images of them.
+fn apply(
+    state: &mut SimState,
+    statements: Vec<Vec<Statement>>,
+    seqvals: &mut impl Iterator<Item = Lsn>,
+    commit_lsn: Lsn,
+    undo: &mut Vec<(String, Undo)>,
+) -> Result<Vec<Image>, String> {
+    let mut images = Vec::new();
+    for (command, statement) in statements.into_iter().enumerate() {
+        let command_id = i32::try_from(command + 1).unwrap_or(i32::MAX);
+        for row_statement in statement {
+            let seqval = seqvals.next().unwrap_or(commit_lsn);
+            let image = |table: String, operation, columns, old, new, changed| Image {
+                table,
+                operation,
+                command_id,
+                seqval,
+                columns,
+                old,
+                new,
+                changed,
+            };
+            let (table, operation, old, new, changed) = match row_statement {
+                Statement::Insert(table, row) => {
+                    let key = insert_row(table_mut(state, &table)?, &table, &row)?;
+                    undo.push((table.clone(), Undo::Remove(key)));
+                    (table, op::INSERT, None, Some(row), None)
+                }
+                Statement::Update(table, key_values, set) => {
+                    let t = table_mut(state, &table)?;
+                    let (old, new, changed) = update_row(t, &table, &key_values, set)?;
+                    // Undone last step first: the new key goes, then the old row is back.
+                    undo.push((
+                        table.clone(),
+                        Undo::Restore(sort_key(&key_values), old.clone()),
+                    ));
+                    undo.push((table.clone(), Undo::Remove(t.key_of(&new))));
+                    (table, op::UPDATE_AFTER, Some(old), Some(new), Some(changed))
+                }
+                Statement::Delete(table, key_values) => {
+                    let t = table_mut(state, &table)?;
+                    let key = sort_key(&key_values);
+                    let old = t
+                        .rows
+                        .remove(&key)
+                        .ok_or(format!("{table}: no row {key:?}"))?;
+                    undo.push((table.clone(), Undo::Restore(key, old.clone())));
+                    (table, op::DELETE, Some(old), None, None)
+                }
+            };
+            let columns = table_mut(state, &table)?.column_ids();
+            images.push(image(table, operation, columns, old, new, changed));
+        }
+    }
+    Ok(images)
 }
 
 /// `__$update_mask`: all captured columns for inserts and deletes, the changed ones
@@ -138,8 +191,9 @@ fn table_mut<'a>(state: &'a mut SimState, table: &str) -> Result<&'a mut SimTabl
         .ok_or(format!("no table {table}"))
 }
 
-/// `INSERT`: the row, refused when its key is taken.
-fn insert_row(t: &mut SimTable, table: &str, row: &[Value]) -> Result<(), String> {
+/// `INSERT`: the row, refused when its key is taken; returns the key it is stored
+/// under.
+fn insert_row(t: &mut SimTable, table: &str, row: &[Value]) -> Result<SortKey, String> {
     if row.len() != t.columns.len() {
         return Err(format!(
             "{table}: {} values for {} columns",
@@ -151,8 +205,8 @@ fn insert_row(t: &mut SimTable, table: &str, row: &[Value]) -> Result<(), String
     if t.rows.contains_key(&key) {
         return Err(format!("{table}: duplicate key {key:?}"));
     }
-    t.rows.insert(key, row.to_vec());
-    Ok(())
+    t.rows.insert(key.clone(), row.to_vec());
+    Ok(key)
 }
 
 /// A row before and after an update, and the ids of the columns set.

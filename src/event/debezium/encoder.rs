@@ -312,10 +312,12 @@ impl DebeziumEncoder {
         let commit = change.commit_time;
         push_times(&mut p, "ts_ms", commit, TimeField::Millis);
         p.push_str(",\"snapshot\":");
-        p.push_str(if serial.is_none() {
-            "\"true\""
-        } else {
-            "\"false\""
+        p.push_str(match change.origin {
+            Origin::Load {
+                incremental: true, ..
+            } => "\"incremental\"",
+            Origin::Load { .. } => "\"true\"",
+            Origin::Cdc => "\"false\"",
         });
         p.push_str(",\"db\":");
         write_string(&mut p, change.table.database());

@@ -15,7 +15,7 @@
 //!   for changes (the schema's default, which JsonConverter writes for the unset
 //!   field) and `"true"` for loaded rows (Debezium marks the first and last rows
 //!   `first`/`last`; a load here is read in chunks and resumable, so every row is
-//!   `true`). `sequence` is always null, as Debezium's SQL Server connector leaves
+//!   `true`), `"incremental"` for a re-snapshot's rows. `sequence` is always null, as Debezium's SQL Server connector leaves
 //!   it. `change_lsn` is `__$seqval`, `commit_lsn` `__$start_lsn`, both lower-case
 //!   `xxxxxxxx:xxxxxxxx:xxxx`; for a loaded row `change_lsn` and `event_serial_no`
 //!   are null and `commit_lsn` is the load's LSN. `event_serial_no` is 1 for an
@@ -293,6 +293,35 @@ mod tests {
         change.change_lsn = Lsn::from_parts(0x27, 0x758, 3);
         change.commit_time = chrono::Utc.timestamp_millis_opt(1_559_729_468_470).unwrap();
         change
+    }
+
+    /// A loaded row reads as `op` `r`, with `snapshot` `true` from the initial load
+    /// and `incremental` from a re-snapshot (as Debezium's incremental snapshots mark
+    /// theirs); a change is `false`.
+    #[test]
+    fn loaded_rows_say_which_snapshot_read_them() {
+        let snapshot_of = |origin| {
+            let mut change = john();
+            change.origin = origin;
+            let records = encoder(server1()).encode(&change).unwrap();
+            let v: serde_json::Value =
+                serde_json::from_slice(records[0].value.as_ref().unwrap()).unwrap();
+            (
+                v["payload"]["op"].clone(),
+                v["payload"]["source"]["snapshot"].clone(),
+            )
+        };
+        let load = |incremental| crate::event::Origin::Load {
+            id_seed: Uuid::nil(),
+            logical_sequence: 1,
+            incremental,
+        };
+        assert_eq!(snapshot_of(load(false)), ("r".into(), "true".into()));
+        assert_eq!(snapshot_of(load(true)), ("r".into(), "incremental".into()));
+        assert_eq!(
+            snapshot_of(crate::event::Origin::Cdc),
+            ("c".into(), "false".into())
+        );
     }
 
     /// The insert of Debezium's documentation, as its code and Kafka's JsonConverter

@@ -611,7 +611,7 @@ impl LoadRunner {
 
 /// A chunk's rows as `INS` events of the load, numbered after the rows already
 /// sent; the load's resume key moves to the last of them. `guid` is the stream's.
-fn loaded_changes(
+pub(super) fn loaded_changes(
     guid: Uuid,
     name: &str,
     table: &Arc<crate::event::TableDescription>,
@@ -677,6 +677,7 @@ fn loaded_changes(
             origin: Origin::Load {
                 id_seed,
                 logical_sequence,
+                incremental: false,
             },
         });
     }
@@ -688,7 +689,7 @@ fn loaded_changes(
 /// load's keyset resumes after. Empty for a table without a key; an error when a key
 /// column is not emitted (a type CES leaves out), as its values could not be passed
 /// back.
-fn key_positions(instance: &CaptureInstance) -> Result<Vec<usize>, SourceError> {
+pub(super) fn key_positions(instance: &CaptureInstance) -> Result<Vec<usize>, SourceError> {
     let emitted: Vec<&str> = instance
         .emitted_columns()
         .map(|e| e.column.name.as_str())

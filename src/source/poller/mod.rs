@@ -57,6 +57,7 @@ mod ddl_text;
 mod iteration;
 mod load_runner;
 mod managed;
+mod resnapshot;
 mod tracking;
 
 pub use managed::{
@@ -69,6 +70,10 @@ pub use cdc_jobs::Retention;
 use iteration::{Merge, last_before};
 use load_runner::LoadRunner;
 use managed::CaptureManager;
+use resnapshot::Resnapshots;
+pub use resnapshot::{
+    ResnapshotStatus, SnapshotAccepted, SnapshotHandle, SnapshotRefused, SnapshotRequest,
+};
 use tracking::CatalogTracker;
 
 /// What to do when changes were purged before they were delivered.
@@ -295,6 +300,8 @@ pub struct Poller<S> {
     announcer: ShapeAnnouncer,
     /// The initial load's (and re-loads') runs in this process.
     loads: LoadRunner,
+    /// Re-snapshots asked for while streaming: the requests and the chunk held.
+    resnapshots: Resnapshots,
     /// Managed capture instances and `source.enable_cdc`.
     capture: CaptureManager,
     /// CDC's jobs as last read, for the metrics.
@@ -338,6 +345,7 @@ impl<S: ChangeSource> Poller<S> {
             tracker: CatalogTracker::new(),
             announcer,
             loads,
+            resnapshots: Resnapshots::default(),
             capture,
             cdc_jobs: CdcJobsWatch::default(),
             catalog_changes_in_a_row: 0,
@@ -432,6 +440,7 @@ impl<S: ChangeSource> Poller<S> {
             // Whatever failed, the catalog may be why: read it again first.
             self.tracker.mark_stale();
             self.loads.break_passes();
+            self.resnapshots.discard_held();
         }
         match result {
             Err(SourceError::CatalogChanged { message }) => {
@@ -455,6 +464,11 @@ impl<S: ChangeSource> Poller<S> {
 
     async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
         if !self.merge.in_iteration() {
+            if self.answer_snapshot_requests().await? {
+                // Out in a batch of its own: the re-snapshot is in the checkpoint
+                // once that is delivered.
+                return Ok(PollOutcome::Batch(self.position_batch(Vec::new()).await?));
+            }
             if self.loads.needs_plan() {
                 if !self.plan_load().await? {
                     return Err(SourceError::transient(
@@ -474,6 +488,9 @@ impl<S: ChangeSource> Poller<S> {
                     );
                 }
                 return Ok(PollOutcome::Idle);
+            }
+            if let Some(batch) = self.resnapshot_step().await? {
+                return Ok(PollOutcome::Batch(batch));
             }
             // Progress is what the stream has read; recording the identity is not.
             // Compared by a summary, not a copy: an idle poll with a thousand capture
@@ -495,6 +512,7 @@ impl<S: ChangeSource> Poller<S> {
         let mut changes = Vec::new();
         let to = self.merge.reading_to().unwrap_or(Lsn::ZERO);
         self.fill(&mut changes).await?;
+        self.resnapshots.supersede(&changes);
         Ok(PollOutcome::Batch(Batch {
             changes,
             schema_changes: self

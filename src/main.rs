@@ -54,6 +54,11 @@ enum Command {
     /// check order and completeness, print one JSON line per event, and a summary on
     /// stderr. Exit 1 when something could not be read.
     Read(ReadArgs),
+    /// Ask the stream running with this configuration to read tables again while
+    /// their changes stream on (a re-snapshot), through its metrics server
+    /// (`metrics.admin`). Nothing is written to the database; the stream records
+    /// the re-snapshot in its checkpoint. Exit 1 when a table was refused.
+    Snapshot(SnapshotArgs),
     /// Print the configuration's JSON Schema (every setting, its default, bounds and
     /// documentation), for editors that check TOML against one (Taplo, VS Code's
     /// Even Better TOML: `#:schema ./mssql-ces.schema.json` at the file's top).
@@ -114,6 +119,19 @@ struct ReadArgs {
 enum Isolation {
     ReadCommitted,
     ReadUncommitted,
+}
+
+#[derive(Debug, clap::Args)]
+struct SnapshotArgs {
+    #[command(flatten)]
+    settings: ConfigArgs,
+    /// A table to re-snapshot, as `schema.table` (repeatable).
+    #[arg(long = "table", required = true)]
+    tables: Vec<String>,
+    /// With `source.databases`: the database whose table it is (default: every
+    /// database being read that has such a table).
+    #[arg(long)]
+    database: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -196,6 +214,7 @@ fn main() -> ExitCode {
         Command::Read(args) => return read(&args),
         Command::Check(args) => return check(&args),
         Command::Probe(args) => return probe(&args),
+        Command::Snapshot(args) => return snapshot(&args),
         Command::Schema => return schema(),
     };
     let (config, notices) = match load_config(&args.settings).and_then(|(config, notices)| {
@@ -531,7 +550,6 @@ fn schema() -> ExitCode {
 }
 
 fn probe(args: &ProbeArgs) -> ExitCode {
-    use std::io::{Read as _, Write as _};
     let timeout = Duration::from_secs(5);
     if !args.path.starts_with('/') {
         eprintln!(
@@ -552,20 +570,12 @@ fn probe(args: &ProbeArgs) -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    let answer = (|| -> std::io::Result<String> {
-        let address = std::net::ToSocketAddrs::to_socket_addrs(&args.address)?
-            .next()
-            .ok_or_else(|| std::io::Error::other("no address"))?;
-        let mut stream = std::net::TcpStream::connect_timeout(&address, timeout)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        // One write: the request in one segment.
-        let request = format!("GET {} HTTP/1.0\r\nHost: localhost\r\n\r\n", args.path);
-        stream.write_all(request.as_bytes())?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response)
-    })();
+    let answer = std::net::ToSocketAddrs::to_socket_addrs(&args.address)
+        .and_then(|mut a| a.next().ok_or_else(|| std::io::Error::other("no address")))
+        .and_then(|address| {
+            let request = format!("GET {} HTTP/1.0\r\nHost: localhost\r\n\r\n", args.path);
+            mssql_ces::commands::snapshot::exchange(&address, &request, timeout)
+        });
     match answer {
         Ok(response) => {
             let status_line = response.lines().next().unwrap_or("");
@@ -590,6 +600,41 @@ fn probe(args: &ProbeArgs) -> ExitCode {
         Err(e) => {
             eprintln!("error: {}{}: {e}", args.address, args.path);
             ExitCode::from(1)
+        }
+    }
+}
+
+/// `mssql-ces snapshot`: one line per table, the stream's answer; exit 1 when one
+/// was refused, 2 when the configuration does not allow asking.
+fn snapshot(args: &SnapshotArgs) -> ExitCode {
+    let (config, _) = match load_config(&args.settings) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("error: {}", Chain(e.as_ref()));
+            return ExitCode::from(2);
+        }
+    };
+    match mssql_ces::commands::snapshot::request(&config, args.database.as_deref(), &args.tables) {
+        Ok(answers) => {
+            for answer in &answers {
+                if answer.accepted {
+                    println!("{}", answer.text);
+                } else {
+                    eprintln!("{}: {}", answer.table, answer.text);
+                }
+            }
+            if answers.iter().all(|a| a.accepted) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {}", Chain(&e));
+            ExitCode::from(match e {
+                mssql_ces::commands::snapshot::SnapshotCommandError::Unreachable { .. } => 1,
+                _ => 2,
+            })
         }
     }
 }

@@ -367,9 +367,14 @@ async fn serve_metrics(
     let local = listener
         .local_addr()
         .map_or_else(|_| address.to_string(), |a| a.to_string());
-    tracing::info!(listen = %local, "serving /metrics, /healthz and /readyz (metrics.listen)");
+    let admin = config.metrics.admin;
+    if admin == crate::config::AdminAccess::Off {
+        tracing::info!(listen = %local, "serving /metrics, /healthz and /readyz (metrics.listen)");
+    } else {
+        tracing::info!(listen = %local, admin = ?admin, "serving /metrics, /healthz, /readyz and POST /snapshot/<schema.table> (metrics.listen, metrics.admin)");
+    }
     tokio::spawn(async move {
-        if let Err(e) = crate::metrics::serve(listener, metrics, stop).await {
+        if let Err(e) = crate::metrics::serve(listener, metrics, admin, stop).await {
             tracing::warn!(error = %crate::error::Chain(&e), "the metrics server stopped");
         }
     });

@@ -475,6 +475,24 @@ pub struct MetricsSettings {
     )]
     #[schemars(with = "u64", range(min = 1))]
     pub stalled_after: Duration,
+    /// `POST /snapshot/<schema.table>` on the metrics server (what `mssql-ces
+    /// snapshot` calls): `off`, answered only from this machine (`loopback`), or
+    /// from anyone who reaches `metrics.listen` (`any`).
+    #[serde(default)]
+    pub admin: AdminAccess,
+}
+
+/// Who may ask the metrics server for a re-snapshot (`metrics.admin`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AdminAccess {
+    /// No admin endpoint.
+    #[default]
+    Off,
+    /// Requests from a loopback address only; others are refused (403).
+    Loopback,
+    /// Requests from anywhere `metrics.listen` is reachable.
+    Any,
 }
 
 impl Default for MetricsSettings {
@@ -482,6 +500,7 @@ impl Default for MetricsSettings {
         MetricsSettings {
             listen: None,
             stalled_after: default_stalled_after_ms(),
+            admin: AdminAccess::Off,
         }
     }
 }
@@ -494,6 +513,12 @@ impl MetricsSettings {
     /// The address to listen on, checked.
     pub fn listen_address(&self) -> Result<Option<std::net::SocketAddr>, ConfigError> {
         let Some(listen) = &self.listen else {
+            if self.admin != AdminAccess::Off {
+                return Err(invalid(
+                    "metrics.admin",
+                    "the admin endpoint is served by the metrics server: set metrics.listen too (e.g. \"127.0.0.1:9187\")".to_owned(),
+                ));
+            }
             return Ok(None);
         };
         listen.parse().map(Some).map_err(|_| {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::routing::get;
+use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -31,8 +31,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+mod admin;
 mod set;
 pub use set::{MetricsSet, Observed, merge};
+
+use crate::config::AdminAccess;
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{Operation, TableDescription};
@@ -110,6 +113,12 @@ pub struct Metrics {
     load_rows_estimated: Family<Table, Gauge>,
     load_rows_per_second: Family<Table, FloatGauge>,
     load_tables: Gauge,
+    resnapshot_rows: Family<Table, Gauge>,
+    resnapshot_chunks: Family<Table, Gauge>,
+    resnapshot_superseded: Family<Table, Gauge>,
+    resnapshot_tables: Gauge,
+    /// Where `POST /snapshot/…` hands its requests: the running poller's.
+    snapshots: Mutex<Option<crate::source::poller::SnapshotHandle>>,
     table_shape_version: Family<Table, Gauge>,
     schema_change_events: Family<Table, Counter>,
     capture_actions: Family<Action, Counter>,
@@ -240,6 +249,11 @@ impl Metrics {
             load_rows_estimated: Family::default(),
             load_rows_per_second: Family::default(),
             load_tables: Gauge::default(),
+            resnapshot_rows: Family::default(),
+            resnapshot_chunks: Family::default(),
+            resnapshot_superseded: Family::default(),
+            resnapshot_tables: Gauge::default(),
+            snapshots: Mutex::new(None),
             table_shape_version: Family::default(),
             schema_change_events: Family::default(),
             capture_actions: Family::default(),
@@ -436,6 +450,26 @@ impl Metrics {
             m.load_tables.clone(),
         );
         ours.register(
+            "resnapshot_tables",
+            "Tables being re-snapshotted (mssql-ces snapshot) while their changes stream",
+            m.resnapshot_tables.clone(),
+        );
+        ours.register(
+            "resnapshot_rows",
+            "Rows a table's re-snapshot has sent (kept after it finishes, until the next)",
+            m.resnapshot_rows.clone(),
+        );
+        ours.register(
+            "resnapshot_chunks",
+            "Chunks a table's re-snapshot has sent (kept after it finishes, until the next)",
+            m.resnapshot_chunks.clone(),
+        );
+        ours.register(
+            "resnapshot_superseded_rows",
+            "Rows a table's re-snapshot read but did not send, because a change of the same key streamed while their chunk waited",
+            m.resnapshot_superseded.clone(),
+        );
+        ours.register(
             "table_shape_version",
             "Version of the shape (columns, types, key) of each table's events read: 1 for the first, one more for each change",
             m.table_shape_version.clone(),
@@ -535,6 +569,44 @@ impl Metrics {
                 .get_or_create(&table)
                 .set(load.rows_per_second);
         }
+    }
+
+    /// The re-snapshots under way, after a poll. A finished table's series keep
+    /// their last values (its rows, chunks, superseded rows) until it is asked again.
+    pub fn set_resnapshots(&self, running: &[crate::source::poller::ResnapshotStatus]) {
+        if running.is_empty() && self.resnapshot_tables.get() == 0 {
+            return;
+        }
+        let tables = running.iter().filter(|r| r.running).count();
+        self.resnapshot_tables
+            .set(i64::try_from(tables).unwrap_or(i64::MAX));
+        for r in running {
+            let table = Table {
+                table: r.table.clone(),
+            };
+            let set = |family: &Family<Table, Gauge>, value: u64| {
+                family
+                    .get_or_create(&table)
+                    .set(i64::try_from(value).unwrap_or(i64::MAX));
+            };
+            set(&self.resnapshot_rows, r.rows);
+            set(&self.resnapshot_chunks, r.chunks);
+            set(&self.resnapshot_superseded, r.superseded);
+        }
+    }
+
+    /// The running poller's re-snapshot requests go to `handle` (`None`: no stream
+    /// runs).
+    pub fn set_snapshot_handle(&self, handle: Option<crate::source::poller::SnapshotHandle>) {
+        *self.snapshots.lock().unwrap_or_else(|e| e.into_inner()) = handle;
+    }
+
+    /// Where re-snapshot requests go now, if a stream runs.
+    pub fn snapshot_handle(&self) -> Option<crate::source::poller::SnapshotHandle> {
+        self.snapshots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, RunState> {
@@ -870,25 +942,45 @@ pub async fn bind(address: std::net::SocketAddr) -> Result<tokio::net::TcpListen
         })
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` until `stop` is cancelled.
+/// Serves `/metrics`, `/healthz` and `/readyz` until `stop` is cancelled, and with
+/// `admin` not off `POST /snapshot/…` ([`admin`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<dyn Observed>,
+    admin: AdminAccess,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = axum::Router::new()
+    let mut app = axum::Router::new()
         .route("/metrics", get(metrics_page))
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(metrics);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
+        .route("/readyz", get(readyz));
+    if admin != AdminAccess::Off {
+        app = app
+            .route("/snapshot/{table}", post(admin::snapshot_table))
+            .route(
+                "/snapshot/{database}/{table}",
+                post(admin::snapshot_database_table),
+            );
+    }
+    let app = app.with_state(Served { metrics, admin });
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(stop.cancelled_owned())
+    .await
+}
+
+/// What the handlers answer from.
+#[derive(Clone)]
+struct Served {
+    metrics: Arc<dyn Observed>,
+    admin: AdminAccess,
 }
 
 type Page = (StatusCode, [(header::HeaderName, &'static str); 1], String);
 
-async fn metrics_page(State(metrics): State<Arc<dyn Observed>>) -> Page {
+async fn metrics_page(State(Served { metrics, .. }): State<Served>) -> Page {
     (
         StatusCode::OK,
         [(
@@ -911,11 +1003,11 @@ fn probe(result: Result<String, String>) -> Page {
     )
 }
 
-async fn healthz(State(metrics): State<Arc<dyn Observed>>) -> Page {
+async fn healthz(State(Served { metrics, .. }): State<Served>) -> Page {
     probe(metrics.health())
 }
 
-async fn readyz(State(metrics): State<Arc<dyn Observed>>) -> Page {
+async fn readyz(State(Served { metrics, .. }): State<Served>) -> Page {
     probe(metrics.readiness())
 }
 

@@ -14,6 +14,12 @@ pub trait Observed: Send + Sync + 'static {
     fn render(&self) -> String;
     fn health(&self) -> Result<String, String>;
     fn readiness(&self) -> Result<String, String>;
+    /// Where re-snapshot requests go: each running stream's (of `database` only,
+    /// when named), with its database's name (empty for a single stream).
+    fn snapshot_handles(
+        &self,
+        database: Option<&str>,
+    ) -> Vec<(String, crate::source::poller::SnapshotHandle)>;
 }
 
 impl Observed for Metrics {
@@ -25,6 +31,15 @@ impl Observed for Metrics {
     }
     fn readiness(&self) -> Result<String, String> {
         Metrics::readiness(self)
+    }
+    fn snapshot_handles(
+        &self,
+        _database: Option<&str>,
+    ) -> Vec<(String, crate::source::poller::SnapshotHandle)> {
+        self.snapshot_handle()
+            .map(|h| (String::new(), h))
+            .into_iter()
+            .collect()
     }
 }
 
@@ -153,6 +168,19 @@ impl Observed for MetricsSet {
         } else {
             Ok("ready".into())
         }
+    }
+
+    fn snapshot_handles(
+        &self,
+        database: Option<&str>,
+    ) -> Vec<(String, crate::source::poller::SnapshotHandle)> {
+        self.databases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(name, _)| database.is_none_or(|d| d.eq_ignore_ascii_case(name)))
+            .filter_map(|(name, m)| m.snapshot_handle().map(|h| (name.clone(), h)))
+            .collect()
     }
 }
 

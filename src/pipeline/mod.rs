@@ -97,6 +97,24 @@ pub trait BatchSource: Send + 'static {
     /// Hands the source the positions the checkpoint holds, as each is written;
     /// ignored by default.
     fn watch_checkpoints(&mut self, _checkpoints: tokio::sync::watch::Receiver<Option<Position>>) {}
+    /// Where requests to re-snapshot a table go; none by default.
+    fn snapshot_handle(&self) -> Option<crate::source::poller::SnapshotHandle> {
+        None
+    }
+    /// The re-snapshots under way and the last finished (for the metrics); none by
+    /// default.
+    fn resnapshot_status(&self) -> Vec<crate::source::poller::ResnapshotStatus> {
+        Vec::new()
+    }
+}
+
+/// Takes the poller's re-snapshot handle back from the metrics when dropped.
+struct SnapshotHandleGuard(Arc<Metrics>);
+
+impl Drop for SnapshotHandleGuard {
+    fn drop(&mut self) {
+        self.0.set_snapshot_handle(None);
+    }
 }
 
 impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
@@ -134,6 +152,14 @@ impl<S: ChangeSource + 'static> BatchSource for Poller<S> {
 
     fn cleanup_retention(&self) -> crate::source::poller::Retention {
         Poller::cleanup_retention(self)
+    }
+
+    fn snapshot_handle(&self) -> Option<crate::source::poller::SnapshotHandle> {
+        Some(Poller::snapshot_handle(self))
+    }
+
+    fn resnapshot_status(&self) -> Vec<crate::source::poller::ResnapshotStatus> {
+        Poller::resnapshot_status(self)
     }
 }
 
@@ -236,6 +262,9 @@ pub async fn run<B: BatchSource>(
 
     let mut poller = poller;
     poller.watch_checkpoints(durable_rx);
+    // Taken back when the run ends: a request then finds no stream to answer it.
+    metrics.set_snapshot_handle(poller.snapshot_handle());
+    let _no_more_snapshots = SnapshotHandleGuard(Arc::clone(&metrics));
     let mut upstream = spawn_source_and_encoder(
         poller,
         encoder_options,

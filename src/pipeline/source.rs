@@ -29,6 +29,7 @@ pub(super) async fn poll_source<B: BatchSource>(
                 };
                 metrics.poll_finished(started.elapsed(), rows, poller.tracked_instances());
                 metrics.set_loads(&poller.load_status());
+                metrics.set_resnapshots(&poller.resnapshot_status());
                 metrics.set_capture_actions(poller.capture_actions());
                 metrics.set_capture_job(poller.capture_job().as_ref());
                 metrics.set_retention(poller.cleanup_retention());

@@ -15,5 +15,6 @@ mod fleet;
 mod managed_binary;
 mod metrics_binary;
 mod reference;
+mod resnapshot_binary;
 mod run_binary;
 mod standin_binary;

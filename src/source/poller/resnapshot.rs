@@ -91,7 +91,8 @@ pub enum SnapshotRefused {
     Stopped,
 }
 
-/// How a re-snapshot is going, for the metrics.
+/// How a re-snapshot is going, or how the last one of its table went, for the
+/// metrics.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResnapshotStatus {
     /// `schema.table`.
@@ -99,6 +100,20 @@ pub struct ResnapshotStatus {
     pub rows: u64,
     pub chunks: u64,
     pub superseded: u64,
+    /// False once it has sent its last chunk.
+    pub running: bool,
+}
+
+impl ResnapshotStatus {
+    fn of(r: &crate::position::Resnapshot, running: bool) -> Self {
+        ResnapshotStatus {
+            table: r.load.table.clone(),
+            rows: r.load.rows,
+            chunks: r.chunks,
+            superseded: r.superseded,
+            running,
+        }
+    }
 }
 
 /// A chunk read and held until the poll loop has read through its high mark.
@@ -137,6 +152,8 @@ pub(super) struct Resnapshots {
     waiting: Vec<SnapshotRequest>,
     held: Option<HeldChunk>,
     runs: BTreeMap<String, Run>,
+    /// Per table, how its last re-snapshot in this process ended.
+    finished: BTreeMap<String, ResnapshotStatus>,
 }
 
 impl Default for Resnapshots {
@@ -148,6 +165,7 @@ impl Default for Resnapshots {
             waiting: Vec::new(),
             held: None,
             runs: BTreeMap::new(),
+            finished: BTreeMap::new(),
         }
     }
 }
@@ -209,18 +227,27 @@ impl<S: ChangeSource> Poller<S> {
         self.resnapshots.handle()
     }
 
-    /// The re-snapshots under way, for the metrics.
+    /// The re-snapshots under way, and how the last finished one of each other
+    /// table ended, for the metrics.
     pub fn resnapshot_status(&self) -> Vec<ResnapshotStatus> {
-        self.position
+        let running = self
+            .position
             .resnapshots
             .values()
-            .map(|r| ResnapshotStatus {
-                table: r.load.table.clone(),
-                rows: r.load.rows,
-                chunks: r.chunks,
-                superseded: r.superseded,
+            .map(|r| ResnapshotStatus::of(r, true));
+        let finished = self
+            .resnapshots
+            .finished
+            .values()
+            .filter(|f| {
+                !self
+                    .position
+                    .resnapshots
+                    .values()
+                    .any(|r| r.load.table == f.table)
             })
-            .collect()
+            .cloned();
+        running.chain(finished).collect()
     }
 
     /// Answers the requests received; true when one was taken on (the position
@@ -301,7 +328,9 @@ impl<S: ChangeSource> Poller<S> {
             let max = self.source.max_lsn().await?;
             let at = max.lsn.unwrap_or(Lsn::ZERO);
             let commit_time_ns = self.commit_time_ns(at).await?;
-            let logical_base = self.position.next_load_base;
+            // Never the first range: the changes committed at `at` were streamed
+            // already, and their `logicalid`s are `at` and their sequence numbers.
+            let logical_base = self.position.next_load_base.max(LOAD_ROWS_PER_RANGE);
             self.position.next_load_base = logical_base.saturating_add(LOAD_ROWS_PER_RANGE);
             self.position.resnapshots.insert(
                 instance.name.clone(),
@@ -476,6 +505,10 @@ impl<S: ChangeSource> Poller<S> {
                 superseded_rows = snapshot.superseded,
                 seconds = (seconds * 10.0).round() / 10.0,
                 "table re-snapshot finished"
+            );
+            self.resnapshots.finished.insert(
+                snapshot.load.table.clone(),
+                ResnapshotStatus::of(&snapshot, false),
             );
         } else {
             if let Some(run) = self

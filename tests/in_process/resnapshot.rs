@@ -197,12 +197,7 @@ fn transitions(events: &[Change]) -> BTreeMap<(String, Vec<String>), Vec<State>>
 /// Each key's states as the consumer saw them must be states the table had, in the
 /// order it had them: a re-read row never takes a key back to an older state.
 /// `history` is every CDC event from the start, `before` the rows from before CDC.
-fn assert_no_state_goes_back(
-    seed: u64,
-    seen: &[Change],
-    history: &[Change],
-    before: &Copy,
-) {
+fn assert_no_state_goes_back(seed: u64, seen: &[Change], history: &[Change], before: &Copy) {
     let mut truth = transitions(history);
     for (table, rows) in before {
         for (key, row) in rows {

@@ -918,7 +918,9 @@ mod lifecycle_through_the_wire {
 
     /// Messages until idle, or the error that stopped the poller.
     async fn step<S: ChangeSource>(poller: &mut Poller<S>) -> Result<Vec<Vec<u8>>, String> {
-        drain(poller, uuid::Uuid::from_u128(7), None)
+        // On the heap: this test awaits many polls of two pollers in one future,
+        // which in a debug build would not fit the test thread's stack.
+        Box::pin(drain(poller, uuid::Uuid::from_u128(7), None))
             .await
             .map(|(out, _)| out)
             // The kind of error, as both sources must agree on it.

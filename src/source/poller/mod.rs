@@ -464,7 +464,9 @@ impl<S: ChangeSource> Poller<S> {
 
     async fn poll_inner(&mut self) -> Result<PollOutcome, SourceError> {
         if !self.merge.in_iteration() {
-            if self.answer_snapshot_requests().await? {
+            // Boxed, as the re-snapshot's steps: rare, and the poll's future stays
+            // as small as it was without them.
+            if Box::pin(self.answer_snapshot_requests()).await? {
                 // Out in a batch of its own: the re-snapshot is in the checkpoint
                 // once that is delivered.
                 return Ok(PollOutcome::Batch(self.position_batch(Vec::new()).await?));
@@ -489,7 +491,7 @@ impl<S: ChangeSource> Poller<S> {
                 }
                 return Ok(PollOutcome::Idle);
             }
-            if let Some(batch) = self.resnapshot_step().await? {
+            if let Some(batch) = Box::pin(self.resnapshot_step()).await? {
                 return Ok(PollOutcome::Batch(batch));
             }
             // Progress is what the stream has read; recording the identity is not.

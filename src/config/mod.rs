@@ -483,7 +483,9 @@ pub struct MetricsSettings {
 }
 
 /// Who may ask the metrics server for a re-snapshot (`metrics.admin`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum AdminAccess {
     /// No admin endpoint.
@@ -1037,6 +1039,29 @@ bootstrap_servers = "localhost:9092"
         let err = load("[source]\nkind = \"synthetic\"\ncolour = 1\n[sink]\nkind = \"stdout\"")
             .unwrap_err();
         assert!(err.to_string().contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn the_admin_endpoint_is_off_by_default_and_needs_the_metrics_server() {
+        let c = load(MINIMAL).unwrap();
+        assert_eq!(c.metrics.admin, AdminAccess::Off);
+        let c = load(&format!(
+            "{MINIMAL}\n[metrics]\nlisten = \"127.0.0.1:9187\"\nadmin = \"loopback\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.metrics.admin, AdminAccess::Loopback);
+        assert!(c.metrics.listen_address().unwrap().is_some());
+        let err = load(&format!("{MINIMAL}\n[metrics]\nadmin = \"any\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("metrics.admin") && err.contains("metrics.listen"),
+            "{err}"
+        );
+        let err = load(&format!("{MINIMAL}\n[metrics]\nadmin = \"everyone\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("admin"), "{err}");
     }
 
     #[test]

@@ -111,3 +111,97 @@ async fn snapshot(served: &Served, peer: SocketAddr, database: Option<&str>, tab
         .collect();
     text(status, lines.join("\n"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn served(admin: AdminAccess, metrics: Arc<super::super::Metrics>) -> Served {
+        Served { metrics, admin }
+    }
+
+    fn loopback() -> SocketAddr {
+        "127.0.0.1:50000".parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn loopback_refuses_other_peers_and_no_stream_is_unavailable() {
+        let metrics = Arc::new(super::super::Metrics::new(std::time::Duration::from_secs(
+            60,
+        )));
+        let other: SocketAddr = "10.0.0.7:40000".parse().unwrap();
+        let (status, _, body) = snapshot(
+            &served(AdminAccess::Loopback, Arc::clone(&metrics)),
+            other,
+            None,
+            "dbo.t",
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(body.contains("10.0.0.7"), "{body}");
+        // `any` lets it through, to find no stream running.
+        let (status, _, body) = snapshot(
+            &served(AdminAccess::Any, Arc::clone(&metrics)),
+            other,
+            None,
+            "dbo.t",
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        let (status, _, _) = snapshot(
+            &served(AdminAccess::Loopback, metrics),
+            loopback(),
+            None,
+            "dbo.t",
+        )
+        .await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn the_pollers_answers_become_statuses() {
+        use crate::source::poller::{SnapshotAccepted, SnapshotRefused};
+        let metrics = Arc::new(super::super::Metrics::new(std::time::Duration::from_secs(
+            60,
+        )));
+        let (handle, mut requests) = crate::source::poller::SnapshotHandle::channel_for_tests();
+        metrics.set_snapshot_handle(Some(handle));
+        // A poller that answers from a script.
+        tokio::spawn(async move {
+            let mut answers = vec![
+                Ok(SnapshotAccepted {
+                    table: "dbo.t".into(),
+                    capture_instance: "dbo_t".into(),
+                    at: crate::lsn::Lsn::from_parts(1, 2, 3),
+                    new: true,
+                    rows: 0,
+                }),
+                Err(SnapshotRefused::NoKey {
+                    table: "dbo.heap".into(),
+                }),
+                Err(SnapshotRefused::NotStreamed {
+                    table: "dbo.nope".into(),
+                    streamed: "dbo.t, dbo.heap".into(),
+                }),
+            ]
+            .into_iter();
+            while let Some(request) = requests.recv().await {
+                let _ = request.reply.send(answers.next().unwrap());
+            }
+        });
+        let served = served(AdminAccess::Loopback, metrics);
+        let (status, _, body) = snapshot(&served, loopback(), None, "dbo.t").await;
+        assert_eq!(status, StatusCode::OK);
+        let line: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
+        assert_eq!(line["at_lsn"], "00000001:00000002:0003");
+        assert_eq!(line["new"], true);
+        assert!(line.get("database").is_none(), "one stream: no database");
+        let (status, _, body) = snapshot(&served, loopback(), None, "dbo.heap").await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(body.contains("no key"), "{body}");
+        let (status, _, body) = snapshot(&served, loopback(), None, "dbo.nope").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.contains("dbo.t, dbo.heap"), "{body}");
+    }
+}

@@ -488,7 +488,7 @@ session_timeout_ms = 6000
     let status = support::tools::wait_within(&mut member, Duration::from_secs(60));
     assert!(
         status.is_some_and(|s| s.success()),
-        "it leaves cleanly: {}",
+        "it leaves cleanly ({status:?}, None: still running after 60 s): {}",
         log("fleet-all")
     );
 

@@ -40,6 +40,13 @@ pub struct SnapshotRequest {
 pub struct SnapshotHandle(mpsc::UnboundedSender<SnapshotRequest>);
 
 impl SnapshotHandle {
+    /// A handle and the requests sent through it, with no poller behind it.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn channel_for_tests() -> (Self, mpsc::UnboundedReceiver<SnapshotRequest>) {
+        let (sender, requests) = mpsc::unbounded_channel();
+        (SnapshotHandle(sender), requests)
+    }
+
     /// Asks for `table` (`schema.table`) to be read again; answered once the poller
     /// has looked at it (between two of its polls).
     pub async fn request(&self, table: &str) -> Result<SnapshotAccepted, SnapshotRefused> {

@@ -82,6 +82,7 @@ impl BatchSource for Paced {
             schema_changes: Vec::new(),
             position: self.position.clone(),
             max_lsn: mssql_ces::lsn::Lsn::ZERO,
+            heartbeat: false,
         }))
     }
 

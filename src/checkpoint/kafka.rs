@@ -74,6 +74,8 @@ pub struct KafkaStore {
     producer: Option<FutureProducer>,
     /// Bound on one read or write.
     timeout: Duration,
+    /// Bound on the question of what the topic keeps (`timeout` unless set).
+    question_timeout: Duration,
     /// How long a read waits, beyond `timeout`, for a transaction left open on the
     /// topic to end.
     open_transaction_wait: Duration,
@@ -106,6 +108,7 @@ impl KafkaStore {
             connection,
             producer: None,
             timeout,
+            question_timeout: timeout,
             open_transaction_wait: timeout,
             prepared: false,
             sink_writes: false,
@@ -114,6 +117,14 @@ impl KafkaStore {
             last_written: None,
             rewrite_every: REWRITE_EVERY,
         }
+    }
+
+    /// Bounds the question of what the topic keeps by `wait` instead of the
+    /// store's time-out: a broker that never answers it is then given up on sooner
+    /// (or later) than a write.
+    pub fn with_question_timeout(mut self, wait: Duration) -> Self {
+        self.question_timeout = wait;
+        self
     }
 
     /// Writes the last position again this often where the topic's retention is
@@ -191,7 +202,7 @@ impl KafkaStore {
             let mut asked = tokio::spawn(describe_retention(
                 self.client_config(),
                 self.topic.clone(),
-                self.timeout,
+                self.question_timeout,
             ));
             // A broker that answers DescribeConfigs does so at once: its verdict
             // comes before the first write.

@@ -557,6 +557,7 @@ async fn drive<S: ChangeSource + 'static>(
             _ => routing.schema_topic(),
         },
     );
+    let router = router.with_heartbeat(routing.heartbeat_interval, routing.heartbeat_topic());
     let router = router.with_registry(
         routing.schema_registry.clone(),
         config

@@ -1776,6 +1776,52 @@ topic = "hub"
     }
 
     #[test]
+    fn heartbeats_are_off_by_default_and_need_a_topic_of_their_own() {
+        let off = load(KAFKA).unwrap();
+        assert!(off.sink.routing.heartbeat_interval.is_zero());
+        assert_eq!(off.sink.routing.heartbeat_topic(), "ces.heartbeat");
+        let on = load(&format!(
+            "{KAFKA}heartbeat_interval_ms = 10000\ntopic = \"orders\"\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            on.sink.routing.heartbeat_interval,
+            std::time::Duration::from_secs(10)
+        );
+        assert_eq!(on.sink.routing.heartbeat_topic(), "orders.heartbeat");
+        let named = load(&format!(
+            "{KAFKA}heartbeat_interval_ms = 1000\nheartbeat_topic = \"beats.{{db}}\"\n"
+        ))
+        .unwrap();
+        assert_eq!(named.sink.routing.heartbeat_topic(), "beats.{db}");
+        let stray = load(&format!("{KAFKA}heartbeat_topic = \"beats\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(stray.contains("sink.heartbeat_topic"), "{stray}");
+        let bad_name = load(&format!(
+            "{KAFKA}heartbeat_interval_ms = 1000\nheartbeat_topic = \"beats here\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(bad_name.contains("sink.heartbeat_topic"), "{bad_name}");
+        for sink in [
+            "kind = \"stdout\"",
+            "kind = \"file\"\npath = \"out.jsonl\"",
+            "kind = \"event_hubs_amqp\"\nnamespace = \"ns.servicebus.windows.net\"\ntopic = \"hub\"",
+        ] {
+            let err = load(&format!(
+                "[source]\nkind = \"synthetic\"\n[sink]\n{sink}\nheartbeat_interval_ms = 1000\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("sink.heartbeat_interval_ms") && err.contains("topic of their own"),
+                "{sink}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn managed_capture_instances_and_enable_cdc_are_checked_before_connecting() {
         let sqlserver = "[source]\nkind = \"sqlserver\"\nconnection_string = { env = \"X\" }\n";
         let sink = "[sink]\nkind = \"stdout\"\n";

@@ -15,6 +15,7 @@
 pub mod avro;
 pub mod columns;
 pub mod debezium;
+pub mod heartbeat;
 pub mod json;
 mod per_table;
 pub mod readback;

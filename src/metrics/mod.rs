@@ -117,6 +117,8 @@ pub struct Metrics {
     resnapshot_chunks: Family<Table, Gauge>,
     resnapshot_superseded: Family<Table, Gauge>,
     resnapshot_tables: Gauge,
+    heartbeats: Counter,
+    heartbeat_time: FloatGauge,
     /// Where `POST /snapshot/…` hands its requests: the running poller's.
     snapshots: Mutex<Option<crate::source::poller::SnapshotHandle>>,
     table_shape_version: Family<Table, Gauge>,
@@ -253,6 +255,8 @@ impl Metrics {
             resnapshot_chunks: Family::default(),
             resnapshot_superseded: Family::default(),
             resnapshot_tables: Gauge::default(),
+            heartbeats: Counter::default(),
+            heartbeat_time: FloatGauge::default(),
             snapshots: Mutex::new(None),
             table_shape_version: Family::default(),
             schema_change_events: Family::default(),
@@ -448,6 +452,16 @@ impl Metrics {
             "load_tables",
             "Tables whose initial load has not finished (changes stream once it is 0)",
             m.load_tables.clone(),
+        );
+        ours.register(
+            "heartbeats",
+            "Heartbeat records delivered (sink.heartbeat_interval_ms)",
+            m.heartbeats.clone(),
+        );
+        ours.register(
+            "heartbeat_timestamp_seconds",
+            "When the last heartbeat record delivered was made, in seconds since 1970 (0: none yet)",
+            m.heartbeat_time.clone(),
         );
         ours.register(
             "resnapshot_tables",
@@ -689,6 +703,11 @@ impl Metrics {
         }
         self.truncated_values.inc_by(counts.truncated_values);
         self.segmented_events.inc_by(counts.segmented_events);
+        if let Some(made) = counts.heartbeat {
+            self.heartbeats.inc();
+            self.heartbeat_time
+                .set(made.timestamp_micros() as f64 / 1e6);
+        }
         for (table, _) in &counts.schema_changes {
             self.schema_change_events
                 .get_or_create(&Table {
@@ -853,6 +872,8 @@ pub struct BatchCounts {
     /// The table (`schema.table`) of each schema-change event of the batch, and
     /// its messages.
     schema_changes: Vec<(String, u64)>,
+    /// When the batch's heartbeat record was made, if it carries one.
+    heartbeat: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -865,6 +886,11 @@ struct Tally {
 }
 
 impl BatchCounts {
+    /// The batch carries a heartbeat record made at `made`.
+    pub fn add_heartbeat(&mut self, made: DateTime<Utc>) {
+        self.heartbeat = Some(made);
+    }
+
     /// Counts one event of `table`, committed at `commit_time`, that became
     /// `messages` messages of `bytes` in all.
     pub fn add(

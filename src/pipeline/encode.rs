@@ -227,6 +227,20 @@ pub(super) fn encode_batch(
             }
         }
     }
+    if batch.heartbeat {
+        let made = chrono::Utc::now();
+        let beat = crate::event::heartbeat::Heartbeat {
+            stream: router.stream_key().to_owned(),
+            database: batch.position.source.as_ref().map(|s| s.database.clone()),
+            time: made,
+            max_lsn: batch.max_lsn,
+            last_event: batch.position.last_event,
+        };
+        let message = router.route_heartbeat(&beat);
+        chunk.bytes += message.payload.len() as u64;
+        chunk.messages.push(message);
+        counts.add_heartbeat(made);
+    }
     let last_commit = batch.changes.last().map(|change| {
         counts.set_last_commit(change.commit_time, change.commit_lsn);
         change.commit_time

@@ -364,6 +364,7 @@ fn spawn_source_and_encoder<B: BatchSource>(
         batch_tx,
         settings.poll_interval,
         settings.until_idle,
+        source::Heartbeats::new(router.heartbeat_interval()),
         metrics,
         stop_source.clone(),
     ));

@@ -3,16 +3,50 @@
 
 use super::*;
 
+/// When heartbeat records are due (`sink.heartbeat_interval_ms`; zero: never).
+pub(super) struct Heartbeats {
+    every: Duration,
+    next: tokio::time::Instant,
+}
+
+impl Heartbeats {
+    /// Every `every`, the first one `every` from now.
+    pub(super) fn new(every: Duration) -> Self {
+        Heartbeats {
+            every,
+            next: tokio::time::Instant::now() + every,
+        }
+    }
+
+    fn on(&self) -> bool {
+        !self.every.is_zero()
+    }
+
+    /// Whether one is due now; if so the next is due an interval later.
+    fn due(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if !self.on() || now < self.next {
+            return false;
+        }
+        self.next = now + self.every;
+        true
+    }
+}
+
 /// Polls until stopped; retries transient errors with backoff; sends batches on.
 pub(super) async fn poll_source<B: BatchSource>(
     mut poller: B,
     tx: mpsc::Sender<Result<SourceItem, SourceError>>,
     poll_interval: Duration,
     until_idle: bool,
+    heartbeats: Heartbeats,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
+    let mut heartbeats = heartbeats;
     let mut backoff = backoff();
+    // The last batch sent: an idle heartbeat stands where it left the stream.
+    let mut last_sent: Option<(Position, Lsn)> = None;
     // The table versions last shown in the metrics: set again only when they move.
     let mut versions_shown = std::collections::BTreeMap::new();
     loop {
@@ -37,8 +71,12 @@ pub(super) async fn poll_source<B: BatchSource>(
             Err(e) => metrics.poll_failed(e),
         }
         match polled {
-            Ok(PollOutcome::Batch(batch)) => {
+            Ok(PollOutcome::Batch(mut batch)) => {
                 backoff.reset();
+                batch.heartbeat = heartbeats.due();
+                if heartbeats.on() {
+                    last_sent = Some((batch.position.clone(), batch.max_lsn));
+                }
                 if batch.position.table_versions != versions_shown {
                     metrics.set_table_versions(&batch.position.table_versions);
                     versions_shown.clone_from(&batch.position.table_versions);
@@ -64,6 +102,25 @@ pub(super) async fn poll_source<B: BatchSource>(
                 if until_idle && !poller.more_expected() {
                     let _ = tx.send(Ok(SourceItem::Idle)).await;
                     return;
+                }
+                // A quiet stream's heartbeat: no event, the position it stands at.
+                if let (Some((position, max_lsn)), Some(guid)) = (&last_sent, poller.stream_guid())
+                    && heartbeats.due()
+                {
+                    let beat = Batch {
+                        changes: Vec::new(),
+                        schema_changes: Vec::new(),
+                        position: position.clone(),
+                        max_lsn: *max_lsn,
+                        heartbeat: true,
+                    };
+                    if tx
+                        .send(Ok(SourceItem::Batch(Box::new(beat), guid)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
                 }
                 tokio::select! {
                     () = tokio::time::sleep(poll_interval) => {}
@@ -127,7 +184,7 @@ mod tests {
         until_idle: bool,
         stop: CancellationToken,
     ) -> (Vec<Duration>, Vec<Result<SourceItem, SourceError>>) {
-        run_script_expecting(answers, until_idle, stop, 0).await
+        run_script_expecting(answers, until_idle, stop, 0, Duration::ZERO).await
     }
 
     async fn run_script_expecting(
@@ -135,6 +192,7 @@ mod tests {
         until_idle: bool,
         stop: CancellationToken,
         expecting_until: usize,
+        heartbeat: Duration,
     ) -> (Vec<Duration>, Vec<Result<SourceItem, SourceError>>) {
         let polled_at = Arc::new(std::sync::Mutex::new(Vec::new()));
         let source = Scripted {
@@ -149,6 +207,7 @@ mod tests {
             tx,
             Duration::from_secs(1),
             until_idle,
+            Heartbeats::new(heartbeat),
             Arc::new(Metrics::default()),
             stop,
         )
@@ -238,10 +297,112 @@ mod tests {
             true,
             CancellationToken::new(),
             2,
+            Duration::ZERO,
         )
         .await;
         let ms: Vec<u128> = at.iter().map(Duration::as_millis).collect();
         assert_eq!(ms, [0, 1000]);
         assert!(matches!(items.as_slice(), [Ok(SourceItem::Idle)]));
+    }
+
+    fn batch_at(sequence_number: u64) -> Result<PollOutcome, SourceError> {
+        Ok(PollOutcome::Batch(Batch {
+            changes: Vec::new(),
+            schema_changes: Vec::new(),
+            position: Position {
+                last_event: Some(crate::position::EventPosition {
+                    commit_lsn: Lsn::from_parts(1, 2, 3),
+                    sequence_number,
+                }),
+                ..Position::default()
+            },
+            max_lsn: Lsn::from_parts(1, 2, 3),
+            heartbeat: false,
+        }))
+    }
+
+    /// What each item handed on is: (changes, heartbeat, the last event's number).
+    fn shapes(items: &[Result<SourceItem, SourceError>]) -> Vec<(usize, bool, Option<u64>)> {
+        items
+            .iter()
+            .map(|item| match item {
+                Ok(SourceItem::Batch(batch, _)) => (
+                    batch.changes.len(),
+                    batch.heartbeat,
+                    batch.position.last_event.map(|e| e.sequence_number),
+                ),
+                Ok(SourceItem::Idle) => panic!("an idle item"),
+                Err(e) => panic!("{e}"),
+            })
+            .collect()
+    }
+
+    /// A quiet stream sends a heartbeat every interval, standing where its last
+    /// batch left it; with the interval zero, none.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_stream_beats_at_the_interval_where_its_last_batch_stands() {
+        let stopping = |after| {
+            let stop = CancellationToken::new();
+            let stopper = stop.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(after)).await;
+                stopper.cancel();
+            });
+            stop
+        };
+        // Idle polls at 0, 1, 2, … s: due at 2.5 s, so at 3 s, and again at 6 s.
+        let (_, items) = run_script_expecting(
+            vec![batch_at(7)],
+            false,
+            stopping(7_500),
+            0,
+            Duration::from_millis(2_500),
+        )
+        .await;
+        assert_eq!(
+            shapes(&items),
+            [(0, false, Some(7)), (0, true, Some(7)), (0, true, Some(7))]
+        );
+        let (_, items) =
+            run_script_expecting(vec![batch_at(7)], false, stopping(7_500), 0, Duration::ZERO)
+                .await;
+        assert_eq!(shapes(&items), [(0, false, Some(7))], "no heartbeats");
+        // Nothing sent yet: nowhere to stand, so no heartbeat.
+        let (_, items) =
+            run_script_expecting(vec![], false, stopping(7_500), 0, Duration::from_secs(1)).await;
+        assert!(items.is_empty());
+    }
+
+    /// A busy stream's heartbeat rides on the batch due when it is.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_stream_beats_on_its_batches() {
+        let stop = CancellationToken::new();
+        let stopper = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(4_500)).await;
+            stopper.cancel();
+        });
+        // A batch, then idle polls a second apart, a batch at every third.
+        let script = vec![
+            batch_at(1),
+            Ok(PollOutcome::Idle),
+            batch_at(2),
+            Ok(PollOutcome::Idle),
+            batch_at(3),
+            Ok(PollOutcome::Idle),
+            batch_at(4),
+        ];
+        let (_, items) =
+            run_script_expecting(script, false, stop, 0, Duration::from_millis(1_500)).await;
+        let beats: Vec<bool> = shapes(&items).iter().map(|s| s.1).collect();
+        // Batches at 0, 1, 2, 3 s (each after an idle second): due at 1.5 s and
+        // 3.5 s, so on the batch at 2 s only, until the stop at 4.5 s; then the
+        // idle poll at 4 s is due at 3.5 s: an empty one.
+        assert_eq!(
+            beats,
+            [false, false, true, false, true],
+            "{:?}",
+            shapes(&items)
+        );
     }
 }

@@ -596,6 +596,10 @@ pub struct Router {
     /// With [`SchemaChangePlacement::Topic`]: the schema-change events' topic
     /// (template).
     schema_topic: String,
+    /// `sink.heartbeat_topic` (template over `{db}`).
+    heartbeat_topic: String,
+    /// `sink.heartbeat_interval_ms`; zero: no heartbeats.
+    heartbeat_interval: std::time::Duration,
     /// `event.format = "debezium"`: what its encoder is made of.
     debezium: Option<records::DebeziumRouting>,
     /// `[sink.schema_registry]`, and how long to wait for it when it is down.
@@ -620,6 +624,8 @@ impl Router {
             stream_key: stream_key.into(),
             schema_changes: SchemaChangePlacement::Off,
             schema_topic: String::new(),
+            heartbeat_topic: String::new(),
+            heartbeat_interval: std::time::Duration::ZERO,
             debezium: None,
             registry: None,
         }
@@ -635,6 +641,47 @@ impl Router {
         self.schema_changes = placement;
         self.schema_topic = schema_topic.into();
         self
+    }
+
+    /// A heartbeat record every `interval` (zero: none) to `topic` (template over
+    /// `{db}`).
+    pub fn with_heartbeat(
+        mut self,
+        interval: std::time::Duration,
+        topic: impl Into<String>,
+    ) -> Self {
+        self.heartbeat_interval = interval;
+        self.heartbeat_topic = topic.into();
+        self
+    }
+
+    /// How often heartbeat records go out; zero: never.
+    pub fn heartbeat_interval(&self) -> std::time::Duration {
+        self.heartbeat_interval
+    }
+
+    /// A heartbeat record: in the heartbeat topic, keyed by the stream, plain JSON
+    /// (not a CloudEvent, in either binding).
+    pub fn route_heartbeat(&self, beat: &crate::event::heartbeat::Heartbeat) -> OutgoingMessage {
+        OutgoingMessage {
+            topic: expand_topic(
+                &self.heartbeat_topic,
+                beat.database.as_deref().unwrap_or(""),
+                "",
+                "",
+            ),
+            key: Some(beat.stream.clone().into_bytes()),
+            partition_hint: None,
+            headers: vec![("content-type", b"application/json".to_vec())],
+            payload: beat.to_json(),
+            message_id: None,
+            tombstone: false,
+        }
+    }
+
+    /// The stream's key (`checkpoint.stream_name`).
+    pub fn stream_key(&self) -> &str {
+        &self.stream_key
     }
 
     /// Where schema-change events go.
@@ -1010,6 +1057,41 @@ mod tests {
             "s",
         );
         router.route(&change, event).unwrap().remove(0)
+    }
+
+    /// A heartbeat goes to the heartbeat topic, the database put in, keyed by the
+    /// stream, as plain JSON in either binding.
+    #[test]
+    fn a_heartbeat_is_keyed_by_the_stream_in_its_own_topic() {
+        let router = Router::new(
+            "t",
+            PartitionKeyScheme::Table,
+            None,
+            CloudEventsMode::Binary,
+            Encoding::Avro,
+            "orders-stream",
+        )
+        .with_heartbeat(std::time::Duration::from_secs(5), "beats.{db}");
+        assert_eq!(
+            router.heartbeat_interval(),
+            std::time::Duration::from_secs(5)
+        );
+        let beat = crate::event::heartbeat::Heartbeat {
+            stream: router.stream_key().to_owned(),
+            database: Some("shop".into()),
+            time: chrono::DateTime::UNIX_EPOCH,
+            max_lsn: crate::lsn::Lsn::from_parts(1, 2, 3),
+            last_event: None,
+        };
+        let message = router.route_heartbeat(&beat);
+        assert_eq!(message.topic, "beats.shop");
+        assert_eq!(message.key.as_deref(), Some(&b"orders-stream"[..]));
+        assert_eq!(
+            message.headers,
+            vec![("content-type", b"application/json".to_vec())]
+        );
+        assert_eq!(message.payload, beat.to_json());
+        assert!(!message.tombstone && message.partition_hint.is_none());
     }
 
     /// One key's events share a partition, whatever the partitioner does with NULL

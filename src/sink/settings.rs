@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 use crate::event::settings::EventSettings;
 use crate::setting::de::{self, ReadError, ReadErrorKind};
-use crate::setting::{ConfigError, invalid};
+use crate::setting::{ConfigError, invalid, millis};
 use crate::sink::SinkConfig;
 use crate::sink::kafka::KafkaSinkConfig;
 
@@ -140,9 +140,27 @@ pub struct RoutingSettings {
     /// schema registry](formats.md#avro-with-a-schema-registry).
     #[serde(default)]
     pub schema_registry: Option<crate::sink::registry::SchemaRegistrySettings>,
+    /// Every this many milliseconds a heartbeat record goes to `heartbeat_topic`,
+    /// also when nothing changes: proof that the stream is alive and where it
+    /// stands. 0: none. Kafka and the Event Hubs Kafka endpoint only.
+    #[serde(rename = "heartbeat_interval_ms", with = "millis", default)]
+    #[schemars(with = "u64")]
+    pub heartbeat_interval: std::time::Duration,
+    /// The heartbeat records' topic, or a template over `{db}`; unset: `topic`
+    /// with `.heartbeat` appended (`"ces.heartbeat"`). The record is mssql-ces's
+    /// own JSON, in both event formats: see [Heartbeats](operating.md#heartbeats).
+    #[serde(default)]
+    pub heartbeat_topic: Option<String>,
 }
 
 impl RoutingSettings {
+    /// The topic (template) heartbeat records go to.
+    pub fn heartbeat_topic(&self) -> String {
+        self.heartbeat_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.heartbeat", self.topic.as_deref().unwrap_or("ces")))
+    }
+
     /// The topic (template) schema-change events go to with `schema_changes =
     /// "topic"`.
     pub fn schema_topic(&self) -> String {
@@ -161,6 +179,8 @@ const ROUTING_KEYS: &[&str] = &[
     "schema_changes",
     "schema_topic",
     "schema_registry",
+    "heartbeat_interval_ms",
+    "heartbeat_topic",
 ];
 
 impl schemars::JsonSchema for SinkSettings {
@@ -299,6 +319,7 @@ impl SinkSettings {
             ));
         }
         self.validate_schema_changes()?;
+        self.validate_heartbeat()?;
         self.validate_topic_names()?;
         if self.routing.mode == CloudEventsMode::Binary
             && matches!(self.kind, SinkConfig::Stdout(_) | SinkConfig::File(_))
@@ -320,6 +341,7 @@ impl SinkSettings {
         for (setting, template) in [
             ("sink.topic", &self.routing.topic),
             ("sink.schema_topic", &self.routing.schema_topic),
+            ("sink.heartbeat_topic", &self.routing.heartbeat_topic),
         ] {
             if let Some(problem) = template
                 .as_deref()
@@ -329,6 +351,33 @@ impl SinkSettings {
             }
         }
         Ok(())
+    }
+
+    /// Heartbeats need a destination with topics of their own; a topic without an
+    /// interval is a mistake said by name.
+    fn validate_heartbeat(&self) -> Result<(), ConfigError> {
+        let routing = &self.routing;
+        if routing.heartbeat_interval.is_zero() {
+            if routing.heartbeat_topic.is_some() {
+                return Err(invalid(
+                    "sink.heartbeat_topic",
+                    "is only used with sink.heartbeat_interval_ms above 0: set that, or remove sink.heartbeat_topic",
+                ));
+            }
+            return Ok(());
+        }
+        let kind = match &self.kind {
+            SinkConfig::Stdout(_) => "stdout",
+            SinkConfig::File(_) => "file",
+            SinkConfig::EventHubsAmqp(_) => "event_hubs_amqp",
+            _ => return Ok(()),
+        };
+        Err(invalid(
+            "sink.heartbeat_interval_ms",
+            format!(
+                "heartbeats go to a topic of their own, which a {kind} sink has not: use kind = \"kafka\" or \"event_hubs_kafka\", or set it to 0"
+            ),
+        ))
     }
 
     /// `inline` needs each table in one partition; `topic` needs a sink that can

@@ -767,6 +767,13 @@ async fn kafka_topics_are_checked_per_table_and_a_missing_one_fails() {
     let report = run(&with_schema, &database()).await;
     let schema = expect(&report, "topic Shop.schema", Status::Fail);
     assert!(schema.detail.contains("does not exist"), "{schema:?}");
+    // So is the heartbeat topic, with heartbeats on.
+    let mut with_beats = config.clone();
+    with_beats.sink.routing.heartbeat_interval = std::time::Duration::from_secs(10);
+    with_beats.sink.routing.heartbeat_topic = Some("beats.{db}".into());
+    let report = run(&with_beats, &database()).await;
+    let beats = expect(&report, "topic beats.Shop", Status::Fail);
+    assert!(beats.detail.contains("does not exist"), "{beats:?}");
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -44,6 +44,8 @@ kind = "kafka"
 bootstrap_servers = "{bootstrap}"
 topic = "ces"
 partition_key = "table"
+heartbeat_interval_ms = 300
+heartbeat_topic = "ces.beat"
 
 [checkpoint]
 path = "{checkpoint}"
@@ -138,6 +140,7 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     let mut kafka = Cluster::start("metrics", 1, NodeOptions::default());
     let bootstrap = kafka.bootstrap();
     kafka.create_topic("ces", PARTITIONS, 1, &[]);
+    kafka.create_topic("ces.beat", 1, 1, &[]);
     let dir = temp_dir("metrics");
     let config = write_config(&dir, &bootstrap);
     let (mut child, address, logs) = start(&config);
@@ -253,6 +256,47 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
         BTreeMap::from([(format!("version=\"{}\"", env!("CARGO_PKG_VERSION")), 1.0)])
     );
 
+    // Caught up and quiet, the stream beats on its own topic, keyed by the stream,
+    // standing where its last event left it.
+    wait_until("heartbeats", Duration::from_secs(30), || {
+        page = get(&address, "/metrics").1;
+        total(&page, "mssql_ces_heartbeats_total") >= 3.0
+    });
+    let beats_counted = total(&page, "mssql_ces_heartbeats_total") as usize;
+    assert!(total(&page, "mssql_ces_heartbeat_timestamp_seconds") > 1.7e9);
+    let beats = consume_quietly(
+        &bootstrap,
+        "ces.beat",
+        1,
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        |m| m.len() >= beats_counted,
+    );
+    assert!(beats.len() >= beats_counted, "{} records", beats.len());
+    // The commit LSN of the last event sent, from the logicalids (every segment
+    // carries its event's).
+    let last_sent = consumed
+        .iter()
+        .filter_map(|m| decode_json_message(&m.payload).ok())
+        .filter_map(|segment| segment.logicalid.split(':').nth(1).map(str::to_owned))
+        .max();
+    // Beats during the busy start ride on batches and stand where those did; the
+    // quiet stream's last beat stands at its last event.
+    let mut stood = Vec::new();
+    for beat in &beats {
+        assert_eq!(beat.key.as_deref(), Some(b"default".as_slice()));
+        let v: serde_json::Value = serde_json::from_slice(&beat.payload).expect("JSON");
+        assert_eq!(v["type"], "mssql-ces.heartbeat");
+        assert_eq!(v["stream"], "default");
+        assert_eq!(v["database"], "synthetic");
+        stood.push(
+            v["last_event"]["commit_lsn"]
+                .as_str()
+                .map(|lsn| lsn.replace(':', "")),
+        );
+    }
+    assert!(stood.is_sorted(), "{stood:?}");
+    assert_eq!(stood.last(), Some(&last_sent), "{stood:?}");
     // The producer reports its brokers every second.
     wait_until("ready", Duration::from_secs(15), || {
         get(&address, "/readyz").0 == 200

@@ -213,8 +213,9 @@ async fn check_event_hubs(
     }
 }
 
-/// The topics the stream writes: data events' (`template`) and, with
-/// `sink.schema_changes = "topic"`, schema-change events'.
+/// The topics the stream writes: data events' (`template`), with
+/// `sink.schema_changes = "topic"` schema-change events', and with heartbeats on
+/// theirs.
 fn written_topics(config: &Config, template: &str, states: &[SourceState]) -> Vec<String> {
     let routing = &config.sink.routing;
     let debezium = (config.event.format == crate::event::settings::EventFormat::Debezium)
@@ -226,6 +227,9 @@ fn written_topics(config: &Config, template: &str, states: &[SourceState]) -> Ve
             _ => routing.schema_topic(),
         };
         all.extend(topics(&schema_topic, states));
+    }
+    if !routing.heartbeat_interval.is_zero() {
+        all.extend(topics(&routing.heartbeat_topic(), states));
     }
     if let Some(d) = debezium {
         if d.provide_transaction_metadata {

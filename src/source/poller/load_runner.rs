@@ -236,6 +236,7 @@ impl<S: ChangeSource> Poller<S> {
                 .await?,
             position: self.position.clone(),
             max_lsn: self.merge.done_through().unwrap_or(Lsn::ZERO),
+            heartbeat: false,
         })
     }
 

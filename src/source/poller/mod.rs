@@ -204,6 +204,9 @@ pub struct Batch {
     pub position: Position,
     /// The `max_lsn` of the iteration this batch belongs to (for lag).
     pub max_lsn: Lsn,
+    /// A heartbeat record goes out after the batch's events
+    /// (`sink.heartbeat_interval_ms`); set by the pipeline, never by the poller.
+    pub heartbeat: bool,
 }
 
 /// One event of a batch, in stream order.
@@ -505,6 +508,7 @@ impl<S: ChangeSource> Poller<S> {
                         schema_changes: Vec::new(),
                         position: self.position.clone(),
                         max_lsn: self.merge.done_through().unwrap_or(Lsn::ZERO),
+                        heartbeat: false,
                     })
                 } else {
                     PollOutcome::Idle
@@ -523,6 +527,7 @@ impl<S: ChangeSource> Poller<S> {
                 .await?,
             position: self.position.clone(),
             max_lsn: to,
+            heartbeat: false,
         }))
     }
 }

@@ -11,16 +11,43 @@ use crate::support;
 const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 
 /// `mssql-ces run --config <config> <extra>`, its log in `<dir>/<name>.log`.
-pub(crate) fn spawn(config: &Path, dir: &Path, name: &str, extra: &[&str]) -> Child {
+pub(crate) fn spawn(config: &Path, dir: &Path, name: &str, extra: &[&str]) -> Running {
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log");
-    Command::new(BINARY)
-        .args(["run", "--config"])
-        .arg(config)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn mssql-ces")
+    Running(
+        Command::new(BINARY)
+            .args(["run", "--config"])
+            .arg(config)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn mssql-ces"),
+    )
+}
+
+/// A spawned binary that is killed when dropped: a test that fails while it runs
+/// leaves no process behind to load the machine for the tests after it.
+pub(crate) struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Already ended (the usual case): both are no-ops that fail harmlessly.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Sends `signal` to the child.

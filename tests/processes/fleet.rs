@@ -16,7 +16,6 @@ use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::decode_json_message;
@@ -83,7 +82,7 @@ session_timeout_ms = 4000
 struct Fleet {
     config: PathBuf,
     dir: PathBuf,
-    members: Vec<(usize, Child)>,
+    members: Vec<(usize, crate::binary::Running)>,
     started: usize,
 }
 
@@ -96,7 +95,7 @@ impl Fleet {
     }
 
     /// Takes a member out at `pick` (modulo the members running).
-    fn take(&mut self, pick: u64) -> (usize, Child) {
+    fn take(&mut self, pick: u64) -> (usize, crate::binary::Running) {
         let at = (pick % self.members.len() as u64) as usize;
         self.members.remove(at)
     }

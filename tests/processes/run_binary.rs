@@ -7,7 +7,7 @@ use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
@@ -53,7 +53,7 @@ interval_ms = 20
 }
 
 /// The binary's `run`-th start in `dir`, its log in `run-<run>.log`.
-fn spawn(config: &Path, dir: &Path, extra: &[&str], run: usize) -> Child {
+fn spawn(config: &Path, dir: &Path, extra: &[&str], run: usize) -> crate::binary::Running {
     crate::binary::spawn(config, dir, &format!("run-{run}"), extra)
 }
 

@@ -228,15 +228,7 @@ pub(super) fn encode_batch(
         }
     }
     if batch.heartbeat {
-        let made = chrono::Utc::now();
-        let beat = crate::event::heartbeat::Heartbeat {
-            stream: router.stream_key().to_owned(),
-            database: batch.position.source.as_ref().map(|s| s.database.clone()),
-            time: made,
-            max_lsn: batch.max_lsn,
-            last_event: batch.position.last_event,
-        };
-        let message = router.route_heartbeat(&beat);
+        let (message, made) = heartbeat_message(router, &batch);
         chunk.bytes += message.payload.len() as u64;
         chunk.messages.push(message);
         counts.add_heartbeat(made);
@@ -256,4 +248,21 @@ pub(super) fn encode_batch(
         last_commit,
     }));
     Ok(out.blocking_send(Ok(Encoded::Chunk(chunk))).is_ok())
+}
+
+/// The heartbeat record a batch carries, standing where the batch leaves the
+/// stream, and when it was made.
+fn heartbeat_message(
+    router: &Router,
+    batch: &Batch,
+) -> (OutgoingMessage, chrono::DateTime<chrono::Utc>) {
+    let made = chrono::Utc::now();
+    let beat = crate::event::heartbeat::Heartbeat {
+        stream: router.stream_key().to_owned(),
+        database: batch.position.source.as_ref().map(|s| s.database.clone()),
+        time: made,
+        max_lsn: batch.max_lsn,
+        last_event: batch.position.last_event,
+    };
+    (router.route_heartbeat(&beat), made)
 }

@@ -3,10 +3,14 @@
 
 use super::*;
 
-/// When heartbeat records are due (`sink.heartbeat_interval_ms`; zero: never).
+/// When heartbeat records are due (`sink.heartbeat_interval_ms`; zero: never), and
+/// where the stream stands for a quiet one's.
 pub(super) struct Heartbeats {
     every: Duration,
     next: tokio::time::Instant,
+    /// The last batch's position and `max_lsn`: where a quiet stream's heartbeat
+    /// stands (none before the first batch, so none is sent before it).
+    stands_at: Option<(Position, Lsn)>,
 }
 
 impl Heartbeats {
@@ -15,21 +19,68 @@ impl Heartbeats {
         Heartbeats {
             every,
             next: tokio::time::Instant::now() + every,
+            stands_at: None,
         }
-    }
-
-    fn on(&self) -> bool {
-        !self.every.is_zero()
     }
 
     /// Whether one is due now; if so the next is due an interval later.
     fn due(&mut self) -> bool {
         let now = tokio::time::Instant::now();
-        if !self.on() || now < self.next {
+        if self.every.is_zero() || now < self.next {
             return false;
         }
         self.next = now + self.every;
         true
+    }
+
+    /// A batch is going out: it carries the heartbeat when one is due.
+    fn on_batch(&mut self, batch: &mut Batch) {
+        if self.every.is_zero() {
+            return;
+        }
+        batch.heartbeat = self.due();
+        self.stands_at = Some((batch.position.clone(), batch.max_lsn));
+    }
+
+    /// The poll found nothing new: a batch of no event that carries the heartbeat,
+    /// when one is due and a batch went out before.
+    fn on_idle(&mut self) -> Option<Batch> {
+        if self.stands_at.is_none() || !self.due() {
+            return None;
+        }
+        let (position, max_lsn) = self.stands_at.clone()?;
+        Some(Batch {
+            changes: Vec::new(),
+            schema_changes: Vec::new(),
+            position,
+            max_lsn,
+            heartbeat: true,
+        })
+    }
+}
+
+/// What a poll tells the metrics: its time and rows, or its error, and the
+/// source's state after it.
+fn report_poll<B: BatchSource>(
+    metrics: &Metrics,
+    poller: &B,
+    polled: &Result<PollOutcome, SourceError>,
+    took: Duration,
+) {
+    match polled {
+        Ok(outcome) => {
+            let rows = match outcome {
+                PollOutcome::Batch(batch) => Some(batch.changes.len()),
+                PollOutcome::Idle => None,
+            };
+            metrics.poll_finished(took, rows, poller.tracked_instances());
+            metrics.set_loads(&poller.load_status());
+            metrics.set_resnapshots(&poller.resnapshot_status());
+            metrics.set_capture_actions(poller.capture_actions());
+            metrics.set_capture_job(poller.capture_job().as_ref());
+            metrics.set_retention(poller.cleanup_retention());
+        }
+        Err(e) => metrics.poll_failed(e),
     }
 }
 
@@ -39,14 +90,11 @@ pub(super) async fn poll_source<B: BatchSource>(
     tx: mpsc::Sender<Result<SourceItem, SourceError>>,
     poll_interval: Duration,
     until_idle: bool,
-    heartbeats: Heartbeats,
+    mut heartbeats: Heartbeats,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {
-    let mut heartbeats = heartbeats;
     let mut backoff = backoff();
-    // The last batch sent: an idle heartbeat stands where it left the stream.
-    let mut last_sent: Option<(Position, Lsn)> = None;
     // The table versions last shown in the metrics: set again only when they move.
     let mut versions_shown = std::collections::BTreeMap::new();
     loop {
@@ -55,28 +103,11 @@ pub(super) async fn poll_source<B: BatchSource>(
             polled = poller.poll() => polled,
             () = stop.cancelled() => return,
         };
-        match &polled {
-            Ok(outcome) => {
-                let rows = match outcome {
-                    PollOutcome::Batch(batch) => Some(batch.changes.len()),
-                    PollOutcome::Idle => None,
-                };
-                metrics.poll_finished(started.elapsed(), rows, poller.tracked_instances());
-                metrics.set_loads(&poller.load_status());
-                metrics.set_resnapshots(&poller.resnapshot_status());
-                metrics.set_capture_actions(poller.capture_actions());
-                metrics.set_capture_job(poller.capture_job().as_ref());
-                metrics.set_retention(poller.cleanup_retention());
-            }
-            Err(e) => metrics.poll_failed(e),
-        }
+        report_poll(&metrics, &poller, &polled, started.elapsed());
         match polled {
             Ok(PollOutcome::Batch(mut batch)) => {
                 backoff.reset();
-                batch.heartbeat = heartbeats.due();
-                if heartbeats.on() {
-                    last_sent = Some((batch.position.clone(), batch.max_lsn));
-                }
+                heartbeats.on_batch(&mut batch);
                 if batch.position.table_versions != versions_shown {
                     metrics.set_table_versions(&batch.position.table_versions);
                     versions_shown.clone_from(&batch.position.table_versions);
@@ -104,23 +135,13 @@ pub(super) async fn poll_source<B: BatchSource>(
                     return;
                 }
                 // A quiet stream's heartbeat: no event, the position it stands at.
-                if let (Some((position, max_lsn)), Some(guid)) = (&last_sent, poller.stream_guid())
-                    && heartbeats.due()
-                {
-                    let beat = Batch {
-                        changes: Vec::new(),
-                        schema_changes: Vec::new(),
-                        position: position.clone(),
-                        max_lsn: *max_lsn,
-                        heartbeat: true,
-                    };
-                    if tx
+                if let (Some(beat), Some(guid)) = (heartbeats.on_idle(), poller.stream_guid())
+                    && tx
                         .send(Ok(SourceItem::Batch(Box::new(beat), guid)))
                         .await
                         .is_err()
-                    {
-                        return;
-                    }
+                {
+                    return;
                 }
                 tokio::select! {
                     () = tokio::time::sleep(poll_interval) => {}

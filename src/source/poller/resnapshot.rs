@@ -191,6 +191,47 @@ impl Resnapshots {
         out
     }
 
+    /// A chunk of `name`'s re-snapshot went out (`snapshot` its state after it):
+    /// its progress is logged every [`RESNAPSHOT_LOG_EVERY`], its end always.
+    fn chunk_sent(&mut self, name: &str, snapshot: &crate::position::Resnapshot, done: bool) {
+        if done {
+            let run = self.runs.remove(name);
+            let seconds = run.map_or(0.0, |r| r.started.elapsed().as_secs_f64());
+            tracing::info!(
+                table = %snapshot.load.table,
+                rows = snapshot.load.rows,
+                chunks = snapshot.chunks,
+                superseded_rows = snapshot.superseded,
+                seconds = (seconds * 10.0).round() / 10.0,
+                "table re-snapshot finished"
+            );
+            self.finished.insert(
+                snapshot.load.table.clone(),
+                ResnapshotStatus::of(snapshot, false),
+            );
+            return;
+        }
+        let Some(run) = self
+            .runs
+            .get_mut(name)
+            .filter(|r| r.last_log.elapsed() >= RESNAPSHOT_LOG_EVERY)
+        else {
+            return;
+        };
+        run.last_log = Instant::now();
+        let seconds = run.started.elapsed().as_secs_f64();
+        tracing::info!(
+            table = %snapshot.load.table,
+            rows = snapshot.load.rows,
+            chunks = snapshot.chunks,
+            superseded_rows = snapshot.superseded,
+            rows_per_second = (seconds > 0.0).then(|| {
+                (snapshot.load.rows.saturating_sub(run.rows_at_start) as f64 / seconds).round()
+            }),
+            "re-snapshotting"
+        );
+    }
+
     /// A poll failed: the chunk held is read again (the position went back).
     pub(super) fn discard_held(&mut self) {
         self.held = None;
@@ -291,80 +332,85 @@ impl<S: ChangeSource> Poller<S> {
     ) -> Result<(), SourceError> {
         self.load_catalog().await?;
         for request in requests {
-            let wanted = request.table.trim();
-            let Some(tracked) = self
+            let answer = self.take_on_one(request.table.trim()).await?;
+            *taken |= answer.as_ref().is_ok_and(|a| a.new);
+            answers.push(answer);
+        }
+        Ok(())
+    }
+
+    /// Whether the table named `wanted` can be re-snapshotted; if so its
+    /// re-snapshot is recorded in the position (or found there already).
+    async fn take_on_one(
+        &mut self,
+        wanted: &str,
+    ) -> Result<Result<SnapshotAccepted, SnapshotRefused>, SourceError> {
+        let Some(tracked) = self
+            .tracker
+            .tracked()
+            .iter()
+            .filter(|t| t.superseded_at.is_none())
+            .find(|t| t.instance.qualified_table().eq_ignore_ascii_case(wanted))
+        else {
+            let mut streamed: Vec<String> = self
                 .tracker
                 .tracked()
                 .iter()
-                .filter(|t| t.superseded_at.is_none())
-                .find(|t| t.instance.qualified_table().eq_ignore_ascii_case(wanted))
-            else {
-                let mut streamed: Vec<String> = self
-                    .tracker
-                    .tracked()
-                    .iter()
-                    .map(|t| t.instance.qualified_table())
-                    .collect();
-                streamed.dedup();
-                answers.push(Err(SnapshotRefused::NotStreamed {
-                    table: wanted.to_owned(),
-                    streamed: streamed.join(", "),
-                }));
-                continue;
-            };
-            let instance = tracked.instance.clone();
-            let table = instance.qualified_table();
-            if instance.key_columns.is_empty() {
-                answers.push(Err(SnapshotRefused::NoKey { table }));
-                continue;
-            }
-            if key_positions(&instance).is_err() {
-                answers.push(Err(SnapshotRefused::KeyNotStreamed { table }));
-                continue;
-            }
-            if let Some(running) = self.position.resnapshots.get(&instance.name) {
-                answers.push(Ok(SnapshotAccepted {
-                    table,
-                    capture_instance: instance.name.clone(),
-                    at: running.load.at,
-                    new: false,
-                    rows: running.load.rows,
-                }));
-                continue;
-            }
-            let max = self.source.max_lsn().await?;
-            let at = max.lsn.unwrap_or(Lsn::ZERO);
-            let commit_time_ns = self.commit_time_ns(at).await?;
-            // Never the first range: the changes committed at `at` were streamed
-            // already, and their `logicalid`s are `at` and their sequence numbers.
-            let logical_base = self.position.next_load_base.max(LOAD_ROWS_PER_RANGE);
-            self.position.next_load_base = logical_base.saturating_add(LOAD_ROWS_PER_RANGE);
-            self.position.resnapshots.insert(
-                instance.name.clone(),
-                crate::position::Resnapshot {
-                    load: TableLoad {
-                        table: table.clone(),
-                        at,
-                        commit_time_ns,
-                        after: None,
-                        rows: 0,
-                        logical_base,
-                    },
-                    chunks: 0,
-                    superseded: 0,
-                },
-            );
-            tracing::info!(%table, capture_instance = %instance.name, at_lsn = %at, "re-snapshot requested: the table is read again in key order while its changes stream on");
-            *taken = true;
-            answers.push(Ok(SnapshotAccepted {
+                .map(|t| t.instance.qualified_table())
+                .collect();
+            streamed.dedup();
+            return Ok(Err(SnapshotRefused::NotStreamed {
+                table: wanted.to_owned(),
+                streamed: streamed.join(", "),
+            }));
+        };
+        let instance = tracked.instance.clone();
+        let table = instance.qualified_table();
+        if instance.key_columns.is_empty() {
+            return Ok(Err(SnapshotRefused::NoKey { table }));
+        }
+        if key_positions(&instance).is_err() {
+            return Ok(Err(SnapshotRefused::KeyNotStreamed { table }));
+        }
+        if let Some(running) = self.position.resnapshots.get(&instance.name) {
+            return Ok(Ok(SnapshotAccepted {
                 table,
-                capture_instance: instance.name,
-                at,
-                new: true,
-                rows: 0,
+                capture_instance: instance.name.clone(),
+                at: running.load.at,
+                new: false,
+                rows: running.load.rows,
             }));
         }
-        Ok(())
+        let max = self.source.max_lsn().await?;
+        let at = max.lsn.unwrap_or(Lsn::ZERO);
+        let commit_time_ns = self.commit_time_ns(at).await?;
+        // Never the first range: the changes committed at `at` were streamed
+        // already, and their `logicalid`s are `at` and their sequence numbers.
+        let logical_base = self.position.next_load_base.max(LOAD_ROWS_PER_RANGE);
+        self.position.next_load_base = logical_base.saturating_add(LOAD_ROWS_PER_RANGE);
+        self.position.resnapshots.insert(
+            instance.name.clone(),
+            crate::position::Resnapshot {
+                load: TableLoad {
+                    table: table.clone(),
+                    at,
+                    commit_time_ns,
+                    after: None,
+                    rows: 0,
+                    logical_base,
+                },
+                chunks: 0,
+                superseded: 0,
+            },
+        );
+        tracing::info!(%table, capture_instance = %instance.name, at_lsn = %at, "re-snapshot requested: the table is read again in key order while its changes stream on");
+        Ok(Ok(SnapshotAccepted {
+            table,
+            capture_instance: instance.name,
+            at,
+            new: true,
+            rows: 0,
+        }))
     }
 
     /// The re-snapshots' turn between two iterations: the held chunk goes out once
@@ -501,42 +547,10 @@ impl<S: ChangeSource> Poller<S> {
                 &mut self.position.table_versions,
             );
         }
+        self.resnapshots.chunk_sent(&name, &snapshot, held.done);
         if held.done {
             self.position.resnapshots.remove(&name);
-            let run = self.resnapshots.runs.remove(&name);
-            let seconds = run.map_or(0.0, |r| r.started.elapsed().as_secs_f64());
-            tracing::info!(
-                table = %snapshot.load.table,
-                rows = snapshot.load.rows,
-                chunks = snapshot.chunks,
-                superseded_rows = snapshot.superseded,
-                seconds = (seconds * 10.0).round() / 10.0,
-                "table re-snapshot finished"
-            );
-            self.resnapshots.finished.insert(
-                snapshot.load.table.clone(),
-                ResnapshotStatus::of(&snapshot, false),
-            );
         } else {
-            if let Some(run) = self
-                .resnapshots
-                .runs
-                .get_mut(&name)
-                .filter(|r| r.last_log.elapsed() >= RESNAPSHOT_LOG_EVERY)
-            {
-                run.last_log = Instant::now();
-                let seconds = run.started.elapsed().as_secs_f64();
-                tracing::info!(
-                    table = %snapshot.load.table,
-                    rows = snapshot.load.rows,
-                    chunks = snapshot.chunks,
-                    superseded_rows = snapshot.superseded,
-                    rows_per_second = (seconds > 0.0).then(|| {
-                        (snapshot.load.rows.saturating_sub(run.rows_at_start) as f64 / seconds).round()
-                    }),
-                    "re-snapshotting"
-                );
-            }
             self.position.resnapshots.insert(name, snapshot);
         }
         self.position_batch(changes).await

@@ -62,6 +62,37 @@ pub(crate) fn pair(a: i32, b: &str, v: i64) -> Vec<Value> {
     vec![Value::Int(a), Value::Text(b.into()), Value::BigInt(v)]
 }
 
+/// Applying `events` per key, in order, as a consumer does, gives both tables as
+/// the simulator holds them now.
+pub(crate) fn assert_replay_gives_the_tables(seed: u64, events: &[Change], sim: &CdcSimulator) {
+    let mut copy = Copy::new();
+    for change in events {
+        apply(&mut copy, change);
+    }
+    for table in ["dbo.items", "dbo.pairs"] {
+        assert_eq!(
+            copy.get(table).cloned().unwrap_or_default(),
+            contents(sim, table),
+            "seed {seed}: {table} as a consumer applies the events"
+        );
+    }
+}
+
+/// Rows the tables hold before CDC is enabled on them (no change row tells of
+/// them): 230 items, 60 pairs.
+pub(crate) fn rows_before_cdc(sim: &CdcSimulator) {
+    let mut txn = sim.transaction();
+    for id in 1..=230 {
+        txn = txn.insert("dbo.items", item(id, &format!("item {id}"), id * 2));
+    }
+    for a in 0..60 {
+        txn = txn.insert("dbo.pairs", pair(a % 7, &format!("b{a}"), i64::from(a)));
+    }
+    txn.commit().unwrap();
+    sim.enable_table("dbo.items", None).unwrap();
+    sim.enable_table("dbo.pairs", None).unwrap();
+}
+
 /// xorshift: the seed is printed when an assertion fails.
 pub(crate) struct Rng(pub(crate) u64);
 
@@ -255,17 +286,7 @@ async fn a_load_under_concurrent_writes_plus_the_changes_after_it_give_the_curre
         let seed = held.0;
         let sim = database();
         let mut rng = Rng(seed);
-        // Rows the tables held before CDC was enabled: no change row tells of them.
-        let mut txn = sim.transaction();
-        for id in 1..=230 {
-            txn = txn.insert("dbo.items", item(id, &format!("item {id}"), id * 2));
-        }
-        for a in 0..60 {
-            txn = txn.insert("dbo.pairs", pair(a % 7, &format!("b{a}"), i64::from(a)));
-        }
-        txn.commit().unwrap();
-        sim.enable_table("dbo.items", None).unwrap();
-        sim.enable_table("dbo.pairs", None).unwrap();
+        rows_before_cdc(&sim);
         let mut next_id = 1_000;
         for _ in 0..20 {
             random_write(&sim, &mut rng, &mut next_id);
@@ -296,17 +317,7 @@ async fn a_load_under_concurrent_writes_plus_the_changes_after_it_give_the_curre
             "seed {seed}: changes followed the load"
         );
         // The consumer's rule: per key, in order.
-        let mut copy = Copy::new();
-        for change in &events {
-            apply(&mut copy, change);
-        }
-        for table in ["dbo.items", "dbo.pairs"] {
-            assert_eq!(
-                copy.get(table).cloned().unwrap_or_default(),
-                contents(&sim, table),
-                "seed {seed}: {table} as a consumer applies the events"
-            );
-        }
+        assert_replay_gives_the_tables(seed, &events, &sim);
         // Each table's loaded rows come before any of its changes, all at L0, with
         // beginlsn zero, numbered 1.. per table, the last one final; no change at or
         // below L0 is sent (the load holds it).

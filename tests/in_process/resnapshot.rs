@@ -17,7 +17,8 @@ use mssql_ces::source::{
 };
 
 use super::initial_load::{
-    Copy, Rng, apply, as_map, contents, database, drain, encoder, item, key_of, pair, random_write,
+    Copy, Rng, apply, as_map, assert_replay_gives_the_tables, contents, database, drain, encoder,
+    key_of, random_write, rows_before_cdc,
 };
 
 fn config(chunk: usize) -> PollerConfig {
@@ -235,16 +236,7 @@ fn incremental(change: &Change) -> bool {
 /// few transactions after.
 fn populated(seed: u64) -> (CdcSimulator, i32, Copy) {
     let sim = database();
-    let mut txn = sim.transaction();
-    for id in 1..=230 {
-        txn = txn.insert("dbo.items", item(id, &format!("item {id}"), id * 2));
-    }
-    for a in 0..60 {
-        txn = txn.insert("dbo.pairs", pair(a % 7, &format!("b{a}"), i64::from(a)));
-    }
-    txn.commit().unwrap();
-    sim.enable_table("dbo.items", None).unwrap();
-    sim.enable_table("dbo.pairs", None).unwrap();
+    rows_before_cdc(&sim);
     let before = ["dbo.items", "dbo.pairs"]
         .into_iter()
         .map(|t| (t.to_owned(), contents(&sim, t)))
@@ -328,17 +320,7 @@ async fn a_re_snapshot_under_concurrent_writes_and_a_lagging_capture_job_gives_t
         assert!(poller.source().reads > 40, "seed {seed}: read in chunks");
 
         // The consumer's rule: per key, in order, over everything the stream sent.
-        let mut copy = Copy::new();
-        for change in &events {
-            apply(&mut copy, change);
-        }
-        for table in ["dbo.items", "dbo.pairs"] {
-            assert_eq!(
-                copy.get(table).cloned().unwrap_or_default(),
-                contents(&sim, table),
-                "seed {seed}: {table} as a consumer applies the events"
-            );
-        }
+        assert_replay_gives_the_tables(seed, &events, &sim);
         let history = drain(&mut Poller::new(sim.clone(), config(7), None), |_| {}).await;
         assert_no_state_goes_back(seed, &events, &history, &before);
         for (table, asked) in [("dbo.items", &items), ("dbo.pairs", &pairs)] {

@@ -258,12 +258,7 @@ impl<S: ChangeSource> Poller<S> {
         else {
             return Ok(PollOutcome::Idle);
         };
-        let Some(tracked) = self
-            .tracker
-            .tracked()
-            .iter()
-            .find(|t| t.instance.name == name)
-        else {
+        let Some(tracked) = self.tracker.instance(&name) else {
             self.replace_vanished_load(&name, load).await?;
             return Ok(PollOutcome::Batch(self.position_batch(Vec::new()).await?));
         };

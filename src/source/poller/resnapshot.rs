@@ -441,12 +441,7 @@ impl<S: ChangeSource> Poller<S> {
         let Some(snapshot) = self.position.resnapshots.get(name).cloned() else {
             return Ok(false);
         };
-        let Some(tracked) = self
-            .tracker
-            .tracked()
-            .iter()
-            .find(|t| t.instance.name == name)
-        else {
+        let Some(tracked) = self.tracker.instance(name) else {
             tracing::warn!(capture_instance = %name, table = %snapshot.load.table, rows = snapshot.load.rows, "the capture instance being re-snapshotted is gone (disabled, or no longer included): its re-snapshot ends here; ask again for the table's other capture instance");
             self.position.resnapshots.remove(name);
             self.resnapshots.runs.remove(name);
@@ -508,10 +503,7 @@ impl<S: ChangeSource> Poller<S> {
         let name = held.instance;
         let (Some(mut snapshot), Some(tracked)) = (
             self.position.resnapshots.get(&name).cloned(),
-            self.tracker
-                .tracked()
-                .iter()
-                .find(|t| t.instance.name == name),
+            self.tracker.instance(&name),
         ) else {
             return self.position_batch(Vec::new()).await;
         };

@@ -107,6 +107,11 @@ impl CatalogTracker {
         &self.tracked
     }
 
+    /// The capture instance `name`, when it is read.
+    pub(super) fn instance(&self, name: &str) -> Option<&Tracked> {
+        self.tracked.iter().find(|t| t.instance.name == name)
+    }
+
     /// The catalog last read.
     pub(super) fn catalog(&self) -> Option<&Catalog> {
         self.catalog.as_ref()
@@ -618,9 +623,7 @@ mod tests {
     fn tracked<'a, S>(poller: &'a Poller<S>, name: &str) -> &'a Tracked {
         poller
             .tracker
-            .tracked
-            .iter()
-            .find(|t| t.instance.name == name)
+            .instance(name)
             .unwrap_or_else(|| panic!("{name} is not tracked"))
     }
 

@@ -4,12 +4,14 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use cdc_sim::CdcSimulator;
+use cdc_sim::{CdcSimulator, SimColumn};
+use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::event::{Change, Origin, Value};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::initial_load::SnapshotMode;
 use mssql_ces::source::poller::{
-    PollOutcome, Poller, PollerConfig, SnapshotAccepted, SnapshotHandle, SnapshotRefused,
+    PollOutcome, Poller, PollerConfig, ResnapshotStatus, SnapshotAccepted, SnapshotHandle,
+    SnapshotRefused,
 };
 use mssql_ces::source::{
     CaptureDdl, CaptureInstance, CdcReads, FactReads, SourceClock, SourceError, TableCursor,
@@ -18,7 +20,7 @@ use mssql_ces::source::{
 
 use super::initial_load::{
     Copy, Rng, apply, as_map, assert_replay_gives_the_tables, contents, database, drain, encoder,
-    key_of, random_write, rows_before_cdc,
+    item, key_of, random_write, rows_before_cdc,
 };
 
 fn config(chunk: usize) -> PollerConfig {
@@ -39,10 +41,17 @@ struct WritesAroundReads {
     rng: Rng,
     next_id: i32,
     reads: usize,
+    /// Random transactions around every read (else only `after_read`'s).
+    random: bool,
+    /// Run once each, right after a read, in order.
+    after_read: std::collections::VecDeque<Box<dyn FnOnce(&CdcSimulator) + Send>>,
 }
 
 impl WritesAroundReads {
     fn write_some(&mut self) {
+        if !self.random {
+            return;
+        }
         for _ in 0..self.rng.below(3) {
             random_write(&self.sim, &mut self.rng, &mut self.next_id);
         }
@@ -102,6 +111,9 @@ impl TableReads for WritesAroundReads {
         self.reads += 1;
         self.write_some();
         let rows = self.sim.read_table(instance, cursor, limit).await;
+        if let Some(after) = self.after_read.pop_front() {
+            after(&self.sim);
+        }
         self.write_some();
         // Sometimes the capture job scans before the poller reads max_lsn: changes
         // the chunk does not show are then at or below its high mark.
@@ -261,6 +273,8 @@ async fn a_re_snapshot_under_concurrent_writes_and_a_lagging_capture_job_gives_t
             rng: Rng(seed ^ 0x5EED),
             next_id: next_id + 100_000,
             reads: 0,
+            random: true,
+            after_read: Default::default(),
         };
         let mut poller = Poller::new(source, config(7), None);
         let handle = poller.snapshot_handle();
@@ -493,4 +507,117 @@ async fn a_re_snapshot_is_refused_by_name_for_what_it_cannot_read() {
         .await
         .unwrap_err();
     assert_eq!(refused, SnapshotRefused::InitialOnly);
+}
+
+/// A change of another table of the same schema and key type supersedes nothing;
+/// one of the table itself supersedes its held row. The status says how it went,
+/// while it runs and once it finished.
+#[tokio::test]
+async fn only_the_tables_own_changes_supersede_and_the_status_counts_them() {
+    let sim = database();
+    sim.create_table(
+        "dbo",
+        "other",
+        vec![
+            SimColumn::new("id", SqlType::Int),
+            SimColumn::new("name", SqlType::NVarChar(Length::Bounded(50))),
+            SimColumn::new("qty", SqlType::Int),
+        ],
+        &["id"],
+    );
+    let mut txn = sim.transaction();
+    for id in 1..=30 {
+        txn = txn
+            .insert("dbo.items", item(id, &format!("item {id}"), id))
+            .insert("dbo.other", item(id, &format!("other {id}"), id));
+    }
+    txn.commit().unwrap();
+    for table in ["dbo.items", "dbo.other"] {
+        sim.enable_table(table, None).unwrap();
+    }
+    let mut source = WritesAroundReads {
+        sim: sim.clone(),
+        rng: Rng(1),
+        next_id: 0,
+        reads: 0,
+        random: false,
+        after_read: Default::default(),
+    };
+    // Right after the first chunk (items 1 to 10) is read: a change of other's 5,
+    // and of items' 7.
+    source.after_read.push_back(Box::new(|sim: &CdcSimulator| {
+        let txn = sim
+            .transaction()
+            .update(
+                "dbo.other",
+                vec![Value::Int(5)],
+                vec![("qty", Value::Int(500))],
+            )
+            .update(
+                "dbo.items",
+                vec![Value::Int(7)],
+                vec![("qty", Value::Int(700))],
+            );
+        txn.commit().unwrap();
+    }));
+    let mut poller = Poller::new(source, config(10), None);
+    let handle = poller.snapshot_handle();
+    let mut events = drain(&mut poller, |_| {}).await;
+    // The poll that takes the request on returns a batch of its own that records
+    // it, before any chunk is read: durable once delivered.
+    let asked = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.request("dbo.items").await }
+    });
+    tokio::task::yield_now().await;
+    let PollOutcome::Batch(recorded) = poller.poll().await.unwrap() else {
+        panic!("the request's own batch");
+    };
+    assert!(recorded.changes.is_empty());
+    assert_eq!(
+        recorded.position.resnapshots["dbo_items"].load.rows, 0,
+        "{:?}",
+        recorded.position.resnapshots
+    );
+    assert!(asked.await.unwrap().unwrap().new);
+    let mut running = None;
+    loop {
+        match poller.poll().await.unwrap() {
+            PollOutcome::Batch(batch) => events.extend(batch.changes),
+            PollOutcome::Idle => break,
+        }
+        if running.is_none() {
+            running = poller.resnapshot_status().first().cloned();
+        }
+    }
+    let running = running.expect("a status while it ran");
+    assert!(
+        running.running && running.table == "dbo.items",
+        "{running:?}"
+    );
+    let sent: Vec<i32> = events
+        .iter()
+        .filter(|c| incremental(c))
+        .filter_map(|c| match c.current.as_ref()?[0] {
+            Value::Int(id) => Some(id),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<i32> = (1..=30).filter(|&id| id != 7).collect();
+    assert_eq!(
+        sent, expected,
+        "items' 7 superseded by its change, other's 5 by nothing"
+    );
+    assert_eq!(
+        poller.resnapshot_status(),
+        [ResnapshotStatus {
+            table: "dbo.items".into(),
+            rows: 29,
+            chunks: 3,
+            superseded: 1,
+            running: false,
+        }],
+        "how it ended"
+    );
+    assert_replay_gives_the_tables(0, &events, &sim);
 }

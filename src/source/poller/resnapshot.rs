@@ -237,17 +237,15 @@ impl Resnapshots {
         self.held = None;
     }
 
-    /// Every change of the held chunk's table in `changes` removes the held row of
-    /// its keys, before and after.
+    /// Every change of the held chunk's table in `changes` (what the merge
+    /// emitted: CDC's changes only) removes the held row of its keys, before and
+    /// after.
     pub(super) fn supersede(&mut self, changes: &[Change]) {
         let Some(held) = self.held.as_mut() else {
             return;
         };
         for change in changes {
-            if change.origin != Origin::Cdc
-                || change.table.table() != held.table
-                || change.table.schema() != held.schema
-            {
+            if change.table.table() != held.table || change.table.schema() != held.schema {
                 continue;
             }
             for image in [change.old.as_ref(), change.current.as_ref()]

@@ -33,6 +33,9 @@ fn config(chunk: usize) -> PollerConfig {
     }
 }
 
+/// What a test does to the database right after a table read.
+type AfterRead = Box<dyn FnOnce(&CdcSimulator) + Send>;
+
 /// The simulator, with random transactions committed just before and just after
 /// each table read (rows a chunk shows changed, or changed right after it), and
 /// sometimes a scan of the capture job right after.
@@ -44,7 +47,7 @@ struct WritesAroundReads {
     /// Random transactions around every read (else only `after_read`'s).
     random: bool,
     /// Run once each, right after a read, in order.
-    after_read: std::collections::VecDeque<Box<dyn FnOnce(&CdcSimulator) + Send>>,
+    after_read: std::collections::VecDeque<AfterRead>,
 }
 
 impl WritesAroundReads {

@@ -69,13 +69,7 @@ async fn snapshot(served: &Served, peer: SocketAddr, database: Option<&str>, tab
     for (name, handle) in handles {
         match handle.request(table).await {
             Ok(answer) => {
-                let mut line = serde_json::json!({
-                    "table": answer.table,
-                    "capture_instance": answer.capture_instance,
-                    "at_lsn": answer.at.to_string(),
-                    "new": answer.new,
-                    "rows": answer.rows,
-                });
+                let mut line = serde_json::to_value(&answer).unwrap_or_default();
                 if !name.is_empty() {
                     line["database"] = name.into();
                 }

@@ -28,19 +28,19 @@ fn config(mode: SnapshotMode, chunk: usize) -> PollerConfig {
     }
 }
 
+/// The columns of `dbo.items`: `id` (its key), `name`, `qty`.
+pub(crate) fn item_columns() -> Vec<SimColumn> {
+    vec![
+        SimColumn::new("id", SqlType::Int),
+        SimColumn::new("name", SqlType::NVarChar(Length::Bounded(50))),
+        SimColumn::new("qty", SqlType::Int),
+    ]
+}
+
 /// `dbo.items` (int key) and `dbo.pairs` (two-column key, text second).
 pub(crate) fn database() -> CdcSimulator {
     let sim = CdcSimulator::new("shop", GUID, 0);
-    sim.create_table(
-        "dbo",
-        "items",
-        vec![
-            SimColumn::new("id", SqlType::Int),
-            SimColumn::new("name", SqlType::NVarChar(Length::Bounded(50))),
-            SimColumn::new("qty", SqlType::Int),
-        ],
-        &["id"],
-    );
+    sim.create_table("dbo", "items", item_columns(), &["id"]);
     sim.create_table(
         "dbo",
         "pairs",

@@ -4,8 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use cdc_sim::{CdcSimulator, SimColumn};
-use mssql_ces::event::value::{Length, SqlType};
+use cdc_sim::CdcSimulator;
 use mssql_ces::event::{Change, Origin, Value};
 use mssql_ces::lsn::Lsn;
 use mssql_ces::source::initial_load::SnapshotMode;
@@ -20,7 +19,7 @@ use mssql_ces::source::{
 
 use super::initial_load::{
     Copy, Rng, apply, as_map, assert_replay_gives_the_tables, contents, database, drain, encoder,
-    item, key_of, random_write, rows_before_cdc,
+    item, item_columns, key_of, random_write, rows_before_cdc,
 };
 
 fn config(chunk: usize) -> PollerConfig {
@@ -518,16 +517,8 @@ async fn a_re_snapshot_is_refused_by_name_for_what_it_cannot_read() {
 #[tokio::test]
 async fn only_the_tables_own_changes_supersede_and_the_status_counts_them() {
     let sim = database();
-    sim.create_table(
-        "dbo",
-        "other",
-        vec![
-            SimColumn::new("id", SqlType::Int),
-            SimColumn::new("name", SqlType::NVarChar(Length::Bounded(50))),
-            SimColumn::new("qty", SqlType::Int),
-        ],
-        &["id"],
-    );
+    // The same columns and key as dbo.items.
+    sim.create_table("dbo", "other", item_columns(), &["id"]);
     let mut txn = sim.transaction();
     for id in 1..=30 {
         txn = txn

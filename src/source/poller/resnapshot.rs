@@ -68,6 +68,7 @@ pub struct SnapshotAccepted {
     pub table: String,
     pub capture_instance: String,
     /// The LSN it was asked at: its rows' `commitlsn`.
+    #[serde(rename = "at_lsn")]
     pub at: Lsn,
     /// False when the table's re-snapshot was under way already.
     pub new: bool,

@@ -149,6 +149,39 @@ impl FileStore {
         Ok(())
     }
 
+    /// The other streams' checkpoints in this one's directory: every regular file
+    /// there but this one's, its lock and temporary files, whose text is a
+    /// checkpoint document. Files of another kind (a sink's output, a
+    /// configuration) are passed over unread past their first byte or their size.
+    pub fn peers(&self) -> Result<Vec<super::Checkpoint>, CheckpointError> {
+        let mut peers = Vec::new();
+        let entries = fs::read_dir(self.dir()).map_err(|e| self.io(e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| self.io(e))?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let own = path.file_name() == self.path.file_name();
+            if own || name.starts_with('.') || name.ends_with(".lock") {
+                continue;
+            }
+            let Some(text) = read_if_checkpoint_sized(&path).map_err(|e| self.io(e))? else {
+                continue;
+            };
+            let location = path.display().to_string();
+            match super::parse_any(&text, &location) {
+                Ok(checkpoint) if checkpoint.stream_name != self.stream_name => {
+                    peers.push(checkpoint)
+                }
+                Ok(_) => {}
+                Err(CheckpointError::Corrupt { reason, .. }) => {
+                    tracing::debug!(%location, %reason, "not a checkpoint; passed over");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(peers)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -204,6 +237,35 @@ impl FileStore {
 }
 
 /// The host name, for naming the lease holder.
+/// The largest file read as a possible checkpoint: a position is a few kilobytes
+/// (a wide table's shape a few hundred more).
+const LARGEST_CHECKPOINT: u64 = 16 << 20;
+
+/// The text of `path` when it is a regular file of a checkpoint's size that starts
+/// as a JSON object; `None` otherwise (or when it went away meanwhile).
+fn read_if_checkpoint_sized(path: &Path) -> std::io::Result<Option<String>> {
+    use std::io::Read as _;
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.len() > LARGEST_CHECKPOINT {
+        return Ok(None);
+    }
+    let mut text = String::new();
+    if file
+        .take(LARGEST_CHECKPOINT)
+        .read_to_string(&mut text)
+        .is_err()
+    {
+        // Not UTF-8: not a checkpoint.
+        return Ok(None);
+    }
+    Ok(text.trim_start().starts_with('{').then_some(text))
+}
+
 fn hostname() -> Option<String> {
     fs::read_to_string("/proc/sys/kernel/hostname")
         .or_else(|_| fs::read_to_string("/etc/hostname"))

@@ -346,17 +346,51 @@ impl KafkaStore {
 
     /// The last checkpoint of this stream in the topic.
     pub async fn load(&mut self) -> Result<Option<Position>, CheckpointError> {
+        let key = Some(self.stream_name.clone());
+        let mut found = self.last_values(key).await?;
+        match found.remove(&self.stream_name) {
+            Some(text) => parse(&text, &self.stream_name, &self.location()).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The last checkpoint of every other stream in the topic. Read without the
+    /// lease or the writes: this store is a reader of its own.
+    pub async fn peers(&mut self) -> Result<Vec<super::Checkpoint>, CheckpointError> {
+        let found = self.last_values(None).await?;
+        let mut peers = Vec::new();
+        for (stream, text) in found {
+            if stream == self.stream_name {
+                continue;
+            }
+            let location = format!("{} (key {stream})", self.location());
+            match super::parse_any(&text, &location) {
+                Ok(checkpoint) => peers.push(checkpoint),
+                Err(CheckpointError::Corrupt { reason, .. }) => {
+                    tracing::warn!(%location, %reason, "another key's record is not a checkpoint; the cleanup after delivery passes it over");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(peers)
+    }
+
+    /// The last value of `key` (every key's, with `None`) in the topic.
+    async fn last_values(
+        &mut self,
+        key: Option<String>,
+    ) -> Result<std::collections::BTreeMap<String, String>, CheckpointError> {
         let Some(partitions) = self.topic_partitions().await? else {
-            return Ok(None);
+            return Ok(Default::default());
         };
         let config = self.client_config();
         let read = Read {
             topic: self.topic.clone(),
-            key: self.stream_name.clone(),
+            key,
             timeout: self.timeout,
             open_transaction_wait: self.open_transaction_wait,
         };
-        let read = tokio::task::spawn_blocking(move || read.last_value(config, &partitions))
+        let read = tokio::task::spawn_blocking(move || read.last_values(config, &partitions))
             .await
             .map_err(|e| CheckpointError::Io {
                 location: self.location(),
@@ -375,10 +409,7 @@ impl KafkaStore {
                 cause: Some(crate::error::cause(cause)),
             },
         })?;
-        match read {
-            Some(text) => parse(&text, &self.stream_name, &self.location()).map(Some),
-            None => Ok(None),
-        }
+        Ok(read)
     }
 
     /// Whether the topic can be reached (for `check`: nothing written).
@@ -493,10 +524,11 @@ impl ReadFailure {
     }
 }
 
-/// One read of a stream's checkpoint: the last record under `key` in `topic`.
+/// One read of the checkpoint topic: the last record under `key` in `topic`, or
+/// under every key.
 struct Read {
     topic: String,
-    key: String,
+    key: Option<String>,
     /// Bound on reading what is there.
     timeout: Duration,
     /// Further bound on waiting for a transaction left open below the end.
@@ -519,13 +551,14 @@ impl Read {
         }
     }
 
-    /// The last payload under the key in `partitions`, read `read_committed` up to
-    /// each partition's high watermark as it stood when the read began.
-    fn last_value(
+    /// The last payload under the key (each key) in `partitions`, read
+    /// `read_committed` up to each partition's high watermark as it stood when the
+    /// read began. A key whose last record has no payload has none.
+    fn last_values(
         &self,
         mut config: ClientConfig,
         partitions: &[i32],
-    ) -> Result<Option<String>, ReadFailure> {
+    ) -> Result<std::collections::BTreeMap<String, String>, ReadFailure> {
         let topic = self.topic.as_str();
         // The ends: what was written, as a read_uncommitted client lists it (a
         // read_committed one lists the last stable offset, which an open transaction
@@ -552,7 +585,7 @@ impl Read {
         }
         drop(lister);
         if ends.is_empty() {
-            return Ok(None);
+            return Ok(Default::default());
         }
         // librdkafka reads assigned partitions only in a group, and looks its
         // coordinator up; nothing is committed to it, and fetching needs no right on
@@ -567,7 +600,9 @@ impl Read {
         consumer
             .assign(&assignment)
             .map_err(ReadFailure::client("cannot assign the partitions"))?;
-        let mut found: std::collections::BTreeMap<i32, (i64, Option<String>)> = Default::default();
+        // Per key: its last record's offset and payload.
+        let mut found: std::collections::BTreeMap<Vec<u8>, (i64, Option<String>)> =
+            Default::default();
         let started = std::time::Instant::now();
         let mut waiting_said = false;
         while !ends.is_empty() {
@@ -636,11 +671,21 @@ impl Read {
                 Err(e) => return Err(self.failure(&e)),
             };
             let partition = message.partition();
-            if message.key() == Some(self.key.as_bytes()) {
+            let wanted = match (&self.key, message.key()) {
+                (_, None) => None,
+                (Some(key), Some(found)) => (found == key.as_bytes()).then_some(found),
+                (None, Some(found)) => Some(found),
+            };
+            if let Some(key) = wanted {
                 let value = message
                     .payload()
                     .map(|p| String::from_utf8_lossy(p).into_owned());
-                found.insert(partition, (message.offset(), value));
+                // One partition holds a key (the producer's partitioner): its last
+                // record is the one of the highest offset.
+                let slot = found.entry(key.to_vec()).or_insert((-1, None));
+                if message.offset() > slot.0 {
+                    *slot = (message.offset(), value);
+                }
             }
             if ends
                 .get(&partition)
@@ -649,11 +694,10 @@ impl Read {
                 ends.remove(&partition);
             }
         }
-        // One partition holds a key (the producer's partitioner): its last record.
         Ok(found
-            .into_values()
-            .max_by_key(|(offset, _)| *offset)
-            .and_then(|(_, value)| value))
+            .into_iter()
+            .filter_map(|(key, (_, value))| Some((String::from_utf8(key).ok()?, value?)))
+            .collect())
     }
 }
 

@@ -4,13 +4,15 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::CheckpointError;
+use super::{Checkpoint, CheckpointError};
 use crate::position::Position;
 
 #[derive(Debug, Default)]
 struct Inner {
     position: Option<Position>,
     writes: usize,
+    /// Other streams' checkpoints, as the embedding program tells them.
+    peers: Vec<Checkpoint>,
     #[cfg(any(test, feature = "testing"))]
     faults: Faults,
 }
@@ -56,6 +58,17 @@ impl MemoryStore {
 
     pub fn load(&self) -> Option<Position> {
         self.position()
+    }
+
+    /// Other streams' checkpoints ([`set_peers`](Self::set_peers)).
+    pub fn peers(&self) -> Vec<Checkpoint> {
+        self.lock().peers.clone()
+    }
+
+    /// Tells the store the other streams' checkpoints (what a shared store would
+    /// hold beside this stream's).
+    pub fn set_peers(&self, peers: Vec<Checkpoint>) {
+        self.lock().peers = peers;
     }
 
     pub async fn save(&self, position: &Position) -> Result<(), CheckpointError> {

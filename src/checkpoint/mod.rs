@@ -249,6 +249,30 @@ impl CheckpointStore {
         }
     }
 
+    /// The checkpoints of the other streams this store holds, for
+    /// `source.cleanup = "after_delivery"`: the files beside this stream's, the
+    /// table's other rows, the topic's other keys. A document that is not a
+    /// checkpoint is passed over; one written by a newer release is an error (it
+    /// may say more than this release can read), as is a store that cannot be read.
+    pub async fn peers(&mut self) -> Result<Vec<Checkpoint>, CheckpointError> {
+        match self {
+            CheckpointStore::File(s) => {
+                let detached = s.detached()?;
+                let location = s.path().display().to_string();
+                tokio::task::spawn_blocking(move || detached.peers())
+                    .await
+                    .map_err(|e| CheckpointError::Io {
+                        cause: Some(crate::error::cause(e)),
+                        location,
+                        reason: "the read's thread failed".to_owned(),
+                    })?
+            }
+            CheckpointStore::Table(s) => s.peers().await,
+            CheckpointStore::Kafka(s) => s.peers().await,
+            CheckpointStore::Memory(s) => Ok(s.peers()),
+        }
+    }
+
     pub async fn save(&mut self, position: &Position) -> Result<(), CheckpointError> {
         match self {
             // Off the async workers: an fsync on a hung mount must not hold them
@@ -277,11 +301,45 @@ impl CheckpointStore {
 
 /// Parses a stored checkpoint document and checks it belongs to `stream_name`.
 pub fn parse(text: &str, stream_name: &str, location: &str) -> Result<Position, CheckpointError> {
-    let checkpoint: Checkpoint =
-        serde_json::from_str(text).map_err(|e| CheckpointError::Corrupt {
+    let checkpoint = parse_any(text, location)?;
+    if checkpoint.stream_name != stream_name {
+        return Err(CheckpointError::OtherStream {
             location: location.to_owned(),
-            reason: e.to_string(),
-        })?;
+            expected: stream_name.to_owned(),
+            found: checkpoint.stream_name,
+        });
+    }
+    Ok(checkpoint.position)
+}
+
+/// Parses a stored checkpoint document of any stream, in a format this release
+/// reads.
+pub fn parse_any(text: &str, location: &str) -> Result<Checkpoint, CheckpointError> {
+    /// A document's format version alone: a newer format has fields this release
+    /// does not know, which the whole document's read refuses first.
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        version: u32,
+    }
+    let checkpoint: Checkpoint = match serde_json::from_str(text) {
+        Ok(checkpoint) => checkpoint,
+        Err(e) => {
+            if let Ok(VersionOnly { version }) = serde_json::from_str(text)
+                && version > CHECKPOINT_VERSION
+            {
+                return Err(CheckpointError::NewerVersion {
+                    location: location.to_owned(),
+                    found: version,
+                    oldest: OLDEST_READABLE_VERSION,
+                    newest: CHECKPOINT_VERSION,
+                });
+            }
+            return Err(CheckpointError::Corrupt {
+                location: location.to_owned(),
+                reason: e.to_string(),
+            });
+        }
+    };
     if checkpoint.version > CHECKPOINT_VERSION {
         return Err(CheckpointError::NewerVersion {
             location: location.to_owned(),
@@ -299,14 +357,7 @@ pub fn parse(text: &str, stream_name: &str, location: &str) -> Result<Position, 
             ),
         });
     }
-    if checkpoint.stream_name != stream_name {
-        return Err(CheckpointError::OtherStream {
-            location: location.to_owned(),
-            expected: stream_name.to_owned(),
-            found: checkpoint.stream_name,
-        });
-    }
-    Ok(checkpoint.position)
+    Ok(checkpoint)
 }
 
 /// The stored document for `position`, in the current format.
@@ -413,6 +464,20 @@ mod tests {
         let older = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 0", 1);
         assert!(matches!(
             parse(&older, "default", "cp.json"),
+            Err(CheckpointError::Corrupt { .. })
+        ));
+        // A newer format carries fields this release does not know: still newer,
+        // not corrupt.
+        let with_more = newer.replacen("\"version\": 7", "\"version\": 7, \"later\": true", 1);
+        assert!(with_more.contains("later"));
+        assert!(matches!(
+            parse(&with_more, "default", "cp.json"),
+            Err(CheckpointError::NewerVersion { found: 7, .. })
+        ));
+        // The same field in a document of this format is corrupt.
+        let current = V1_DOCUMENT.replacen("\"version\": 1", "\"version\": 1, \"later\": true", 1);
+        assert!(matches!(
+            parse(&current, "default", "cp.json"),
             Err(CheckpointError::Corrupt { .. })
         ));
     }

@@ -13,6 +13,11 @@ use crate::position::Position;
 pub const CHECKPOINT_READ: &str =
     "SELECT position FROM dbo.mssql_ces_checkpoint WHERE stream_name = @P1;";
 
+/// Every other stream's checkpoint in the table (`source.cleanup =
+/// "after_delivery"`).
+pub const CHECKPOINT_PEERS: &str =
+    "SELECT stream_name, position FROM dbo.mssql_ces_checkpoint WHERE stream_name <> @P1;";
+
 /// Upsert of a stream's position. The lease (`LEASE_ACQUIRE`, taken again before a
 /// write on any new connection) keeps it to one writer per stream, so the first
 /// insert of a key cannot race another.
@@ -282,6 +287,30 @@ impl TableStore {
         parse(text, &self.stream_name, LOCATION).map(Some)
     }
 
+    /// The other streams' checkpoints in the table. Read without the lease: this
+    /// store is a reader of its own, never the stream's writer.
+    pub async fn peers(&mut self) -> Result<Vec<super::Checkpoint>, CheckpointError> {
+        let name = self.stream_name.clone();
+        let rows = self.query(CHECKPOINT_PEERS, &[&name]).await?;
+        let mut peers = Vec::new();
+        for row in rows {
+            let stream: Option<&str> = row.try_get("stream_name").map_err(error)?;
+            let text: Option<&str> = row.try_get("position").map_err(error)?;
+            let (Some(stream), Some(text)) = (stream, text) else {
+                continue;
+            };
+            let location = format!("{LOCATION} (stream {stream})");
+            match super::parse_any(text, &location) {
+                Ok(checkpoint) => peers.push(checkpoint),
+                Err(CheckpointError::Corrupt { reason, .. }) => {
+                    tracing::warn!(%location, %reason, "another stream's row is not a checkpoint; the cleanup after delivery passes it over");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(peers)
+    }
+
     /// Whether the table exists and this login may write it.
     pub async fn check_writable(&mut self) -> Result<(), CheckpointError> {
         let rows = self.query(CHECKPOINT_WRITABLE, &[]).await?;
@@ -320,7 +349,7 @@ mod tests {
     fn the_statements_name_the_table_the_source_leaves_out() {
         let (schema, table) = crate::source::filter::CHECKPOINT_TABLE;
         let name = format!("{schema}.{table}");
-        for sql in [CHECKPOINT_READ, CHECKPOINT_WRITE] {
+        for sql in [CHECKPOINT_READ, CHECKPOINT_WRITE, CHECKPOINT_PEERS] {
             assert!(sql.contains(&name), "{sql}");
         }
         assert_eq!(LOCATION, format!("table {name}"));
@@ -345,6 +374,7 @@ mod tests {
     fn the_checkpoint_queries_parse_as_tsql() {
         assert_parses("CHECKPOINT_READ", CHECKPOINT_READ);
         assert_parses("CHECKPOINT_WRITE", CHECKPOINT_WRITE);
+        assert_parses("CHECKPOINT_PEERS", CHECKPOINT_PEERS);
         assert_parses("LEASE_ACQUIRE", LEASE_ACQUIRE);
         assert_parses("LEASE_HELD", LEASE_HELD);
         assert_parses("CHECKPOINT_WRITABLE", CHECKPOINT_WRITABLE);

@@ -16,7 +16,7 @@ use crate::sink::stream::Resume;
 use crate::sink::{Router, SinkError, SinkHealth};
 use crate::source::ChangeSource;
 use crate::source::initial_load::SnapshotMode;
-use crate::source::poller::{Poller, StartPosition};
+use crate::source::poller::{CleanupMode, Poller, StartPosition};
 use crate::source::sqlserver::SqlServerSource;
 use crate::source::synthetic::{SyntheticConfig, SyntheticSource};
 use tokio_util::sync::CancellationToken;
@@ -208,7 +208,11 @@ async fn run_stream(
             );
             let source = SqlServerSource::new(settings)
                 .with_first_row_timeout(config.snapshot.first_row_timeout);
-            let poller = Poller::new(source, poller_config, position);
+            let mut poller = Poller::new(source, poller_config, position);
+            if config.source.cleanup == CleanupMode::AfterDelivery {
+                // A reader of the same store, for the other streams' positions.
+                poller.read_peers_from(checkpoint_store(&config)?);
+            }
             drive(
                 &config,
                 poller,

@@ -98,6 +98,21 @@ pub struct SourceSettings {
     /// What to do when the cleanup job purged changes before they were delivered.
     #[serde(default)]
     pub on_gap: GapPolicy,
+    /// Who removes change rows: `"agent"`, SQL Server's cleanup job by its retention
+    /// (the default), or `"after_delivery"`, this daemon, below what every stream of
+    /// the database has delivered (needs `db_owner`). See [Cleanup after
+    /// delivery](operating.md#cleanup-after-delivery).
+    #[serde(default)]
+    pub cleanup: crate::source::poller::CleanupMode,
+    /// With `cleanup = "after_delivery"`: how often the change tables are cleaned, in
+    /// milliseconds.
+    #[serde(
+        rename = "cleanup_interval_ms",
+        with = "millis",
+        default = "default_cleanup_interval_ms"
+    )]
+    #[schemars(with = "u64", range(min = 1))]
+    pub cleanup_interval: Duration,
     /// Where to start when there is no checkpoint. `"latest"` is settled and saved
     /// before the first poll, so a restart before the first delivery starts at the same
     /// place and skips nothing.
@@ -583,6 +598,9 @@ fn default_query_timeout_ms() -> Duration {
     Duration::from_millis(60_000)
 }
 // The poll loop's defaults are its own (`PollerConfig::default`), kept in one place.
+fn default_cleanup_interval_ms() -> Duration {
+    PollerConfig::default().cleanup_interval
+}
 fn default_unreadable_grace_ms() -> Duration {
     PollerConfig::default().unreadable_grace
 }
@@ -740,6 +758,20 @@ impl Config {
             &self.source.include,
         )
         .map_err(|(setting, reason)| invalid(setting, reason))?;
+        if self.source.cleanup == crate::source::poller::CleanupMode::AfterDelivery
+            && self.source.kind != SourceKind::Sqlserver
+        {
+            return Err(invalid(
+                "source.cleanup",
+                "\"after_delivery\" cleans SQL Server's change tables; the synthetic source has none: use kind = \"sqlserver\", or \"agent\"",
+            ));
+        }
+        if self.source.cleanup_interval.is_zero() {
+            return Err(invalid(
+                "source.cleanup_interval_ms",
+                "must be at least 1 (milliseconds between cleanups; the default is 300000)",
+            ));
+        }
         if self.source.kind == SourceKind::Sqlserver {
             let c = &self.source.connection_string;
             if c.env.is_none() && c.file.is_none() {
@@ -856,6 +888,8 @@ impl Config {
                 || self.many_databases(),
             // Read for the metrics, as often as the catalog.
             cdc_jobs_every: self.metrics.listen.is_some().then_some(s.catalog_refresh),
+            cleanup: s.cleanup,
+            cleanup_interval: s.cleanup_interval,
         })
     }
 }
@@ -1819,6 +1853,48 @@ topic = "hub"
                 "{sink}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn cleanup_after_delivery_is_checked_before_connecting() {
+        let sqlserver = "[source]\nkind = \"sqlserver\"\nconnection_string = { env = \"X\" }\n";
+        let sink = "[sink]\nkind = \"stdout\"\n";
+        let default = load(&format!("{sqlserver}{sink}"))
+            .unwrap()
+            .poller()
+            .unwrap();
+        assert_eq!(default.cleanup, crate::source::poller::CleanupMode::Agent);
+        assert_eq!(default.cleanup_interval, Duration::from_secs(300));
+        let after = load(&format!(
+            "{sqlserver}cleanup = \"after_delivery\"\ncleanup_interval_ms = 1500\n{sink}"
+        ))
+        .unwrap()
+        .poller()
+        .unwrap();
+        assert_eq!(
+            after.cleanup,
+            crate::source::poller::CleanupMode::AfterDelivery
+        );
+        assert_eq!(after.cleanup_interval, Duration::from_millis(1500));
+        let zero = load(&format!(
+            "{sqlserver}cleanup = \"after_delivery\"\ncleanup_interval_ms = 0\n{sink}"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(zero.contains("source.cleanup_interval_ms"), "{zero}");
+        let synthetic = MINIMAL.replace(
+            "kind = \"synthetic\"\n",
+            "kind = \"synthetic\"\ncleanup = \"after_delivery\"\n",
+        );
+        let err = load(&synthetic).unwrap_err().to_string();
+        assert!(
+            err.contains("source.cleanup") && err.contains("synthetic"),
+            "{err}"
+        );
+        let unknown = load(&format!("{sqlserver}cleanup = \"daily\"\n{sink}"))
+            .unwrap_err()
+            .to_string();
+        assert!(unknown.contains("after_delivery"), "{unknown}");
     }
 
     #[test]

@@ -4,11 +4,12 @@
 //! columns a capture instance lacks, the tables without CDC). The T-SQL is in
 //! [`queries`].
 
+use crate::lsn::Lsn;
 use crate::mssql::SqlConnection;
 use crate::source::catalog::{NamedRow, catalog_error};
 use crate::source::queries;
 use crate::source::{
-    CaptureInstance, EnableCapture, SourceError, UncapturedColumns, UncapturedTable,
+    CaptureInstance, Cleaned, EnableCapture, SourceError, UncapturedColumns, UncapturedTable,
 };
 
 /// `IS_DB_OWNER`: whether the login may run the CDC procedures.
@@ -79,6 +80,34 @@ pub(crate) async fn disable(
     .await
     .map_err(|e| lock_timeout(e, &instance.schema, &instance.table))?;
     Ok(())
+}
+
+/// `CLEANUP_CHANGE_TABLE`: `capture_instance`'s change table cleaned below the
+/// latest commit at or below `through`.
+pub(crate) async fn cleanup(
+    conn: &mut SqlConnection,
+    capture_instance: &str,
+    through: Lsn,
+) -> Result<Cleaned, SourceError> {
+    let rows = conn
+        .query(
+            queries::CLEANUP_CHANGE_TABLE,
+            &[&capture_instance, &through.to_vec()],
+        )
+        .await?;
+    let Some(row) = rows.into_iter().next() else {
+        return Err(SourceError::definite(
+            "unexpected catalog result: the change table cleanup answered no row",
+        ));
+    };
+    let mut row = NamedRow::new(row);
+    Ok(Cleaned {
+        low_water_mark: row.opt_lsn("low_water_mark").map_err(catalog_error)?,
+        min_lsn: row
+            .opt_lsn("min_lsn")
+            .map_err(catalog_error)?
+            .filter(|l| !l.is_zero()),
+    })
 }
 
 /// `UNCAPTURED_COLUMNS`: per capture instance, its table's columns it lacks.

@@ -381,6 +381,15 @@ pub struct ProbeResult {
     pub next_change: Option<Lsn>,
 }
 
+/// What [`cleanup_change_table`](CaptureDdl::cleanup_change_table) did: the
+/// low-water mark it took (`None`: no commit at or below the one asked for), and the
+/// instance's low end (`min_lsn`) after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cleaned {
+    pub low_water_mark: Option<Lsn>,
+    pub min_lsn: Option<Lsn>,
+}
+
 /// What `sys.sp_cdc_enable_table` is asked to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnableCapture {
@@ -540,11 +549,13 @@ pub enum SourceError {
     #[error(transparent)]
     UnknownServerZone(#[from] crate::source::timezone::UnknownServerZone),
     #[error(
-        "{setting} needs the login to be a member of db_owner in the source database (sys.sp_cdc_enable_table and sys.sp_cdc_disable_table require it): `ALTER ROLE db_owner ADD MEMBER <user>`, or {instead}"
+        "{setting} needs the login to be a member of db_owner in the source database (required by {procedures}): `ALTER ROLE db_owner ADD MEMBER <user>`, or {instead}"
     )]
     ManageDenied {
         /// The setting that asks for it.
         setting: &'static str,
+        /// The procedures it runs.
+        procedures: &'static str,
         /// What to set instead.
         instead: &'static str,
     },

@@ -578,6 +578,22 @@ pub const DISABLE_TABLE: &str = "SET LOCK_TIMEOUT 5000; \
 EXEC sys.sp_cdc_disable_table @source_schema = @P1, \
 @source_name = @P2, @capture_instance = @P3;";
 
+/// `source.cleanup = "after_delivery"`: one capture instance's change table cleaned
+/// below what every stream of the database delivered. `@P1` the capture instance,
+/// `@P2` the highest LSN every such stream has delivered through. The procedure's
+/// low-water mark must be a `start_lsn` of `cdc.lsn_time_mapping`, so the batch
+/// takes the latest one at or below `@P2` (a row's `__$start_lsn` is one; an
+/// idle position is `max_lsn`, also one), and runs the procedure only when that
+/// mark is above the instance's current low end: a lower one is error 22957.
+/// The procedure deletes the rows below the mark, 5,000 per statement, and needs
+/// `db_owner`. It answers the mark it took (NULL: none) and the low end after it.
+/// <https://learn.microsoft.com/sql/relational-databases/system-stored-procedures/sys-sp-cdc-cleanup-change-table-transact-sql>
+pub const CLEANUP_CHANGE_TABLE: &str = "DECLARE @mark binary(10); \
+SELECT @mark = MAX(start_lsn) FROM cdc.lsn_time_mapping WHERE start_lsn <= @P2; \
+IF @mark > sys.fn_cdc_get_min_lsn(@P1) \
+EXEC sys.sp_cdc_cleanup_change_table @capture_instance = @P1, @low_water_mark = @mark; \
+SELECT @mark AS low_water_mark, sys.fn_cdc_get_min_lsn(@P1) AS min_lsn;";
+
 /// Per capture instance, its source table's columns it does not capture (matched by
 /// `cdc.captured_columns.column_id`), in column order; with each row the server's
 /// time of the read and the commit time of the capture job's last scanned
@@ -614,6 +630,7 @@ pub const ALL_CONSTANTS: &[(&str, &str)] = &[
     ("IS_DB_OWNER", IS_DB_OWNER),
     ("ENABLE_TABLE", ENABLE_TABLE),
     ("DISABLE_TABLE", DISABLE_TABLE),
+    ("CLEANUP_CHANGE_TABLE", CLEANUP_CHANGE_TABLE),
     ("UNCAPTURED_COLUMNS", UNCAPTURED_COLUMNS),
     ("UNCAPTURED_TABLES", UNCAPTURED_TABLES),
     ("MAX_LSN", MAX_LSN),

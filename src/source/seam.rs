@@ -11,7 +11,7 @@
 //! | [`CdcReads`] | the poll loop (catalog tracker, merge, shape announcer) | the catalog, LSNs, change rows, DDL history, commit times |
 //! | [`TableReads`] | the initial load | source-table estimates and rows |
 //! | [`FactReads`] | `check`, the load's retention estimate | the server's version, Agent, jobs, scans |
-//! | [`CaptureDdl`] | managed capture | enabling and disabling capture, what is not captured |
+//! | [`CaptureDdl`] | managed capture, cleanup after delivery | enabling and disabling capture, what is not captured, cleaning change tables |
 //! | [`SourceClock`] | ages measured from commit times | the source's own clock |
 //!
 //! [`ChangeSource`] is all of them, what a poller or `check` is given; each part
@@ -22,8 +22,8 @@ use std::future::Future;
 use crate::event::Value;
 use crate::lsn::Lsn;
 use crate::source::{
-    CaptureInstance, Catalog, ChangeRow, CommitTime, DdlEvent, EnableCapture, Fact, LogScan,
-    MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, UncapturedColumns,
+    CaptureInstance, Catalog, ChangeRow, Cleaned, CommitTime, DdlEvent, EnableCapture, Fact,
+    LogScan, MaxLsn, Probe, ProbeResult, RowKey, ServerFacts, SourceError, UncapturedColumns,
     UncapturedTable,
 };
 
@@ -159,6 +159,21 @@ pub trait CaptureDdl: Send {
         &mut self,
     ) -> impl Future<Output = Result<UncapturedColumns, SourceError>> + Send {
         std::future::ready(Ok(UncapturedColumns::default()))
+    }
+
+    /// `source.cleanup = "after_delivery"`: `sys.sp_cdc_cleanup_change_table` for
+    /// `capture_instance` with the latest commit at or below `through` as the new
+    /// low-water mark, run only when that is above the instance's low end. A source
+    /// that cannot says so.
+    fn cleanup_change_table(
+        &mut self,
+        capture_instance: &str,
+        through: Lsn,
+    ) -> impl Future<Output = Result<Cleaned, SourceError>> + Send {
+        let _ = through;
+        std::future::ready(Err(SourceError::definite(format!(
+            "this source cannot clean the change table of capture instance {capture_instance}"
+        ))))
     }
 
     /// The user tables CDC does not capture.

@@ -775,6 +775,14 @@ impl CaptureDdl for SqlServerSource {
     async fn uncaptured_tables(&mut self) -> Result<Vec<UncapturedTable>, SourceError> {
         capture_ddl::uncaptured_tables(&mut self.conn).await
     }
+
+    async fn cleanup_change_table(
+        &mut self,
+        capture_instance: &str,
+        through: Lsn,
+    ) -> Result<crate::source::Cleaned, SourceError> {
+        capture_ddl::cleanup(&mut self.conn, capture_instance, through).await
+    }
 }
 
 impl SourceClock for SqlServerSource {}

@@ -98,6 +98,23 @@ async fn each_stream_reads_back_its_own_last_write() {
         Some(at(7))
     );
     assert_eq!(store(&bootstrap, "other").load().await.expect("read"), None);
+    // The cleanup after delivery's reader: every other key's last write.
+    let peers = store(&bootstrap, "orders").peers().await.expect("peers");
+    let found: Vec<_> = peers
+        .iter()
+        .map(|p| (p.stream_name.as_str(), p.position.clone()))
+        .collect();
+    assert_eq!(found, [("billing", at(7))]);
+    billing.save(&at(8)).await.expect("write");
+    let mut audit = store(&bootstrap, "audit");
+    audit.save(&at(3)).await.expect("write");
+    let peers = store(&bootstrap, "orders").peers().await.expect("peers");
+    let mut found: Vec<_> = peers
+        .iter()
+        .map(|p| (p.stream_name.as_str(), p.position.clone()))
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(b.0));
+    assert_eq!(found, [("audit", at(3)), ("billing", at(8))]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,7 @@ use mssql_ces_testkit as support;
 mod cdc_scenarios;
 mod cdc_simulator;
 mod ces_conformance;
+mod cleanup;
 mod column_rules;
 mod commit_times;
 mod common;

@@ -186,6 +186,37 @@ async fn the_checkpoint_is_read_only_under_the_lease() {
     assert_eq!(reads_without_lease, 0, "{:?}", table.requests());
 }
 
+/// `source.cleanup = "after_delivery"` reads the other streams' rows through a store
+/// of its own, without the lease: every row but its stream's.
+#[tokio::test]
+async fn the_other_streams_rows_are_read_without_the_lease() {
+    let (standin, table) = standin().await;
+    let position = |n: u32| Position {
+        instances: [("dbo_T".to_owned(), mssql_ces::lsn::Lsn::from_parts(n, 0, 1))].into(),
+        ..Position::default()
+    };
+    let mut orders = leased(store(&standin, "orders")).await;
+    orders.save(&position(1)).await.expect("write");
+    let mut audit = leased(store(&standin, "audit")).await;
+    audit.save(&position(2)).await.expect("write");
+    let holder = table.holder(RESOURCE).expect("held");
+    let mut reader = CheckpointStore::Table(Box::new(store(&standin, "Orders")));
+    let peers = reader.peers().await.expect("peers");
+    assert_eq!(peers.len(), 1, "{peers:?}");
+    assert_eq!(peers[0].stream_name, "audit");
+    assert_eq!(peers[0].position, position(2));
+    // The reader asked for no lease: the writer's session still holds it, and
+    // the reader's session sent the one query.
+    assert_eq!(table.holder(RESOURCE), Some(holder));
+    let readers: Vec<_> = (table.requests().into_iter())
+        .filter(|(session, _)| {
+            *session != holder && Some(*session) != table.holder("mssql-ces:audit")
+        })
+        .map(|(_, sql)| sql)
+        .collect();
+    assert_eq!(readers, [mssql_ces::checkpoint::table::CHECKPOINT_PEERS]);
+}
+
 /// The default lease timings with another grace.
 fn grace(own_session_grace: Duration) -> LeaseTiming {
     LeaseTiming {

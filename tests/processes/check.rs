@@ -214,6 +214,44 @@ async fn managed_capture_instances_need_db_owner_and_the_check_says_so() {
     std::fs::remove_dir_all(dir).ok();
 }
 
+/// `source.cleanup`: the default says the Agent's job cleans; `"after_delivery"`
+/// fails without `db_owner`, and warns while the Agent's job still purges by age.
+#[tokio::test]
+async fn cleanup_after_delivery_needs_db_owner_and_warns_of_the_agents_job() {
+    let dir = temp_dir("check-cleanup");
+    let sim = database();
+    insert(&sim, 1);
+    let report = run(&stdout_config(&dir), &sim).await;
+    let agent = expect(&report, "change table cleanup", Status::Pass);
+    assert!(
+        agent.detail.contains("source.cleanup = \"agent\""),
+        "{}",
+        agent.detail
+    );
+    let mut after = stdout_config(&dir);
+    after.source.cleanup = mssql_ces::source::poller::CleanupMode::AfterDelivery;
+    let report = run(&after, &sim).await;
+    let warned = expect(&report, "change table cleanup", Status::Warn);
+    assert!(
+        warned.detail.contains("still purges changes older than"),
+        "{}",
+        warned.detail
+    );
+    assert!(
+        (warned.fix.as_deref().unwrap_or_default()).contains("sp_cdc_change_job"),
+        "{warned:?}"
+    );
+    sim.set_db_owner(false);
+    let report = run(&after, &sim).await;
+    let denied = expect(&report, "change table cleanup", Status::Fail);
+    assert!(denied.detail.contains("not db_owner"), "{}", denied.detail);
+    assert!(
+        (denied.fix.as_deref().unwrap_or_default()).contains("source.cleanup = \"agent\""),
+        "{denied:?}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
 /// A table with two capture instances whose names do not sort together (another
 /// table's instance between them) is one finding, not two.
 #[tokio::test]

@@ -9,6 +9,7 @@ mod apache_kafka;
 mod apache_kafka_secured;
 mod binary;
 mod check;
+mod cleanup_binary;
 mod debezium_binary;
 mod docs;
 mod fleet;

@@ -23,7 +23,7 @@ use crate::standin_binary::{BINARY, PASSWORD, USER};
 
 /// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, enabled, one row, served by a
 /// stand-in.
-async fn served() -> (CdcSimulator, StandIn) {
+pub(crate) async fn served() -> (CdcSimulator, StandIn) {
     let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
     sim.create_table(
         "dbo",

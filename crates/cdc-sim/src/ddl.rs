@@ -313,6 +313,67 @@ impl CdcSimulator {
         Ok(())
     }
 
+    /// `sys.sp_cdc_cleanup_change_table` for `capture_instance` as the daemon's
+    /// batch runs it (`CLEANUP_CHANGE_TABLE`): the mark is the latest
+    /// `cdc.lsn_time_mapping` entry at or below `through`, lowered to the smallest
+    /// entry that shares its commit time (the procedure's page, @low_water_mark);
+    /// only a mark above the instance's `start_lsn` is applied (a lower one is error
+    /// 22957, which the batch avoids): `start_lsn` becomes it and the change rows
+    /// below it are deleted. It does not touch `cdc.lsn_time_mapping`. 22904
+    /// without `db_owner` (the page's Permissions). An unknown capture instance is
+    /// refused (its number and text here are not SQL Server's: the daemon names only
+    /// instances the catalog listed).
+    pub fn try_cleanup_change_table(
+        &self,
+        capture_instance: &str,
+        through: Lsn,
+    ) -> Result<(Option<Lsn>, Option<Lsn>), SimDdlError> {
+        let mut state = self.lock();
+        if !state.db_owner {
+            return Err(SimDdlError::not_owner());
+        }
+        let Some(index) = state
+            .instances
+            .iter()
+            .position(|i| i.info.name == capture_instance)
+        else {
+            return Err(SimDdlError {
+                number: 0,
+                message: format!("no capture instance {capture_instance}"),
+            });
+        };
+        let entry = state.mapping.partition_point(|(lsn, _)| *lsn <= through);
+        let mark = entry.checked_sub(1).map(|last| {
+            let time = state.mapping[last].1;
+            let first = state.mapping[..=last]
+                .iter()
+                .rposition(|(_, t)| *t != time)
+                .map_or(0, |before| before + 1);
+            state.mapping[first].0
+        });
+        let min_lsn = state.min_lsn(capture_instance);
+        if let (Some(mark), Some(low)) = (mark, min_lsn)
+            && mark > low
+        {
+            let instance = &mut state.instances[index];
+            instance.info.start_lsn = Some(mark);
+            let before = instance.rows.len();
+            instance.rows.retain(|r| r.key.start_lsn >= mark);
+            let deleted = (before - instance.rows.len()) as u64;
+            state.version += 1;
+            state.change_table_cleanups += 1;
+            state.cleaned_rows += deleted;
+        }
+        Ok((mark, state.min_lsn(capture_instance)))
+    }
+
+    /// How many `sys.sp_cdc_cleanup_change_table` calls moved a low end, and the
+    /// change rows they deleted.
+    pub fn change_table_cleanups(&self) -> (u64, u64) {
+        let state = self.lock();
+        (state.change_table_cleanups, state.cleaned_rows)
+    }
+
     /// Whether the login is in `db_owner` (default: yes).
     pub fn set_db_owner(&self, owner: bool) {
         self.lock().db_owner = owner;

@@ -319,6 +319,10 @@ struct SimState {
     write_locked: BTreeSet<String>,
     /// `sys.sp_cdc_enable_table` / `sp_cdc_disable_table` calls, answered or not.
     capture_ddl_calls: u64,
+    /// `sys.sp_cdc_cleanup_change_table` calls that moved a low end, and the change
+    /// rows they deleted.
+    change_table_cleanups: u64,
+    cleaned_rows: u64,
     /// Tables the login cannot see at all.
     invisible: BTreeSet<String>,
     /// A cleanup that has raised the low end but not yet deleted every row below it.
@@ -669,6 +673,8 @@ impl CdcSimulator {
                 roles: BTreeSet::new(),
                 write_locked: BTreeSet::new(),
                 capture_ddl_calls: 0,
+                change_table_cleanups: 0,
+                cleaned_rows: 0,
                 invisible: BTreeSet::new(),
                 cleanup_pending: None,
                 on_next_read: Vec::new(),

@@ -323,6 +323,21 @@ impl CaptureDdl for CdcSimulator {
         .map_err(SimDdlError::into_source_error)
     }
 
+    async fn cleanup_change_table(
+        &mut self,
+        capture_instance: &str,
+        through: Lsn,
+    ) -> Result<mssql_ces::source::Cleaned, SourceError> {
+        drop(self.call()?);
+        let (low_water_mark, min_lsn) = self
+            .try_cleanup_change_table(capture_instance, through)
+            .map_err(SimDdlError::into_source_error)?;
+        Ok(mssql_ces::source::Cleaned {
+            low_water_mark,
+            min_lsn,
+        })
+    }
+
     async fn disable_capture(&mut self, instance: &CaptureInstance) -> Result<(), SourceError> {
         self.capture_ddl_call(&instance.schema, &instance.table)?;
         self.try_disable_instance(&instance.name)

@@ -767,8 +767,9 @@ fn captured_columns(catalog: &Catalog) -> Reply {
 }
 
 /// `source.capture_instances = "managed"` and `source.enable_cdc`: the permission
-/// check, `sys.sp_cdc_enable_table` and `sys.sp_cdc_disable_table`, a table's
-/// columns and the tables CDC does not capture.
+/// check, `sys.sp_cdc_enable_table`, `sys.sp_cdc_disable_table` and
+/// `sys.sp_cdc_cleanup_change_table`, a table's columns and the tables CDC does not
+/// capture.
 fn capture_ddl<S: ChangeSource>(
     source: &mut S,
     request: &Request,
@@ -820,6 +821,19 @@ fn capture_ddl<S: ChangeSource>(
         };
         now(source.disable_capture(&instance))?;
         done()
+    } else if sql == queries::CLEANUP_CHANGE_TABLE {
+        let (name, through) = (text_at(0), param_lsn(request, 1).unwrap_or(Lsn::ZERO));
+        let cleaned = now(source.cleanup_change_table(&name, through))?;
+        one(
+            vec![
+                col("low_water_mark", ColumnType::Binary(10)),
+                col("min_lsn", ColumnType::Binary(10)),
+            ],
+            vec![vec![
+                lsn_cell(cleaned.low_water_mark),
+                lsn_cell(Some(cleaned.min_lsn.unwrap_or(Lsn::ZERO))),
+            ]],
+        )
     } else if sql == queries::UNCAPTURED_COLUMNS {
         let found = now(source.uncaptured_columns())?;
         let read_at = found.read_at.map_or(Cell::Null, |value| {

@@ -19,7 +19,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use mssql_ces::checkpoint::table::{CHECKPOINT_READ, CHECKPOINT_WRITE, LEASE_ACQUIRE, LEASE_HELD};
+use mssql_ces::checkpoint::table::{
+    CHECKPOINT_PEERS, CHECKPOINT_READ, CHECKPOINT_WRITE, LEASE_ACQUIRE, LEASE_HELD,
+};
 
 use super::tds::{Cell, Column, ColumnType, Handler, Param, Reply, Request, ResultSet};
 
@@ -149,6 +151,23 @@ impl CheckpointTable {
                 .unwrap_or_default();
             return Reply::Rows(vec![ResultSet {
                 columns: vec![Column::new("position", ColumnType::NVarChar(None))],
+                rows,
+            }]);
+        }
+        if sql == CHECKPOINT_PEERS {
+            // Every other stream's row; `<>` compares as the collation does.
+            let Some(name) = text(0) else {
+                return bad(request);
+            };
+            let rows = (state.rows.iter())
+                .filter(|(stream, _)| **stream != name.to_lowercase())
+                .map(|(stream, p)| vec![Cell::Text(stream.clone()), Cell::Text(p.clone())])
+                .collect();
+            return Reply::Rows(vec![ResultSet {
+                columns: vec![
+                    Column::new("stream_name", ColumnType::NVarChar(Some(128))),
+                    Column::new("position", ColumnType::NVarChar(None)),
+                ],
                 rows,
             }]);
         }

@@ -6,7 +6,7 @@ use super::*;
 use crate::error::Chain;
 use crate::mssql::SqlErrorKind;
 use crate::source::diagnostics::{self, Invisible, LeftOut};
-use crate::source::poller::CaptureInstanceMode;
+use crate::source::poller::{CaptureInstanceMode, CleanupMode};
 use crate::source::{CaptureDdl, CaptureSettings, CdcReads, FactReads, LogScan};
 
 /// What the source checks learn that the later ones need.
@@ -71,6 +71,7 @@ pub(super) async fn check_source<S: CdcReads + FactReads + CaptureDdl>(
     }
     check_time_zone(report, config, &catalog);
     check_capture_management(report, config, source).await;
+    check_cleanup(report, config, source, &facts).await;
     let included = check_tables(report, config, source, &catalog).await;
     check_lob_limit(report, &facts, &included);
     Some(SourceState {
@@ -111,6 +112,66 @@ async fn check_capture_management<S: CaptureDdl>(
         Ok(false) => report.pass(CHECK, format!("{mode}; the login is not db_owner (\"managed\" would need it)")),
         Err(e) if needed => report.fail(CHECK, format!("cannot tell whether the login is db_owner: {chain}", chain = Chain(&e)), "see the error"),
         Err(e) => report.skip(CHECK, format!("{mode}; cannot tell whether the login is db_owner: {chain}", chain = Chain(&e))),
+    }
+}
+
+/// Who removes change rows (`source.cleanup`). With `"after_delivery"`: a failure
+/// when the login is not `db_owner`; a warning while the Agent's cleanup job still
+/// purges by a retention, whatever was delivered.
+async fn check_cleanup<S: CaptureDdl>(
+    report: &mut Report,
+    config: &Config,
+    source: &mut S,
+    facts: &ServerFacts,
+) {
+    const CHECK: &str = "change table cleanup";
+    if config.source.cleanup != CleanupMode::AfterDelivery {
+        let retention = crate::source::initial_load::cleanup_retention(facts)
+            .map_or_else(String::new, |r| format!(", {} minutes", r.as_secs() / 60));
+        report.pass(
+            CHECK,
+            format!(
+                "SQL Server's cleanup job, by its retention{retention} (source.cleanup = \"agent\")"
+            ),
+        );
+        return;
+    }
+    match source.may_manage_capture().await {
+        Ok(true) => {}
+        Ok(false) => {
+            report.fail(
+                CHECK,
+                "source.cleanup = \"after_delivery\", but the login is not db_owner, which sys.sp_cdc_cleanup_change_table requires",
+                "ALTER ROLE db_owner ADD MEMBER <user>, or set source.cleanup = \"agent\"",
+            );
+            return;
+        }
+        Err(e) => {
+            report.fail(
+                CHECK,
+                format!(
+                    "cannot tell whether the login is db_owner: {chain}",
+                    chain = Chain(&e)
+                ),
+                "see the error",
+            );
+            return;
+        }
+    }
+    let every = config.source.cleanup_interval.as_millis();
+    let done = format!(
+        "mssql-ces cleans the change tables it reads every {every} ms, below what every stream of the database delivered (source.cleanup = \"after_delivery\"; the login is db_owner)"
+    );
+    match crate::source::initial_load::cleanup_retention(facts) {
+        Some(retention) => report.warn(
+            CHECK,
+            format!(
+                "{done}; the Agent's cleanup job still purges changes older than {} minutes, delivered or not",
+                retention.as_secs() / 60
+            ),
+            "keep it as a backstop with a retention longer than any outage you expect (EXEC sys.sp_cdc_change_job @job_type = N'cleanup', @retention = <minutes>), or stop it (see docs: operating.md, Cleanup after delivery)",
+        ),
+        None => report.pass(CHECK, done),
     }
 }
 

@@ -299,11 +299,13 @@ impl CaptureManager {
         if !source.may_manage_capture().await? {
             return Err(if self.mode == CaptureInstanceMode::Managed {
                 SourceError::ManageDenied {
+                    procedures: "sys.sp_cdc_enable_table and sys.sp_cdc_disable_table",
                     setting: "source.capture_instances = \"managed\"",
                     instead: "set source.capture_instances = \"manual\"",
                 }
             } else {
                 SourceError::ManageDenied {
+                    procedures: "sys.sp_cdc_enable_table and sys.sp_cdc_disable_table",
                     setting: "source.enable_cdc = true",
                     instead: "set source.enable_cdc = false and enable CDC on the tables yourself",
                 }

@@ -53,6 +53,7 @@ use uuid::Uuid;
 
 mod announcer;
 mod cdc_jobs;
+mod cleanup;
 mod ddl_text;
 mod iteration;
 mod load_runner;
@@ -67,6 +68,8 @@ pub use managed::{
 use announcer::ShapeAnnouncer;
 use cdc_jobs::CdcJobsWatch;
 pub use cdc_jobs::Retention;
+use cleanup::DeliveryCleanup;
+pub use cleanup::{CleanupBound, CleanupMode, cleanup_bounds};
 use iteration::{Merge, last_before};
 use load_runner::LoadRunner;
 use managed::CaptureManager;
@@ -167,6 +170,11 @@ pub struct PollerConfig {
     /// cleanup job's retention every tenth time) are read for the metrics; `None`
     /// (no metrics served): never.
     pub cdc_jobs_every: Option<Duration>,
+    /// `source.cleanup`: who removes change rows.
+    pub cleanup: CleanupMode,
+    /// `source.cleanup_interval_ms`: how often change tables are cleaned after
+    /// delivery.
+    pub cleanup_interval: Duration,
 }
 
 impl Default for PollerConfig {
@@ -190,6 +198,8 @@ impl Default for PollerConfig {
             columns: Arc::default(),
             allow_unmatched_column_rules: false,
             cdc_jobs_every: None,
+            cleanup: CleanupMode::Agent,
+            cleanup_interval: Duration::from_secs(300),
         }
     }
 }
@@ -309,6 +319,8 @@ pub struct Poller<S> {
     capture: CaptureManager,
     /// CDC's jobs as last read, for the metrics.
     cdc_jobs: CdcJobsWatch,
+    /// Change tables cleaned after delivery (`source.cleanup`).
+    cleanup: DeliveryCleanup,
     /// `CatalogChanged` errors in a row, each after the catalog was read again.
     catalog_changes_in_a_row: u32,
 }
@@ -340,6 +352,7 @@ impl<S: ChangeSource> Poller<S> {
         let capture = CaptureManager::new(&config, position.clone());
         let resume_after = position.as_ref().and_then(|p| p.last_event);
         let loads = LoadRunner::new(&config, position.as_ref());
+        let cleanup = DeliveryCleanup::new(config.cleanup, config.cleanup_interval);
         Poller {
             source,
             config,
@@ -351,6 +364,7 @@ impl<S: ChangeSource> Poller<S> {
             resnapshots: Resnapshots::default(),
             capture,
             cdc_jobs: CdcJobsWatch::default(),
+            cleanup,
             catalog_changes_in_a_row: 0,
         }
     }
@@ -386,7 +400,19 @@ impl<S: ChangeSource> Poller<S> {
         &mut self,
         checkpoints: tokio::sync::watch::Receiver<Option<Position>>,
     ) {
+        self.cleanup.watch_checkpoints(checkpoints.clone());
         self.capture.watch_checkpoints(checkpoints);
+    }
+
+    /// Where `source.cleanup = "after_delivery"` reads the other streams'
+    /// checkpoints: a reader of the stream's own store (never leased or written).
+    pub fn read_peers_from(&mut self, store: crate::checkpoint::CheckpointStore) {
+        self.cleanup.read_peers_from(store);
+    }
+
+    /// Rounds of `source.cleanup = "after_delivery"` that cleaned a change table.
+    pub fn cleanup_rounds(&self) -> u64 {
+        self.cleanup.rounds()
     }
 
     /// What this process has done to the CDC configuration.
@@ -424,6 +450,10 @@ impl<S: ChangeSource> Poller<S> {
         if let Some(every) = self.config.cdc_jobs_every {
             self.cdc_jobs.refresh(&mut self.source, every).await;
         }
+        let tracked: Vec<String> = (self.tracker.tracked().iter())
+            .map(|t| t.instance.name.clone())
+            .collect();
+        self.cleanup.run_if_due(&mut self.source, &tracked).await?;
         let saved = (self.position.clone(), self.merge.restart_point());
         let result = match self.poll_inner().await {
             Ok(PollOutcome::Batch(mut batch)) => self

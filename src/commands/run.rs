@@ -16,7 +16,7 @@ use crate::sink::stream::Resume;
 use crate::sink::{Router, SinkError, SinkHealth};
 use crate::source::ChangeSource;
 use crate::source::initial_load::SnapshotMode;
-use crate::source::poller::{CleanupMode, Poller, StartPosition};
+use crate::source::poller::{ChunkReader, CleanupMode, Poller, StartPosition};
 use crate::source::sqlserver::SqlServerSource;
 use crate::source::synthetic::{SyntheticConfig, SyntheticSource};
 use tokio_util::sync::CancellationToken;
@@ -206,9 +206,20 @@ async fn run_stream(
                 database = database.as_deref().unwrap_or("(the login's default)"),
                 "source: SQL Server"
             );
-            let source = SqlServerSource::new(settings)
-                .with_first_row_timeout(config.snapshot.first_row_timeout);
+            let first_row_timeout = config.snapshot.first_row_timeout;
+            let readers = config.snapshot.max_connections > 1;
+            let reader_settings = readers.then(|| settings.clone());
+            let source = SqlServerSource::new(settings).with_first_row_timeout(first_row_timeout);
             let mut poller = Poller::new(source, poller_config, position);
+            if let Some(settings) = reader_settings {
+                // Each a connection of its own, opened when the load reads ahead.
+                poller.read_loads_with(std::sync::Arc::new(move || {
+                    Box::new(
+                        SqlServerSource::new(settings.clone())
+                            .with_first_row_timeout(first_row_timeout),
+                    ) as Box<dyn ChunkReader>
+                }));
+            }
             if config.source.cleanup == CleanupMode::AfterDelivery {
                 // A reader of the same store, for the other streams' positions.
                 poller.read_peers_from(checkpoint_store(&config)?);

@@ -453,6 +453,20 @@ pub struct SnapshotSettings {
     )]
     #[schemars(with = "u64")]
     pub first_row_timeout: Duration,
+    /// Connections that read the load's rows at once: with more than one, tables and
+    /// key ranges of a large table (an integer key) are read ahead on connections of
+    /// their own while the stream sends, the events the same as over one. See
+    /// [Initial load](initial-load.md#several-connections).
+    #[serde(default = "default_load_connections")]
+    #[schemars(range(min = 1, max = MAX_LOAD_CONNECTIONS))]
+    pub max_connections: usize,
+}
+
+/// Most `snapshot.max_connections`.
+pub const MAX_LOAD_CONNECTIONS: usize = 64;
+
+fn default_load_connections() -> usize {
+    1
 }
 
 fn default_first_row_timeout_ms() -> Duration {
@@ -465,6 +479,7 @@ impl Default for SnapshotSettings {
             mode: SnapshotMode::Never,
             chunk_size: default_chunk_size(),
             first_row_timeout: default_first_row_timeout_ms(),
+            max_connections: default_load_connections(),
         }
     }
 }
@@ -751,6 +766,15 @@ impl Config {
                 ),
             ));
         }
+        if !(1..=MAX_LOAD_CONNECTIONS).contains(&self.snapshot.max_connections) {
+            return Err(invalid(
+                "snapshot.max_connections",
+                format!(
+                    "{} is outside 1 to {MAX_LOAD_CONNECTIONS} (connections reading the load at once; the default is 1)",
+                    self.snapshot.max_connections
+                ),
+            ));
+        }
         crate::source::poller::check_capture_settings(
             self.source.kind == SourceKind::Sqlserver,
             self.source.capture_instances,
@@ -879,6 +903,7 @@ impl Config {
             capture_ddl_retry: PollerConfig::default().capture_ddl_retry,
             snapshot: self.snapshot.mode,
             load_chunk: self.snapshot.chunk_size,
+            load_connections: self.snapshot.max_connections,
             schema_changes: self.sink.routing.schema_changes
                 != crate::sink::settings::SchemaChangePlacement::Off,
             capture_instances: s.capture_instances,

@@ -380,12 +380,8 @@ pub fn read_table(
     key: &[(String, SqlType)],
     after: Option<&[bool]>,
 ) -> String {
-    let columns: Vec<String> = instance
-        .emitted_columns()
-        .map(|e| column_expression(e.name(), e.sql_type))
-        .collect();
+    let columns = table_columns(instance);
     let table = source_table(instance);
-    let columns = columns.join(", ");
     if key.is_empty() {
         let order: Vec<String> = instance
             .emitted_columns()
@@ -398,11 +394,7 @@ pub fn read_table(
     }
     let descending = |name: &str| instance.descending_keys.iter().any(|d| d == name);
     let direction = |name: &str| if descending(name) { " DESC" } else { "" };
-    let order: Vec<String> = key
-        .iter()
-        .map(|(name, _)| format!("ct.{}{}", quote_name(name), direction(name)))
-        .collect();
-    let order = order.join(", ");
+    let order = index_order(instance, key);
     let Some(nulls) = after else {
         return format!("SELECT TOP (@P1) {columns} FROM {table} AS ct ORDER BY {order};");
     };
@@ -435,6 +427,46 @@ WHERE {filter} ORDER BY {order}) AS b{b}"
         "SELECT TOP (@P1) page.* FROM ({}) AS page ORDER BY {};",
         branches.join(" UNION ALL "),
         outer.join(", ")
+    )
+}
+
+/// The emitted columns of `instance` as a load reads them (casts and all).
+fn table_columns(instance: &CaptureInstance) -> String {
+    let columns: Vec<String> = instance
+        .emitted_columns()
+        .map(|e| column_expression(e.name(), e.sql_type))
+        .collect();
+    columns.join(", ")
+}
+
+/// `ORDER BY` of a keyed table in its index's order.
+fn index_order(instance: &CaptureInstance, key: &[(String, SqlType)]) -> String {
+    let descending = |name: &str| instance.descending_keys.iter().any(|d| d == name);
+    let order: Vec<String> = key
+        .iter()
+        .map(|(name, _)| {
+            let direction = if descending(name) { " DESC" } else { "" };
+            format!("ct.{}{direction}", quote_name(name))
+        })
+        .collect();
+    order.join(", ")
+}
+
+/// How many rows [`sample_table`] asks for.
+pub const SAMPLE_ROWS: usize = 4000;
+
+/// About [`SAMPLE_ROWS`] rows of a keyed table, in its index's order, with the
+/// columns and casts of [`read_table`]: where a parallel load cuts the table into key
+/// ranges. `TABLESAMPLE` reads whole pages picked at random, so it costs a few pages
+/// whatever the table's size; the number of rows is approximate, and a table of a few
+/// pages may give none (it is then read as one range).
+/// <https://learn.microsoft.com/sql/t-sql/queries/from-transact-sql#tablesample-clause>
+pub fn sample_table(instance: &CaptureInstance, key: &[(String, SqlType)]) -> String {
+    format!(
+        "SELECT {} FROM {} AS ct TABLESAMPLE ({SAMPLE_ROWS} ROWS) ORDER BY {};",
+        table_columns(instance),
+        source_table(instance),
+        index_order(instance, key)
     )
 }
 
@@ -751,6 +783,20 @@ mod tests {
                 &read_table(&instance, &key, Some(&pattern)),
             );
         }
+        let sample = sample_table(&instance, &key);
+        parses("sample_table", &sample);
+        // The first chunk's columns and order, sampled instead of cut by TOP.
+        let first = read_table(&instance, &key, None);
+        let columns =
+            |sql: &str| sql[sql.find(") ").unwrap() + 2..sql.find(" FROM ").unwrap()].to_owned();
+        assert_eq!(
+            columns(&first),
+            sample["SELECT ".len()..sample.find(" FROM ").unwrap()]
+        );
+        assert!(
+            sample.contains("TABLESAMPLE (4000 ROWS) ORDER BY ct.[Id], ct.[x]]y]"),
+            "{sample}"
+        );
     }
 
     #[test]

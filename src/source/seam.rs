@@ -104,6 +104,17 @@ pub trait TableReads: Send {
         cursor: TableCursor<'_>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<Vec<Value>>, SourceError>> + Send;
+
+    /// Rows of a keyed table spread over it, in its index's order, with the values
+    /// of [`read_table`](Self::read_table): where a load over several connections
+    /// cuts the table into key ranges. None (the default) reads it as one range.
+    fn sample_rows(
+        &mut self,
+        instance: &CaptureInstance,
+    ) -> impl Future<Output = Result<Vec<Vec<Value>>, SourceError>> + Send {
+        let _ = instance;
+        std::future::ready(Ok(Vec::new()))
+    }
 }
 
 /// What `mssql-ces check` asks beyond the poll loop's needs.

@@ -741,6 +741,22 @@ impl TableReads for SqlServerSource {
         })
         .await
     }
+
+    async fn sample_rows(
+        &mut self,
+        instance: &CaptureInstance,
+    ) -> Result<Vec<Vec<Value>>, SourceError> {
+        let key = typed_key(instance)?;
+        if key.is_empty() {
+            return Ok(Vec::new());
+        }
+        let columns = emitted(instance);
+        let sql = queries::sample_table(instance, &key);
+        self.read_rows(&sql, &[], |mut row| {
+            decode_values(&instance.name, &mut row, &columns).map(|(values, _)| values)
+        })
+        .await
+    }
 }
 
 impl FactReads for SqlServerSource {

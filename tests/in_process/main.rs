@@ -27,6 +27,7 @@ mod kafka_pipeline;
 mod kafka_sasl;
 mod managed_capture;
 mod many_databases;
+mod parallel_load;
 mod pipeline_faults;
 mod query_cost;
 mod readback;

@@ -13,6 +13,7 @@ mod cleanup_binary;
 mod debezium_binary;
 mod docs;
 mod fleet;
+mod load_binary;
 mod managed_binary;
 mod metrics_binary;
 mod reference;

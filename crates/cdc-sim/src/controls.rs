@@ -107,6 +107,11 @@ impl CdcSimulator {
         }
     }
 
+    /// Gives keyed table reads a time ([`ReadLatency`]); `None`: instant.
+    pub fn set_read_latency(&self, latency: Option<ReadLatency>) {
+        self.lock().read_latency = latency;
+    }
+
     /// Makes `action` happen just before the next `read_changes` answers.
     pub fn on_next_read(&self, action: SimAction) {
         self.lock().on_next_read.push(action);

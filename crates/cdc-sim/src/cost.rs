@@ -45,3 +45,20 @@ impl std::fmt::Debug for SeekCost {
         f.write_str("SeekCost")
     }
 }
+
+/// What a keyed table read costs in time: a server's work and the network's, as a
+/// statement's round trip plus a time per row sent. The reader waits it out (with
+/// the lock released), so reads on several connections overlap as on a server with
+/// the cores and the I/O for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLatency {
+    pub statement: std::time::Duration,
+    pub per_row: std::time::Duration,
+}
+
+impl ReadLatency {
+    /// The time a read of `rows` rows takes.
+    pub fn of(&self, rows: usize) -> std::time::Duration {
+        self.statement + self.per_row * u32::try_from(rows).unwrap_or(u32::MAX)
+    }
+}

@@ -52,6 +52,7 @@ mod clock;
 use clock::zone_at_offset;
 mod controls;
 mod ddl;
+pub use cost::ReadLatency;
 pub use ddl::SimDdlError;
 pub mod order;
 pub mod server;
@@ -319,6 +320,8 @@ struct SimState {
     write_locked: BTreeSet<String>,
     /// `sys.sp_cdc_enable_table` / `sp_cdc_disable_table` calls, answered or not.
     capture_ddl_calls: u64,
+    /// How long a keyed table read takes (`set_read_latency`); none: no time.
+    read_latency: Option<ReadLatency>,
     /// `sys.sp_cdc_cleanup_change_table` calls that moved a low end, and the change
     /// rows they deleted.
     change_table_cleanups: u64,
@@ -673,6 +676,7 @@ impl CdcSimulator {
                 roles: BTreeSet::new(),
                 write_locked: BTreeSet::new(),
                 capture_ddl_calls: 0,
+                read_latency: None,
                 change_table_cleanups: 0,
                 cleaned_rows: 0,
                 invisible: BTreeSet::new(),

@@ -246,6 +246,30 @@ impl TableReads for CdcSimulator {
         cursor: TableCursor<'_>,
         limit: usize,
     ) -> Result<Vec<Vec<Value>>, SourceError> {
+        let (rows, latency) = self.read_table_now(instance, cursor, limit)?;
+        if let Some(latency) = latency {
+            tokio::time::sleep(latency.of(rows.len())).await;
+        }
+        Ok(rows)
+    }
+
+    async fn sample_rows(
+        &mut self,
+        instance: &CaptureInstance,
+    ) -> Result<Vec<Vec<Value>>, SourceError> {
+        self.sample_table_rows(instance)
+    }
+}
+
+impl CdcSimulator {
+    /// A table read as it answers, and how long a keyed one takes
+    /// ([`set_read_latency`](Self::set_read_latency)).
+    fn read_table_now(
+        &self,
+        instance: &CaptureInstance,
+        cursor: TableCursor<'_>,
+        limit: usize,
+    ) -> Result<(Vec<Vec<Value>>, Option<super::ReadLatency>), SourceError> {
         let mut state = self.call()?;
         let name = instance.qualified_table();
         if state.denied.contains(&name) {
@@ -264,7 +288,7 @@ impl TableReads for CdcSimulator {
         };
         let read = TableRead::new(table, instance)?;
         if !read.key.is_empty() {
-            return read.keyed(cursor, limit);
+            return Ok((read.keyed(cursor, limit)?, state.read_latency));
         }
         let from = match cursor {
             TableCursor::Start => None,
@@ -281,7 +305,28 @@ impl TableReads for CdcSimulator {
         if let Some(end) = pass_end {
             state.passes.insert(instance.name.clone(), end);
         }
-        Ok(rows)
+        Ok((rows, None))
+    }
+}
+
+impl CdcSimulator {
+    /// `TableReads::sample_rows`, answered at once (for the stand-in).
+    pub fn sample_table_rows(
+        &self,
+        instance: &CaptureInstance,
+    ) -> Result<Vec<Vec<Value>>, SourceError> {
+        let state = self.call()?;
+        let name = instance.qualified_table();
+        let Some(table) = state.tables.get(&name) else {
+            return Err(SimState::catalog_changed(format!(
+                "Invalid object name '{name}' (error 208)"
+            )));
+        };
+        let read = TableRead::new(table, instance)?;
+        if read.key.is_empty() {
+            return Ok(Vec::new());
+        }
+        read.sample(mssql_ces::source::queries::SAMPLE_ROWS)
     }
 }
 
@@ -569,5 +614,19 @@ impl<'a> TableRead<'a> {
             .take(limit)
             .map(|(_, row)| self.project(row))
             .collect()
+    }
+
+    /// About `about` rows spread evenly over the table, in index order: every
+    /// n-th row. (`TABLESAMPLE` picks random pages; an even spread is its best case,
+    /// which is what a test of the cut wants to know the ranges of.)
+    fn sample(&self, about: usize) -> Result<Vec<Vec<Value>>, SourceError> {
+        let step = (self.table.rows.len() / about.max(1)).max(1);
+        if self.instance.key_columns == self.table.key && self.instance.descending_keys.is_empty() {
+            return (self.table.rows.values().step_by(step))
+                .map(|row| self.project(row))
+                .collect();
+        }
+        let all = self.keyed(TableCursor::Start, usize::MAX)?;
+        Ok(all.into_iter().step_by(step).collect())
     }
 }

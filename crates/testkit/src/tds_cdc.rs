@@ -984,8 +984,8 @@ fn read_changes<S: ChangeSource>(
     Ok(one(columns, rows))
 }
 
-/// A load's chunk: the query is rebuilt for each NULL pattern of the key that the
-/// parameters' count allows, until one matches.
+/// A load's chunk (the query is rebuilt for each NULL pattern of the key that the
+/// parameters' count allows, until one matches), or a keyed table's sample.
 fn read_table<S: ChangeSource>(
     source: &mut S,
     instance: &CaptureInstance,
@@ -1019,6 +1019,9 @@ fn read_table<S: ChangeSource>(
         let mut more = now(source.read_table(instance, TableCursor::Continue, usize::MAX))?;
         rows.append(&mut more);
         return Ok(Some(reply(rows)));
+    }
+    if request.sql == queries::sample_table(instance, &key) {
+        return Ok(Some(reply(now(source.sample_rows(instance))?)));
     }
     let limit = param_int(request, 0).unwrap_or(0) as usize;
     if request.sql == queries::read_table(instance, &key, None) {

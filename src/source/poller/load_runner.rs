@@ -2,6 +2,7 @@
 //! table in key order in chunks, and turns its rows into the `INS` events the
 //! checkpoint's [`TableLoad`]s account for (the model is in [`crate::source::initial_load`]).
 
+use super::load_readers::{LoadReaders, PlannedTable};
 use super::*;
 use crate::event::Value;
 use crate::position::LOAD_ROWS_PER_RANGE;
@@ -45,6 +46,8 @@ pub(super) struct LoadRunner {
     warned_retention: bool,
     /// Rows per chunk (`snapshot.chunk_size`, at least one).
     chunk: usize,
+    /// Connections of their own that read loads ahead (`snapshot.max_connections`).
+    pub(super) readers: LoadReaders,
 }
 
 impl LoadRunner {
@@ -59,6 +62,7 @@ impl LoadRunner {
             said_loaded: false,
             warned_retention: false,
             chunk: config.load_chunk.max(1),
+            readers: LoadReaders::new(config.load_connections, config.load_chunk),
         }
     }
 
@@ -277,6 +281,18 @@ impl<S: ChangeSource> Poller<S> {
                 Some(read) => read,
                 None => return Ok(PollOutcome::Idle),
             }
+        } else if self.loads.readers.enabled() {
+            if !self.loads.readers.continues(&name, load.after.as_ref()) {
+                let tables = self.tables_to_read().await?;
+                self.loads.readers.plan(&mut self.source, tables).await?;
+                if !self.loads.readers.continues(&name, load.after.as_ref()) {
+                    return Err(SourceError::definite(format!(
+                        "the load's readers were not planned from {} (a defect)",
+                        load.table
+                    )));
+                }
+            }
+            self.loads.readers.next_chunk(&name, &key_positions).await?
         } else {
             self.loads
                 .read_keyed_chunk(&mut self.source, &name, &instance, &load, &key_positions)
@@ -298,6 +314,9 @@ impl<S: ChangeSource> Poller<S> {
         }
         if done {
             self.position.loads.remove(&name);
+            if self.position.loads.is_empty() {
+                self.loads.readers.close();
+            }
             let initial_only = self.config.snapshot == SnapshotMode::InitialOnly;
             self.loads
                 .finish(&name, &load, self.position.loads.is_empty(), initial_only);
@@ -314,6 +333,38 @@ impl<S: ChangeSource> Poller<S> {
                 .await?;
         }
         Ok(PollOutcome::Batch(self.position_batch(changes).await?))
+    }
+
+    /// The keyed tables whose loads are queued, in the order they go out, for the
+    /// readers' plan (with their estimates, asked once per table).
+    async fn tables_to_read(&mut self) -> Result<Vec<PlannedTable>, SourceError> {
+        let mut tables = Vec::new();
+        for (name, load) in &self.position.loads {
+            let Some(tracked) = self.tracker.instance(name) else {
+                continue;
+            };
+            let Ok(key_positions) = key_positions(&tracked.instance) else {
+                continue;
+            };
+            if key_positions.is_empty() {
+                continue;
+            }
+            let estimated = match self.loads.estimates.get(name) {
+                Some(known) => *known,
+                None => {
+                    let estimated = self.source.table_rows(&tracked.instance).await?;
+                    self.loads.estimates.insert(name.clone(), estimated);
+                    estimated
+                }
+            };
+            tables.push(PlannedTable {
+                instance: Arc::new(tracked.instance.clone()),
+                key_positions,
+                estimated,
+                after: load.after.clone(),
+            });
+        }
+        Ok(tables)
     }
 
     /// The capture instance being loaded is gone. A schema change done the

@@ -56,6 +56,7 @@ mod cdc_jobs;
 mod cleanup;
 mod ddl_text;
 mod iteration;
+mod load_readers;
 mod load_runner;
 mod managed;
 mod resnapshot;
@@ -71,6 +72,7 @@ pub use cdc_jobs::Retention;
 use cleanup::DeliveryCleanup;
 pub use cleanup::{CleanupBound, CleanupMode, cleanup_bounds};
 use iteration::{Merge, last_before};
+pub use load_readers::{ChunkReader, OpenReader, RANGE_CHUNKS};
 use load_runner::LoadRunner;
 use managed::CaptureManager;
 use resnapshot::Resnapshots;
@@ -151,6 +153,9 @@ pub struct PollerConfig {
     pub snapshot: SnapshotMode,
     /// Rows per load chunk (one statement, one batch).
     pub load_chunk: usize,
+    /// `snapshot.max_connections`: connections that read loads at once (1: the
+    /// stream's own).
+    pub load_connections: usize,
     /// Whether batches carry schema-change events (`sink.schema_changes` is not
     /// `off`): a table's shape is then announced before its first event, and each
     /// change of it before the first event of the new shape.
@@ -192,6 +197,7 @@ impl Default for PollerConfig {
             capture_ddl_retry: Duration::from_secs(5),
             snapshot: SnapshotMode::Never,
             load_chunk: 1000,
+            load_connections: 1,
             schema_changes: false,
             capture_instances: CaptureInstanceMode::Manual,
             enable_cdc: false,
@@ -410,6 +416,22 @@ impl<S: ChangeSource> Poller<S> {
         self.cleanup.read_peers_from(store);
     }
 
+    /// Where loads read ahead over `snapshot.max_connections` connections get them:
+    /// each call opens one to the source (none: loads read on the stream's own).
+    pub fn read_loads_with(&mut self, open: OpenReader) {
+        self.loads.readers.open_with(open);
+    }
+
+    /// Connections the load's readers hold open, for tests.
+    pub fn load_readers_open(&self) -> usize {
+        self.loads.readers.open_connections()
+    }
+
+    /// Key ranges and tables the load's readers have read, for tests.
+    pub fn load_segments_read(&self) -> u64 {
+        self.loads.readers.segments_started()
+    }
+
     /// Rounds of `source.cleanup = "after_delivery"` that cleaned a change table.
     pub fn cleanup_rounds(&self) -> u64 {
         self.cleanup.rounds()
@@ -473,6 +495,7 @@ impl<S: ChangeSource> Poller<S> {
             // Whatever failed, the catalog may be why: read it again first.
             self.tracker.mark_stale();
             self.loads.break_passes();
+            self.loads.readers.discard();
             self.resnapshots.discard_held();
         }
         match result {

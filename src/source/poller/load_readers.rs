@@ -211,9 +211,10 @@ pub(super) struct LoadReaders {
     segments: VecDeque<Segment>,
     /// The chunk after the last handed out, when it is of the same table.
     ahead: Option<Vec<Vec<Value>>>,
-    /// The capture instance and key of the last row handed out: the next call is
-    /// expected to continue from it, or the plan is made again.
-    handed: Option<(String, Option<KeyText>)>,
+    /// The capture instance (as the plan read it) and key of the last row handed
+    /// out: the next call is expected to continue from it, or the plan is made
+    /// again.
+    handed: Option<(Arc<CaptureInstance>, Option<KeyText>)>,
     /// Segments read so far (for tests and the log).
     started: u64,
 }
@@ -254,13 +255,15 @@ impl LoadReaders {
         self.started
     }
 
-    /// Whether the next chunk of `name`'s load, which stands after `after`, comes
-    /// from the plan as it is: the last handed out was of that load and ended there.
-    pub(super) fn continues(&self, name: &str, after: Option<&KeyText>) -> bool {
+    /// Whether the next chunk of `instance`'s load, which stands after `after`,
+    /// comes from the plan as it is: the last handed out was of that load, read
+    /// with the instance as it is now (a catalog change since, such as a column
+    /// added, is read again with the new columns), and ended there.
+    pub(super) fn continues(&self, instance: &CaptureInstance, after: Option<&KeyText>) -> bool {
         match &self.handed {
-            Some((handed, last)) => handed == name && last.as_ref() == after,
+            Some((handed, last)) => **handed == *instance && last.as_ref() == after,
             None => self.segments.front().is_some_and(|s| {
-                s.instance.name == name && s.after.as_ref() == after && self.ahead.is_none()
+                *s.instance == *instance && s.after.as_ref() == after && self.ahead.is_none()
             }),
         }
     }
@@ -452,13 +455,19 @@ impl LoadReaders {
         }
     }
 
-    /// The next chunk of `name`'s load, and whether it ends the table;
+    /// The next chunk of `instance`'s load, and whether it ends the table;
     /// `key_positions` are its key's places among the emitted values.
     pub(super) async fn next_chunk(
         &mut self,
-        name: &str,
+        instance: &CaptureInstance,
         key_positions: &[usize],
     ) -> Result<(Vec<Vec<Value>>, bool), SourceError> {
+        let name = instance.name.as_str();
+        let planned = match (&self.handed, self.segments.front()) {
+            (Some((handed, _)), _) => Arc::clone(handed),
+            (None, Some(front)) => Arc::clone(&front.instance),
+            (None, None) => Arc::new(instance.clone()),
+        };
         let current = match self.ahead.take() {
             Some(rows) => rows,
             None => self.next_of(name).await?.unwrap_or_default(),
@@ -473,7 +482,7 @@ impl LoadReaders {
         let last: Option<KeyText> = current
             .last()
             .map(|row| key_positions.iter().map(|&at| row[at].to_text()).collect());
-        self.handed = (!done).then(|| (name.to_owned(), last));
+        self.handed = (!done).then_some((planned, last));
         Ok((current, done))
     }
 }

@@ -282,17 +282,20 @@ impl<S: ChangeSource> Poller<S> {
                 None => return Ok(PollOutcome::Idle),
             }
         } else if self.loads.readers.enabled() {
-            if !self.loads.readers.continues(&name, load.after.as_ref()) {
+            if !self.loads.readers.continues(&instance, load.after.as_ref()) {
                 let tables = self.tables_to_read().await?;
                 self.loads.readers.plan(&mut self.source, tables).await?;
-                if !self.loads.readers.continues(&name, load.after.as_ref()) {
+                if !self.loads.readers.continues(&instance, load.after.as_ref()) {
                     return Err(SourceError::definite(format!(
                         "the load's readers were not planned from {} (a defect)",
                         load.table
                     )));
                 }
             }
-            self.loads.readers.next_chunk(&name, &key_positions).await?
+            self.loads
+                .readers
+                .next_chunk(&instance, &key_positions)
+                .await?
         } else {
             self.loads
                 .read_keyed_chunk(&mut self.source, &name, &instance, &load, &key_positions)

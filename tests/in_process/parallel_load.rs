@@ -263,3 +263,35 @@ async fn reads_overlap_and_what_is_read_ahead_is_bounded() {
         "{ahead} rows read ahead"
     );
 }
+
+/// More tables than a plan takes at once (two connections plan four tables at a
+/// time): each next plan takes the tables after, and the bytes are still one
+/// connection's.
+#[tokio::test]
+async fn many_tables_are_planned_a_few_at_a_time_with_the_bytes_of_one_connection() {
+    let sim = CdcSimulator::new("shop", crate::initial_load::GUID, 0);
+    for t in 0..11 {
+        let table = format!("t{t:02}");
+        sim.create_table("dbo", &table, crate::initial_load::item_columns(), &["id"]);
+        let mut txn = sim.transaction();
+        for id in 1..=(20 + 37 * t) {
+            txn = txn.insert(&format!("dbo.{table}"), item(id, "x", t));
+        }
+        txn.commit().unwrap();
+        sim.enable_table(&format!("dbo.{table}"), None).unwrap();
+    }
+    let one = drain(&mut Poller::new(sim.clone(), config(1, 25), None), |_| {}).await;
+    let read = Arc::new(AtomicUsize::new(0));
+    let mut two = poller(&sim, config(2, 25), None, &read);
+    let parallel = drain(&mut two, |_| {}).await;
+    assert_eq!(
+        one.len(),
+        (0..11).map(|t| 20 + 37 * t).sum::<i32>() as usize
+    );
+    assert_eq!(bytes(&parallel), bytes(&one));
+    assert!(
+        two.load_segments_read() > 11,
+        "{}",
+        two.load_segments_read()
+    );
+}

@@ -6,7 +6,8 @@
 //! ids and `logicalid`s, the checkpoint and a resume are those of a load over one
 //! connection; only the reading overlaps.
 //!
-//! - The loads queued are cut into **segments**, in the order they go out: a table
+//! - The loads queued are cut into **segments**, in the order they go out (the next
+//!   `2 × max_connections` tables at a time, planned again when they are sent): a table
 //!   whose key is integer columns (the usual identity key) and which holds more than
 //!   a few chunks is cut into key ranges of about [`RANGE_CHUNKS`] chunks at keys
 //!   sampled from it ([`TableReads::sample_rows`]: `TABLESAMPLE`, a few pages); any
@@ -243,6 +244,12 @@ impl LoadReaders {
     /// Whether loads are read ahead on connections of their own.
     pub(super) fn enabled(&self) -> bool {
         self.connections > 1 && self.open.is_some()
+    }
+
+    /// Tables a plan takes at once: each is one segment at least, and the first
+    /// `2 × max_connections` segments are the ones read ahead.
+    pub(super) fn tables_at_once(&self) -> usize {
+        2 * self.connections
     }
 
     /// Connections open (reading or idle).

@@ -338,11 +338,17 @@ impl<S: ChangeSource> Poller<S> {
         Ok(PollOutcome::Batch(self.position_batch(changes).await?))
     }
 
-    /// The keyed tables whose loads are queued, in the order they go out, for the
-    /// readers' plan (with their estimates, asked once per table).
+    /// The next keyed tables whose loads are queued, in the order they go out, for
+    /// the readers' plan (with their estimates, asked once per table): as many as
+    /// the readers plan at once, so a plan costs a few statements however many
+    /// tables are queued (the next plan takes the tables after).
     async fn tables_to_read(&mut self) -> Result<Vec<PlannedTable>, SourceError> {
+        let most = self.loads.readers.tables_at_once();
         let mut tables = Vec::new();
         for (name, load) in &self.position.loads {
+            if tables.len() == most {
+                break;
+            }
             let Some(tracked) = self.tracker.instance(name) else {
                 continue;
             };

@@ -266,6 +266,17 @@ fn populated(seed: u64) -> (CdcSimulator, i32, Copy) {
 #[tokio::test]
 async fn a_re_snapshot_under_concurrent_writes_and_a_lagging_capture_job_gives_the_current_tables()
 {
+    randomized_resnapshots(1).await;
+}
+
+/// The same over two connections: a chunk of each table read at once, between the
+/// same marks, held and sent together.
+#[tokio::test]
+async fn re_snapshots_of_two_tables_read_at_once_give_the_current_tables() {
+    randomized_resnapshots(2).await;
+}
+
+async fn randomized_resnapshots(connections: usize) {
     let mut superseded_somewhere = false;
     for held in mssql_ces_testkit::test_seeds(&[5, 41, 2027, 31337, 8_675_309]) {
         let seed = held.0;
@@ -278,7 +289,29 @@ async fn a_re_snapshot_under_concurrent_writes_and_a_lagging_capture_job_gives_t
             random: true,
             after_read: Default::default(),
         };
-        let mut poller = Poller::new(source, config(7), None);
+        let mut poller = Poller::new(
+            source,
+            PollerConfig {
+                load_connections: connections,
+                ..config(7)
+            },
+            None,
+        );
+        if connections > 1 {
+            // Each reader writes around its reads as the stream's own source does.
+            let (sim, readers) = (sim.clone(), std::sync::atomic::AtomicU64::new(1));
+            poller.read_loads_with(std::sync::Arc::new(move || {
+                let n = readers.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Box::new(WritesAroundReads {
+                    sim: sim.clone(),
+                    rng: Rng(seed ^ (n << 20)),
+                    next_id: next_id + 200_000 * (n as i32 + 1),
+                    reads: 0,
+                    random: true,
+                    after_read: Default::default(),
+                }) as Box<dyn mssql_ces::source::poller::ChunkReader>
+            }));
+        }
         let handle = poller.snapshot_handle();
         // The changes so far, as a consumer that joined at the start of CDC has them:
         // the rows from before it are missing.
@@ -333,7 +366,22 @@ async fn a_re_snapshot_under_concurrent_writes_and_a_lagging_capture_job_gives_t
             poller.position().resnapshots.is_empty(),
             "seed {seed}: both finished"
         );
-        assert!(poller.source().reads > 40, "seed {seed}: read in chunks");
+        let chunks: u64 = poller.resnapshot_status().iter().map(|r| r.chunks).sum();
+        assert!(chunks > 40, "seed {seed}: read in chunks ({chunks})");
+        if connections == 1 {
+            assert!(
+                poller.source().reads > 40,
+                "seed {seed}: on its own connection"
+            );
+        } else {
+            // Both tables' chunks on the readers, at once; the longer table's last
+            // ones alone, on the stream's own connection.
+            assert!(
+                (poller.source().reads as u64) < chunks,
+                "seed {seed}: {} of {chunks} chunks on its own connection",
+                poller.source().reads
+            );
+        }
 
         // The consumer's rule: per key, in order, over everything the stream sent.
         assert_replay_gives_the_tables(seed, &events, &sim);

@@ -187,6 +187,14 @@ struct Reading {
     task: Option<JoinHandle<Box<dyn ChunkReader>>>,
 }
 
+/// One chunk to read of a table: after which key, and its key's places among the
+/// emitted values (to tell the chunk's last key).
+pub(super) struct ChunkJob<'a> {
+    pub(super) instance: &'a CaptureInstance,
+    pub(super) after: Option<&'a [Option<String>]>,
+    pub(super) key_positions: &'a [usize],
+}
+
 /// A table the load is to read, as the runner plans it: the capture instance, its
 /// key's places among the emitted values, its rows' estimate, and where its load
 /// stands.
@@ -250,6 +258,72 @@ impl LoadReaders {
     /// `2 × max_connections` segments are the ones read ahead.
     pub(super) fn tables_at_once(&self) -> usize {
         2 * self.connections
+    }
+
+    /// Tables whose re-snapshot chunks are read at once: one per connection, or one
+    /// on the stream's own.
+    pub(super) fn resnapshot_tables_at_once(&self) -> usize {
+        if self.enabled() { self.connections } else { 1 }
+    }
+
+    /// The next chunk of each job, read at once, each on a connection of its own,
+    /// and whether it ends its table. A seek that does not move past its key is an
+    /// error, not a loop.
+    pub(super) async fn read_chunks_at_once(
+        &mut self,
+        jobs: &[ChunkJob<'_>],
+    ) -> Result<Vec<(Vec<Vec<Value>>, bool)>, SourceError> {
+        let Some(open) = self.open.clone() else {
+            return Err(SourceError::definite(
+                "the re-snapshot's readers have no connections (a defect)",
+            ));
+        };
+        let mut readers = Vec::with_capacity(jobs.len());
+        for _ in jobs {
+            readers.push(match self.idle.pop() {
+                Some(reader) => reader,
+                None => {
+                    self.opened += 1;
+                    open()
+                }
+            });
+        }
+        let chunk = self.chunk;
+        let reads = readers
+            .iter_mut()
+            .zip(jobs)
+            .map(|(reader, job)| reader.read(job.instance, job.after, chunk + 1));
+        let read = futures_util::future::join_all(reads).await;
+        self.idle.extend(readers);
+        let mut chunks = Vec::with_capacity(jobs.len());
+        for (
+            rows,
+            ChunkJob {
+                instance,
+                after,
+                key_positions,
+            },
+        ) in read.into_iter().zip(jobs)
+        {
+            let mut rows = rows?;
+            // One row more than a chunk: whether it comes tells if this one ends.
+            let done = rows.len() <= chunk;
+            rows.truncate(chunk);
+            let last: Option<KeyText> = rows
+                .last()
+                .map(|row| key_positions.iter().map(|&at| row[at].to_text()).collect());
+            if !done && last.as_deref() == *after {
+                return Err(SourceError::Malformed {
+                    capture_instance: instance.name.clone(),
+                    message: format!(
+                        "the re-snapshot of {} does not move past a key: the server's seek after it returns rows already read",
+                        instance.qualified_table()
+                    ),
+                });
+            }
+            chunks.push((rows, done));
+        }
+        Ok(chunks)
     }
 
     /// Connections open (reading or idle).

@@ -10,6 +10,11 @@
 //! 3. Then what is left goes out as loaded rows, and the checkpoint records the
 //!    chunk's last key read.
 //!
+//! With `snapshot.max_connections` above 1 and several tables asked for, one chunk
+//! of each of up to that many tables is read at once, each on a connection of its
+//! own, between the same two marks: H is read after all of them, and they are held
+//! and go out together.
+//!
 //! The rule a consumer gets, as for the initial load: applying a table's events in
 //! order, per key, gives its current state. A held row whose key had no change in
 //! the window holds the values of the key's last change at or below L (or its
@@ -22,6 +27,7 @@ use std::collections::HashMap;
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::load_readers::ChunkJob;
 use super::load_runner::{key_positions, loaded_changes};
 use super::*;
 use crate::event::Value;
@@ -158,7 +164,8 @@ pub(super) struct Resnapshots {
     /// Requests received but not answered because the source failed: first next
     /// time.
     waiting: Vec<SnapshotRequest>,
-    held: Option<HeldChunk>,
+    /// One chunk per table read at once, all with the same high mark.
+    held: Vec<HeldChunk>,
     runs: BTreeMap<String, Run>,
     /// Per table, how its last re-snapshot in this process ended.
     finished: BTreeMap<String, ResnapshotStatus>,
@@ -171,7 +178,7 @@ impl Default for Resnapshots {
             sender,
             requests,
             waiting: Vec::new(),
-            held: None,
+            held: Vec::new(),
             runs: BTreeMap::new(),
             finished: BTreeMap::new(),
         }
@@ -233,22 +240,20 @@ impl Resnapshots {
         );
     }
 
-    /// A poll failed: the chunk held is read again (the position went back).
+    /// A poll failed: the chunks held are read again (the position went back).
     pub(super) fn discard_held(&mut self) {
-        self.held = None;
+        self.held.clear();
     }
 
-    /// Every change of the held chunk's table in `changes` (what the merge
-    /// emitted: CDC's changes only) removes the held row of its keys, before and
-    /// after.
+    /// Every change of a held chunk's table in `changes` (what the merge emitted:
+    /// CDC's changes only) removes the held row of its keys, before and after.
     pub(super) fn supersede(&mut self, changes: &[Change]) {
-        let Some(held) = self.held.as_mut() else {
-            return;
-        };
         for change in changes {
-            if change.table.table() != held.table || change.table.schema() != held.schema {
+            let Some(held) = (self.held.iter_mut())
+                .find(|h| change.table.table() == h.table && change.table.schema() == h.schema)
+            else {
                 continue;
-            }
+            };
             for image in [change.old.as_ref(), change.current.as_ref()]
                 .into_iter()
                 .flatten()
@@ -416,15 +421,20 @@ impl<S: ChangeSource> Poller<S> {
     /// the merge has read through its high mark, and otherwise the next chunk is
     /// read and held. `Some` is a batch to return now.
     pub(super) async fn resnapshot_step(&mut self) -> Result<Option<Batch>, SourceError> {
-        if self.resnapshots.held.is_none() {
-            let Some(name) = self.position.resnapshots.keys().next().cloned() else {
+        if self.resnapshots.held.is_empty() {
+            let at_once = self.loads.readers.resnapshot_tables_at_once();
+            let names: Vec<String> = (self.position.resnapshots.keys())
+                .take(at_once)
+                .cloned()
+                .collect();
+            if names.is_empty() {
                 return Ok(None);
-            };
-            if !self.hold_next_chunk(&name).await? {
+            }
+            if !self.hold_next_chunks(&names).await? {
                 return Ok(Some(self.position_batch(Vec::new()).await?));
             }
         }
-        let closed = self.resnapshots.held.as_ref().is_some_and(|held| {
+        let closed = self.resnapshots.held.first().is_some_and(|held| {
             held.high.is_zero() || self.merge.done_through().is_some_and(|d| d >= held.high)
         });
         if !closed {
@@ -433,78 +443,102 @@ impl<S: ChangeSource> Poller<S> {
         self.emit_held().await.map(Some)
     }
 
-    /// Reads the next chunk of `name`'s re-snapshot and holds it; false when the
-    /// table is no longer read (the re-snapshot is dropped, said in the log).
-    async fn hold_next_chunk(&mut self, name: &str) -> Result<bool, SourceError> {
+    /// Reads the next chunk of each of `names`' re-snapshots (at once, on the load's
+    /// readers, when there are several) and holds them; false when one of the
+    /// tables is no longer read (its re-snapshot is dropped, said in the log) and
+    /// nothing is held.
+    async fn hold_next_chunks(&mut self, names: &[String]) -> Result<bool, SourceError> {
         self.load_catalog().await?;
-        let Some(snapshot) = self.position.resnapshots.get(name).cloned() else {
-            return Ok(false);
+        let mut reads = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(snapshot) = self.position.resnapshots.get(name).cloned() else {
+                return Ok(false);
+            };
+            let Some(tracked) = self.tracker.instance(name) else {
+                tracing::warn!(capture_instance = %name, table = %snapshot.load.table, rows = snapshot.load.rows, "the capture instance being re-snapshotted is gone (disabled, or no longer included): its re-snapshot ends here; ask again for the table's other capture instance");
+                self.position.resnapshots.remove(name);
+                self.resnapshots.runs.remove(name);
+                return Ok(false);
+            };
+            let instance = tracked.instance.clone();
+            let key_positions = key_positions(&instance)?;
+            self.resnapshots.runs.entry(name.clone()).or_insert_with(|| {
+                let now = Instant::now();
+                tracing::info!(table = %snapshot.load.table, at_lsn = %snapshot.load.at, resumed_after_rows = snapshot.load.rows, "re-snapshotting table");
+                Run {
+                    started: now,
+                    rows_at_start: snapshot.load.rows,
+                    last_log: now,
+                }
+            });
+            reads.push((name.clone(), instance, key_positions, snapshot.load));
+        }
+        let chunks = if let [(name, instance, key_positions, load)] = reads.as_slice() {
+            vec![
+                self.loads
+                    .read_keyed_chunk(&mut self.source, name, instance, load, key_positions)
+                    .await?,
+            ]
+        } else {
+            let jobs: Vec<ChunkJob<'_>> = (reads.iter())
+                .map(|(_, instance, key_positions, load)| ChunkJob {
+                    instance,
+                    after: load.after.as_deref(),
+                    key_positions,
+                })
+                .collect();
+            self.loads.readers.read_chunks_at_once(&jobs).await?
         };
-        let Some(tracked) = self.tracker.instance(name) else {
-            tracing::warn!(capture_instance = %name, table = %snapshot.load.table, rows = snapshot.load.rows, "the capture instance being re-snapshotted is gone (disabled, or no longer included): its re-snapshot ends here; ask again for the table's other capture instance");
-            self.position.resnapshots.remove(name);
-            self.resnapshots.runs.remove(name);
-            return Ok(false);
-        };
-        let instance = tracked.instance.clone();
-        let key_positions = key_positions(&instance)?;
-        self.resnapshots.runs.entry(name.to_owned()).or_insert_with(|| {
-            let now = Instant::now();
-            tracing::info!(table = %snapshot.load.table, at_lsn = %snapshot.load.at, resumed_after_rows = snapshot.load.rows, "re-snapshotting table");
-            Run {
-                started: now,
-                rows_at_start: snapshot.load.rows,
-                last_log: now,
-            }
-        });
-        let (rows, done) = self
-            .loads
-            .read_keyed_chunk(
-                &mut self.source,
-                name,
-                &instance,
-                &snapshot.load,
-                &key_positions,
-            )
-            .await?;
-        // After the read: every change the chunk may not show has a higher LSN, or
-        // is read through this mark before the chunk goes out.
+        // After the reads: every change a chunk may not show has a higher LSN, or
+        // is read through this mark before the chunks go out.
         let high = self.source.max_lsn().await?.lsn.unwrap_or(Lsn::ZERO);
-        let key = |row: &[Value]| -> Vec<Option<String>> {
-            key_positions.iter().map(|&at| row[at].to_text()).collect()
-        };
-        let last_key = rows.last().map(|row| key(row));
-        let by_key = rows
-            .iter()
-            .enumerate()
-            .map(|(at, row)| (key(row), at))
-            .collect();
-        self.resnapshots.held = Some(HeldChunk {
-            instance: name.to_owned(),
-            schema: instance.schema.clone(),
-            table: instance.table.clone(),
-            rows: rows.into_iter().map(Some).collect(),
-            by_key,
-            last_key,
-            done,
-            high,
-            superseded: 0,
-        });
+        for ((name, instance, key_positions, _), (rows, done)) in reads.into_iter().zip(chunks) {
+            let key = |row: &[Value]| -> Vec<Option<String>> {
+                key_positions.iter().map(|&at| row[at].to_text()).collect()
+            };
+            let last_key = rows.last().map(|row| key(row));
+            let by_key = rows
+                .iter()
+                .enumerate()
+                .map(|(at, row)| (key(row), at))
+                .collect();
+            self.resnapshots.held.push(HeldChunk {
+                instance: name,
+                schema: instance.schema.clone(),
+                table: instance.table.clone(),
+                rows: rows.into_iter().map(Some).collect(),
+                by_key,
+                last_key,
+                done,
+                high,
+                superseded: 0,
+            });
+        }
         Ok(true)
     }
 
-    /// The held chunk's rows that no change superseded, as loaded rows; the
-    /// checkpoint's re-snapshot moves past the chunk's last key read.
+    /// The held chunks' rows that no change superseded, as loaded rows, table
+    /// after table; each checkpoint's re-snapshot moves past its chunk's last key
+    /// read.
     async fn emit_held(&mut self) -> Result<Batch, SourceError> {
-        let Some(held) = self.resnapshots.held.take() else {
-            return self.position_batch(Vec::new()).await;
-        };
+        let mut changes = Vec::new();
+        for held in std::mem::take(&mut self.resnapshots.held) {
+            self.emit_chunk(held, &mut changes)?;
+        }
+        if self.position.resnapshots.is_empty() && self.position.loads.is_empty() {
+            self.loads.readers.close();
+        }
+        self.position_batch(changes).await
+    }
+
+    /// One held chunk's rows that no change superseded, onto `changes`.
+    fn emit_chunk(&mut self, held: HeldChunk, out: &mut Vec<Change>) -> Result<(), SourceError> {
         let name = held.instance;
         let (Some(mut snapshot), Some(tracked)) = (
             self.position.resnapshots.get(&name).cloned(),
             self.tracker.instance(&name),
         ) else {
-            return self.position_batch(Vec::new()).await;
+            return Ok(());
         };
         let table = Arc::clone(&tracked.context.table);
         let key_positions = key_positions(&tracked.instance)?;
@@ -533,7 +567,7 @@ impl<S: ChangeSource> Poller<S> {
         if let Some(first) = changes.first() {
             self.announcer.note(
                 first,
-                0,
+                out.len(),
                 self.tracker.tracked(),
                 &mut self.position.table_versions,
             );
@@ -544,7 +578,8 @@ impl<S: ChangeSource> Poller<S> {
         } else {
             self.position.resnapshots.insert(name, snapshot);
         }
-        self.position_batch(changes).await
+        out.extend(changes);
+        Ok(())
     }
 }
 

@@ -150,6 +150,22 @@ async fn change_tables_are_cleaned_below_what_every_stream_of_the_database_deliv
     poll(&mut poller).await;
     assert_eq!(sim.change_table_cleanups(), (2, 9));
     assert_eq!(min_lsn(&sim), Some(lsns[9]));
+    assert_eq!(poller.cleanup_rounds(), 2);
+
+    // Between rounds an idle poll costs what it costs without the setting: the
+    // permission was asked once, and nothing else is.
+    let before = sim.round_trips();
+    poll(&mut poller).await;
+    let idle_cost = sim.round_trips() - before;
+    let agent_config = PollerConfig {
+        cleanup: CleanupMode::Agent,
+        ..config()
+    };
+    let mut agent = Poller::new(sim.clone(), agent_config, None);
+    crate::common::drain_items(&mut agent).await.expect("drain");
+    let before = sim.round_trips();
+    agent.poll().await.expect("poll");
+    assert_eq!(idle_cost, sim.round_trips() - before);
 
     // New changes stream on after the cleanup.
     insert(&sim, 11);

@@ -324,6 +324,15 @@ mod tests {
                 held_by: None
             }
         );
+        // A stream at the same LSN as this one does not hold it back.
+        let level = [peer(
+            "level",
+            position(identity(Some(1), "shop"), &[("dbo_b", 40)]),
+        )];
+        assert_eq!(
+            cleanup_bounds(&own, &level, &names(&["dbo_b"]))["dbo_b"].held_by,
+            None
+        );
     }
 
     #[test]

@@ -678,6 +678,36 @@ mod tests {
     }
 
     #[test]
+    fn every_integer_type_is_a_key_value_and_nothing_else_is() {
+        let four = key(&[false, false, false, false]);
+        let row = |t: u8| {
+            vec![
+                Value::TinyInt(t),
+                Value::SmallInt(-2),
+                Value::Int(3),
+                Value::BigInt(i64::MAX),
+            ]
+        };
+        assert_eq!(four.values(&row(1)), Some(vec![1, -2, 3, i64::MAX]));
+        assert_eq!(
+            four.cuts(&[row(1), row(2), row(3)], None, 3),
+            [vec![2, -2, 3, i64::MAX], vec![3, -2, 3, i64::MAX]]
+        );
+        let one = key(&[false]);
+        for other in [
+            Value::Null,
+            Value::Text("1".into()),
+            Value::Bit(true),
+            Value::Decimal {
+                unscaled: 1,
+                scale: 0,
+            },
+        ] {
+            assert_eq!(one.values(&[other]), None);
+        }
+    }
+
+    #[test]
     fn a_key_of_several_columns_compares_column_by_column() {
         let tenant_id = key(&[false, true]);
         let sample: Vec<Vec<Value>> = [(1, 9), (1, 3), (2, 7), (2, 1), (3, 5), (1, 5)]

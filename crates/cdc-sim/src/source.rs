@@ -271,22 +271,7 @@ impl CdcSimulator {
         limit: usize,
     ) -> Result<(Vec<Vec<Value>>, Option<super::ReadLatency>), SourceError> {
         let mut state = self.call()?;
-        let name = instance.qualified_table();
-        if state.denied.contains(&name) {
-            return Err(SqlErrorKind::PermissionDenied {
-                message: format!(
-                    "The SELECT permission was denied on the object '{}' (error 229)",
-                    instance.table
-                ),
-            }
-            .into());
-        }
-        let Some(table) = state.tables.get(&name) else {
-            return Err(SimState::catalog_changed(format!(
-                "Invalid object name '{name}' (error 208)"
-            )));
-        };
-        let read = TableRead::new(table, instance)?;
+        let read = TableRead::new(state.readable_table(instance)?, instance)?;
         if !read.key.is_empty() {
             return Ok((read.keyed(cursor, limit)?, state.read_latency));
         }
@@ -316,17 +301,31 @@ impl CdcSimulator {
         instance: &CaptureInstance,
     ) -> Result<Vec<Vec<Value>>, SourceError> {
         let state = self.call()?;
-        let name = instance.qualified_table();
-        let Some(table) = state.tables.get(&name) else {
-            return Err(SimState::catalog_changed(format!(
-                "Invalid object name '{name}' (error 208)"
-            )));
-        };
-        let read = TableRead::new(table, instance)?;
+        let read = TableRead::new(state.readable_table(instance)?, instance)?;
         if read.key.is_empty() {
             return Ok(Vec::new());
         }
         read.sample(mssql_ces::source::queries::SAMPLE_ROWS)
+    }
+}
+
+impl SimState {
+    /// `instance`'s source table as a `SELECT` on it finds it: 229 where the login
+    /// may not read it, 208 where it is gone.
+    fn readable_table(&self, instance: &CaptureInstance) -> Result<&SimTable, SourceError> {
+        let name = instance.qualified_table();
+        if self.denied.contains(&name) {
+            return Err(SqlErrorKind::PermissionDenied {
+                message: format!(
+                    "The SELECT permission was denied on the object '{}' (error 229)",
+                    instance.table
+                ),
+            }
+            .into());
+        }
+        self.tables.get(&name).ok_or_else(|| {
+            SimState::catalog_changed(format!("Invalid object name '{name}' (error 208)"))
+        })
     }
 }
 

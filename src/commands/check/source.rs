@@ -70,8 +70,10 @@ pub(super) async fn check_source<S: CdcReads + FactReads + CaptureDdl>(
         ),
     }
     check_time_zone(report, config, &catalog);
-    check_capture_management(report, config, source).await;
-    check_cleanup(report, config, source, &facts).await;
+    // Asked once: both checks below need the answer.
+    let db_owner = source.may_manage_capture().await;
+    check_capture_management(report, config, &db_owner);
+    check_cleanup(report, config, &db_owner, &facts);
     let included = check_tables(report, config, source, &catalog).await;
     check_lob_limit(report, &facts, &included);
     Some(SourceState {
@@ -84,10 +86,10 @@ pub(super) async fn check_source<S: CdcReads + FactReads + CaptureDdl>(
 /// Whether the login may create and disable capture instances, which
 /// `source.capture_instances = "managed"` and `source.enable_cdc` need (`db_owner`):
 /// a failure when one is set and it may not; said either way.
-async fn check_capture_management<S: CaptureDdl>(
+fn check_capture_management(
     report: &mut Report,
     config: &Config,
-    source: &mut S,
+    db_owner: &Result<bool, SourceError>,
 ) {
     const CHECK: &str = "capture instances";
     let managed = config.source.capture_instances == CaptureInstanceMode::Managed;
@@ -102,7 +104,7 @@ async fn check_capture_management<S: CaptureDdl>(
     } else {
         ""
     };
-    match source.may_manage_capture().await {
+    match db_owner {
         Ok(true) => report.pass(CHECK, format!("{mode}{enable}; the login is db_owner, which that needs")),
         Ok(false) if needed => report.fail(
             CHECK,
@@ -118,10 +120,10 @@ async fn check_capture_management<S: CaptureDdl>(
 /// Who removes change rows (`source.cleanup`). With `"after_delivery"`: a failure
 /// when the login is not `db_owner`; a warning while the Agent's cleanup job still
 /// purges by a retention, whatever was delivered.
-async fn check_cleanup<S: CaptureDdl>(
+fn check_cleanup(
     report: &mut Report,
     config: &Config,
-    source: &mut S,
+    db_owner: &Result<bool, SourceError>,
     facts: &ServerFacts,
 ) {
     const CHECK: &str = "change table cleanup";
@@ -136,7 +138,7 @@ async fn check_cleanup<S: CaptureDdl>(
         );
         return;
     }
-    match source.may_manage_capture().await {
+    match db_owner {
         Ok(true) => {}
         Ok(false) => {
             report.fail(

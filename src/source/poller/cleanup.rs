@@ -187,12 +187,13 @@ impl DeliveryCleanup {
         Ok(())
     }
 
-    /// When a round is due: cleans each of `instances` as far as every stream of
-    /// the database has delivered it. Only a refused permission is an error.
+    /// When a round is due: cleans each `tracked` capture instance as far as every
+    /// stream of the database has delivered it. Only a refused permission is an
+    /// error.
     pub(super) async fn run_if_due(
         &mut self,
         source: &mut impl CaptureDdl,
-        instances: &[String],
+        tracked: &[super::Tracked],
     ) -> Result<(), SourceError> {
         if self.mode != CleanupMode::AfterDelivery {
             return Ok(());
@@ -217,8 +218,9 @@ impl DeliveryCleanup {
             },
             None => Vec::new(),
         };
+        let instances: Vec<String> = tracked.iter().map(|t| t.instance.name.clone()).collect();
         let mut cleaned_any = false;
-        for (instance, bound) in cleanup_bounds(&own, &peers, instances) {
+        for (instance, bound) in cleanup_bounds(&own, &peers, &instances) {
             if self
                 .cleaned
                 .get(&instance)

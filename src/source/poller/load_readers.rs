@@ -38,6 +38,8 @@ use crate::event::Value;
 use crate::event::value::SqlType;
 use crate::source::{CaptureInstance, SourceError, TableCursor, TableReads};
 
+use super::load_runner::key_text;
+
 /// A connection of its own that reads a table's rows for the load.
 pub trait ChunkReader: Send {
     /// Up to `limit` rows of `instance`'s table after the key `after` (from its
@@ -309,9 +311,7 @@ impl LoadReaders {
             // One row more than a chunk: whether it comes tells if this one ends.
             let done = rows.len() <= chunk;
             rows.truncate(chunk);
-            let last: Option<KeyText> = rows
-                .last()
-                .map(|row| key_positions.iter().map(|&at| row[at].to_text()).collect());
+            let last: Option<KeyText> = rows.last().map(|row| key_text(row, key_positions));
             if !done && last.as_deref() == *after {
                 return Err(SourceError::Malformed {
                     capture_instance: instance.name.clone(),
@@ -560,9 +560,7 @@ impl LoadReaders {
         };
         let done = following.is_none();
         self.ahead = following;
-        let last: Option<KeyText> = current
-            .last()
-            .map(|row| key_positions.iter().map(|&at| row[at].to_text()).collect());
+        let last: Option<KeyText> = current.last().map(|row| key_text(row, key_positions));
         self.handed = (!done).then_some((planned, last));
         Ok((current, done))
     }
@@ -598,9 +596,7 @@ async fn read_segment(
             rows.truncate(past);
             last = true;
         }
-        let next: Option<KeyText> = rows
-            .last()
-            .map(|row| key_positions.iter().map(|&at| row[at].to_text()).collect());
+        let next: Option<KeyText> = rows.last().map(|row| key_text(row, &key_positions));
         if !last && next == after {
             let _ = tx
                 .send(Err(SourceError::Malformed {

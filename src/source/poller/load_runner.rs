@@ -358,14 +358,9 @@ impl<S: ChangeSource> Poller<S> {
             if key_positions.is_empty() {
                 continue;
             }
-            let estimated = match self.loads.estimates.get(name) {
-                Some(known) => *known,
-                None => {
-                    let estimated = self.source.table_rows(&tracked.instance).await?;
-                    self.loads.estimates.insert(name.clone(), estimated);
-                    estimated
-                }
-            };
+            let estimated = (self.loads)
+                .estimate(&mut self.source, name, &tracked.instance)
+                .await?;
             tables.push(PlannedTable {
                 instance: Arc::new(tracked.instance.clone()),
                 key_positions,
@@ -416,6 +411,21 @@ impl<S: ChangeSource> Poller<S> {
 }
 
 impl LoadRunner {
+    /// `name`'s table's rows as `sys.partitions` estimates them, asked once.
+    async fn estimate(
+        &mut self,
+        source: &mut impl TableReads,
+        name: &str,
+        instance: &CaptureInstance,
+    ) -> Result<Option<u64>, SourceError> {
+        if let Some(known) = self.estimates.get(name) {
+            return Ok(*known);
+        }
+        let estimated = source.table_rows(instance).await?;
+        self.estimates.insert(name.to_owned(), estimated);
+        Ok(estimated)
+    }
+
     /// Starts this process's run of a table's load (its rate and estimate) unless
     /// it runs already.
     pub(super) async fn start_run(
@@ -428,11 +438,7 @@ impl LoadRunner {
         if self.runs.contains_key(name) {
             return Ok(());
         }
-        let estimated = match self.estimates.get(name) {
-            Some(known) => *known,
-            None => source.table_rows(instance).await?,
-        };
-        self.estimates.insert(name.to_owned(), estimated);
+        let estimated = self.estimate(source, name, instance).await?;
         tracing::info!(table = %load.table, rows_estimated = estimated, at_lsn = %load.at, resumed_after_rows = load.rows, "loading table");
         let now = Instant::now();
         self.runs.insert(
@@ -473,7 +479,7 @@ impl LoadRunner {
         let (false, Some(last)) = (done, rows.last()) else {
             return Ok((rows, done));
         };
-        let key: Vec<Option<String>> = key_positions.iter().map(|&at| last[at].to_text()).collect();
+        let key = key_text(last, key_positions);
         let hash = {
             use std::hash::{Hash as _, Hasher as _};
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -699,10 +705,7 @@ pub(super) fn loaded_changes(
                 RowIdentity::Ordinal(sequence_number),
             )
         } else {
-            let key: Vec<Option<String>> = key_positions
-                .iter()
-                .map(|&at| values[at].to_text())
-                .collect();
+            let key = key_text(&values, key_positions);
             let seed = id_seed(guid, load.at, &load.table, RowIdentity::Key(&key));
             if i + 1 == count {
                 load.after = Some(key);
@@ -745,6 +748,12 @@ pub(super) fn loaded_changes(
 /// load's keyset resumes after. Empty for a table without a key; an error when a key
 /// column is not emitted (a type CES leaves out), as its values could not be passed
 /// back.
+/// A row's key as the checkpoint keeps it: each key column's text, in key order
+/// (`key_positions`: their places among the emitted values).
+pub(super) fn key_text(row: &[Value], key_positions: &[usize]) -> Vec<Option<String>> {
+    key_positions.iter().map(|&at| row[at].to_text()).collect()
+}
+
 pub(super) fn key_positions(instance: &CaptureInstance) -> Result<Vec<usize>, SourceError> {
     let emitted: Vec<&str> = instance
         .emitted_columns()

@@ -472,10 +472,9 @@ impl<S: ChangeSource> Poller<S> {
         if let Some(every) = self.config.cdc_jobs_every {
             self.cdc_jobs.refresh(&mut self.source, every).await;
         }
-        let tracked: Vec<String> = (self.tracker.tracked().iter())
-            .map(|t| t.instance.name.clone())
-            .collect();
-        self.cleanup.run_if_due(&mut self.source, &tracked).await?;
+        (self.cleanup)
+            .run_if_due(&mut self.source, self.tracker.tracked())
+            .await?;
         let saved = (self.position.clone(), self.merge.restart_point());
         let result = match self.poll_inner().await {
             Ok(PollOutcome::Batch(mut batch)) => self

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use tokio::sync::{mpsc, oneshot};
 
 use super::load_readers::ChunkJob;
-use super::load_runner::{key_positions, loaded_changes};
+use super::load_runner::{key_positions, key_text, loaded_changes};
 use super::*;
 use crate::event::Value;
 use crate::position::LOAD_ROWS_PER_RANGE;
@@ -493,14 +493,11 @@ impl<S: ChangeSource> Poller<S> {
         // is read through this mark before the chunks go out.
         let high = self.source.max_lsn().await?.lsn.unwrap_or(Lsn::ZERO);
         for ((name, instance, key_positions, _), (rows, done)) in reads.into_iter().zip(chunks) {
-            let key = |row: &[Value]| -> Vec<Option<String>> {
-                key_positions.iter().map(|&at| row[at].to_text()).collect()
-            };
-            let last_key = rows.last().map(|row| key(row));
+            let last_key = rows.last().map(|row| key_text(row, &key_positions));
             let by_key = rows
                 .iter()
                 .enumerate()
-                .map(|(at, row)| (key(row), at))
+                .map(|(at, row)| (key_text(row, &key_positions), at))
                 .collect();
             self.resnapshots.held.push(HeldChunk {
                 instance: name,

@@ -18,7 +18,7 @@ use support::apache_kafka::{self, Cluster};
 use support::kafka::Consumed;
 use support::temp_dir;
 
-use crate::binary::{exit_within, signal, spawn};
+use crate::harness::{exit_within, run_until_idle, signal, spawn};
 
 /// Names of a test's own (topics, transactional id), so tests share one broker.
 fn unique(what: &str) -> String {
@@ -154,18 +154,6 @@ impl<'a> Settings<'a> {
             extra,
         }
     }
-}
-
-/// `mssql-ces run --until-idle` on `config`, its output once it ends (within
-/// `limit`, else the test fails naming `what`).
-fn run_until_idle(config: &Path, limit: Duration, what: &str) -> std::process::Output {
-    support::tools::output_within(
-        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
-            .args(["run", "--until-idle", "--config"])
-            .arg(config),
-        limit,
-        what,
-    )
 }
 
 /// Each record's `logicalid` and `data`, in offset order per partition.
@@ -724,11 +712,7 @@ fn a_table_name_with_a_space_goes_to_a_topic_kafka_accepts() {
         ),
     )
     .expect("config");
-    let output = run_until_idle(
-        &config,
-        Duration::from_secs(120),
-        "a run into per-table topics",
-    );
+    let output = run_until_idle(&config, "a run into per-table topics");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     let details = kafka.read(
@@ -792,7 +776,7 @@ fn a_debezium_record_is_bounded_by_the_destination_and_an_oversized_one_names_th
         )
         .expect("config");
     };
-    let run = |what: &str| run_until_idle(&config, Duration::from_secs(120), what);
+    let run = |what: &str| run_until_idle(&config, what);
     write("");
     let refused = run("a Debezium run meeting an oversized record");
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -852,11 +836,7 @@ fn a_checkpoint_topic_that_deletes_records_is_refused_with_the_fix() {
         &[("cleanup.policy", "delete"), ("retention.ms", "3600000")],
     );
     let config = stream.config(&dir, &kafka.bootstrap(), &Settings::exactly_once(20, 0));
-    let run = run_until_idle(
-        &config,
-        Duration::from_secs(60),
-        "a run on a deleting checkpoint topic",
-    );
+    let run = run_until_idle(&config, "a run on a deleting checkpoint topic");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     let last = stderr.lines().last().unwrap_or_default();
@@ -866,11 +846,8 @@ fn a_checkpoint_topic_that_deletes_records_is_refused_with_the_fix() {
             && last.contains("--add-config cleanup.policy=compact"),
         "{last}"
     );
-    let check = support::tools::output_within(
-        std::process::Command::new(env!("CARGO_BIN_EXE_mssql-ces"))
-            .args(["check", "--config"])
-            .arg(&config),
-        Duration::from_secs(60),
+    let check = crate::harness::output(
+        &mut crate::harness::command(&["check"], &config),
         "check on a deleting checkpoint topic",
     );
     let said = String::from_utf8_lossy(&check.stdout);
@@ -900,11 +877,7 @@ fn a_topic_limit_below_the_largest_message_stops_the_run_before_its_first_messag
         &kafka.bootstrap(),
         &Settings::at_least_once(20, 0, "[event]\nmax_message_size_kb = 256\n"),
     );
-    let run = run_until_idle(
-        &config,
-        Duration::from_secs(60),
-        "a run into a topic of a small limit",
-    );
+    let run = run_until_idle(&config, "a run into a topic of a small limit");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     let last = stderr.lines().last().unwrap_or_default();

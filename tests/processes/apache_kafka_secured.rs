@@ -4,17 +4,16 @@
 //! lists are granted and the run streams; then each one is left out in turn, and
 //! the run stops with a definite error that names what is missing.
 
+use crate::harness;
 use crate::support;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use support::apache_kafka::{Cluster, NodeOptions};
 use support::temp_dir;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 const PASSWORD: &str = "Right-Passw0rd";
 const TOPIC: &str = "ces-secured";
 const CHECKPOINTS: &str = "checkpoints-secured";
@@ -212,18 +211,11 @@ fn seed_checkpoint_topic(cluster: &Cluster) {
 /// Runs the binary to the end with `password` (none if empty), bounded.
 fn run(config: &Path, password: &str) -> (std::process::Output, Duration) {
     let started = Instant::now();
-    let mut command = Command::new(BINARY);
-    command
-        .args(["run", "--until-idle", "--config"])
-        .arg(config);
+    let mut command = harness::command(&["run", "--until-idle"], config);
     if !password.is_empty() {
         command.env("MSSQL_CES__SINK__SASL_PASSWORD", password);
     }
-    let output = support::tools::output_within(
-        &mut command,
-        Duration::from_secs(120),
-        "a run on the secured cluster",
-    );
+    let output = harness::output(&mut command, "a run on the secured cluster");
     (output, started.elapsed())
 }
 
@@ -455,40 +447,23 @@ session_timeout_ms = 6000
         path
     };
     let spawn = |user: &str| {
-        let log = std::fs::File::create(dir.join(format!("{user}.log"))).expect("log");
-        Command::new(BINARY)
-            .args(["run", "--config"])
-            .arg(config(user))
-            .env("MSSQL_CES__SINK__SASL_PASSWORD", PASSWORD)
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn")
+        let mut command = harness::command(&["run"], &config(user));
+        command.env("MSSQL_CES__SINK__SASL_PASSWORD", PASSWORD);
+        harness::spawn_logged(command, &dir, user)
     };
     let log =
         |user: &str| std::fs::read_to_string(dir.join(format!("{user}.log"))).unwrap_or_default();
 
     let mut member = spawn("fleet-all");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !log("fleet-all").contains("slots assigned") {
-        assert!(
-            Instant::now() < deadline,
-            "the member with its rights is assigned slots: {}",
-            log("fleet-all")
-        );
-        assert!(
-            member.try_wait().expect("try_wait").is_none(),
-            "it runs: {}",
-            log("fleet-all")
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // SAFETY: a signal to our own child process.
-    unsafe { libc::kill(member.id() as i32, libc::SIGTERM) };
-    let status = support::tools::wait_within(&mut member, Duration::from_secs(60));
+    harness::wait_for_line(
+        &dir.join("fleet-all.log"),
+        "slots assigned",
+        Duration::from_secs(60),
+    );
+    let status = harness::stop(&mut member, &dir, "the member with its rights");
     assert!(
-        status.is_some_and(|s| s.success()),
-        "it leaves cleanly ({status:?}, None: still running after 60 s): {}",
+        status.success(),
+        "it leaves cleanly ({status:?}): {}",
         log("fleet-all")
     );
 
@@ -529,16 +504,11 @@ fn check_tells_a_topic_the_login_may_not_see_from_a_missing_one_and_says_what_it
     let dir = temp_dir("secured-check");
     let check = |user: &str, mechanism: &str| {
         let config = Mode::ExactlyOnce.config(&dir, &cluster.bootstrap(), user, mechanism);
-        let output = support::tools::output_within(
-            Command::new(BINARY)
-                .args(["check", "--config"])
-                .arg(config)
-                .env("MSSQL_CES__SINK__SASL_PASSWORD", PASSWORD),
-            Duration::from_secs(120),
+        let output = harness::output(
+            harness::command(&["check"], &config).env("MSSQL_CES__SINK__SASL_PASSWORD", PASSWORD),
             "check on the secured cluster",
         );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-            + &String::from_utf8_lossy(&output.stderr)
+        harness::printed(&output)
     };
     let refused = check("alo-no0", "SCRAM-SHA-256");
     assert!(

@@ -2,10 +2,10 @@
 //! setup passes, and each thing that can be wrong fails its own check with a fix —
 //! or, where the login may not look, is reported as not checked.
 
+use crate::harness;
 use crate::support;
 
 use std::path::Path;
-use std::process::Command;
 
 use cdc_sim::{CdcSimulator, SimColumn};
 use chrono::Duration as Days;
@@ -22,8 +22,6 @@ use mssql_ces::source::{Fact, LogScan, SourceError};
 use rdkafka::mocking::MockCluster;
 use support::temp_dir;
 use uuid::Uuid;
-
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 
 fn database() -> CdcSimulator {
     database_named("Shop")
@@ -737,18 +735,11 @@ async fn check_fails_what_run_would_refuse() {
         )
         .expect("config");
         for args in [&["check"][..], &["run"]] {
-            let output = Command::new(BINARY)
-                .args(args)
-                .arg("--config")
-                .arg(&path)
-                .env("MSSQL_CES_CHECK_CS", cs)
-                .output()
-                .expect("run mssql-ces");
-            let all = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
+            let output = harness::output(
+                harness::command(args, &path).env("MSSQL_CES_CHECK_CS", cs),
+                "mssql-ces with a connection string it refuses",
             );
+            let all = harness::printed(&output);
             assert!(
                 all.contains(says) && all.contains("source.connection_string"),
                 "{args:?}: {all}"
@@ -1036,11 +1027,7 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
         std::fs::write(&path, text).expect("config");
     };
     write("ces");
-    let output = Command::new(BINARY)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .expect("run check");
+    let output = harness::output(&mut harness::command(&["check"], &path), "check");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("✔ Kafka: brokers"), "{stdout}");
@@ -1048,11 +1035,10 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
     assert!(stdout.contains(" 0 failed"), "{stdout}");
 
     write("missing");
-    let output = Command::new(BINARY)
-        .args(["check", "--format", "json", "--config"])
-        .arg(&path)
-        .output()
-        .expect("run check");
+    let output = harness::output(
+        &mut harness::command(&["check", "--format", "json"], &path),
+        "check --format json",
+    );
     assert_eq!(output.status.code(), Some(1));
     let report: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("one JSON document");
@@ -1077,11 +1063,7 @@ fn the_binary_reports_each_check_and_exits_by_the_verdict() {
 
     // A configuration that does not load is a failed check too, not a crash.
     std::fs::write(&path, "[source]\nkind = \"nope\"\n").expect("config");
-    let output = Command::new(BINARY)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .expect("run check");
+    let output = harness::output(&mut harness::command(&["check"], &path), "check");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(1), "{stdout}");
     assert!(stdout.starts_with("✘ configuration:"), "{stdout}");
@@ -1105,13 +1087,10 @@ fn a_server_that_does_not_listen_is_said_with_the_system_s_reason() {
     );
     std::fs::write(&path, text).expect("config");
     let output = support::tools::output_within(
-        Command::new(BINARY)
-            .args(["check", "--config"])
-            .arg(&path)
-            .env(
-                "CHECK_REFUSED_CS",
-                format!("Server=tcp:127.0.0.1,{port};User Id=u;Password=Secret_Pw1;Encrypt=false"),
-            ),
+        harness::command(&["check"], &path).env(
+            "CHECK_REFUSED_CS",
+            format!("Server=tcp:127.0.0.1,{port};User Id=u;Password=Secret_Pw1;Encrypt=false"),
+        ),
         std::time::Duration::from_secs(60),
         "mssql-ces check",
     );

@@ -3,10 +3,10 @@
 //! the change table through `sys.sp_cdc_cleanup_change_table`, bounded by another
 //! stream's checkpoint in the same directory, and further once that stream moves on.
 
+use crate::harness::{self, ConfigFile, STANDIN_SOURCE, spawn_logged, wait_in_runtime};
 use crate::support;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use cdc_sim::CdcSimulator;
 use mssql_ces::checkpoint::render;
@@ -17,34 +17,16 @@ use mssql_ces::source::CdcReads;
 use support::temp_dir;
 
 fn config(dir: &Path) -> std::path::PathBuf {
-    let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-[source]
-kind = "sqlserver"
-connection_string = {{ env = "MSSQL_CES_TEST_STANDIN" }}
-encrypt = false
-poll_interval_ms = 20
-cleanup = "after_delivery"
-cleanup_interval_ms = 100
-
-[sink]
-kind = "file"
-path = "{out}"
-
-[checkpoint]
-path = "{checkpoint}"
-stream_name = "orders"
-interval_ms = 20
-"#,
-            out = dir.join("events.jsonl").display(),
-            checkpoint = dir.join("orders.json").display()
-        ),
-    )
-    .expect("config");
-    path
+    ConfigFile::new()
+        .set("source", STANDIN_SOURCE)
+        .set(
+            "source",
+            "poll_interval_ms = 20\ncleanup = \"after_delivery\"\ncleanup_interval_ms = 100",
+        )
+        .file_sink(&dir.join("events.jsonl"))
+        .file_checkpoint(&dir.join("orders.json"), 20)
+        .set("checkpoint", "stream_name = \"orders\"")
+        .write(dir)
 }
 
 /// Another stream's checkpoint beside this one's: dbo_T delivered through `through`.
@@ -62,19 +44,6 @@ fn min_lsn(sim: &CdcSimulator) -> Option<Lsn> {
     futures_util::FutureExt::now_or_never(source.min_lsn("dbo_T"))
         .expect("at once")
         .expect("min_lsn")
-}
-
-/// Waits up to a minute for `done`, then says what it waited for.
-async fn wait_for(what: &str, log: &Path, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(
-            Instant::now() < deadline,
-            "{what} within 60 s; log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,16 +64,17 @@ async fn the_daemon_cleans_below_what_every_stream_in_the_directory_delivered() 
     let config = config(&dir);
     write_peer(&dir, commits[4]);
     let log = dir.join("run.log");
-    let mut command = crate::standin_binary::command(&config, &standin, &["run"]);
-    command.stderr(std::fs::File::create(&log).expect("log"));
-    let mut child = command.spawn().expect("spawn");
+    let child = spawn_logged(
+        crate::standin_binary::command(&config, &standin, &["run"]),
+        &dir,
+        "run",
+    );
 
     // Delivered through the tenth row here, the fifth in the audit stream: the rows
     // below the fifth go.
-    wait_for("a cleanup bounded by the audit stream", &log, || {
+    wait_in_runtime("a cleanup bounded by the audit stream", &dir, || {
         sim.change_table_cleanups().0 >= 1
-    })
-    .await;
+    });
     assert_eq!(sim.change_table_cleanups(), (1, 4));
     assert_eq!(min_lsn(&sim), Some(commits[4]));
     let said = std::fs::read_to_string(&log).expect("log");
@@ -116,15 +86,13 @@ async fn the_daemon_cleans_below_what_every_stream_in_the_directory_delivered() 
     // The audit stream delivers the rest: the next round cleans up to the last
     // commit, which it keeps.
     write_peer(&dir, commits[9]);
-    wait_for("a cleanup once the audit stream moved on", &log, || {
+    wait_in_runtime("a cleanup once the audit stream moved on", &dir, || {
         sim.change_table_cleanups().0 >= 2
-    })
-    .await;
+    });
     assert_eq!(sim.change_table_cleanups(), (2, 9));
     assert_eq!(min_lsn(&sim), Some(commits[9]));
 
-    child.kill().ok();
-    child.wait().ok();
+    drop(child);
     let events = std::fs::read_to_string(dir.join("events.jsonl")).expect("events");
     assert_eq!(events.lines().count(), 10, "every row delivered once");
     std::fs::remove_dir_all(dir).ok();
@@ -138,9 +106,10 @@ async fn without_db_owner_the_run_stops_naming_the_setting() {
     sim.set_db_owner(false);
     let dir = temp_dir("standin-cleanup-denied");
     let config = config(&dir);
-    let output = crate::standin_binary::command(&config, &standin, &["run", "--until-idle"])
-        .output()
-        .expect("run");
+    let output = harness::output(
+        &mut crate::standin_binary::command(&config, &standin, &["run", "--until-idle"]),
+        "the run without db_owner",
+    );
     assert!(!output.status.success());
     let said = String::from_utf8_lossy(&output.stderr);
     for named in [

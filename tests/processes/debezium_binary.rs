@@ -3,6 +3,7 @@
 //! independent reader of Kafka Connect's JSON (`tests/readers/connect_json_reader.py`,
 //! written from JsonConverter's and Debezium's rules), then killed and restarted.
 
+use crate::harness::{self, ConfigFile};
 use crate::support;
 
 use std::path::Path;
@@ -11,44 +12,26 @@ use std::time::Duration;
 
 use support::temp_dir;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
-
+/// The synthetic workload in Debezium's format, `extra` added to
+/// `[event.debezium]`, to `dir/out.lines`.
 fn config(dir: &Path, extra: &str) -> std::path::PathBuf {
-    let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-[source]
-kind = "synthetic"
-poll_interval_ms = 20
-[source.synthetic]
-seed = 3
-transactions = 300
-rate_per_second = 1000
-existing_rows = 15
-[snapshot]
-mode = "initial"
-[event]
-format = "debezium"
-[event.debezium]
-topic_prefix = "server1"
-provide_transaction_metadata = true
-{extra}
-[sink]
-kind = "file"
-path = "{out}"
-schema_changes = "topic"
-[checkpoint]
-path = "{cp}"
-interval_ms = 20
-"#,
-            out = dir.join("out.lines").display(),
-            cp = dir.join("cp.json").display(),
-        ),
-    )
-    .expect("config");
-    path
+    ConfigFile::new()
+        .set("source", "kind = \"synthetic\"\npoll_interval_ms = 20")
+        .set(
+            "source.synthetic",
+            "seed = 3\ntransactions = 300\nrate_per_second = 1000\nexisting_rows = 15",
+        )
+        .set("snapshot", "mode = \"initial\"")
+        .set("event", "format = \"debezium\"")
+        .set(
+            "event.debezium",
+            "topic_prefix = \"server1\"\nprovide_transaction_metadata = true",
+        )
+        .set("event.debezium", extra)
+        .file_sink(&dir.join("out.lines"))
+        .set("sink", "schema_changes = \"topic\"")
+        .file_checkpoint(&dir.join("cp.json"), 20)
+        .write(dir)
 }
 
 /// The reader's summary of `file`; fails the test with its errors.
@@ -76,13 +59,15 @@ fn a_connect_style_reader_takes_every_record_through_a_kill_and_restart() {
     let dir = temp_dir("dbz-bin");
     let config = config(&dir, "");
     // Killed mid-run, then run to the end.
-    let mut child = crate::binary::spawn(&config, &dir, "run-1", &[]);
-    std::thread::sleep(Duration::from_millis(150));
-    crate::binary::signal(&child, libc::SIGKILL);
+    let mut child = harness::spawn(&config, &dir, "run-1", &[]);
+    let out = dir.join("out.lines");
+    harness::wait_until("the first records", Duration::from_secs(60), || {
+        std::fs::metadata(&out).is_ok_and(|m| m.len() > 0)
+    });
+    harness::signal(&child, libc::SIGKILL);
     let _ = child.wait();
-    let mut child = crate::binary::spawn(&config, &dir, "run-2", &["--until-idle"]);
-    let status =
-        crate::binary::exit_within(&mut child, Duration::from_secs(120), &dir, "mssql-ces");
+    let mut child = harness::spawn(&config, &dir, "run-2", &["--until-idle"]);
+    let status = harness::exit_within(&mut child, harness::RUN_LIMIT, &dir, "mssql-ces");
     assert!(status.success());
     let summary = read(&dir.join("out.lines"));
     let ops = &summary["ops"];
@@ -116,11 +101,7 @@ fn settings_that_do_not_combine_with_the_format_are_refused_by_name() {
         ("decimal_handling_mode = \"exact\"", "decimal_handling_mode"),
     ] {
         let config = config(&dir, extra);
-        let output = Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(&config)
-            .output()
-            .expect("run");
+        let output = harness::run_until_idle(&config, "a run with a refused setting");
         assert!(!output.status.success());
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(setting), "{stderr}");

@@ -11,7 +11,7 @@
 //!   each group protocol, read back `read_committed` by Kafka's Java client: there
 //!   every event is committed exactly once.
 
-use crate::binary::signal;
+use crate::harness::signal;
 use crate::support;
 
 use std::collections::{BTreeMap, HashMap};
@@ -82,7 +82,7 @@ session_timeout_ms = 4000
 struct Fleet {
     config: PathBuf,
     dir: PathBuf,
-    members: Vec<(usize, crate::binary::Running)>,
+    members: Vec<(usize, crate::harness::Running)>,
     started: usize,
 }
 
@@ -90,12 +90,12 @@ impl Fleet {
     fn add(&mut self) {
         let n = self.started;
         self.started += 1;
-        let child = crate::binary::spawn(&self.config, &self.dir, &format!("member-{n}"), &[]);
+        let child = crate::harness::spawn(&self.config, &self.dir, &format!("member-{n}"), &[]);
         self.members.push((n, child));
     }
 
     /// Takes a member out at `pick` (modulo the members running).
-    fn take(&mut self, pick: u64) -> (usize, crate::binary::Running) {
+    fn take(&mut self, pick: u64) -> (usize, crate::harness::Running) {
         let at = (pick % self.members.len() as u64) as usize;
         self.members.remove(at)
     }
@@ -355,17 +355,13 @@ fn a_fleet_of_three_shares_twelve_databases_through_kills_joins_and_leaves() {
     let (brokers, mut fleet, expected) = setup("fleet", On::Mock, "");
     let bootstrap = brokers.bootstrap();
     let dir = fleet.dir.clone();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(7, |d| d.as_nanos() as u64);
-    eprintln!("fleet test: moments seed {seed}; logs in {}", dir.display());
-    let mut pick = seed;
-    let mut next = move |low: u64, high: u64| {
-        pick ^= pick << 13;
-        pick ^= pick >> 7;
-        pick ^= pick << 17;
-        low + pick % (high - low)
-    };
+    let mut moments = crate::harness::Moments::new();
+    eprintln!(
+        "fleet test: moments seed {}; logs in {}",
+        moments.seed(),
+        dir.display()
+    );
+    let mut next = move |low: u64, high: u64| moments.between(low, high);
     for _ in 0..3 {
         fleet.add();
     }

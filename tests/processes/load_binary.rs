@@ -6,7 +6,6 @@
 use crate::support;
 
 use std::path::Path;
-use std::time::Duration;
 
 use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::Value;
@@ -14,6 +13,7 @@ use mssql_ces::event::value::{Length, SqlType};
 use support::tds::StandIn;
 use support::temp_dir;
 
+use crate::harness::{self, ConfigFile, STANDIN_SOURCE};
 use crate::standin_binary::{PASSWORD, USER};
 
 /// `dbo.T (Id bigint PRIMARY KEY, Name nvarchar(50))` with 3,000 rows from before
@@ -60,44 +60,22 @@ async fn served() -> (CdcSimulator, StandIn) {
 
 /// A load of both tables over `connections`, until idle: the events and the log.
 async fn load(standin: &StandIn, dir: &Path, connections: usize) -> (Vec<u8>, String) {
-    let config = dir.join(format!("config-{connections}.toml"));
     let out = dir.join(format!("events-{connections}.jsonl"));
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[source]
-kind = "sqlserver"
-connection_string = {{ env = "MSSQL_CES_TEST_STANDIN" }}
-encrypt = false
-poll_interval_ms = 20
-
-[snapshot]
-mode = "initial_only"
-chunk_size = 100
-max_connections = {connections}
-
-[sink]
-kind = "file"
-path = "{out}"
-
-[checkpoint]
-path = "{checkpoint}"
-interval_ms = 20
-"#,
-            out = out.display(),
-            checkpoint = dir.join(format!("cp-{connections}.json")).display()
-        ),
-    )
-    .expect("config");
-    let log = dir.join(format!("run-{connections}.log"));
-    let mut run = crate::standin_binary::command(&config, standin, &["run", "--until-idle"]);
-    run.stderr(std::fs::File::create(&log).expect("log"));
-    let status = tokio::task::spawn_blocking(move || {
-        support::tools::status_within(&mut run, Duration::from_secs(180), "the load")
-    })
-    .await
-    .unwrap();
+    let run_dir = dir.join(format!("connections-{connections}"));
+    std::fs::create_dir_all(&run_dir).expect("dir");
+    let config = ConfigFile::new()
+        .set("source", STANDIN_SOURCE)
+        .set("source", "poll_interval_ms = 20")
+        .set(
+            "snapshot",
+            &format!("mode = \"initial_only\"\nchunk_size = 100\nmax_connections = {connections}"),
+        )
+        .file_sink(&out)
+        .file_checkpoint(&run_dir.join("cp.json"), 20)
+        .write(&run_dir);
+    let run = crate::standin_binary::command(&config, standin, &["run", "--until-idle"]);
+    let status = harness::run_logged(run, &run_dir, "run", "the load").await;
+    let log = run_dir.join("run.log");
     let said = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(status.success(), "{said}");
     (std::fs::read(out).expect("events"), said)

@@ -7,12 +7,12 @@ use mssql_ces_testkit as support;
 
 mod apache_kafka;
 mod apache_kafka_secured;
-mod binary;
 mod check;
 mod cleanup_binary;
 mod debezium_binary;
 mod docs;
 mod fleet;
+mod harness;
 mod load_binary;
 mod managed_binary;
 mod metrics_binary;

@@ -8,8 +8,6 @@ use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
 
 use cdc_sim::{CdcSimulator, SimColumn};
 use mssql_ces::event::Value;
@@ -19,7 +17,8 @@ use mssql_ces::source::CdcReads;
 use support::tds::StandIn;
 use support::temp_dir;
 
-use crate::standin_binary::{BINARY, PASSWORD, USER};
+use crate::harness::{self, ConfigFile, Moments, STANDIN_SOURCE, spawn_logged};
+use crate::standin_binary::{PASSWORD, USER};
 
 /// `dbo.T (Id int PRIMARY KEY, Name nvarchar(50))`, enabled, one row, served by a
 /// stand-in.
@@ -51,56 +50,22 @@ fn text(s: &str) -> Value {
 
 /// Managed mode, inline schema-change events, to `dir/events.jsonl`.
 fn config(dir: &Path) -> PathBuf {
-    let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-[source]
-kind = "sqlserver"
-connection_string = {{ env = "MSSQL_CES_TEST_STANDIN" }}
-encrypt = false
-poll_interval_ms = 20
-catalog_refresh_ms = 0
-capture_instances = "managed"
-
-[sink]
-kind = "file"
-path = "{out}"
-schema_changes = "inline"
-
-[checkpoint]
-path = "{checkpoint}"
-interval_ms = 20
-"#,
-            out = dir.join("events.jsonl").display(),
-            checkpoint = dir.join("cp.json").display()
-        ),
-    )
-    .expect("config");
-    path
-}
-
-/// The stand-in's `command`, its log in `log`.
-fn command(config: &Path, standin: &StandIn, args: &[&str], log: PathBuf) -> Command {
-    let mut command = crate::standin_binary::command(config, standin, args);
-    command.stderr(std::fs::File::create(log).expect("log"));
-    command
+    ConfigFile::new()
+        .set("source", STANDIN_SOURCE)
+        .set(
+            "source",
+            "poll_interval_ms = 20\ncatalog_refresh_ms = 0\ncapture_instances = \"managed\"",
+        )
+        .file_sink(&dir.join("events.jsonl"))
+        .set("sink", "schema_changes = \"inline\"")
+        .file_checkpoint(&dir.join("cp.json"), 20)
+        .write(dir)
 }
 
 /// A run until idle, which must succeed.
 async fn run_until_idle(config: &Path, standin: &StandIn, dir: &Path, name: &str) {
-    let mut run = command(
-        config,
-        standin,
-        &["run", "--until-idle"],
-        dir.join(format!("{name}.log")),
-    );
-    let status = tokio::task::spawn_blocking(move || {
-        support::tools::status_within(&mut run, Duration::from_secs(180), "the managed run")
-    })
-    .await
-    .unwrap();
+    let run = crate::standin_binary::command(config, standin, &["run", "--until-idle"]);
+    let status = harness::run_logged(run, dir, name, "the managed run").await;
     assert!(status.success(), "{name} failed; logs in {}", dir.display());
 }
 
@@ -199,17 +164,8 @@ async fn killed_while_columns_change_the_file_rebuilds_the_table() {
     let (sim, standin) = served().await;
     let dir = temp_dir("standin-managed-kills");
     let config = config(&dir);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(7, |d| d.as_nanos() as u64)
-        | 1;
-    let mut state = seed;
-    let mut next = move |n: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % n
-    };
+    let mut moments = Moments::new();
+    let seed = moments.seed();
     let mut id = 1;
     let mut added = 0;
     let write = |id: i32, sim: &CdcSimulator, writable: &[String]| {
@@ -234,7 +190,7 @@ async fn killed_while_columns_change_the_file_rebuilds_the_table() {
             id += 1;
             write(id, &sim, &writable);
         }
-        match next(3) {
+        match moments.between(0, 3) {
             0 => {
                 added += 1;
                 sim.add_column(
@@ -253,20 +209,17 @@ async fn killed_while_columns_change_the_file_rebuilds_the_table() {
                 sim.alter_column_type(
                     "dbo.T",
                     "Name",
-                    SqlType::NVarChar(Length::Bounded(50 + next(40) as u32)),
+                    SqlType::NVarChar(Length::Bounded(50 + moments.between(0, 40) as u32)),
                 )
                 .expect("alter");
             }
         }
-        let mut child = command(
-            &config,
-            &standin,
-            &["run"],
-            dir.join(format!("run-{round}.log")),
-        )
-        .spawn()
-        .expect("spawn");
-        tokio::time::sleep(Duration::from_millis(50 + next(400))).await;
+        let mut child = spawn_logged(
+            crate::standin_binary::command(&config, &standin, &["run"]),
+            &dir,
+            &format!("run-{round}"),
+        );
+        tokio::time::sleep(moments.millis(50, 450)).await;
         child.kill().expect("kill");
         child.wait().expect("reap");
     }
@@ -333,11 +286,10 @@ async fn killed_while_columns_change_the_file_rebuilds_the_table() {
             );
         }
     }
-    let read = Command::new(BINARY)
-        .args(["read", "--file"])
-        .arg(dir.join("events.jsonl"))
-        .output()
-        .expect("read");
+    let read = harness::output(
+        harness::bare(&["read", "--file"]).arg(dir.join("events.jsonl")),
+        "read of the managed run's file",
+    );
     let summary = String::from_utf8_lossy(&read.stderr);
     assert!(read.status.success(), "seed {seed}: {summary}");
     assert!(summary.contains(" 0 problems"), "seed {seed}: {summary}");

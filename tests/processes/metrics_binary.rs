@@ -2,14 +2,14 @@
 //! synthetic source: the counters scraped from `/metrics` equal what the topic
 //! holds, and `/readyz` follows the broker dying and coming back.
 
-use crate::binary::wait_until;
+use crate::harness::{self, Running, wait_until};
 use crate::support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
@@ -17,7 +17,6 @@ use support::apache_kafka::{Cluster, NodeOptions};
 use support::kafka::{by_partition, consume_quietly};
 use support::temp_dir;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 const PARTITIONS: i32 = 4;
 
 fn write_config(dir: &Path, bootstrap: &str) -> PathBuf {
@@ -62,15 +61,14 @@ listen = "127.0.0.1:0"
 
 /// Starts the binary with JSON logs on a pipe and returns it with the address its
 /// metrics server listens on (read from its log line).
-fn start(config: &Path) -> (Child, String, std::thread::JoinHandle<Vec<String>>) {
-    let mut child = Command::new(BINARY)
-        .args(["run", "--log-format", "json", "--config"])
-        .arg(config)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn mssql-ces");
+fn start(config: &Path) -> (Running, String, std::thread::JoinHandle<Vec<String>>) {
+    let mut child = Running::new(
+        harness::command(&["run", "--log-format", "json"], config)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn mssql-ces"),
+    );
     let stderr = child.stderr.take().expect("stderr");
     let (tx, rx) = std::sync::mpsc::channel();
     // Keeps reading so the pipe never fills; hands the listen address over.
@@ -316,10 +314,10 @@ fn scraped_counters_equal_the_topic_and_readyz_follows_the_brokers() {
     assert!(unready.contains("sink: not connected"), "{unready}");
     // The container health check's command gives the same verdicts.
     let probe = |path: &str| {
-        Command::new(BINARY)
-            .args(["probe", "--address", &address, "--path", path])
-            .output()
-            .expect("probe")
+        harness::output(
+            &mut harness::bare(&["probe", "--address", &address, "--path", path]),
+            "probe",
+        )
     };
     let readyz = probe("/readyz");
     assert_eq!(readyz.status.code(), Some(1));
@@ -355,13 +353,7 @@ fn a_metrics_address_in_use_fails_the_start_naming_the_setting() {
     );
     let path = dir.join("config.toml");
     std::fs::write(&path, text).expect("config");
-    let run = || {
-        Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(&path)
-            .output()
-            .expect("run")
-    };
+    let run = || harness::run_until_idle(&path, "a run with a metrics address");
     let output = run();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -407,7 +399,7 @@ fn probe_says_what_was_answered_and_corrects_its_arguments() {
         }
     });
     let output = support::tools::output_within(
-        Command::new(BINARY).args(["probe", "--address", &address, "--path", "/readyz"]),
+        &mut harness::bare(&["probe", "--address", &address, "--path", "/readyz"]),
         Duration::from_secs(60),
         "probe",
     );
@@ -427,11 +419,7 @@ fn probe_says_what_was_answered_and_corrects_its_arguments() {
     );
 
     let run = |args: &[&str]| {
-        let output = Command::new(BINARY)
-            .arg("probe")
-            .args(args)
-            .output()
-            .expect("probe");
+        let output = harness::output(harness::bare(&["probe"]).args(args), "probe");
         (
             output.status.code(),
             String::from_utf8_lossy(&output.stderr).into_owned(),

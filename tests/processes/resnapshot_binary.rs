@@ -4,58 +4,36 @@
 //! by name.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
-use crate::binary::{exit_within, signal, spawn, wait_until};
+use crate::harness::{self, ConfigFile, exit_within, signal, spawn, wait_until};
 use crate::support::temp_dir;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 const ROWS: usize = 60_000;
 
 fn write_config(dir: &Path, port: u16) -> PathBuf {
-    let path = dir.join("config.toml");
-    let text = format!(
-        r#"
-[source]
-kind = "synthetic"
-poll_interval_ms = 50
-
-[source.synthetic]
-seed = 5
-existing_rows = {ROWS}
-transactions = 0
-rate_per_second = 300
-
-[snapshot]
-chunk_size = 100
-
-[sink]
-kind = "file"
-path = "{out}"
-
-[checkpoint]
-path = "{checkpoint}"
-interval_ms = 50
-
-[metrics]
-listen = "127.0.0.1:{port}"
-admin = "loopback"
-"#,
-        out = dir.join("out.jsonl").display(),
-        checkpoint = dir.join("cp.json").display()
-    );
-    std::fs::write(&path, text).expect("config");
-    path
+    ConfigFile::new()
+        .set("source", "kind = \"synthetic\"\npoll_interval_ms = 50")
+        .set(
+            "source.synthetic",
+            &format!("seed = 5\nexisting_rows = {ROWS}\ntransactions = 0\nrate_per_second = 300"),
+        )
+        .set("snapshot", "chunk_size = 100")
+        .file_sink(&dir.join("out.jsonl"))
+        .file_checkpoint(&dir.join("cp.json"), 50)
+        .set(
+            "metrics",
+            &format!("listen = \"127.0.0.1:{port}\"\nadmin = \"loopback\""),
+        )
+        .write(dir)
 }
 
 fn snapshot(config: &Path, args: &[&str]) -> Output {
-    Command::new(BINARY)
-        .args(["snapshot", "--config"])
-        .arg(config)
-        .args(args)
-        .output()
-        .expect("run mssql-ces snapshot")
+    harness::output(
+        harness::command(&["snapshot"], config).args(args),
+        "mssql-ces snapshot",
+    )
 }
 
 /// The re-snapshot's rows in the output: loaded rows (`beginlsn` zero) at `at`.
@@ -131,10 +109,11 @@ fn a_table_asked_for_is_re_read_while_changes_stream_and_resumes_after_a_restart
         "stopped part-way: {stopped_at} rows"
     );
     let mut run = spawn(&config, &dir, "second", &[]);
-    wait_until("the re-snapshot's end", Duration::from_secs(120), || {
-        std::fs::read_to_string(dir.join("second.log"))
-            .is_ok_and(|log| log.contains("table re-snapshot finished"))
-    });
+    harness::wait_for_line(
+        &dir.join("second.log"),
+        "table re-snapshot finished",
+        Duration::from_secs(120),
+    );
     let again = snapshot(&config, &["--table", "dbo.products"]);
     signal(&run, libc::SIGTERM);
     let status = exit_within(&mut run, Duration::from_secs(30), &dir, "the second run");

@@ -2,12 +2,12 @@
 //! (`MockCluster`) and the synthetic source: crash recovery under SIGKILL, graceful
 //! SIGTERM, and configuration errors reported before any connection.
 
-use crate::binary::exit_within;
+use crate::harness::{self, Moments, exit_within, run_until_idle};
 use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use mssql_ces::event::readback::{Reassembler, decode_json_message};
@@ -17,7 +17,6 @@ use rdkafka::mocking::MockCluster;
 use support::kafka::{by_partition, consume_quietly, position_of};
 use support::temp_dir;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 const PARTITIONS: i32 = 4;
 
 fn config(dir: &Path, bootstrap: &str, synthetic: &str) -> PathBuf {
@@ -53,8 +52,8 @@ interval_ms = 20
 }
 
 /// The binary's `run`-th start in `dir`, its log in `run-<run>.log`.
-fn spawn(config: &Path, dir: &Path, extra: &[&str], run: usize) -> crate::binary::Running {
-    crate::binary::spawn(config, dir, &format!("run-{run}"), extra)
+fn spawn(config: &Path, dir: &Path, extra: &[&str], run: usize) -> harness::Running {
+    harness::spawn(config, dir, &format!("run-{run}"), extra)
 }
 
 /// The events of `transactions` synthetic transactions of `seed`, with no large
@@ -97,18 +96,6 @@ async fn expected_events(synthetic: SyntheticConfig) -> BTreeMap<String, Vec<u8>
     support::expected::events(synthetic, options, Encoding::Json).await
 }
 
-/// A small deterministic generator for kill moments (the seed is printed on failure).
-struct Moments(u64);
-
-impl Moments {
-    fn next_ms(&mut self, low: u64, high: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        low + self.0 % (high - low)
-    }
-}
-
 #[test]
 fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
     let cluster = MockCluster::new(3).expect("mock cluster");
@@ -117,11 +104,8 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
     let dir = temp_dir("crash");
     let synthetic = "seed = 21\ntransactions = 4000\nlarge_value_every = 150";
     let config = config(&dir, &bootstrap, synthetic);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(7, |d| d.as_nanos() as u64)
-        | 1;
-    let mut moments = Moments(seed);
+    let mut moments = Moments::new();
+    let seed = moments.seed();
     let mut killed_while_running = 0;
     let checkpoint = dir.join("cp.json");
     let rounds = support::soak_rounds(10, 20);
@@ -137,7 +121,7 @@ fn sigkill_at_random_moments_loses_nothing_and_resends_identical_bytes() {
         {
             std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(moments.next_ms(1, 150)));
+        std::thread::sleep(Duration::from_millis(moments.between(1, 150)));
         if child.try_wait().expect("try_wait").is_none() {
             killed_while_running += 1;
         }
@@ -309,31 +293,17 @@ fn run_config(text: &str, env: &[(&str, &str)]) -> (Option<i32>, String, Duratio
     let started = Instant::now();
     // In its own directory: a configuration without a checkpoint path writes the
     // default one (and its lock) where the process runs.
-    let output = Command::new(BINARY)
-        .args(["run", "--config"])
-        .arg(&path)
-        .current_dir(&dir)
-        .envs(env.iter().copied())
-        .output()
-        .expect("run mssql-ces");
+    let output = harness::output(
+        harness::command(&["run"], &path)
+            .current_dir(&dir)
+            .envs(env.iter().copied()),
+        "a run of a configuration",
+    );
     std::fs::remove_dir_all(dir).ok();
     (
         output.status.code(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
         started.elapsed(),
-    )
-}
-
-/// `mssql-ces run --until-idle --config <config>` with `env`, to its end (at most a
-/// minute, else the test fails naming `what`).
-fn run_until_idle(config: &Path, env: &[(&str, &str)], what: &str) -> std::process::Output {
-    support::tools::output_within(
-        Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(config)
-            .envs(env.iter().copied()),
-        Duration::from_secs(60),
-        what,
     )
 }
 
@@ -353,7 +323,7 @@ fn a_column_rule_that_matches_nothing_refuses_the_run_by_name() {
             ),
         )
         .expect("config");
-        run_until_idle(&path, &[], "a run with a misspelt column rule")
+        run_until_idle(&path, "a run with a misspelt column rule")
     };
     let refused = write(false);
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -378,7 +348,7 @@ fn a_column_rule_that_matches_nothing_refuses_the_run_by_name() {
         ),
     )
     .expect("config");
-    let key = run_until_idle(&path, &[], "a run excluding a key column");
+    let key = run_until_idle(&path, "a run excluding a key column");
     let stderr = String::from_utf8_lossy(&key.stderr);
     assert_eq!(key.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("dbo.customers.id"), "{stderr}");
@@ -403,9 +373,9 @@ fn a_run_says_what_it_writes_and_why_a_configured_load_does_not_run() {
             ),
         )
         .expect("config");
-        let output = run_until_idle(
-            &path,
-            &[("MSSQL_CES_SINK_TOPIC", "a-value-never-said")],
+        let output = harness::output(
+            harness::command(&["run", "--until-idle"], &path)
+                .env("MSSQL_CES_SINK_TOPIC", "a-value-never-said"),
             "a run to stdout",
         );
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -473,7 +443,7 @@ fn unwritable_files_name_the_setting_the_fix_and_whether_a_restart_helps() {
             format!("[source]\nkind = \"synthetic\"\n[source.synthetic]\ntransactions = 5\n{sink}"),
         )
         .expect("config");
-        let output = run_until_idle(&path, &[], "a run with a file it cannot write");
+        let output = run_until_idle(&path, "a run with a file it cannot write");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "{sink}\n{stderr}");
         for needle in needles {
@@ -589,17 +559,8 @@ fn a_secret_pasted_in_the_wrong_place_is_refused_without_echo() {
     for text in &configs {
         std::fs::write(&path, text).expect("config");
         for args in [&["run"][..], &["check"], &["check", "--format", "json"]] {
-            let output = Command::new(BINARY)
-                .args(args)
-                .arg("--config")
-                .arg(&path)
-                .output()
-                .expect("run mssql-ces");
-            let all = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let output = harness::output(&mut harness::command(args, &path), "mssql-ces");
+            let all = harness::printed(&output);
             assert!(
                 !all.contains("HUNTER2"),
                 "{args:?} printed the secret:\n{text}\n{all}"
@@ -679,15 +640,12 @@ interval_ms = 30
         ),
     )
     .expect("config");
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(11, |d| d.as_nanos() as u64)
-        | 1;
-    let mut moments = Moments(seed);
+    let mut moments = Moments::new();
+    let seed = moments.seed();
     let mut torn_before_restart = 0;
     for run in 0..support::soak_rounds(12, 25) {
         let mut child = spawn(&config_path, &dir, &[], run);
-        std::thread::sleep(Duration::from_millis(moments.next_ms(80, 350)));
+        std::thread::sleep(Duration::from_millis(moments.between(80, 350)));
         child.kill().expect("kill");
         child.wait().expect("reap");
         let text = std::fs::read(&out).unwrap_or_default();
@@ -884,12 +842,16 @@ fn a_standby_on_the_same_stream_waits_then_takes_over_and_nothing_is_lost() {
         ],
         1,
     );
-    std::thread::sleep(Duration::from_millis(1200));
-    let standby_log = std::fs::read_to_string(dir.join("run-1.log")).expect("log");
-    assert!(
-        standby_log.contains("hot standby") && standby_log.contains("held_by"),
-        "the standby says it waits and for whom: {standby_log}"
+    let waiting = harness::wait_for_line(
+        &dir.join("run-1.log"),
+        "hot standby",
+        Duration::from_secs(60),
     );
+    assert!(
+        waiting.contains("held_by"),
+        "the standby says it waits and for whom: {waiting}"
+    );
+    let standby_log = std::fs::read_to_string(dir.join("run-1.log")).expect("log");
     assert!(
         !standby_log.contains("resuming from the checkpoint")
             && !standby_log.contains("no checkpoint"),
@@ -940,13 +902,12 @@ fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
     let path = dir.join("config.toml");
     std::fs::write(&path, text).expect("config");
     let run = |extra: &[&str]| {
-        let output = Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(&path)
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .output()
-            .expect("run mssql-ces");
+        let output = harness::output(
+            harness::command(&["run", "--until-idle"], &path)
+                .args(extra)
+                .env("RUST_LOG", "info"),
+            "a run with its log at info",
+        );
         assert!(output.status.success(), "{output:?}");
         String::from_utf8_lossy(&output.stderr).into_owned()
     };
@@ -1011,16 +972,15 @@ fn json_logs_are_one_object_a_line_and_no_line_dumps_rust_debug() {
     // A run that fails: its reason is a JSON line too, the last one.
     let blocker = dir.join("a-file");
     std::fs::write(&blocker, "x").expect("file");
-    let output = Command::new(BINARY)
-        .args(["run", "--until-idle", "--log-format", "json", "--config"])
-        .arg(&path)
-        .args([
-            "--set",
-            &format!("sink.path=\"{}\"", blocker.join("out").display()),
-        ])
-        .args(["--checkpoint-path", &dir.join("cp2.json").to_string_lossy()])
-        .output()
-        .expect("run mssql-ces");
+    let output = harness::output(
+        harness::command(&["run", "--until-idle", "--log-format", "json"], &path)
+            .args([
+                "--set",
+                &format!("sink.path=\"{}\"", blocker.join("out").display()),
+            ])
+            .args(["--checkpoint-path", &dir.join("cp2.json").to_string_lossy()]),
+        "a run into a path it cannot write",
+    );
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     let lines: Vec<serde_json::Value> = stderr
@@ -1053,10 +1013,9 @@ fn read_into_a_pipe_closed_early_ends_quietly() {
         ),
     )
     .expect("config");
-    let written = run_until_idle(&path, &[], "a run into a file");
+    let written = run_until_idle(&path, "a run into a file");
     assert!(written.status.success());
-    let mut child = Command::new(BINARY)
-        .args(["read", "--file"])
+    let mut child = harness::bare(&["read", "--file"])
         .arg(&events)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1096,8 +1055,7 @@ fn read_takes_a_structured_message_s_encoding_from_its_content_type() {
         Some(0)
     );
     let output = support::tools::output_within(
-        Command::new(BINARY)
-            .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
+        harness::bare(&["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
             .args(["--idle-ms", "1500"]),
         Duration::from_secs(60),
         "read of an Avro topic",
@@ -1142,11 +1100,11 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
             existing_rows: 0,
             oversized_value_every: 0,
         }));
-    let output = Command::new(BINARY)
-        .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
-        .args(["--idle-ms", "1500"])
-        .output()
-        .expect("run mssql-ces read");
+    let output = harness::output(
+        harness::bare(&["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
+            .args(["--idle-ms", "1500"]),
+        "mssql-ces read",
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let mut got: BTreeMap<String, Vec<u8>> = BTreeMap::new();
@@ -1166,13 +1124,14 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
         "{stderr}"
     );
     // A consumer group reads everything once, then continues where it left off.
-    let in_group = || {
-        Command::new(BINARY)
-            .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
-            .args(["--idle-ms", "1500", "--group", "audit"])
-            .output()
-            .expect("run mssql-ces read --group")
-    };
+    let in_group =
+        || {
+            harness::output(
+                harness::bare(&["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
+                    .args(["--idle-ms", "1500", "--group", "audit"]),
+                "mssql-ces read --group",
+            )
+        };
     let first = in_group();
     assert_eq!(first.status.code(), Some(0));
     let first_lines = String::from_utf8_lossy(&first.stdout).lines().count();
@@ -1194,8 +1153,7 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
     // re-sends are in the topic too; one read drops them, separate reads cannot.)
     let mut pieces: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..200 {
-        let output = Command::new(BINARY)
-            .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
+        let output = harness::bare(&["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
             .args([
                 "--idle-ms",
                 "1000",
@@ -1284,15 +1242,12 @@ interval_ms = 25
 
     let dir = temp_dir("load-killed");
     let config_path = write_config(&dir);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(13, |d| d.as_nanos() as u64)
-        | 1;
-    let mut moments = Moments(seed);
+    let mut moments = Moments::new();
+    let seed = moments.seed();
     let mut mid_load = 0;
     for run in 0..8 {
         let mut child = spawn(&config_path, &dir, &[], run);
-        std::thread::sleep(Duration::from_millis(moments.next_ms(150, 700)));
+        std::thread::sleep(Duration::from_millis(moments.between(150, 700)));
         child.kill().expect("kill");
         child.wait().expect("reap");
         let checkpoint = std::fs::read_to_string(dir.join("cp.json")).unwrap_or_default();
@@ -1330,7 +1285,7 @@ interval_ms = 25
 #[test]
 fn help_names_every_destination_the_overrides_and_the_exit_codes() {
     let help = |args: &[&str]| {
-        let output = Command::new(BINARY).args(args).output().expect("help");
+        let output = harness::output(&mut harness::bare(args), "--help");
         assert!(output.status.success(), "{output:?}");
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
@@ -1365,20 +1320,15 @@ fn the_binary_cuts_values_over_one_mib_and_says_how_many() {
             ),
         )
         .expect("config");
-        let output = Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(&path)
-            .output()
-            .expect("run");
+        let output = harness::run_until_idle(&path, "a run with attachments");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{stderr}");
         // Transactions 0, 5 and 10: a name and a content each.
         assert!(stderr.contains("truncated_values=6"), "{stderr}");
-        let read = Command::new(BINARY)
-            .args(["read", "--data", "--encoding", encoding, "--file"])
-            .arg(&out)
-            .output()
-            .expect("read");
+        let read = harness::output(
+            harness::bare(&["read", "--data", "--encoding", encoding, "--file"]).arg(&out),
+            "read --data",
+        );
         assert!(
             read.status.success(),
             "{}",
@@ -1420,13 +1370,12 @@ fn a_latest_start_is_saved_before_the_first_poll() {
         ),
     )
     .expect("config");
-    let mut child = Command::new(BINARY)
-        .args(["run", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let mut child = harness::Running::new(
+        harness::command(&["run"], &path)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn"),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     let saved = loop {
         let text = std::fs::read_to_string(&checkpoint).unwrap_or_default();
@@ -1477,9 +1426,7 @@ fn standard_output_redirected_to_a_file_is_a_stream_not_ours_to_cut() {
                 .append(true)
                 .open(&out)
                 .expect("out");
-            let output = Command::new(BINARY)
-                .args(["run", "--until-idle", "--config"])
-                .arg(&config)
+            let output = harness::command(&["run", "--until-idle"], &config)
                 .stdout(Stdio::from(file))
                 .output()
                 .expect("run");
@@ -1539,12 +1486,11 @@ fn a_sasl_cluster_takes_the_right_password_and_refuses_a_wrong_one_by_name() {
         .expect("config");
         let run = |password: &str| {
             let started = Instant::now();
-            let output = Command::new(BINARY)
-                .args(["run", "--until-idle", "--config"])
-                .arg(&path)
-                .env("MSSQL_CES__SINK__SASL_PASSWORD", password)
-                .output()
-                .expect("run");
+            let output = harness::output(
+                harness::command(&["run", "--until-idle"], &path)
+                    .env("MSSQL_CES__SINK__SASL_PASSWORD", password),
+                "a run with a SASL password",
+            );
             (output, started.elapsed())
         };
         let (output, _) = run("Right-Passw0rd");
@@ -1636,7 +1582,7 @@ fn a_checkpoint_in_kafka_survives_kills_and_nothing_is_lost() {
         if run == 0 {
             // However slowly a busy machine starts it, the first run is killed only
             // once it has written a checkpoint: the last run must find one.
-            crate::binary::wait_until("the first checkpoint", Duration::from_secs(60), || {
+            harness::wait_until("the first checkpoint", Duration::from_secs(60), || {
                 checkpoint_records(&bootstrap) > 0
             });
         } else {
@@ -1706,11 +1652,15 @@ fn an_exactly_once_stream_reads_back_without_duplicates() {
         second.contains(" events=0 "),
         "nothing left to send: {second}"
     );
-    let output = Command::new(BINARY)
-        .args(["read", "--topic", "ces", "--bootstrap-servers", &bootstrap])
-        .args(["--idle-ms", "1500", "--isolation", "read_committed"])
-        .output()
-        .expect("read");
+    let output = harness::output(
+        harness::bare(&["read", "--topic", "ces", "--bootstrap-servers", &bootstrap]).args([
+            "--idle-ms",
+            "1500",
+            "--isolation",
+            "read_committed",
+        ]),
+        "read --isolation read_committed",
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("0 duplicates dropped"), "{stderr}");
@@ -1736,25 +1686,17 @@ fn read_takes_a_file_s_encoding_from_its_first_record() {
         ),
     )
     .expect("config");
-    let run = support::tools::output_within(
-        Command::new(BINARY)
-            .args(["run", "--until-idle", "--config"])
-            .arg(&config),
-        Duration::from_secs(60),
-        "an Avro run into a file",
-    );
+    let run = harness::run_until_idle(&config, "an Avro run into a file");
     assert!(
         run.status.success(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
     let read = |extra: &[&str]| {
-        support::tools::output_within(
-            Command::new(BINARY)
-                .args(["read", "--file"])
+        harness::output(
+            harness::bare(&["read", "--file"])
                 .arg(dir.join("events.ndjson"))
                 .args(extra),
-            Duration::from_secs(60),
             "read of an Avro file",
         )
     };

@@ -4,21 +4,19 @@
 //! — writes the very bytes the synthetic source writes directly, also when killed at
 //! random moments; and `check` passes through it.
 
+use crate::harness::{self, ConfigFile, Moments, STANDIN_SOURCE, spawn_logged};
 use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use mssql_ces::source::synthetic::{SyntheticConfig, SyntheticSource};
 use support::tds::StandIn;
 use support::temp_dir;
 
-pub(crate) const BINARY: &str = env!("CARGO_BIN_EXE_mssql-ces");
 pub(crate) const USER: &str = "mssql_ces";
 pub(crate) const PASSWORD: &str = "Ces_Poller_Passw0rd!";
-/// How long one run of the binary through the stand-in may take.
-const RUN_LIMIT: Duration = Duration::from_secs(240);
 const SEED: u64 = 17;
 const TRANSACTIONS: u64 = 400;
 const EXISTING_ROWS: u64 = 20_000;
@@ -37,56 +35,34 @@ fn workload() -> SyntheticConfig {
 /// A configuration writing to `dir/events.jsonl`: from the stand-in when `sqlserver`,
 /// else from the synthetic source in-process.
 fn config(dir: &Path, sqlserver: bool) -> PathBuf {
-    let source = if sqlserver {
-        "kind = \"sqlserver\"\nconnection_string = { env = \"MSSQL_CES_TEST_STANDIN\" }\nencrypt = false\nquery_timeout_ms = 5000\n".to_owned()
+    let config = if sqlserver {
+        ConfigFile::new()
+            .set("source", STANDIN_SOURCE)
+            .set("source", "query_timeout_ms = 5000")
     } else {
-        format!(
-            "kind = \"synthetic\"\n[source.synthetic]\nseed = {SEED}\ntransactions = {TRANSACTIONS}\nrate_per_second = 0\nlarge_value_every = 97\nexisting_rows = {EXISTING_ROWS}\n"
+        ConfigFile::new().set("source", "kind = \"synthetic\"").set(
+            "source.synthetic",
+            &format!(
+                "seed = {SEED}\ntransactions = {TRANSACTIONS}\nrate_per_second = 0\nlarge_value_every = 97\nexisting_rows = {EXISTING_ROWS}"
+            ),
         )
     };
-    let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-[source]
-poll_interval_ms = 20
-batch_size = 200
-{source}
-[snapshot]
-mode = "initial"
-chunk_size = 250
-
-[event]
-max_message_size_kb = 128
-
-[sink]
-kind = "file"
-path = "{out}"
-
-[checkpoint]
-path = "{checkpoint}"
-interval_ms = 20
-"#,
-            out = dir.join("events.jsonl").display(),
-            checkpoint = dir.join("cp.json").display()
-        ),
-    )
-    .expect("config");
-    path
+    config
+        .set("source", "poll_interval_ms = 20\nbatch_size = 200")
+        .set("snapshot", "mode = \"initial\"\nchunk_size = 250")
+        .set("event", "max_message_size_kb = 128")
+        .file_sink(&dir.join("events.jsonl"))
+        .file_checkpoint(&dir.join("cp.json"), 20)
+        .write(dir)
 }
 
+/// `mssql-ces <args> --config <config>` connecting to `standin`.
 pub(crate) fn command(config: &Path, standin: &StandIn, args: &[&str]) -> Command {
-    let mut command = Command::new(BINARY);
-    command
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .env(
-            "MSSQL_CES_TEST_STANDIN",
-            standin.connection_string(USER, PASSWORD),
-        )
-        .stdout(Stdio::null());
+    let mut command = harness::command(args, config);
+    command.env(
+        "MSSQL_CES_TEST_STANDIN",
+        standin.connection_string(USER, PASSWORD),
+    );
     command
 }
 
@@ -101,20 +77,9 @@ async fn standin() -> StandIn {
 async fn reference() -> Vec<u8> {
     let dir = temp_dir("standin-reference");
     let config = config(&dir, false);
-    let status = tokio::task::spawn_blocking(move || {
-        support::tools::status_within(
-            Command::new(BINARY)
-                .args(["run", "--until-idle", "--config"])
-                .arg(&config)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-            RUN_LIMIT,
-            "the synthetic reference run",
-        )
-    })
-    .await
-    .unwrap();
-    assert!(status.success());
+    let run = harness::command(&["run", "--until-idle"], &config);
+    let status = harness::run_logged(run, &dir, "run", "the synthetic reference run").await;
+    assert!(status.success(), "logs in {}", dir.display());
     let bytes = std::fs::read(dir.join("events.jsonl")).expect("reference output");
     std::fs::remove_dir_all(dir).ok();
     bytes
@@ -130,14 +95,8 @@ async fn kind_sqlserver_through_the_wire_writes_the_bytes_the_synthetic_source_w
     let standin = standin().await;
     let dir = temp_dir("standin-run");
     let config = config(&dir, true);
-    let mut run = command(&config, &standin, &["run", "--until-idle"]);
-    let log = std::fs::File::create(dir.join("run.log")).expect("log");
-    run.stderr(log);
-    let status = tokio::task::spawn_blocking(move || {
-        support::tools::status_within(&mut run, RUN_LIMIT, "the run through the stand-in")
-    })
-    .await
-    .unwrap();
+    let run = command(&config, &standin, &["run", "--until-idle"]);
+    let status = harness::run_logged(run, &dir, "run", "the run through the stand-in").await;
     assert!(status.success(), "logs in {}", dir.display());
     let got = std::fs::read(dir.join("events.jsonl")).expect("output");
     assert_eq!(got.len(), expected.len(), "logs in {}", dir.display());
@@ -146,7 +105,7 @@ async fn kind_sqlserver_through_the_wire_writes_the_bytes_the_synthetic_source_w
     let mut check = command(&config, &standin, &["check"]);
     check.stdout(Stdio::piped()).stderr(Stdio::null());
     let output = tokio::task::spawn_blocking(move || {
-        support::tools::output_within(&mut check, RUN_LIMIT, "check through the stand-in")
+        harness::output(&mut check, "check through the stand-in")
     })
     .await
     .unwrap();
@@ -162,23 +121,16 @@ async fn sigkill_on_the_sqlserver_path_loses_nothing_and_ends_with_the_same_byte
     let standin = standin().await;
     let dir = temp_dir("standin-kills");
     let config = config(&dir, true);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(7, |d| d.as_nanos() as u64)
-        | 1;
-    let mut moment = seed;
-    let mut next_ms = move || {
-        moment ^= moment << 13;
-        moment ^= moment >> 7;
-        moment ^= moment << 17;
-        50 + moment % 400
-    };
+    let mut moments = Moments::new();
+    let seed = moments.seed();
     let mut cut_short = 0;
     for run in 0..6 {
-        let mut child = command(&config, &standin, &["run"]);
-        child.stderr(std::fs::File::create(dir.join(format!("run-{run}.log"))).expect("log"));
-        let mut child = child.spawn().expect("spawn");
-        tokio::time::sleep(Duration::from_millis(next_ms())).await;
+        let mut child = spawn_logged(
+            command(&config, &standin, &["run"]),
+            &dir,
+            &format!("run-{run}"),
+        );
+        tokio::time::sleep(moments.millis(50, 450)).await;
         child.kill().expect("kill");
         child.wait().expect("reap");
         let written = std::fs::metadata(dir.join("events.jsonl")).map_or(0, |m| m.len());
@@ -187,14 +139,10 @@ async fn sigkill_on_the_sqlserver_path_loses_nothing_and_ends_with_the_same_byte
         }
     }
     assert!(cut_short > 0, "no kill landed mid-stream (seed {seed})");
-    let mut last = command(&config, &standin, &["run", "--until-idle"]);
-    last.stderr(std::fs::File::create(dir.join("run-last.log")).expect("log"));
+    let last = command(&config, &standin, &["run", "--until-idle"]);
     let started = Instant::now();
-    let status = tokio::task::spawn_blocking(move || {
-        support::tools::status_within(&mut last, RUN_LIMIT, "the last run through the stand-in")
-    })
-    .await
-    .unwrap();
+    let status =
+        harness::run_logged(last, &dir, "run-last", "the last run through the stand-in").await;
     assert!(
         status.success(),
         "final run after {:?} (seed {seed}); logs in {}",

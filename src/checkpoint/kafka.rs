@@ -29,7 +29,8 @@
 //!   process per stream (a Kubernetes Deployment of one replica, or
 //!   `source.databases`, where each database is read by one process at a time).
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -556,41 +557,82 @@ impl Read {
     /// read began. A key whose last record has no payload has none.
     fn last_values(
         &self,
-        mut config: ClientConfig,
+        config: ClientConfig,
         partitions: &[i32],
-    ) -> Result<std::collections::BTreeMap<String, String>, ReadFailure> {
-        let topic = self.topic.as_str();
-        // The ends: what was written, as a read_uncommitted client lists it (a
-        // read_committed one lists the last stable offset, which an open transaction
-        // holds back).
+    ) -> Result<BTreeMap<String, String>, ReadFailure> {
+        let (assignment, ends) = self.ends(&config, partitions)?;
+        if ends.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let consumer = self.consumer(config, &assignment)?;
+        let mut progress = ToTheEnd {
+            read: self,
+            ends,
+            started: Instant::now(),
+            waiting_said: false,
+        };
+        let mut last = LastValues::default();
+        while !progress.ends.is_empty() {
+            progress.within_bound()?;
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {
+                    let positions = consumer
+                        .position()
+                        .map_err(ReadFailure::client("cannot read the consumer's position"))?;
+                    progress.quiet(&positions)?;
+                }
+                Some(Err(e)) if is_group_refusal(&e) => {}
+                Some(Err(e)) => return Err(self.failure(&e)),
+                Some(Ok(message)) => {
+                    last.keep(self.key.as_deref(), &message);
+                    progress.record_read(message.partition(), message.offset());
+                }
+            }
+        }
+        Ok(last.into_values())
+    }
+
+    /// What was written, as a read_uncommitted client lists it (a read_committed one
+    /// lists the last stable offset, which an open transaction holds back): each
+    /// partition that holds records, assigned from its first offset, and its end.
+    fn ends(
+        &self,
+        config: &ClientConfig,
+        partitions: &[i32],
+    ) -> Result<(rdkafka::TopicPartitionList, BTreeMap<i32, i64>), ReadFailure> {
         let lister: BaseConsumer = config
             .clone()
             .set("isolation.level", "read_uncommitted")
             .create()
             .map_err(|e| ReadFailure::transient(crate::kafka_client::config_error(&e)))?;
         let mut assignment = rdkafka::TopicPartitionList::new();
-        let mut ends = std::collections::BTreeMap::new();
+        let mut ends = BTreeMap::new();
         for &partition in partitions {
             let (low, high) = lister
-                .fetch_watermarks(topic, partition, self.timeout)
+                .fetch_watermarks(&self.topic, partition, self.timeout)
                 .map_err(ReadFailure::client(format!(
                     "cannot read partition {partition}'s offsets"
                 )))?;
             if high > low {
                 assignment
-                    .add_partition_offset(topic, partition, rdkafka::Offset::Offset(low))
+                    .add_partition_offset(&self.topic, partition, rdkafka::Offset::Offset(low))
                     .map_err(ReadFailure::client("cannot assign the partition"))?;
                 ends.insert(partition, high);
             }
         }
-        drop(lister);
-        if ends.is_empty() {
-            return Ok(Default::default());
-        }
-        // librdkafka reads assigned partitions only in a group, and looks its
-        // coordinator up; nothing is committed to it, and fetching needs no right on
-        // it, so a login without DESCRIBE on the group reads all the same: its
-        // refusal is not an error of the read (see `ReaderContext`).
+        Ok((assignment, ends))
+    }
+
+    /// A read_committed consumer of `assignment`. librdkafka reads assigned
+    /// partitions only in a group, and looks its coordinator up; nothing is committed
+    /// to it, and fetching needs no right on it, so a login without DESCRIBE on the
+    /// group reads all the same: its refusal is not an error of the read (see
+    /// `ReaderContext`).
+    fn consumer(
+        &self,
+        mut config: ClientConfig,
+        assignment: &rdkafka::TopicPartitionList,
+    ) -> Result<BaseConsumer<ReaderContext>, ReadFailure> {
         let consumer: BaseConsumer<ReaderContext> = config
             .set("group.id", READER_GROUP)
             .set("enable.auto.commit", "false")
@@ -598,106 +640,137 @@ impl Read {
             .create_with_context(ReaderContext)
             .map_err(|e| ReadFailure::transient(crate::kafka_client::config_error(&e)))?;
         consumer
-            .assign(&assignment)
+            .assign(assignment)
             .map_err(ReadFailure::client("cannot assign the partitions"))?;
-        // Per key: its last record's offset and payload.
-        let mut found: std::collections::BTreeMap<Vec<u8>, (i64, Option<String>)> =
-            Default::default();
-        let started = std::time::Instant::now();
-        let mut waiting_said = false;
-        while !ends.is_empty() {
-            // Records that keep coming without the end in reach (the wait for an
-            // open transaction is bounded below, where nothing comes).
-            if started.elapsed() > 2 * self.timeout + self.open_transaction_wait {
-                return Err(ReadFailure::transient(format!(
-                    "the topic was not read to its end within {} ms",
-                    started.elapsed().as_millis()
-                )));
-            }
-            let Some(message) = consumer.poll(Duration::from_millis(100)) else {
-                // A partition whose last records are aborted or control records ends
-                // before its high watermark: its position tells.
-                let positions = consumer
-                    .position()
-                    .map_err(ReadFailure::client("cannot read the consumer's position"))?;
-                let mut held = None;
-                for element in positions.elements() {
-                    let end = ends.get(&element.partition()).copied();
-                    match (element.offset(), end) {
-                        (rdkafka::Offset::Offset(at), Some(end)) if at >= end => {
-                            ends.remove(&element.partition());
-                        }
-                        (rdkafka::Offset::Offset(at), Some(end)) => {
-                            held = Some((element.partition(), at, end))
-                        }
-                        _ => {}
-                    }
+        Ok(consumer)
+    }
+}
+
+/// Where a read stands against the ends it reads to: the partitions not yet read to
+/// their end, since when it reads, and whether the wait for a transaction left open
+/// was said.
+struct ToTheEnd<'a> {
+    read: &'a Read,
+    ends: BTreeMap<i32, i64>,
+    started: Instant,
+    waiting_said: bool,
+}
+
+impl ToTheEnd<'_> {
+    /// Records that keep coming without the end in reach fail the read past twice its
+    /// time-out and the wait for an open transaction (that wait is bounded in
+    /// [`ToTheEnd::quiet`], where nothing comes).
+    fn within_bound(&self) -> Result<(), ReadFailure> {
+        let read = self.read;
+        if self.started.elapsed() > 2 * read.timeout + read.open_transaction_wait {
+            return Err(self.not_read_to_the_end());
+        }
+        Ok(())
+    }
+
+    fn not_read_to_the_end(&self) -> ReadFailure {
+        ReadFailure::transient(format!(
+            "the topic was not read to its end within {} ms",
+            self.started.elapsed().as_millis()
+        ))
+    }
+
+    /// A record at `offset` of `partition` was read: the partition is done once it
+    /// is the last before the end.
+    fn record_read(&mut self, partition: i32, offset: i64) {
+        if self
+            .ends
+            .get(&partition)
+            .is_some_and(|end| offset + 1 >= *end)
+        {
+            self.ends.remove(&partition);
+        }
+    }
+
+    /// Nothing came within a poll. A partition whose last records are aborted or
+    /// control records ends before its high watermark: its position tells. One held
+    /// below its end by a transaction left open is waited for, said once, up to the
+    /// read's time-out and the wait for open transactions; past them the read fails
+    /// naming the partition and the offset.
+    fn quiet(&mut self, positions: &rdkafka::TopicPartitionList) -> Result<(), ReadFailure> {
+        let mut held = None;
+        for element in positions.elements() {
+            let end = self.ends.get(&element.partition()).copied();
+            match (element.offset(), end) {
+                (rdkafka::Offset::Offset(at), Some(end)) if at >= end => {
+                    self.ends.remove(&element.partition());
                 }
-                let waited = started.elapsed();
-                if waited < self.timeout {
-                    continue;
+                (rdkafka::Offset::Offset(at), Some(end)) => {
+                    held = Some((element.partition(), at, end))
                 }
-                let Some((partition, at, end)) = held else {
-                    if waited > self.timeout + self.open_transaction_wait {
-                        return Err(ReadFailure::transient(format!(
-                            "the topic was not read to its end within {} ms",
-                            waited.as_millis()
-                        )));
-                    }
-                    continue;
-                };
-                if waited > self.timeout + self.open_transaction_wait {
-                    return Err(ReadFailure::transient(format!(
-                        "partition {partition} holds a transaction that is neither committed nor aborted at offset {at}, below checkpoints written up to offset {end}; waited {} ms for it to end. It is another writer's on this topic: it ends when that writer commits or aborts it, or when Kafka aborts it at its transaction.timeout.ms",
-                        waited.as_millis()
-                    )));
-                }
-                if !waiting_said {
-                    waiting_said = true;
-                    tracing::info!(
-                        topic,
-                        partition,
-                        offset = at,
-                        end,
-                        wait_ms = self.open_transaction_wait.as_millis() as u64,
-                        "a transaction left open on the checkpoint topic hides later checkpoints; waiting for it to end rather than resume from an older one"
-                    );
-                }
-                continue;
-            };
-            let message = match message {
-                Ok(message) => message,
-                Err(e) if is_group_refusal(&e) => continue,
-                Err(e) => return Err(self.failure(&e)),
-            };
-            let partition = message.partition();
-            let wanted = match (&self.key, message.key()) {
-                (_, None) => None,
-                (Some(key), Some(found)) => (found == key.as_bytes()).then_some(found),
-                (None, Some(found)) => Some(found),
-            };
-            if let Some(key) = wanted {
-                let value = message
-                    .payload()
-                    .map(|p| String::from_utf8_lossy(p).into_owned());
-                // One partition holds a key (the producer's partitioner): its last
-                // record is the one of the highest offset.
-                let slot = found.entry(key.to_vec()).or_insert((-1, None));
-                if message.offset() > slot.0 {
-                    *slot = (message.offset(), value);
-                }
-            }
-            if ends
-                .get(&partition)
-                .is_some_and(|end| message.offset() + 1 >= *end)
-            {
-                ends.remove(&partition);
+                _ => {}
             }
         }
-        Ok(found
+        let read = self.read;
+        let waited = self.started.elapsed();
+        if waited < read.timeout {
+            return Ok(());
+        }
+        let past_the_wait = waited > read.timeout + read.open_transaction_wait;
+        let Some((partition, at, end)) = held else {
+            return match past_the_wait {
+                true => Err(self.not_read_to_the_end()),
+                false => Ok(()),
+            };
+        };
+        if past_the_wait {
+            return Err(ReadFailure::transient(format!(
+                "partition {partition} holds a transaction that is neither committed nor aborted at offset {at}, below checkpoints written up to offset {end}; waited {} ms for it to end. It is another writer's on this topic: it ends when that writer commits or aborts it, or when Kafka aborts it at its transaction.timeout.ms",
+                waited.as_millis()
+            )));
+        }
+        if !self.waiting_said {
+            self.waiting_said = true;
+            tracing::info!(
+                topic = read.topic.as_str(),
+                partition,
+                offset = at,
+                end,
+                wait_ms = read.open_transaction_wait.as_millis() as u64,
+                "a transaction left open on the checkpoint topic hides later checkpoints; waiting for it to end rather than resume from an older one"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Per key, the offset and payload of its last record read. One partition holds a
+/// key (the producer's partitioner), so its last record is the one of the highest
+/// offset.
+#[derive(Default)]
+struct LastValues(BTreeMap<Vec<u8>, (i64, Option<String>)>);
+
+impl LastValues {
+    /// Keeps `message` if it is under `key` (any key when `None`) and later than what
+    /// is kept for its key. A record without a key is no one's.
+    fn keep(&mut self, key: Option<&str>, message: &impl Message) {
+        let wanted = match (key, message.key()) {
+            (_, None) => None,
+            (Some(key), Some(found)) => (found == key.as_bytes()).then_some(found),
+            (None, Some(found)) => Some(found),
+        };
+        let Some(key) = wanted else { return };
+        let value = message
+            .payload()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        let slot = self.0.entry(key.to_vec()).or_insert((-1, None));
+        if message.offset() > slot.0 {
+            *slot = (message.offset(), value);
+        }
+    }
+
+    /// Each key's last payload; a key whose last record has none (a tombstone), or
+    /// that is not UTF-8, has none.
+    fn into_values(self) -> BTreeMap<String, String> {
+        self.0
             .into_iter()
             .filter_map(|(key, (_, value))| Some((String::from_utf8(key).ok()?, value?)))
-            .collect())
+            .collect()
     }
 }
 

@@ -159,6 +159,17 @@ pub(crate) fn wait_until(what: &str, limit: Duration, mut check: impl FnMut() ->
     }
 }
 
+/// Waits up to a minute for the file checkpoint at `path` to hold a delivered event:
+/// the run is past its start and publishing. A test that lets a run go before it
+/// acts on it waits for this rather than for a time a loaded machine may not keep.
+pub(crate) fn wait_for_delivery(path: &Path) {
+    wait_until(
+        &format!("a delivered event in {}", path.display()),
+        Duration::from_secs(60),
+        || std::fs::read_to_string(path).is_ok_and(|text| text.contains("\"last_event\"")),
+    );
+}
+
 /// [`wait_until`] for a minute from a test on tokio's multi-threaded runtime: the
 /// runtime's other workers go on serving (a stand-in, a simulator's clock) while
 /// this one waits. The failure names the directory of the logs.

@@ -237,7 +237,7 @@ fn sigterm_drains_checkpoints_the_last_delivered_event_and_exits_zero() {
         "seed = 3\ntransactions = 0\nrate_per_second = 3000",
     );
     let mut child = spawn(&config, &dir, &[], 0);
-    std::thread::sleep(Duration::from_millis(1500));
+    harness::wait_for_delivery(&dir.join("cp.json"));
     let pid = i32::try_from(child.id()).expect("pid");
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
@@ -773,7 +773,7 @@ fn sigterm_with_every_broker_down_exits_within_the_drain_timeout() {
     )
     .expect("config");
     let mut child = spawn(&config, &dir, &[], 0);
-    std::thread::sleep(Duration::from_millis(1200));
+    harness::wait_for_delivery(&dir.join("cp.json"));
     cluster.broker_down(1).expect("broker down");
     // Long enough for the producer queue and the in-flight batches to fill.
     std::thread::sleep(Duration::from_millis(2500));
@@ -830,7 +830,7 @@ fn a_standby_on_the_same_stream_waits_then_takes_over_and_nothing_is_lost() {
     let synthetic = "seed = 13\ntransactions = 3000\nrate_per_second = 1000";
     let config = config(&dir, &bootstrap, synthetic);
     let mut active = spawn(&config, &dir, &[], 0);
-    std::thread::sleep(Duration::from_millis(800));
+    harness::wait_for_delivery(&dir.join("cp.json"));
     // The same stream: it must wait, not publish.
     let mut standby = spawn(
         &config,
@@ -1079,7 +1079,7 @@ fn read_gives_back_every_event_once_from_a_topic_written_with_a_restart() {
     let config = config(&dir, &bootstrap, synthetic);
     let binary_mode = ["--set", "sink.mode=\"binary\""];
     let mut child = spawn(&config, &dir, &binary_mode, 0);
-    std::thread::sleep(Duration::from_millis(300));
+    harness::wait_for_delivery(&dir.join("cp.json"));
     child.kill().expect("kill");
     child.wait().expect("reap");
     let mut args = binary_mode.to_vec();
@@ -1730,7 +1730,7 @@ fn a_producer_that_lost_its_state_is_replaced_and_the_run_delivers_everything() 
         "seed = 37\ntransactions = 400\nrate_per_second = 200",
     );
     let mut child = spawn(&config, &dir, &["--until-idle"], 0);
-    std::thread::sleep(Duration::from_millis(800));
+    harness::wait_for_delivery(&dir.join("cp.json"));
     cluster.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],

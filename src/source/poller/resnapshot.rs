@@ -145,9 +145,14 @@ struct HeldChunk {
     last_key: Option<Vec<Option<String>>>,
     /// The chunk ends the table.
     done: bool,
-    /// `max_lsn` read after the chunk.
-    high: Lsn,
     superseded: u64,
+}
+
+/// The chunks read at once, one per table, and their high mark: `max_lsn` read
+/// after all of them, which the merge reads through before any goes out.
+struct Held {
+    high: Lsn,
+    chunks: Vec<HeldChunk>,
 }
 
 /// This process's run of a re-snapshot, for its log lines.
@@ -164,8 +169,8 @@ pub(super) struct Resnapshots {
     /// Requests received but not answered because the source failed: first next
     /// time.
     waiting: Vec<SnapshotRequest>,
-    /// One chunk per table read at once, all with the same high mark.
-    held: Vec<HeldChunk>,
+    /// The chunks read at once and not sent yet.
+    held: Option<Held>,
     runs: BTreeMap<String, Run>,
     /// Per table, how its last re-snapshot in this process ended.
     finished: BTreeMap<String, ResnapshotStatus>,
@@ -178,7 +183,7 @@ impl Default for Resnapshots {
             sender,
             requests,
             waiting: Vec::new(),
-            held: Vec::new(),
+            held: None,
             runs: BTreeMap::new(),
             finished: BTreeMap::new(),
         }
@@ -242,14 +247,17 @@ impl Resnapshots {
 
     /// A poll failed: the chunks held are read again (the position went back).
     pub(super) fn discard_held(&mut self) {
-        self.held.clear();
+        self.held = None;
     }
 
     /// Every change of a held chunk's table in `changes` (what the merge emitted:
     /// CDC's changes only) removes the held row of its keys, before and after.
     pub(super) fn supersede(&mut self, changes: &[Change]) {
+        let Some(held) = self.held.as_mut() else {
+            return;
+        };
         for change in changes {
-            let Some(held) = (self.held.iter_mut())
+            let Some(held) = (held.chunks.iter_mut())
                 .find(|h| change.table.table() == h.table && change.table.schema() == h.schema)
             else {
                 continue;
@@ -421,7 +429,7 @@ impl<S: ChangeSource> Poller<S> {
     /// the merge has read through its high mark, and otherwise the next chunk is
     /// read and held. `Some` is a batch to return now.
     pub(super) async fn resnapshot_step(&mut self) -> Result<Option<Batch>, SourceError> {
-        if self.resnapshots.held.is_empty() {
+        if self.resnapshots.held.is_none() {
             let at_once = self.loads.readers.resnapshot_tables_at_once();
             let names: Vec<String> = (self.position.resnapshots.keys())
                 .take(at_once)
@@ -434,7 +442,7 @@ impl<S: ChangeSource> Poller<S> {
                 return Ok(Some(self.position_batch(Vec::new()).await?));
             }
         }
-        let closed = self.resnapshots.held.first().is_some_and(|held| {
+        let closed = self.resnapshots.held.as_ref().is_some_and(|held| {
             held.high.is_zero() || self.merge.done_through().is_some_and(|d| d >= held.high)
         });
         if !closed {
@@ -492,6 +500,10 @@ impl<S: ChangeSource> Poller<S> {
         // After the reads: every change a chunk may not show has a higher LSN, or
         // is read through this mark before the chunks go out.
         let high = self.source.max_lsn().await?.lsn.unwrap_or(Lsn::ZERO);
+        let mut held = Held {
+            high,
+            chunks: Vec::with_capacity(reads.len()),
+        };
         for ((name, instance, key_positions, _), (rows, done)) in reads.into_iter().zip(chunks) {
             let last_key = rows.last().map(|row| key_text(row, &key_positions));
             let by_key = rows
@@ -499,7 +511,7 @@ impl<S: ChangeSource> Poller<S> {
                 .enumerate()
                 .map(|(at, row)| (key_text(row, &key_positions), at))
                 .collect();
-            self.resnapshots.held.push(HeldChunk {
+            held.chunks.push(HeldChunk {
                 instance: name,
                 schema: instance.schema.clone(),
                 table: instance.table.clone(),
@@ -507,10 +519,10 @@ impl<S: ChangeSource> Poller<S> {
                 by_key,
                 last_key,
                 done,
-                high,
                 superseded: 0,
             });
         }
+        self.resnapshots.held = Some(held);
         Ok(true)
     }
 
@@ -519,8 +531,9 @@ impl<S: ChangeSource> Poller<S> {
     /// read.
     async fn emit_held(&mut self) -> Result<Batch, SourceError> {
         let mut changes = Vec::new();
-        for held in std::mem::take(&mut self.resnapshots.held) {
-            self.emit_chunk(held, &mut changes)?;
+        let chunks = self.resnapshots.held.take().map(|held| held.chunks);
+        for chunk in chunks.into_iter().flatten() {
+            self.emit_chunk(chunk, &mut changes)?;
         }
         if self.position.resnapshots.is_empty() && self.position.loads.is_empty() {
             self.loads.readers.close();

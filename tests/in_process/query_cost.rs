@@ -181,9 +181,10 @@ async fn a_thousand_busy_tables_hold_few_rows_and_cost_a_round_trip_a_page() {
         poller.peak_rows_held()
     );
     assert_eq!(events, 2 * TABLES);
-    // Each table's page brings both its rows; its second waits for the merge.
+    // Each table's page brings both its rows (so at least two are held at once);
+    // its second waits for the merge, within the row budget.
     assert!(
-        poller.peak_rows_held() <= 1000 + 1,
+        (2..=1000 + 1).contains(&poller.peak_rows_held()),
         "rows held: {}",
         poller.peak_rows_held()
     );

@@ -248,10 +248,35 @@ fn free_port() -> u16 {
     panic!("no free loopback port from {LOW} to {}", LOW + SPAN)
 }
 
+/// A Java command on Kafka's class path. The JVMs the tests start are short-lived
+/// or lightly loaded, so they compile with the quick compiler only and collect on
+/// one thread: on a two-core machine that runs the tests beside them, most of a
+/// JVM's start-up CPU is the optimising compiler's and the collector's threads.
 fn java() -> Command {
     let mut command = Command::new("java");
-    command.arg("-cp").arg(tools::kafka_classpath());
     command
+        .args([
+            "-XX:TieredStopAtLevel=1",
+            "-XX:+UseSerialGC",
+            "-Xshare:auto",
+        ])
+        .arg("-cp")
+        .arg(tools::kafka_classpath());
+    command
+}
+
+/// A new cluster id as `kafka-storage random-uuid` prints one (16 random bytes in
+/// URL-safe base64 without padding, never starting with `-`, which the tools would
+/// read as an option), made here rather than by a JVM started for it.
+fn cluster_id() -> String {
+    use base64::Engine;
+    loop {
+        let id = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(uuid::Uuid::new_v4().as_bytes());
+        if !id.starts_with('-') {
+            return id;
+        }
+    }
 }
 
 impl Cluster {
@@ -259,21 +284,7 @@ impl Cluster {
     pub fn start(name: &str, size: u32, options: NodeOptions) -> Cluster {
         let root = crate::temp_dir(&format!("kafka-{name}"));
         let started = Instant::now();
-        let random = tools::output_within(
-            java().args(["kafka.tools.StorageTool", "random-uuid"]),
-            Duration::from_secs(60),
-            "kafka-storage random-uuid",
-        );
-        let cluster_id = String::from_utf8_lossy(&random.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_owned();
-        assert!(
-            !cluster_id.is_empty(),
-            "kafka-storage random-uuid printed no id"
-        );
+        let cluster_id = cluster_id();
         let mut nodes: Vec<Node> = (1..=size)
             .map(|id| Node {
                 id,
@@ -424,6 +435,46 @@ impl Cluster {
         for r in result {
             if let Err((name, code)) = r {
                 panic!("create topic {name}: {code}");
+            }
+        }
+        self.wait_until_known(topic, partitions);
+    }
+
+    /// Waits until every node's metadata lists `topic` with its `partitions`, each
+    /// led: the controller acknowledges a creation before the brokers have applied
+    /// it, and a client's first request right after (the binary's DescribeConfigs
+    /// of a topic's limits, for one) could otherwise be told there is no such topic
+    /// on a loaded machine.
+    fn wait_until_known(&self, topic: &str, partitions: i32) {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for node in &self.nodes {
+            let mut config = rdkafka::ClientConfig::new();
+            config.set("bootstrap.servers", format!("127.0.0.1:{}", node.port));
+            for (k, v) in self.admin_properties() {
+                config.set(k, v);
+            }
+            let client: BaseConsumer = config.create().expect("metadata client");
+            loop {
+                let known = client
+                    .fetch_metadata(Some(topic), Duration::from_secs(5))
+                    .is_ok_and(|metadata| {
+                        metadata.topics().iter().any(|t| {
+                            t.name() == topic
+                                && t.error().is_none()
+                                && t.partitions().len() == partitions as usize
+                                && t.partitions().iter().all(|p| p.leader() >= 0)
+                        })
+                    });
+                if known {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "topic {topic} not known to node {} within 60 s",
+                    node.id
+                );
+                std::thread::sleep(Duration::from_millis(100));
             }
         }
     }

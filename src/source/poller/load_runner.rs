@@ -1002,6 +1002,27 @@ mod tests {
         );
     }
 
+    /// The seconds since a commit, to the millisecond, and never negative (a commit
+    /// the source's clock has not reached yet is no age).
+    #[test]
+    fn the_time_since_a_commit_is_in_seconds() {
+        struct Fixed(chrono::DateTime<chrono::Utc>);
+        impl crate::source::SourceClock for Fixed {
+            fn clock(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+                Some(self.0)
+            }
+        }
+        let now = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let commit = |ago_ms: i64| {
+            (now - chrono::Duration::milliseconds(ago_ms))
+                .timestamp_nanos_opt()
+                .unwrap()
+        };
+        assert_eq!(LoadRunner::since_commit(&Fixed(now), commit(90_500)), 90.5);
+        assert_eq!(LoadRunner::since_commit(&Fixed(now), commit(250)), 0.25);
+        assert_eq!(LoadRunner::since_commit(&Fixed(now), commit(-5_000)), 0.0);
+    }
+
     /// The age of a load's LSN is measured on the source's clock: a simulator's
     /// commit times are simulated (months from the wall clock), and a projection on
     /// the wall clock warned of the retention on every synthetic load.

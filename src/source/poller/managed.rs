@@ -632,6 +632,24 @@ mod tests {
     use crate::cdc_sim::{CdcSimulator, SimColumn};
     use crate::event::value::SqlType;
 
+    /// A procedure that gave up is owed and waited for; once one succeeds nothing is
+    /// owed, none waits, and the backoff starts again from its first step.
+    #[test]
+    fn a_success_clears_what_a_lock_left_owed() {
+        let first = Duration::from_secs(60);
+        let mut retry = LockRetry::new(first);
+        assert!(!retry.owed() && !retry.waiting());
+        let wait = retry.gave_up();
+        assert!(retry.owed() && retry.waiting());
+        retry.gave_up();
+        retry.succeeded();
+        assert!(!retry.owed() && !retry.waiting());
+        // The first step again, not the doubled one (with its jitter, at most the
+        // first wait's own bound).
+        let again = retry.gave_up();
+        assert!(again <= first && wait <= first, "{wait:?} then {again:?}");
+    }
+
     fn orders() -> CdcSimulator {
         let sim = CdcSimulator::new("Shop", uuid::Uuid::from_u128(7), 0);
         sim.create_table(

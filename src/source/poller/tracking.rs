@@ -649,6 +649,42 @@ mod tests {
         assert_eq!(tracker.warned.len(), 1, "said once");
     }
 
+    /// A table first seen with two capture instances while others are read already:
+    /// the switch from its older instance is said, once, with the table's DDL; an
+    /// instance read before is not said again.
+    #[tokio::test]
+    async fn a_table_newly_seen_with_a_newer_instance_has_its_switch_said() {
+        let sim = orders();
+        let mut poller = Poller::new(sim.clone(), PollerConfig::default(), None);
+        poller.load_catalog().await.unwrap();
+        sim.create_table(
+            "dbo",
+            "Items",
+            vec![SimColumn::new("Id", SqlType::Int)],
+            &["Id"],
+        );
+        sim.enable_table("dbo.Items", Some("dbo_Items_v1")).unwrap();
+        sim.enable_table("dbo.Items", Some("dbo_Items_v2")).unwrap();
+        sim.run_capture_job();
+        let log = crate::test_log::capture();
+        poller.tracker.mark_stale();
+        poller.load_catalog().await.unwrap();
+        let said = log
+            .with_message("table has a newer capture instance; switching to it at its start LSN");
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert_eq!(said[0]["from"], "dbo_Items_v1");
+        poller.tracker.mark_stale();
+        poller.load_catalog().await.unwrap();
+        assert_eq!(
+            log.with_message(
+                "table has a newer capture instance; switching to it at its start LSN"
+            )
+            .len(),
+            1,
+            "said once"
+        );
+    }
+
     #[tokio::test]
     async fn an_older_instance_hands_over_at_the_newer_ones_start_lsn_and_takes_back_when_it_goes()
     {

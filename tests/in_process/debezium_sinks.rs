@@ -128,7 +128,7 @@ async fn kafka_gets_keys_null_tombstones_and_the_transaction_topic() {
         &bootstrap,
         "srv.transaction",
         1,
-        Duration::from_secs(5),
+        Duration::from_secs(30),
         |m| m.len() >= 160,
     );
     assert_eq!(

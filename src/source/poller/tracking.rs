@@ -351,7 +351,7 @@ impl CatalogTracker {
 
     /// For each instance now tracked: forgets the position of one disabled and
     /// enabled again under the same name (another change table), and logs the switch
-    /// (with the table's DDL history) of one newly seen with a newer instance.
+    /// (with the table's DDL history) of one first found with a newer instance.
     async fn note_new_instances(
         &self,
         tracked: &[Tracked],
@@ -376,10 +376,12 @@ impl CatalogTracker {
                 // records its change table.
                 _ => {}
             }
+            // Said once: on the read that first finds this instance superseded,
+            // whether the instance is new to the stream or read for a while.
             let known = self
                 .tracked
                 .iter()
-                .any(|o| o.instance.object_id == t.instance.object_id);
+                .any(|o| o.instance.object_id == t.instance.object_id && o.superseded_at.is_some());
             let Some(switch) = t.superseded_at.filter(|_| !known) else {
                 continue;
             };
@@ -649,11 +651,11 @@ mod tests {
         assert_eq!(tracker.warned.len(), 1, "said once");
     }
 
-    /// A table first seen with two capture instances while others are read already:
-    /// the switch from its older instance is said, once, with the table's DDL; an
-    /// instance read before is not said again.
+    /// The switch from a table's older capture instance is said once, with the
+    /// table's DDL: for a table first seen with two instances while others are read
+    /// already, and for a table read for a while that gains a newer one.
     #[tokio::test]
-    async fn a_table_newly_seen_with_a_newer_instance_has_its_switch_said() {
+    async fn a_switch_to_a_newer_instance_is_said_once() {
         let sim = orders();
         let mut poller = Poller::new(sim.clone(), PollerConfig::default(), None);
         poller.load_catalog().await.unwrap();
@@ -682,6 +684,26 @@ mod tests {
             .len(),
             1,
             "said once"
+        );
+        // A newer instance of a table read already: its switch is said too.
+        sim.enable_table("dbo.Orders", Some("dbo_Orders_v2"))
+            .unwrap();
+        sim.run_capture_job();
+        poller.tracker.mark_stale();
+        poller.load_catalog().await.unwrap();
+        let said = log
+            .with_message("table has a newer capture instance; switching to it at its start LSN");
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert_eq!(said[1]["from"], "dbo_Orders_v1");
+        poller.tracker.mark_stale();
+        poller.load_catalog().await.unwrap();
+        assert_eq!(
+            log.with_message(
+                "table has a newer capture instance; switching to it at its start LSN"
+            )
+            .len(),
+            2,
+            "each said once"
         );
     }
 

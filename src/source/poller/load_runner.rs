@@ -744,16 +744,16 @@ pub(super) fn loaded_changes(
     Ok(changes)
 }
 
-/// Where each key column of `instance` is among its emitted columns: the values a
-/// load's keyset resumes after. Empty for a table without a key; an error when a key
-/// column is not emitted (a type CES leaves out), as its values could not be passed
-/// back.
 /// A row's key as the checkpoint keeps it: each key column's text, in key order
 /// (`key_positions`: their places among the emitted values).
 pub(super) fn key_text(row: &[Value], key_positions: &[usize]) -> Vec<Option<String>> {
     key_positions.iter().map(|&at| row[at].to_text()).collect()
 }
 
+/// Where each key column of `instance` is among its emitted columns: the values a
+/// load's keyset resumes after. Empty for a table without a key; an error when a key
+/// column is not emitted (a type CES leaves out), as its values could not be passed
+/// back.
 pub(super) fn key_positions(instance: &CaptureInstance) -> Result<Vec<usize>, SourceError> {
     let emitted: Vec<&str> = instance
         .emitted_columns()

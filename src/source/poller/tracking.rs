@@ -669,42 +669,24 @@ mod tests {
         sim.enable_table("dbo.Items", Some("dbo_Items_v2")).unwrap();
         sim.run_capture_job();
         let log = crate::test_log::capture();
-        poller.tracker.mark_stale();
-        poller.load_catalog().await.unwrap();
-        let said = log
-            .with_message("table has a newer capture instance; switching to it at its start LSN");
+        // Each read of the catalog: the switch lines said so far.
+        let mut read_again = async || {
+            poller.tracker.mark_stale();
+            poller.load_catalog().await.unwrap();
+            log.with_message("table has a newer capture instance; switching to it at its start LSN")
+        };
+        let said = read_again().await;
         assert_eq!(said.len(), 1, "{said:?}");
         assert_eq!(said[0]["from"], "dbo_Items_v1");
-        poller.tracker.mark_stale();
-        poller.load_catalog().await.unwrap();
-        assert_eq!(
-            log.with_message(
-                "table has a newer capture instance; switching to it at its start LSN"
-            )
-            .len(),
-            1,
-            "said once"
-        );
+        assert_eq!(read_again().await.len(), 1, "said once");
         // A newer instance of a table read already: its switch is said too.
         sim.enable_table("dbo.Orders", Some("dbo_Orders_v2"))
             .unwrap();
         sim.run_capture_job();
-        poller.tracker.mark_stale();
-        poller.load_catalog().await.unwrap();
-        let said = log
-            .with_message("table has a newer capture instance; switching to it at its start LSN");
+        let said = read_again().await;
         assert_eq!(said.len(), 2, "{said:?}");
         assert_eq!(said[1]["from"], "dbo_Orders_v1");
-        poller.tracker.mark_stale();
-        poller.load_catalog().await.unwrap();
-        assert_eq!(
-            log.with_message(
-                "table has a newer capture instance; switching to it at its start LSN"
-            )
-            .len(),
-            2,
-            "each said once"
-        );
+        assert_eq!(read_again().await.len(), 2, "each said once");
     }
 
     #[tokio::test]

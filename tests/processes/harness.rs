@@ -55,7 +55,7 @@ pub(crate) async fn run_logged(
     name: &str,
     what: &str,
 ) -> ExitStatus {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log");
+    let log = log_file(dir, name);
     command.stderr(log);
     let what = format!("{what}; logs in {}", dir.display());
     tokio::task::spawn_blocking(move || {
@@ -63,6 +63,11 @@ pub(crate) async fn run_logged(
     })
     .await
     .expect("the wait")
+}
+
+/// `<dir>/<name>.log`, created for a child's standard error.
+fn log_file(dir: &Path, name: &str) -> std::fs::File {
+    std::fs::File::create(dir.join(format!("{name}.log"))).expect("log")
 }
 
 /// Both of a finished command's streams, as text, for assertions and failures.
@@ -83,7 +88,7 @@ pub(crate) fn spawn(config: &Path, dir: &Path, name: &str, extra: &[&str]) -> Ru
 
 /// Starts `command` with its standard error in `<dir>/<name>.log`.
 pub(crate) fn spawn_logged(mut command: Command, dir: &Path, name: &str) -> Running {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log");
+    let log = log_file(dir, name);
     Running::new(command.stderr(log).spawn().expect("spawn mssql-ces"))
 }
 

@@ -1376,14 +1376,10 @@ fn a_latest_start_is_saved_before_the_first_poll() {
             .spawn()
             .expect("spawn"),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let saved = loop {
-        let text = std::fs::read_to_string(&checkpoint).unwrap_or_default();
-        if text.contains("\"instances\"") || Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    harness::wait_until("the start saved", Duration::from_secs(10), || {
+        std::fs::read_to_string(&checkpoint).is_ok_and(|text| text.contains("\"instances\""))
+    });
+    let saved = std::fs::read_to_string(&checkpoint).expect("checkpoint");
     // Killed long before the checkpoint interval.
     child.kill().expect("kill");
     child.wait().expect("wait");

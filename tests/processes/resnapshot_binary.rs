@@ -114,6 +114,17 @@ fn a_table_asked_for_is_re_read_while_changes_stream_and_resumes_after_a_restart
         "table re-snapshot finished",
         Duration::from_secs(120),
     );
+    // The log says so when the last chunk leaves the source; the checkpoint, once
+    // the sink has written it. A stop in between sends that chunk again next time.
+    wait_until(
+        "the finished re-snapshot delivered",
+        Duration::from_secs(60),
+        || {
+            let cp = checkpoint();
+            cp["position"].is_object()
+                && cp["position"]["resnapshots"].get("dbo_products").is_none()
+        },
+    );
     let again = snapshot(&config, &["--table", "dbo.products"]);
     signal(&run, libc::SIGTERM);
     let status = exit_within(&mut run, Duration::from_secs(30), &dir, "the second run");

@@ -18,6 +18,7 @@ use mssql_ces::source::queries::fixed;
 use mssql_ces::source::sqlserver::decode_change_row_for_bench;
 use tiberius::ColumnData;
 
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -12,6 +12,7 @@ use mssql_ces::event::Value;
 use mssql_ces::event::value::{Length, SqlType};
 use mssql_ces::source::poller::{PollOutcome, Poller, PollerConfig};
 
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

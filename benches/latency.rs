@@ -36,6 +36,7 @@ use rdkafka::mocking::MockCluster;
 use tokio_util::sync::CancellationToken;
 
 /// The binary's allocator, so the figures are the binary's.
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -31,6 +31,7 @@ use mssql_ces::source::{CdcReads, TableCursor, TableReads};
 use rdkafka::mocking::MockCluster;
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

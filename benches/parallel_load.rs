@@ -32,6 +32,7 @@ use mssql_ces::source::poller::{ChunkReader, PollOutcome, Poller, PollerConfig};
 use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerSource};
 use mssql_ces_testkit::tds::{Handler, Reply, Request, StandIn};
 
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

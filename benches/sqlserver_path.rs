@@ -33,6 +33,7 @@ use mssql_ces::source::sqlserver::{ConnectionString, SqlServerConfig, SqlServerS
 use mssql_ces::source::{ChangeSource, RowKey};
 use mssql_ces_testkit::tds::{Handler, Reply, Request, StandIn, encode_reply};
 
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 /// back to the system on a clock; buffers allocated on one thread and freed on
 /// another (every encoded message) cost it least of the allocators measured in
 /// `docs/src/dev/benchmarks.md`, *Memory*.
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -25,6 +26,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// the crate's build): pages freed and not reused within a second go back to the
 /// system (`dirty_decay_ms`, 10 s by default), without a second, lazier stage
 /// (`muzzy_decay_ms`). The environment variable `_RJEM_MALLOC_CONF` overrides them.
+#[cfg(feature = "jemalloc")]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &u8 = &b"dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0];
 

@@ -252,16 +252,22 @@ fn free_port() -> u16 {
 /// or lightly loaded, so they compile with the quick compiler only and collect on
 /// one thread: on a two-core machine that runs the tests beside them, most of a
 /// JVM's start-up CPU is the optimising compiler's and the collector's threads.
+/// They map Kafka's classes from the set-up's class-data archive where it is
+/// there (a JVM that cannot use it loads them as usual), and the JVM's own
+/// warnings go to standard error, where they cannot mix with a reader's output.
 fn java() -> Command {
     let mut command = Command::new("java");
-    command
-        .args([
-            "-XX:TieredStopAtLevel=1",
-            "-XX:+UseSerialGC",
-            "-Xshare:auto",
-        ])
-        .arg("-cp")
-        .arg(tools::kafka_classpath());
+    command.args([
+        "-XX:TieredStopAtLevel=1",
+        "-XX:+UseSerialGC",
+        "-Xshare:auto",
+        "-Xlog:disable",
+        "-Xlog:all=warning:stderr",
+    ]);
+    if let Some(archive) = tools::kafka_class_archive() {
+        command.arg(format!("-XX:SharedArchiveFile={}", archive.display()));
+    }
+    command.arg("-cp").arg(tools::kafka_classpath());
     command
 }
 
@@ -718,12 +724,7 @@ inter.broker.listener.name=PLAINTEXT
             .open(self.log_path())
             .expect("broker log");
         let child = java()
-            .args([
-                "-Xms128m",
-                "-Xmx512m",
-                "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1",
-            ])
+            .args(["-Xms128m", "-Xmx512m"])
             .arg(format!(
                 "-Dlog4j2.configurationFile={}",
                 tools::kafka_log_config().display()

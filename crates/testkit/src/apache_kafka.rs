@@ -218,6 +218,9 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     cluster_id: String,
     options: NodeOptions,
+    /// The nodes' directories (properties, data, logs): removed with the cluster,
+    /// kept when a test failed, for its logs.
+    root: PathBuf,
 }
 
 static SHARED: OnceLock<Cluster> = OnceLock::new();
@@ -326,6 +329,7 @@ impl Cluster {
             nodes,
             cluster_id,
             options,
+            root,
         }
     }
 
@@ -846,5 +850,16 @@ inter.broker.listener.name=PLAINTEXT
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
     }
 }

@@ -6,7 +6,7 @@
 
 use crate::support;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -182,7 +182,27 @@ fn decoded(records: &[Consumed]) -> BTreeMap<i32, Vec<(String, Vec<u8>)>> {
 /// partition's events in the order of the source (strictly ascending positions: no
 /// repeat, no step back).
 fn assert_exactly_once(expected: &BTreeMap<String, Vec<u8>>, records: &[Consumed], logs: &Path) {
-    let mut seen: HashMap<String, usize> = HashMap::new();
+    let repeated = assert_nothing_lost_in_order(expected, records, logs);
+    assert!(
+        repeated.is_empty(),
+        "events read more than once: {:?} (logs in {})",
+        &repeated[..repeated.len().min(5)],
+        logs.display()
+    );
+}
+
+/// What an at-least-once stream promises through broker faults: every expected
+/// event with its bytes, nothing else, each partition in the order of the source;
+/// a repeat only of an event its partition already holds (the producer's epoch
+/// bumped and what was in flight sent again). Returns the repeats, in the order
+/// read.
+fn assert_nothing_lost_in_order(
+    expected: &BTreeMap<String, Vec<u8>>,
+    records: &[Consumed],
+    logs: &Path,
+) -> Vec<String> {
+    let mut seen: HashMap<String, i32> = HashMap::new();
+    let mut repeated = Vec::new();
     for (partition, events) in decoded(records) {
         let mut last: Option<(String, u64)> = None;
         for (id, data) in events {
@@ -192,24 +212,28 @@ fn assert_exactly_once(expected: &BTreeMap<String, Vec<u8>>, records: &[Consumed
                 "event {id} is not the workload's (logs in {})",
                 logs.display()
             );
-            *seen.entry(id.clone()).or_default() += 1;
+            if let Some(first) = seen.get(&id) {
+                assert_eq!(
+                    *first,
+                    partition,
+                    "event {id} in partitions {first} and {partition} (logs in {})",
+                    logs.display()
+                );
+                repeated.push(id);
+                continue;
+            }
             let position = support::kafka::position_of(&id);
             if let Some(last) = &last {
                 assert!(
                     position > *last,
-                    "partition {partition}: {id} after {last:?}: a repeat or a step back (logs in {})",
+                    "partition {partition}: {id} after {last:?}: a step back (logs in {})",
                     logs.display()
                 );
             }
             last = Some(position);
+            seen.insert(id, partition);
         }
     }
-    let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
-    assert!(
-        repeated.is_empty(),
-        "events read more than once: {repeated:?} (logs in {})",
-        logs.display()
-    );
     let missing: Vec<_> = expected
         .keys()
         .filter(|id| !seen.contains_key(*id))
@@ -221,57 +245,7 @@ fn assert_exactly_once(expected: &BTreeMap<String, Vec<u8>>, records: &[Consumed
         logs.display()
     );
     assert_eq!(seen.len(), expected.len());
-}
-
-/// What an at-least-once stream promises through broker faults: every expected
-/// event with its bytes, nothing else, each partition in the order of the source;
-/// a repeat only of an event the partition already holds (the producer's epoch
-/// bumped and what was in flight sent again). Returns how many repeats.
-fn assert_nothing_lost_in_order(
-    expected: &BTreeMap<String, Vec<u8>>,
-    records: &[Consumed],
-    logs: &Path,
-) -> usize {
-    let mut seen: HashSet<String> = HashSet::new();
-    let mut repeats = 0;
-    for (partition, events) in decoded(records) {
-        let mut highest: Option<(String, u64)> = None;
-        let mut here: HashSet<String> = HashSet::new();
-        for (id, data) in events {
-            assert_eq!(
-                expected.get(&id),
-                Some(&data),
-                "event {id} is not the workload's (logs in {})",
-                logs.display()
-            );
-            if !here.insert(id.clone()) {
-                repeats += 1;
-                continue;
-            }
-            let position = support::kafka::position_of(&id);
-            if let Some(highest) = &highest {
-                assert!(
-                    position > *highest,
-                    "partition {partition}: {id} first seen after {highest:?}: out of order (logs in {})",
-                    logs.display()
-                );
-            }
-            highest = Some(position);
-            seen.insert(id);
-        }
-    }
-    let missing: Vec<_> = expected
-        .keys()
-        .filter(|id| !seen.contains(*id))
-        .take(5)
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "events missing: {missing:?} (logs in {})",
-        logs.display()
-    );
-    assert_eq!(seen.len(), expected.len());
-    repeats
+    repeated
 }
 
 fn shared_broker() -> &'static Cluster {
@@ -550,7 +524,7 @@ fn three_brokers_through_a_dead_leader_a_frozen_broker_and_a_cluster_restart_los
     assert!(status.success(), "the run ends; logs in {}", dir.display());
     let expected = expected(41, 2500);
     let records = kafka.read(&stream.topic, "read_uncommitted", &[]);
-    let repeats = assert_nothing_lost_in_order(&expected, &records, &dir);
+    let repeats = assert_nothing_lost_in_order(&expected, &records, &dir).len();
     // Readiness said what happened while it happened: ready before the faults,
     // not ready (naming the sink) while every broker was down, ready again after.
     let before = readiness.between(Instant::now() - Duration::from_secs(3600), started);
@@ -694,7 +668,7 @@ fn a_frozen_broker_makes_the_run_not_ready_until_it_acknowledges_again() {
     );
     assert!(log.contains("Kafka acknowledges deliveries again"), "{log}");
     let records = kafka.read(&stream.topic, "read_uncommitted", &[]);
-    let repeats = assert_nothing_lost_in_order(&expected(41, 2500), &records, &dir);
+    let repeats = assert_nothing_lost_in_order(&expected(41, 2500), &records, &dir).len();
     println!(
         "a frozen broker: not ready {:.1} s after the freeze: {body}; {repeats} events repeated",
         took.as_secs_f64()
